@@ -1,0 +1,137 @@
+/* deltafin.h - the narrow public API of Deltafin.
+ *
+ * An engine is a loaded model (read-only, shareable). A session is one
+ * timeline over it: tokens, KV cache, recurrent state. The CLI and the server
+ * talk only to this header; they never see tensors.
+ *
+ * Conventions: functions returning int give 0 on success or a negative
+ * DF_E* code, and write a one-line message naming what was wrong into the
+ * caller's err buffer (or into df_engine_error() for session calls).
+ */
+#ifndef DELTAFIN_H
+#define DELTAFIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DF_VERSION "0.1.0"
+
+/* Error codes (negative). Exit code 2 for DF_EINPUT/DF_EFORMAT/DF_EUNSUPPORTED
+ * in the CLI: the user's input was wrong, not Deltafin. */
+enum {
+    DF_OK = 0,
+    DF_EINPUT = -1,       /* bad argument or request */
+    DF_EFORMAT = -2,      /* malformed or inconsistent file */
+    DF_EUNSUPPORTED = -3, /* valid but not supported (yet): message says what */
+    DF_EIO = -4,          /* read/write failure */
+    DF_ENOMEM = -5,       /* allocation or budget exceeded */
+    DF_ECANCEL = -6,      /* cancelled by the caller */
+    DF_EINTERNAL = -7,
+};
+
+typedef struct df_engine df_engine;
+typedef struct df_session df_session;
+
+typedef struct {
+    int n_threads;              /* 0: all online cores */
+    int64_t ram_bytes;          /* 0: available memory minus a safety margin */
+    int64_t expert_cache_bytes; /* -1: from the budget; 0: minimum (one layer) */
+    int verbose;
+} df_options;
+
+void df_options_default(df_options *opt);
+
+/* Opens a model: a Hugging Face checkpoint directory, a GGUF file, a store
+ * directory, or the name of a model installed under $DELTAFIN_HOME.
+ * Returns NULL and fills err on failure. */
+df_engine *df_engine_open(const char *model, const df_options *opt, char *err, size_t errlen);
+void df_engine_close(df_engine *e);
+const char *df_engine_error(const df_engine *e); /* last error of any session call */
+
+/* Model facts. */
+typedef struct {
+    const char *family;     /* "llama", "qwen3", "qwen3_moe", "deepseek_v3", ... */
+    const char *model_type; /* as written in config.json */
+    int n_layers, hidden, vocab_size, n_experts, n_experts_used;
+    int max_context;
+    int bos_id;             /* -1 if none */
+    int n_eos;
+    const int32_t *eos_ids; /* stop ids from config.json + generation_config.json */
+    int64_t n_params, n_params_active; /* active = per token */
+    int64_t weight_bytes, weight_bytes_active;
+} df_model_info;
+void df_engine_info(const df_engine *e, df_model_info *out);
+/* A multi-line human description (inspect). Caller frees. */
+char *df_engine_describe(const df_engine *e);
+
+/* ---- sessions ---------------------------------------------------------- */
+
+df_session *df_session_new(df_engine *e, int max_context); /* 0: model default (capped by budget) */
+void df_session_free(df_session *s);
+/* Makes the timeline equal ids[0..n): keeps the common prefix with what is
+ * already there, computes the rest. After it, df_session_logits is the
+ * distribution for the next token. */
+int df_session_sync(df_session *s, const int32_t *ids, size_t n);
+/* Logits of the last position, vocab_size floats (valid until the next call). */
+const float *df_session_logits(df_session *s);
+/* Teacher-forced pass that returns logits for every one of ids (out: n*vocab). */
+int df_session_eval_all(df_session *s, const int32_t *ids, size_t n, float *out);
+size_t df_session_len(const df_session *s);
+
+typedef struct {
+    float temperature; /* <= 0: greedy */
+    float top_p;       /* 1: off */
+    int top_k;         /* 0: off */
+    float min_p;       /* 0: off */
+    uint64_t seed;
+} df_sampling;
+void df_sampling_default(df_sampling *s); /* greedy */
+
+/* Picks the next token from the current logits (does not append it). */
+int df_session_sample(df_session *s, const df_sampling *sp, int32_t *out_id);
+/* Appends one token and computes the logits after it. */
+int df_session_push(df_session *s, int32_t id);
+/* Sampler state lives in the session: df_session_seed resets the RNG. */
+void df_session_seed(df_session *s, uint64_t seed);
+
+/* ---- tokenizer and chat ------------------------------------------------- */
+
+/* Tokenizes text with the model's own tokenizer (no BOS added; special-token
+ * text is recognised). *ids is malloc'd. */
+int df_tokenize(df_engine *e, const char *text, size_t len, int32_t **ids, size_t *n);
+/* Renders a chat (messages JSON array, optional tools JSON array) with the
+ * model's chat template. *out is malloc'd. */
+int df_chat_render(df_engine *e, const char *messages_json, const char *tools_json,
+                   int add_generation_prompt, char **out);
+int df_has_tokenizer(const df_engine *e);
+
+/* Streaming detokenizer: feed ids, get UTF-8 bytes that are complete. */
+typedef struct df_detok df_detok;
+df_detok *df_detok_new(df_engine *e);
+void df_detok_free(df_detok *d);
+/* Appends the text of id; returns a pointer to newly completed bytes (len in
+ * *n), valid until the next call. */
+const char *df_detok_push(df_detok *d, int32_t id, size_t *n);
+const char *df_detok_flush(df_detok *d, size_t *n);
+
+/* ---- statistics --------------------------------------------------------- */
+
+typedef struct {
+    int64_t prefill_tokens, decode_tokens;
+    double prefill_seconds, decode_seconds;
+    double t_attention, t_experts, t_other; /* seconds, all forward passes */
+    int64_t weight_bytes_touched;           /* bytes of weights read by decode steps */
+    int64_t expert_hits, expert_misses, bytes_read;
+    double io_wait_seconds;
+} df_stats;
+void df_stats_get(df_engine *e, df_stats *out);
+void df_stats_reset(df_engine *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

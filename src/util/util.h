@@ -1,0 +1,60 @@
+/* util.h - small helpers shared by every module: error formatting, files,
+ * time, sizes, growable buffers. Nothing here knows about models. */
+#ifndef DF_UTIL_H
+#define DF_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Formats a message into err (if non-NULL) and returns code. */
+int df_err(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* A read-only memory mapping of a whole file. */
+typedef struct {
+    const uint8_t *data;
+    size_t size;
+    int fd;
+    char *path;
+} df_mapped;
+int df_map_file(const char *path, df_mapped *m, char *err, size_t errlen);
+void df_unmap_file(df_mapped *m);
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer. */
+int df_read_file(const char *path, char **out, size_t *len, char *err, size_t errlen);
+int df_file_exists(const char *path);
+int df_is_dir(const char *path);
+/* Joins a and b with '/' into a malloc'd string. */
+char *df_path_join(const char *a, const char *b);
+
+double df_now(void); /* monotonic seconds */
+int df_n_cpus(void);
+int64_t df_mem_available(void); /* bytes, from /proc/meminfo */
+
+/* Parses "123", "4K", "1.5G", "128MiB" into bytes; -1 on error. */
+int64_t df_parse_size(const char *s);
+
+/* Parses a comma-separated id list "1,2,3". */
+int df_parse_ids(const char *s, int32_t **ids, size_t *n, char *err, size_t errlen);
+
+void *df_xmalloc(size_t n);
+void *df_xcalloc(size_t n, size_t sz);
+void *df_xrealloc(void *p, size_t n);
+char *df_xstrdup(const char *s);
+
+/* 64-byte aligned allocation (free with free()). */
+void *df_aligned_alloc(size_t n);
+
+/* A growable byte buffer. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} df_buf;
+void df_buf_put(df_buf *b, const void *data, size_t n);
+void df_buf_puts(df_buf *b, const char *s);
+void df_buf_printf(df_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void df_buf_free(df_buf *b);
+
+#endif
