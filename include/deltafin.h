@@ -108,6 +108,8 @@ int df_tokenize(df_engine *e, const char *text, size_t len, int32_t **ids, size_
 int df_chat_render(df_engine *e, const char *messages_json, const char *tools_json,
                    int add_generation_prompt, char **out);
 int df_has_tokenizer(const df_engine *e);
+/* Whether plain-text prompts get the BOS id prepended (tokenizer_config add_bos_token). */
+int df_engine_adds_bos(const df_engine *e);
 
 /* Streaming detokenizer: feed ids, get UTF-8 bytes that are complete. */
 typedef struct df_detok df_detok;

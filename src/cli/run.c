@@ -1,6 +1,153 @@
-/* run.c - placeholder until the engine lands. */
+/* run.c - `deltafin run`: prefill a prompt (text, chat or ids), then decode
+ * up to --max-new tokens, streaming each as it is produced; stops at the
+ * model's EOS ids. --stats prints speed and the time split to stderr. */
+#include "cli/args.h"
 #include "cli/cli.h"
+#include "util/util.h"
+
+#include <jansson.h>
 #include <stdio.h>
-int df_cmd_run(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "deltafin run: not supported yet\n"); return 2; }
-int df_cmd_eval(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "deltafin eval: not supported yet\n"); return 2; }
-int df_cmd_inspect(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "deltafin inspect: not supported yet\n"); return 2; }
+#include <stdlib.h>
+#include <string.h>
+
+static const char *usage =
+    "usage: deltafin run --model M (--prompt TEXT | --ids LIST) [options]\n"
+    "  --max-new N         tokens to generate (default 256)\n"
+    "  --chat              wrap --prompt as one user message with the model's chat template\n"
+    "  --system TEXT       system message for --chat\n"
+    "  --temperature T     0 = greedy (default); > 0 samples\n"
+    "  --top-k K --top-p P --min-p P   sampling filters (temperature > 0)\n"
+    "  --seed S            sampler seed (same seed, same tokens; default 0)\n"
+    "  --print-ids         print generated token ids instead of text\n"
+    "  --ignore-eos        do not stop at end-of-sequence tokens\n"
+    "  --ctx N             context length of the session (default: min(model, 4096))\n"
+    "  --stats             print prefill/decode tokens/s, weight GB/s and the time split to stderr\n"
+    "  --threads N --ram SIZE --expert-cache SIZE\n";
+
+static void print_stats(df_engine *e) {
+    df_stats st;
+    df_stats_get(e, &st);
+    double pf = st.prefill_seconds > 0 ? st.prefill_tokens / st.prefill_seconds : 0;
+    double dc = st.decode_seconds > 0 ? st.decode_tokens / st.decode_seconds : 0;
+    double gbs = st.decode_seconds > 0 ? st.weight_bytes_touched / st.decode_seconds / 1e9 : 0;
+    double tot = st.t_attention + st.t_experts + st.t_other;
+    fprintf(stderr, "\n[stats] prefill %lld tokens in %.3f s (%.2f tok/s); decode %lld tokens in %.3f s (%.2f tok/s, %.2f GB/s of weights)\n",
+            (long long)st.prefill_tokens, st.prefill_seconds, pf, (long long)st.decode_tokens, st.decode_seconds, dc, gbs);
+    if (tot > 0)
+        fprintf(stderr, "[stats] time split: attention %.1f%%, ffn/experts %.1f%%, other %.1f%%\n", 100 * st.t_attention / tot,
+                100 * st.t_experts / tot, 100 * st.t_other / tot);
+}
+
+int df_cmd_run(int argc, char **argv) {
+    df_args a;
+    df_args_init(&a, argc, argv);
+    df_options o;
+    df_options_default(&o);
+    df_sampling sp;
+    df_sampling_default(&sp);
+    const char *model = NULL, *prompt = NULL, *ids_s = NULL, *system = NULL, *opt;
+    long max_new = 256, ctx = 0, v;
+    double f;
+    int chat = 0, stats = 0, print_ids = 0, ignore_eos = 0;
+    while ((opt = df_args_next(&a))) {
+        if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) { fputs(usage, stdout); return 0; }
+        if (df_args_model_opts(&a, opt, &model, &o)) continue;
+        if (df_args_opt(&a, opt, "--prompt", 1)) prompt = a.val;
+        else if (df_args_opt(&a, opt, "--ids", 1)) ids_s = a.val;
+        else if (df_args_opt(&a, opt, "--system", 1)) system = a.val;
+        else if (df_args_opt(&a, opt, "--chat", 0)) chat = 1;
+        else if (df_args_opt(&a, opt, "--stats", 0)) stats = 1;
+        else if (df_args_opt(&a, opt, "--print-ids", 0)) print_ids = 1;
+        else if (df_args_opt(&a, opt, "--ignore-eos", 0)) ignore_eos = 1;
+        else if (df_args_opt(&a, opt, "--max-new", 1)) { if (df_parse_int(a.val, 0, 1 << 24, &max_new)) df_args_fail(&a, "--max-new: expected a count, got '%s'", a.val); }
+        else if (df_args_opt(&a, opt, "--ctx", 1)) { if (df_parse_int(a.val, 1, 1 << 24, &ctx)) df_args_fail(&a, "--ctx: expected a positive count, got '%s'", a.val); }
+        else if (df_args_opt(&a, opt, "--temperature", 1)) { if (df_parse_float(a.val, &f) || f < 0) df_args_fail(&a, "--temperature: expected a number >= 0, got '%s'", a.val); else sp.temperature = (float)f; }
+        else if (df_args_opt(&a, opt, "--top-p", 1)) { if (df_parse_float(a.val, &f) || f <= 0 || f > 1) df_args_fail(&a, "--top-p: expected 0 < P <= 1, got '%s'", a.val); else sp.top_p = (float)f; }
+        else if (df_args_opt(&a, opt, "--min-p", 1)) { if (df_parse_float(a.val, &f) || f < 0 || f > 1) df_args_fail(&a, "--min-p: expected 0 <= P <= 1, got '%s'", a.val); else sp.min_p = (float)f; }
+        else if (df_args_opt(&a, opt, "--top-k", 1)) { if (df_parse_int(a.val, 0, 1 << 30, &v)) df_args_fail(&a, "--top-k: expected a count, got '%s'", a.val); else sp.top_k = (int)v; }
+        else if (df_args_opt(&a, opt, "--seed", 1)) { char *end; unsigned long long s = strtoull(a.val, &end, 10); if (*end || end == a.val) df_args_fail(&a, "--seed: expected an unsigned integer, got '%s'", a.val); else sp.seed = s; }
+        else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
+    }
+    if (a.bad) return 2;
+    if (!model) return df_args_fail(&a, "--model is required");
+    if (!!prompt == !!ids_s) return df_args_fail(&a, "give exactly one of --prompt and --ids");
+    if (chat && !prompt) return df_args_fail(&a, "--chat needs --prompt");
+    char err[1024];
+    df_engine *e = df_engine_open(model, &o, err, sizeof err);
+    if (!e) { fprintf(stderr, "deltafin run: %s\n", err); return 2; }
+    df_model_info info;
+    df_engine_info(e, &info);
+    int code = 0;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    df_session *s = NULL;
+    df_detok *dt = NULL;
+    int text_out = !print_ids && df_has_tokenizer(e);
+    if (ids_s) {
+        if (df_parse_ids(ids_s, &ids, &n, err, sizeof err)) { fprintf(stderr, "deltafin run: %s\n", err); code = 2; goto done; }
+    } else {
+        if (!df_has_tokenizer(e)) { fprintf(stderr, "deltafin run: %s has no tokenizer; use --ids\n", model); code = 2; goto done; }
+        char *text = NULL;
+        if (chat) {
+            json_t *msgs = json_array();
+            if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
+            json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
+            char *mj = json_dumps(msgs, JSON_COMPACT);
+            json_decref(msgs);
+            int rc = df_chat_render(e, mj, NULL, 1, &text);
+            free(mj);
+            if (rc) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = df_exit_code(rc); goto done; }
+        } else {
+            text = df_xstrdup(prompt);
+        }
+        int rc = df_tokenize(e, text, strlen(text), &ids, &n);
+        free(text);
+        if (rc) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = df_exit_code(rc); goto done; }
+        if (!chat && info.bos_id >= 0 && df_engine_adds_bos(e)) {
+            ids = df_xrealloc(ids, (n + 1) * sizeof *ids);
+            memmove(ids + 1, ids, n * sizeof *ids);
+            ids[0] = info.bos_id;
+            n++;
+        }
+    }
+    if (!n) { fprintf(stderr, "deltafin run: the prompt is empty\n"); code = 2; goto done; }
+    if (!ctx) ctx = (long)n + max_new < info.max_context ? (long)n + max_new : info.max_context;
+    s = df_session_new(e, (int)ctx);
+    if (!s) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = 1; goto done; }
+    df_session_seed(s, sp.seed);
+    int rc = df_session_sync(s, ids, n);
+    if (rc) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = df_exit_code(rc); goto done; }
+    if (text_out) dt = df_detok_new(e);
+    for (long i = 0; i < max_new; i++) {
+        int32_t id;
+        if ((rc = df_session_sample(s, &sp, &id))) break;
+        int is_eos = 0;
+        for (int k = 0; k < info.n_eos; k++) if (info.eos_ids[k] == id) is_eos = 1;
+        if (is_eos && !ignore_eos) break;
+        if (dt) {
+            size_t len;
+            const char *piece = df_detok_push(dt, id, &len);
+            fwrite(piece, 1, len, stdout);
+        } else {
+            printf("%s%d", i ? " " : "", id);
+        }
+        fflush(stdout);
+        if (i + 1 == max_new) break;
+        if (df_session_len(s) >= (size_t)ctx) break;
+        if ((rc = df_session_push(s, id))) break;
+    }
+    if (dt) {
+        size_t len;
+        const char *piece = df_detok_flush(dt, &len);
+        fwrite(piece, 1, len, stdout);
+    }
+    printf("\n");
+    if (rc) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = df_exit_code(rc); }
+    if (stats) print_stats(e);
+done:
+    df_detok_free(dt);
+    df_session_free(s);
+    df_engine_close(e);
+    free(ids);
+    return code;
+}

@@ -1,0 +1,68 @@
+/* backend.h - the one table of coarse operations the model code uses.
+ *
+ * A df_weight describes a matrix [rows x cols] (out x in) exactly as it is
+ * stored in the checkpoint: the bytes are never rewritten; kernels
+ * dequantize inside the dot product and accumulate in f32. The CPU backend
+ * (src/backend/cpu) is the reference; it dispatches at run time to AVX-512,
+ * AVX2 or scalar kernels. All heavy operations run on the engine's thread
+ * pool. */
+#ifndef DF_BACKEND_H
+#define DF_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { DF_W_F32, DF_W_F16, DF_W_BF16, DF_W_FP8, DF_W_INT4, DF_W_GGML } df_wfmt;
+typedef enum { DF_SCALE_F32, DF_SCALE_BF16, DF_SCALE_F16 } df_scale_dtype;
+
+typedef struct {
+    df_wfmt fmt;
+    int ggml_type;          /* DF_W_GGML: GGML block type id */
+    int64_t rows, cols;     /* out x in */
+    const uint8_t *data;    /* row r starts at data + r * row_bytes */
+    size_t row_bytes;
+    /* DF_W_FP8: scale_inv [ceil(rows/blk_r)][ceil(cols/blk_c)]
+     * DF_W_INT4: weight_scale [rows][ceil(cols/group)]; data = int32 words, 8 nibbles each (q - 8) */
+    const void *scale;
+    df_scale_dtype scale_dtype;
+    int blk_r, blk_c;       /* FP8 block; INT4: blk_c = group size */
+    int64_t scale_cols;     /* scale entries per scale row */
+} df_weight;
+
+const char *df_wfmt_name(const df_weight *w);
+/* Bytes of the weight (incl. scales). */
+int64_t df_weight_bytes(const df_weight *w);
+
+/* ---- thread pool ----------------------------------------------------- */
+typedef void (*df_task_fn)(void *ctx, int tid, int nth);
+void df_pool_init(int n_threads); /* idempotent; 0 = all cores */
+int df_pool_size(void);
+void df_pool_run(df_task_fn fn, void *ctx); /* runs fn on every thread, returns when all are done */
+
+/* ---- ISA ------------------------------------------------------------- */
+enum { DF_ISA_SCALAR = 0, DF_ISA_AVX2 = 1, DF_ISA_AVX512 = 2 };
+int df_isa(void);
+void df_set_isa(int isa); /* -1 = best available */
+const char *df_isa_name(int isa);
+
+/* ---- kernels (single-threaded) ---------------------------------------- */
+float df_dot_row(const df_weight *w, int64_t r, const float *x);       /* W[r,:] . x */
+void df_dequant_row(const df_weight *w, int64_t r, float *out);         /* W[r,:] -> f32 */
+
+/* ---- parallel operations ---------------------------------------------- */
+/* y[rows] = W x (decode). */
+void df_matvec(const df_weight *w, const float *x, float *y);
+/* Rows [r0, r0+nr) only: y[nr]. */
+void df_matvec_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y);
+/* Y[n][rows] = X[n][cols] W^T (prefill). */
+void df_matmul(const df_weight *w, const float *X, int n, float *Y);
+/* Transposed product over a row slice: y[cols] = sum_r W[r0+r,:] * x[r], r < nr. Single-threaded. */
+void df_matvec_t_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y);
+
+/* ---- small ops (single-threaded, f32) --------------------------------- */
+void df_rmsnorm(float *out, const float *x, const float *g, int n, float eps); /* out = g * x / rms(x), as HF RMSNorm */
+void df_softmax(float *x, int n);
+float df_dot_f32(const float *a, const float *b, int n);
+void df_axpy(float *y, float a, const float *x, int n); /* y += a x */
+
+#endif

@@ -1,0 +1,320 @@
+/* cpu.c - the CPU backend: ISA dispatch, thread pool, and the operations of
+ * backend.h built on the per-ISA kernels. The thread pool runs one task at
+ * a time on all threads (the caller is thread 0); workers spin briefly and
+ * then sleep on a condition variable, so an idle engine costs no CPU. */
+#include "backend/backend.h"
+#include "backend/cpu/kernels.h"
+#if __has_include("backend/ggml_quant.h")
+#include "backend/ggml_quant.h"
+#define HAVE_GGML 1
+#endif
+#include "util/util.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+/* ---- ISA -------------------------------------------------------------- */
+static int g_isa = -1;
+static int best_isa(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
+        return DF_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return DF_ISA_AVX2;
+#endif
+    return DF_ISA_SCALAR;
+}
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static void init_all(void) {
+    df_kernels_init();
+    if (g_isa < 0) g_isa = best_isa();
+    const char *e = getenv("DELTAFIN_ISA"); /* testing aid: scalar | avx2 | avx512 */
+    if (e) {
+        int want = !strcmp(e, "scalar") ? DF_ISA_SCALAR : !strcmp(e, "avx2") ? DF_ISA_AVX2 : DF_ISA_AVX512;
+        if (want <= best_isa()) g_isa = want;
+    }
+}
+int df_isa(void) { pthread_once(&init_once, init_all); return g_isa; }
+void df_set_isa(int isa) {
+    pthread_once(&init_once, init_all);
+    int b = best_isa();
+    g_isa = (isa < 0 || isa > b) ? b : isa;
+}
+const char *df_isa_name(int isa) { return isa == DF_ISA_AVX512 ? "avx512" : isa == DF_ISA_AVX2 ? "avx2" : "scalar"; }
+
+typedef struct {
+    float (*f32)(const float *, const float *, int64_t);
+    float (*bf16)(const uint16_t *, const float *, int64_t);
+    float (*f16)(const uint16_t *, const float *, int64_t);
+    float (*fp8)(const uint8_t *, const float *, int64_t);
+    float (*int4)(const uint8_t *, const float *, int, const float *, int64_t);
+    void (*tile)(const float *, int64_t, int, const float *, int64_t, int, int64_t, float *, int64_t);
+} ktab;
+#define KT(isa) {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_tile_f32_##isa}
+static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
+static inline const ktab *kt(void) { return &ktabs[df_isa()]; }
+
+/* ---- weights ---------------------------------------------------------- */
+const char *df_wfmt_name(const df_weight *w) {
+    switch (w->fmt) {
+    case DF_W_F32: return "F32";
+    case DF_W_F16: return "F16";
+    case DF_W_BF16: return "BF16";
+    case DF_W_FP8: return "FP8_E4M3";
+    case DF_W_INT4: return "INT4";
+#ifdef HAVE_GGML
+    case DF_W_GGML: { const df_ggml_traits *t = df_ggml_traits_of(w->ggml_type); return t ? t->name : "GGML?"; }
+#else
+    case DF_W_GGML: return "GGML";
+#endif
+    }
+    return "?";
+}
+static int scale_size(df_scale_dtype t) { return t == DF_SCALE_F32 ? 4 : 2; }
+int64_t df_weight_bytes(const df_weight *w) {
+    int64_t b = (int64_t)w->row_bytes * w->rows;
+    if (w->fmt == DF_W_FP8) b += ((w->rows + w->blk_r - 1) / w->blk_r) * w->scale_cols * scale_size(w->scale_dtype);
+    if (w->fmt == DF_W_INT4) b += w->rows * w->scale_cols * scale_size(w->scale_dtype);
+    return b;
+}
+static inline float scale_at(const df_weight *w, int64_t i) {
+    switch (w->scale_dtype) {
+    case DF_SCALE_F32: { float f; memcpy(&f, (const uint8_t *)w->scale + 4 * i, 4); return f; }
+    case DF_SCALE_BF16: { uint16_t h; memcpy(&h, (const uint8_t *)w->scale + 2 * i, 2); return df_bf16_to_f32(h); }
+    default: { uint16_t h; memcpy(&h, (const uint8_t *)w->scale + 2 * i, 2); return df_f16_to_f32(h); }
+    }
+}
+
+/* per-thread scratch, grown on first use only */
+static _Thread_local float *tl_buf;
+static _Thread_local size_t tl_cap;
+static float *scratch(size_t n) {
+    if (n > tl_cap) {
+        free(tl_buf);
+        tl_buf = df_aligned_alloc(n * sizeof(float));
+        tl_cap = n;
+    }
+    return tl_buf;
+}
+static _Thread_local float *tl_sc;
+static _Thread_local size_t tl_sc_cap;
+
+float df_dot_row(const df_weight *w, int64_t r, const float *x) {
+    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+    const ktab *k = kt();
+    switch (w->fmt) {
+    case DF_W_F32: return k->f32((const float *)row, x, w->cols);
+    case DF_W_BF16: return k->bf16((const uint16_t *)row, x, w->cols);
+    case DF_W_F16: return k->f16((const uint16_t *)row, x, w->cols);
+    case DF_W_FP8: {
+        float s = 0;
+        const int64_t sr = (r / w->blk_r) * w->scale_cols;
+        for (int64_t c0 = 0, b = 0; c0 < w->cols; c0 += w->blk_c, b++) {
+            int64_t n = w->cols - c0 < w->blk_c ? w->cols - c0 : w->blk_c;
+            s += scale_at(w, sr + b) * k->fp8(row + c0, x + c0, n);
+        }
+        return s;
+    }
+    case DF_W_INT4: {
+        int64_t ng = w->scale_cols;
+        if ((size_t)ng > tl_sc_cap) { free(tl_sc); tl_sc = df_xmalloc((size_t)ng * sizeof(float)); tl_sc_cap = (size_t)ng; }
+        for (int64_t g = 0; g < ng; g++) tl_sc[g] = scale_at(w, r * ng + g);
+        if (w->blk_c % 32 == 0 && w->cols % w->blk_c == 0) return k->int4(row, tl_sc, w->blk_c, x, w->cols);
+        return df_k_dot_int4_scalar(row, tl_sc, w->blk_c, x, w->cols);
+    }
+#ifdef HAVE_GGML
+    case DF_W_GGML: return df_ggml_dot(w->ggml_type, row, x, w->cols);
+#else
+    case DF_W_GGML: return 0;
+#endif
+    }
+    return 0;
+}
+
+void df_dequant_row(const df_weight *w, int64_t r, float *out) {
+    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+    int64_t n = w->cols;
+    switch (w->fmt) {
+    case DF_W_F32: memcpy(out, row, (size_t)n * 4); break;
+    case DF_W_BF16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, row + 2 * i, 2); out[i] = df_bf16_to_f32(h); } break;
+    case DF_W_F16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, row + 2 * i, 2); out[i] = df_f16_to_f32(h); } break;
+    case DF_W_FP8: {
+        const int64_t sr = (r / w->blk_r) * w->scale_cols;
+        for (int64_t i = 0; i < n; i++) out[i] = df_fp8_lut[row[i]] * scale_at(w, sr + i / w->blk_c);
+        break;
+    }
+    case DF_W_INT4:
+        for (int64_t i = 0; i < n; i++) {
+            int q = (row[i >> 1] >> ((i & 1) * 4)) & 15;
+            out[i] = (float)(q - 8) * scale_at(w, r * w->scale_cols + i / w->blk_c);
+        }
+        break;
+#ifdef HAVE_GGML
+    case DF_W_GGML: df_ggml_dequant_row(w->ggml_type, row, out, n); break;
+#else
+    case DF_W_GGML: memset(out, 0, (size_t)n * 4); break;
+#endif
+    }
+}
+
+/* ---- thread pool -------------------------------------------------------- */
+static struct {
+    int n;
+    pthread_t *th;
+    atomic_uint gen;
+    atomic_int done;
+    df_task_fn fn;
+    void *ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started;
+} P = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void *worker(void *arg) {
+    int tid = (int)(intptr_t)arg;
+    unsigned seen = 0;
+    for (;;) {
+        int spins = 0;
+        while (atomic_load_explicit(&P.gen, memory_order_acquire) == seen) {
+            if (++spins < 20000) { CPU_RELAX(); continue; }
+            pthread_mutex_lock(&P.mu);
+            while (atomic_load_explicit(&P.gen, memory_order_acquire) == seen) pthread_cond_wait(&P.cv, &P.mu);
+            pthread_mutex_unlock(&P.mu);
+        }
+        seen = atomic_load_explicit(&P.gen, memory_order_acquire);
+        P.fn(P.ctx, tid, P.n);
+        atomic_fetch_add_explicit(&P.done, 1, memory_order_acq_rel);
+    }
+    return NULL;
+}
+
+void df_pool_init(int n) {
+    pthread_mutex_lock(&P.mu);
+    if (!P.started) {
+        if (n <= 0) n = df_n_cpus();
+        P.n = n;
+        P.th = df_xcalloc((size_t)n, sizeof *P.th);
+        for (int i = 1; i < n; i++) {
+            pthread_attr_t a;
+            pthread_attr_init(&a);
+            pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+            pthread_create(&P.th[i], &a, worker, (void *)(intptr_t)i);
+            pthread_attr_destroy(&a);
+        }
+        P.started = 1;
+    }
+    pthread_mutex_unlock(&P.mu);
+}
+int df_pool_size(void) { return P.started ? P.n : 1; }
+
+void df_pool_run(df_task_fn fn, void *ctx) {
+    if (!P.started) df_pool_init(0);
+    if (P.n == 1) { fn(ctx, 0, 1); return; }
+    P.fn = fn;
+    P.ctx = ctx;
+    atomic_store_explicit(&P.done, 0, memory_order_release);
+    pthread_mutex_lock(&P.mu);
+    atomic_fetch_add_explicit(&P.gen, 1, memory_order_acq_rel);
+    pthread_cond_broadcast(&P.cv);
+    pthread_mutex_unlock(&P.mu);
+    fn(ctx, 0, P.n);
+    while (atomic_load_explicit(&P.done, memory_order_acquire) < P.n - 1) CPU_RELAX();
+}
+
+/* ---- parallel matrix operations ---------------------------------------- */
+typedef struct {
+    const df_weight *w;
+    int64_t r0, nr;
+    const float *x;
+    float *y;
+    int n;
+} mv_ctx;
+
+static void split(int64_t total, int tid, int nth, int64_t align, int64_t *b, int64_t *e) {
+    int64_t chunks = (total + align - 1) / align;
+    int64_t c0 = chunks * tid / nth, c1 = chunks * (tid + 1) / nth;
+    *b = c0 * align;
+    *e = c1 * align < total ? c1 * align : total;
+}
+
+static void mv_task(void *p, int tid, int nth) {
+    mv_ctx *c = p;
+    int64_t b, e;
+    split(c->nr, tid, nth, 8, &b, &e);
+    for (int64_t i = b; i < e; i++) c->y[i] = df_dot_row(c->w, c->r0 + i, c->x);
+}
+
+void df_matvec_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y) {
+    mv_ctx c = {w, r0, nr, x, y, 1};
+    if (nr * w->cols < 32768) mv_task(&c, 0, 1);
+    else df_pool_run(mv_task, &c);
+}
+void df_matvec(const df_weight *w, const float *x, float *y) { df_matvec_rows(w, 0, w->rows, x, y); }
+
+static void mm_task(void *p, int tid, int nth) {
+    mv_ctx *c = p;
+    const df_weight *w = c->w;
+    const int64_t K = w->cols, R = w->rows;
+    int64_t b, e;
+    split(R, tid, nth, 4, &b, &e);
+    float *buf = w->fmt == DF_W_F32 ? NULL : scratch((size_t)(4 * K));
+    const ktab *k = kt();
+    for (int64_t r = b; r < e; r += 4) {
+        int nr = (int)(e - r < 4 ? e - r : 4);
+        const float *W;
+        if (w->fmt == DF_W_F32) W = (const float *)(w->data + (size_t)r * w->row_bytes);
+        else {
+            for (int i = 0; i < nr; i++) df_dequant_row(w, r + i, buf + i * K);
+            W = buf;
+        }
+        for (int t = 0; t < c->n; t += 4) {
+            int nt = c->n - t < 4 ? c->n - t : 4;
+            k->tile(W, K, nr, c->x + (int64_t)t * K, K, nt, K, c->y + (int64_t)t * R + r, R);
+        }
+    }
+}
+
+void df_matmul(const df_weight *w, const float *X, int n, float *Y) {
+    if (n == 1) { df_matvec(w, X, Y); return; }
+    mv_ctx c = {w, 0, w->rows, X, Y, n};
+    df_pool_run(mm_task, &c);
+}
+
+void df_matvec_t_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y) {
+    memset(y, 0, (size_t)w->cols * sizeof(float));
+    float *buf = scratch((size_t)w->cols);
+    for (int64_t r = 0; r < nr; r++) {
+        df_dequant_row(w, r0 + r, buf);
+        df_axpy(y, x[r], buf, (int)w->cols);
+    }
+}
+
+/* ---- small ops ---------------------------------------------------------- */
+float df_dot_f32(const float *a, const float *b, int n) { return kt()->f32(a, b, n); }
+void df_axpy(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+void df_softmax(float *x, int n) {
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) if (x[i] > m) m = x[i];
+    double s = 0;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - m); s += x[i]; }
+    float inv = (float)(1.0 / s);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+void df_rmsnorm(float *out, const float *x, const float *g, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float inv = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = g[i] * (x[i] * inv);
+}

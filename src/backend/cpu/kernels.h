@@ -1,0 +1,33 @@
+/* kernels.h - per-ISA inner kernels of the CPU backend (internal).
+ * Every kernel accumulates in f32 and reads weights exactly as stored.
+ * _scalar is the reference; _avx2 and _avx512 must agree with it to f32
+ * rounding (tests/unit/test_backend_kernels.c). */
+#ifndef DF_CPU_KERNELS_H
+#define DF_CPU_KERNELS_H
+#include <stdint.h>
+
+/* exact conversions */
+static inline float df_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+float df_f16_to_f32(uint16_t h);
+extern float df_fp8_lut[256]; /* E4M3FN -> f32, exact; filled by df_kernels_init */
+void df_kernels_init(void);
+
+#define DF_DECL_KERNELS(isa)                                                                                       \
+    float df_k_dot_f32_##isa(const float *w, const float *x, int64_t n);                                          \
+    float df_k_dot_bf16_##isa(const uint16_t *w, const float *x, int64_t n);                                      \
+    float df_k_dot_f16_##isa(const uint16_t *w, const float *x, int64_t n);                                       \
+    float df_k_dot_fp8_##isa(const uint8_t *w, const float *x, int64_t n);                                        \
+    /* n % 32 == 0 and group % 32 == 0 for the SIMD versions; scales: one f32 per group */                        \
+    float df_k_dot_int4_##isa(const uint8_t *packed, const float *scales, int group, const float *x, int64_t n);  \
+    /* Y[t*ldy + r] = sum_k W[r*ldw + k] * X[t*ldx + k], r < nr <= 4, t < nt <= 4 */                              \
+    void df_k_tile_f32_##isa(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n, \
+                             float *Y, int64_t ldy);
+
+DF_DECL_KERNELS(scalar)
+DF_DECL_KERNELS(avx2)
+DF_DECL_KERNELS(avx512)
+
+#endif

@@ -1,0 +1,120 @@
+/* kernels_avx2.c - AVX2 + FMA + F16C kernels (same conversions as the
+ * AVX-512 file, 8 lanes). Tails fall back to scalar code. */
+#include "backend/cpu/kernels.h"
+#include <immintrin.h>
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+float df_k_dot_f32_avx2(const float *w, const float *x, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    float s = hsum8(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) s += w[i] * x[i];
+    return s;
+}
+
+static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+float df_k_dot_bf16_avx2(const uint16_t *w, const float *x, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(bf16x8(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(bf16x8(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(bf16x8(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(bf16x8(w + i), _mm256_loadu_ps(x + i), a0);
+    float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) s += df_bf16_to_f32(w[i]) * x[i];
+    return s;
+}
+
+float df_k_dot_f16_avx2(const uint16_t *w, const float *x, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8))), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8)
+        a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))), _mm256_loadu_ps(x + i), a0);
+    float s = hsum8(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) s += df_f16_to_f32(w[i]) * x[i];
+    return s;
+}
+
+static inline __m256 fp8x8(const uint8_t *p) {
+    __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x7f)), 7),
+                             _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x80)), 8));
+    return _mm256_cvtph_ps(h);
+}
+
+float df_k_dot_fp8_avx2(const uint8_t *w, const float *x, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(fp8x8(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(fp8x8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(fp8x8(w + i), _mm256_loadu_ps(x + i), a0);
+    float s = hsum8(_mm256_add_ps(a0, a1)) * 256.0f;
+    for (; i < n; i++) s += df_fp8_lut[w[i]] * x[i];
+    return s;
+}
+
+float df_k_dot_int4_avx2(const uint8_t *p, const float *scales, int group, const float *x, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 eight = _mm256_set1_ps(8.0f);
+    for (int64_t g0 = 0; g0 < n; g0 += group) {
+        __m256 gs = _mm256_setzero_ps();
+        for (int64_t i = g0; i < g0 + group; i += 16) {
+            __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p + i / 2)));
+            __m128i e = _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0x0f)), _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0xf0)), 4));
+            __m256 q0 = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e)), eight);
+            __m256 q1 = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e, 8))), eight);
+            gs = _mm256_fmadd_ps(q0, _mm256_loadu_ps(x + i), gs);
+            gs = _mm256_fmadd_ps(q1, _mm256_loadu_ps(x + i + 8), gs);
+        }
+        acc = _mm256_fmadd_ps(gs, _mm256_set1_ps(scales[g0 / group]), acc);
+    }
+    return hsum8(acc);
+}
+
+void df_k_tile_f32_avx2(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n,
+                        float *Y, int64_t ldy) {
+    if (nr != 4 || nt != 4 || n % 8) {
+        for (int t = 0; t < nt; t++)
+            for (int r = 0; r < nr; r++) Y[t * ldy + r] = df_k_dot_f32_avx2(W + r * ldw, X + t * ldx, n);
+        return;
+    }
+    __m256 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < 4; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n; k += 8) {
+        __m256 w0 = _mm256_loadu_ps(W + k), w1 = _mm256_loadu_ps(W + ldw + k);
+        __m256 w2 = _mm256_loadu_ps(W + 2 * ldw + k), w3 = _mm256_loadu_ps(W + 3 * ldw + k);
+        for (int t = 0; t < 4; t++) {
+            __m256 xv = _mm256_loadu_ps(X + t * ldx + k);
+            acc[0][t] = _mm256_fmadd_ps(w0, xv, acc[0][t]);
+            acc[1][t] = _mm256_fmadd_ps(w1, xv, acc[1][t]);
+            acc[2][t] = _mm256_fmadd_ps(w2, xv, acc[2][t]);
+            acc[3][t] = _mm256_fmadd_ps(w3, xv, acc[3][t]);
+        }
+    }
+    for (int t = 0; t < 4; t++)
+        for (int r = 0; r < 4; r++) Y[t * ldy + r] = hsum8(acc[r][t]);
+}

@@ -1,0 +1,142 @@
+/* kernels_avx512.c - AVX-512 kernels (compiled with AVX-512 flags; only
+ * called when the CPU reports avx512f/bw/vl). Conversions are exact:
+ * bf16 by a 16-bit shift, f16 by vcvtph2ps, FP8 E4M3 by re-biasing into f16
+ * (value = f16((b & 0x7f) << 7 | (b & 0x80) << 8) * 256, exact for normals
+ * and subnormals), INT4 nibbles by integer unpacking. */
+#include "backend/cpu/kernels.h"
+#include <immintrin.h>
+
+static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+float df_k_dot_f32_avx512(const float *w, const float *x, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    }
+    for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + i), _mm512_maskz_loadu_ps(m, x + i), a1);
+    }
+    return hsum(_mm512_add_ps(a0, a1));
+}
+
+static inline __m512 bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline __m512 bf16x16_mask(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+float df_k_dot_bf16_avx512(const uint16_t *w, const float *x, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        a0 = _mm512_fmadd_ps(bf16x16(w + i), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(bf16x16(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+        a2 = _mm512_fmadd_ps(bf16x16(w + i + 32), _mm512_loadu_ps(x + i + 32), a2);
+        a3 = _mm512_fmadd_ps(bf16x16(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);
+    }
+    for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(bf16x16(w + i), _mm512_loadu_ps(x + i), a0);
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        a1 = _mm512_fmadd_ps(bf16x16_mask(w + i, m), _mm512_maskz_loadu_ps(m, x + i), a1);
+    }
+    return hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+float df_k_dot_f16_avx512(const uint16_t *w, const float *x, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i))), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i + 16))), _mm512_loadu_ps(x + i + 16), a1);
+    }
+    for (; i + 16 <= n; i += 16)
+        a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i))), _mm512_loadu_ps(x + i), a0);
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + i)), _mm512_maskz_loadu_ps(m, x + i), a1);
+    }
+    return hsum(_mm512_add_ps(a0, a1));
+}
+
+static inline __m512 fp8x16(__m128i b) {
+    __m256i v = _mm256_cvtepu8_epi16(b);
+    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7),
+                                _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+    return _mm512_cvtph_ps(h);
+}
+
+float df_k_dot_fp8_avx512(const uint8_t *w, const float *x, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_fmadd_ps(fp8x16(_mm_loadu_si128((const __m128i *)(w + i))), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(fp8x16(_mm_loadu_si128((const __m128i *)(w + i + 16))), _mm512_loadu_ps(x + i + 16), a1);
+    }
+    for (; i + 16 <= n; i += 16)
+        a0 = _mm512_fmadd_ps(fp8x16(_mm_loadu_si128((const __m128i *)(w + i))), _mm512_loadu_ps(x + i), a0);
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        a1 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w + i)), _mm512_maskz_loadu_ps(m, x + i), a1);
+    }
+    return hsum(_mm512_add_ps(a0, a1)) * 256.0f;
+}
+
+float df_k_dot_int4_avx512(const uint8_t *p, const float *scales, int group, const float *x, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 eight = _mm512_set1_ps(8.0f);
+    for (int64_t g0 = 0; g0 < n; g0 += group) {
+        __m512 gs = _mm512_setzero_ps();
+        for (int64_t i = g0; i < g0 + group; i += 32) {
+            __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + i / 2)));
+            /* 16-bit lane k = byte k: low nibble -> byte 2k, high nibble -> byte 2k+1 (element order) */
+            __m256i e = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi16(0x0f)),
+                                        _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0xf0)), 4));
+            __m512 q0 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(e))), eight);
+            __m512 q1 = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(e, 1))), eight);
+            gs = _mm512_fmadd_ps(q0, _mm512_loadu_ps(x + i), gs);
+            gs = _mm512_fmadd_ps(q1, _mm512_loadu_ps(x + i + 16), gs);
+        }
+        acc = _mm512_fmadd_ps(gs, _mm512_set1_ps(scales[g0 / group]), acc);
+    }
+    return hsum(acc);
+}
+
+void df_k_tile_f32_avx512(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n,
+                          float *Y, int64_t ldy) {
+    if (nr != 4 || nt != 4) {
+        for (int t = 0; t < nt; t++)
+            for (int r = 0; r < nr; r++) Y[t * ldy + r] = df_k_dot_f32_avx512(W + r * ldw, X + t * ldx, n);
+        return;
+    }
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < 4; t++) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m512 w0 = _mm512_loadu_ps(W + k), w1 = _mm512_loadu_ps(W + ldw + k);
+        __m512 w2 = _mm512_loadu_ps(W + 2 * ldw + k), w3 = _mm512_loadu_ps(W + 3 * ldw + k);
+        for (int t = 0; t < 4; t++) {
+            __m512 xv = _mm512_loadu_ps(X + t * ldx + k);
+            acc[0][t] = _mm512_fmadd_ps(w0, xv, acc[0][t]);
+            acc[1][t] = _mm512_fmadd_ps(w1, xv, acc[1][t]);
+            acc[2][t] = _mm512_fmadd_ps(w2, xv, acc[2][t]);
+            acc[3][t] = _mm512_fmadd_ps(w3, xv, acc[3][t]);
+        }
+    }
+    if (k < n) {
+        __mmask16 m = (__mmask16)((1u << (n - k)) - 1);
+        __m512 w[4];
+        for (int r = 0; r < 4; r++) w[r] = _mm512_maskz_loadu_ps(m, W + r * ldw + k);
+        for (int t = 0; t < 4; t++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, X + t * ldx + k);
+            for (int r = 0; r < 4; r++) acc[r][t] = _mm512_fmadd_ps(w[r], xv, acc[r][t]);
+        }
+    }
+    for (int t = 0; t < 4; t++)
+        for (int r = 0; r < 4; r++) Y[t * ldy + r] = hsum(acc[r][t]);
+}

@@ -1,0 +1,66 @@
+/* kernels_scalar.c - reference kernels: plain C, f32 accumulation in the
+ * order of the elements. Every SIMD kernel is tested against these. */
+#include "backend/cpu/kernels.h"
+#include <math.h>
+#include <string.h>
+
+float df_fp8_lut[256];
+
+float df_f16_to_f32(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    float v;
+    if (e == 0) v = ldexpf((float)m, -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = ldexpf((float)(m | 1024), e - 25);
+    return s ? -v : v;
+}
+
+void df_kernels_init(void) {
+    for (int b = 0; b < 256; b++) {
+        int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+        float v;
+        if (e == 15 && m == 7) v = NAN; /* E4M3FN has no infinities; S.1111.111 is NaN */
+        else if (e == 0) v = ldexpf((float)m, -9);
+        else v = ldexpf((float)(8 + m), e - 10);
+        df_fp8_lut[b] = s ? -v : v;
+    }
+}
+
+float df_k_dot_f32_scalar(const float *w, const float *x, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += w[i] * x[i];
+    return s;
+}
+float df_k_dot_bf16_scalar(const uint16_t *w, const float *x, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += df_bf16_to_f32(w[i]) * x[i];
+    return s;
+}
+float df_k_dot_f16_scalar(const uint16_t *w, const float *x, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += df_f16_to_f32(w[i]) * x[i];
+    return s;
+}
+float df_k_dot_fp8_scalar(const uint8_t *w, const float *x, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += df_fp8_lut[w[i]] * x[i];
+    return s;
+}
+float df_k_dot_int4_scalar(const uint8_t *p, const float *scales, int group, const float *x, int64_t n) {
+    float s = 0;
+    for (int64_t g0 = 0; g0 < n; g0 += group) {
+        float gs = 0;
+        int64_t g1 = g0 + group < n ? g0 + group : n;
+        for (int64_t i = g0; i < g1; i++) {
+            int q = (p[i >> 1] >> ((i & 1) * 4)) & 15;
+            gs += (float)(q - 8) * x[i];
+        }
+        s += gs * scales[g0 / group];
+    }
+    return s;
+}
+void df_k_tile_f32_scalar(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n,
+                          float *Y, int64_t ldy) {
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < nr; r++) Y[t * ldy + r] = df_k_dot_f32_scalar(W + r * ldw, X + t * ldx, n);
+}

@@ -1,0 +1,102 @@
+/* args.c - see args.h. */
+#include "cli/args.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void df_args_init(df_args *a, int argc, char **argv) {
+    memset(a, 0, sizeof *a);
+    a->argc = argc;
+    a->argv = argv;
+    a->cmd = argv[0];
+    a->i = 1;
+}
+
+static char optbuf[256];
+
+const char *df_args_next(df_args *a) {
+    if (a->bad || a->i >= a->argc) return NULL;
+    const char *s = a->argv[a->i++];
+    if (strncmp(s, "--", 2) && strcmp(s, "-h")) {
+        df_args_fail(a, "unexpected argument '%s'", s);
+        return NULL;
+    }
+    const char *eq = strchr(s, '=');
+    if (eq) {
+        size_t n = (size_t)(eq - s) < sizeof optbuf - 1 ? (size_t)(eq - s) : sizeof optbuf - 1;
+        memcpy(optbuf, s, n);
+        optbuf[n] = 0;
+        a->pending = (char *)eq + 1;
+        return optbuf;
+    }
+    a->pending = NULL;
+    return s;
+}
+
+int df_args_opt(df_args *a, const char *opt, const char *name, int takes_value) {
+    if (strcmp(opt, name)) return 0;
+    if (!takes_value) {
+        if (a->pending) { df_args_fail(a, "%s takes no value", name); return 0; }
+        return 1;
+    }
+    if (a->pending) a->val = a->pending;
+    else if (a->i < a->argc) a->val = a->argv[a->i++];
+    else { df_args_fail(a, "%s needs a value", name); return 0; }
+    return 1;
+}
+
+int df_args_fail(df_args *a, const char *fmt, ...) {
+    if (a->bad) return 2;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "deltafin %s: ", a->cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see deltafin %s --help)\n", a->cmd);
+    va_end(ap);
+    a->bad = 1;
+    return 2;
+}
+
+int df_parse_int(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+int df_parse_float(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int df_args_model_opts(df_args *a, const char *opt, const char **model, df_options *o) {
+    long v;
+    if (df_args_opt(a, opt, "--model", 1)) { *model = a->val; return 1; }
+    if (df_args_opt(a, opt, "--threads", 1)) {
+        if (df_parse_int(a->val, 1, 1024, &v)) df_args_fail(a, "--threads: expected 1..1024, got '%s'", a->val);
+        else o->n_threads = (int)v;
+        return 1;
+    }
+    if (df_args_opt(a, opt, "--ram", 1)) {
+        int64_t b = df_parse_size(a->val);
+        if (b <= 0) df_args_fail(a, "--ram: expected a size like 16G, got '%s'", a->val);
+        else o->ram_bytes = b;
+        return 1;
+    }
+    if (df_args_opt(a, opt, "--expert-cache", 1)) {
+        int64_t b = df_parse_size(a->val);
+        if (b < 0) df_args_fail(a, "--expert-cache: expected a size like 8G (0 = minimum), got '%s'", a->val);
+        else o->expert_cache_bytes = b;
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,26 @@
+/* args.h - tiny option parsing shared by the subcommands. Options are
+ * "--name value" or "--name=value"; flags take no value. */
+#ifndef DF_ARGS_H
+#define DF_ARGS_H
+#include "deltafin.h"
+
+typedef struct {
+    int argc, i;
+    char **argv;
+    const char *cmd;
+    const char *val; /* value of the option just matched */
+    char *pending;   /* value after '=' */
+    int bad;
+} df_args;
+
+void df_args_init(df_args *a, int argc, char **argv);
+/* Next option name, or NULL at the end. Non-option arguments are errors. */
+const char *df_args_next(df_args *a);
+/* If the current option is name (and takes a value), stores it in a->val. */
+int df_args_opt(df_args *a, const char *opt, const char *name, int takes_value);
+/* Common model options (--model, --threads, --ram, --expert-cache). Returns 1 if consumed. */
+int df_args_model_opts(df_args *a, const char *opt, const char **model, df_options *o);
+int df_args_fail(df_args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int df_parse_int(const char *s, long lo, long hi, long *out);
+int df_parse_float(const char *s, double *out);
+#endif

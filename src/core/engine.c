@@ -1,0 +1,289 @@
+/* engine.c - the public engine/session API of deltafin.h over the model
+ * module. An engine owns the loaded model and statistics; a session owns one
+ * timeline (tokens, KV/latent cache, sampler state). Prompts are processed
+ * in chunks of up to DF_MAX_BATCH tokens; decode is one token per step. */
+#include "core/core.h"
+#include "backend/backend.h"
+#include "model/model.h"
+#include "util/util.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define DF_MAX_BATCH 64
+#define DF_DEFAULT_CTX 4096
+
+struct df_engine {
+    df_model *model;
+    df_options opt;
+    df_stats stats;
+    char errbuf[512];
+    int32_t eos[DF_MAX_EOS];
+};
+
+struct df_session {
+    df_engine *e;
+    df_state st;
+    int32_t *tokens;
+    size_t len;
+    int logits_valid;
+    float *logits;   /* [vocab] */
+    float *work;     /* sampler scratch [vocab * 2] */
+    df_rng rng;
+};
+
+void df_options_default(df_options *o) {
+    memset(o, 0, sizeof *o);
+    o->expert_cache_bytes = -1;
+}
+void df_sampling_default(df_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->top_p = 1.0f;
+}
+
+/* Resolves a model argument: a path, or a name installed under $DELTAFIN_HOME/models. */
+static char *resolve_model(const char *model) {
+    struct stat st;
+    if (stat(model, &st) == 0) return df_xstrdup(model);
+    if (strchr(model, '/')) return df_xstrdup(model);
+    const char *home = getenv("DELTAFIN_HOME");
+    char buf[4096];
+    if (home && *home) snprintf(buf, sizeof buf, "%s/models/%s", home, model);
+    else snprintf(buf, sizeof buf, "%s/.cache/deltafin/models/%s", getenv("HOME") ? getenv("HOME") : ".", model);
+    if (stat(buf, &st) == 0) return df_xstrdup(buf);
+    return df_xstrdup(model);
+}
+
+df_engine *df_engine_open(const char *model, const df_options *opt, char *err, size_t errlen) {
+    df_options o;
+    if (opt) o = *opt; else df_options_default(&o);
+    char *path = resolve_model(model);
+    if (!df_is_dir(path)) {
+        if (df_file_exists(path)) df_err(err, errlen, DF_EUNSUPPORTED, "%s: only Hugging Face checkpoint directories are supported so far", path);
+        else df_err(err, errlen, DF_EINPUT, "%s: no such model directory (and no installed model of that name)", model);
+        free(path);
+        return NULL;
+    }
+    df_pool_init(o.n_threads);
+    df_model *m = NULL;
+    int rc = df_model_load(path, &m, err, errlen);
+    free(path);
+    if (rc) return NULL;
+    df_engine *e = df_xcalloc(1, sizeof *e);
+    e->model = m;
+    e->opt = o;
+    return e;
+}
+
+void df_engine_close(df_engine *e) {
+    if (!e) return;
+    df_model_free(e->model);
+    free(e);
+}
+const char *df_engine_error(const df_engine *e) { return e->errbuf; }
+
+void df_engine_info(const df_engine *e, df_model_info *out) {
+    const df_config *c = &e->model->cfg;
+    memset(out, 0, sizeof *out);
+    out->family = c->family_name;
+    out->model_type = c->model_type;
+    out->n_layers = c->n_layers;
+    out->hidden = c->hidden;
+    out->vocab_size = c->vocab;
+    out->n_experts = c->n_experts;
+    out->n_experts_used = c->n_experts_used;
+    out->max_context = c->max_pos;
+    out->bos_id = c->bos_id;
+    out->n_eos = c->n_eos;
+    out->eos_ids = c->eos;
+    out->n_params = e->model->n_params;
+    out->n_params_active = e->model->n_params_active;
+    out->weight_bytes = e->model->bytes;
+    out->weight_bytes_active = e->model->bytes_active;
+}
+
+static void count_fmt(const df_weight *w, int64_t *bytes_by_fmt) {
+    if (w->data) bytes_by_fmt[w->fmt] += df_weight_bytes(w);
+}
+
+char *df_engine_describe(const df_engine *e) {
+    const df_model *m = e->model;
+    const df_config *c = &m->cfg;
+    df_buf b = {0};
+    df_buf_printf(&b, "model        %s\n", m->dir);
+    df_buf_printf(&b, "family       %s (model_type %s)\n", c->family_name, c->model_type);
+    df_buf_printf(&b, "layers       %d, hidden %d, vocab %d, max positions %d\n", c->n_layers, c->hidden, c->vocab, c->max_pos);
+    if (c->family == DF_FAM_DEEPSEEK_V3)
+        df_buf_printf(&b, "attention    MLA: %d heads, q_lora_rank %d, kv_lora_rank %d, qk_nope %d, qk_rope %d, v_head %d (latent cache %zu B/token)\n",
+                      c->n_heads, c->q_lora_rank, c->kv_lora_rank, c->qk_nope_dim, c->qk_rope_dim, c->v_head_dim, df_state_bytes_per_token(m));
+    else
+        df_buf_printf(&b, "attention    GQA: %d heads, %d kv heads, head_dim %d%s (KV cache %zu B/token)\n", c->n_heads, c->n_kv_heads, c->head_dim,
+                      c->family != DF_FAM_LLAMA ? ", q/k norm" : "", df_state_bytes_per_token(m));
+    const char *rt[] = {"default", "linear", "llama3", "yarn"};
+    df_buf_printf(&b, "rope         %s, theta %g%s", rt[c->rope_type], c->rope_theta, c->rope_interleave && c->family == DF_FAM_DEEPSEEK_V3 ? ", interleaved" : "");
+    if (c->rope_type != DF_ROPE_DEFAULT) df_buf_printf(&b, ", factor %g", c->rope_factor);
+    df_buf_puts(&b, "\n");
+    int n_moe = 0;
+    for (int l = 0; l < c->n_layers; l++) n_moe += m->layers[l].moe;
+    if (c->n_experts) {
+        df_buf_printf(&b, "experts      %d routed (top-%d), width %d, %d MoE layers of %d", c->n_experts, c->n_experts_used, c->moe_intermediate, n_moe, c->n_layers);
+        if (c->n_shared_experts) df_buf_printf(&b, ", %d shared", c->n_shared_experts);
+        if (c->family == DF_FAM_DEEPSEEK_V3) df_buf_printf(&b, ", sigmoid noaux_tc, %d groups keep %d, scale %g", c->n_group, c->topk_group, c->routed_scaling);
+        else df_buf_printf(&b, ", softmax router%s", c->norm_topk_prob ? ", norm_topk_prob" : "");
+        df_buf_puts(&b, "\n");
+    }
+    if (c->intermediate) df_buf_printf(&b, "dense mlp    width %d\n", c->intermediate);
+    int64_t by[6] = {0};
+    count_fmt(&m->embed, by);
+    if (m->lm_head.data != m->embed.data) count_fmt(&m->lm_head, by);
+    for (int l = 0; l < c->n_layers; l++) {
+        const df_layer *L = &m->layers[l];
+        const df_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b, &L->mlp.gate, &L->mlp.up, &L->mlp.down,
+                                 &L->router, &L->shared.gate, &L->shared.up, &L->shared.down};
+        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) count_fmt(ws[i], by);
+        if (L->moe)
+            for (int x = 0; x < c->n_experts; x++) { count_fmt(&L->experts[x].gate, by); count_fmt(&L->experts[x].up, by); count_fmt(&L->experts[x].down, by); }
+    }
+    const char *fn[] = {"F32", "F16", "BF16", "FP8_E4M3 (block scales)", "INT4 pack-quantized", "GGML"};
+    df_buf_puts(&b, "dtypes      ");
+    for (int i = 0; i < 6; i++) if (by[i]) df_buf_printf(&b, " %s %.1f MB;", fn[i], by[i] / 1e6);
+    df_buf_puts(&b, "\n");
+    if (c->quant == DF_QUANT_FP8) df_buf_printf(&b, "quantization fp8 e4m3, weight_block_size [%d, %d]\n", c->fp8_block[0], c->fp8_block[1]);
+    if (c->quant == DF_QUANT_INT4_PACK) df_buf_printf(&b, "quantization compressed-tensors pack-quantized int4, group %d, symmetric, %d ignore entries\n", c->int4_group, c->n_quant_ignore);
+    df_buf_printf(&b, "parameters   %.3f M total, %.3f M active per token\n", m->n_params / 1e6, m->n_params_active / 1e6);
+    df_buf_printf(&b, "weight bytes %.3f MB total, %.3f MB active per token\n", m->bytes / 1e6, m->bytes_active / 1e6);
+    if (m->n_ignored_tensors) df_buf_printf(&b, "unused       %d MTP-layer tensors (recognised, not used)\n", m->n_ignored_tensors);
+    df_buf_printf(&b, "eos ids     ");
+    for (int i = 0; i < c->n_eos; i++) df_buf_printf(&b, " %d", c->eos[i]);
+    df_buf_printf(&b, "\nbos id       %d\n", c->bos_id);
+    return b.p;
+}
+
+/* ---- sessions ------------------------------------------------------------ */
+
+df_session *df_session_new(df_engine *e, int max_context) {
+    const df_config *c = &e->model->cfg;
+    if (max_context <= 0) max_context = c->max_pos < DF_DEFAULT_CTX ? c->max_pos : DF_DEFAULT_CTX;
+    df_session *s = df_xcalloc(1, sizeof *s);
+    s->e = e;
+    if (df_state_init(e->model, max_context, DF_MAX_BATCH, &s->st, e->errbuf, sizeof e->errbuf)) {
+        free(s);
+        return NULL;
+    }
+    s->tokens = df_xmalloc((size_t)max_context * sizeof(int32_t));
+    s->logits = df_xmalloc((size_t)c->vocab * sizeof(float));
+    s->work = df_xmalloc((size_t)c->vocab * 2 * sizeof(float));
+    df_rng_seed(&s->rng, 0);
+    return s;
+}
+
+void df_session_free(df_session *s) {
+    if (!s) return;
+    df_state_free(&s->st);
+    free(s->tokens);
+    free(s->logits);
+    free(s->work);
+    free(s);
+}
+
+size_t df_session_len(const df_session *s) { return s->len; }
+const float *df_session_logits(df_session *s) { return s->logits_valid ? s->logits : NULL; }
+void df_session_seed(df_session *s, uint64_t seed) { df_rng_seed(&s->rng, seed); }
+
+static int check_ids(df_session *s, const int32_t *ids, size_t n) {
+    const df_config *c = &s->e->model->cfg;
+    if (n > (size_t)s->st.max_ctx)
+        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "%zu tokens exceed the session context of %d", n, s->st.max_ctx);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "token id %d at position %zu is out of range (vocab_size %d)", ids[i], i, c->vocab);
+    return 0;
+}
+
+/* Runs ids[from..n) after the cache holds ids[0..from); logits of the last. */
+static int run_tokens(df_session *s, const int32_t *ids, size_t from, size_t n) {
+    df_engine *e = s->e;
+    double t0 = df_now();
+    size_t todo = n - from;
+    for (size_t p = from; p < n; p += DF_MAX_BATCH) {
+        int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
+        int rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, s->logits, 0);
+        if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "forward pass failed at position %zu", p);
+        memcpy(s->tokens + p, ids + p, (size_t)cnt * sizeof(int32_t));
+        s->len = p + (size_t)cnt;
+    }
+    double dt = df_now() - t0;
+    if (todo == 1) {
+        e->stats.decode_tokens++;
+        e->stats.decode_seconds += dt;
+        e->stats.weight_bytes_touched += e->model->bytes_active;
+    } else {
+        e->stats.prefill_tokens += (int64_t)todo;
+        e->stats.prefill_seconds += dt;
+    }
+    e->stats.t_attention = s->st.t_attn;
+    e->stats.t_experts = s->st.t_ffn;
+    e->stats.t_other = s->st.t_other;
+    s->logits_valid = 1;
+    return 0;
+}
+
+int df_session_sync(df_session *s, const int32_t *ids, size_t n) {
+    int rc = check_ids(s, ids, n);
+    if (rc) return rc;
+    if (n == 0) {
+        s->len = 0;
+        s->logits_valid = 0;
+        return 0;
+    }
+    size_t common = 0;
+    while (common < s->len && common < n && s->tokens[common] == ids[common]) common++;
+    if (common == n && s->len == n && s->logits_valid) return 0;
+    if (common >= n) common = n - 1; /* recompute the last position for its logits */
+    s->len = common;
+    s->logits_valid = 0;
+    return run_tokens(s, ids, common, n);
+}
+
+int df_session_push(df_session *s, int32_t id) {
+    if (s->len >= (size_t)s->st.max_ctx)
+        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "context full (%d tokens)", s->st.max_ctx);
+    int rc = check_ids(s, &id, 1);
+    if (rc) return rc;
+    s->tokens[s->len] = id;
+    return run_tokens(s, s->tokens, s->len, s->len + 1);
+}
+
+int df_session_sample(df_session *s, const df_sampling *sp, int32_t *out_id) {
+    if (!s->logits_valid) return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "no logits: the session is empty");
+    *out_id = df_sample(s->logits, s->e->model->cfg.vocab, sp, &s->rng, s->work);
+    return 0;
+}
+
+int df_session_eval_all(df_session *s, const int32_t *ids, size_t n, float *out) {
+    int rc = check_ids(s, ids, n);
+    if (rc) return rc;
+    df_engine *e = s->e;
+    const size_t V = (size_t)e->model->cfg.vocab;
+    s->len = 0;
+    s->logits_valid = 0;
+    double t0 = df_now();
+    for (size_t p = 0; p < n; p += DF_MAX_BATCH) {
+        int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
+        rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, out + p * V, 1);
+        if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "forward pass failed at position %zu", p);
+        memcpy(s->tokens + p, ids + p, (size_t)cnt * sizeof(int32_t));
+        s->len = p + (size_t)cnt;
+    }
+    e->stats.prefill_tokens += (int64_t)n;
+    e->stats.prefill_seconds += df_now() - t0;
+    if (n) {
+        memcpy(s->logits, out + (n - 1) * V, V * sizeof(float));
+        s->logits_valid = 1;
+    }
+    return 0;
+}
+
+void df_stats_get(df_engine *e, df_stats *out) { *out = e->stats; }
+void df_stats_reset(df_engine *e) { memset(&e->stats, 0, sizeof e->stats); }

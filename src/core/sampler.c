@@ -1,0 +1,69 @@
+/* sampler.c - next-token choice from logits: greedy (lowest id wins ties)
+ * or temperature / top-k / top-p / min-p sampling, applied in that order
+ * (as transformers' logits warpers), with a seeded xoshiro256** generator:
+ * the same seed and logits give the same tokens. */
+#include "core/core.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+void df_rng_seed(df_rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix(&seed);
+}
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t df_rng_next(df_rng *r) {
+    uint64_t *s = r->s, res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+    return res;
+}
+double df_rng_uniform(df_rng *r) { return (double)(df_rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+int df_argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+
+typedef struct { float p; int id; } cand;
+static int cmp_cand(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->id - y->id;
+}
+
+int df_sample(const float *logits, int n, const df_sampling *sp, df_rng *rng, void *work) {
+    if (!sp || sp->temperature <= 0) return df_argmax(logits, n);
+    cand *c = work; /* n entries */
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) { c[i].p = logits[i] / sp->temperature; c[i].id = i; if (c[i].p > mx) mx = c[i].p; }
+    int m = n;
+    qsort(c, (size_t)n, sizeof *c, cmp_cand);
+    if (sp->top_k > 0 && sp->top_k < m) m = sp->top_k;
+    double sum = 0;
+    for (int i = 0; i < m; i++) { c[i].p = expf(c[i].p - mx); sum += c[i].p; }
+    for (int i = 0; i < m; i++) c[i].p = (float)(c[i].p / sum);
+    if (sp->top_p > 0 && sp->top_p < 1) {
+        double acc = 0;
+        int keep = m;
+        for (int i = 0; i < m; i++) { acc += c[i].p; if (acc >= sp->top_p) { keep = i + 1; break; } }
+        m = keep;
+    }
+    if (sp->min_p > 0) {
+        float thr = c[0].p * sp->min_p;
+        int keep = 1;
+        while (keep < m && c[keep].p >= thr) keep++;
+        m = keep;
+    }
+    sum = 0;
+    for (int i = 0; i < m; i++) sum += c[i].p;
+    double u = df_rng_uniform(rng) * sum, acc = 0;
+    for (int i = 0; i < m; i++) { acc += c[i].p; if (u < acc) return c[i].id; }
+    return c[m - 1].id;
+}

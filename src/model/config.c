@@ -1,0 +1,374 @@
+/* config.c - see config.h. Every missing or wrong field is reported as
+ * "<file>: field \"name\": expected ..., got ...". */
+#include "model/config.h"
+#include "deltafin.h"
+#include "util/util.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <jansson.h>
+#include <math.h>
+#include <pcre2.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    json_t *root;
+    const char *file;
+    char *err;
+    size_t errlen;
+    int rc;
+} ctx;
+
+/* Integer field: required if def == INT32_MIN. null counts as absent. */
+static int get_int_in(ctx *c, json_t *obj, const char *key, int def, int lo, int hi) {
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    if (!v || json_is_null(v)) {
+        if (def == INT32_MIN && !c->rc)
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: missing required field \"%s\"", c->file, key);
+        return def == INT32_MIN ? 0 : def;
+    }
+    if (!json_is_integer(v)) {
+        if (!c->rc) c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"%s\": expected an integer", c->file, key);
+        return 0;
+    }
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi) {
+        if (!c->rc)
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"%s\": expected %d..%d, got %lld", c->file, key, lo, hi, (long long)x);
+        return 0;
+    }
+    return (int)x;
+}
+static int get_int(ctx *c, const char *key, int def, int lo, int hi) { return get_int_in(c, c->root, key, def, lo, hi); }
+
+static double get_num_in(ctx *c, json_t *obj, const char *key, double def, int required) {
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    if (!v || json_is_null(v)) {
+        if (required && !c->rc) c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: missing required field \"%s\"", c->file, key);
+        return def;
+    }
+    if (!json_is_number(v)) {
+        if (!c->rc) c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"%s\": expected a number", c->file, key);
+        return def;
+    }
+    return json_number_value(v);
+}
+
+static int get_bool(ctx *c, const char *key, int def) {
+    json_t *v = json_object_get(c->root, key);
+    if (!v || json_is_null(v)) return def;
+    if (!json_is_boolean(v)) {
+        if (!c->rc) c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"%s\": expected true or false", c->file, key);
+        return def;
+    }
+    return json_is_true(v);
+}
+
+static void add_ids(df_config *cfg, json_t *v) {
+    if (json_is_integer(v)) {
+        int id = (int)json_integer_value(v);
+        for (int i = 0; i < cfg->n_eos; i++) if (cfg->eos[i] == id) return;
+        if (cfg->n_eos < DF_MAX_EOS) cfg->eos[cfg->n_eos++] = id;
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) add_ids(cfg, x);
+    }
+}
+
+static int parse_rope(ctx *c, df_config *cfg) {
+    json_t *rp = json_object_get(c->root, "rope_parameters");
+    json_t *rs = json_object_get(c->root, "rope_scaling");
+    json_t *p = json_is_object(rp) ? rp : (json_is_object(rs) ? rs : NULL);
+    double theta_top = get_num_in(c, c->root, "rope_theta", NAN, 0);
+    double theta = p ? get_num_in(c, p, "rope_theta", theta_top, 0) : theta_top;
+    if (isnan(theta)) theta = 10000.0; /* transformers' default_theta for these families */
+    cfg->rope_theta = theta;
+    cfg->rope_type = DF_ROPE_DEFAULT;
+    cfg->attention_factor = 1.0;
+    if (!p) return c->rc;
+    json_t *jt = json_object_get(p, "rope_type");
+    if (!json_is_string(jt)) jt = json_object_get(p, "type");
+    const char *t = json_is_string(jt) ? json_string_value(jt) : "default";
+    if (!strcmp(t, "default")) return c->rc;
+    cfg->rope_factor = get_num_in(c, p, "factor", 1.0, 1);
+    if (!strcmp(t, "linear")) {
+        cfg->rope_type = DF_ROPE_LINEAR;
+    } else if (!strcmp(t, "llama3")) {
+        cfg->rope_type = DF_ROPE_LLAMA3;
+        cfg->low_freq_factor = get_num_in(c, p, "low_freq_factor", 1, 1);
+        cfg->high_freq_factor = get_num_in(c, p, "high_freq_factor", 4, 1);
+        cfg->orig_max_pos = get_num_in(c, p, "original_max_position_embeddings", 8192, 1);
+    } else if (!strcmp(t, "yarn")) {
+        cfg->rope_type = DF_ROPE_YARN;
+        double top_orig = get_num_in(c, c->root, "original_max_position_embeddings", cfg->max_pos, 0);
+        cfg->orig_max_pos = get_num_in(c, p, "original_max_position_embeddings", top_orig, 0);
+        cfg->beta_fast = get_num_in(c, p, "beta_fast", 32, 0);
+        cfg->beta_slow = get_num_in(c, p, "beta_slow", 1, 0);
+        if (cfg->beta_fast == 0) cfg->beta_fast = 32;
+        if (cfg->beta_slow == 0) cfg->beta_slow = 1;
+        cfg->mscale = get_num_in(c, p, "mscale", 0, 0);
+        cfg->mscale_all_dim = get_num_in(c, p, "mscale_all_dim", 0, 0);
+        json_t *tr = json_object_get(p, "truncate");
+        cfg->rope_truncate = json_is_boolean(tr) ? json_is_true(tr) : 1;
+        double af = get_num_in(c, p, "attention_factor", NAN, 0);
+        double f = cfg->rope_factor;
+#define GET_MSCALE(s, m) ((s) <= 1 ? 1.0 : 0.1 * (m) * log(s) + 1.0)
+        if (!isnan(af)) cfg->attention_factor = af;
+        else if (cfg->mscale != 0 && cfg->mscale_all_dim != 0)
+            cfg->attention_factor = GET_MSCALE(f, cfg->mscale) / GET_MSCALE(f, cfg->mscale_all_dim);
+        else cfg->attention_factor = GET_MSCALE(f, 1.0);
+#undef GET_MSCALE
+    } else {
+        return c->rc ? c->rc : (c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: rope type \"%s\" is not supported (supported: default, linear, llama3, yarn)", c->file, t));
+    }
+    return c->rc;
+}
+
+static int parse_quant(ctx *c, df_config *cfg) {
+    json_t *q = json_object_get(c->root, "quantization_config");
+    if (!q || json_is_null(q)) return 0;
+    json_t *m = json_object_get(q, "quant_method");
+    const char *method = json_is_string(m) ? json_string_value(m) : "(missing)";
+    if (!strcmp(method, "fp8")) {
+        json_t *fmt = json_object_get(q, "fmt");
+        if (json_is_string(fmt) && strcmp(json_string_value(fmt), "e4m3"))
+            return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.fmt \"%s\" is not supported (expected \"e4m3\")", c->file, json_string_value(fmt));
+        json_t *bs = json_object_get(q, "weight_block_size");
+        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(json_array_get(bs, 0)) || !json_is_integer(json_array_get(bs, 1)) ||
+            json_integer_value(json_array_get(bs, 0)) <= 0 || json_integer_value(json_array_get(bs, 1)) <= 0)
+            return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.weight_block_size: expected [rows, cols] of positive integers (per-tensor FP8 scales are not supported)", c->file);
+        cfg->quant = DF_QUANT_FP8;
+        cfg->fp8_block[0] = (int)json_integer_value(json_array_get(bs, 0));
+        cfg->fp8_block[1] = (int)json_integer_value(json_array_get(bs, 1));
+    } else if (!strcmp(method, "compressed-tensors")) {
+        json_t *fmt = json_object_get(q, "format");
+        if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "pack-quantized"))
+            return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.format %s is not supported (expected \"pack-quantized\")", c->file, json_is_string(fmt) ? json_string_value(fmt) : "(missing)");
+        json_t *groups = json_object_get(q, "config_groups");
+        if (!json_is_object(groups) || json_object_size(groups) != 1)
+            return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.config_groups: expected exactly one group", c->file);
+        const char *gk;
+        json_t *g;
+        json_object_foreach(groups, gk, g) {
+            json_t *w = json_object_get(g, "weights");
+            int bits = get_int_in(c, w, "num_bits", INT32_MIN, 1, 64);
+            json_t *ty = json_object_get(w, "type"), *st = json_object_get(w, "strategy"), *sym = json_object_get(w, "symmetric");
+            if (c->rc) return c->rc;
+            if (bits != 4 || !json_is_string(ty) || strcmp(json_string_value(ty), "int") || !json_is_string(st) ||
+                strcmp(json_string_value(st), "group"))
+                return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: config_groups.%s.weights: only num_bits 4, type \"int\", strategy \"group\" is supported", c->file, gk);
+            cfg->int4_group = get_int_in(c, w, "group_size", INT32_MIN, 1, 1 << 20);
+            cfg->int4_symmetric = !json_is_false(sym);
+            if (!cfg->int4_symmetric)
+                return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: config_groups.%s.weights.symmetric false (zero points) is not supported", c->file, gk);
+            json_t *ia = json_object_get(g, "input_activations");
+            if (ia && !json_is_null(ia))
+                return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: config_groups.%s.input_activations: activation quantization is not supported", c->file, gk);
+        }
+        cfg->quant = DF_QUANT_INT4_PACK;
+        json_t *ig = json_object_get(q, "ignore");
+        if (json_is_array(ig)) {
+            cfg->quant_ignore = df_xcalloc(json_array_size(ig) + 1, sizeof(char *));
+            size_t i;
+            json_t *x;
+            json_array_foreach(ig, i, x) {
+                if (!json_is_string(x)) return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: quantization_config.ignore[%zu]: expected a string", c->file, i);
+                const char *s = json_string_value(x);
+                if (!strncmp(s, "re:", 3)) { /* validate the regex now */
+                    int ec;
+                    PCRE2_SIZE eo;
+                    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(s + 3), PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED | PCRE2_UTF, &ec, &eo, NULL);
+                    if (!re) return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: quantization_config.ignore[%zu]: bad regex \"%s\" at offset %zu", c->file, i, s + 3, (size_t)eo);
+                    pcre2_code_free(re);
+                }
+                cfg->quant_ignore[cfg->n_quant_ignore++] = df_xstrdup(s);
+            }
+        }
+    } else {
+        return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.quant_method \"%s\" is not supported (supported: fp8 with weight_block_size, compressed-tensors pack-quantized int4)", c->file, method);
+    }
+    return 0;
+}
+
+int df_config_quant_ignored(const df_config *cfg, const char *module) {
+    for (int i = 0; i < cfg->n_quant_ignore; i++) {
+        const char *s = cfg->quant_ignore[i];
+        if (!strncmp(s, "re:", 3)) {
+            int ec;
+            PCRE2_SIZE eo;
+            pcre2_code *re = pcre2_compile((PCRE2_SPTR)(s + 3), PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED | PCRE2_UTF, &ec, &eo, NULL);
+            if (!re) continue;
+            pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+            int r = pcre2_match(re, (PCRE2_SPTR)module, PCRE2_ZERO_TERMINATED, 0, 0, md, NULL);
+            pcre2_match_data_free(md);
+            pcre2_code_free(re);
+            if (r >= 0) return 1;
+        } else if (!strcmp(s, module)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int df_config_is_moe_layer(const df_config *c, int l) {
+    switch (c->family) {
+    case DF_FAM_QWEN3_MOE:
+        return c->n_experts > 0 && !c->mlp_only[l] && (l + 1) % c->decoder_sparse_step == 0;
+    case DF_FAM_DEEPSEEK_V3:
+        return c->n_experts > 0 && l >= c->first_k_dense;
+    default:
+        return 0;
+    }
+}
+
+void df_config_free(df_config *c) {
+    for (int i = 0; i < c->n_quant_ignore; i++) free(c->quant_ignore[i]);
+    free(c->quant_ignore);
+    c->quant_ignore = NULL;
+    c->n_quant_ignore = 0;
+}
+
+int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
+    memset(cfg, 0, sizeof *cfg);
+    char *path = df_path_join(dir, "config.json");
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        int rc = df_file_exists(path) ? df_err(err, errlen, DF_EFORMAT, "%s: not valid JSON: %s (line %d)", path, je.text, je.line)
+                                      : df_err(err, errlen, DF_EINPUT, "%s: no config.json in this directory", path);
+        free(path);
+        return rc;
+    }
+    ctx c = {root, path, err, errlen, 0};
+    json_t *mt = json_object_get(root, "model_type");
+    const char *t = json_is_string(mt) ? json_string_value(mt) : NULL;
+    if (!t) { c.rc = df_err(err, errlen, DF_EFORMAT, "%s: missing field \"model_type\"", path); goto out; }
+    snprintf(cfg->model_type, sizeof cfg->model_type, "%s", t);
+    if (!strcmp(t, "llama")) cfg->family = DF_FAM_LLAMA, cfg->family_name = "llama";
+    else if (!strcmp(t, "qwen3")) cfg->family = DF_FAM_QWEN3, cfg->family_name = "qwen3";
+    else if (!strcmp(t, "qwen3_moe")) cfg->family = DF_FAM_QWEN3_MOE, cfg->family_name = "qwen3_moe";
+    else if (!strcmp(t, "deepseek_v3") || !strcmp(t, "kimi_k2")) cfg->family = DF_FAM_DEEPSEEK_V3, cfg->family_name = "deepseek_v3";
+    else {
+        c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: model_type \"%s\" is not supported (supported: llama, qwen3, qwen3_moe, deepseek_v3, kimi_k2)", path, t);
+        goto out;
+    }
+    json_t *act = json_object_get(root, "hidden_act");
+    if (json_is_string(act) && strcmp(json_string_value(act), "silu")) {
+        c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: hidden_act \"%s\" is not supported (expected \"silu\")", path, json_string_value(act));
+        goto out;
+    }
+    cfg->vocab = get_int(&c, "vocab_size", INT32_MIN, 1, 1 << 26);
+    cfg->hidden = get_int(&c, "hidden_size", INT32_MIN, 1, 1 << 20);
+    cfg->n_layers = get_int(&c, "num_hidden_layers", INT32_MIN, 1, DF_MAX_LAYERS - 1);
+    cfg->n_heads = get_int(&c, "num_attention_heads", INT32_MIN, 1, 4096);
+    cfg->n_kv_heads = get_int(&c, "num_key_value_heads", cfg->n_heads, 1, 4096);
+    cfg->intermediate = get_int(&c, "intermediate_size", 0, 0, 1 << 24);
+    cfg->max_pos = get_int(&c, "max_position_embeddings", 4096, 1, INT32_MAX);
+    cfg->rms_eps = get_num_in(&c, root, "rms_norm_eps", 1e-6, 0);
+    cfg->attention_bias = get_bool(&c, "attention_bias", 0);
+    cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", cfg->family == DF_FAM_QWEN3 ? 0 : 0);
+    if (c.rc) goto out;
+    if (cfg->n_heads % cfg->n_kv_heads) {
+        c.rc = df_err(err, errlen, DF_EFORMAT, "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", path, cfg->n_heads, cfg->n_kv_heads);
+        goto out;
+    }
+    if (cfg->family != DF_FAM_DEEPSEEK_V3 && cfg->hidden % cfg->n_heads && !json_object_get(root, "head_dim")) {
+        c.rc = df_err(err, errlen, DF_EFORMAT, "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d) and no head_dim is given", path, cfg->hidden, cfg->n_heads);
+        goto out;
+    }
+    cfg->head_dim = get_int(&c, "head_dim", cfg->hidden / cfg->n_heads, 1, 1 << 16);
+    cfg->rope_dim = cfg->head_dim;
+
+    if (cfg->family == DF_FAM_QWEN3_MOE) {
+        int ne = get_int(&c, "num_experts", 0, 0, 1 << 16);
+        if (!ne) ne = get_int(&c, "num_local_experts", INT32_MIN, 1, 1 << 16);
+        cfg->n_experts = ne;
+        cfg->n_experts_used = get_int(&c, "num_experts_per_tok", INT32_MIN, 1, 1 << 16);
+        cfg->moe_intermediate = get_int(&c, "moe_intermediate_size", INT32_MIN, 1, 1 << 24);
+        cfg->norm_topk_prob = get_bool(&c, "norm_topk_prob", 0);
+        cfg->decoder_sparse_step = get_int(&c, "decoder_sparse_step", 1, 1, 1 << 16);
+        json_t *mo = json_object_get(root, "mlp_only_layers");
+        if (json_is_array(mo)) {
+            size_t i;
+            json_t *x;
+            json_array_foreach(mo, i, x) {
+                if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= cfg->n_layers) {
+                    c.rc = df_err(err, errlen, DF_EFORMAT, "%s: mlp_only_layers[%zu]: expected a layer index 0..%d", path, i, cfg->n_layers - 1);
+                    goto out;
+                }
+                cfg->mlp_only[json_integer_value(x)] = 1;
+            }
+        }
+    }
+    if (cfg->family == DF_FAM_DEEPSEEK_V3) {
+        int ne = get_int(&c, "n_routed_experts", 0, 0, 1 << 16);
+        if (!ne) ne = get_int(&c, "num_local_experts", 0, 0, 1 << 16);
+        cfg->n_experts = ne;
+        cfg->n_experts_used = get_int(&c, "num_experts_per_tok", ne ? INT32_MIN : 0, 0, 1 << 16);
+        cfg->moe_intermediate = get_int(&c, "moe_intermediate_size", ne ? INT32_MIN : 0, 0, 1 << 24);
+        cfg->norm_topk_prob = get_bool(&c, "norm_topk_prob", 0);
+        cfg->n_shared_experts = get_int(&c, "n_shared_experts", 0, 0, 1 << 10);
+        cfg->first_k_dense = get_int(&c, "first_k_dense_replace", 0, 0, DF_MAX_LAYERS);
+        cfg->n_group = get_int(&c, "n_group", 1, 1, 1 << 16);
+        cfg->topk_group = get_int(&c, "topk_group", 1, 1, 1 << 16);
+        cfg->routed_scaling = get_num_in(&c, root, "routed_scaling_factor", 1.0, 0);
+        cfg->q_lora_rank = get_int(&c, "q_lora_rank", 0, 0, 1 << 20);
+        cfg->kv_lora_rank = get_int(&c, "kv_lora_rank", INT32_MIN, 1, 1 << 20);
+        cfg->qk_nope_dim = get_int(&c, "qk_nope_head_dim", INT32_MIN, 0, 1 << 16);
+        cfg->qk_rope_dim = get_int(&c, "qk_rope_head_dim", INT32_MIN, 2, 1 << 16);
+        cfg->v_head_dim = get_int(&c, "v_head_dim", INT32_MIN, 1, 1 << 16);
+        cfg->n_mtp_layers = get_int(&c, "num_nextn_predict_layers", 0, 0, 16);
+        cfg->rope_interleave = get_bool(&c, "rope_interleave", 1);
+        cfg->rope_dim = cfg->qk_rope_dim;
+        json_t *sf = json_object_get(root, "scoring_func");
+        if (json_is_string(sf) && strcmp(json_string_value(sf), "sigmoid")) {
+            c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: scoring_func \"%s\" is not supported (expected \"sigmoid\")", path, json_string_value(sf));
+            goto out;
+        }
+        json_t *tm = json_object_get(root, "topk_method");
+        if (json_is_string(tm) && strcmp(json_string_value(tm), "noaux_tc")) {
+            c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: topk_method \"%s\" is not supported (expected \"noaux_tc\")", path, json_string_value(tm));
+            goto out;
+        }
+        if (ne && (ne % cfg->n_group || cfg->topk_group > cfg->n_group || ne / cfg->n_group < 2)) {
+            c.rc = df_err(err, errlen, DF_EFORMAT, "%s: n_routed_experts %d, n_group %d, topk_group %d are inconsistent", path, ne, cfg->n_group, cfg->topk_group);
+            goto out;
+        }
+    }
+    if (cfg->n_experts && cfg->n_experts_used > cfg->n_experts) {
+        c.rc = df_err(err, errlen, DF_EFORMAT, "%s: num_experts_per_tok %d exceeds the %d experts", path, cfg->n_experts_used, cfg->n_experts);
+        goto out;
+    }
+    if (c.rc) goto out;
+    if (cfg->rope_dim % 2) {
+        c.rc = df_err(err, errlen, DF_EFORMAT, "%s: rotary dimension %d must be even", path, cfg->rope_dim);
+        goto out;
+    }
+    if (parse_rope(&c, cfg) || parse_quant(&c, cfg)) goto out;
+
+    /* bos / eos: config.json, then generation_config.json */
+    json_t *b = json_object_get(root, "bos_token_id");
+    cfg->bos_id = json_is_integer(b) ? (int)json_integer_value(b) : -1;
+    add_ids(cfg, json_object_get(root, "eos_token_id"));
+    {
+        char *gp = df_path_join(dir, "generation_config.json");
+        if (df_file_exists(gp)) {
+            json_t *g = json_load_file(gp, 0, &je);
+            if (!g) {
+                c.rc = df_err(err, errlen, DF_EFORMAT, "%s: not valid JSON: %s (line %d)", gp, je.text, je.line);
+            } else {
+                add_ids(cfg, json_object_get(g, "eos_token_id"));
+                json_t *gb = json_object_get(g, "bos_token_id");
+                if (cfg->bos_id < 0 && json_is_integer(gb)) cfg->bos_id = (int)json_integer_value(gb);
+                json_decref(g);
+            }
+        }
+        free(gp);
+    }
+out:
+    json_decref(root);
+    free(path);
+    if (c.rc) df_config_free(cfg);
+    return c.rc;
+}

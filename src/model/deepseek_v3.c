@@ -1,0 +1,128 @@
+/* deepseek_v3.c - DeepSeek-V3 / Kimi K2 specifics.
+ *
+ * MLA attention with a latent cache: per token and layer the cache holds the
+ * normalised kv latent c (kv_lora_rank) and the rotated shared key k_rot
+ * (qk_rope_head_dim), never expanded K/V. Scores use the absorbed form
+ *   q_nope . (W_uk c) = (W_uk^T q_nope) . c
+ * and values o_lat = sum_j p_j c_j, v = W_uv o_lat, which equal transformers'
+ * expanded computation up to f32 rounding. The softmax scale includes the
+ * YaRN mscale(mscale_all_dim)^2; cos/sin carry attention_factor.
+ *
+ * Router (noaux_tc): sigmoid scores, + e_score_correction_bias for choice,
+ * groups ranked by the sum of their top-2 biased scores, topk_group groups
+ * kept, top-k experts among them; weights are the unbiased scores,
+ * normalised (+1e-20) when norm_topk_prob, times routed_scaling_factor. */
+#include "model/model.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+    const df_model *m;
+    df_state *s;
+    int l, n, pos0;
+} mla_ctx;
+
+static void mla_task(void *p, int tid, int nth) {
+    mla_ctx *a = p;
+    const df_config *c = &a->m->cfg;
+    const df_layer *L = &a->m->layers[a->l];
+    df_state *s = a->s;
+    const int NH = c->n_heads, nope = c->qk_nope_dim, rope = c->qk_rope_dim, R = c->kv_lora_rank, vd = c->v_head_dim;
+    const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
+    const float *cache = s->latent + (size_t)a->l * s->max_ctx * cdim;
+    float *sc = s->att_scores + (size_t)tid * s->max_ctx;
+    float *qlat = s->qlat + (size_t)tid * cdim; /* [R] absorbed q, then reused for o_lat */
+    const int items = a->n * NH;
+    for (int it = tid; it < items; it += nth) {
+        int t = it / NH, h = it % NH, len = a->pos0 + t + 1;
+        const float *q = s->q + ((size_t)t * NH + h) * qh;
+        const int64_t kv_row0 = (int64_t)h * (nope + vd);
+        df_matvec_t_rows(&L->kv_b, kv_row0, nope, q, qlat);
+        for (int j = 0; j < len; j++) {
+            const float *cj = cache + (size_t)j * cdim;
+            sc[j] = (df_dot_f32(qlat, cj, R) + df_dot_f32(q + nope, cj + R, rope)) * a->m->attn_scale;
+        }
+        df_softmax(sc, len);
+        memset(qlat, 0, (size_t)R * sizeof(float));
+        for (int j = 0; j < len; j++) df_axpy(qlat, sc[j], cache + (size_t)j * cdim, R);
+        float *out = s->att + ((size_t)t * NH + h) * vd;
+        for (int i = 0; i < vd; i++) out[i] = df_dot_row(&L->kv_b, kv_row0 + nope + i, qlat);
+    }
+}
+
+void df_attn_mla(const df_model *m, df_state *s, int l, int n, int pos0) {
+    const df_config *c = &m->cfg;
+    const df_layer *L = &m->layers[l];
+    const int NH = c->n_heads, nope = c->qk_nope_dim, rope = c->qk_rope_dim, R = c->kv_lora_rank;
+    const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
+    const float eps = (float)c->rms_eps;
+    if (c->q_lora_rank) {
+        df_matmul(&L->q_a, s->xn, n, s->h1);
+        for (int t = 0; t < n; t++) df_rmsnorm(s->h1 + (size_t)t * c->q_lora_rank, s->h1 + (size_t)t * c->q_lora_rank, L->q_a_norm, c->q_lora_rank, eps);
+        df_matmul(&L->q_b, s->h1, n, s->q);
+    } else {
+        df_matmul(&L->q_proj, s->xn, n, s->q);
+    }
+    df_matmul(&L->kv_a, s->xn, n, s->k);
+    for (int t = 0; t < n; t++) {
+        const float *cs = s->rope_cs + (size_t)t * rope;
+        for (int h = 0; h < NH; h++) df_rope(cs, rope, s->q + ((size_t)t * NH + h) * qh + nope, c->rope_interleave);
+        float *kv = s->k + (size_t)t * cdim;
+        float *dst = s->latent + ((size_t)l * s->max_ctx + (size_t)(pos0 + t)) * cdim;
+        df_rmsnorm(dst, kv, L->kv_a_norm, R, eps);
+        memcpy(dst + R, kv + R, (size_t)rope * sizeof(float));
+        df_rope(cs, rope, dst + R, c->rope_interleave);
+    }
+    mla_ctx a = {m, s, l, n, pos0};
+    df_pool_run(mla_task, &a);
+    df_matmul(&L->wo, s->att, n, s->o);
+}
+
+void df_route_deepseek(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w) {
+    const df_config *c = &m->cfg;
+    const int E = c->n_experts, K = c->n_experts_used, G = c->n_group, per = E / G;
+    float score[E > 0 ? E : 1], choice[E > 0 ? E : 1], gscore[G];
+    for (int e = 0; e < E; e++) {
+        score[e] = 1.0f / (1.0f + expf(-logits[e]));
+        choice[e] = score[e] + L->router_bias[e];
+    }
+    for (int g = 0; g < G; g++) {
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int i = 0; i < per; i++) {
+            float v = choice[g * per + i];
+            if (v > b1) { b2 = b1; b1 = v; }
+            else if (v > b2) b2 = v;
+        }
+        gscore[g] = b1 + b2;
+    }
+    unsigned char keep[G];
+    memset(keep, 0, sizeof keep);
+    for (int k = 0; k < c->topk_group; k++) {
+        int best = -1;
+        for (int g = 0; g < G; g++)
+            if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        keep[best] = 1;
+    }
+    for (int e = 0; e < E; e++)
+        if (!keep[e / per]) choice[e] = -INFINITY;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            if (choice[e] == -INFINITY && keep[e / per] == 0) continue;
+            int taken = 0;
+            for (int j = 0; j < k; j++) if (sel[j] == e) taken = 1;
+            if (!taken && (best < 0 || choice[e] > choice[best])) best = e;
+        }
+        if (best < 0) best = 0;
+        sel[k] = best;
+        w[k] = score[best];
+    }
+    if (c->norm_topk_prob) {
+        float s = 0;
+        for (int k = 0; k < K; k++) s += w[k];
+        s += 1e-20f;
+        for (int k = 0; k < K; k++) w[k] /= s;
+    }
+    for (int k = 0; k < K; k++) w[k] *= (float)c->routed_scaling;
+}

@@ -1,0 +1,391 @@
+/* loader.c - builds a df_model from a Hugging Face checkpoint directory.
+ * Every tensor the family needs is looked up by its published name and its
+ * dtype and shape checked; the error names the file and tensor with the
+ * expected and actual values. Weights stay memory-mapped as stored; only
+ * small vectors (norm weights, biases, router bias) are copied to f32. */
+#include "model/model.h"
+#include "backend/cpu/kernels.h"
+#include "deltafin.h"
+#include "util/util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    df_model *m;
+    char *err;
+    size_t errlen;
+    int rc;
+    uint8_t *used; /* per tensor index */
+} ld;
+
+static const char *tfile(ld *c, const df_st_tensor *t) { return df_st_file_path(c->m->st, t->file_index); }
+
+static void shape_str(const df_st_tensor *t, char *buf, size_t n) {
+    size_t k = 0;
+    k += (size_t)snprintf(buf + k, n - k, "[");
+    for (int i = 0; i < t->n_dims && k < n; i++) k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+static const df_st_tensor *need(ld *c, const char *name) {
+    if (c->rc) return NULL;
+    const df_st_tensor *t = df_st_find(c->m->st, name);
+    if (!t) {
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: missing tensor '%s'", c->m->dir, name);
+        return NULL;
+    }
+    c->used[t - df_st_at(c->m->st, 0)] = 1;
+    return t;
+}
+
+static int check_shape(ld *c, const df_st_tensor *t, int nd, int64_t d0, int64_t d1) {
+    if (c->rc) return c->rc;
+    int ok = t->n_dims == nd && t->shape[0] == d0 && (nd < 2 || t->shape[1] == d1);
+    if (!ok) {
+        char got[128];
+        shape_str(t, got, sizeof got);
+        if (nd == 1) c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected shape [%lld], got %s", tfile(c, t), t->name, (long long)d0, got);
+        else c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected shape [%lld, %lld], got %s", tfile(c, t), t->name, (long long)d0, (long long)d1, got);
+    }
+    return c->rc;
+}
+
+static int scale_dtype(ld *c, const df_st_tensor *t, df_scale_dtype *out) {
+    switch (t->dtype) {
+    case DF_ST_F32: *out = DF_SCALE_F32; return 0;
+    case DF_ST_BF16: *out = DF_SCALE_BF16; return 0;
+    case DF_ST_F16: *out = DF_SCALE_F16; return 0;
+    default:
+        return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': scale dtype %s is not supported (expected F32, BF16 or F16)",
+                              tfile(c, t), t->name, df_st_dtype_name(t->dtype));
+    }
+}
+
+/* A linear layer "prefix" (e.g. model.layers.0.self_attn.q_proj) of shape [rows x cols]. */
+static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight *w) {
+    if (c->rc) return;
+    char name[512];
+    memset(w, 0, sizeof *w);
+    w->rows = rows;
+    w->cols = cols;
+    const df_config *cfg = &c->m->cfg;
+    snprintf(name, sizeof name, "%s.weight_packed", prefix);
+    const df_st_tensor *tp = df_st_find(c->m->st, name);
+    if (tp) {
+        if (cfg->quant != DF_QUANT_INT4_PACK) {
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s' is pack-quantized but config.json has no compressed-tensors quantization_config", tfile(c, tp), name);
+            return;
+        }
+        if (df_config_quant_ignored(cfg, prefix)) {
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': module '%s' is in quantization_config.ignore but is stored pack-quantized", tfile(c, tp), name, prefix);
+            return;
+        }
+        need(c, name);
+        if (tp->dtype != DF_ST_I32) {
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype I32, got %s", tfile(c, tp), name, df_st_dtype_name(tp->dtype));
+            return;
+        }
+        if (check_shape(c, tp, 2, rows, (cols + 7) / 8)) return;
+        snprintf(name, sizeof name, "%s.weight_shape", prefix);
+        const df_st_tensor *ts = df_st_find(c->m->st, name);
+        if (ts) {
+            need(c, name);
+            int64_t v[2] = {0, 0};
+            if (ts->n_dims == 1 && ts->shape[0] == 2 && (ts->dtype == DF_ST_I32 || ts->dtype == DF_ST_I64)) {
+                for (int i = 0; i < 2; i++) {
+                    if (ts->dtype == DF_ST_I32) { int32_t x; memcpy(&x, ts->data + 4 * i, 4); v[i] = x; }
+                    else memcpy(&v[i], ts->data + 8 * i, 8);
+                }
+            }
+            if (v[0] != rows || v[1] != cols) {
+                c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected [%lld, %lld], got [%lld, %lld]", tfile(c, ts), name,
+                               (long long)rows, (long long)cols, (long long)v[0], (long long)v[1]);
+                return;
+            }
+        }
+        snprintf(name, sizeof name, "%s.weight_scale", prefix);
+        const df_st_tensor *tsc = need(c, name);
+        if (!tsc) return;
+        int g = cfg->int4_group;
+        if (check_shape(c, tsc, 2, rows, (cols + g - 1) / g) || scale_dtype(c, tsc, &w->scale_dtype)) return;
+        w->fmt = DF_W_INT4;
+        w->data = tp->data;
+        w->row_bytes = (size_t)((cols + 7) / 8) * 4;
+        w->scale = tsc->data;
+        w->blk_r = 1;
+        w->blk_c = g;
+        w->scale_cols = (cols + g - 1) / g;
+        return;
+    }
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    const df_st_tensor *t = need(c, name);
+    if (!t || check_shape(c, t, 2, rows, cols)) return;
+    if (cfg->quant == DF_QUANT_INT4_PACK && !df_config_quant_ignored(cfg, prefix) && strstr(prefix, ".experts.")) {
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': module is not in quantization_config.ignore, so '%s.weight_packed' was expected", tfile(c, t), name, prefix);
+        return;
+    }
+    w->data = t->data;
+    switch (t->dtype) {
+    case DF_ST_F32: w->fmt = DF_W_F32; w->row_bytes = (size_t)cols * 4; break;
+    case DF_ST_BF16: w->fmt = DF_W_BF16; w->row_bytes = (size_t)cols * 2; break;
+    case DF_ST_F16: w->fmt = DF_W_F16; w->row_bytes = (size_t)cols * 2; break;
+    case DF_ST_F8_E4M3: {
+        if (cfg->quant != DF_QUANT_FP8) {
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s' is F8_E4M3 but config.json has no fp8 quantization_config", tfile(c, t), name);
+            return;
+        }
+        snprintf(name, sizeof name, "%s.weight_scale_inv", prefix);
+        const df_st_tensor *ts = need(c, name);
+        if (!ts) return;
+        int br = cfg->fp8_block[0], bc = cfg->fp8_block[1];
+        if (check_shape(c, ts, 2, (rows + br - 1) / br, (cols + bc - 1) / bc) || scale_dtype(c, ts, &w->scale_dtype)) return;
+        w->fmt = DF_W_FP8;
+        w->row_bytes = (size_t)cols;
+        w->scale = ts->data;
+        w->blk_r = br;
+        w->blk_c = bc;
+        w->scale_cols = (cols + bc - 1) / bc;
+        break;
+    }
+    default:
+        c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: tensor '%s': dtype %s is not supported for weights (expected BF16, F16, F32 or F8_E4M3)",
+                       tfile(c, t), name, df_st_dtype_name(t->dtype));
+    }
+}
+
+/* A 1-D vector copied to f32. */
+static float *vec(ld *c, const char *name, int64_t n) {
+    const df_st_tensor *t = need(c, name);
+    if (!t || check_shape(c, t, 1, n, 0)) return NULL;
+    float *v = df_xmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        switch (t->dtype) {
+        case DF_ST_F32: memcpy(&v[i], t->data + 4 * i, 4); break;
+        case DF_ST_BF16: { uint16_t h; memcpy(&h, t->data + 2 * i, 2); v[i] = df_bf16_to_f32(h); break; }
+        case DF_ST_F16: { uint16_t h; memcpy(&h, t->data + 2 * i, 2); v[i] = df_f16_to_f32(h); break; }
+        default:
+            free(v);
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype F32, BF16 or F16, got %s", tfile(c, t), name, df_st_dtype_name(t->dtype));
+            return NULL;
+        }
+    }
+    return v;
+}
+static float *vec_opt(ld *c, const char *name, int64_t n) {
+    if (c->rc || !df_st_find(c->m->st, name)) return NULL;
+    return vec(c, name, n);
+}
+
+static void ffn(ld *c, const char *prefix, int64_t inter, df_ffn *f) {
+    char p[512];
+    int64_t h = c->m->cfg.hidden;
+    snprintf(p, sizeof p, "%s.gate_proj", prefix);
+    linear(c, p, inter, h, &f->gate);
+    snprintf(p, sizeof p, "%s.up_proj", prefix);
+    linear(c, p, inter, h, &f->up);
+    snprintf(p, sizeof p, "%s.down_proj", prefix);
+    linear(c, p, h, inter, &f->down);
+}
+
+static int64_t wparams(const df_weight *w) { return w->rows * w->cols; }
+static int64_t ffn_params(const df_ffn *f) { return wparams(&f->gate) + wparams(&f->up) + wparams(&f->down); }
+static int64_t ffn_bytes(const df_ffn *f) { return df_weight_bytes(&f->gate) + df_weight_bytes(&f->up) + df_weight_bytes(&f->down); }
+
+static void setup_rope(df_model *m) {
+    const df_config *c = &m->cfg;
+    int d = c->rope_dim, half = d / 2;
+    m->inv_freq = df_xmalloc((size_t)half * sizeof(float));
+    m->rope_scale = 1.0f;
+    for (int i = 0; i < half; i++) {
+        /* as transformers: base ** (arange(0, d, 2) / d) in float32 */
+        float expo = (float)(2 * i) / (float)d;
+        float pf = (float)pow(c->rope_theta, expo);
+        float inv = 1.0f / pf;
+        switch (c->rope_type) {
+        case DF_ROPE_DEFAULT: break;
+        case DF_ROPE_LINEAR: inv = inv / (float)c->rope_factor; break;
+        case DF_ROPE_LLAMA3: {
+            double lw = c->orig_max_pos / c->low_freq_factor, hw = c->orig_max_pos / c->high_freq_factor;
+            double wl = 2 * M_PI / inv;
+            if (wl > lw) inv = inv / (float)c->rope_factor;
+            else if (!(wl < hw)) {
+                double sm = (c->orig_max_pos / wl - c->low_freq_factor) / (c->high_freq_factor - c->low_freq_factor);
+                inv = (float)((1 - sm) * inv / c->rope_factor + sm * inv);
+            }
+            break;
+        }
+        case DF_ROPE_YARN: {
+            double base = c->rope_theta, f = c->rope_factor, omp = c->orig_max_pos;
+#define CORR_DIM(rot) ((d * log(omp / ((rot) * 2 * M_PI))) / (2 * log(base)))
+            double lo = CORR_DIM(c->beta_fast), hi = CORR_DIM(c->beta_slow);
+#undef CORR_DIM
+            if (c->rope_truncate) { lo = floor(lo); hi = ceil(hi); }
+            if (lo < 0) lo = 0;
+            if (hi > d - 1) hi = d - 1;
+            if (lo == hi) hi += 0.001;
+            float ramp = (float)(((double)i - lo) / (hi - lo));
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            float extra = 1.0f - ramp; /* inv_freq_extrapolation_factor */
+            float inter = 1.0f / ((float)f * pf), extr = 1.0f / pf;
+            inv = inter * (1 - extra) + extr * extra;
+            break;
+        }
+        }
+        m->inv_freq[i] = inv;
+    }
+    if (c->rope_type == DF_ROPE_YARN) m->rope_scale = (float)c->attention_factor;
+}
+
+void df_model_free(df_model *m) {
+    if (!m) return;
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            df_layer *L = &m->layers[l];
+            free(L->attn_norm); free(L->ffn_norm); free(L->bq); free(L->bk); free(L->bv); free(L->bo);
+            free(L->q_norm); free(L->k_norm); free(L->q_a_norm); free(L->kv_a_norm); free(L->router_bias);
+            free(L->experts);
+        }
+        free(m->layers);
+    }
+    free(m->final_norm);
+    free(m->inv_freq);
+    df_st_close(m->st);
+    df_config_free(&m->cfg);
+    free(m->dir);
+    free(m);
+}
+
+int df_model_load(const char *dir, df_model **out, char *err, size_t errlen) {
+    *out = NULL;
+    df_model *m = df_xcalloc(1, sizeof *m);
+    m->dir = df_xstrdup(dir);
+    int rc = df_config_load(dir, &m->cfg, err, errlen);
+    if (rc) { df_model_free(m); return rc; }
+    m->st = df_st_open_dir(dir, err, errlen);
+    if (!m->st) { df_model_free(m); return DF_EFORMAT; }
+    const df_config *cfg = &m->cfg;
+    ld c = {m, err, errlen, 0, df_xcalloc((size_t)df_st_count(m->st) + 1, 1)};
+    const int64_t H = cfg->hidden;
+    char p[512];
+
+    linear(&c, "model.embed_tokens", cfg->vocab, H, &m->embed);
+    m->final_norm = vec(&c, "model.norm.weight", H);
+    if (!c.rc) {
+        if (cfg->tie_embeddings && !df_st_find(m->st, "lm_head.weight")) m->lm_head = m->embed;
+        else linear(&c, "lm_head", cfg->vocab, H, &m->lm_head);
+    }
+    m->layers = df_xcalloc((size_t)cfg->n_layers, sizeof(df_layer));
+    int64_t params = wparams(&m->embed) + H, bytes = df_weight_bytes(&m->embed);
+    if (m->lm_head.data != m->embed.data) params += wparams(&m->lm_head), bytes += df_weight_bytes(&m->lm_head);
+    int64_t active_params = params, active_bytes = bytes;
+    for (int l = 0; l < cfg->n_layers && !c.rc; l++) {
+        df_layer *L = &m->layers[l];
+        int64_t lp = 0, lb = 0, la = 0, lab = 0;
+#define P(fmt) (snprintf(p, sizeof p, "model.layers.%d." fmt, l), p)
+        L->attn_norm = vec(&c, P("input_layernorm.weight"), H);
+        L->ffn_norm = vec(&c, P("post_attention_layernorm.weight"), H);
+        if (cfg->family == DF_FAM_DEEPSEEK_V3) {
+            const int64_t qk = cfg->qk_nope_dim + cfg->qk_rope_dim, NH = cfg->n_heads;
+            if (cfg->q_lora_rank) {
+                linear(&c, P("self_attn.q_a_proj"), cfg->q_lora_rank, H, &L->q_a);
+                L->q_a_norm = vec(&c, P("self_attn.q_a_layernorm.weight"), cfg->q_lora_rank);
+                linear(&c, P("self_attn.q_b_proj"), NH * qk, cfg->q_lora_rank, &L->q_b);
+                lp += wparams(&L->q_a) + wparams(&L->q_b); lb += df_weight_bytes(&L->q_a) + df_weight_bytes(&L->q_b);
+            } else {
+                linear(&c, P("self_attn.q_proj"), NH * qk, H, &L->q_proj);
+                lp += wparams(&L->q_proj); lb += df_weight_bytes(&L->q_proj);
+            }
+            linear(&c, P("self_attn.kv_a_proj_with_mqa"), cfg->kv_lora_rank + cfg->qk_rope_dim, H, &L->kv_a);
+            L->kv_a_norm = vec(&c, P("self_attn.kv_a_layernorm.weight"), cfg->kv_lora_rank);
+            linear(&c, P("self_attn.kv_b_proj"), NH * (cfg->qk_nope_dim + cfg->v_head_dim), cfg->kv_lora_rank, &L->kv_b);
+            linear(&c, P("self_attn.o_proj"), H, NH * cfg->v_head_dim, &L->wo);
+            lp += wparams(&L->kv_a) + wparams(&L->kv_b) + wparams(&L->wo);
+            lb += df_weight_bytes(&L->kv_a) + df_weight_bytes(&L->kv_b) + df_weight_bytes(&L->wo);
+        } else {
+            const int64_t qd = (int64_t)cfg->n_heads * cfg->head_dim, kd = (int64_t)cfg->n_kv_heads * cfg->head_dim;
+            linear(&c, P("self_attn.q_proj"), qd, H, &L->wq);
+            linear(&c, P("self_attn.k_proj"), kd, H, &L->wk);
+            linear(&c, P("self_attn.v_proj"), kd, H, &L->wv);
+            linear(&c, P("self_attn.o_proj"), H, qd, &L->wo);
+            L->bq = vec_opt(&c, P("self_attn.q_proj.bias"), qd);
+            L->bk = vec_opt(&c, P("self_attn.k_proj.bias"), kd);
+            L->bv = vec_opt(&c, P("self_attn.v_proj.bias"), kd);
+            L->bo = vec_opt(&c, P("self_attn.o_proj.bias"), H);
+            if (cfg->attention_bias && !c.rc && (!L->bq || !L->bk || !L->bv))
+                c.rc = df_err(err, errlen, DF_EFORMAT, "%s: attention_bias is true but model.layers.%d.self_attn.{q,k,v}_proj.bias are missing", dir, l);
+            if (cfg->family != DF_FAM_LLAMA) {
+                L->q_norm = vec(&c, P("self_attn.q_norm.weight"), cfg->head_dim);
+                L->k_norm = vec(&c, P("self_attn.k_norm.weight"), cfg->head_dim);
+            }
+            lp += wparams(&L->wq) + wparams(&L->wk) + wparams(&L->wv) + wparams(&L->wo);
+            lb += df_weight_bytes(&L->wq) + df_weight_bytes(&L->wk) + df_weight_bytes(&L->wv) + df_weight_bytes(&L->wo);
+        }
+        la = lp, lab = lb;
+        L->moe = df_config_is_moe_layer(cfg, l);
+        if (!L->moe) {
+            ffn(&c, P("mlp"), cfg->intermediate, &L->mlp);
+            lp += ffn_params(&L->mlp); lb += ffn_bytes(&L->mlp);
+            la += ffn_params(&L->mlp); lab += ffn_bytes(&L->mlp);
+        } else {
+            const int E = cfg->n_experts;
+            linear(&c, P("mlp.gate"), E, H, &L->router);
+            lp += wparams(&L->router); lb += df_weight_bytes(&L->router);
+            la += wparams(&L->router); lab += df_weight_bytes(&L->router);
+            if (cfg->family == DF_FAM_DEEPSEEK_V3) L->router_bias = vec(&c, P("mlp.gate.e_score_correction_bias"), E);
+            L->experts = df_xcalloc((size_t)E, sizeof(df_ffn));
+            for (int e = 0; e < E && !c.rc; e++) {
+                char pe[512];
+                snprintf(pe, sizeof pe, "model.layers.%d.mlp.experts.%d", l, e);
+                ffn(&c, pe, cfg->moe_intermediate, &L->experts[e]);
+                lp += ffn_params(&L->experts[e]); lb += ffn_bytes(&L->experts[e]);
+            }
+            if (!c.rc) {
+                la += ffn_params(&L->experts[0]) * cfg->n_experts_used;
+                lab += ffn_bytes(&L->experts[0]) * cfg->n_experts_used;
+            }
+            if (cfg->family == DF_FAM_DEEPSEEK_V3 && cfg->n_shared_experts) {
+                L->has_shared = 1;
+                ffn(&c, P("mlp.shared_experts"), (int64_t)cfg->moe_intermediate * cfg->n_shared_experts, &L->shared);
+                lp += ffn_params(&L->shared); lb += ffn_bytes(&L->shared);
+                la += ffn_params(&L->shared); lab += ffn_bytes(&L->shared);
+            }
+        }
+#undef P
+        params += lp + 2 * H; bytes += lb;
+        active_params += la + 2 * H; active_bytes += lab;
+    }
+    m->n_params = params;
+    m->n_params_active = active_params;
+    m->bytes = bytes;
+    m->bytes_active = active_bytes;
+    /* every tensor must be used, except MTP layers (index >= n_layers), which are recognised and left unused */
+    for (int i = 0; i < df_st_count(m->st) && !c.rc; i++) {
+        if (c.used[i]) continue;
+        const df_st_tensor *t = df_st_at(m->st, i);
+        int layer;
+        if (sscanf(t->name, "model.layers.%d.", &layer) == 1 && layer >= cfg->n_layers && layer < cfg->n_layers + (cfg->n_mtp_layers ? cfg->n_mtp_layers : 1)) {
+            m->n_ignored_tensors++;
+            continue;
+        }
+        if (strstr(t->name, "rotary_emb.inv_freq")) continue; /* old checkpoints carry this buffer */
+        c.rc = df_err(err, errlen, DF_EFORMAT, "%s: tensor '%s' is not used by a %s model with this config (unexpected tensor)",
+                      df_st_file_path(m->st, t->file_index), t->name, cfg->model_type);
+    }
+    free(c.used);
+    if (c.rc) { df_model_free(m); return c.rc; }
+    setup_rope(m);
+    if (cfg->family == DF_FAM_DEEPSEEK_V3) {
+        double s = 1.0 / sqrt((double)(cfg->qk_nope_dim + cfg->qk_rope_dim));
+        if (cfg->rope_type != DF_ROPE_DEFAULT && cfg->mscale_all_dim != 0) {
+            double ms = cfg->rope_factor <= 1 ? 1.0 : 0.1 * cfg->mscale_all_dim * log(cfg->rope_factor) + 1.0;
+            s *= ms * ms;
+        }
+        m->attn_scale = (float)s;
+    } else {
+        m->attn_scale = (float)(1.0 / sqrt((double)cfg->head_dim));
+    }
+    *out = m;
+    return 0;
+}

@@ -1,0 +1,91 @@
+/* model.h - a loaded model: config + weights (as stored, memory-mapped) and
+ * the forward pass. One file per family implements its specific parts:
+ * llama.c (GQA attention, also used by qwen3 and qwen3_moe), qwen3_moe.c
+ * (softmax router), deepseek_v3.c (MLA attention with a latent cache,
+ * sigmoid noaux_tc router). forward.c runs the layer loop, dense MLPs and
+ * the routed experts. */
+#ifndef DF_MODEL_H
+#define DF_MODEL_H
+
+#include "backend/backend.h"
+#include "format/safetensors.h"
+#include "model/config.h"
+
+typedef struct {
+    df_weight gate, up, down; /* gate/up [inter x hidden], down [hidden x inter] */
+} df_ffn;
+
+typedef struct {
+    float *attn_norm, *ffn_norm; /* [hidden] */
+    /* GQA (llama, qwen3, qwen3_moe) */
+    df_weight wq, wk, wv, wo;    /* [H*hd x hidden], [KV*hd x hidden] x2, [hidden x H*hd] */
+    float *bq, *bk, *bv, *bo;    /* optional biases */
+    float *q_norm, *k_norm;      /* [hd], qwen3 */
+    /* MLA (deepseek_v3) */
+    df_weight q_a, q_b, q_proj;  /* [q_lora x hidden], [H*(nope+rope) x q_lora] | [H*(nope+rope) x hidden] */
+    float *q_a_norm;             /* [q_lora] */
+    df_weight kv_a, kv_b;        /* [kv_lora+rope x hidden], [H*(nope+v) x kv_lora] */
+    float *kv_a_norm;            /* [kv_lora] */
+    /* FFN */
+    int moe;
+    df_ffn mlp;                  /* dense layers */
+    df_weight router;            /* [E x hidden] */
+    float *router_bias;          /* [E], deepseek e_score_correction_bias */
+    df_ffn *experts;             /* [E] */
+    int has_shared;
+    df_ffn shared;
+} df_layer;
+
+typedef struct df_model {
+    df_config cfg;
+    char *dir;
+    df_st_set *st;
+    df_weight embed;       /* [vocab x hidden] */
+    float *final_norm;     /* [hidden] */
+    df_weight lm_head;     /* [vocab x hidden] (== embed when tied) */
+    df_layer *layers;      /* [n_layers] */
+    float *inv_freq;       /* [rope_dim/2] */
+    float rope_scale;      /* cos/sin multiplier (YaRN attention_factor) */
+    float attn_scale;      /* softmax scale */
+    int64_t n_params, n_params_active, bytes, bytes_active;
+    int n_ignored_tensors; /* recognised but unused (MTP layers) */
+} df_model;
+
+int df_model_load(const char *dir, df_model **out, char *err, size_t errlen);
+void df_model_free(df_model *m);
+
+/* Per-session state: caches and scratch, sized once. */
+typedef struct {
+    int max_ctx, max_batch;
+    float *k_cache, *v_cache; /* GQA: [L][max_ctx][KV*hd] */
+    float *latent;            /* MLA: [L][max_ctx][kv_lora + rope] */
+    /* scratch, [max_batch x ...] */
+    float *x, *xn, *q, *k, *v, *att, *o, *h1, *h2, *ffn_out, *router_logits;
+    float *att_scores;        /* [n_threads][max_ctx] */
+    float *qlat;              /* [n_threads][kv_lora] (MLA) */
+    float *rope_cs;           /* [max_batch][rope_dim/2][2] cos, sin of this batch's positions */
+    int *sel;                 /* [max_batch x topk] expert ids */
+    float *selw;              /* [max_batch x topk] weights */
+    int *tok_list;            /* [max_batch] tokens routed to an expert */
+    float *xe, *ge, *ue, *de; /* gathered expert batch */
+    double t_attn, t_ffn, t_other;
+} df_state;
+
+int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, char *err, size_t errlen);
+void df_state_free(df_state *s);
+size_t df_state_bytes_per_token(const df_model *m);
+
+/* Runs tokens[0..n) at positions pos0.. through the model (n <= max_batch,
+ * pos0 + n <= max_ctx). Writes logits for the last position into
+ * logits[vocab], or for every position into logits[n x vocab] if all. */
+int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all);
+
+/* family parts */
+void df_attn_gqa(const df_model *m, df_state *s, int l, int n, int pos0);
+void df_attn_mla(const df_model *m, df_state *s, int l, int n, int pos0);
+void df_route_qwen3(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w);
+void df_route_deepseek(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w);
+/* rotary embedding of one head vector in place; cs = [rope_dim/2][cos, sin] of its position */
+void df_rope(const float *cs, int rope_dim, float *v, int interleaved);
+
+#endif
