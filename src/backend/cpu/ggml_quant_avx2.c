@@ -1,0 +1,396 @@
+/* ggml_quant_avx2.c - AVX2 + FMA + F16C kernels for GGML block types.
+ * Compiled with -mavx2 -mfma -mf16c; only called after the dispatcher in
+ * ggml_quant.c checked the CPU.
+ *
+ * Same shape as ggml_quant_avx512.c with 8-float vectors: one bit-exact
+ * decoder per type, dec_T(block, w) giving NV = block_elems/8 vectors,
+ * and generic dequant / dot / dot_multi drivers stamped out from it.
+ * Where AVX-512 uses mask registers for single bits (Q5 high bits, Q3_K
+ * hmask), this file shifts the bit into place with variable shifts.
+ */
+#include "backend/cpu/ggml_quant_impl.h"
+#include "format/gguf.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#define MB 4 /* activation vectors per pass in dot_multi */
+
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 8 bytes -> 8 dwords. */
+static inline __m256i u8x8(const uint8_t *p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+static inline __m256i i8x8(const uint8_t *p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+static inline __m256 cvt(__m256i v) { return _mm256_cvtepi32_ps(v); }
+static inline __m256i c32(int v) { return _mm256_set1_epi32(v); }
+static inline __m256i and15(__m256i v) { return _mm256_and_si256(v, c32(15)); }
+static inline __m256i hi4(__m256i v) { return _mm256_srli_epi32(v, 4); }
+
+/* Bits base..base+7 of qh, one per lane, as 0/16. */
+static inline __m256i bits16(uint32_t qh, int base) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> base)), lane);
+    return _mm256_slli_epi32(_mm256_and_si256(v, c32(1)), 4);
+}
+
+/* ---- decoders ---------------------------------------------------------- */
+
+static inline void dec_q4_0(const uint8_t *b, __m256 *w) {
+    __m256 d = _mm256_set1_ps(h2f(b));
+    const uint8_t *qs = b + offsetof(df_blk_q4_0, qs);
+    for (int h = 0; h < 2; h++) {
+        __m256i q = u8x8(qs + 8 * h);
+        w[h] = _mm256_mul_ps(d, cvt(_mm256_sub_epi32(and15(q), c32(8))));
+        w[h + 2] = _mm256_mul_ps(d, cvt(_mm256_sub_epi32(hi4(q), c32(8))));
+    }
+}
+
+static inline void dec_q4_1(const uint8_t *b, __m256 *w) {
+    __m256 d = _mm256_set1_ps(h2f(b)), m = _mm256_set1_ps(h2f(b + 2));
+    const uint8_t *qs = b + offsetof(df_blk_q4_1, qs);
+    for (int h = 0; h < 2; h++) {
+        __m256i q = u8x8(qs + 8 * h);
+        w[h] = _mm256_add_ps(_mm256_mul_ps(d, cvt(and15(q))), m);
+        w[h + 2] = _mm256_add_ps(_mm256_mul_ps(d, cvt(hi4(q))), m);
+    }
+}
+
+static inline void dec_q5_0(const uint8_t *b, __m256 *w) {
+    __m256 d = _mm256_set1_ps(h2f(b));
+    uint32_t qh;
+    memcpy(&qh, b + offsetof(df_blk_q5_0, qh), 4);
+    const uint8_t *qs = b + offsetof(df_blk_q5_0, qs);
+    for (int h = 0; h < 2; h++) {
+        __m256i q = u8x8(qs + 8 * h);
+        __m256i lo = _mm256_or_si256(and15(q), bits16(qh, 8 * h));
+        __m256i hi = _mm256_or_si256(hi4(q), bits16(qh, 16 + 8 * h));
+        w[h] = _mm256_mul_ps(d, cvt(_mm256_sub_epi32(lo, c32(16))));
+        w[h + 2] = _mm256_mul_ps(d, cvt(_mm256_sub_epi32(hi, c32(16))));
+    }
+}
+
+static inline void dec_q5_1(const uint8_t *b, __m256 *w) {
+    __m256 d = _mm256_set1_ps(h2f(b)), m = _mm256_set1_ps(h2f(b + 2));
+    uint32_t qh;
+    memcpy(&qh, b + offsetof(df_blk_q5_1, qh), 4);
+    const uint8_t *qs = b + offsetof(df_blk_q5_1, qs);
+    for (int h = 0; h < 2; h++) {
+        __m256i q = u8x8(qs + 8 * h);
+        __m256i lo = _mm256_or_si256(and15(q), bits16(qh, 8 * h));
+        __m256i hi = _mm256_or_si256(hi4(q), bits16(qh, 16 + 8 * h));
+        w[h] = _mm256_add_ps(_mm256_mul_ps(d, cvt(lo)), m);
+        w[h + 2] = _mm256_add_ps(_mm256_mul_ps(d, cvt(hi)), m);
+    }
+}
+
+static inline void dec_q8_0(const uint8_t *b, __m256 *w) {
+    __m256 d = _mm256_set1_ps(h2f(b));
+    for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(d, cvt(i8x8(b + 2 + 8 * k)));
+}
+
+static inline void dec_mxfp4(const uint8_t *b, __m256 *w) {
+    const __m256 pos = _mm256_setr_ps(0, 1, 2, 3, 4, 6, 8, 12);
+    const __m256 neg = _mm256_setr_ps(0, -1, -2, -3, -4, -6, -8, -12);
+    uint32_t e = b[0], bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+    float df;
+    memcpy(&df, &bits, 4);
+    __m256 d = _mm256_set1_ps(df);
+    for (int h = 0; h < 2; h++) {
+        __m256i q = u8x8(b + 1 + 8 * h);
+        __m256i idx[2] = {and15(q), hi4(q)};
+        for (int s = 0; s < 2; s++) {
+            /* permps uses the low 3 bits; bit 3 (moved to the sign) picks the table */
+            __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(pos, idx[s]),
+                                        _mm256_permutevar8x32_ps(neg, idx[s]),
+                                        _mm256_castsi256_ps(_mm256_slli_epi32(idx[s], 28)));
+            w[h + 2 * s] = _mm256_mul_ps(d, v);
+        }
+    }
+}
+
+static inline void dec_q2_k(const uint8_t *b, __m256 *w) {
+    float d = h2f(b + offsetof(df_blk_q2_k, d)), dmin = h2f(b + offsetof(df_blk_q2_k, dmin));
+    _Alignas(32) float dl[16], ml[16];
+    for (int h = 0; h < 2; h++) {
+        __m256i sc = u8x8(b + 8 * h);
+        _mm256_store_ps(dl + 8 * h, _mm256_mul_ps(_mm256_set1_ps(d), cvt(and15(sc))));
+        _mm256_store_ps(ml + 8 * h, _mm256_mul_ps(_mm256_set1_ps(dmin), cvt(hi4(sc))));
+    }
+    const uint8_t *qs = b + offsetof(df_blk_q2_k, qs);
+    for (int c = 0; c < 8; c++) {
+        /* bytes 8c..8c+7: half h=c/4, byte offset l0=(c%4)*8 inside the half */
+        __m256i src = u8x8(qs + 8 * c);
+        int h = c / 4, l0 = (c % 4) * 8;
+        for (int j = 0; j < 4; j++) {
+            int e = h * 128 + j * 32 + l0; /* first element */
+            __m256i q = _mm256_and_si256(_mm256_srli_epi32(src, 2 * j), c32(3));
+            w[e / 8] = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dl[e / 16]), cvt(q)),
+                                     _mm256_set1_ps(ml[e / 16]));
+        }
+    }
+}
+
+static inline void dec_q3_k(const uint8_t *b, __m256 *w) {
+    float d = h2f(b + offsetof(df_blk_q3_k, d));
+    const uint8_t *s = b + offsetof(df_blk_q3_k, scales);
+    float dl[16];
+    for (int k = 0; k < 16; k++) {
+        int lo = (s[k % 8] >> (4 * (k / 8))) & 15, hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+        dl[k] = d * (float)((lo | (hi << 4)) - 32);
+    }
+    const uint8_t *qs = b + offsetof(df_blk_q3_k, qs);
+    __m256i hm[4] = {u8x8(b), u8x8(b + 8), u8x8(b + 16), u8x8(b + 24)};
+    for (int c = 0; c < 8; c++) {
+        __m256i src = u8x8(qs + 8 * c);
+        int h = c / 4, l0 = (c % 4) * 8;
+        for (int j = 0; j < 4; j++) {
+            int e = h * 128 + j * 32 + l0;
+            __m256i ql = _mm256_and_si256(_mm256_srli_epi32(src, 2 * j), c32(3));
+            __m256i hb = _mm256_and_si256(_mm256_srli_epi32(hm[l0 / 8], e / 32), c32(1));
+            __m256i q = _mm256_add_epi32(_mm256_sub_epi32(ql, c32(4)), _mm256_slli_epi32(hb, 2));
+            w[e / 8] = _mm256_mul_ps(_mm256_set1_ps(dl[e / 16]), cvt(q));
+        }
+    }
+}
+
+static inline void k4_scales(const uint8_t *b, float *dl, float *ml) {
+    float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *s = b + 4;
+    for (int j = 0; j < 8; j++) {
+        int sc, mn;
+        if (j < 4) {
+            sc = s[j] & 63;
+            mn = s[j + 4] & 63;
+        } else {
+            sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+            mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+        dl[j] = d * (float)sc;
+        ml[j] = dmin * (float)mn;
+    }
+}
+
+static inline void dec_q4_k(const uint8_t *b, __m256 *w) {
+    float dl[8], ml[8];
+    k4_scales(b, dl, ml);
+    const uint8_t *qs = b + offsetof(df_blk_q4_k, qs);
+    for (int c = 0; c < 16; c++) {
+        /* bytes 8c..: 32-byte chunk c/4 (sub-blocks 2*(c/4), +1), elements (c%4)*8.. */
+        __m256i q = u8x8(qs + 8 * c);
+        int sb = 2 * (c / 4), k = sb * 4 + c % 4;
+        w[k] = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dl[sb]), cvt(and15(q))), _mm256_set1_ps(ml[sb]));
+        w[k + 4] = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dl[sb + 1]), cvt(hi4(q))),
+                                 _mm256_set1_ps(ml[sb + 1]));
+    }
+}
+
+static inline void dec_q5_k(const uint8_t *b, __m256 *w) {
+    float dl[8], ml[8];
+    k4_scales(b, dl, ml);
+    const uint8_t *qs = b + offsetof(df_blk_q5_k, qs), *qhp = b + offsetof(df_blk_q5_k, qh);
+    __m256i qh[4] = {u8x8(qhp), u8x8(qhp + 8), u8x8(qhp + 16), u8x8(qhp + 24)};
+    for (int c = 0; c < 16; c++) {
+        __m256i q = u8x8(qs + 8 * c);
+        int sb = 2 * (c / 4), k = sb * 4 + c % 4;
+        __m256i h = qh[c % 4];
+        __m256i lo = _mm256_or_si256(and15(q), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, sb), c32(1)), 4));
+        __m256i hi = _mm256_or_si256(hi4(q), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, sb + 1), c32(1)), 4));
+        w[k] = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dl[sb]), cvt(lo)), _mm256_set1_ps(ml[sb]));
+        w[k + 4] = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dl[sb + 1]), cvt(hi)), _mm256_set1_ps(ml[sb + 1]));
+    }
+}
+
+static inline void dec_q6_k(const uint8_t *b, __m256 *w) {
+    float d = h2f(b + offsetof(df_blk_q6_k, d));
+    _Alignas(32) float dl[16];
+    for (int h = 0; h < 2; h++)
+        _mm256_store_ps(dl + 8 * h, _mm256_mul_ps(_mm256_set1_ps(d), cvt(i8x8(b + offsetof(df_blk_q6_k, scales) + 8 * h))));
+    const uint8_t *ql = b, *qhp = b + offsetof(df_blk_q6_k, qh);
+    for (int h = 0; h < 2; h++) {
+        for (int c = 0; c < 8; c++) {
+            /* ql bytes 64h+8c.. give r=8c.. (low nibble) and r=64+8c.. (high) */
+            __m256i q = u8x8(ql + 64 * h + 8 * c);
+            int r0 = 8 * c, r1 = 64 + 8 * c;
+            __m256i qh = u8x8(qhp + 32 * h + r0 % 32);
+            __m256i h0 = _mm256_and_si256(_mm256_srli_epi32(qh, 2 * (r0 / 32)), c32(3));
+            __m256i h1 = _mm256_and_si256(_mm256_srli_epi32(qh, 2 * (r1 / 32)), c32(3));
+            __m256i q0 = _mm256_or_si256(and15(q), _mm256_slli_epi32(h0, 4));
+            __m256i q1 = _mm256_or_si256(hi4(q), _mm256_slli_epi32(h1, 4));
+            int e0 = 128 * h + r0, e1 = 128 * h + r1;
+            w[e0 / 8] = _mm256_mul_ps(_mm256_set1_ps(dl[e0 / 16]), cvt(_mm256_sub_epi32(q0, c32(32))));
+            w[e1 / 8] = _mm256_mul_ps(_mm256_set1_ps(dl[e1 / 16]), cvt(_mm256_sub_epi32(q1, c32(32))));
+        }
+    }
+}
+
+/* ---- drivers ----------------------------------------------------------- */
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Blocks of BE elements in BB bytes: NV = BE/8 vectors per block. The dot
+ * loops fold vector k into accumulator k%4. */
+#define GEN(T, BE, BB)                                                                          \
+    enum { NV_##T = (BE) / 8 };                                                                 \
+    static void dq_##T(const uint8_t *src, float *dst, int64_t n) {                             \
+        for (int64_t i = 0; i < n / (BE); i++) {                                                \
+            __m256 w[NV_##T];                                                                   \
+            dec_##T(src + i * (BB), w);                                                         \
+            for (int k = 0; k < NV_##T; k++) _mm256_storeu_ps(dst + i * (BE) + 8 * k, w[k]);    \
+        }                                                                                       \
+    }                                                                                           \
+    static float dot_##T(const uint8_t *row, const float *x, int64_t n) {                       \
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),         \
+                         _mm256_setzero_ps()};                                                  \
+        for (int64_t i = 0; i < n / (BE); i++) {                                                \
+            __m256 w[NV_##T];                                                                   \
+            dec_##T(row + i * (BB), w);                                                         \
+            const float *xb = x + i * (BE);                                                     \
+            _Pragma("GCC unroll 32") for (int k = 0; k < NV_##T; k++) acc[k & 3] =              \
+                _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xb + 8 * k), acc[k & 3]);                 \
+        }                                                                                       \
+        return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))); \
+    }                                                                                           \
+    static void dotm_##T(const uint8_t *row, const float *x, int64_t n, int m, int64_t xs,       \
+                         float *out, int64_t os) {                                              \
+        for (int j0 = 0; j0 < m; j0 += MB) {                                                    \
+            int mj = m - j0 < MB ? m - j0 : MB;                                                 \
+            __m256 acc[MB];                                                                     \
+            for (int j = 0; j < MB; j++) acc[j] = _mm256_setzero_ps();                          \
+            for (int64_t i = 0; i < n / (BE); i++) {                                            \
+                __m256 w[NV_##T];                                                               \
+                dec_##T(row + i * (BB), w);                                                     \
+                for (int j = 0; j < mj; j++) {                                                  \
+                    const float *xb = x + (int64_t)(j0 + j) * xs + i * (BE);                    \
+                    __m256 a0 = acc[j], a1 = _mm256_setzero_ps();                               \
+                    for (int k = 0; k < NV_##T; k += 2) {                                       \
+                        a0 = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xb + 8 * k), a0);            \
+                        a1 = _mm256_fmadd_ps(w[k + 1], _mm256_loadu_ps(xb + 8 * k + 8), a1);    \
+                    }                                                                           \
+                    acc[j] = _mm256_add_ps(a0, a1);                                             \
+                }                                                                               \
+            }                                                                                   \
+            for (int j = 0; j < mj; j++) out[(int64_t)(j0 + j) * os] = hsum(acc[j]);            \
+        }                                                                                       \
+    }                                                                                           \
+    static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T};
+
+GEN(q4_0, 32, 18)
+GEN(q4_1, 32, 20)
+GEN(q5_0, 32, 22)
+GEN(q5_1, 32, 24)
+GEN(q8_0, 32, 34)
+GEN(mxfp4, 32, 17)
+GEN(q2_k, 256, 84)
+GEN(q3_k, 256, 110)
+GEN(q4_k, 256, 144)
+GEN(q5_k, 256, 176)
+GEN(q6_k, 256, 210)
+
+/* ---- per-element types (any n) ------------------------------------------ */
+
+static inline __m256 ld_f32(const uint8_t *p) { return _mm256_loadu_ps((const float *)p); }
+static inline __m256 ld_f16(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static inline __m256 ld_bf16(const uint8_t *p) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline float one_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+static inline float one_f16(const uint8_t *p) { return h2f(p); }
+static inline float one_bf16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+#define GEN_ELEM(T, ES)                                                                         \
+    static void dq_##T(const uint8_t *src, float *dst, int64_t n) {                             \
+        int64_t i = 0;                                                                          \
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ld_##T(src + i * (ES)));           \
+        for (; i < n; i++) dst[i] = one_##T(src + i * (ES));                                    \
+    }                                                                                           \
+    static float dot_##T(const uint8_t *row, const float *x, int64_t n) {                       \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                             \
+        int64_t i = 0;                                                                          \
+        for (; i + 32 <= n; i += 32) {                                                          \
+            a0 = _mm256_fmadd_ps(ld_##T(row + i * (ES)), _mm256_loadu_ps(x + i), a0);           \
+            a1 = _mm256_fmadd_ps(ld_##T(row + (i + 8) * (ES)), _mm256_loadu_ps(x + i + 8), a1); \
+            a2 = _mm256_fmadd_ps(ld_##T(row + (i + 16) * (ES)), _mm256_loadu_ps(x + i + 16), a2); \
+            a3 = _mm256_fmadd_ps(ld_##T(row + (i + 24) * (ES)), _mm256_loadu_ps(x + i + 24), a3); \
+        }                                                                                       \
+        for (; i + 8 <= n; i += 8)                                                              \
+            a0 = _mm256_fmadd_ps(ld_##T(row + i * (ES)), _mm256_loadu_ps(x + i), a0);           \
+        float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));            \
+        for (; i < n; i++) s += one_##T(row + i * (ES)) * x[i];                                 \
+        return s;                                                                               \
+    }                                                                                           \
+    static void dotm_##T(const uint8_t *row, const float *x, int64_t n, int m, int64_t xs,       \
+                         float *out, int64_t os) {                                              \
+        for (int j0 = 0; j0 < m; j0 += MB) {                                                    \
+            int mj = m - j0 < MB ? m - j0 : MB;                                                 \
+            __m256 acc[MB];                                                                     \
+            float tail[MB] = {0};                                                               \
+            for (int j = 0; j < MB; j++) acc[j] = _mm256_setzero_ps();                          \
+            int64_t i = 0;                                                                      \
+            for (; i + 8 <= n; i += 8) {                                                        \
+                __m256 w = ld_##T(row + i * (ES));                                              \
+                for (int j = 0; j < mj; j++)                                                    \
+                    acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + (int64_t)(j0 + j) * xs + i), acc[j]); \
+            }                                                                                   \
+            for (; i < n; i++) {                                                                \
+                float w = one_##T(row + i * (ES));                                              \
+                for (int j = 0; j < mj; j++) tail[j] += w * x[(int64_t)(j0 + j) * xs + i];      \
+            }                                                                                   \
+            for (int j = 0; j < mj; j++) out[(int64_t)(j0 + j) * os] = hsum(acc[j]) + tail[j];  \
+        }                                                                                       \
+    }                                                                                           \
+    static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T};
+
+GEN_ELEM(f32, 4)
+GEN_ELEM(f16, 2)
+GEN_ELEM(bf16, 2)
+
+const df_ggml_kernels *df_ggml_kernels_avx2(int type) {
+    switch (type) {
+    case DF_GGML_F32: return &K_f32;
+    case DF_GGML_F16: return &K_f16;
+    case DF_GGML_BF16: return &K_bf16;
+    case DF_GGML_Q4_0: return &K_q4_0;
+    case DF_GGML_Q4_1: return &K_q4_1;
+    case DF_GGML_Q5_0: return &K_q5_0;
+    case DF_GGML_Q5_1: return &K_q5_1;
+    case DF_GGML_Q8_0: return &K_q8_0;
+    case DF_GGML_Q2_K: return &K_q2_k;
+    case DF_GGML_Q3_K: return &K_q3_k;
+    case DF_GGML_Q4_K: return &K_q4_k;
+    case DF_GGML_Q5_K: return &K_q5_k;
+    case DF_GGML_Q6_K: return &K_q6_k;
+    case DF_GGML_MXFP4: return &K_mxfp4;
+    default: return NULL;
+    }
+}

@@ -1,0 +1,61 @@
+/* ggml_quant.h - GGUF/GGML block types executed as stored.
+ *
+ * A row of a GGML-typed tensor is a sequence of fixed-size blocks (Q4_0: 32
+ * weights in 18 bytes, Q4_K: 256 in 144, ...; F32/F16/BF16 are "blocks" of
+ * one element). Nothing here re-quantizes anything: weights are decoded to
+ * f32 inside the kernels, and activations stay f32.
+ *
+ * Contracts shared by every function:
+ *   - type is a GGML type id (DF_GGML_* in format/gguf.h) for which
+ *     df_ggml_traits_of() is non-NULL; other ids are a caller bug (the model
+ *     loader reports unsupported types by tensor name before calling here).
+ *   - n is a multiple of the type's block_elems; row/src point at the first
+ *     block and need no alignment.
+ *   - df_ggml_dequant_row is bit-exact to gguf-py's gguf.quants.dequantize
+ *     (same products, same rounding, no fused multiply-add) on every ISA.
+ *   - df_ggml_dot / df_ggml_dot_multi equal dot(dequant(row), x) up to f32
+ *     rounding of a reordered sum (relative 1e-5 of sum |w_i x_i| in tests).
+ *   - All functions are thread-safe and allocate nothing.
+ * The ISA (AVX-512, AVX2, scalar) is picked at run time from the CPU.
+ */
+#ifndef DF_BACKEND_GGML_QUANT_H
+#define DF_BACKEND_GGML_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *name; /* "Q4_K" */
+    int block_elems;  /* weights per block */
+    int block_bytes;  /* bytes per block */
+} df_ggml_traits;
+
+/* Supported types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
+ * Q4_K, Q5_K, Q6_K, MXFP4. NULL for any other id (IQ*, TQ*, Q8_K, ...). */
+const df_ggml_traits *df_ggml_traits_of(int type);
+
+/* Bytes of a row of n weights (n a multiple of block_elems). */
+int64_t df_ggml_row_bytes(int type, int64_t n);
+
+/* dst[0..n) = the weights of the row at src. */
+void df_ggml_dequant_row(int type, const void *src, float *dst, int64_t n);
+
+/* sum_i w_i * x_i over one row of n weights; x is f32[n]. */
+float df_ggml_dot(int type, const void *row, const float *x, int64_t n);
+
+/* One weight row against m activation vectors: out[j*out_stride] =
+ * dot(row, x + j*x_stride) for j < m. Decodes each weight block once per
+ * group of vectors (the prefill path). */
+void df_ggml_dot_multi(int type, const void *row, const float *x, int64_t n, int m,
+                       int64_t x_stride, float *out, int64_t out_stride);
+
+enum { DF_GGML_ISA_AUTO = -1, DF_GGML_ISA_SCALAR = 0, DF_GGML_ISA_AVX2 = 1, DF_GGML_ISA_AVX512 = 2 };
+
+/* Forces an ISA (tests, benchmarks); DF_GGML_ISA_AUTO restores the best.
+ * A request above what the CPU supports is clamped to the best supported. */
+void df_ggml_set_isa(int isa);
+int df_ggml_get_isa(void);           /* the ISA in effect */
+int df_ggml_isa_supported(int isa);  /* 1 if this CPU (and OS) can run it */
+const char *df_ggml_isa_name(int isa);
+
+#endif
