@@ -1,7 +1,7 @@
 /* deepseek_v3.c - DeepSeek-V3 / Kimi K2 specifics.
  *
  * MLA attention with a latent cache: per token and layer the cache holds the
- * normalised kv latent c (kv_lora_rank) and the rotated shared key k_rot
+ * normalised kv latent c (kv_lora_rank; its RMSNorm uses eps 1e-6 as in transformers) and the rotated shared key k_rot
  * (qk_rope_head_dim), never expanded K/V. Scores use the absorbed form
  *   q_nope . (W_uk c) = (W_uk^T q_nope) . c
  * and values o_lat = sum_j p_j c_j, v = W_uv o_lat, which equal transformers'
@@ -56,7 +56,9 @@ void df_attn_mla(const df_model *m, df_state *s, int l, int n, int pos0) {
     const df_layer *L = &m->layers[l];
     const int NH = c->n_heads, nope = c->qk_nope_dim, rope = c->qk_rope_dim, R = c->kv_lora_rank;
     const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
-    const float eps = (float)c->rms_eps;
+    /* transformers (and DeepSeek's own modeling code) build q_a_layernorm and
+     * kv_a_layernorm with the default eps 1e-6, whatever rms_norm_eps says. */
+    const float eps = 1e-6f;
     if (c->q_lora_rank) {
         df_matmul(&L->q_a, s->xn, n, s->h1);
         for (int t = 0; t < n; t++) df_rmsnorm(s->h1 + (size_t)t * c->q_lora_rank, s->h1 + (size_t)t * c->q_lora_rank, L->q_a_norm, c->q_lora_rank, eps);
