@@ -40,6 +40,7 @@ typedef struct {
     int n_threads;              /* 0: all online cores */
     int64_t ram_bytes;          /* 0: available memory minus a safety margin */
     int64_t expert_cache_bytes; /* -1: from the budget; 0: minimum (one layer) */
+    int mmap_weights;           /* 1: map weights from the files (page cache) instead of reading them into owned memory */
     int verbose;
 } df_options;
 

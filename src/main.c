@@ -18,6 +18,8 @@ static const command commands[] = {
     {"tokenize", df_cmd_tokenize, "text on stdin -> JSON array of token ids"},
     {"detokenize", df_cmd_detokenize, "JSON array of ids on stdin -> text"},
     {"chat-template", df_cmd_chat_template, "render a chat with the model's own template"},
+    {"serve", df_cmd_serve, "OpenAI-compatible HTTP server"},
+    {"bench", df_cmd_bench, "measure this machine's floors (memory bandwidth, peak FLOP/s)"},
 };
 
 static void usage(FILE *f) {

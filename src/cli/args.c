@@ -92,6 +92,7 @@ int df_args_model_opts(df_args *a, const char *opt, const char **model, df_optio
         else o->ram_bytes = b;
         return 1;
     }
+    if (df_args_opt(a, opt, "--mmap", 0)) { o->mmap_weights = 1; return 1; }
     if (df_args_opt(a, opt, "--expert-cache", 1)) {
         int64_t b = df_parse_size(a->val);
         if (b < 0) df_args_fail(a, "--expert-cache: expected a size like 8G (0 = minimum), got '%s'", a->val);

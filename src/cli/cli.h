@@ -9,6 +9,8 @@ int df_cmd_inspect(int argc, char **argv);
 int df_cmd_tokenize(int argc, char **argv);
 int df_cmd_detokenize(int argc, char **argv);
 int df_cmd_chat_template(int argc, char **argv);
+int df_cmd_serve(int argc, char **argv);
+int df_cmd_bench(int argc, char **argv);
 
 /* Maps a DF_E* code to the CLI exit code. */
 int df_exit_code(int rc);

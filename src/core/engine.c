@@ -9,6 +9,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #define DF_MAX_BATCH 64
@@ -66,8 +67,27 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
         return NULL;
     }
     df_pool_init(o.n_threads);
+    /* Weights that fit the memory budget are read into engine-owned memory, so the
+     * kernel's page cache cannot evict the spine between tokens. */
+    int64_t total = 0;
+    {
+        DIR *d = opendir(path);
+        struct dirent *de;
+        while (d && (de = readdir(d))) {
+            size_t l = strlen(de->d_name);
+            if (l > 12 && !strcmp(de->d_name + l - 12, ".safetensors")) {
+                char *f = df_path_join(path, de->d_name);
+                struct stat fs;
+                if (stat(f, &fs) == 0) total += fs.st_size;
+                free(f);
+            }
+        }
+        if (d) closedir(d);
+    }
+    int64_t budget = o.ram_bytes > 0 ? o.ram_bytes : df_mem_available() - ((int64_t)2 << 30);
+    int resident = !o.mmap_weights && total < budget;
     df_model *m = NULL;
-    int rc = df_model_load(path, &m, err, errlen);
+    int rc = df_model_load(path, resident, &m, err, errlen);
     free(path);
     if (rc) return NULL;
     df_engine *e = df_xcalloc(1, sizeof *e);

@@ -26,6 +26,7 @@ struct df_st_set {
     /* open-addressing hash of names -> index+1 */
     int *hash;
     int hash_cap;
+    int resident;
 };
 
 static const struct { const char *name; int size; } dtypes[DF_ST_N_DTYPES] = {
@@ -204,7 +205,7 @@ df_st_set *df_st_parse(const uint8_t *buf, size_t size, const char *name, char *
 static int add_file(df_st_set *s, const char *path, char *err, size_t errlen) {
     s->files = df_xrealloc(s->files, (size_t)(s->n_files + 1) * sizeof *s->files);
     st_file *f = &s->files[s->n_files];
-    int rc = df_map_file(path, &f->map, err, errlen);
+    int rc = s->resident ? df_load_file(path, &f->map, err, errlen) : df_map_file(path, &f->map, err, errlen);
     if (rc) return rc;
     s->n_files++;
     return parse_into(s, f->map.data, f->map.size, path, s->n_files - 1, err, errlen);
@@ -218,8 +219,11 @@ df_st_set *df_st_open_file(const char *path, char *err, size_t errlen) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-df_st_set *df_st_open_dir(const char *dir, char *err, size_t errlen) {
+df_st_set *df_st_open_dir(const char *dir, char *err, size_t errlen) { return df_st_open_dir2(dir, 0, err, errlen); }
+
+df_st_set *df_st_open_dir2(const char *dir, int resident, char *err, size_t errlen) {
     df_st_set *s = df_xcalloc(1, sizeof *s);
+    s->resident = resident;
     char *idx = df_path_join(dir, "model.safetensors.index.json");
     int rc = 0;
     if (df_file_exists(idx)) {

@@ -40,6 +40,8 @@ df_st_set *df_st_open_file(const char *path, char *err, size_t errlen);
  * shards it names, every weight_map entry checked against the shard), else
  * every *.safetensors file in the directory. */
 df_st_set *df_st_open_dir(const char *dir, char *err, size_t errlen);
+/* As df_st_open_dir, with resident = 1 reading every shard into engine-owned memory. */
+df_st_set *df_st_open_dir2(const char *dir, int resident, char *err, size_t errlen);
 /* Parses a header from memory (used by the fuzz target and by open_file).
  * buf holds the whole file. */
 df_st_set *df_st_parse(const uint8_t *buf, size_t size, const char *name, char *err, size_t errlen);

@@ -257,13 +257,13 @@ void df_model_free(df_model *m) {
     free(m);
 }
 
-int df_model_load(const char *dir, df_model **out, char *err, size_t errlen) {
+int df_model_load(const char *dir, int resident, df_model **out, char *err, size_t errlen) {
     *out = NULL;
     df_model *m = df_xcalloc(1, sizeof *m);
     m->dir = df_xstrdup(dir);
     int rc = df_config_load(dir, &m->cfg, err, errlen);
     if (rc) { df_model_free(m); return rc; }
-    m->st = df_st_open_dir(dir, err, errlen);
+    m->st = df_st_open_dir2(dir, resident, err, errlen);
     if (!m->st) { df_model_free(m); return DF_EFORMAT; }
     const df_config *cfg = &m->cfg;
     ld c = {m, err, errlen, 0, df_xcalloc((size_t)df_st_count(m->st) + 1, 1)};
@@ -278,8 +278,11 @@ int df_model_load(const char *dir, df_model **out, char *err, size_t errlen) {
     }
     m->layers = df_xcalloc((size_t)cfg->n_layers, sizeof(df_layer));
     int64_t params = wparams(&m->embed) + H, bytes = df_weight_bytes(&m->embed);
+    /* per token, only one embedding row is read; the output head is read whole */
+    int64_t active_params = H + H, active_bytes = (int64_t)m->embed.row_bytes;
     if (m->lm_head.data != m->embed.data) params += wparams(&m->lm_head), bytes += df_weight_bytes(&m->lm_head);
-    int64_t active_params = params, active_bytes = bytes;
+    active_params += wparams(&m->lm_head);
+    active_bytes += df_weight_bytes(&m->lm_head);
     for (int l = 0; l < cfg->n_layers && !c.rc; l++) {
         df_layer *L = &m->layers[l];
         int64_t lp = 0, lb = 0, la = 0, lab = 0;

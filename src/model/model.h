@@ -51,7 +51,8 @@ typedef struct df_model {
     int n_ignored_tensors; /* recognised but unused (MTP layers) */
 } df_model;
 
-int df_model_load(const char *dir, df_model **out, char *err, size_t errlen);
+/* resident: read the weights into engine-owned memory (else memory-map them). */
+int df_model_load(const char *dir, int resident, df_model **out, char *err, size_t errlen);
 void df_model_free(df_model *m);
 
 /* Per-session state: caches and scratch, sized once. */

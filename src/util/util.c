@@ -80,8 +80,47 @@ int df_map_file(const char *path, df_mapped *m, char *err, size_t errlen) {
     return 0;
 }
 
+int df_load_file(const char *path, df_mapped *m, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    m->fd = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return df_err(err, errlen, DF_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return df_err(err, errlen, DF_EINPUT, "%s: not a regular file", path);
+    }
+    size_t size = (size_t)st.st_size, cap = (size + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+    void *p = NULL;
+    if (size) {
+        p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            close(fd);
+            return df_err(err, errlen, DF_ENOMEM, "%s: cannot allocate %zu bytes to hold it in memory", path, size);
+        }
+        madvise(p, cap, MADV_HUGEPAGE);
+        size_t done = 0;
+        while (done < size) {
+            ssize_t r = pread(fd, (uint8_t *)p + done, size - done > (64u << 20) ? (64u << 20) : size - done, (off_t)done);
+            if (r <= 0) {
+                munmap(p, cap);
+                close(fd);
+                return df_err(err, errlen, DF_EIO, "%s: read failed at byte %zu: %s", path, done, r < 0 ? strerror(errno) : "unexpected end of file");
+            }
+            done += (size_t)r;
+        }
+    }
+    m->data = p;
+    m->size = size;
+    m->fd = fd;
+    m->path = df_xstrdup(path);
+    m->resident = 1;
+    return 0;
+}
+
 void df_unmap_file(df_mapped *m) {
-    if (m->data) munmap((void *)m->data, m->size);
+    if (m->data && m->resident) munmap((void *)m->data, (m->size + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1));
+    else if (m->data) munmap((void *)m->data, m->size);
     if (m->fd >= 0) close(m->fd);
     free(m->path);
     memset(m, 0, sizeof *m);

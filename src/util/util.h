@@ -18,8 +18,12 @@ typedef struct {
     size_t size;
     int fd;
     char *path;
+    int resident; /* data is an anonymous copy (huge-page advised), not a file mapping */
 } df_mapped;
 int df_map_file(const char *path, df_mapped *m, char *err, size_t errlen);
+/* Reads the whole file into anonymous memory the engine owns (not the page
+ * cache, which the kernel may evict): the resident spine. */
+int df_load_file(const char *path, df_mapped *m, char *err, size_t errlen);
 void df_unmap_file(df_mapped *m);
 
 /* Reads a whole file into a NUL-terminated malloc'd buffer. */

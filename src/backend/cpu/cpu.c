@@ -59,8 +59,13 @@ typedef struct {
     float (*fp8)(const uint8_t *, const float *, int64_t);
     float (*int4)(const uint8_t *, const float *, int, const float *, int64_t);
     void (*tile)(const float *, int64_t, int, const float *, int64_t, int, int64_t, float *, int64_t);
+    void (*deq_bf16)(const uint16_t *, float *, int64_t);
+    void (*deq_f16)(const uint16_t *, float *, int64_t);
+    void (*deq_fp8)(const uint8_t *, float, float *, int64_t);
 } ktab;
-#define KT(isa) {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_tile_f32_##isa}
+#define KT(isa)                                                                                                       \
+    {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_tile_f32_##isa, \
+     df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa}
 static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
 static inline const ktab *kt(void) { return &ktabs[df_isa()]; }
 
@@ -143,20 +148,23 @@ float df_dot_row(const df_weight *w, int64_t r, const float *x) {
 
 void df_dequant_row(const df_weight *w, int64_t r, float *out) {
     const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-    int64_t n = w->cols;
+    const int64_t n = w->cols;
+    const ktab *k = kt();
     switch (w->fmt) {
     case DF_W_F32: memcpy(out, row, (size_t)n * 4); break;
-    case DF_W_BF16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, row + 2 * i, 2); out[i] = df_bf16_to_f32(h); } break;
-    case DF_W_F16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, row + 2 * i, 2); out[i] = df_f16_to_f32(h); } break;
+    case DF_W_BF16: k->deq_bf16((const uint16_t *)row, out, n); break;
+    case DF_W_F16: k->deq_f16((const uint16_t *)row, out, n); break;
     case DF_W_FP8: {
         const int64_t sr = (r / w->blk_r) * w->scale_cols;
-        for (int64_t i = 0; i < n; i++) out[i] = df_fp8_lut[row[i]] * scale_at(w, sr + i / w->blk_c);
+        for (int64_t c0 = 0, b = 0; c0 < n; c0 += w->blk_c, b++)
+            k->deq_fp8(row + c0, scale_at(w, sr + b), out + c0, n - c0 < w->blk_c ? n - c0 : w->blk_c);
         break;
     }
     case DF_W_INT4:
-        for (int64_t i = 0; i < n; i++) {
-            int q = (row[i >> 1] >> ((i & 1) * 4)) & 15;
-            out[i] = (float)(q - 8) * scale_at(w, r * w->scale_cols + i / w->blk_c);
+        for (int64_t c0 = 0, g = 0; c0 < n; c0 += w->blk_c, g++) {
+            const float s = scale_at(w, r * w->scale_cols + g);
+            const int64_t c1 = n - c0 < w->blk_c ? n : c0 + w->blk_c;
+            for (int64_t i = c0; i < c1; i++) out[i] = (float)(((row[i >> 1] >> ((i & 1) * 4)) & 15) - 8) * s;
         }
         break;
 #ifdef HAVE_GGML

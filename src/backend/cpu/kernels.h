@@ -23,6 +23,10 @@ void df_kernels_init(void);
     /* n % 32 == 0 and group % 32 == 0 for the SIMD versions; scales: one f32 per group */                        \
     float df_k_dot_int4_##isa(const uint8_t *packed, const float *scales, int group, const float *x, int64_t n);  \
     /* Y[t*ldy + r] = sum_k W[r*ldw + k] * X[t*ldx + k], r < nr <= 4, t < nt <= 4 */                              \
+    /* row dequantization to f32 (scale applied) */                                                              \
+    void df_k_deq_bf16_##isa(const uint16_t *w, float *out, int64_t n);                                           \
+    void df_k_deq_f16_##isa(const uint16_t *w, float *out, int64_t n);                                            \
+    void df_k_deq_fp8_##isa(const uint8_t *w, float scale, float *out, int64_t n);                                \
     void df_k_tile_f32_##isa(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n, \
                              float *Y, int64_t ldy);
 

@@ -118,3 +118,20 @@ void df_k_tile_f32_avx2(const float *W, int64_t ldw, int nr, const float *X, int
     for (int t = 0; t < 4; t++)
         for (int r = 0; r < 4; r++) Y[t * ldy + r] = hsum8(acc[r][t]);
 }
+
+void df_k_deq_bf16_avx2(const uint16_t *w, float *out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, bf16x8(w + i));
+    for (; i < n; i++) out[i] = df_bf16_to_f32(w[i]);
+}
+void df_k_deq_f16_avx2(const uint16_t *w, float *out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))));
+    for (; i < n; i++) out[i] = df_f16_to_f32(w[i]);
+}
+void df_k_deq_fp8_avx2(const uint8_t *w, float scale, float *out, int64_t n) {
+    const __m256 s = _mm256_set1_ps(scale * 256.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(fp8x8(w + i), s));
+    for (; i < n; i++) out[i] = df_fp8_lut[w[i]] * scale;
+}

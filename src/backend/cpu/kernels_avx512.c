@@ -140,3 +140,29 @@ void df_k_tile_f32_avx512(const float *W, int64_t ldw, int nr, const float *X, i
     for (int t = 0; t < 4; t++)
         for (int r = 0; r < 4; r++) Y[t * ldy + r] = hsum(acc[r][t]);
 }
+
+void df_k_deq_bf16_avx512(const uint16_t *w, float *out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, bf16x16(w + i));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(out + i, m, bf16x16_mask(w + i, m));
+    }
+}
+void df_k_deq_f16_avx512(const uint16_t *w, float *out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i))));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + i)));
+    }
+}
+void df_k_deq_fp8_avx512(const uint8_t *w, float scale, float *out, int64_t n) {
+    const __m512 s = _mm512_set1_ps(scale * 256.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_mul_ps(fp8x16(_mm_loadu_si128((const __m128i *)(w + i))), s));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(fp8x16(_mm_maskz_loadu_epi8(m, w + i)), s));
+    }
+}

@@ -64,3 +64,13 @@ void df_k_tile_f32_scalar(const float *W, int64_t ldw, int nr, const float *X, i
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < nr; r++) Y[t * ldy + r] = df_k_dot_f32_scalar(W + r * ldw, X + t * ldx, n);
 }
+
+void df_k_deq_bf16_scalar(const uint16_t *w, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = df_bf16_to_f32(w[i]);
+}
+void df_k_deq_f16_scalar(const uint16_t *w, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = df_f16_to_f32(w[i]);
+}
+void df_k_deq_fp8_scalar(const uint8_t *w, float scale, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = df_fp8_lut[w[i]] * scale;
+}
