@@ -1,0 +1,128 @@
+/* serve.c - `deltafin serve`: the OpenAI-compatible HTTP server.
+ *
+ * Opens the model once, starts the HTTP layer (src/server/http.c) with the
+ * OpenAI routes (src/server/openai.c) as its handler, prints the address it
+ * listens on, and runs until SIGINT or SIGTERM. Those two signals are
+ * blocked in every thread and taken by sigwait here, so shutdown is an
+ * ordinary function call: running generations are told to stop, then the
+ * connection threads are joined.
+ */
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "server/http.h"
+#include "server/openai.h"
+#include "util/util.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *usage =
+    "usage: deltafin serve --model M [options]\n"
+    "OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions,\n"
+    "GET /v1/models, GET /health. One generation at a time; see docs/SERVER.md.\n"
+    "  --host ADDR               address to listen on (default 127.0.0.1: this machine only)\n"
+    "  --port N                  TCP port (default 8000; 0 picks a free one, printed at start)\n"
+    "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/* (default: $DELTAFIN_API_KEY if set)\n"
+    "  --max-request-bytes SIZE  largest request body, e.g. 128MiB (default); larger gets 413\n"
+    "  --max-tokens N            most completion tokens one request may ask for (default: the context)\n"
+    "  --ctx N                   context length of the server's session (default: min(model, 8192))\n"
+    "  --queue N                 requests that may wait for the engine (default 16); more get 429\n"
+    "  --no-memo                 do not answer repeated deterministic requests from memory\n"
+    "  --served-model-name ID    the model id clients send and see (default: the --model name's last part)\n"
+    "  --quiet                   no per-request log lines on stderr\n"
+    "  --threads N --ram SIZE --expert-cache SIZE   as for deltafin run\n";
+
+/* The last path component of a model path or name, without trailing '/'. */
+static char *default_id(const char *model) {
+    size_t n = strlen(model);
+    while (n > 1 && model[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && model[b - 1] != '/') b--;
+    char *id = df_xmalloc(n - b + 1);
+    memcpy(id, model + b, n - b);
+    id[n - b] = 0;
+    return id;
+}
+
+static int is_loopback(const char *h) {
+    return !strcmp(h, "127.0.0.1") || !strcmp(h, "::1") || !strcmp(h, "localhost") || !strncmp(h, "127.", 4);
+}
+
+int df_cmd_serve(int argc, char **argv) {
+    df_args a;
+    df_args_init(&a, argc, argv);
+    df_options o;
+    df_options_default(&o);
+    const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("DELTAFIN_API_KEY"), *name = NULL, *opt;
+    long port = 8000, max_tokens = 0, queue = 16, ctx = 0;
+    int64_t max_body = (int64_t)128 << 20;
+    int memo = 1, quiet = 0;
+    while ((opt = df_args_next(&a))) {
+        if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) { fputs(usage, stdout); return 0; }
+        if (df_args_model_opts(&a, opt, &model, &o)) continue;
+        if (df_args_opt(&a, opt, "--host", 1)) host = a.val;
+        else if (df_args_opt(&a, opt, "--api-key", 1)) api_key = a.val;
+        else if (df_args_opt(&a, opt, "--served-model-name", 1)) name = a.val;
+        else if (df_args_opt(&a, opt, "--no-memo", 0)) memo = 0;
+        else if (df_args_opt(&a, opt, "--quiet", 0)) quiet = 1;
+        else if (df_args_opt(&a, opt, "--port", 1)) { if (df_parse_int(a.val, 0, 65535, &port)) df_args_fail(&a, "--port: expected 0..65535, got '%s'", a.val); }
+        else if (df_args_opt(&a, opt, "--max-tokens", 1)) { if (df_parse_int(a.val, 1, 1L << 30, &max_tokens)) df_args_fail(&a, "--max-tokens: expected a positive count, got '%s'", a.val); }
+        else if (df_args_opt(&a, opt, "--ctx", 1)) { if (df_parse_int(a.val, 2, 1L << 24, &ctx)) df_args_fail(&a, "--ctx: expected a count >= 2, got '%s'", a.val); }
+        else if (df_args_opt(&a, opt, "--queue", 1)) { if (df_parse_int(a.val, 0, 100000, &queue)) df_args_fail(&a, "--queue: expected 0..100000, got '%s'", a.val); }
+        else if (df_args_opt(&a, opt, "--max-request-bytes", 1)) {
+            max_body = df_parse_size(a.val);
+            if (max_body <= 0) df_args_fail(&a, "--max-request-bytes: expected a size like 128MiB, got '%s'", a.val);
+        } else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
+    }
+    if (a.bad) return 2;
+    if (!model) return df_args_fail(&a, "--model is required");
+    if (api_key && !*api_key) api_key = NULL;
+
+    char err[1024];
+    df_engine *e = df_engine_open(model, &o, err, sizeof err);
+    if (!e) { fprintf(stderr, "deltafin serve: %s\n", err); return 2; }
+    char *id = name ? df_xstrdup(name) : default_id(model);
+    df_oai_options so = {.model_id = id, .max_tokens = max_tokens, .ctx = (int)ctx, .queue = (int)queue, .memo = memo};
+    df_oai_server *srv = df_oai_new(e, &so, err, sizeof err);
+    if (!srv) { fprintf(stderr, "deltafin serve: %s\n", err); free(id); df_engine_close(e); return 1; }
+    if (!df_has_tokenizer(e))
+        fprintf(stderr, "deltafin serve: warning: %s has no tokenizer: only token-id prompts on /v1/completions will work\n", model);
+
+    /* SIGINT/SIGTERM go to sigwait below: block them before any thread starts. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    df_http_config hc = {.host = host, .port = (int)port, .max_body = (size_t)max_body, .header_bytes = 64 * 1024,
+                         .api_key = api_key, .max_connections = 256, .quiet = quiet,
+                         .handler = df_oai_handle, .app = srv};
+    df_http_server *http = df_http_start(&hc, err, sizeof err);
+    if (!http) {
+        fprintf(stderr, "deltafin serve: %s\n", err);
+        df_oai_free(srv);
+        free(id);
+        df_engine_close(e);
+        return 1;
+    }
+    if (!is_loopback(host) && !api_key)
+        fprintf(stderr, "deltafin serve: warning: listening on %s without --api-key: anyone who can reach this port can use it\n", host);
+    int v6 = strchr(host, ':') != NULL;
+    fprintf(stderr, "deltafin serve: listening on http://%s%s%s:%d (model id '%s')\n", v6 ? "[" : "", host, v6 ? "]" : "",
+            df_http_port(http), id);
+    fflush(stderr);
+
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "deltafin serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
+    df_oai_stop(srv);
+    df_http_stop(http);
+    df_oai_free(srv);
+    free(id);
+    df_engine_close(e);
+    return 0;
+}

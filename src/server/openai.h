@@ -1,0 +1,98 @@
+/* openai.h - the OpenAI-compatible routes: request validation (a pure
+ * function, fuzzed on its own), generation with one shared session, SSE
+ * streaming, the FIFO admission queue and the exact-response memo.
+ *
+ * Invariants:
+ *   - df_oai_parse touches no global state and no engine: JSON text in, a
+ *     validated request or an OpenAI-shaped 4xx error out, for any bytes;
+ *   - a validated request is one the engine can execute exactly; anything it
+ *     cannot (n > 1, tools, logit_bias, penalties, non-text parts, ...) has
+ *     been refused with the offending field in param;
+ *   - at most one generation touches the engine at a time; waiting requests
+ *     are served in arrival order; at most `queue` wait, more get 429;
+ *   - the session's token timeline is mirrored here so that each request
+ *     reports how many prompt tokens were reused (usage.prompt_tokens_details
+ *     .cached_tokens); df_session_sync does the actual prefix reuse.
+ */
+#ifndef DF_SERVER_OPENAI_H
+#define DF_SERVER_OPENAI_H
+
+#include "deltafin.h"
+#include "server/http.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- validation (pure) -------------------------------------------------- */
+
+typedef enum { DF_OAI_CHAT = 1, DF_OAI_COMPLETIONS = 2 } df_oai_kind;
+
+typedef struct {
+    const char *model_id; /* the served id: requests must name it */
+    int vocab_size;       /* token-id prompts are checked against it */
+    long max_tokens;      /* the server's cap on completion tokens (> 0) */
+} df_oai_limits;
+
+typedef struct {
+    int status;        /* 400 or 404 */
+    char type[32];     /* "invalid_request_error" */
+    char param[128];   /* "" is sent as null */
+    char code[48];     /* "" is sent as null */
+    char message[512];
+} df_oai_error;
+
+#define DF_OAI_MAX_STOP 4
+#define DF_OAI_MAX_TOP_LOGPROBS 20
+
+typedef struct {
+    df_oai_kind kind;
+    char *messages_json;   /* chat: the messages as the template gets them (see SERVER.md) */
+    char *prompt;          /* completions: a text prompt, or NULL */
+    size_t prompt_len;
+    int32_t *prompt_ids;   /* completions: a token-id prompt, or NULL */
+    size_t n_prompt_ids;
+    long max_tokens;       /* -1: not given (chat: up to the context) */
+    int has_temperature;
+    double temperature;    /* [0, 2] */
+    double top_p;          /* [0, 1]; 1 when not given */
+    int has_seed;
+    int64_t seed;
+    char *stop[DF_OAI_MAX_STOP];
+    int n_stop;
+    int stream, include_usage;
+    int logprobs;          /* 1: report the chosen tokens' log-probabilities */
+    int top_logprobs;      /* alternatives per token, 0..20 (completions: 0..5) */
+} df_oai_request;
+
+/* Validates body (len bytes, need not be NUL-terminated) as a request of the
+ * given kind. Returns 0 and fills *out (free with df_oai_request_free), or
+ * -1 and fills *err (out is then empty). */
+int df_oai_parse(df_oai_kind kind, const df_oai_limits *lim, const char *body, size_t len, df_oai_request *out,
+                 df_oai_error *err);
+void df_oai_request_free(df_oai_request *r);
+/* 1 if the request always produces the same output (greedy, or seeded). */
+int df_oai_deterministic(const df_oai_request *r);
+
+/* ---- the server --------------------------------------------------------- */
+
+typedef struct {
+    const char *model_id;  /* served id (default: the --model argument's last path component) */
+    long max_tokens;       /* cap per request; 0: the context length */
+    int ctx;               /* session context; 0: min(model, 8192) */
+    int queue;             /* requests allowed to wait behind the running one */
+    int memo;              /* 0: no exact-response memo */
+    int memo_entries;      /* 0: 256 */
+    size_t memo_bytes;     /* 0: 64 MiB */
+} df_oai_options;
+
+typedef struct df_oai_server df_oai_server;
+
+/* Takes the engine (not its ownership) and makes the one session. */
+df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size_t errlen);
+/* The HTTP handler (app = the df_oai_server). */
+void df_oai_handle(void *app, df_http_req *req);
+/* Makes waiting requests and running generations stop soon (shutdown). */
+void df_oai_stop(df_oai_server *s);
+void df_oai_free(df_oai_server *s);
+
+#endif
