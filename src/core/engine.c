@@ -3,6 +3,7 @@
  * timeline (tokens, KV/latent cache, sampler state). Prompts are processed
  * in chunks of up to DF_MAX_BATCH tokens; decode is one token per step. */
 #include "core/core.h"
+#include "core/engine_int.h"
 #include "backend/backend.h"
 #include "model/model.h"
 #include "util/util.h"
@@ -15,13 +16,6 @@
 #define DF_MAX_BATCH 64
 #define DF_DEFAULT_CTX 4096
 
-struct df_engine {
-    df_model *model;
-    df_options opt;
-    df_stats stats;
-    char errbuf[512];
-    int32_t eos[DF_MAX_EOS];
-};
 
 struct df_session {
     df_engine *e;
@@ -93,11 +87,22 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
     df_engine *e = df_xcalloc(1, sizeof *e);
     e->model = m;
     e->opt = o;
+    for (int i = 0; i < m->cfg.n_eos; i++) df_engine_add_stop(e, m->cfg.eos[i]);
+    if (df_engine_tok_load(e, m->dir, err, errlen)) {
+        df_engine_close(e);
+        return NULL;
+    }
     return e;
+}
+
+void df_engine_add_stop(df_engine *e, int32_t id) {
+    for (int i = 0; i < e->n_stop; i++) if (e->stop[i] == id) return;
+    if (e->n_stop < (int)(sizeof e->stop / sizeof *e->stop)) e->stop[e->n_stop++] = id;
 }
 
 void df_engine_close(df_engine *e) {
     if (!e) return;
+    df_engine_tok_free(e);
     df_model_free(e->model);
     free(e);
 }
@@ -115,8 +120,8 @@ void df_engine_info(const df_engine *e, df_model_info *out) {
     out->n_experts_used = c->n_experts_used;
     out->max_context = c->max_pos;
     out->bos_id = c->bos_id;
-    out->n_eos = c->n_eos;
-    out->eos_ids = c->eos;
+    out->n_eos = e->n_stop;
+    out->eos_ids = e->stop;
     out->n_params = e->model->n_params;
     out->n_params_active = e->model->n_params_active;
     out->weight_bytes = e->model->bytes;

@@ -1,12 +1,108 @@
-/* tok_glue.c - engine-side tokenizer calls (temporary: until the tokenizer
- * module is wired in, models run with --ids only). */
-#include "deltafin.h"
+/* tok_glue.c - the engine's tokenizer and chat template: loaded from the
+ * model directory when present (tokenizer.json or tiktoken.model, and the
+ * chat_template of tokenizer_config.json), exposed through deltafin.h. The
+ * template is parsed once; the tokenizer's eos token joins the stop ids. */
+#include "core/core.h"
+#include "core/engine_int.h"
+#include "tok/template.h"
+#include "tok/tokenizer.h"
+#include "util/util.h"
+
+#include <jansson.h>
 #include <stdlib.h>
-int df_has_tokenizer(const df_engine *e) { (void)e; return 0; }
-int df_engine_adds_bos(const df_engine *e) { (void)e; return 0; }
-int df_tokenize(df_engine *e, const char *text, size_t len, int32_t **ids, size_t *n) { (void)e; (void)text; (void)len; *ids = NULL; *n = 0; return DF_EUNSUPPORTED; }
-int df_chat_render(df_engine *e, const char *m, const char *t, int g, char **out) { (void)e; (void)m; (void)t; (void)g; *out = NULL; return DF_EUNSUPPORTED; }
-df_detok *df_detok_new(df_engine *e) { (void)e; return NULL; }
-void df_detok_free(df_detok *d) { (void)d; }
-const char *df_detok_push(df_detok *d, int32_t id, size_t *n) { (void)d; (void)id; *n = 0; return ""; }
-const char *df_detok_flush(df_detok *d, size_t *n) { (void)d; *n = 0; return ""; }
+#include <string.h>
+
+int df_engine_tok_load(df_engine *e, const char *dir, char *err, size_t errlen) {
+    char *tj = df_path_join(dir, "tokenizer.json"), *tm = df_path_join(dir, "tiktoken.model");
+    int have = df_file_exists(tj) || df_file_exists(tm);
+    free(tj);
+    free(tm);
+    if (!have) return 0;
+    e->tok = df_tok_load(dir, err, errlen);
+    if (!e->tok) return DF_EFORMAT;
+    const char *tpl = df_tok_chat_template(e->tok);
+    if (tpl) {
+        char terr[512];
+        e->tpl = df_template_parse(tpl, terr, sizeof terr);
+        if (!e->tpl) return df_err(err, errlen, DF_EUNSUPPORTED, "%s/tokenizer_config.json: chat_template: %s", dir, terr);
+    }
+    char *cfgp = df_path_join(dir, "tokenizer_config.json");
+    json_t *cfg = json_load_file(cfgp, 0, NULL);
+    free(cfgp);
+    if (cfg) {
+        e->add_bos = json_is_true(json_object_get(cfg, "add_bos_token"));
+        json_decref(cfg);
+    }
+    const char *eos = df_tok_eos_token(e->tok);
+    if (eos) {
+        int32_t id = df_tok_token_id(e->tok, eos);
+        if (id >= 0) df_engine_add_stop(e, id);
+    }
+    return 0;
+}
+
+void df_engine_tok_free(df_engine *e) {
+    df_template_free(e->tpl);
+    df_tok_free(e->tok);
+}
+
+int df_has_tokenizer(const df_engine *e) { return e->tok != NULL; }
+int df_engine_adds_bos(const df_engine *e) { return e->add_bos; }
+
+int df_tokenize(df_engine *e, const char *text, size_t len, int32_t **ids, size_t *n) {
+    *ids = NULL;
+    *n = 0;
+    if (!e->tok) return df_err(e->errbuf, sizeof e->errbuf, DF_EUNSUPPORTED, "this model has no tokenizer");
+    int rc = df_tok_encode(e->tok, text, len, 0, 0, ids, n);
+    if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "tokenization failed");
+    return 0;
+}
+
+int df_chat_render(df_engine *e, const char *messages_json, const char *tools_json, int add_gen, char **out) {
+    *out = NULL;
+    if (!e->tpl) return df_err(e->errbuf, sizeof e->errbuf, DF_EUNSUPPORTED, "this model has no chat template");
+    json_error_t je;
+    json_t *msgs = json_loads(messages_json, 0, &je);
+    if (!json_is_array(msgs)) {
+        json_decref(msgs);
+        return df_err(e->errbuf, sizeof e->errbuf, DF_EINPUT, "messages: expected a JSON array");
+    }
+    json_t *ctx = json_object();
+    json_object_set_new(ctx, "messages", msgs);
+    if (tools_json) {
+        json_t *tools = json_loads(tools_json, 0, &je);
+        if (!json_is_array(tools)) {
+            json_decref(tools);
+            json_decref(ctx);
+            return df_err(e->errbuf, sizeof e->errbuf, DF_EINPUT, "tools: expected a JSON array");
+        }
+        json_object_set_new(ctx, "tools", tools);
+    }
+    json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_gen));
+    const char *bos = df_tok_bos_token(e->tok), *eos = df_tok_eos_token(e->tok);
+    if (bos) json_object_set_new(ctx, "bos_token", json_string(bos));
+    if (eos) json_object_set_new(ctx, "eos_token", json_string(eos));
+    char *cj = json_dumps(ctx, JSON_COMPACT);
+    json_decref(ctx);
+    size_t len;
+    int rc = df_template_render(e->tpl, cj, out, &len, e->errbuf, sizeof e->errbuf);
+    free(cj);
+    return rc;
+}
+
+struct df_detok {
+    df_tok_stream *s;
+};
+df_detok *df_detok_new(df_engine *e) {
+    if (!e->tok) return NULL;
+    df_detok *d = df_xcalloc(1, sizeof *d);
+    d->s = df_tok_stream_new(e->tok);
+    return d;
+}
+void df_detok_free(df_detok *d) {
+    if (!d) return;
+    df_tok_stream_free(d->s);
+    free(d);
+}
+const char *df_detok_push(df_detok *d, int32_t id, size_t *n) { return df_tok_stream_push(d->s, id, n); }
+const char *df_detok_flush(df_detok *d, size_t *n) { return df_tok_stream_flush(d->s, n); }

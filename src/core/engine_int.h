@@ -1,0 +1,27 @@
+/* engine_int.h - the engine struct, shared by the files of src/core. */
+#ifndef DF_ENGINE_INT_H
+#define DF_ENGINE_INT_H
+
+#include "deltafin.h"
+#include "model/model.h"
+
+struct df_tokenizer;
+struct df_template;
+
+struct df_engine {
+    df_model *model;
+    df_options opt;
+    df_stats stats;
+    char errbuf[512];
+    int32_t stop[DF_MAX_EOS * 2]; /* eos ids of config.json, generation_config.json, tokenizer */
+    int n_stop;
+    struct df_tokenizer *tok;
+    struct df_template *tpl;
+    int add_bos;
+};
+
+void df_engine_add_stop(df_engine *e, int32_t id);
+int df_engine_tok_load(df_engine *e, const char *dir, char *err, size_t errlen);
+void df_engine_tok_free(df_engine *e);
+
+#endif
