@@ -1,4 +1,187 @@
-/* chat_template.c - placeholder until the template renderer lands (that work replaces this file). */
+/* chat_template.c - `deltafin chat-template`: renders a conversation with a
+ * tokenizer directory's own chat template, exactly as transformers'
+ * apply_chat_template(..., tokenize=False) does, and prints it unchanged
+ * (no trailing newline added).
+ *
+ * Invariants: every failure is one line on stderr naming the file, field or
+ * template line, and exit code 2 for bad input (1 for internal failures);
+ * nothing is printed to stdout unless the render succeeded.
+ */
 #include "cli/cli.h"
+#include "deltafin.h"
+#include "tok/template.h"
+#include "util/util.h"
+
+#include <jansson.h>
 #include <stdio.h>
-int df_cmd_chat_template(int argc, char **argv) { (void)argc; (void)argv; fprintf(stderr, "deltafin chat-template: not supported yet\n"); return 2; }
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: deltafin chat-template --tokenizer DIR --messages FILE [--tools FILE]\n"
+            "                              [--add-generation-prompt] [--var NAME=JSON ...]\n\n"
+            "Renders a conversation with the chat template of DIR/tokenizer_config.json (or\n"
+            "DIR/chat_template.jinja when present) and prints the prompt exactly, adding nothing.\n\n"
+            "  --tokenizer DIR           directory holding tokenizer_config.json; its chat_template\n"
+            "                            may be a string or a list of {name, template} (\"default\",\n"
+            "                            or \"tool_use\" when --tools is given and it exists)\n"
+            "  --messages FILE           JSON array of messages ({\"role\", \"content\", ...}); '-' reads stdin\n"
+            "  --tools FILE              JSON array of tool schemas, passed as `tools`\n"
+            "  --add-generation-prompt   set add_generation_prompt (open an assistant turn)\n"
+            "  --var NAME=JSON           extra template variable, e.g. --var enable_thinking=false or\n"
+            "                            --var 'date_string=\"26 Jul 2024\"' (repeatable)\n\n"
+            "bos_token, eos_token, unk_token, pad_token, ... come from tokenizer_config.json.\n"
+            "Messages are normalized as transformers does: null fields are dropped, and reasoning\n"
+            "(reasoning_content, thinking or reasoning) is offered under both reasoning_content and thinking.\n"
+            "See docs/CHAT_TEMPLATES.md for the supported Jinja subset.\n");
+}
+
+static int fail(int code, const char *fmt, const char *a, const char *b) {
+    fprintf(stderr, "deltafin chat-template: ");
+    fprintf(stderr, fmt, a, b);
+    fputc('\n', stderr);
+    return code;
+}
+
+static int read_input(const char *path, char **out, char *err, size_t errlen) {
+    if (strcmp(path, "-") != 0) return df_read_file(path, out, NULL, err, errlen);
+    df_buf b = {0};
+    char tmp[65536];
+    size_t n;
+    while ((n = fread(tmp, 1, sizeof tmp, stdin)) > 0) df_buf_put(&b, tmp, n);
+    df_buf_put(&b, "", 1);
+    *out = b.p;
+    return 0;
+}
+
+int df_cmd_chat_template(int argc, char **argv) {
+    const char *dir = NULL, *messages = NULL, *tools = NULL;
+    int add_gen = 0;
+    json_t *vars = json_object();
+    char err[1024];
+    int rc = 2;
+    char *cfg_text = NULL, *tpl_src = NULL, *special = NULL, *msgs = NULL, *tools_text = NULL, *extra = NULL,
+         *ctx = NULL, *out = NULL, *cfg_path = NULL, *jinja_path = NULL;
+    df_template *t = NULL;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            rc = 0;
+            goto done;
+        }
+        if (!strcmp(a, "--add-generation-prompt")) { add_gen = 1; continue; }
+        int takes = !strcmp(a, "--tokenizer") || !strcmp(a, "--messages") || !strcmp(a, "--tools") || !strcmp(a, "--var");
+        if (!takes) {
+            fail(2, "unknown option '%s'%s", a, " (see --help)");
+            goto done;
+        }
+        if (i + 1 >= argc) {
+            fail(2, "%s needs a value%s", a, "");
+            goto done;
+        }
+        const char *v = argv[++i];
+        if (!strcmp(a, "--tokenizer")) dir = v;
+        else if (!strcmp(a, "--messages")) messages = v;
+        else if (!strcmp(a, "--tools")) tools = v;
+        else {
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v) {
+                fail(2, "--var '%s': expected NAME=JSON%s", v, "");
+                goto done;
+            }
+            json_error_t je;
+            json_t *val = json_loads(eq + 1, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+            if (!val) {
+                fail(2, "--var '%s': the value is not JSON (%s); quote strings, e.g. NAME='\"text\"'", v, je.text);
+                goto done;
+            }
+            json_object_setn_new(vars, v, (size_t)(eq - v), val);
+        }
+    }
+    if (!dir || !messages) {
+        fail(2, "%s%s", !dir ? "--tokenizer DIR is required" : "--messages FILE is required", " (see --help)");
+        goto done;
+    }
+    if (!df_is_dir(dir)) {
+        fail(2, "%s: not a directory%s", dir, "");
+        goto done;
+    }
+    cfg_path = df_path_join(dir, "tokenizer_config.json");
+    jinja_path = df_path_join(dir, "chat_template.jinja");
+    int have_jinja = df_file_exists(jinja_path);
+    if (df_file_exists(cfg_path)) {
+        if (df_read_file(cfg_path, &cfg_text, NULL, err, sizeof err)) {
+            fail(2, "%s%s", err, "");
+            goto done;
+        }
+    } else if (!have_jinja) {
+        fail(2, "%s: no such file (and no chat_template.jinja)%s", cfg_path, "");
+        goto done;
+    } else {
+        cfg_text = df_xstrdup("{}");
+    }
+    int r = df_chat_config_parse(cfg_text, cfg_path, tools != NULL, have_jinja ? NULL : &tpl_src, &special, err, sizeof err);
+    if (r) {
+        rc = fail(df_exit_code(r), "%s%s", err, "");
+        goto done;
+    }
+    const char *tpl_name = cfg_path;
+    if (have_jinja) {
+        if (df_read_file(jinja_path, &tpl_src, NULL, err, sizeof err)) {
+            fail(2, "%s%s", err, "");
+            goto done;
+        }
+        tpl_name = jinja_path;
+    }
+    t = df_template_parse(tpl_src, err, sizeof err);
+    if (!t) {
+        fail(2, "%s: chat_template: %s", tpl_name, err);
+        goto done;
+    }
+    if (read_input(messages, &msgs, err, sizeof err)) {
+        fail(2, "%s%s", err, "");
+        goto done;
+    }
+    if (tools && df_read_file(tools, &tools_text, NULL, err, sizeof err)) {
+        fail(2, "%s%s", err, "");
+        goto done;
+    }
+    extra = json_object_size(vars) ? json_dumps(vars, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    r = df_chat_context_build(msgs, tools_text, add_gen, special, extra, &ctx, err, sizeof err);
+    if (r) {
+        /* name the file the problem came from */
+        const char *file = !strncmp(err, "tools", 5) ? tools : !strncmp(err, "messages", 8) ? messages : "--var";
+        rc = fail(df_exit_code(r), "%s: %s", file, err);
+        goto done;
+    }
+    size_t len = 0;
+    r = df_template_render(t, ctx, &out, &len, err, sizeof err);
+    if (r) {
+        rc = fail(df_exit_code(r), "%s: chat_template: %s", tpl_name, err);
+        goto done;
+    }
+    if (fwrite(out, 1, len, stdout) != len || fflush(stdout) != 0) {
+        fail(1, "writing the prompt failed%s%s", "", "");
+        rc = 1;
+        goto done;
+    }
+    rc = 0;
+done:
+    if (rc != 0 && rc != 1) rc = 2;
+    json_decref(vars);
+    df_template_free(t);
+    free(cfg_text);
+    free(tpl_src);
+    free(special);
+    free(msgs);
+    free(tools_text);
+    free(extra);
+    free(ctx);
+    free(out);
+    free(cfg_path);
+    free(jinja_path);
+    return rc;
+}

@@ -1,0 +1,793 @@
+/* template_value.c - the value model of the chat-template renderer: arena,
+ * error exits, UTF-8 and the few Unicode properties Python string methods
+ * need, value constructors, Python str()/repr(), json.dumps, equality and
+ * ordering.
+ *
+ * Invariants: printing follows CPython exactly for the JSON-like types
+ * (None, bool, int, float repr with shortest round-trip digits, str, list,
+ * tuple, dict); Unicode properties beyond Latin, Greek and Cyrillic letter
+ * case are approximations documented in docs/CHAT_TEMPLATES.md.
+ */
+#include "tok/template_int.h"
+
+#include "deltafin.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- arena ------------------------------------------------------------ */
+
+struct tchunk {
+    tchunk *next;
+    size_t used, size;
+    _Alignas(16) unsigned char data[];
+};
+
+void *ta_alloc(tctx *R, tarena *A, size_t n) {
+    n = (n + 15) & ~(size_t)15;
+    if (n == 0) n = 16;
+    tchunk *c = A->head;
+    if (!c || c->size - c->used < n) {
+        size_t sz = n > 65536 - sizeof(tchunk) ? n : 65536 - sizeof(tchunk);
+        if (A->cap && A->total + sz + sizeof(tchunk) > A->cap)
+            tfail(R, DF_ENOMEM, "template needs more than %zu bytes of working memory", A->cap);
+        c = malloc(sizeof(tchunk) + sz);
+        if (!c) tfail(R, DF_ENOMEM, "out of memory rendering the template");
+        c->size = sz;
+        c->used = 0;
+        A->total += sz + sizeof(tchunk);
+        /* keep a partly used big chunk at the head only if it has room */
+        if (A->head && n == sz) {
+            c->next = A->head->next;
+            A->head->next = c;
+        } else {
+            c->next = A->head;
+            A->head = c;
+        }
+    }
+    void *p = c->data + c->used;
+    c->used += n;
+    memset(p, 0, n);
+    return p;
+}
+
+void ta_free(tarena *A) {
+    tchunk *c = A->head;
+    while (c) {
+        tchunk *nx = c->next;
+        free(c);
+        c = nx;
+    }
+    A->head = NULL;
+    A->total = 0;
+}
+
+/* ---- errors ----------------------------------------------------------- */
+
+void t_line_col(const char *src, size_t off, int *line, int *col) {
+    int l = 1, c = 1;
+    for (size_t i = 0; src && i < off && src[i]; i++) {
+        if (src[i] == '\n') {
+            l++;
+            c = 1;
+        } else if (((unsigned char)src[i] & 0xC0) != 0x80) {
+            c++;
+        }
+    }
+    *line = l;
+    *col = c;
+}
+
+void tfail(tctx *R, int code, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (R->err && R->errlen) {
+        int line = 0, col = 0;
+        if (R->T) t_line_col(R->T->src, R->off, &line, &col);
+        if (line)
+            snprintf(R->err, R->errlen, "template line %d: %s", line, msg);
+        else
+            snprintf(R->err, R->errlen, "%s", msg);
+    }
+    R->code = code;
+    longjmp(R->jb, 1);
+}
+
+void tfail_raw(tctx *R, int code, const char *msg) {
+    if (R->err && R->errlen) {
+        /* one line: newlines in the template's message become spaces */
+        size_t j = 0;
+        for (size_t i = 0; msg[i] && j + 1 < R->errlen; i++) R->err[j++] = (msg[i] == '\n' || msg[i] == '\r') ? ' ' : msg[i];
+        R->err[j] = 0;
+    }
+    R->code = code;
+    longjmp(R->jb, 1);
+}
+
+/* ---- UTF-8 and Unicode -------------------------------------------------- */
+
+int u8_dec(const char *s, size_t n, uint32_t *cp) {
+    const unsigned char *u = (const unsigned char *)s;
+    if (u[0] < 0x80) { *cp = u[0]; return 1; }
+    int len = u[0] >= 0xF0 ? 4 : u[0] >= 0xE0 ? 3 : u[0] >= 0xC0 ? 2 : 1;
+    if (len == 1 || (size_t)len > n) { *cp = 0xFFFD; return 1; }
+    uint32_t c = u[0] & (0x7F >> len);
+    for (int i = 1; i < len; i++) {
+        if ((u[i] & 0xC0) != 0x80) { *cp = 0xFFFD; return 1; }
+        c = (c << 6) | (u[i] & 0x3F);
+    }
+    *cp = c;
+    return len;
+}
+
+int u8_enc(uint32_t cp, char *o) {
+    unsigned char *u = (unsigned char *)o;
+    if (cp < 0x80) { u[0] = (unsigned char)cp; return 1; }
+    if (cp < 0x800) { u[0] = 0xC0 | (cp >> 6); u[1] = 0x80 | (cp & 0x3F); return 2; }
+    if (cp < 0x10000) {
+        u[0] = 0xE0 | (cp >> 12); u[1] = 0x80 | ((cp >> 6) & 0x3F); u[2] = 0x80 | (cp & 0x3F);
+        return 3;
+    }
+    u[0] = 0xF0 | (cp >> 18); u[1] = 0x80 | ((cp >> 12) & 0x3F);
+    u[2] = 0x80 | ((cp >> 6) & 0x3F); u[3] = 0x80 | (cp & 0x3F);
+    return 4;
+}
+
+int u8_valid(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = u[i];
+        if (c < 0x80) { i++; continue; }
+        int len; uint32_t cp, min;
+        if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1F; min = 0x80; }
+        else if (c >= 0xE0 && c <= 0xEF) { len = 3; cp = c & 0x0F; min = 0x800; }
+        else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07; min = 0x10000; }
+        else return 0;
+        if (i + len > n) return 0;
+        for (int k = 1; k < len; k++) {
+            if ((u[i + k] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (u[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+        i += len;
+    }
+    return 1;
+}
+
+size_t u8_count(const char *s, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+int u_isspace(uint32_t c) {
+    if (c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F)) return 1;
+    if (c < 0x85) return 0;
+    return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+           c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+/* Python's str.isprintable: false for categories Cc, Cf, Cs, Co, Cn, Zl,
+ * Zp, Zs except ' '. Unassigned code points (Cn) are not tabulated here;
+ * the format (Cf), private-use and separator ranges are. */
+int u_isprintable(uint32_t c) {
+    if (c < 0x20 || (c >= 0x7F && c <= 0xA0) || c == 0xAD) return 0;
+    if (c < 0x300) return 1;
+    if ((c >= 0x600 && c <= 0x605) || c == 0x61C || c == 0x6DD || c == 0x70F || c == 0x890 || c == 0x891 ||
+        c == 0x8E2 || c == 0x180E || c == 0x1680 || (c >= 0x2000 && c <= 0x200F) || (c >= 0x2028 && c <= 0x202F) ||
+        (c >= 0x205F && c <= 0x2064) || (c >= 0x2066 && c <= 0x206F) || c == 0x3000 ||
+        (c >= 0xD800 && c <= 0xF8FF) || (c >= 0xFDD0 && c <= 0xFDEF) || c == 0xFEFF ||
+        (c >= 0xFFF0 && c <= 0xFFFB) || (c & 0xFFFE) == 0xFFFE || c == 0x110BD || c == 0x110CD ||
+        (c >= 0x13430 && c <= 0x1343F) || (c >= 0x1BCA0 && c <= 0x1BCA3) || (c >= 0x1D173 && c <= 0x1D17A) ||
+        c == 0xE0001 || (c >= 0xE0020 && c <= 0xE007F) || c >= 0xF0000)
+        return 0;
+    return 1;
+}
+
+/* Simple case mapping for ASCII, Latin-1, Latin Extended-A, Greek and
+ * Cyrillic (the one-to-one mappings); other code points map to themselves. */
+uint32_t u_lower(uint32_t c) {
+    if (c < 0x80) return (c >= 'A' && c <= 'Z') ? c + 32 : c;
+    if ((c >= 0xC0 && c <= 0xDE && c != 0xD7)) return c + 32;
+    if (c >= 0x100 && c <= 0x17F) {
+        if (c == 0x130) return 'i' ; /* approximation of 'i̇' */
+        if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return (c & 1) ? c + 1 : c;
+        if (c == 0x178) return 0xFF;
+        if (c == 0x138 || c == 0x149 || c == 0x17F) return c;
+        return (c & 1) ? c : c + 1;
+    }
+    if (c >= 0x391 && c <= 0x3AB && c != 0x3A2) return c + 32;
+    if (c == 0x386) return 0x3AC;
+    if (c >= 0x388 && c <= 0x38A) return c + 37;
+    if (c == 0x38C) return 0x3CC;
+    if (c == 0x38E || c == 0x38F) return c + 63;
+    if (c >= 0x410 && c <= 0x42F) return c + 32;
+    if (c >= 0x400 && c <= 0x40F) return c + 80;
+    if (c >= 0x460 && c <= 0x4FF && !(c >= 0x482 && c <= 0x489)) {
+        if (c >= 0x4C1 && c <= 0x4CE) return (c & 1) ? c + 1 : c;
+        if (c == 0x4C0) return 0x4CF;
+        return (c & 1) ? c : c + 1;
+    }
+    if (c >= 0xFF21 && c <= 0xFF3A) return c + 32;
+    return c;
+}
+
+uint32_t u_upper(uint32_t c) {
+    if (c < 0x80) return (c >= 'a' && c <= 'z') ? c - 32 : c;
+    if (c >= 0xE0 && c <= 0xFE && c != 0xF7) return c - 32;
+    if (c == 0xFF) return 0x178;
+    if (c == 0xB5) return 0x39C;
+    if (c >= 0x100 && c <= 0x17F) {
+        if (c == 0x131) return 'I';
+        if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return (c & 1) ? c : c - 1;
+        if (c == 0x138 || c == 0x149 || c == 0x130 || c == 0x178) return c;
+        if (c == 0x17F) return 'S';
+        return (c & 1) ? c - 1 : c;
+    }
+    if (c >= 0x3B1 && c <= 0x3CB && c != 0x3C2) return c - 32;
+    if (c == 0x3C2) return 0x3A3;
+    if (c == 0x3AC) return 0x386;
+    if (c >= 0x3AD && c <= 0x3AF) return c - 37;
+    if (c == 0x3CC) return 0x38C;
+    if (c == 0x3CD || c == 0x3CE) return c - 63;
+    if (c >= 0x430 && c <= 0x44F) return c - 32;
+    if (c >= 0x450 && c <= 0x45F) return c - 80;
+    if (c >= 0x460 && c <= 0x4FF && !(c >= 0x482 && c <= 0x489)) {
+        if (c >= 0x4C1 && c <= 0x4CE) return (c & 1) ? c : c - 1;
+        if (c == 0x4CF) return 0x4C0;
+        return (c & 1) ? c - 1 : c;
+    }
+    if (c >= 0xFF41 && c <= 0xFF5A) return c - 32;
+    return c;
+}
+
+int u_isdigit(uint32_t c) { return c >= '0' && c <= '9'; }
+int u_isalpha(uint32_t c) {
+    if (c < 0x80) return (c | 32) >= 'a' && (c | 32) <= 'z';
+    if (c == 0xAA || c == 0xB5 || c == 0xBA) return 1;
+    if (c < 0xC0 || c == 0xD7 || c == 0xF7) return 0;
+    if (u_isspace(c) || !u_isprintable(c)) return 0;
+    /* general punctuation, symbols, emoji and CJK punctuation are not letters */
+    if ((c >= 0x2000 && c <= 0x2BFF) || (c >= 0x3000 && c <= 0x303F) || (c >= 0x1F000 && c <= 0x1FAFF) ||
+        (c >= 0xFE00 && c <= 0xFE0F) || (c >= 0x300 && c <= 0x36F))
+        return 0;
+    return 1;
+}
+int u_isalnum(uint32_t c) { return u_isalpha(c) || u_isdigit(c); }
+
+int tv_is_ascii(const char *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)p[i] >= 0x80) return 0;
+    return 1;
+}
+
+uint32_t *tv_codepoints(tctx *R, const char *p, size_t n, size_t *count) {
+    uint32_t *cps = ta_alloc(R, &R->A, (n + 1) * sizeof(uint32_t));
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        i += u8_dec(p + i, n - i, &cps[k]);
+        k++;
+    }
+    *count = k;
+    return cps;
+}
+
+tv tv_from_codepoints(tctx *R, const uint32_t *cps, size_t n) {
+    char *o = ta_alloc(R, &R->A, n * 4 + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += u8_enc(cps[i], o + k);
+    return tv_str(o, k);
+}
+
+/* ---- constructors ----------------------------------------------------- */
+
+tv tv_undef(void) { tv v = {0}; v.t = TV_UNDEF; return v; }
+tv tv_undef_named(tctx *R, const char *name, size_t nlen, const char *owner) {
+    tv v = tv_undef();
+    v.u = ta_alloc(R, &R->A, sizeof(tundef));
+    v.u->name = name;
+    v.u->nlen = nlen;
+    v.u->owner = owner;
+    return v;
+}
+tv tv_none(void) { tv v = {0}; v.t = TV_NONE; return v; }
+tv tv_bool(int b) { tv v = {0}; v.t = TV_BOOL; v.b = !!b; return v; }
+tv tv_int(int64_t i) { tv v = {0}; v.t = TV_INT; v.i = i; return v; }
+tv tv_float(double f) { tv v = {0}; v.t = TV_FLOAT; v.f = f; return v; }
+tv tv_str(const char *p, size_t n) { tv v = {0}; v.t = TV_STR; v.s.p = p; v.s.n = n; return v; }
+tv tv_cstr(const char *p) { return tv_str(p, strlen(p)); }
+tv tv_strdup(tctx *R, const char *p, size_t n) {
+    char *q = ta_alloc(R, &R->A, n + 1);
+    if (n) memcpy(q, p, n);
+    return tv_str(q, n);
+}
+tv tv_list(tctx *R, size_t n, int kind) {
+    tv v = {0};
+    v.t = TV_LIST;
+    v.sub = (uint8_t)kind;
+    v.l = ta_alloc(R, &R->A, sizeof(tlist));
+    v.l->n = n;
+    v.l->v = n ? ta_alloc(R, &R->A, n * sizeof(tv)) : NULL;
+    return v;
+}
+tv tv_dict(tctx *R, size_t cap) {
+    tv v = {0};
+    v.t = TV_DICT;
+    v.d = ta_alloc(R, &R->A, sizeof(tdict));
+    v.d->cap = cap ? cap : 4;
+    v.d->k = ta_alloc(R, &R->A, v.d->cap * sizeof(tv));
+    v.d->v = ta_alloc(R, &R->A, v.d->cap * sizeof(tv));
+    return v;
+}
+
+tv *tdict_get(const tdict *d, tv k) {
+    for (size_t i = 0; i < d->n; i++)
+        if (tv_eq(&d->k[i], &k)) return &d->v[i];
+    return NULL;
+}
+tv *tdict_gets(const tdict *d, const char *k, size_t n) {
+    for (size_t i = 0; i < d->n; i++)
+        if (d->k[i].t == TV_STR && d->k[i].s.n == n && memcmp(d->k[i].s.p, k, n) == 0) return &d->v[i];
+    return NULL;
+}
+void tdict_set(tctx *R, tdict *d, tv k, tv v) {
+    tv *p = tdict_get(d, k);
+    if (p) { *p = v; return; }
+    if (d->n == d->cap) {
+        size_t nc = d->cap * 2;
+        tv *nk = ta_alloc(R, &R->A, nc * sizeof(tv)), *nv = ta_alloc(R, &R->A, nc * sizeof(tv));
+        memcpy(nk, d->k, d->n * sizeof(tv));
+        memcpy(nv, d->v, d->n * sizeof(tv));
+        d->k = nk; d->v = nv; d->cap = nc;
+    }
+    d->k[d->n] = k;
+    d->v[d->n] = v;
+    d->n++;
+}
+
+/* ---- predicates --------------------------------------------------------- */
+
+const char *tv_typename(const tv *v) {
+    switch (v->t) {
+    case TV_UNDEF: return "Undefined";
+    case TV_NONE: return "NoneType";
+    case TV_BOOL: return "bool";
+    case TV_INT: return "int";
+    case TV_FLOAT: return "float";
+    case TV_STR: return v->sub == TS_MARKUP ? "Markup" : "str";
+    case TV_LIST:
+        return v->sub == TL_TUPLE ? "tuple" : v->sub == TL_ITEMS ? "dict_items" : v->sub == TL_KEYS ? "dict_keys"
+             : v->sub == TL_VALUES ? "dict_values" : "list";
+    case TV_DICT: return "dict";
+    case TV_NS: return "Namespace";
+    case TV_LOOP: return "LoopContext";
+    case TV_MACRO: return "Macro";
+    case TV_FUNC: return "function";
+    case TV_METHOD: return "builtin_function_or_method";
+    }
+    return "object";
+}
+
+int tv_truthy(const tv *v) {
+    switch (v->t) {
+    case TV_UNDEF: case TV_NONE: return 0;
+    case TV_BOOL: return v->b;
+    case TV_INT: return v->i != 0;
+    case TV_FLOAT: return v->f != 0.0;
+    case TV_STR: return v->s.n != 0;
+    case TV_LIST: return v->l->n != 0;
+    case TV_DICT: return v->d->n != 0;
+    default: return 1;
+    }
+}
+
+int tv_is_num(const tv *v) { return v->t == TV_INT || v->t == TV_FLOAT || v->t == TV_BOOL; }
+static double num_f(const tv *v) { return v->t == TV_FLOAT ? v->f : v->t == TV_INT ? (double)v->i : (double)v->b; }
+static int64_t num_i(const tv *v) { return v->t == TV_INT ? v->i : v->b; }
+
+int tv_eq(const tv *a, const tv *b) {
+    if (tv_is_num(a) && tv_is_num(b)) {
+        if (a->t == TV_FLOAT || b->t == TV_FLOAT) {
+            /* int vs float: compare exactly like Python */
+            if (a->t != TV_FLOAT) return (double)num_i(a) == b->f && (int64_t)b->f == num_i(a);
+            if (b->t != TV_FLOAT) return (double)num_i(b) == a->f && (int64_t)a->f == num_i(b);
+            return a->f == b->f;
+        }
+        return num_i(a) == num_i(b);
+    }
+    if (a->t != b->t) return 0;
+    switch (a->t) {
+    case TV_UNDEF: case TV_NONE: return 1;
+    case TV_STR: return a->s.n == b->s.n && memcmp(a->s.p, b->s.p, a->s.n) == 0;
+    case TV_LIST:
+        if ((a->sub == TL_TUPLE) != (b->sub == TL_TUPLE)) return 0;
+        if (a->l == b->l) return 1;
+        if (a->l->n != b->l->n) return 0;
+        for (size_t i = 0; i < a->l->n; i++)
+            if (!tv_eq(&a->l->v[i], &b->l->v[i])) return 0;
+        return 1;
+    case TV_DICT:
+        if (a->d == b->d) return 1;
+        if (a->d->n != b->d->n) return 0;
+        for (size_t i = 0; i < a->d->n; i++) {
+            tv *o = tdict_get(b->d, a->d->k[i]);
+            if (!o || !tv_eq(&a->d->v[i], o)) return 0;
+        }
+        return 1;
+    case TV_NS: return a->d == b->d;
+    case TV_LOOP: return a->loop == b->loop;
+    case TV_MACRO: return a->macro == b->macro;
+    case TV_FUNC: return a->fn == b->fn;
+    case TV_METHOD: return a->m == b->m;
+    }
+    return 0;
+}
+
+int tv_cmp(tctx *R, const tv *a, const tv *b, const char *opname) {
+    if (a->t == TV_UNDEF) tb_undef_fail(R, a);
+    if (b->t == TV_UNDEF) tb_undef_fail(R, b);
+    if (tv_is_num(a) && tv_is_num(b)) {
+        if (a->t != TV_FLOAT && b->t != TV_FLOAT) {
+            int64_t x = num_i(a), y = num_i(b);
+            return (x > y) - (x < y);
+        }
+        double x = num_f(a), y = num_f(b);
+        return (x > y) - (x < y); /* NaN compares as equal; Python's ops all give False */
+    }
+    if (a->t == TV_STR && b->t == TV_STR) {
+        size_t m = a->s.n < b->s.n ? a->s.n : b->s.n;
+        int c = m ? memcmp(a->s.p, b->s.p, m) : 0;
+        if (c) return c;
+        return (a->s.n > b->s.n) - (a->s.n < b->s.n);
+    }
+    if (a->t == TV_LIST && b->t == TV_LIST && (a->sub == TL_TUPLE) == (b->sub == TL_TUPLE) &&
+        (a->sub == TL_LIST || a->sub == TL_TUPLE) && (b->sub == TL_LIST || b->sub == TL_TUPLE)) {
+        size_t m = a->l->n < b->l->n ? a->l->n : b->l->n;
+        for (size_t i = 0; i < m; i++) {
+            if (tv_eq(&a->l->v[i], &b->l->v[i])) continue;
+            return tv_cmp(R, &a->l->v[i], &b->l->v[i], opname);
+        }
+        return (a->l->n > b->l->n) - (a->l->n < b->l->n);
+    }
+    tfail(R, DF_EINPUT, "'%s' not supported between instances of '%s' and '%s'", opname, tv_typename(a),
+          tv_typename(b));
+}
+
+/* ---- output buffer ---------------------------------------------------- */
+
+void tout_put(tctx *R, tout *o, const char *p, size_t n) {
+    if (!n) return;
+    if (R->max_output && o->len + n > R->max_output)
+        tfail(R, DF_ENOMEM, "template output exceeds %zu bytes", R->max_output);
+    if (o->len + n + 1 > o->cap) {
+        size_t nc = o->cap ? o->cap * 2 : 64;
+        while (nc < o->len + n + 1) nc *= 2;
+        char *q;
+        if (o->in_arena) {
+            q = ta_alloc(R, &R->A, nc);
+            if (o->len) memcpy(q, o->p, o->len);
+        } else {
+            q = realloc(o->p, nc);
+        }
+        if (!q) tfail(R, DF_ENOMEM, "out of memory rendering the template");
+        o->p = q;
+        o->cap = nc;
+    }
+    memcpy(o->p + o->len, p, n);
+    o->len += n;
+    o->p[o->len] = 0;
+}
+static void tout_s(tctx *R, tout *o, const char *s) { tout_put(R, o, s, strlen(s)); }
+
+/* ---- printing ----------------------------------------------------------- */
+
+void float_repr(double f, char *buf) {
+    if (isnan(f)) { strcpy(buf, "nan"); return; }
+    if (isinf(f)) { strcpy(buf, f < 0 ? "-inf" : "inf"); return; }
+    if (f == 0) { strcpy(buf, signbit(f) ? "-0.0" : "0.0"); return; }
+    char tmp[40];
+    int prec;
+    for (prec = 1; prec <= 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*e", prec - 1, f);
+        if (strtod(tmp, NULL) == f) break;
+    }
+    /* tmp: [-]d[.ddd]e[+-]xx */
+    char digits[24];
+    int nd = 0, neg = 0;
+    const char *p = tmp;
+    if (*p == '-') { neg = 1; p++; }
+    while (*p && *p != 'e') {
+        if (*p != '.') digits[nd++] = *p;
+        p++;
+    }
+    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    digits[nd] = 0;
+    int exp10 = atoi(p + 1);
+    int decpt = exp10 + 1;
+    char *o = buf;
+    if (neg) *o++ = '-';
+    if (decpt > 16 || decpt < -3) {
+        *o++ = digits[0];
+        if (nd > 1) {
+            *o++ = '.';
+            memcpy(o, digits + 1, nd - 1);
+            o += nd - 1;
+        }
+        sprintf(o, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
+        return;
+    }
+    if (decpt <= 0) {
+        *o++ = '0'; *o++ = '.';
+        for (int i = 0; i < -decpt; i++) *o++ = '0';
+        memcpy(o, digits, nd);
+        o += nd;
+    } else if (decpt >= nd) {
+        memcpy(o, digits, nd);
+        o += nd;
+        for (int i = nd; i < decpt; i++) *o++ = '0';
+        *o++ = '.'; *o++ = '0';
+    } else {
+        memcpy(o, digits, decpt);
+        o += decpt;
+        *o++ = '.';
+        memcpy(o, digits + decpt, nd - decpt);
+        o += nd - decpt;
+    }
+    *o = 0;
+}
+
+static void str_repr(tctx *R, tout *o, const char *s, size_t n) {
+    int has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
+    char q = (has_sq && !has_dq) ? '"' : '\'';
+    tout_put(R, o, &q, 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int l = u8_dec(s + i, n - i, &cp);
+        const char *esc = NULL;
+        char eb[16];
+        if (cp == (uint32_t)q || cp == '\\') { eb[0] = '\\'; eb[1] = (char)cp; eb[2] = 0; esc = eb; }
+        else if (cp == '\n') esc = "\\n";
+        else if (cp == '\r') esc = "\\r";
+        else if (cp == '\t') esc = "\\t";
+        else if (!u_isprintable(cp)) {
+            if (cp < 0x100) snprintf(eb, sizeof eb, "\\x%02x", cp);
+            else if (cp < 0x10000) snprintf(eb, sizeof eb, "\\u%04x", cp);
+            else snprintf(eb, sizeof eb, "\\U%08x", cp);
+            esc = eb;
+        }
+        if (esc) {
+            tout_put(R, o, s + i - run, run);
+            run = 0;
+            tout_s(R, o, esc);
+        } else {
+            run += l;
+        }
+        i += l;
+    }
+    tout_put(R, o, s + n - run, run);
+    tout_put(R, o, &q, 1);
+}
+
+static void seq_repr(tctx *R, tout *o, const tv *v) {
+    const char *open = "[", *close = "]";
+    if (v->sub == TL_TUPLE) { open = "("; close = v->l->n == 1 ? ",)" : ")"; }
+    else if (v->sub == TL_ITEMS) { open = "dict_items(["; close = "])"; }
+    else if (v->sub == TL_KEYS) { open = "dict_keys(["; close = "])"; }
+    else if (v->sub == TL_VALUES) { open = "dict_values(["; close = "])"; }
+    tout_s(R, o, open);
+    for (size_t i = 0; i < v->l->n; i++) {
+        if (i) tout_s(R, o, ", ");
+        tv_repr_into(R, o, &v->l->v[i]);
+    }
+    tout_s(R, o, close);
+}
+
+static void dict_repr(tctx *R, tout *o, const tdict *d) {
+    tout_s(R, o, "{");
+    for (size_t i = 0; i < d->n; i++) {
+        if (i) tout_s(R, o, ", ");
+        tv_repr_into(R, o, &d->k[i]);
+        tout_s(R, o, ": ");
+        tv_repr_into(R, o, &d->v[i]);
+    }
+    tout_s(R, o, "}");
+}
+
+static void other_str(tctx *R, tout *o, const tv *v) {
+    char b[96];
+    switch (v->t) {
+    case TV_NONE: tout_s(R, o, "None"); break;
+    case TV_BOOL: tout_s(R, o, v->b ? "True" : "False"); break;
+    case TV_INT: snprintf(b, sizeof b, "%lld", (long long)v->i); tout_s(R, o, b); break;
+    case TV_FLOAT: float_repr(v->f, b); tout_s(R, o, b); break;
+    case TV_LIST: case TV_DICT: case TV_NS:
+        if (++R->rdepth > 256) tfail(R, DF_EINPUT, "value nested too deeply to print");
+        if (v->t == TV_LIST) seq_repr(R, o, v);
+        else if (v->t == TV_DICT) dict_repr(R, o, v->d);
+        else { tout_s(R, o, "<Namespace "); dict_repr(R, o, v->d); tout_s(R, o, ">"); }
+        R->rdepth--;
+        break;
+    case TV_LOOP: tout_s(R, o, "<LoopContext>"); break;
+    case TV_MACRO: snprintf(b, sizeof b, "<Macro '%.*s'>", (int)(v->macro->len > 40 ? 40 : v->macro->len), v->macro->str); tout_s(R, o, b); break;
+    case TV_FUNC: tout_s(R, o, "<function>"); break;
+    case TV_METHOD: snprintf(b, sizeof b, "<built-in method %.40s of %s object>", v->m->name, tv_typename(&v->m->self)); tout_s(R, o, b); break;
+    default: break;
+    }
+}
+
+void tv_str_into(tctx *R, tout *o, const tv *v) {
+    if (v->t == TV_STR) tout_put(R, o, v->s.p, v->s.n);
+    else if (v->t == TV_UNDEF) return;
+    else other_str(R, o, v);
+}
+
+void tv_repr_into(tctx *R, tout *o, const tv *v) {
+    if (v->t == TV_STR) {
+        if (v->sub == TS_MARKUP) tout_s(R, o, "Markup(");
+        str_repr(R, o, v->s.p, v->s.n);
+        if (v->sub == TS_MARKUP) tout_s(R, o, ")");
+    } else if (v->t == TV_UNDEF) tout_s(R, o, "Undefined");
+    else other_str(R, o, v);
+}
+
+tv tv_to_str(tctx *R, const tv *v) {
+    if (v->t == TV_STR) { tv r = *v; r.sub = TS_PLAIN; return r; }
+    if (v->t == TV_UNDEF) return tv_str("", 0);
+    if (v->t == TV_BOOL) return tv_cstr(v->b ? "True" : "False");
+    if (v->t == TV_NONE) return tv_cstr("None");
+    tout o = {0};
+    o.in_arena = 1;
+    tv_str_into(R, &o, v);
+    return o.len ? tv_str(o.p, o.len) : tv_str("", 0);
+}
+
+/* ---- JSON ---------------------------------------------------------------- */
+
+static void json_str(tctx *R, tout *o, const char *s, size_t n, int ascii) {
+    tout_s(R, o, "\"");
+    size_t run = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int l = u8_dec(s + i, n - i, &cp);
+        char eb[16];
+        const char *esc = NULL;
+        switch (cp) {
+        case '"': esc = "\\\""; break;
+        case '\\': esc = "\\\\"; break;
+        case '\n': esc = "\\n"; break;
+        case '\r': esc = "\\r"; break;
+        case '\t': esc = "\\t"; break;
+        case '\b': esc = "\\b"; break;
+        case '\f': esc = "\\f"; break;
+        default:
+            if (cp < 0x20 || (ascii && cp >= 0x7F)) {
+                if (cp >= 0x10000) {
+                    uint32_t c = cp - 0x10000;
+                    snprintf(eb, sizeof eb, "\\u%04x\\u%04x", 0xD800 + (c >> 10), 0xDC00 + (c & 0x3FF));
+                } else {
+                    snprintf(eb, sizeof eb, "\\u%04x", cp);
+                }
+                esc = eb;
+            }
+        }
+        if (esc) {
+            tout_put(R, o, s + i - run, run);
+            run = 0;
+            tout_s(R, o, esc);
+        } else {
+            run += l;
+        }
+        i += l;
+    }
+    tout_put(R, o, s + n - run, run);
+    tout_s(R, o, "\"");
+}
+
+static void json_indent(tctx *R, tout *o, const tjson_opts *opt, int level) {
+    tout_s(R, o, "\n");
+    for (int i = 0; i < level; i++) tout_put(R, o, opt->indent, opt->indent_n);
+}
+
+static void json_key(tctx *R, tout *o, const tv *k, const tjson_opts *opt) {
+    char b[40];
+    switch (k->t) {
+    case TV_STR: json_str(R, o, k->s.p, k->s.n, opt->ensure_ascii); return;
+    case TV_INT: snprintf(b, sizeof b, "\"%lld\"", (long long)k->i); tout_s(R, o, b); return;
+    case TV_BOOL: tout_s(R, o, k->b ? "\"true\"" : "\"false\""); return;
+    case TV_NONE: tout_s(R, o, "\"null\""); return;
+    case TV_FLOAT: b[0] = '"'; float_repr(k->f, b + 1); strcat(b, "\""); tout_s(R, o, b); return;
+    default: tfail(R, DF_EINPUT, "keys must be str, int, float, bool or None, not %s", tv_typename(k));
+    }
+}
+
+void tv_json_into(tctx *R, tout *o, const tv *v, const tjson_opts *opt, int level) {
+    char b[40];
+    if (level > 512) tfail(R, DF_EINPUT, "tojson: value nested too deeply");
+    switch (v->t) {
+    case TV_NONE: tout_s(R, o, "null"); return;
+    case TV_BOOL: tout_s(R, o, v->b ? "true" : "false"); return;
+    case TV_INT: snprintf(b, sizeof b, "%lld", (long long)v->i); tout_s(R, o, b); return;
+    case TV_FLOAT:
+        if (isnan(v->f)) tout_s(R, o, "NaN");
+        else if (isinf(v->f)) tout_s(R, o, v->f < 0 ? "-Infinity" : "Infinity");
+        else { float_repr(v->f, b); tout_s(R, o, b); }
+        return;
+    case TV_STR: json_str(R, o, v->s.p, v->s.n, opt->ensure_ascii); return;
+    case TV_LIST:
+        if (v->sub != TL_LIST && v->sub != TL_TUPLE) break;
+        if (!v->l->n) { tout_s(R, o, "[]"); return; }
+        tout_s(R, o, "[");
+        for (size_t i = 0; i < v->l->n; i++) {
+            if (i) tout_put(R, o, opt->item_sep, opt->item_sep_n);
+            if (opt->has_indent) json_indent(R, o, opt, level + 1);
+            tv_json_into(R, o, &v->l->v[i], opt, level + 1);
+        }
+        if (opt->has_indent) json_indent(R, o, opt, level);
+        tout_s(R, o, "]");
+        return;
+    case TV_DICT: {
+        const tdict *d = v->d;
+        if (!d->n) { tout_s(R, o, "{}"); return; }
+        size_t *ord = ta_alloc(R, &R->A, d->n * sizeof(size_t));
+        for (size_t i = 0; i < d->n; i++) ord[i] = i;
+        if (opt->sort_keys) {
+            /* stable insertion sort by key (small dicts; keys must be mutually orderable) */
+            for (size_t i = 1; i < d->n; i++) {
+                size_t x = ord[i], j = i;
+                while (j > 0 && tv_cmp(R, &d->k[ord[j - 1]], &d->k[x], "<") > 0) { ord[j] = ord[j - 1]; j--; }
+                ord[j] = x;
+            }
+        }
+        tout_s(R, o, "{");
+        for (size_t i = 0; i < d->n; i++) {
+            if (i) tout_put(R, o, opt->item_sep, opt->item_sep_n);
+            if (opt->has_indent) json_indent(R, o, opt, level + 1);
+            json_key(R, o, &d->k[ord[i]], opt);
+            tout_put(R, o, opt->key_sep, opt->key_sep_n);
+            tv_json_into(R, o, &d->v[ord[i]], opt, level + 1);
+        }
+        if (opt->has_indent) json_indent(R, o, opt, level);
+        tout_s(R, o, "}");
+        return;
+    }
+    default: break;
+    }
+    tfail(R, DF_EINPUT, "Object of type %s is not JSON serializable", tv_typename(v));
+}
+
+tv tv_from_json(tctx *R, const void *jp) {
+    const json_t *j = jp;
+    switch (json_typeof(j)) {
+    case JSON_NULL: return tv_none();
+    case JSON_TRUE: return tv_bool(1);
+    case JSON_FALSE: return tv_bool(0);
+    case JSON_INTEGER: return tv_int((int64_t)json_integer_value(j));
+    case JSON_REAL: return tv_float(json_real_value(j));
+    case JSON_STRING: return tv_strdup(R, json_string_value(j), json_string_length(j));
+    case JSON_ARRAY: {
+        size_t n = json_array_size(j);
+        tv l = tv_list(R, n, TL_LIST);
+        for (size_t i = 0; i < n; i++) l.l->v[i] = tv_from_json(R, json_array_get(j, i));
+        return l;
+    }
+    case JSON_OBJECT: {
+        tv d = tv_dict(R, json_object_size(j) + 1);
+        for (void *it = json_object_iter((json_t *)j); it; it = json_object_iter_next((json_t *)j, it)) {
+            d.d->k[d.d->n] = tv_strdup(R, json_object_iter_key(it), json_object_iter_key_len(it));
+            d.d->v[d.d->n] = tv_from_json(R, json_object_iter_value(it));
+            d.d->n++;
+        }
+        return d;
+    }
+    }
+    return tv_none();
+}
