@@ -39,7 +39,7 @@ UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(UNIT_SRCS:tests/unit/%.c=$(O)/tests/%)
 FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all test unit asan deps demo clean fuzz bench
+.PHONY: all test unit asan deps demo clean fuzz fuzz-objs bench
 all: $(O)/deltafin
 ifeq ($(O),build)
 all: deltafin
@@ -69,19 +69,27 @@ unit-%: $$(patsubst tests/unit/%.c,$(O)/tests/%,$$(wildcard tests/unit/test_$$*.
 # The whole suite: unit tests, then Python tests (parity, CLI, server).
 test: all $(UNIT_BINS)
 	O=$(O) ./tests/run_all.sh
+	$(MAKE) --no-print-directory fuzz
 
 asan:
-	$(MAKE) O=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+	$(MAKE) O=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all $(patsubst $(O)/%,build-asan/%,$(UNIT_BINS))
+	O=build-asan ASAN_OPTIONS=detect_leaks=1 ./tests/run_all.sh
 
-# Fuzz targets (clang libFuzzer), each run for FUZZ_SECONDS.
-FUZZ_SECONDS ?= 20
+# Fuzz targets (clang libFuzzer): the library objects are built once with
+# clang and sanitizer coverage into build-fuzz/, then each tests/fuzz/fuzz_*.c
+# target is linked and run for FUZZ_SECONDS on its seed corpus.
+FUZZ_SECONDS ?= 10
+FUZZ_SAN = -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
 fuzz:
-	@for f in $(FUZZ_SRCS); do n=$$(basename $$f .c); mkdir -p build-fuzz; \
-	  clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc \
-	    $$(pkg-config --cflags $(PKGS)) -o build-fuzz/$$n $$f $(filter-out src/main.c,$(SRCS)) \
-	    $$(pkg-config --libs $(PKGS)) -lm -pthread $(AVX2_FLAGS) $(AVX512_FLAGS) || exit 1; \
-	  mkdir -p build-fuzz/corpus-$$n; cp -n tests/fuzz/corpus/$$n/* build-fuzz/corpus-$$n/ 2>/dev/null; \
-	  ./build-fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 build-fuzz/corpus-$$n || exit 1; done
+	@$(MAKE) --no-print-directory O=build-fuzz CC=clang OPT=-O1 SAN="$(FUZZ_SAN)" fuzz-objs
+	@set -e; for f in $(FUZZ_SRCS); do n=$$(basename $$f .c); \
+	  clang $(CFLAGS) -O1 -fsanitize=fuzzer,address,undefined -o build-fuzz/$$n $$f \
+	    $(patsubst %.c,build-fuzz/%.o,$(SRCS)) $(LDLIBS); \
+	  mkdir -p build-fuzz/corpus-$$n; cp tests/fuzz/corpus/$$n/* build-fuzz/corpus-$$n/ 2>/dev/null || true; \
+	  echo "fuzzing $$n for $(FUZZ_SECONDS) s"; \
+	  ./build-fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 build-fuzz/corpus-$$n 2>build-fuzz/$$n.log \
+	    || { tail -40 build-fuzz/$$n.log; exit 1; }; done
+fuzz-objs: $(OBJS)
 
 deps:
 	./tools/install_deps.sh
