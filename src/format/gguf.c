@@ -127,7 +127,9 @@ static void *arena_alloc(df_gguf *g, size_t n) {
     n = (n + 15) & ~(size_t)15;
     arena_blk *b = g->arena;
     if (!b || b->cap - b->used < n) {
-        size_t cap = n > (1u << 20) ? n : (1u << 20);
+        /* blocks grow from 4 KiB to 1 MiB so that tiny files stay cheap */
+        size_t grow = b ? (b->cap < (1u << 19) ? 2 * b->cap : (1u << 20)) : 4096;
+        size_t cap = n > grow ? n : grow;
         b = malloc(sizeof *b + cap);
         if (!b) return NULL;
         b->next = g->arena;
