@@ -50,17 +50,24 @@ static char *resolve_model(const char *model) {
     return df_xstrdup(model);
 }
 
+static df_engine *engine_new(df_model *m, const df_options *o, char *err, size_t errlen);
+
 df_engine *df_engine_open(const char *model, const df_options *opt, char *err, size_t errlen) {
     df_options o;
     if (opt) o = *opt; else df_options_default(&o);
     char *path = resolve_model(model);
+    df_pool_init(o.n_threads);
+    if (df_file_exists(path)) {
+        df_model *m = NULL;
+        int rc = df_model_load_gguf(path, &m, err, errlen);
+        free(path);
+        return rc ? NULL : engine_new(m, &o, err, errlen);
+    }
     if (!df_is_dir(path)) {
-        if (df_file_exists(path)) df_err(err, errlen, DF_EUNSUPPORTED, "%s: only Hugging Face checkpoint directories are supported so far", path);
-        else df_err(err, errlen, DF_EINPUT, "%s: no such model directory (and no installed model of that name)", model);
+        df_err(err, errlen, DF_EINPUT, "%s: no such model directory or GGUF file (and no installed model of that name)", model);
         free(path);
         return NULL;
     }
-    df_pool_init(o.n_threads);
     /* Weights that fit the memory budget are read into engine-owned memory, so the
      * kernel's page cache cannot evict the spine between tokens. */
     int64_t total = 0;
@@ -84,9 +91,13 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
     int rc = df_model_load(path, resident, &m, err, errlen);
     free(path);
     if (rc) return NULL;
+    return engine_new(m, &o, err, errlen);
+}
+
+static df_engine *engine_new(df_model *m, const df_options *o, char *err, size_t errlen) {
     df_engine *e = df_xcalloc(1, sizeof *e);
     e->model = m;
-    e->opt = o;
+    e->opt = *o;
     for (int i = 0; i < m->cfg.n_eos; i++) df_engine_add_stop(e, m->cfg.eos[i]);
     if (df_engine_tok_load(e, m->dir, err, errlen)) {
         df_engine_close(e);

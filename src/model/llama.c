@@ -52,11 +52,11 @@ void df_attn_gqa(const df_model *m, df_state *s, int l, int n, int pos0) {
         const float *cs = s->rope_cs + (size_t)t * c->rope_dim;
         for (int h = 0; h < NH; h++) {
             if (L->q_norm) df_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, eps);
-            df_rope(cs, hd, q + h * hd, 0);
+            df_rope(cs, hd, q + h * hd, m->rope_adjacent);
         }
         for (int h = 0; h < KV; h++) {
             if (L->k_norm) df_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, eps);
-            df_rope(cs, hd, k + h * hd, 0);
+            df_rope(cs, hd, k + h * hd, m->rope_adjacent);
         }
         size_t off = ((size_t)l * s->max_ctx + (size_t)(pos0 + t)) * kdim;
         memcpy(s->k_cache + off, k, kdim * sizeof(float));

@@ -4,6 +4,7 @@
  * expected and actual values. Weights stay memory-mapped as stored; only
  * small vectors (norm weights, biases, router bias) are copied to f32. */
 #include "model/model.h"
+#include "format/gguf.h"
 #include "backend/cpu/kernels.h"
 #include "deltafin.h"
 #include "util/util.h"
@@ -238,6 +239,48 @@ static void setup_rope(df_model *m) {
     if (c->rope_type == DF_ROPE_YARN) m->rope_scale = (float)c->attention_factor;
 }
 
+/* Total and per-token (active) parameters and weight bytes: per token one
+ * embedding row, every non-expert weight, n_experts_used experts per MoE layer. */
+static void count_params(df_model *m) {
+    const df_config *c = &m->cfg;
+    const int64_t H = c->hidden;
+    int64_t p = wparams(&m->embed) + H, b = df_weight_bytes(&m->embed), pa = 2 * H, ba = (int64_t)m->embed.row_bytes;
+    if (m->lm_head.data != m->embed.data) p += wparams(&m->lm_head), b += df_weight_bytes(&m->lm_head);
+    pa += wparams(&m->lm_head);
+    ba += df_weight_bytes(&m->lm_head);
+    for (int l = 0; l < c->n_layers; l++) {
+        const df_layer *L = &m->layers[l];
+        const df_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b,
+                                 &L->mlp.gate, &L->mlp.up, &L->mlp.down, &L->router, &L->shared.gate, &L->shared.up, &L->shared.down};
+        int64_t lp = 2 * H, lb = 0;
+        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
+            if (ws[i]->data) lp += wparams(ws[i]), lb += df_weight_bytes(ws[i]);
+        p += lp, b += lb, pa += lp, ba += lb;
+        if (L->moe) {
+            for (int e = 0; e < c->n_experts; e++) p += ffn_params(&L->experts[e]), b += ffn_bytes(&L->experts[e]);
+            pa += ffn_params(&L->experts[0]) * c->n_experts_used;
+            ba += ffn_bytes(&L->experts[0]) * c->n_experts_used;
+        }
+    }
+    m->n_params = p, m->bytes = b, m->n_params_active = pa, m->bytes_active = ba;
+}
+
+void df_model_finish(df_model *m) {
+    const df_config *cfg = &m->cfg;
+    count_params(m);
+    setup_rope(m);
+    if (cfg->family == DF_FAM_DEEPSEEK_V3) {
+        double s = 1.0 / sqrt((double)(cfg->qk_nope_dim + cfg->qk_rope_dim));
+        if (cfg->rope_type != DF_ROPE_DEFAULT && cfg->mscale_all_dim != 0) {
+            double ms = cfg->rope_factor <= 1 ? 1.0 : 0.1 * cfg->mscale_all_dim * log(cfg->rope_factor) + 1.0;
+            s *= ms * ms;
+        }
+        m->attn_scale = (float)s;
+    } else {
+        m->attn_scale = (float)(1.0 / sqrt((double)cfg->head_dim));
+    }
+}
+
 void df_model_free(df_model *m) {
     if (!m) return;
     if (m->layers) {
@@ -252,6 +295,7 @@ void df_model_free(df_model *m) {
     free(m->final_norm);
     free(m->inv_freq);
     df_st_close(m->st);
+    df_gguf_close(m->gguf);
     df_config_free(&m->cfg);
     free(m->dir);
     free(m);
@@ -277,15 +321,8 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
         else linear(&c, "lm_head", cfg->vocab, H, &m->lm_head);
     }
     m->layers = df_xcalloc((size_t)cfg->n_layers, sizeof(df_layer));
-    int64_t params = wparams(&m->embed) + H, bytes = df_weight_bytes(&m->embed);
-    /* per token, only one embedding row is read; the output head is read whole */
-    int64_t active_params = H + H, active_bytes = (int64_t)m->embed.row_bytes;
-    if (m->lm_head.data != m->embed.data) params += wparams(&m->lm_head), bytes += df_weight_bytes(&m->lm_head);
-    active_params += wparams(&m->lm_head);
-    active_bytes += df_weight_bytes(&m->lm_head);
     for (int l = 0; l < cfg->n_layers && !c.rc; l++) {
         df_layer *L = &m->layers[l];
-        int64_t lp = 0, lb = 0, la = 0, lab = 0;
 #define P(fmt) (snprintf(p, sizeof p, "model.layers.%d." fmt, l), p)
         L->attn_norm = vec(&c, P("input_layernorm.weight"), H);
         L->ffn_norm = vec(&c, P("post_attention_layernorm.weight"), H);
@@ -295,17 +332,13 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
                 linear(&c, P("self_attn.q_a_proj"), cfg->q_lora_rank, H, &L->q_a);
                 L->q_a_norm = vec(&c, P("self_attn.q_a_layernorm.weight"), cfg->q_lora_rank);
                 linear(&c, P("self_attn.q_b_proj"), NH * qk, cfg->q_lora_rank, &L->q_b);
-                lp += wparams(&L->q_a) + wparams(&L->q_b); lb += df_weight_bytes(&L->q_a) + df_weight_bytes(&L->q_b);
             } else {
                 linear(&c, P("self_attn.q_proj"), NH * qk, H, &L->q_proj);
-                lp += wparams(&L->q_proj); lb += df_weight_bytes(&L->q_proj);
             }
             linear(&c, P("self_attn.kv_a_proj_with_mqa"), cfg->kv_lora_rank + cfg->qk_rope_dim, H, &L->kv_a);
             L->kv_a_norm = vec(&c, P("self_attn.kv_a_layernorm.weight"), cfg->kv_lora_rank);
             linear(&c, P("self_attn.kv_b_proj"), NH * (cfg->qk_nope_dim + cfg->v_head_dim), cfg->kv_lora_rank, &L->kv_b);
             linear(&c, P("self_attn.o_proj"), H, NH * cfg->v_head_dim, &L->wo);
-            lp += wparams(&L->kv_a) + wparams(&L->kv_b) + wparams(&L->wo);
-            lb += df_weight_bytes(&L->kv_a) + df_weight_bytes(&L->kv_b) + df_weight_bytes(&L->wo);
         } else {
             const int64_t qd = (int64_t)cfg->n_heads * cfg->head_dim, kd = (int64_t)cfg->n_kv_heads * cfg->head_dim;
             linear(&c, P("self_attn.q_proj"), qd, H, &L->wq);
@@ -322,47 +355,27 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
                 L->q_norm = vec(&c, P("self_attn.q_norm.weight"), cfg->head_dim);
                 L->k_norm = vec(&c, P("self_attn.k_norm.weight"), cfg->head_dim);
             }
-            lp += wparams(&L->wq) + wparams(&L->wk) + wparams(&L->wv) + wparams(&L->wo);
-            lb += df_weight_bytes(&L->wq) + df_weight_bytes(&L->wk) + df_weight_bytes(&L->wv) + df_weight_bytes(&L->wo);
         }
-        la = lp, lab = lb;
         L->moe = df_config_is_moe_layer(cfg, l);
         if (!L->moe) {
             ffn(&c, P("mlp"), cfg->intermediate, &L->mlp);
-            lp += ffn_params(&L->mlp); lb += ffn_bytes(&L->mlp);
-            la += ffn_params(&L->mlp); lab += ffn_bytes(&L->mlp);
         } else {
             const int E = cfg->n_experts;
             linear(&c, P("mlp.gate"), E, H, &L->router);
-            lp += wparams(&L->router); lb += df_weight_bytes(&L->router);
-            la += wparams(&L->router); lab += df_weight_bytes(&L->router);
             if (cfg->family == DF_FAM_DEEPSEEK_V3) L->router_bias = vec(&c, P("mlp.gate.e_score_correction_bias"), E);
             L->experts = df_xcalloc((size_t)E, sizeof(df_ffn));
             for (int e = 0; e < E && !c.rc; e++) {
                 char pe[512];
                 snprintf(pe, sizeof pe, "model.layers.%d.mlp.experts.%d", l, e);
                 ffn(&c, pe, cfg->moe_intermediate, &L->experts[e]);
-                lp += ffn_params(&L->experts[e]); lb += ffn_bytes(&L->experts[e]);
-            }
-            if (!c.rc) {
-                la += ffn_params(&L->experts[0]) * cfg->n_experts_used;
-                lab += ffn_bytes(&L->experts[0]) * cfg->n_experts_used;
             }
             if (cfg->family == DF_FAM_DEEPSEEK_V3 && cfg->n_shared_experts) {
                 L->has_shared = 1;
                 ffn(&c, P("mlp.shared_experts"), (int64_t)cfg->moe_intermediate * cfg->n_shared_experts, &L->shared);
-                lp += ffn_params(&L->shared); lb += ffn_bytes(&L->shared);
-                la += ffn_params(&L->shared); lab += ffn_bytes(&L->shared);
             }
         }
 #undef P
-        params += lp + 2 * H; bytes += lb;
-        active_params += la + 2 * H; active_bytes += lab;
     }
-    m->n_params = params;
-    m->n_params_active = active_params;
-    m->bytes = bytes;
-    m->bytes_active = active_bytes;
     /* every tensor must be used, except MTP layers (index >= n_layers), which are recognised and left unused */
     for (int i = 0; i < df_st_count(m->st) && !c.rc; i++) {
         if (c.used[i]) continue;
@@ -378,17 +391,7 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
     }
     free(c.used);
     if (c.rc) { df_model_free(m); return c.rc; }
-    setup_rope(m);
-    if (cfg->family == DF_FAM_DEEPSEEK_V3) {
-        double s = 1.0 / sqrt((double)(cfg->qk_nope_dim + cfg->qk_rope_dim));
-        if (cfg->rope_type != DF_ROPE_DEFAULT && cfg->mscale_all_dim != 0) {
-            double ms = cfg->rope_factor <= 1 ? 1.0 : 0.1 * cfg->mscale_all_dim * log(cfg->rope_factor) + 1.0;
-            s *= ms * ms;
-        }
-        m->attn_scale = (float)s;
-    } else {
-        m->attn_scale = (float)(1.0 / sqrt((double)cfg->head_dim));
-    }
+    df_model_finish(m);
     *out = m;
     return 0;
 }

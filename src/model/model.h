@@ -36,10 +36,14 @@ typedef struct {
     df_ffn shared;
 } df_layer;
 
+struct df_gguf;
+
 typedef struct df_model {
     df_config cfg;
-    char *dir;
-    df_st_set *st;
+    char *dir;              /* checkpoint directory, or the GGUF file */
+    df_st_set *st;          /* safetensors checkpoints */
+    struct df_gguf *gguf;   /* GGUF files */
+    int rope_adjacent;      /* GQA q/k rotate adjacent pairs (llama-arch GGUF stores q/k rows permuted for it) */
     df_weight embed;       /* [vocab x hidden] */
     float *final_norm;     /* [hidden] */
     df_weight lm_head;     /* [vocab x hidden] (== embed when tied) */
@@ -53,6 +57,11 @@ typedef struct df_model {
 
 /* resident: read the weights into engine-owned memory (else memory-map them). */
 int df_model_load(const char *dir, int resident, df_model **out, char *err, size_t errlen);
+/* Loads a GGUF file (llama, qwen3, qwen3moe architectures): tensors are used as
+ * stored (GGML block types), the config comes from the metadata. */
+int df_model_load_gguf(const char *path, df_model **out, char *err, size_t errlen);
+/* Shared by the loaders: RoPE tables, softmax scale, parameter/byte counts. */
+void df_model_finish(df_model *m);
 void df_model_free(df_model *m);
 
 /* Per-session state: caches and scratch, sized once. */
