@@ -323,6 +323,7 @@ static void exec_for(tctx *R, tscope *S, const node *e) {
         tv *kept = ta_alloc(R, &R->A, (n ? n : 1) * sizeof(tv));
         size_t k = 0;
         for (size_t i = 0; i < n; i++) {
+            step(R, e);
             it->n = 0;
             assign_targets(R, it, e->list2, e->n2, items[i]);
             tv c = teval(R, it, e->b);
@@ -339,6 +340,7 @@ static void exec_for(tctx *R, tscope *S, const node *e) {
     lv.loop = L;
     L->depth = 1; /* loop.depth counts recursive-loop levels only (no recursive loops here) */
     for (size_t i = 0; i < n; i++) {
+        step(R, e);
         L->i = i;
         it->n = 0;
         assign_targets(R, it, e->list2, e->n2, items[i]);

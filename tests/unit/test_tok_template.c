@@ -1,0 +1,202 @@
+/* test_tok_template.c - unit tests of the chat-template renderer
+ * (src/tok/template*.c): rendering against expected bytes (taken from
+ * jinja2 as transformers configures it), error codes and messages, resource
+ * limits, and the chat helpers. Exits non-zero on any failure. */
+#include "deltafin.h"
+#include "tok/template.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures, checks;
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        checks++;                                                               \
+        if (!(cond)) {                                                          \
+            failures++;                                                         \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+        }                                                                       \
+    } while (0)
+
+/* Renders src with ctx and compares with want (NULL: expect an error whose
+ * code is want_rc and whose message contains needle). */
+static void expect(const char *src, const char *ctx, const char *want, int want_rc, const char *needle) {
+    char err[512] = "";
+    df_template *t = df_template_parse(src, err, sizeof err);
+    if (!t) {
+        CHECK(!want && want_rc == DF_EINPUT && (!needle || strstr(err, needle)), "parse of %s failed: %s", src, err);
+        return;
+    }
+    char *out = NULL;
+    size_t len = 0;
+    int rc = df_template_render(t, ctx, &out, &len, err, sizeof err);
+    if (want) {
+        CHECK(rc == 0, "render of %s failed: %s", src, err);
+        if (rc == 0) CHECK(len == strlen(want) && !memcmp(out, want, len), "%s\n  got  [%s]\n  want [%s]", src, out, want);
+    } else {
+        CHECK(rc == want_rc, "%s: rc %d, want %d (%s)", src, rc, want_rc, err);
+        CHECK(!needle || strstr(err, needle), "%s: message [%s] lacks [%s]", src, err, needle);
+        CHECK(out == NULL, "%s: output on error", src);
+        CHECK(!strchr(err, '\n'), "%s: multi-line message", src);
+    }
+    free(out);
+    df_template_free(t);
+}
+
+static void test_basics(void) {
+    const char *C = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}],"
+                    "\"add_generation_prompt\":true,\"bos_token\":\"<s>\",\"n\":3,\"f\":2.5,\"z\":null}";
+    expect("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m['content'] }}{% endfor %}", C, "<s><user>hi<assistant>yo", 0, NULL);
+    expect("{{ n + 1 }} {{ n / 2 }} {{ n // 2 }} {{ -n % 2 }} {{ f * 2 }} {{ z }} {{ true }} {{ [1, 'a', none] }}", C,
+           "4 1.5 1 1 5.0 None True [1, 'a', None]", 0, NULL);
+    expect("{{ {'a': \"it's\", 'b': 'x\\ny'} }}", C, "{'a': \"it's\", 'b': 'x\\ny'}", 0, NULL);
+    expect("{{ 1e16 }} {{ 1e15 }} {{ 0.0001 }} {{ 0.00001 }} {{ 1/3 }} {{ 2.0 ** 0.5 }}", C,
+           "1e+16 1000000000000000.0 0.0001 1e-05 0.3333333333333333 1.4142135623730951", 0, NULL);
+    expect("{{ messages[::-1]|map(attribute='role')|join(',') }} {{ 'héllo'[::-1] }} {{ messages|length }}", C,
+           "assistant,user olléh 2", 0, NULL);
+    expect("{% set ns = namespace(x=0) %}{% for i in range(4) %}{% set ns.x = ns.x + i %}{% endfor %}{{ ns.x }}", C, "6", 0, NULL);
+    expect("{% for m in messages %}{{ loop.index0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.revindex }}|{% endfor %}",
+           C, "0TrueFalse22|1FalseTrue21|", 0, NULL);
+    expect("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}{{ v }}{% endfor %}", C, "a1b2", 0, NULL);
+    expect("{% for i in [1, 2, 3, 4] if i is even %}{{ i }}{% else %}none{% endfor %}{% for i in [] %}x{% else %}E{% endfor %}", C,
+           "24E", 0, NULL);
+    expect("{% for i in range(9) %}{% if i == 2 %}{% continue %}{% elif i == 5 %}{% break %}{% endif %}{{ i }}{% endfor %}", C,
+           "0134", 0, NULL);
+    expect("{{ x is defined }}{{ x is undefined }}{{ z is none }}{{ 'a' is string }}{{ n is number }}{{ {} is mapping }}", C,
+           "FalseTrueTrueTrueTrueTrue", 0, NULL);
+    expect("[{{ x }}][{{ x|default('d') }}][{{ x|length }}][{{ 'a' in x }}]", C, "[][d][0][False]", 0, NULL);
+    expect("{{ '  a b '.strip() }}|{{ 'a,b'.split(',') }}|{{ 'abc'.startswith('ab') }}|{{ 'x\\n'.rstrip('\\n') }}|{{ 'AbC'.lower() }}", C,
+           "a b|['a', 'b']|True|x|abc", 0, NULL);
+    expect("{{ {'b': [1, 2.5, none, true], 'a': 'é\"'}|tojson }}", C, "{\"b\": [1, 2.5, null, true], \"a\": \"é\\\"\"}", 0, NULL);
+    expect("{{ {'a': [1]}|tojson(indent=2) }}", C, "{\n  \"a\": [\n    1\n  ]\n}", 0, NULL);
+    expect("{{ {'b': 1, 'a': 2}|tojson(separators=(',', ':'), sort_keys=true) }}", C, "{\"a\":2,\"b\":1}", 0, NULL);
+    expect("{{ 'é😀'|tojson(ensure_ascii=true) }}", C, "\"\\u00e9\\ud83d\\ude00\"", 0, NULL);
+    expect("{% macro m(a, b='B') %}[{{ a }}{{ b }}]{% endmacro %}{{ m(1) }}{{ m(2, b=3) }}", C, "[1B][23]", 0, NULL);
+    expect("{% set x %}in{{ 1 }}{% endset %}{{ x }}|{% filter upper %}abc{% endfilter %}", C, "in1|ABC", 0, NULL);
+    expect("{% raw %}{{ x }}{% endraw %}{# gone #}", C, "{{ x }}", 0, NULL);
+}
+
+static void test_whitespace(void) {
+    const char *C = "{}";
+    /* trim_blocks + lstrip_blocks, as transformers configures jinja2 */
+    expect("a\n  {% if true %}\n  b\n  {% endif %}\nc", C, "a\n  b\nc", 0, NULL);
+    expect("a  {%- if true -%}  b  {%- endif -%}  c", C, "abc", 0, NULL);
+    expect("x\n  {{ 1 }}\n{# c #}\ny", C, "x\n  1\ny", 0, NULL);
+    expect("{%+ if true %}p{% endif %}", C, "p", 0, NULL);
+    expect("  {%+ if true %}p{% endif +%}\nq", C, "  p\nq", 0, NULL);
+    expect("a\r\nb\r\n", C, "a\nb", 0, NULL);
+    expect("end\n\n", C, "end\n", 0, NULL);
+    expect("{{- ' x ' -}}\n", C, " x ", 0, NULL);
+}
+
+static void test_errors(void) {
+    const char *C = "{\"messages\":[{\"role\":\"user\"}]}";
+    expect("{{ raise_exception('Only user and assistant roles are supported!') }}", C, NULL, DF_EINPUT,
+           "Only user and assistant roles are supported!");
+    char err[256];
+    df_template *t = df_template_parse("{{ raise_exception('exact message') }}", err, sizeof err);
+    CHECK(t != NULL, "parse");
+    char *out = NULL;
+    size_t len;
+    int rc = df_template_render(t, "{}", &out, &len, err, sizeof err);
+    CHECK(rc == DF_EINPUT && !strcmp(err, "exact message"), "raise_exception message is exact: [%s]", err);
+    df_template_free(t);
+    expect("{{ nope.x }}", C, NULL, DF_EINPUT, "'nope' is undefined");
+    expect("{{ messages[0].content.strip() }}", C, NULL, DF_EINPUT, "has no attribute 'content'");
+    expect("\n{{ 1 + 'a' }}", C, NULL, DF_EINPUT, "template line 2");
+    expect("{{ 1 // 0 }}", C, NULL, DF_EINPUT, "division");
+    expect("{{ 9223372036854775807 + 1 }}", C, NULL, DF_EUNSUPPORTED, "overflow");
+    expect("{% include 'x' %}", C, NULL, DF_EINPUT, "line 1, column 4: unsupported tag 'include'");
+    expect("a\n{{ x|nosuch }}", C, NULL, DF_EINPUT, "line 2");
+    expect("{% if x %}", C, NULL, DF_EINPUT, "endif");
+    expect("{{ x", C, NULL, DF_EINPUT, "not closed");
+    expect("{{ [1, 2) }}", C, NULL, DF_EINPUT, "unexpected ')'");
+    expect("{% for x in y recursive %}{% endfor %}", C, NULL, DF_EINPUT, "recursive");
+    /* bad context */
+    t = df_template_parse("x", err, sizeof err);
+    rc = df_template_render(t, "[1]", &out, &len, err, sizeof err);
+    CHECK(rc == DF_EINPUT && strstr(err, "object"), "context must be an object: %s", err);
+    rc = df_template_render(t, "{bad", &out, &len, err, sizeof err);
+    CHECK(rc == DF_EINPUT && strstr(err, "context JSON"), "bad context JSON: %s", err);
+    df_template_free(t);
+    /* invalid UTF-8 source */
+    t = df_template_parse("\xff\xfe", err, sizeof err);
+    CHECK(t == NULL && strstr(err, "UTF-8"), "invalid UTF-8: %s", err);
+    df_template_free(NULL);
+}
+
+static void test_limits(void) {
+    char err[256];
+    char *out = NULL;
+    size_t len;
+    df_template *t = df_template_parse("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", err, sizeof err);
+    CHECK(t != NULL, "parse");
+    df_template_set_limits(t, 0, 0, 100000);
+    int rc = df_template_render(t, "{}", &out, &len, err, sizeof err);
+    CHECK(rc == DF_ENOMEM && strstr(err, "steps"), "step limit: %d %s", rc, err);
+    df_template_free(t);
+    t = df_template_parse("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", err, sizeof err);
+    df_template_set_limits(t, 1 << 20, 0, 0);
+    rc = df_template_render(t, "{}", &out, &len, err, sizeof err);
+    CHECK(rc == DF_ENOMEM && strstr(err, "output"), "output limit: %d %s", rc, err);
+    df_template_free(t);
+    t = df_template_parse("{% set ns = namespace(s='') %}{% for i in range(100000) %}{% set ns.s = ns.s + 'xxxxxxxxxxxxxxxx' %}{% endfor %}",
+                          err, sizeof err);
+    df_template_set_limits(t, 0, 8 << 20, 0);
+    rc = df_template_render(t, "{}", &out, &len, err, sizeof err);
+    CHECK(rc == DF_ENOMEM && strstr(err, "memory"), "memory limit: %d %s", rc, err);
+    df_template_free(t);
+    t = df_template_parse("{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}", err, sizeof err);
+    rc = df_template_render(t, "{}", &out, &len, err, sizeof err);
+    CHECK(rc == DF_ENOMEM && strstr(err, "nested"), "recursion limit: %d %s", rc, err);
+    df_template_free(t);
+    /* deep nesting in the source is a parse error, not a stack overflow */
+    char *deep = malloc(20000);
+    strcpy(deep, "{{ ");
+    for (int i = 0; i < 5000; i++) strcat(deep, "(");
+    t = df_template_parse(deep, err, sizeof err);
+    CHECK(t == NULL && strstr(err, "nested"), "deep nesting: %s", err);
+    free(deep);
+}
+
+static void test_chat_helpers(void) {
+    char err[256];
+    char *src = NULL, *sp = NULL, *ctx = NULL;
+    const char *cfg = "{\"chat_template\":[{\"name\":\"default\",\"template\":\"D\"},{\"name\":\"tool_use\",\"template\":\"T\"}],"
+                      "\"bos_token\":{\"content\":\"<B>\"},\"eos_token\":\"<E>\",\"unk_token\":null}";
+    int rc = df_chat_config_parse(cfg, "cfg.json", 0, &src, &sp, err, sizeof err);
+    CHECK(rc == 0 && !strcmp(src, "D") && !strcmp(sp, "{\"bos_token\":\"<B>\",\"eos_token\":\"<E>\"}"), "config: %s %s", src, sp);
+    free(src);
+    free(sp);
+    rc = df_chat_config_parse(cfg, "cfg.json", 1, &src, NULL, err, sizeof err);
+    CHECK(rc == 0 && !strcmp(src, "T"), "tool_use template");
+    free(src);
+    rc = df_chat_config_parse("{\"chat_template\": 3}", "cfg.json", 0, &src, &sp, err, sizeof err);
+    CHECK(rc == DF_EFORMAT && strstr(err, "cfg.json") && strstr(err, "chat_template") && !src, "bad template field: %s", err);
+    rc = df_chat_context_build("[{\"role\":\"assistant\",\"content\":\"a\",\"tool_calls\":null,\"reasoning\":\"r\"}]", NULL, 1,
+                               "{\"eos_token\":\"<E>\"}", "{\"enable_thinking\":false}", &ctx, err, sizeof err);
+    CHECK(rc == 0, "context: %s", err);
+    if (!rc) {
+        const char *want = "{\"eos_token\":\"<E>\",\"messages\":[{\"thinking\":\"r\",\"role\":\"assistant\",\"content\":\"a\","
+                           "\"reasoning\":\"r\",\"reasoning_content\":\"r\"}],\"tools\":null,\"documents\":null,"
+                           "\"add_generation_prompt\":true,\"enable_thinking\":false}";
+        CHECK(!strcmp(ctx, want), "context:\n  got  %s\n  want %s", ctx, want);
+    }
+    free(ctx);
+    rc = df_chat_context_build("[]", NULL, 0, NULL, NULL, &ctx, err, sizeof err);
+    CHECK(rc == DF_EINPUT && strstr(err, "empty"), "empty conversation: %s", err);
+}
+
+int main(void) {
+    test_basics();
+    test_whitespace();
+    test_errors();
+    test_limits();
+    test_chat_helpers();
+    printf("test_tok_template: %d checks, %d failures\n", checks, failures);
+    return failures != 0;
+}
