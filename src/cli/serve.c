@@ -80,23 +80,25 @@ int df_cmd_serve(int argc, char **argv) {
     if (!model) return df_args_fail(&a, "--model is required");
     if (api_key && !*api_key) api_key = NULL;
 
-    char err[1024];
-    df_engine *e = df_engine_open(model, &o, err, sizeof err);
-    if (!e) { fprintf(stderr, "deltafin serve: %s\n", err); return 2; }
-    char *id = name ? df_xstrdup(name) : default_id(model);
-    df_oai_options so = {.model_id = id, .max_tokens = max_tokens, .ctx = (int)ctx, .queue = (int)queue, .memo = memo};
-    df_oai_server *srv = df_oai_new(e, &so, err, sizeof err);
-    if (!srv) { fprintf(stderr, "deltafin serve: %s\n", err); free(id); df_engine_close(e); return 1; }
-    if (!df_has_tokenizer(e))
-        fprintf(stderr, "deltafin serve: warning: %s has no tokenizer: only token-id prompts on /v1/completions will work\n", model);
-
-    /* SIGINT/SIGTERM go to sigwait below: block them before any thread starts. */
+    /* SIGINT/SIGTERM go to sigwait below: block them before any thread (the
+     * engine's pool, the engine thread, connection threads) starts. */
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+
+    char err[1024];
+    df_engine *e = df_engine_open(model, &o, err, sizeof err);
+    if (!e) { fprintf(stderr, "deltafin serve: %s\n", err); return 2; }
+    char *id = name ? df_xstrdup(name) : default_id(model);
+    df_oai_options so = {.model_id = id, .max_tokens = max_tokens, .ctx = (int)ctx, .queue = (int)queue, .memo = memo,
+                         .quiet = quiet};
+    df_oai_server *srv = df_oai_new(e, &so, err, sizeof err);
+    if (!srv) { fprintf(stderr, "deltafin serve: %s\n", err); free(id); df_engine_close(e); return 1; }
+    if (!df_has_tokenizer(e))
+        fprintf(stderr, "deltafin serve: warning: %s has no tokenizer: only token-id prompts on /v1/completions will work\n", model);
 
     df_http_config hc = {.host = host, .port = (int)port, .max_body = (size_t)max_body, .header_bytes = 64 * 1024,
                          .api_key = api_key, .max_connections = 256, .quiet = quiet,

@@ -42,6 +42,9 @@ struct df_http_req {
     atomic_int refs; /* the library's hold + one per live stream */
 };
 
+/* Most bytes beyond --max-request-bytes read and discarded before a 413. */
+#define DRAIN_MAX ((unsigned long long)1 << 30)
+
 static void req_unref(df_http_req *r) {
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
     free(r->path);
@@ -231,7 +234,13 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         if (cl) {
             char *end;
             unsigned long long n = strtoull(cl, &end, 10);
-            if (end != cl && n > s->cfg.max_body) { too_large(r); return r->drop ? MHD_NO : MHD_YES; }
+            /* Over the limit: read and discard the body, then answer 413 (a
+             * client still sending would otherwise see a broken pipe instead
+             * of the answer); absurd sizes are answered at once and closed. */
+            if (end != cl && n > s->cfg.max_body) {
+                r->too_big = 1;
+                if (n - s->cfg.max_body > DRAIN_MAX) { too_large(r); return r->drop ? MHD_NO : MHD_YES; }
+            }
         }
         return MHD_YES;
     }

@@ -4,15 +4,17 @@
  * handler may block: waiting for its turn at the engine, running a whole
  * generation, or producing a stream chunk by chunk. The layer owns
  * everything about HTTP and nothing about OpenAI semantics except the error
- * body shape, which every 4xx it produces itself (401, 404 of no handler,
- * 413) shares with the application:
+ * body shape, which every 4xx it produces itself (401, 413)
+ * shares with the application:
  *   {"error": {"message", "type", "param", "code"}}.
  *
  * Invariants:
  *   - the handler sees a request only once its whole body has arrived and is
  *     within max_body bytes (NUL-terminated, so text parsers can use it);
- *   - a body over max_body is answered 413 without being buffered (at once
- *     when Content-Length says so, else after draining);
+ *   - a body over max_body is answered 413 without being buffered: it is
+ *     read and discarded first (so the client, still sending, sees the
+ *     answer), unless Content-Length exceeds the limit by over 1 GiB, which
+ *     is answered at once and the connection closed;
  *   - with api_key set, every path but /health needs "Authorization: Bearer
  *     KEY" (compared in constant time) before any body byte is buffered;
  *   - request headers larger than header_bytes are refused by the library

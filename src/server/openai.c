@@ -1,11 +1,13 @@
-/* openai.c - see openai.h. Four parts, in order: request validation (pure),
- * the admission queue and the memo, generation (one token per step, stop
- * strings, log-probabilities), and the routes with their JSON and SSE
- * bodies.
+/* openai.c - see openai.h. Three parts, in order: the admission queue and
+ * the memo, generation (one token per step, stop strings,
+ * log-probabilities), and the routes with their JSON and SSE bodies.
+ *
+ * Validation lives in request.c (pure, fuzzed on its own).
  *
  * Invariants:
  *   - only the holder of the turn (turn_acquire .. turn_release) calls the
- *     engine or touches the session and its mirror;
+ *     engine or touches the session and its mirror; forward passes run on
+ *     the one engine thread (engine_call);
  *   - text given to a client never contains a stop string or anything after
  *     it: text that could be the start of a stop string is held back until
  *     the next token decides;
@@ -29,17 +31,7 @@
 
 #include "util/util.h"
 
-/* =========================================================================
- * Validation
- *
- * The rules follow OpenAI's own checks: an unknown field is refused by name,
- * a wrong type says what was expected, null means "not given" for optional
- * fields, and anything the engine cannot execute exactly is refused with the
- * field in param instead of being ignored. Bookkeeping fields that cannot
- * change the output (user, metadata, store, ...) are type-checked and
- * accepted.
- * ========================================================================= */
-
+/* Fills an error for the request (see request.c). */
 static int fail(df_oai_error *e, int status, const char *param, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 static int fail(df_oai_error *e, int status, const char *param, const char *code, const char *fmt, ...) {
@@ -52,485 +44,6 @@ static int fail(df_oai_error *e, int status, const char *param, const char *code
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
     return -1;
-}
-
-static const char *jtype(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a decimal";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
-static int bad_type(df_oai_error *e, const char *param, const char *want, const json_t *v) {
-    return fail(e, 400, param, "invalid_type", "Invalid type for '%s': expected %s, but got %s instead.", param, want,
-                jtype(v));
-}
-
-static int unsupported(df_oai_error *e, const char *param, const char *why) {
-    return fail(e, 400, param, "unsupported_parameter",
-                "Unsupported value for '%s': %s. Deltafin refuses what it cannot execute exactly instead of ignoring it.",
-                param, why);
-}
-
-/* snprintf for parameter paths ("messages[3].content[0].type"): a path
- * longer than the buffer is cut, which only shortens an error message. */
-static void pathf(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void pathf(char *buf, size_t n, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, n, fmt, ap);
-    va_end(ap);
-}
-
-static int get_bool(const json_t *v, const char *name, int *out, df_oai_error *e) {
-    if (!json_is_boolean(v)) return bad_type(e, name, "a boolean", v);
-    *out = json_is_true(v);
-    return 0;
-}
-
-static int get_number(const json_t *v, const char *name, double lo, double hi, double *out, df_oai_error *e) {
-    if (!json_is_number(v)) return bad_type(e, name, "a decimal", v);
-    double x = json_number_value(v);
-    if (!(x >= lo && x <= hi))
-        return fail(e, 400, name, "invalid_value", "Invalid value for '%s': expected a number from %g to %g, but got %g.",
-                    name, lo, hi, x);
-    *out = x;
-    return 0;
-}
-
-static int get_int(const json_t *v, const char *name, long long lo, long long hi, long long *out, df_oai_error *e) {
-    if (!json_is_integer(v)) return bad_type(e, name, "an integer", v);
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi)
-        return fail(e, 400, name, "invalid_value", "Invalid value for '%s': expected an integer from %lld to %lld, but got %lld.",
-                    name, lo, hi, x);
-    *out = x;
-    return 0;
-}
-
-static int get_string(const json_t *v, const char *name, df_oai_error *e) {
-    return json_is_string(v) ? 0 : bad_type(e, name, "a string", v);
-}
-
-/* stop: a string or an array of 1..4 non-empty strings. */
-static int parse_stop(const json_t *v, df_oai_request *r, df_oai_error *e) {
-    if (json_is_string(v)) {
-        if (!json_string_length(v)) return fail(e, 400, "stop", "invalid_value", "Invalid value for 'stop': an empty string.");
-        r->stop[r->n_stop++] = strndup(json_string_value(v), json_string_length(v));
-        return 0;
-    }
-    if (!json_is_array(v)) return bad_type(e, "stop", "a string or an array of strings", v);
-    if (json_array_size(v) > DF_OAI_MAX_STOP)
-        return fail(e, 400, "stop", "invalid_value", "Invalid value for 'stop': at most %d sequences, got %zu.", DF_OAI_MAX_STOP,
-                    json_array_size(v));
-    size_t i;
-    json_t *s;
-    json_array_foreach(v, i, s) {
-        char p[32];
-        pathf(p, sizeof p, "stop[%zu]", i);
-        if (!json_is_string(s)) return bad_type(e, p, "a string", s);
-        if (!json_string_length(s)) return fail(e, 400, p, "invalid_value", "Invalid value for '%s': an empty string.", p);
-        r->stop[r->n_stop++] = strndup(json_string_value(s), json_string_length(s));
-    }
-    return 0;
-}
-
-/* Content: a string, or an array of text parts joined with "\n". Non-text
- * parts (images, audio, files, refusals) are refused. *out is malloc'd. */
-static int parse_content(const json_t *c, const char *where, char **out, df_oai_error *e) {
-    if (json_is_string(c)) {
-        *out = strndup(json_string_value(c), json_string_length(c));
-        return *out ? 0 : fail(e, 503, where, NULL, "Out of memory.");
-    }
-    if (!json_is_array(c)) return bad_type(e, where, "a string or an array of content parts", c);
-    size_t total = 1, i;
-    json_t *part;
-    json_array_foreach(c, i, part) {
-        char p[96], q[112];
-        pathf(p, sizeof p, "%s[%zu]", where, i);
-        if (!json_is_object(part)) return bad_type(e, p, "an object", part);
-        json_t *type = json_object_get(part, "type");
-        pathf(q, sizeof q, "%s.type", p);
-        if (!type) return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
-        if (!json_is_string(type)) return bad_type(e, q, "a string", type);
-        const char *t = json_string_value(type);
-        if (!strcmp(t, "image_url") || !strcmp(t, "input_audio") || !strcmp(t, "file") || !strcmp(t, "refusal")) {
-            char why[96];
-            pathf(why, sizeof why, "'%s' content parts are not supported (text-only models)", t);
-            return unsupported(e, q, why);
-        }
-        if (strcmp(t, "text"))
-            return fail(e, 400, q, "invalid_value", "Invalid value for '%s': '%.40s' is not a content part type.", q, t);
-        const char *k;
-        json_t *v;
-        json_object_foreach(part, k, v) {
-            pathf(q, sizeof q, "%s.%.40s", p, k);
-            if (!strcmp(k, "type")) continue;
-            if (!strcmp(k, "text")) { if (get_string(v, q, e)) return -1; continue; }
-            return fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
-        }
-        json_t *text = json_object_get(part, "text");
-        pathf(q, sizeof q, "%s.text", p);
-        if (!text) return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
-        total += json_string_length(text) + 1;
-    }
-    char *s = malloc(total), *w = s;
-    if (!s) return fail(e, 503, where, NULL, "Out of memory.");
-    json_array_foreach(c, i, part) {
-        json_t *text = json_object_get(part, "text");
-        if (i) *w++ = '\n';
-        memcpy(w, json_string_value(text), json_string_length(text));
-        w += json_string_length(text);
-    }
-    *w = 0;
-    *out = s;
-    return 0;
-}
-
-/* tool_calls of an assistant message (history only: the server never makes
- * tool calls itself): [{id, type: "function", function: {name, arguments}}]. */
-static int check_tool_calls(const json_t *tc, const char *where, df_oai_error *e) {
-    if (!json_is_array(tc)) return bad_type(e, where, "an array", tc);
-    size_t i;
-    json_t *c;
-    json_array_foreach(tc, i, c) {
-        char p[96], q[128];
-        pathf(p, sizeof p, "%s[%zu]", where, i);
-        if (!json_is_object(c)) return bad_type(e, p, "an object", c);
-        const char *k;
-        json_t *v;
-        json_object_foreach(c, k, v) {
-            pathf(q, sizeof q, "%s.%.40s", p, k);
-            if (!strcmp(k, "id")) { if (get_string(v, q, e)) return -1; }
-            else if (!strcmp(k, "type")) {
-                if (get_string(v, q, e)) return -1;
-                if (strcmp(json_string_value(v), "function")) return fail(e, 400, q, "invalid_value", "Invalid value for '%s': expected 'function'.", q);
-            } else if (!strcmp(k, "function")) {
-                if (!json_is_object(v)) return bad_type(e, q, "an object", v);
-                const char *k2;
-                json_t *v2;
-                json_object_foreach(v, k2, v2) {
-                    char r[160];
-                    pathf(r, sizeof r, "%s.%.40s", q, k2);
-                    if (!strcmp(k2, "name") || !strcmp(k2, "arguments")) { if (get_string(v2, r, e)) return -1; }
-                    else return fail(e, 400, r, "unknown_parameter", "Unrecognized request argument supplied: %s", r);
-                }
-                if (!json_object_get(v, "name")) {
-                    pathf(q, sizeof q, "%s.function.name", p);
-                    return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
-                }
-            } else return fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
-        }
-        if (!json_object_get(c, "function")) {
-            pathf(q, sizeof q, "%s.function", p);
-            return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
-        }
-    }
-    return 0;
-}
-
-/* messages: checks each message and builds the array the chat template gets:
- * {role, content (a string), name?, tool_calls?, tool_call_id?}, with the
- * developer role given as system (its OpenAI meaning). */
-static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
-    if (!json_is_array(msgs)) return bad_type(e, "messages", "an array", msgs);
-    if (!json_array_size(msgs)) return fail(e, 400, "messages", "invalid_value", "Invalid 'messages': empty array. Expected an array with minimum length 1.");
-    json_t *norm = json_array();
-    size_t i;
-    json_t *m;
-    json_array_foreach(msgs, i, m) {
-        char p[48], q[96];
-        pathf(p, sizeof p, "messages[%zu]", i);
-        if (!json_is_object(m)) { json_decref(norm); return bad_type(e, p, "an object", m); }
-        json_t *role = json_object_get(m, "role");
-        pathf(q, sizeof q, "%s.role", p);
-        if (!role) { json_decref(norm); return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q); }
-        if (!json_is_string(role)) { json_decref(norm); return bad_type(e, q, "a string", role); }
-        const char *r = json_string_value(role);
-        int sys = !strcmp(r, "system") || !strcmp(r, "developer"), user = !strcmp(r, "user"),
-            asst = !strcmp(r, "assistant"), tool = !strcmp(r, "tool");
-        if (!strcmp(r, "function")) { json_decref(norm); return unsupported(e, q, "the deprecated 'function' role (function calling) is not supported"); }
-        if (!sys && !user && !asst && !tool) {
-            json_decref(norm);
-            return fail(e, 400, q, "invalid_value", "Invalid value for '%s': '%.40s'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.", q, r);
-        }
-        json_t *o = json_object();
-        json_array_append_new(norm, o);
-        json_object_set_new(o, "role", json_string(sys ? "system" : r));
-        const char *k;
-        json_t *v;
-        int has_content = 0, has_tc = 0;
-        json_object_foreach(m, k, v) {
-            pathf(q, sizeof q, "%s.%.40s", p, k);
-            if (!strcmp(k, "role")) continue;
-            if (!strcmp(k, "content")) {
-                if (json_is_null(v) && asst) continue;
-                char *c;
-                if (parse_content(v, q, &c, e)) { json_decref(norm); return -1; }
-                json_object_set_new(o, "content", json_string(c));
-                if (!json_object_get(o, "content")) { free(c); json_decref(norm); return fail(e, 400, q, "invalid_value", "Invalid value for '%s': not valid UTF-8.", q); }
-                free(c);
-                has_content = 1;
-            } else if (!strcmp(k, "name")) {
-                if (tool || get_string(v, q, e)) { json_decref(norm); return tool ? fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q) : -1; }
-                json_object_set(o, "name", v);
-            } else if (asst && !strcmp(k, "tool_calls")) {
-                if (json_is_null(v)) continue;
-                if (check_tool_calls(v, q, e)) { json_decref(norm); return -1; }
-                if (json_array_size(v)) { json_object_set_new(o, "tool_calls", json_deep_copy(v)); has_tc = 1; }
-            } else if (asst && (!strcmp(k, "refusal") || !strcmp(k, "audio") || !strcmp(k, "function_call"))) {
-                if (json_is_null(v)) continue;
-                json_decref(norm);
-                return unsupported(e, q, !strcmp(k, "refusal") ? "refusal messages in the history are not supported"
-                                          : !strcmp(k, "audio") ? "audio is not supported (text-only models)"
-                                                                : "the deprecated function_call is not supported (tool calling)");
-            } else if (tool && !strcmp(k, "tool_call_id")) {
-                if (get_string(v, q, e)) { json_decref(norm); return -1; }
-                json_object_set(o, "tool_call_id", v);
-            } else {
-                json_decref(norm);
-                return fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
-            }
-        }
-        if (!has_content && !(asst && has_tc)) {
-            pathf(q, sizeof q, "%s.content", p);
-            json_decref(norm);
-            return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
-        }
-        if (!has_content) json_object_set_new(o, "content", json_string(""));
-        if (tool && !json_object_get(o, "tool_call_id")) {
-            pathf(q, sizeof q, "%s.tool_call_id", p);
-            json_decref(norm);
-            return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
-        }
-    }
-    *out = json_dumps(norm, JSON_COMPACT);
-    json_decref(norm);
-    return *out ? 0 : fail(e, 503, "messages", NULL, "Out of memory.");
-}
-
-/* prompt (completions): a string, an array of token ids, or an array with one
- * string or one id array. More than one prompt would be a batch: refused. */
-static int parse_prompt(const json_t *v, const df_oai_limits *lim, df_oai_request *r, df_oai_error *e) {
-    if (json_is_array(v) && json_array_size(v) == 1 && (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
-        v = json_array_get(v, 0);
-    else if (json_is_array(v) && json_array_size(v) > 1 && !json_is_integer(json_array_get(v, 0)))
-        return unsupported(e, "prompt", "several prompts in one request (a batch) are not supported; send one per request");
-    if (json_is_string(v)) {
-        r->prompt = strndup(json_string_value(v), json_string_length(v));
-        r->prompt_len = json_string_length(v);
-        return r->prompt ? 0 : fail(e, 503, "prompt", NULL, "Out of memory.");
-    }
-    if (!json_is_array(v)) return bad_type(e, "prompt", "a string or an array of token ids", v);
-    size_t n = json_array_size(v), i;
-    if (!n) return fail(e, 400, "prompt", "invalid_value", "Invalid value for 'prompt': an empty array.");
-    r->prompt_ids = malloc(n * sizeof *r->prompt_ids);
-    if (!r->prompt_ids) return fail(e, 503, "prompt", NULL, "Out of memory.");
-    json_t *t;
-    json_array_foreach(v, i, t) {
-        char p[40];
-        pathf(p, sizeof p, "prompt[%zu]", i);
-        long long id;
-        if (get_int(t, p, 0, lim->vocab_size - 1, &id, e)) return -1;
-        r->prompt_ids[i] = (int32_t)id;
-    }
-    r->n_prompt_ids = n;
-    return 0;
-}
-
-void df_oai_request_free(df_oai_request *r) {
-    free(r->messages_json);
-    free(r->prompt);
-    free(r->prompt_ids);
-    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
-    memset(r, 0, sizeof *r);
-}
-
-int df_oai_deterministic(const df_oai_request *r) {
-    return !r->has_temperature || r->temperature == 0 || r->top_p == 0 || r->has_seed;
-}
-
-/* One top-level field. Returns 0 if accepted, -1 with *e filled. */
-static int parse_field(df_oai_kind kind, const df_oai_limits *lim, const char *k, const json_t *v, df_oai_request *r,
-                       int *saw_max_tokens, df_oai_error *e) {
-    const int chat = kind == DF_OAI_CHAT;
-    double d;
-    long long x;
-    if (json_is_null(v)) return 0; /* null means not given; required ones are checked after */
-    if (!strcmp(k, "model")) {
-        if (get_string(v, k, e)) return -1;
-        if (strcmp(json_string_value(v), lim->model_id))
-            return fail(e, 404, "model", "model_not_found", "The model `%.200s` does not exist or you do not have access to it. This server serves `%.200s`.",
-                        json_string_value(v), lim->model_id);
-        return 0;
-    }
-    if (chat && !strcmp(k, "messages")) return parse_messages(v, &r->messages_json, e);
-    if (!chat && !strcmp(k, "prompt")) return parse_prompt(v, lim, r, e);
-    if (!strcmp(k, "max_tokens") || (chat && !strcmp(k, "max_completion_tokens"))) {
-        if (get_int(v, k, 1, INT32_MAX, &x, e)) return -1;
-        if ((*saw_max_tokens)++)
-            return fail(e, 400, k, "invalid_value", "Give only one of 'max_tokens' and 'max_completion_tokens'.");
-        if (x > lim->max_tokens)
-            return fail(e, 400, k, "invalid_value", "Invalid value for '%s': %lld is too large; this server allows at most %ld completion tokens per request (--max-tokens).",
-                        k, x, lim->max_tokens);
-        r->max_tokens = (long)x;
-        return 0;
-    }
-    if (!strcmp(k, "temperature")) {
-        if (get_number(v, k, 0, 2, &d, e)) return -1;
-        r->has_temperature = 1;
-        r->temperature = d;
-        return 0;
-    }
-    if (!strcmp(k, "top_p")) return get_number(v, k, 0, 1, &r->top_p, e);
-    if (!strcmp(k, "seed")) {
-        if (get_int(v, k, INT64_MIN, INT64_MAX, &x, e)) return -1;
-        r->has_seed = 1;
-        r->seed = x;
-        return 0;
-    }
-    if (!strcmp(k, "stop")) return parse_stop(v, r, e);
-    if (!strcmp(k, "stream")) return get_bool(v, k, &r->stream, e);
-    if (!strcmp(k, "stream_options")) {
-        if (!json_is_object(v)) return bad_type(e, k, "an object", v);
-        const char *k2;
-        json_t *v2;
-        json_object_foreach((json_t *)v, k2, v2) {
-            char p[80];
-            snprintf(p, sizeof p, "stream_options.%.40s", k2);
-            int b;
-            if (!strcmp(k2, "include_usage")) { if (!json_is_null(v2) && get_bool(v2, p, &r->include_usage, e)) return -1; }
-            else if (!strcmp(k2, "include_obfuscation")) { if (!json_is_null(v2) && get_bool(v2, p, &b, e)) return -1; }
-            else return fail(e, 400, p, "unknown_parameter", "Unrecognized request argument supplied: %s", p);
-        }
-        return 0;
-    }
-    if (chat && !strcmp(k, "logprobs")) return get_bool(v, k, &r->logprobs, e);
-    if (chat && !strcmp(k, "top_logprobs")) {
-        if (get_int(v, k, 0, DF_OAI_MAX_TOP_LOGPROBS, &x, e)) return -1;
-        r->top_logprobs = (int)x;
-        return 0;
-    }
-    if (!chat && !strcmp(k, "logprobs")) {
-        if (get_int(v, k, 0, 5, &x, e)) return -1;
-        r->logprobs = 1;
-        r->top_logprobs = (int)x;
-        return 0;
-    }
-    if (!strcmp(k, "n") || (!chat && !strcmp(k, "best_of"))) {
-        if (get_int(v, k, 1, 128, &x, e)) return -1;
-        return x == 1 ? 0 : unsupported(e, k, "only one choice per request (n = 1) is supported");
-    }
-    if (!strcmp(k, "frequency_penalty") || !strcmp(k, "presence_penalty")) {
-        if (get_number(v, k, -2, 2, &d, e)) return -1;
-        return d == 0 ? 0 : unsupported(e, k, "penalties are not implemented; only 0 is accepted");
-    }
-    if (!strcmp(k, "logit_bias")) {
-        if (!json_is_object(v)) return bad_type(e, k, "an object", v);
-        return json_object_size(v) ? unsupported(e, k, "logit_bias is not implemented; only {} is accepted") : 0;
-    }
-    if (!strcmp(k, "user") || (chat && (!strcmp(k, "prompt_cache_key") || !strcmp(k, "safety_identifier") || !strcmp(k, "service_tier"))))
-        return get_string(v, k, e);
-    if (chat && !strcmp(k, "store")) { int b; return get_bool(v, k, &b, e); }
-    if (chat && !strcmp(k, "parallel_tool_calls")) { int b; return get_bool(v, k, &b, e); }
-    if (chat && !strcmp(k, "metadata")) {
-        if (!json_is_object(v)) return bad_type(e, k, "an object", v);
-        if (json_object_size(v) > 16) return fail(e, 400, k, "invalid_value", "Invalid 'metadata': at most 16 keys.");
-        const char *k2;
-        json_t *v2;
-        json_object_foreach((json_t *)v, k2, v2) {
-            char p[80];
-            snprintf(p, sizeof p, "metadata.%.40s", k2);
-            if (get_string(v2, p, e)) return -1;
-        }
-        return 0;
-    }
-    if (chat && !strcmp(k, "prediction")) return json_is_object(v) ? 0 : bad_type(e, k, "an object", v);
-    if (chat && !strcmp(k, "tools")) {
-        if (!json_is_array(v)) return bad_type(e, k, "an array", v);
-        return json_array_size(v) ? unsupported(e, k, "tool calling is not implemented yet") : 0;
-    }
-    if (chat && !strcmp(k, "functions")) {
-        if (!json_is_array(v)) return bad_type(e, k, "an array", v);
-        return json_array_size(v) ? unsupported(e, k, "function calling is not implemented yet") : 0;
-    }
-    if (chat && (!strcmp(k, "tool_choice") || !strcmp(k, "function_call"))) {
-        if (json_is_string(v) && (!strcmp(json_string_value(v), "none") || !strcmp(json_string_value(v), "auto"))) return 0;
-        if (!json_is_string(v) && !json_is_object(v)) return bad_type(e, k, "a string or an object", v);
-        return unsupported(e, k, "tool calling is not implemented yet; only 'none' and 'auto' (with no tools) are accepted");
-    }
-    if (chat && !strcmp(k, "response_format")) {
-        if (!json_is_object(v)) return bad_type(e, k, "an object", v);
-        json_t *t = json_object_get(v, "type");
-        if (!json_is_string(t)) return fail(e, 400, "response_format.type", "missing_required_parameter", "Missing required parameter: 'response_format.type'.");
-        if (strcmp(json_string_value(t), "text")) return unsupported(e, "response_format", "only {\"type\": \"text\"} is supported (no constrained decoding)");
-        if (json_object_size(v) != 1) return fail(e, 400, "response_format", "unknown_parameter", "Unrecognized request argument supplied: response_format (only 'type')");
-        return 0;
-    }
-    if (chat && !strcmp(k, "modalities")) {
-        if (!json_is_array(v)) return bad_type(e, k, "an array", v);
-        size_t i;
-        json_t *m;
-        json_array_foreach(v, i, m) {
-            if (!json_is_string(m)) return bad_type(e, k, "an array of strings", v);
-            if (strcmp(json_string_value(m), "text")) return unsupported(e, k, "only the 'text' modality is supported");
-        }
-        return 0;
-    }
-    if (chat && (!strcmp(k, "audio") || !strcmp(k, "reasoning_effort") || !strcmp(k, "verbosity") || !strcmp(k, "web_search_options")))
-        return unsupported(e, k, "this option would change the output in ways Deltafin does not implement");
-    if (!chat && !strcmp(k, "echo")) {
-        int b;
-        if (get_bool(v, k, &b, e)) return -1;
-        return b ? unsupported(e, k, "echo is not implemented; only false is accepted") : 0;
-    }
-    if (!chat && !strcmp(k, "suffix")) {
-        if (get_string(v, k, e)) return -1;
-        return json_string_length(v) ? unsupported(e, k, "suffix (insertion) is not implemented") : 0;
-    }
-    return fail(e, 400, k, "unknown_parameter", "Unrecognized request argument supplied: %s", k);
-}
-
-int df_oai_parse(df_oai_kind kind, const df_oai_limits *lim, const char *body, size_t len, df_oai_request *out,
-                 df_oai_error *err) {
-    memset(out, 0, sizeof *out);
-    memset(err, 0, sizeof *err);
-    out->kind = kind;
-    out->max_tokens = -1;
-    out->top_p = 1;
-    json_error_t je;
-    json_t *root = json_loadb(body, len, 0, &je);
-    if (!root)
-        return fail(err, 400, NULL, "invalid_json",
-                    "We could not parse the JSON body of your request: %s (line %d, column %d). The body must be a JSON object.",
-                    je.text, je.line, je.column);
-    int rc = 0, saw_max = 0;
-    if (!json_is_object(root)) rc = fail(err, 400, NULL, "invalid_json", "The body of your request must be a JSON object, not %s.", jtype(root));
-    const char *k;
-    json_t *v;
-    if (!rc) json_object_foreach(root, k, v) {
-        if ((rc = parse_field(kind, lim, k, v, out, &saw_max, err))) break;
-    }
-    if (!rc) {
-        const char *req = kind == DF_OAI_CHAT ? "messages" : "prompt";
-        json_t *m = json_object_get(root, "model");
-        if (!m || json_is_null(m)) rc = fail(err, 400, "model", "missing_required_parameter", "Missing required parameter: 'model'.");
-        else if (kind == DF_OAI_CHAT ? !out->messages_json : !out->prompt && !out->prompt_ids)
-            rc = fail(err, 400, req, "missing_required_parameter", "Missing required parameter: '%s'.", req);
-        else if (out->top_logprobs && !out->logprobs)
-            rc = fail(err, 400, "top_logprobs", "invalid_value", "Invalid value for 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is given.");
-        else if (json_object_get(root, "stream_options") && !json_is_null(json_object_get(root, "stream_options")) && !out->stream)
-            rc = fail(err, 400, "stream_options", "invalid_value", "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
-    }
-    if (!rc && kind == DF_OAI_COMPLETIONS && out->max_tokens < 0) out->max_tokens = lim->max_tokens < 16 ? lim->max_tokens : 16;
-    json_decref(root);
-    if (rc) df_oai_request_free(out);
-    return rc;
 }
 
 /* =========================================================================
@@ -566,7 +79,7 @@ struct df_oai_server {
     int ctx;
     long cap;
     char *model_id;
-    int has_tok;
+    int has_tok, quiet;
     long long created;
     atomic_int stopping;
 
@@ -585,6 +98,14 @@ struct df_oai_server {
 
     atomic_uint_least64_t idctr;
     uint64_t salt;
+
+    /* The engine thread: every forward pass runs on this one thread. */
+    pthread_t eth;
+    int eth_started;
+    pthread_mutex_t emu;
+    pthread_cond_t ecv;
+    struct ejob *job;
+    int equit;
 };
 
 enum { TURN_OK, TURN_FULL, TURN_GONE, TURN_STOP };
@@ -655,6 +176,53 @@ static void memo_free(memo *m) {
     free(m->text);
     free(m->logprobs);
     free(m);
+}
+
+/* ---- the engine thread ---------------------------------------------------
+ *
+ * Connection threads come and go (one per connection); the engine's compute
+ * path keeps per-thread scratch buffers. So every call that runs the model
+ * (df_session_sync, df_session_push) is handed to one long-lived thread and
+ * waited for. Only the turn holder submits, so there is at most one job;
+ * the hand-off costs two wake-ups per token, far below a forward pass. */
+
+typedef struct ejob {
+    df_session *s;
+    const int32_t *ids;
+    size_t n;      /* sync: ids[0..n); push: ids[0] */
+    int push;
+    int rc, done;
+} ejob;
+
+static void *engine_main(void *arg) {
+    df_oai_server *s = arg;
+    pthread_mutex_lock(&s->emu);
+    for (;;) {
+        while (!s->job && !s->equit) pthread_cond_wait(&s->ecv, &s->emu);
+        if (!s->job) break;
+        ejob *j = s->job;
+        pthread_mutex_unlock(&s->emu);
+        int rc = j->push ? df_session_push(j->s, j->ids[0]) : df_session_sync(j->s, j->ids, j->n);
+        pthread_mutex_lock(&s->emu);
+        j->rc = rc;
+        j->done = 1;
+        s->job = NULL;
+        pthread_cond_broadcast(&s->ecv);
+    }
+    pthread_mutex_unlock(&s->emu);
+    return NULL;
+}
+
+/* Runs sync (push = 0) or push (push = 1) on the engine thread. */
+static int engine_call(df_oai_server *s, int push, const int32_t *ids, size_t n) {
+    ejob j = {.s = s->s, .ids = ids, .n = n, .push = push};
+    pthread_mutex_lock(&s->emu);
+    while (s->job) pthread_cond_wait(&s->ecv, &s->emu);
+    s->job = &j;
+    pthread_cond_broadcast(&s->ecv);
+    while (!j.done) pthread_cond_wait(&s->ecv, &s->emu);
+    pthread_mutex_unlock(&s->emu);
+    return j.rc;
 }
 
 /* =========================================================================
@@ -749,6 +317,14 @@ static void gen_fail(gen *g, int status, const char *msg) {
 
 static void gen_release(gen *g) {
     if (g->holds_turn) { g->holds_turn = 0; turn_release(g->srv); }
+}
+
+/* The client went away mid-generation: free the engine, say so. */
+static void gen_stopped(gen *g) {
+    gen_release(g);
+    if (!g->srv->quiet)
+        fprintf(stderr, "deltafin serve: %s: client disconnected, generation stopped after %ld of at most %ld tokens\n",
+                g->id, g->n_gen, g->max_new);
 }
 
 static void gen_free(gen *g) {
@@ -935,7 +511,7 @@ static int gen_prepare(gen *g, df_oai_error *e) {
     while (c < s->n_mirror && c < g->n_prompt && s->mirror[c] == g->prompt[c]) c++;
     g->cached = c >= g->n_prompt ? g->n_prompt - 1 : c;
     s->n_mirror = 0;
-    rc = df_session_sync(s->s, g->prompt, g->n_prompt);
+    rc = engine_call(s, 0, g->prompt, g->n_prompt);
     if (rc) return fail(e, rc == DF_EINPUT ? 400 : 500, rc == DF_EINPUT ? param : NULL, NULL, "%s", df_engine_error(s->e));
     memcpy(s->mirror, g->prompt, g->n_prompt * sizeof *g->prompt);
     s->n_mirror = g->n_prompt;
@@ -970,7 +546,7 @@ static void gen_step(gen *g) {
     if (g->text.oom) { gen_fail(g, 503, "Out of memory."); return; }
     if (apply_stops(g, 0)) { g->finish = "stop"; return; }
     if (g->n_gen >= g->max_new || g->n_prompt + (size_t)g->n_gen >= (size_t)s->ctx) { finish_text(g, "length"); return; }
-    if (df_session_push(s->s, id)) { gen_fail(g, 500, df_engine_error(s->e)); return; }
+    if (engine_call(s, 1, &id, 1)) { gen_fail(g, 500, df_engine_error(s->e)); return; }
     s->mirror[s->n_mirror++] = id;
 }
 
@@ -1253,7 +829,7 @@ static ssize_t stream_fn(void *ctx, char *buf, size_t max) {
         }
         if (g->failed) { gen_release(g); sse_error(g); g->phase = 2; continue; }
         if (g->finish) { gen_release(g); sse_tail(g); g->phase = 2; continue; }
-        if (df_http_peer_closed(g->req)) { gen_release(g); return -1; }
+        if (df_http_peer_closed(g->req)) { gen_stopped(g); return -1; }
         gen_step(g);
         if (!g->failed && !g->finish) sse_pending(g);
     }
@@ -1350,7 +926,7 @@ static void complete(df_oai_server *s, df_http_req *r, df_oai_kind kind) {
         return;
     }
     while (!g->finish && !g->failed) {
-        if (df_http_peer_closed(r)) { df_http_drop(r); gen_free(g); return; }
+        if (df_http_peer_closed(r)) { gen_stopped(g); df_http_drop(r); gen_free(g); return; }
         gen_step(g);
     }
     gen_release(g);
@@ -1423,6 +999,7 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
     s->cap = o->max_tokens > 0 ? o->max_tokens : s->ctx;
     s->model_id = strdup(o->model_id ? o->model_id : "model");
     s->has_tok = df_has_tokenizer(e);
+    s->quiet = o->quiet;
     s->created = (long long)time(NULL);
     s->qmax = o->queue < 0 ? 0 : o->queue;
     s->memo_on = o->memo;
@@ -1442,6 +1019,14 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     pthread_mutex_init(&s->mmu, NULL);
+    pthread_mutex_init(&s->emu, NULL);
+    pthread_cond_init(&s->ecv, NULL);
+    if (pthread_create(&s->eth, NULL, engine_main, s)) {
+        df_err(err, errlen, DF_EINTERNAL, "cannot start the engine thread");
+        df_oai_free(s);
+        return NULL;
+    }
+    s->eth_started = 1;
     return s;
 }
 
@@ -1454,6 +1039,15 @@ void df_oai_stop(df_oai_server *s) {
 
 void df_oai_free(df_oai_server *s) {
     if (!s) return;
+    if (s->eth_started) {
+        pthread_mutex_lock(&s->emu);
+        s->equit = 1;
+        pthread_cond_broadcast(&s->ecv);
+        pthread_mutex_unlock(&s->emu);
+        pthread_join(s->eth, NULL);
+    }
+    pthread_mutex_destroy(&s->emu);
+    pthread_cond_destroy(&s->ecv);
     while (s->mhead) {
         memo *m = s->mhead;
         memo_unlink(s, m);

@@ -83,6 +83,7 @@ typedef struct {
     int memo;              /* 0: no exact-response memo */
     int memo_entries;      /* 0: 256 */
     size_t memo_bytes;     /* 0: 64 MiB */
+    int quiet;             /* 1: no log lines on stderr */
 } df_oai_options;
 
 typedef struct df_oai_server df_oai_server;
