@@ -63,7 +63,8 @@ $(O)/tests/test_%: tests/unit/test_%.c $$(call objs_of,$$(or $$(DEPS_$$(firstwor
 unit: $(UNIT_BINS)
 	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-unit-%: $$(patsubst tests/unit/%.c,$(O)/tests/%,$$(wildcard tests/unit/test_$$*.c tests/unit/test_$$*_*.c))
+unit_bins = $(patsubst tests/unit/%.c,$(O)/tests/%,$(wildcard tests/unit/test_$(1).c tests/unit/test_$(1)_*.c))
+unit-%: $$(call unit_bins,$$*)
 	@fail=0; for t in $^; do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
 # The whole suite: unit tests, then Python tests (parity, CLI, server).

@@ -12,6 +12,7 @@ typedef struct {
 } command;
 
 static const command commands[] = {
+    {"setup", df_cmd_setup, "install a known model (e.g. smollm2-135m-instruct) under $DELTAFIN_HOME"},
     {"run", df_cmd_run, "generate text from a prompt or ids (streams the continuation)"},
     {"eval", df_cmd_eval, "one teacher-forced pass; dump logits for every position"},
     {"inspect", df_cmd_inspect, "describe a model: family, shapes, dtypes, parameters, bytes"},

@@ -2,6 +2,10 @@
  * process exit code: 0 ok, 1 runtime failure, 2 bad input (usage, bad file). */
 #ifndef DF_CLI_H
 #define DF_CLI_H
+#include <stddef.h>
+
+/* The model used when --model is not given (installed by `deltafin setup`). */
+#define DF_DEFAULT_MODEL "smollm2-135m-instruct"
 
 int df_cmd_run(int argc, char **argv);
 int df_cmd_eval(int argc, char **argv);
@@ -11,6 +15,9 @@ int df_cmd_detokenize(int argc, char **argv);
 int df_cmd_chat_template(int argc, char **argv);
 int df_cmd_serve(int argc, char **argv);
 int df_cmd_bench(int argc, char **argv);
+int df_cmd_setup(int argc, char **argv);
+/* $DELTAFIN_HOME or ~/.cache/deltafin, into buf. */
+const char *df_home_dir(char *buf, size_t n);
 
 /* Maps a DF_E* code to the CLI exit code. */
 int df_exit_code(int rc);

@@ -29,7 +29,7 @@ int df_cmd_eval(int argc, char **argv) {
         else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
     }
     if (a.bad) return 2;
-    if (!model) return df_args_fail(&a, "--model is required");
+    if (!model) model = DF_DEFAULT_MODEL;
     if (!ids_s) return df_args_fail(&a, "--ids is required");
     char err[1024];
     int32_t *ids;

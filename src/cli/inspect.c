@@ -23,7 +23,7 @@ int df_cmd_inspect(int argc, char **argv) {
         if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
     }
     if (a.bad) return 2;
-    if (!model) return df_args_fail(&a, "--model is required");
+    if (!model) model = DF_DEFAULT_MODEL;
     char err[1024];
     df_engine *e = df_engine_open(model, &o, err, sizeof err);
     if (!e) { fprintf(stderr, "deltafin inspect: %s\n", err); return 2; }

@@ -11,7 +11,8 @@
 #include <string.h>
 
 static const char *usage =
-    "usage: deltafin run --model M (--prompt TEXT | --ids LIST) [options]\n"
+    "usage: deltafin run [--model M] (--prompt TEXT | --ids LIST) [options]\n"
+    "  --model M           checkpoint dir, GGUF file or installed name (default " DF_DEFAULT_MODEL ")\n"
     "  --max-new N         tokens to generate (default 256)\n"
     "  --chat              wrap --prompt as one user message with the model's chat template\n"
     "  --system TEXT       system message for --chat\n"
@@ -69,7 +70,7 @@ int df_cmd_run(int argc, char **argv) {
         else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
     }
     if (a.bad) return 2;
-    if (!model) return df_args_fail(&a, "--model is required");
+    if (!model) model = DF_DEFAULT_MODEL;
     if (!!prompt == !!ids_s) return df_args_fail(&a, "give exactly one of --prompt and --ids");
     if (chat && !prompt) return df_args_fail(&a, "--chat needs --prompt");
     char err[1024];

@@ -40,14 +40,23 @@ void df_sampling_default(df_sampling *s) {
 /* Resolves a model argument: a path, or a name installed under $DELTAFIN_HOME/models. */
 static char *resolve_model(const char *model) {
     struct stat st;
-    if (stat(model, &st) == 0) return df_xstrdup(model);
-    if (strchr(model, '/')) return df_xstrdup(model);
-    const char *home = getenv("DELTAFIN_HOME");
     char buf[4096];
-    if (home && *home) snprintf(buf, sizeof buf, "%s/models/%s", home, model);
-    else snprintf(buf, sizeof buf, "%s/.cache/deltafin/models/%s", getenv("HOME") ? getenv("HOME") : ".", model);
-    if (stat(buf, &st) == 0) return df_xstrdup(buf);
-    return df_xstrdup(model);
+    const char *p = model;
+    if (stat(model, &st) != 0 && !strchr(model, '/')) {
+        const char *home = getenv("DELTAFIN_HOME");
+        if (home && *home) snprintf(buf, sizeof buf, "%s/models/%s", home, model);
+        else snprintf(buf, sizeof buf, "%s/.cache/deltafin/models/%s", getenv("HOME") ? getenv("HOME") : ".", model);
+        if (stat(buf, &st) == 0) p = buf;
+    }
+    /* an installed GGUF model is a directory holding model.gguf */
+    if (df_is_dir(p)) {
+        char *cfg = df_path_join(p, "config.json"), *g = df_path_join(p, "model.gguf");
+        int use_gguf = !df_file_exists(cfg) && df_file_exists(g);
+        free(cfg);
+        if (use_gguf) return g;
+        free(g);
+    }
+    return df_xstrdup(p);
 }
 
 static df_engine *engine_new(df_model *m, const df_options *o, char *err, size_t errlen);

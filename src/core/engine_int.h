@@ -18,6 +18,7 @@ struct df_engine {
     struct df_tokenizer *tok;
     struct df_template *tpl;
     int add_bos;
+    char *special_tokens_json; /* bos_token, eos_token, ... for the chat template */
 };
 
 void df_engine_add_stop(df_engine *e, int32_t id);

@@ -65,6 +65,14 @@ out:
 static int load_template(df_engine *e, const char *where, char *err, size_t errlen) {
     const char *tpl = df_tok_chat_template(e->tok);
     if (!tpl) return 0;
+    if (!e->special_tokens_json) {
+        json_t *sp = json_object();
+        const char *bos = df_tok_bos_token(e->tok), *eos = df_tok_eos_token(e->tok);
+        if (bos) json_object_set_new(sp, "bos_token", json_string(bos));
+        if (eos) json_object_set_new(sp, "eos_token", json_string(eos));
+        e->special_tokens_json = json_dumps(sp, JSON_COMPACT);
+        json_decref(sp);
+    }
     char terr[512];
     e->tpl = df_template_parse(tpl, terr, sizeof terr);
     if (!e->tpl) return df_err(err, errlen, DF_EUNSUPPORTED, "%s: chat_template: %s", where, terr);
@@ -93,9 +101,21 @@ int df_engine_tok_load(df_engine *e, const char *dir, char *err, size_t errlen) 
     if (!have) return 0;
     e->tok = df_tok_load(dir, err, errlen);
     if (!e->tok) return DF_EFORMAT;
+    char *cfgp = df_path_join(dir, "tokenizer_config.json"), *cfgtext = NULL;
+    if (df_file_exists(cfgp) && df_read_file(cfgp, &cfgtext, NULL, NULL, 0) == 0) {
+        char *src = NULL;
+        if (df_chat_config_parse(cfgtext, cfgp, 0, &src, &e->special_tokens_json, err, errlen) != 0) {
+            free(cfgtext);
+            free(cfgp);
+            return DF_EFORMAT;
+        }
+        free(src); /* the tokenizer resolved the same template (incl. chat_template.jinja) */
+    }
+    free(cfgtext);
+    free(cfgp);
     int rc = load_template(e, dir, err, errlen);
     if (rc) return rc;
-    char *cfgp = df_path_join(dir, "tokenizer_config.json");
+    cfgp = df_path_join(dir, "tokenizer_config.json");
     json_t *cfg = json_load_file(cfgp, 0, NULL);
     free(cfgp);
     if (cfg) {
@@ -107,6 +127,7 @@ int df_engine_tok_load(df_engine *e, const char *dir, char *err, size_t errlen) 
 }
 
 void df_engine_tok_free(df_engine *e) {
+    free(e->special_tokens_json);
     df_template_free(e->tpl);
     df_tok_free(e->tok);
 }
@@ -126,32 +147,14 @@ int df_tokenize(df_engine *e, const char *text, size_t len, int32_t **ids, size_
 int df_chat_render(df_engine *e, const char *messages_json, const char *tools_json, int add_gen, char **out) {
     *out = NULL;
     if (!e->tpl) return df_err(e->errbuf, sizeof e->errbuf, DF_EUNSUPPORTED, "this model has no chat template");
-    json_error_t je;
-    json_t *msgs = json_loads(messages_json, 0, &je);
-    if (!json_is_array(msgs)) {
-        json_decref(msgs);
-        return df_err(e->errbuf, sizeof e->errbuf, DF_EINPUT, "messages: expected a JSON array");
-    }
-    json_t *ctx = json_object();
-    json_object_set_new(ctx, "messages", msgs);
-    if (tools_json) {
-        json_t *tools = json_loads(tools_json, 0, &je);
-        if (!json_is_array(tools)) {
-            json_decref(tools);
-            json_decref(ctx);
-            return df_err(e->errbuf, sizeof e->errbuf, DF_EINPUT, "tools: expected a JSON array");
-        }
-        json_object_set_new(ctx, "tools", tools);
-    }
-    json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_gen));
-    const char *bos = df_tok_bos_token(e->tok), *eos = df_tok_eos_token(e->tok);
-    if (bos) json_object_set_new(ctx, "bos_token", json_string(bos));
-    if (eos) json_object_set_new(ctx, "eos_token", json_string(eos));
-    char *cj = json_dumps(ctx, JSON_COMPACT);
-    json_decref(ctx);
+    /* the context as transformers' apply_chat_template builds it: cleaned
+     * messages, tools or none, special-token variables */
+    char *ctx = NULL;
+    int rc = df_chat_context_build(messages_json, tools_json, add_gen, e->special_tokens_json, NULL, &ctx, e->errbuf, sizeof e->errbuf);
+    if (rc) return rc;
     size_t len;
-    int rc = df_template_render(e->tpl, cj, out, &len, e->errbuf, sizeof e->errbuf);
-    free(cj);
+    rc = df_template_render(e->tpl, ctx, out, &len, e->errbuf, sizeof e->errbuf);
+    free(ctx);
     return rc;
 }
 

