@@ -260,6 +260,8 @@ static inline float hsum(__m256 v) {
                          _mm256_setzero_ps()};                                                  \
         for (int64_t i = 0; i < n / (BE); i++) {                                                \
             __m256 w[NV_##T];                                                                   \
+            for (int o_ = 0; o_ < (BB); o_ += 64)                                               \
+                _mm_prefetch((const char *)row + i * (BB) + 1024 + o_, _MM_HINT_T0);            \
             dec_##T(row + i * (BB), w);                                                         \
             const float *xb = x + i * (BE);                                                     \
             _Pragma("GCC unroll 32") for (int k = 0; k < NV_##T; k++) acc[k & 3] =              \

@@ -224,6 +224,8 @@ static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
                          _mm512_setzero_ps()};                                                  \
         int64_t nb = n / (BE), i = 0;                                                           \
         for (; i + UN_##T <= nb; i += UN_##T) {                                                 \
+            for (int o_ = 0; o_ < UN_##T * (BB); o_ += 64)                                      \
+                _mm_prefetch((const char *)row + i * (BB) + 1024 + o_, _MM_HINT_T0);            \
             _Pragma("GCC unroll 4") for (int u = 0; u < UN_##T; u++) {                          \
                 __m512 w[NV_##T];                                                               \
                 dec_##T(row + (i + u) * (BB), w);                                               \
