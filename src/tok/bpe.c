@@ -1,0 +1,467 @@
+/* bpe.c - byte-pair encoding over token ids.
+ *
+ * A word (one pre-token) starts as one symbol per byte (byte-level models)
+ * or per UTF-8 character (others); then, while some adjacent pair has a
+ * merge, the pair of lowest rank is merged, the leftmost one on ties. This is
+ * what HF tokenizers' BPE (merges list, rank = line index) and tiktoken (rank
+ * of the concatenated bytes) both compute. Short words use a flat array
+ * (quadratic in the word, which is tiny); long words use an indexed binary
+ * heap over a linked list, O(n log n) with 24 bytes per symbol, so one huge
+ * pre-token (a 100 MiB run of letters) stays tractable.
+ *
+ * The per-thread cache maps word bytes -> ids; it is cleared when full,
+ * which never changes results. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tok/tok_internal.h"
+#include "tok/unicode.h"
+#include "util/util.h"
+
+void df_ids_grow(df_ids *x, size_t more) {
+    size_t c = x->cap ? x->cap : 256;
+    while (c < x->n + more) c *= 2;
+    x->v = df_xrealloc(x->v, c * sizeof *x->v);
+    x->cap = c;
+}
+
+/* ---- hashing ------------------------------------------------------------ */
+
+static inline uint64_t mix64(uint64_t h) {
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+}
+
+static inline uint64_t hash_bytes(const uint8_t *s, size_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (n * 0x100000001B3ULL);
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+        s += 8;
+        n -= 8;
+    }
+    if (n) {
+        uint64_t w = 0;
+        memcpy(&w, s, n);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+    }
+    return mix64(h);
+}
+
+/* ---- tables ------------------------------------------------------------- */
+
+void df_bpe_init(df_bpe *b) {
+    memset(b, 0, sizeof *b);
+    for (int i = 0; i < 256; i++) b->byte_id[i] = b->byte_fb_id[i] = -1;
+    b->unk_id = -1;
+}
+
+void df_bpe_free(df_bpe *b) {
+    free(b->blob);
+    free(b->tok);
+    free(b->vocab.slots);
+    free(b->merges.keys);
+    free(b->merges.vals);
+    memset(b, 0, sizeof *b);
+}
+
+
+void df_bpe_set_token(df_bpe *b, int32_t id, const uint8_t *bytes, size_t len) {
+    if (id >= b->n_ids) {
+        int32_t nn = b->n_ids ? b->n_ids : 1024;
+        while (nn <= id) nn *= 2;
+        b->tok = df_xrealloc(b->tok, (size_t)nn * sizeof *b->tok);
+        for (int32_t i = b->n_ids; i < nn; i++) b->tok[i] = UINT64_MAX;
+        b->n_ids = nn;
+    }
+        if (b->blob_len + len > b->blob_cap) {
+        b->blob_cap = b->blob_cap ? b->blob_cap * 2 : 1 << 20;
+        while (b->blob_len + len > b->blob_cap) b->blob_cap *= 2;
+        b->blob = df_xrealloc(b->blob, b->blob_cap);
+    }
+    memcpy(b->blob + b->blob_len, bytes, len);
+    b->tok[id] = ((uint64_t)b->blob_len << 24) | (uint64_t)len;
+    b->blob_len += len;
+}
+
+int32_t df_bpe_lookup(const df_bpe *b, const uint8_t *s, size_t n) {
+    if (!b->vocab.cap) return -1;
+    size_t mask = b->vocab.cap - 1, i = (size_t)hash_bytes(s, n) & mask;
+    for (;;) {
+        uint32_t v = b->vocab.slots[i];
+        if (!v) return -1;
+        size_t l;
+        const uint8_t *t = df_bpe_bytes(b, (int32_t)(v - 1), &l);
+        if (l == n && !memcmp(t, s, n)) return (int32_t)(v - 1);
+        i = (i + 1) & mask;
+    }
+}
+
+void df_bpe_index(df_bpe *b) {
+    /* trim n_ids to max id + 1 */
+    int32_t last = b->n_ids - 1;
+    while (last >= 0 && b->tok[last] == UINT64_MAX) last--;
+    b->n_ids = last + 1;
+    size_t cap = 16;
+    while (cap < (size_t)b->n_ids * 2 + 16) cap *= 2;
+    free(b->vocab.slots);
+    b->vocab.slots = df_xcalloc(cap, sizeof *b->vocab.slots);
+    b->vocab.cap = cap;
+    for (int32_t id = 0; id < b->n_ids; id++) {
+        size_t l;
+        const uint8_t *t = df_bpe_bytes(b, id, &l);
+        if (!t) continue;
+        size_t i = (size_t)hash_bytes(t, l) & (cap - 1);
+        for (;;) {
+            uint32_t v = b->vocab.slots[i];
+            if (!v) { b->vocab.slots[i] = (uint32_t)id + 1; break; }
+            size_t l2;
+            const uint8_t *t2 = df_bpe_bytes(b, (int32_t)(v - 1), &l2);
+            if (l2 == l && !memcmp(t2, t, l)) { b->vocab.slots[i] = (uint32_t)id + 1; break; }
+            i = (i + 1) & (cap - 1);
+        }
+    }
+    for (int c = 0; c < 256; c++) {
+        uint8_t ch = (uint8_t)c;
+        if (b->byte_level) b->byte_id[c] = df_bpe_lookup(b, &ch, 1);
+    }
+}
+
+static inline size_t pair_slot(uint64_t key, size_t cap) { return (size_t)mix64(key) & (cap - 1); }
+
+void df_pairmap_put(df_pairmap *m, int32_t a, int32_t b, uint32_t rank, int32_t id) {
+    if ((m->n + 1) * 2 > m->cap) {
+        size_t nc = m->cap ? m->cap * 2 : 1 << 16;
+        uint64_t *nk = df_xcalloc(nc, sizeof *nk), *nv = df_xmalloc(nc * sizeof *nv);
+        for (size_t i = 0; i < m->cap; i++) {
+            if (!m->keys[i]) continue;
+            size_t j = pair_slot(m->keys[i], nc);
+            while (nk[j]) j = (j + 1) & (nc - 1);
+            nk[j] = m->keys[i];
+            nv[j] = m->vals[i];
+        }
+        free(m->keys);
+        free(m->vals);
+        m->keys = nk;
+        m->vals = nv;
+        m->cap = nc;
+    }
+    uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
+    size_t j = pair_slot(key, m->cap);
+    while (m->keys[j] && m->keys[j] != key) j = (j + 1) & (m->cap - 1);
+    if (!m->keys[j]) { m->keys[j] = key; m->n++; }
+    m->vals[j] = ((uint64_t)rank << 32) | (uint32_t)id;
+}
+
+/* rank << 32 | id of the merge of (a, b), or UINT64_MAX. */
+static inline uint64_t pair_get(const df_pairmap *m, int32_t a, int32_t b) {
+    if (!m->cap) return UINT64_MAX;
+    uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
+    size_t j = pair_slot(key, m->cap);
+    for (;;) {
+        uint64_t k = m->keys[j];
+        if (k == key) return m->vals[j];
+        if (!k) return UINT64_MAX;
+        j = (j + 1) & (m->cap - 1);
+    }
+}
+
+void df_bpe_pairs_from_ranks(df_bpe *b) {
+    for (int32_t id = 0; id < b->n_ids; id++) {
+        size_t l;
+        const uint8_t *t = df_bpe_bytes(b, id, &l);
+        if (!t || l < 2) continue;
+        for (size_t k = 1; k < l; k++) {
+            int32_t x = df_bpe_lookup(b, t, k), y;
+            if (x < 0) continue;
+            if ((y = df_bpe_lookup(b, t + k, l - k)) < 0) continue;
+            df_pairmap_put(&b->merges, x, y, (uint32_t)id, id);
+        }
+    }
+}
+
+/* ---- word cache --------------------------------------------------------- */
+
+typedef struct { uint64_t h; uint32_t koff, klen, voff, vlen; } cache_slot;
+struct df_bpe_cache {
+    cache_slot *slots;
+    size_t cap, used;
+    uint8_t *keys;
+    size_t klen, kcap;
+    int32_t *vals;
+    size_t vlen, vcap;
+    /* scratch for merging */
+    int32_t *sym, *nxt, *prv, *hp, *hidx;
+    uint32_t *rank;
+    size_t scap;
+};
+
+#define CACHE_MAX_SLOTS (1u << 18)
+#define CACHE_MAX_WORD 128
+
+df_bpe_cache *df_bpe_cache_new(void) {
+    df_bpe_cache *c = df_xcalloc(1, sizeof *c);
+    c->cap = 1 << 12;
+    c->slots = df_xcalloc(c->cap, sizeof *c->slots);
+    return c;
+}
+
+void df_bpe_cache_free(df_bpe_cache *c) {
+    if (!c) return;
+    free(c->slots);
+    free(c->keys);
+    free(c->vals);
+    free(c->sym);
+    free(c->nxt);
+    free(c->prv);
+    free(c->hp);
+    free(c->hidx);
+    free(c->rank);
+    free(c);
+}
+
+static void cache_reset(df_bpe_cache *c, size_t cap) {
+    if (cap != c->cap) {
+        free(c->slots);
+        c->slots = df_xcalloc(cap, sizeof *c->slots);
+        c->cap = cap;
+    } else {
+        memset(c->slots, 0, cap * sizeof *c->slots);
+    }
+    c->used = c->klen = c->vlen = 0;
+}
+
+static void cache_put(df_bpe_cache *c, uint64_t h, const uint8_t *s, size_t n, const int32_t *ids, size_t m) {
+    if ((c->used + 1) * 2 > c->cap) cache_reset(c, c->cap < CACHE_MAX_SLOTS ? c->cap * 2 : c->cap);
+    if (c->klen + n > c->kcap) { c->kcap = (c->klen + n) * 2 + 4096; c->keys = df_xrealloc(c->keys, c->kcap); }
+    if (c->vlen + m > c->vcap) { c->vcap = (c->vlen + m) * 2 + 1024; c->vals = df_xrealloc(c->vals, c->vcap * sizeof *c->vals); }
+    size_t j = (size_t)h & (c->cap - 1);
+    while (c->slots[j].klen) j = (j + 1) & (c->cap - 1);
+    cache_slot *e = &c->slots[j];
+    e->h = h;
+    e->koff = (uint32_t)c->klen;
+    e->klen = (uint32_t)n;
+    e->voff = (uint32_t)c->vlen;
+    e->vlen = (uint32_t)m;
+    memcpy(c->keys + c->klen, s, n);
+    c->klen += n;
+    memcpy(c->vals + c->vlen, ids, m * sizeof *ids);
+    c->vlen += m;
+    c->used++;
+}
+
+/* ---- merging ------------------------------------------------------------ */
+
+static void scratch(df_bpe_cache *c, size_t n, int heap) {
+    if (n <= c->scap && (!heap || c->hp)) return;
+    size_t cap = n > c->scap ? n + n / 2 + 16 : c->scap;
+    c->sym = df_xrealloc(c->sym, cap * sizeof *c->sym);
+    c->rank = df_xrealloc(c->rank, cap * sizeof *c->rank);
+    if (heap || c->hp) {
+        c->nxt = df_xrealloc(c->nxt, cap * sizeof *c->nxt);
+        c->prv = df_xrealloc(c->prv, cap * sizeof *c->prv);
+        c->hp = df_xrealloc(c->hp, cap * sizeof *c->hp);
+        c->hidx = df_xrealloc(c->hidx, cap * sizeof *c->hidx);
+    }
+    c->scap = cap;
+}
+
+/* Initial symbols of the word into c->sym; returns their count. */
+static size_t symbolize(const df_bpe *b, df_bpe_cache *c, const uint8_t *s, size_t n) {
+    scratch(c, n, 0);
+    size_t m = 0;
+    if (b->byte_level) {
+        for (size_t i = 0; i < n; i++) {
+            int32_t id = b->byte_id[s[i]];
+            if (id < 0) id = b->unk_id;
+            if (id >= 0) c->sym[m++] = id;
+        }
+        return m;
+    }
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int l = df_utf8_decode(s + i, n - i, &cp);
+        if (!l) l = 1;
+        int32_t id = df_bpe_lookup(b, s + i, (size_t)l);
+        if (id >= 0) c->sym[m++] = id;
+        else if (b->byte_fallback) {
+            for (int k = 0; k < l; k++)
+                if (b->byte_fb_id[s[i + k]] >= 0) c->sym[m++] = b->byte_fb_id[s[i + k]];
+        } else if (b->unk_id >= 0) {
+            c->sym[m++] = b->unk_id;
+        }
+        i += (size_t)l;
+    }
+    return m;
+}
+
+/* Flat array merge: fine for short words. */
+static size_t merge_flat(const df_bpe *b, int32_t *sym, uint32_t *rank, size_t m) {
+    for (size_t i = 0; i + 1 < m; i++) {
+        uint64_t v = pair_get(&b->merges, sym[i], sym[i + 1]);
+        rank[i] = v == UINT64_MAX ? UINT32_MAX : (uint32_t)(v >> 32);
+    }
+    while (m > 1) {
+        uint32_t best = UINT32_MAX;
+        size_t bi = 0;
+        for (size_t i = 0; i + 1 < m; i++)
+            if (rank[i] < best) { best = rank[i]; bi = i; }
+        if (best == UINT32_MAX) break;
+        uint64_t v = pair_get(&b->merges, sym[bi], sym[bi + 1]);
+        sym[bi] = (int32_t)(uint32_t)v;
+        memmove(sym + bi + 1, sym + bi + 2, (m - bi - 2) * sizeof *sym);
+        memmove(rank + bi + 1, rank + bi + 2, (m - bi - 2 > 0 ? m - bi - 2 : 0) * sizeof *rank);
+        m--;
+        if (bi + 1 < m) {
+            uint64_t w = pair_get(&b->merges, sym[bi], sym[bi + 1]);
+            rank[bi] = w == UINT64_MAX ? UINT32_MAX : (uint32_t)(w >> 32);
+        } else if (bi < m) {
+            rank[bi] = UINT32_MAX;
+        }
+        if (bi > 0) {
+            uint64_t w = pair_get(&b->merges, sym[bi - 1], sym[bi]);
+            rank[bi - 1] = w == UINT64_MAX ? UINT32_MAX : (uint32_t)(w >> 32);
+        }
+    }
+    return m;
+}
+
+/* Indexed min-heap over positions, keyed by (rank[pos], pos). */
+static inline int heap_less(const uint32_t *rank, int32_t a, int32_t b) {
+    return rank[a] < rank[b] || (rank[a] == rank[b] && a < b);
+}
+static void heap_up(int32_t *hp, int32_t *hidx, const uint32_t *rank, size_t k) {
+    int32_t x = hp[k];
+    while (k > 0) {
+        size_t p = (k - 1) / 2;
+        if (!heap_less(rank, x, hp[p])) break;
+        hp[k] = hp[p];
+        hidx[hp[k]] = (int32_t)k;
+        k = p;
+    }
+    hp[k] = x;
+    hidx[x] = (int32_t)k;
+}
+static void heap_down(int32_t *hp, int32_t *hidx, const uint32_t *rank, size_t k, size_t n) {
+    int32_t x = hp[k];
+    for (;;) {
+        size_t l = 2 * k + 1;
+        if (l >= n) break;
+        size_t r = l + 1, m = (r < n && heap_less(rank, hp[r], hp[l])) ? r : l;
+        if (!heap_less(rank, hp[m], x)) break;
+        hp[k] = hp[m];
+        hidx[hp[k]] = (int32_t)k;
+        k = m;
+    }
+    hp[k] = x;
+    hidx[x] = (int32_t)k;
+}
+
+static void heap_remove(int32_t *hp, int32_t *hidx, const uint32_t *rank, int32_t p, size_t *hn) {
+    size_t k = (size_t)hidx[p];
+    hidx[p] = -1;
+    (*hn)--;
+    if (k < *hn) {
+        int32_t x = hp[*hn];
+        hp[k] = x;
+        hidx[x] = (int32_t)k;
+        heap_down(hp, hidx, rank, k, *hn);
+        heap_up(hp, hidx, rank, (size_t)hidx[x]);
+    }
+}
+
+/* Recomputes the rank of the pair (p, nxt[p]) and fixes p's place in the heap. */
+static void set_rank(const df_bpe *b, df_bpe_cache *c, int32_t p, size_t *hn) {
+    int32_t *sym = c->sym, *nxt = c->nxt, *hp = c->hp, *hidx = c->hidx;
+    uint32_t *rank = c->rank;
+    uint64_t v = nxt[p] >= 0 ? pair_get(&b->merges, sym[p], sym[nxt[p]]) : UINT64_MAX;
+    uint32_t r = v == UINT64_MAX ? UINT32_MAX : (uint32_t)(v >> 32);
+    if (hidx[p] < 0) {
+        rank[p] = r;
+        if (r != UINT32_MAX) { hp[*hn] = p; hidx[p] = (int32_t)*hn; (*hn)++; heap_up(hp, hidx, rank, *hn - 1); }
+    } else if (r == UINT32_MAX) {
+        heap_remove(hp, hidx, rank, p, hn);
+        rank[p] = r;
+    } else {
+        uint32_t old = rank[p];
+        rank[p] = r;
+        if (r < old) heap_up(hp, hidx, rank, (size_t)hidx[p]);
+        else heap_down(hp, hidx, rank, (size_t)hidx[p], *hn);
+    }
+}
+
+/* Heap merge for long words; returns the symbol count, compacted into sym. */
+static size_t merge_heap(const df_bpe *b, df_bpe_cache *c, size_t m) {
+    scratch(c, m, 1);
+    int32_t *sym = c->sym, *nxt = c->nxt, *prv = c->prv, *hp = c->hp, *hidx = c->hidx;
+    uint32_t *rank = c->rank;
+    size_t hn = 0;
+    for (size_t i = 0; i < m; i++) {
+        nxt[i] = i + 1 < m ? (int32_t)(i + 1) : -1;
+        prv[i] = (int32_t)i - 1;
+        uint64_t v = i + 1 < m ? pair_get(&b->merges, sym[i], sym[i + 1]) : UINT64_MAX;
+        rank[i] = v == UINT64_MAX ? UINT32_MAX : (uint32_t)(v >> 32);
+        hidx[i] = -1;
+        if (rank[i] != UINT32_MAX) { hp[hn] = (int32_t)i; hidx[i] = (int32_t)hn; hn++; }
+    }
+    for (size_t k = hn / 2; k-- > 0;) heap_down(hp, hidx, rank, k, hn);
+    while (hn > 0) {
+        int32_t p = hp[0], q = nxt[p];
+        uint64_t v = pair_get(&b->merges, sym[p], sym[q]);
+        sym[p] = (int32_t)(uint32_t)v;
+        if (hidx[q] >= 0) heap_remove(hp, hidx, rank, q, &hn);
+        nxt[p] = nxt[q];
+        if (nxt[q] >= 0) prv[nxt[q]] = p;
+        set_rank(b, c, p, &hn);
+        if (prv[p] >= 0) set_rank(b, c, prv[p], &hn);
+    }
+    size_t o = 0;
+    for (int32_t p = 0; p >= 0; p = nxt[p]) sym[o++] = sym[p];
+    return o;
+}
+
+void df_bpe_encode_word(const df_bpe *b, df_bpe_cache *c, const uint8_t *s, size_t n, df_ids *out) {
+    if (n == 0) return;
+    if (n == 1 && b->byte_level) {
+        int32_t id = b->byte_id[s[0]];
+        if (id < 0) id = b->unk_id;
+        if (id >= 0) df_ids_push(out, id);
+        return;
+    }
+    uint64_t h = 0;
+    if (n <= CACHE_MAX_WORD) {
+        h = hash_bytes(s, n);
+        size_t j = (size_t)h & (c->cap - 1);
+        for (;;) {
+            cache_slot *e = &c->slots[j];
+            if (!e->klen) break;
+            if (e->h == h && e->klen == n && !memcmp(c->keys + e->koff, s, n)) {
+                if (out->n + e->vlen > out->cap) df_ids_grow(out, e->vlen);
+                memcpy(out->v + out->n, c->vals + e->voff, e->vlen * sizeof(int32_t));
+                out->n += e->vlen;
+                return;
+            }
+            j = (j + 1) & (c->cap - 1);
+        }
+    }
+    size_t m;
+    int32_t whole = b->whole_word_first ? df_bpe_lookup(b, s, n) : -1;
+    if (whole >= 0) {
+        scratch(c, 1, 0);
+        c->sym[0] = whole;
+        m = 1;
+    } else {
+        m = symbolize(b, c, s, n);
+        m = m <= 256 ? merge_flat(b, c->sym, c->rank, m) : merge_heap(b, c, m);
+    }
+    if (out->n + m > out->cap) df_ids_grow(out, m);
+    memcpy(out->v + out->n, c->sym, m * sizeof(int32_t));
+    out->n += m;
+    if (n <= CACHE_MAX_WORD) cache_put(c, h, s, n, c->sym, m);
+}

@@ -1,0 +1,624 @@
+/* tokenizer.c - loading (path dispatch, tokenizer_config.json), added-token
+ * matching, the encode pipeline (serial and parallel), decoding and the
+ * streaming detokenizer.
+ *
+ * Invariants: encoding is a pure function of (tokenizer, bytes, flags); the
+ * thread count never changes the ids (see "Parallel encoding" below for why
+ * the cut points are safe). Added tokens are matched exactly as HF's
+ * AddedVocabulary does: non-normalized tokens leftmost-longest over the raw
+ * text first, then, inside each remaining piece after normalization, the
+ * normalized ones; lstrip/rstrip/single_word are applied per match within the
+ * piece being split. */
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deltafin.h"
+#include "tok/tok_internal.h"
+#include "tok/unicode.h"
+#include "util/util.h"
+
+long df_tok_bytelevel_decode(const char *s, size_t n, uint8_t *out);
+void df_tok_bytelevel_tables(void);
+
+/* ---- trie --------------------------------------------------------------- */
+
+struct df_trie_node { int32_t child, sibling, term; uint8_t byte; };
+
+static int32_t trie_node(df_trie *tr, uint8_t byte) {
+    if (tr->n == tr->cap) {
+        tr->cap = tr->cap ? tr->cap * 2 : 256;
+        tr->nodes = df_xrealloc(tr->nodes, tr->cap * sizeof *tr->nodes);
+    }
+    struct df_trie_node *x = &tr->nodes[tr->n];
+    x->child = x->sibling = x->term = -1;
+    x->byte = byte;
+    return (int32_t)tr->n++;
+}
+
+void df_tok_trie_add(df_trie *tr, const uint8_t *s, size_t n, int32_t term);
+void df_tok_trie_add(df_trie *tr, const uint8_t *s, size_t n, int32_t term) {
+    if (!tr->n) trie_node(tr, 0);
+    int32_t cur = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t c = tr->nodes[cur].child, found = -1;
+        for (; c >= 0; c = tr->nodes[c].sibling)
+            if (tr->nodes[c].byte == s[i]) { found = c; break; }
+        if (found < 0) {
+            found = trie_node(tr, s[i]);
+            tr->nodes[found].sibling = tr->nodes[cur].child;
+            tr->nodes[cur].child = found;
+        }
+        cur = found;
+    }
+    if (tr->nodes[cur].term < 0) tr->nodes[cur].term = term; /* first token with this content wins */
+    tr->first[s[0]] = 1;
+}
+
+/* Longest token starting at s[0]: returns its length and sets *term, or 0. */
+static size_t trie_longest(const df_trie *tr, const uint8_t *s, size_t n, int32_t *term) {
+    int32_t cur = 0;
+    size_t best = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t c = tr->nodes[cur].child;
+        while (c >= 0 && tr->nodes[c].byte != s[i]) c = tr->nodes[c].sibling;
+        if (c < 0) break;
+        cur = c;
+        if (tr->nodes[cur].term >= 0) { best = i + 1; *term = tr->nodes[cur].term; }
+    }
+    return best;
+}
+
+/* ---- added-token splitting ---------------------------------------------- */
+
+typedef struct { size_t start, end; int32_t id; } df_seg; /* id < 0: text to encode */
+typedef struct { df_seg *v; size_t n, cap; } df_segs;
+
+static void seg_push(df_segs *s, size_t a, size_t b, int32_t id) {
+    if (s->n == s->cap) { s->cap = s->cap ? s->cap * 2 : 64; s->v = df_xrealloc(s->v, s->cap * sizeof *s->v); }
+    s->v[s->n++] = (df_seg){a, b, id};
+}
+
+static int is_ws_cp(uint32_t cp) { return cp < 0x110000 && (df_uc_props(cp) & DF_UC_WS); }
+static int is_word_cp(uint32_t cp) {
+    if (cp >= 0x110000) return 0;
+    int g = df_uc_gc(cp);
+    return g <= DF_GC_Lo || (g >= DF_GC_Nd && g <= DF_GC_No);
+}
+/* code point of the character ending at s[n) (invalid: 0xFFFFFFFF) */
+static uint32_t last_cp(const uint8_t *s, size_t n, size_t *start) {
+    size_t k = n - 1;
+    while (k > 0 && n - k < 4 && (s[k] & 0xC0) == 0x80) k--;
+    uint32_t cp;
+    int l = df_utf8_decode(s + k, n - k, &cp);
+    if (!l || (size_t)l != n - k) { *start = n - 1; return 0xFFFFFFFFu; }
+    *start = k;
+    return cp;
+}
+
+/* Splits s[0..n) on the tokens of tr (HF find_matches), appending segments
+ * with offsets shifted by base. special_ok: 0 skips special tokens. */
+static void split_added(const df_tokenizer *t, const df_trie *tr, const uint8_t *s, size_t n, size_t base,
+                        int special_ok, df_segs *out) {
+    size_t start_off = 0, p = 0;
+    while (p < n) {
+        if (!tr->first[s[p]]) { p++; continue; }
+        int32_t term = -1;
+        size_t ml = trie_longest(tr, s + p, n - p, &term);
+        if (!ml) { p++; continue; }
+        const df_added *a = &t->added[term];
+        size_t ms = p, me = p + ml;
+        p = me;
+        if (a->special && !special_ok) continue;
+        if (a->single_word) {
+            size_t k;
+            uint32_t before = ms > 0 ? last_cp(s, ms, &k) : 0xFFFFFFFFu, after = 0xFFFFFFFFu;
+            if (me < n && !df_utf8_decode(s + me, n - me, &after)) after = 0xFFFFFFFFu;
+            if ((ms > 0 && is_word_cp(before)) || (me < n && is_word_cp(after))) continue;
+        }
+        if (a->lstrip) {
+            size_t ns = ms;
+            while (ns > 0) {
+                size_t k;
+                uint32_t cp = last_cp(s, ns, &k);
+                if (!is_ws_cp(cp)) break;
+                ns = k;
+            }
+            ms = ns > start_off ? ns : start_off;
+        }
+        if (a->rstrip) {
+            while (me < n) {
+                uint32_t cp;
+                int l = df_utf8_decode(s + me, n - me, &cp);
+                if (!l || !is_ws_cp(cp)) break;
+                me += (size_t)l;
+            }
+        }
+        if (start_off < ms) seg_push(out, base + start_off, base + ms, -1);
+        seg_push(out, base + ms, base + me, a->id);
+        start_off = me;
+    }
+    if (start_off < n) seg_push(out, base + start_off, base + n, -1);
+}
+
+/* ---- the encode pipeline ------------------------------------------------ */
+
+typedef struct {
+    const df_tokenizer *t;
+    df_bpe_cache *cache;
+    df_ids *out;
+    pcre2_match_data *md;
+    int special_ok;
+} worker;
+
+typedef struct { size_t s, e; int m; } piece;
+
+static void pretok(worker *w, int k, const uint8_t *s, size_t n);
+
+/* Applies split behaviour to the (start, end, is_match) list of one piece, then recurses. */
+static void split_general(worker *w, int k, const uint8_t *s, size_t n) {
+    const df_pretok_step *st = &w->t->steps[k];
+    piece *v = NULL;
+    size_t nv = 0, cap = 0, pos = 0, ms, me;
+#define PUSH(a, b, mm) do { if (nv == cap) { cap = cap ? cap * 2 : 16; v = df_xrealloc(v, cap * sizeof *v); } v[nv++] = (piece){a, b, mm}; } while (0)
+    if (st->literal) {
+        while (pos + st->literal_len <= n) {
+            const uint8_t *f = memmem(s + pos, n - pos, st->literal, st->literal_len);
+            if (!f) break;
+            ms = (size_t)(f - s);
+            me = ms + st->literal_len;
+            if (ms > pos) PUSH(pos, ms, 0);
+            PUSH(ms, me, 1);
+            pos = me;
+        }
+    } else {
+        while (df_pretok_find(st->fast, st->re, w->md, s, n, pos, &ms, &me)) {
+            if (ms > pos) PUSH(pos, ms, 0);
+            PUSH(ms, me, 1);
+            pos = me;
+        }
+    }
+    if (pos < n) PUSH(pos, n, 0);
+    if (st->invert)
+        for (size_t i = 0; i < nv; i++) v[i].m = !v[i].m;
+    piece *o = df_xmalloc((nv + 1) * sizeof *o);
+    size_t no = 0;
+    int prev = 0;
+    switch (st->behavior) {
+    case DF_SPLIT_ISOLATED: memcpy(o, v, nv * sizeof *v); no = nv; break;
+    case DF_SPLIT_REMOVED:
+        for (size_t i = 0; i < nv; i++) if (!v[i].m) o[no++] = v[i];
+        break;
+    case DF_SPLIT_MERGED_PREV:
+        for (size_t i = 0; i < nv; i++) {
+            if (v[i].m && !prev && no) o[no - 1].e = v[i].e;
+            else o[no++] = v[i];
+            prev = v[i].m;
+        }
+        break;
+    case DF_SPLIT_MERGED_NEXT:
+        for (size_t i = nv; i-- > 0;) {
+            if (v[i].m && !prev && no) o[no - 1].s = v[i].s;
+            else o[no++] = v[i];
+            prev = v[i].m;
+        }
+        for (size_t i = 0; i < no / 2; i++) { piece x = o[i]; o[i] = o[no - 1 - i]; o[no - 1 - i] = x; }
+        break;
+    case DF_SPLIT_CONTIGUOUS:
+        for (size_t i = 0; i < nv; i++) {
+            if (v[i].m == prev && no) o[no - 1].e = v[i].e;
+            else o[no++] = v[i];
+            prev = v[i].m;
+        }
+        break;
+    }
+#undef PUSH
+    free(v);
+    for (size_t i = 0; i < no; i++) pretok(w, k + 1, s + o[i].s, o[i].e - o[i].s);
+    free(o);
+}
+
+/* Pre-tokenizer step k over one piece; after the last step, BPE. */
+static void pretok(worker *w, int k, const uint8_t *s, size_t n) {
+    const df_tokenizer *t = w->t;
+    if (n == 0) return;
+    if (k == t->n_steps) { df_bpe_encode_word(&t->bpe, w->cache, s, n, w->out); return; }
+    const df_pretok_step *st = &t->steps[k];
+    if (st->prefix_space) {
+        if (s[0] == ' ') { pretok(w, k + 1, s, n); return; }
+        uint8_t *b = df_xmalloc(n + 1);
+        b[0] = ' ';
+        memcpy(b + 1, s, n);
+        pretok(w, k + 1, b, n + 1);
+        free(b);
+        return;
+    }
+    if (st->fast && st->behavior == DF_SPLIT_ISOLATED && !st->invert) {
+        size_t pos = 0, ms, me;
+        int last = k + 1 == t->n_steps;
+        while (df_pretok_find(st->fast, NULL, NULL, s, n, pos, &ms, &me)) {
+            if (ms > pos) pretok(w, k + 1, s + pos, ms - pos);
+            if (last) df_bpe_encode_word(&t->bpe, w->cache, s + ms, me - ms, w->out);
+            else pretok(w, k + 1, s + ms, me - ms);
+            pos = me;
+        }
+        if (pos < n) pretok(w, k + 1, s + pos, n - pos);
+        return;
+    }
+    split_general(w, k, s, n);
+}
+
+/* Normalizes s (one piece without raw added tokens) into a malloc'd buffer, or
+ * returns NULL when the normalizers leave it unchanged. */
+static uint8_t *normalize(const df_tokenizer *t, const uint8_t *s, size_t n, size_t *outlen) {
+    uint8_t *cur = NULL;
+    size_t cl = n;
+    for (int i = 0; i < t->n_norm; i++) {
+        const df_norm_step *st = &t->norm[i];
+        const uint8_t *in = cur ? cur : s;
+        uint8_t *o = NULL;
+        size_t ol = 0, oc = 0;
+        if (st->kind == DF_NORM_NFC) {
+            if (df_nfc_quick_span(in, cl) == cl) continue;
+            df_nfc_append(in, cl, &o, &ol, &oc);
+        } else if (st->kind == DF_NORM_PREPEND) {
+            if (!cl) continue;
+            o = df_xmalloc(cl + st->alen);
+            memcpy(o, st->a, st->alen);
+            memcpy(o + st->alen, in, cl);
+            ol = cl + st->alen;
+        } else if (st->kind == DF_NORM_REPLACE) {
+            df_buf b = {0};
+            size_t p = 0;
+            while (p < cl) {
+                const uint8_t *f = memmem(in + p, cl - p, st->a, st->alen);
+                if (!f) break;
+                df_buf_put(&b, in + p, (size_t)(f - in) - p);
+                df_buf_put(&b, st->b, st->blen);
+                p = (size_t)(f - in) + st->alen;
+            }
+            df_buf_put(&b, in + p, cl - p);
+            o = (uint8_t *)b.p;
+            ol = b.len;
+        }
+        free(cur);
+        cur = o;
+        cl = ol;
+    }
+    *outlen = cl;
+    return cur;
+}
+
+/* Encodes one piece of text that holds no raw added token. */
+static void encode_gap(worker *w, const uint8_t *s, size_t n) {
+    const df_tokenizer *t = w->t;
+    size_t nl = n;
+    uint8_t *norm = t->n_norm ? normalize(t, s, n, &nl) : NULL;
+    const uint8_t *x = norm ? norm : s;
+    if (t->has_trie_norm) {
+        df_segs segs = {0};
+        split_added(t, &t->trie_norm, x, nl, 0, w->special_ok, &segs);
+        for (size_t i = 0; i < segs.n; i++) {
+            if (segs.v[i].id >= 0) df_ids_push(w->out, segs.v[i].id);
+            else pretok(w, 0, x + segs.v[i].start, segs.v[i].end - segs.v[i].start);
+        }
+        free(segs.v);
+    } else {
+        pretok(w, 0, x, nl);
+    }
+    free(norm);
+}
+
+static void worker_init(worker *w, const df_tokenizer *t, df_ids *out, int special_ok) {
+    w->t = t;
+    w->cache = df_bpe_cache_new();
+    w->out = out;
+    w->md = pcre2_match_data_create(32, NULL);
+    w->special_ok = special_ok;
+}
+static void worker_free(worker *w) {
+    df_bpe_cache_free(w->cache);
+    pcre2_match_data_free(w->md);
+}
+
+/* ---- Parallel encoding ---------------------------------------------------
+ * Cut points. A gap (text between raw added tokens) is cut at b only when
+ * text[b-1] == '\n' and text[b] is ASCII graphic (0x21..0x7E), and for the
+ * GPT-2 ByteLevel regex also text[b-2] is ASCII graphic. Encoding the two
+ * halves separately gives the same ids because every stage restarts at b:
+ *  - NFC: '\n' and an ASCII graphic are starters with NFC_QC=Yes that never
+ *    compose, so NFC(left + right) = NFC(left) + NFC(right).
+ *  - Normalized added tokens: none contains '\n' before its last byte and none
+ *    has lstrip (else split_ok is 0), so no match crosses b, and rstrip can only
+ *    eat whitespace up to b (text[b] is not whitespace); single_word sees '\n'
+ *    before b, a non-word character, exactly like the start of a piece.
+ *  - Every supported scanner pattern (cl100k, Qwen2, o200k, Kimi, DeepSeek's
+ *    three stages): no alternative can contain '\n' followed by another
+ *    character ('\n' is excluded from every optional prefix and letter class,
+ *    and appears only in trailing [\r\n]* runs or whitespace runs, which stop
+ *    before text[b], a non-space; o200k's trailing run is [\r\n/]*, so for
+ *    o200k text[b] must also not be '/'). The match covering text[b-1] therefore ends
+ *    exactly at b, both in the full text and in the left half: in the full text
+ *    \s+(?!\S) cannot be what matched it because \s*[\r\n]+ is tried first on
+ *    the same run and succeeds, ending after the run's last newline, which is
+ *    b-1; the left half gives the same match for the same reason. Matching
+ *    then restarts at b with no look-behind, so the right half matches alike.
+ *    DeepSeek's first two stages only isolate digit / CJK runs that cannot
+ *    contain '\n', so any piece of theirs crossing b is cut by stage three at
+ *    b anyway.
+ *  - GPT-2's \s+(?!\S) comes before plain \s+ and would take "  \n" whole at
+ *    the end of a left half while the full text splits it; requiring an ASCII
+ *    graphic before the '\n' makes the whitespace run a lone "\n" both ways.
+ *  - BPE works per pre-token, and the pieces are the same.
+ * Tokenizers with other patterns, Prepend/Replace normalizers or ByteLevel
+ * add_prefix_space are encoded serially. */
+
+static int cut_ok(const df_tokenizer *t, const uint8_t *s, size_t start, size_t b) {
+    if (b <= start + 1 || s[b - 1] != '\n' || s[b] < 0x21 || s[b] > 0x7E) return 0;
+    if (t->split_need_prev_graphic && (b < start + 2 || s[b - 2] < 0x21 || s[b - 2] > 0x7E)) return 0;
+    if (t->split_no_slash && s[b] == '/') return 0;
+    return 1;
+}
+
+typedef struct {
+    const df_tokenizer *t;
+    const uint8_t *text;
+    df_seg *items;       /* segments, gaps cut at safe points */
+    size_t *task_start;  /* task i covers items [task_start[i], task_start[i+1]) */
+    size_t n_tasks;
+    df_ids *results;
+    atomic_size_t next;
+    int special_ok;
+} par_job;
+
+static void *par_main(void *arg) {
+    par_job *j = arg;
+    worker w;
+    worker_init(&w, j->t, NULL, j->special_ok);
+    for (;;) {
+        size_t k = atomic_fetch_add(&j->next, 1);
+        if (k >= j->n_tasks) break;
+        w.out = &j->results[k];
+        for (size_t i = j->task_start[k]; i < j->task_start[k + 1]; i++) {
+            df_seg *sg = &j->items[i];
+            if (sg->id >= 0) df_ids_push(w.out, sg->id);
+            else encode_gap(&w, j->text + sg->start, sg->end - sg->start);
+        }
+    }
+    worker_free(&w);
+    return NULL;
+}
+
+#define PAR_MIN_BYTES (256u << 10)
+
+int df_tok_encode(const df_tokenizer *t, const char *text, size_t len, int flags, int n_threads, int32_t **ids, size_t *n) {
+    const uint8_t *s = (const uint8_t *)text;
+    int special_ok = !t->is_tiktoken || (flags & DF_TOK_ALLOW_SPECIAL);
+    df_segs segs = {0};
+    if (t->has_trie_raw) split_added(t, &t->trie_raw, s, len, 0, special_ok, &segs);
+    else if (len) seg_push(&segs, 0, len, -1);
+    if (n_threads <= 0) n_threads = df_n_cpus();
+    df_ids out = {0};
+    if (n_threads <= 1 || len < PAR_MIN_BYTES || !t->split_ok) {
+        worker w;
+        worker_init(&w, t, &out, special_ok);
+        for (size_t i = 0; i < segs.n; i++) {
+            if (segs.v[i].id >= 0) df_ids_push(&out, segs.v[i].id);
+            else encode_gap(&w, s + segs.v[i].start, segs.v[i].end - segs.v[i].start);
+        }
+        worker_free(&w);
+    } else {
+        size_t target = len / ((size_t)n_threads * 8);
+        if (target < (64u << 10)) target = 64u << 10;
+        df_segs items = {0};
+        size_t *ts = NULL, nts = 0, tcap = 0, acc = 0;
+#define TASK_START(i) do { if (nts == tcap) { tcap = tcap ? tcap * 2 : 64; ts = df_xrealloc(ts, tcap * sizeof *ts); } ts[nts++] = (i); } while (0)
+        TASK_START(0);
+        for (size_t i = 0; i < segs.n; i++) {
+            df_seg g = segs.v[i];
+            if (g.id >= 0) { seg_push(&items, g.start, g.end, g.id); continue; }
+            size_t a = g.start;
+            while (a < g.end) {
+                size_t want = a + (target > acc ? target - acc : 1), b = g.end;
+                if (want < g.end) {
+                    /* first safe cut at or after want */
+                    const uint8_t *p = s + want - 1;
+                    b = g.end;
+                    while (p < s + g.end) {
+                        const uint8_t *q = memchr(p, '\n', (size_t)(s + g.end - p));
+                        if (!q) break;
+                        size_t cand = (size_t)(q - s) + 1;
+                        if (cand < g.end && cut_ok(t, s, a, cand)) { b = cand; break; }
+                        p = q + 1;
+                    }
+                }
+                seg_push(&items, a, b, -1);
+                acc += b - a;
+                a = b;
+                if (acc >= target) { TASK_START(items.n); acc = 0; }
+            }
+        }
+        if (ts[nts - 1] != items.n) TASK_START(items.n);
+#undef TASK_START
+        par_job j = {0};
+        j.t = t;
+        j.text = s;
+        j.items = items.v;
+        j.task_start = ts;
+        j.n_tasks = nts - 1;
+        j.results = df_xcalloc(j.n_tasks ? j.n_tasks : 1, sizeof *j.results);
+        j.special_ok = special_ok;
+        atomic_init(&j.next, 0);
+        int nt = n_threads < (int)j.n_tasks ? n_threads : (int)j.n_tasks;
+        pthread_t *th = df_xmalloc(sizeof *th * (size_t)(nt > 0 ? nt : 1));
+        int started = 0;
+        for (int i = 1; i < nt; i++)
+            if (!pthread_create(&th[started], NULL, par_main, &j)) started++;
+        par_main(&j);
+        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+        size_t total = 0;
+        for (size_t k = 0; k < j.n_tasks; k++) total += j.results[k].n;
+        out.v = df_xmalloc((total ? total : 1) * sizeof *out.v);
+        for (size_t k = 0; k < j.n_tasks; k++) {
+            if (j.results[k].n) memcpy(out.v + out.n, j.results[k].v, j.results[k].n * sizeof *out.v);
+            out.n += j.results[k].n;
+            free(j.results[k].v);
+        }
+        out.cap = total;
+        free(j.results);
+        free(th);
+        free(ts);
+        free(items.v);
+    }
+    free(segs.v);
+    if (!out.v) out.v = df_xmalloc(sizeof *out.v);
+    *ids = out.v;
+    *n = out.n;
+    return DF_OK;
+}
+
+/* ---- decoding ----------------------------------------------------------- */
+
+const char *df_tok_token_bytes(const df_tokenizer *t, int32_t id, size_t *len) {
+    if (id < 0 || id >= t->n_ids || t->dec[id] == UINT64_MAX) { *len = 0; return NULL; }
+    *len = (size_t)(t->dec[id] & 0xFFFFFF);
+    return (const char *)t->dec_blob + (t->dec[id] >> 24);
+}
+
+int df_tok_decode_err(const df_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len, char *err, size_t errlen) {
+    df_buf b = {0};
+    for (size_t i = 0; i < n; i++) {
+        size_t l;
+        const char *p = df_tok_token_bytes(t, ids[i], &l);
+        if (!p) {
+            df_buf_free(&b);
+            return df_err(err, errlen, DF_EINPUT, "token id %d at index %zu is out of range (vocab size %d)", (int)ids[i], i,
+                          df_tok_vocab_size(t));
+        }
+        df_buf_put(&b, p, l);
+    }
+    df_buf_put(&b, "", 1);
+    b.len--;
+    if ((t->metaspace_decode & 2) && b.len && b.p[0] == ' ') { memmove(b.p, b.p + 1, b.len); b.len--; }
+    *out = b.p;
+    *len = b.len;
+    return DF_OK;
+}
+
+int df_tok_decode(const df_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len) {
+    return df_tok_decode_err(t, ids, n, out, len, NULL, 0);
+}
+
+int df_tok_vocab_size(const df_tokenizer *t) { return t->n_ids; }
+
+int df_tok_is_special(const df_tokenizer *t, int32_t id) {
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i].id == id) return t->added[i].special;
+    return 0;
+}
+
+int32_t df_tok_token_id(const df_tokenizer *t, const char *tok) {
+    size_t n = strlen(tok);
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i].len == n && !memcmp(t->added[i].content, tok, n)) return t->added[i].id;
+    if (t->is_tiktoken) {
+        int32_t id = df_bpe_lookup(&t->bpe, (const uint8_t *)tok, n);
+        if (id >= 0) return id;
+    }
+    if (t->bpe.byte_level) {
+        uint8_t stackb[256];
+        uint8_t *b = n <= sizeof stackb ? stackb : df_xmalloc(n);
+        long l = df_tok_bytelevel_decode(tok, n, b);
+        int32_t id = l >= 0 ? df_bpe_lookup(&t->bpe, b, (size_t)l) : -1;
+        if (b != stackb) free(b);
+        if (id >= 0 || t->is_tiktoken) return id;
+    }
+    return df_bpe_lookup(&t->bpe, (const uint8_t *)tok, n);
+}
+
+const char *df_tok_chat_template(const df_tokenizer *t) { return t->chat_template; }
+const char *df_tok_bos_token(const df_tokenizer *t) { return t->bos; }
+const char *df_tok_eos_token(const df_tokenizer *t) { return t->eos; }
+
+/* ---- streaming ---------------------------------------------------------- */
+
+struct df_tok_stream {
+    const df_tokenizer *t;
+    uint8_t *buf;      /* held bytes, then the output */
+    size_t held, cap;
+    int started;       /* for the Strip decoder: only the very first space is stripped */
+    uint8_t *out;      /* what the last push returned */
+    size_t outcap;
+};
+
+df_tok_stream *df_tok_stream_new(const df_tokenizer *t) {
+    df_tok_stream *s = df_xcalloc(1, sizeof *s);
+    s->t = t;
+    return s;
+}
+
+void df_tok_stream_free(df_tok_stream *s) {
+    if (!s) return;
+    free(s->buf);
+    free(s->out);
+    free(s);
+}
+
+/* Length of the trailing bytes of b[0..n) that form a proper prefix of a
+ * well-formed UTF-8 character (0 if none). */
+static size_t incomplete_tail(const uint8_t *b, size_t n) {
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        uint8_t c = b[n - k];
+        if ((c & 0xC0) == 0x80) continue; /* continuation: look further back */
+        size_t need = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+        if (need <= k) return 0; /* ASCII, invalid lead, or already complete */
+        /* check the continuation bytes present are valid for this lead */
+        for (size_t j = 1; j < k; j++) {
+            uint8_t d = b[n - k + j];
+            if ((d & 0xC0) != 0x80) return 0;
+            if (j == 1) {
+                if (c == 0xE0 && d < 0xA0) return 0;
+                if (c == 0xED && d >= 0xA0) return 0;
+                if (c == 0xF0 && d < 0x90) return 0;
+                if (c == 0xF4 && d >= 0x90) return 0;
+            }
+        }
+        return k;
+    }
+    return 0;
+}
+
+static uint8_t outbuf_dummy;
+
+const char *df_tok_stream_push(df_tok_stream *s, int32_t id, size_t *n) {
+    size_t l;
+    const char *p = df_tok_token_bytes(s->t, id, &l);
+    if (!p) { *n = 0; return (const char *)&outbuf_dummy; }
+    if (s->held + l + 1 > s->cap) {
+        s->cap = (s->held + l + 1) * 2;
+        s->buf = df_xrealloc(s->buf, s->cap);
+    }
+    memcpy(s->buf + s->held, p, l);
+    size_t total = s->held + l, off = 0;
+    if (!s->started && total) {
+        if ((s->t->metaspace_decode & 2) && s->buf[0] == ' ') off = 1;
+        s->started = 1;
+    }
+    size_t keep = incomplete_tail(s->buf + off, total - off);
+    size_t emit = total - off - keep;
+    /* emitted bytes are returned from the front of buf; the held tail moves after them */
+    if (emit + 1 > s->outcap) { s->outcap = emit * 2 + 64; s->out = df_xrealloc(s->out, s->outcap); }
+    memcpy(s->out, s->buf + off, emit);
+    memmove(s->buf, s->buf + off + emit, keep);
+    s->held = keep;
+    *n = emit;
+    return (const char *)s->out;
+}
+
+const char *df_tok_stream_flush(df_tok_stream *s, size_t *n) {
+    *n = s->held;
+    s->held = 0;
+    return s->buf ? (const char *)s->buf : (const char *)&outbuf_dummy;
+}
