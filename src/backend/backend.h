@@ -50,6 +50,16 @@ float df_dot_row(const df_weight *w, int64_t r, const float *x);       /* W[r,:]
 void df_dequant_row(const df_weight *w, int64_t r, float *out);         /* W[r,:] -> f32 */
 
 /* ---- parallel operations ---------------------------------------------- */
+/* Several independent products in one parallel dispatch (rows of all jobs
+ * are split across threads together): y_i = W_i x_i for decode, or
+ * Y_i[n][rows] = X_i[n][cols] W_i^T when n > 1. Fewer dispatches per token. */
+typedef struct {
+    const df_weight *w;
+    const float *x;
+    float *y;
+} df_mv_job;
+void df_matmul_batch(const df_mv_job *jobs, int n_jobs, int n);
+
 /* y[rows] = W x (decode). */
 void df_matvec(const df_weight *w, const float *x, float *y);
 /* Rows [r0, r0+nr) only: y[nr]. */

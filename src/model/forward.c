@@ -101,8 +101,8 @@ static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* out[n x hidden] = down(silu(gate x) * up x) */
 static void mlp(const df_ffn *f, const float *x, int n, float *h1, float *h2, float *out) {
-    df_matmul(&f->gate, x, n, h1);
-    df_matmul(&f->up, x, n, h2);
+    const df_mv_job jobs[2] = {{&f->gate, x, h1}, {&f->up, x, h2}};
+    df_matmul_batch(jobs, 2, n);
     const int64_t I = f->gate.rows;
     for (int64_t i = 0; i < (int64_t)n * I; i++) h1[i] = silu(h1[i]) * h2[i];
     df_matmul(&f->down, h1, n, out);
@@ -117,7 +117,22 @@ static void moe(const df_model *m, df_state *s, const df_layer *L, int n) {
         else df_route_qwen3(m, L, s->router_logits + (size_t)t * E, s->sel + t * K, s->selw + t * K);
     }
     memset(s->ffn_out, 0, (size_t)n * H * sizeof(float));
-    /* experts in index order, each over the tokens routed to it */
+    if (n == 1 && K <= s->max_batch) {
+        /* decode: the k experts' gate/up products in one dispatch, their down products in another */
+        const int I = c->moe_intermediate;
+        df_mv_job jobs[2 * 64];
+        for (int k = 0; k < K; k++) {
+            const df_ffn *f = &L->experts[s->sel[k]];
+            jobs[2 * k] = (df_mv_job){&f->gate, s->xn, s->ge + (size_t)k * I};
+            jobs[2 * k + 1] = (df_mv_job){&f->up, s->xn, s->ue + (size_t)k * I};
+        }
+        df_matmul_batch(jobs, 2 * K, 1);
+        for (int64_t i = 0; i < (int64_t)K * I; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
+        for (int k = 0; k < K; k++) jobs[k] = (df_mv_job){&L->experts[s->sel[k]].down, s->ge + (size_t)k * I, s->de + (size_t)k * H};
+        df_matmul_batch(jobs, K, 1);
+        for (int k = 0; k < K; k++) df_axpy(s->ffn_out, s->selw[k], s->de + (size_t)k * H, H);
+    } else
+    /* prefill: experts in index order, each over the tokens routed to it */
     for (int e = 0; e < E; e++) {
         int cnt = 0;
         for (int t = 0; t < n; t++)

@@ -40,9 +40,8 @@ void df_attn_gqa(const df_model *m, df_state *s, int l, int n, int pos0) {
     const df_layer *L = &m->layers[l];
     const int NH = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim;
     const size_t qdim = (size_t)NH * hd, kdim = (size_t)KV * hd;
-    df_matmul(&L->wq, s->xn, n, s->q);
-    df_matmul(&L->wk, s->xn, n, s->k);
-    df_matmul(&L->wv, s->xn, n, s->v);
+    const df_mv_job jobs[3] = {{&L->wq, s->xn, s->q}, {&L->wk, s->xn, s->k}, {&L->wv, s->xn, s->v}};
+    df_matmul_batch(jobs, 3, n);
     const float eps = (float)c->rms_eps;
     for (int t = 0; t < n; t++) {
         float *q = s->q + t * qdim, *k = s->k + t * kdim, *v = s->v + t * kdim;

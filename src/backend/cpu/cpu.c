@@ -12,6 +12,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,6 +197,7 @@ static void *worker(void *arg) {
         int spins = 0;
         while (atomic_load_explicit(&P.gen, memory_order_acquire) == seen) {
             if (++spins < 20000) { CPU_RELAX(); continue; }
+            if (spins < 20100) { sched_yield(); continue; }
             pthread_mutex_lock(&P.mu);
             while (atomic_load_explicit(&P.gen, memory_order_acquire) == seen) pthread_cond_wait(&P.cv, &P.mu);
             pthread_mutex_unlock(&P.mu);
@@ -237,7 +239,12 @@ void df_pool_run(df_task_fn fn, void *ctx) {
     pthread_cond_broadcast(&P.cv);
     pthread_mutex_unlock(&P.mu);
     fn(ctx, 0, P.n);
-    while (atomic_load_explicit(&P.done, memory_order_acquire) < P.n - 1) CPU_RELAX();
+    /* spin briefly (the common case: workers finish together), then yield the
+     * core so that a descheduled worker can run on an oversubscribed machine */
+    for (int spins = 0; atomic_load_explicit(&P.done, memory_order_acquire) < P.n - 1; spins++) {
+        if (spins < 4000) CPU_RELAX();
+        else sched_yield();
+    }
 }
 
 /* ---- parallel matrix operations ---------------------------------------- */
@@ -270,12 +277,11 @@ void df_matvec_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, 
 }
 void df_matvec(const df_weight *w, const float *x, float *y) { df_matvec_rows(w, 0, w->rows, x, y); }
 
-static void mm_task(void *p, int tid, int nth) {
-    mv_ctx *c = p;
+/* Rows [b, e) of Y = X W^T: a few rows dequantized into an f32 tile at a
+ * time, then the 4x4 register-blocked kernel over the tokens. */
+static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
     const df_weight *w = c->w;
     const int64_t K = w->cols, R = w->rows;
-    int64_t b, e;
-    split(R, tid, nth, 4, &b, &e);
     float *buf = w->fmt == DF_W_F32 ? NULL : scratch((size_t)(4 * K));
     const ktab *k = kt();
     for (int64_t r = b; r < e; r += 4) {
@@ -293,10 +299,51 @@ static void mm_task(void *p, int tid, int nth) {
     }
 }
 
+static void mm_task(void *p, int tid, int nth) {
+    mv_ctx *c = p;
+    int64_t b, e;
+    split(c->w->rows, tid, nth, 4, &b, &e);
+    mm_rows(c, b, e);
+}
+
 void df_matmul(const df_weight *w, const float *X, int n, float *Y) {
     if (n == 1) { df_matvec(w, X, Y); return; }
     mv_ctx c = {w, 0, w->rows, X, Y, n};
     df_pool_run(mm_task, &c);
+}
+
+typedef struct {
+    const df_mv_job *jobs;
+    int n_jobs, n;
+    int64_t total; /* rows of all jobs (in blocks of 4) */
+} batch_ctx;
+
+static void batch_task(void *p, int tid, int nth) {
+    batch_ctx *c = p;
+    int64_t b, e;
+    split(c->total, tid, nth, 4, &b, &e);
+    int64_t base = 0;
+    for (int j = 0; j < c->n_jobs && base < e; j++) {
+        const df_weight *w = c->jobs[j].w;
+        int64_t r0 = b > base ? b - base : 0, r1 = e - base < w->rows ? e - base : w->rows;
+        if (r0 < r1) {
+            if (c->n == 1) {
+                for (int64_t r = r0; r < r1; r++) c->jobs[j].y[r] = df_dot_row(w, r, c->jobs[j].x);
+            } else {
+                mv_ctx m = {w, 0, w->rows, c->jobs[j].x, c->jobs[j].y, c->n};
+                mm_rows(&m, r0, r1);
+            }
+        }
+        base += (w->rows + 3) / 4 * 4;
+    }
+}
+
+void df_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
+    batch_ctx c = {jobs, n_jobs, n, 0};
+    int64_t work = 0;
+    for (int j = 0; j < n_jobs; j++) c.total += (jobs[j].w->rows + 3) / 4 * 4, work += jobs[j].w->rows * jobs[j].w->cols;
+    if (n == 1 && work < 65536) batch_task(&c, 0, 1);
+    else df_pool_run(batch_task, &c);
 }
 
 void df_matvec_t_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y) {
