@@ -165,26 +165,23 @@ static inline void dec_q3_k(const uint8_t *b, __m256 *w) {
     }
 }
 
-static inline void k4_scales(const uint8_t *b, float *dl, float *ml) {
-    float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *s = b + 4;
-    for (int j = 0; j < 8; j++) {
-        int sc, mn;
-        if (j < 4) {
-            sc = s[j] & 63;
-            mn = s[j + 4] & 63;
-        } else {
-            sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-            mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-        dl[j] = d * (float)sc;
-        ml[j] = dmin * (float)mn;
-    }
+/* Q4_K/Q5_K scales and mins, unpacked four at a time in 32-bit words:
+ * sm[j] = d*sc_j, sm[8+j] = dmin*m_j (f32 products, as in the reference). */
+static inline void k4_scales(const uint8_t *b, float *sm) {
+    uint32_t w[3], u[4];
+    memcpy(w, b + 4, 12);
+    u[0] = w[0] & 0x3f3f3f3fu;
+    u[1] = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+    u[2] = w[1] & 0x3f3f3f3fu;
+    u[3] = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+    _mm256_storeu_ps(sm, _mm256_mul_ps(_mm256_set1_ps(h2f(b)), cvt(u8x8((const uint8_t *)u))));
+    _mm256_storeu_ps(sm + 8, _mm256_mul_ps(_mm256_set1_ps(h2f(b + 2)), cvt(u8x8((const uint8_t *)u + 8))));
 }
 
 static inline void dec_q4_k(const uint8_t *b, __m256 *w) {
-    float dl[8], ml[8];
-    k4_scales(b, dl, ml);
+    _Alignas(32) float sm[16];
+    const float *dl = sm, *ml = sm + 8;
+    k4_scales(b, sm);
     const uint8_t *qs = b + offsetof(df_blk_q4_k, qs);
     for (int c = 0; c < 16; c++) {
         /* bytes 8c..: 32-byte chunk c/4 (sub-blocks 2*(c/4), +1), elements (c%4)*8.. */
@@ -197,8 +194,9 @@ static inline void dec_q4_k(const uint8_t *b, __m256 *w) {
 }
 
 static inline void dec_q5_k(const uint8_t *b, __m256 *w) {
-    float dl[8], ml[8];
-    k4_scales(b, dl, ml);
+    _Alignas(32) float sm[16];
+    const float *dl = sm, *ml = sm + 8;
+    k4_scales(b, sm);
     const uint8_t *qs = b + offsetof(df_blk_q5_k, qs), *qhp = b + offsetof(df_blk_q5_k, qh);
     __m256i qh[4] = {u8x8(qhp), u8x8(qhp + 8), u8x8(qhp + 16), u8x8(qhp + 24)};
     for (int c = 0; c < 16; c++) {

@@ -131,27 +131,25 @@ static inline void dec_q3_k(const uint8_t *b, __m512 *w) {
     }
 }
 
-/* Q4_K/Q5_K: scales and mins of the 8 sub-blocks as d*sc and dmin*m. */
-static inline void k4_scales(const uint8_t *b, float *dl, float *ml) {
-    float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *s = b + 4;
-    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-        int sc, mn;
-        if (j < 4) {
-            sc = s[j] & 63;
-            mn = s[j + 4] & 63;
-        } else {
-            sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-            mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-        dl[j] = d * (float)sc;
-        ml[j] = dmin * (float)mn;
-    }
+/* Q4_K/Q5_K: the 6-bit scales and mins of the 8 sub-blocks, unpacked four
+ * at a time in 32-bit words, as dl[j] = d*sc_j and ml[j] = dmin*m_j
+ * (f32 products, as in the reference), stored as sm[0..8) = dl and
+ * sm[8..16) = ml. */
+static inline void k4_scales(const uint8_t *b, float *sm) {
+    uint32_t w[3], u[4];
+    memcpy(w, b + 4, 12);
+    u[0] = w[0] & 0x3f3f3f3fu;                                            /* sc 0..3 */
+    u[1] = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);     /* sc 4..7 */
+    u[2] = w[1] & 0x3f3f3f3fu;                                            /* m 0..3 */
+    u[3] = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4); /* m 4..7 */
+    __m512 dd = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(h2f(b)), _mm512_set1_ps(h2f(b + 2)));
+    _mm512_storeu_ps(sm, _mm512_mul_ps(dd, cvt(u8x16((const uint8_t *)u))));
 }
 
 static inline void dec_q4_k(const uint8_t *b, __m512 *w) {
-    float dl[8], ml[8];
-    k4_scales(b, dl, ml);
+    _Alignas(64) float sm[16];
+    const float *dl = sm, *ml = sm + 8;
+    k4_scales(b, sm);
     const uint8_t *qs = b + offsetof(df_blk_q4_k, qs);
     _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
         /* bytes 16c..16c+15 hold sub-block 2*(c/2) (low) and 2*(c/2)+1 (high) */
@@ -165,8 +163,9 @@ static inline void dec_q4_k(const uint8_t *b, __m512 *w) {
 }
 
 static inline void dec_q5_k(const uint8_t *b, __m512 *w) {
-    float dl[8], ml[8];
-    k4_scales(b, dl, ml);
+    _Alignas(64) float sm[16];
+    const float *dl = sm, *ml = sm + 8;
+    k4_scales(b, sm);
     const uint8_t *qs = b + offsetof(df_blk_q5_k, qs), *qhp = b + offsetof(df_blk_q5_k, qh);
     __m512i qh[2] = {u8x16(qhp), u8x16(qhp + 16)};
     _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
@@ -358,8 +357,9 @@ static float fdot_q4_k(const uint8_t *row, const float *x, int64_t n) {
         _mm_prefetch((const char *)b + PF_DIST + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)b + PF_DIST + 128, _MM_HINT_T0);
         const float *xb = x + i * 256;
-        float dl[8], ml[8];
-        k4_scales(b, dl, ml);
+        _Alignas(64) float sm[16];
+        const float *dl = sm, *ml = sm + 8;
+        k4_scales(b, sm);
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
             /* 32 bytes of chunk c: sub-blocks 2c (low nibbles) and 2c+1 (high) */
             __m512i q0 = u8x16(qs + 32 * c), q1 = u8x16(qs + 32 * c + 16);
