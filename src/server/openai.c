@@ -283,6 +283,8 @@ typedef struct {
     int memo_hit;
     char *memo_key;
     size_t memo_klen;
+    double t0, t_fwd;   /* start of decoding; seconds in the engine (sampling, forward passes) */
+    int logged;
     int phase;          /* streaming: 0 head, 1 tokens, 2 done */
     sbuf out;
     size_t out_pos;
@@ -525,7 +527,22 @@ static int gen_prepare(gen *g, df_oai_error *e) {
     g->sp.seed = seed;
     df_session_seed(s->s, seed);
     if (s->has_tok) g->dt = df_detok_new(s->e);
+    g->t0 = df_now();
     return 0;
+}
+
+/* One log line per finished generation: how long decoding took and how much
+ * of it was not the engine's work (sampling and forward passes), i.e.
+ * detokenizing, stop strings, JSON, sending, hand-offs: the server's
+ * overhead per token. */
+static void gen_log(gen *g) {
+    if (g->logged || g->memo_hit || g->srv->quiet || !g->t0 || (!g->finish && !g->failed)) return;
+    g->logged = 1;
+    double wall = df_now() - g->t0, other = wall - g->t_fwd;
+    fprintf(stderr, "deltafin serve: %s: %zu prompt tokens (%zu reused), %ld generated (%s) in %.1f ms: engine %.1f ms, "
+                    "server %.3f ms/token (%.2f%%)\n",
+            g->id, g->n_prompt, g->cached, g->n_gen, g->failed ? "failed" : g->finish, wall * 1e3, g->t_fwd * 1e3,
+            g->n_gen ? other * 1e3 / (double)g->n_gen : 0.0, wall > 0 ? 100 * other / wall : 0.0);
 }
 
 /* One token. Sets g->finish or g->failed when generation is over. */
@@ -534,7 +551,10 @@ static void gen_step(gen *g) {
     if (atomic_load(&s->stopping)) { gen_fail(g, 503, "The server is shutting down."); return; }
     const float *logits = g->rq.logprobs ? df_session_logits(s->s) : NULL;
     int32_t id;
-    if (df_session_sample(s->s, &g->sp, &id)) { gen_fail(g, 500, df_engine_error(s->e)); return; }
+    double t = df_now();
+    int rc = df_session_sample(s->s, &g->sp, &id);
+    g->t_fwd += df_now() - t;
+    if (rc) { gen_fail(g, 500, df_engine_error(s->e)); return; }
     if (is_eos(s, id)) { finish_text(g, "stop"); return; }
     g->n_gen++;
     if (logits) add_logprob(g, logits, id, g->text.len);
@@ -546,7 +566,10 @@ static void gen_step(gen *g) {
     if (g->text.oom) { gen_fail(g, 503, "Out of memory."); return; }
     if (apply_stops(g, 0)) { g->finish = "stop"; return; }
     if (g->n_gen >= g->max_new || g->n_prompt + (size_t)g->n_gen >= (size_t)s->ctx) { finish_text(g, "length"); return; }
-    if (engine_call(s, 1, &id, 1)) { gen_fail(g, 500, df_engine_error(s->e)); return; }
+    t = df_now();
+    rc = engine_call(s, 1, &id, 1);
+    g->t_fwd += df_now() - t;
+    if (rc) { gen_fail(g, 500, df_engine_error(s->e)); return; }
     s->mirror[s->n_mirror++] = id;
 }
 
@@ -838,6 +861,7 @@ static ssize_t stream_fn(void *ctx, char *buf, size_t max) {
 static void stream_done(void *ctx, int complete) {
     gen *g = ctx;
     gen_release(g);
+    if (complete) gen_log(g);
     if (complete && df_oai_deterministic(&g->rq)) memo_store(g);
     gen_free(g);
 }
@@ -930,12 +954,13 @@ static void complete(df_oai_server *s, df_http_req *r, df_oai_kind kind) {
         gen_step(g);
     }
     gen_release(g);
+    char *out = g->failed ? NULL : final_body(g);
+    gen_log(g);
     if (g->failed) {
         df_http_respond_error(r, g->errstatus, "server_error", NULL, NULL, g->errmsg);
         gen_free(g);
         return;
     }
-    char *out = final_body(g);
     if (out) df_http_respond(r, 200, "application/json", out, strlen(out), NULL, NULL);
     else df_http_respond_error(r, 503, "server_error", NULL, NULL, "Out of memory.");
     free(out);
