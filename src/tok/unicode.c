@@ -158,7 +158,10 @@ void df_nfc_append(const uint8_t *s, size_t n, uint8_t **out, size_t *len, size_
     size_t i = 0;
     while (i < n) {
         size_t span = df_nfc_quick_span(s + i, n - i);
-        if (i + span == n) { reserve(out, len, cap, span); memcpy(*out + *len, s + i, span); *len += span; return; }
+        if (i + span == n) {
+            if (span) { reserve(out, len, cap, span); memcpy(*out + *len, s + i, span); *len += span; }
+            return;
+        }
         /* back up to the start of the last character of the span (a starter that may compose) */
         size_t keep = span;
         if (keep > 0) {
@@ -169,9 +172,11 @@ void df_nfc_append(const uint8_t *s, size_t n, uint8_t **out, size_t *len, size_
             /* only back up onto a valid character; an invalid byte composes with nothing */
             if ((l = df_utf8_decode(s + i + k, n - i - k, &cp)) && (size_t)l == keep - k) keep = k;
         }
-        reserve(out, len, cap, keep);
-        memcpy(*out + *len, s + i, keep);
-        *len += keep;
+        if (keep) {
+            reserve(out, len, cap, keep);
+            memcpy(*out + *len, s + i, keep);
+            *len += keep;
+        }
         /* region: from i+keep through the active characters up to the next inert one */
         size_t r = i + span, rs = i + keep;
         int l;
