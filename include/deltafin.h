@@ -41,6 +41,7 @@ typedef struct {
     int64_t ram_bytes;          /* 0: available memory minus a safety margin */
     int64_t expert_cache_bytes; /* -1: from the budget; 0: minimum (one layer) */
     int mmap_weights;           /* 1: map weights from the files (page cache) instead of reading them into owned memory */
+    const char *trace_path;     /* JSONL trace of routed experts per token and layer (streamed models), or NULL */
     int verbose;
 } df_options;
 
@@ -128,8 +129,12 @@ typedef struct {
     double prefill_seconds, decode_seconds;
     double t_attention, t_experts, t_other; /* seconds, all forward passes */
     int64_t weight_bytes_touched;           /* bytes of weights read by decode steps */
-    int64_t expert_hits, expert_misses, bytes_read;
+    int streaming;                          /* routed experts stream through the expert cache */
+    int64_t expert_hits, expert_prefetch_hits, expert_misses, bytes_read;
+    int64_t prefetch_issued, prefetch_unused;
     double io_wait_seconds;
+    int64_t expert_cache_bytes;             /* slot memory */
+    int expert_cache_slots;
 } df_stats;
 void df_stats_get(df_engine *e, df_stats *out);
 void df_stats_reset(df_engine *e);

@@ -23,7 +23,9 @@ static const char *usage =
     "  --ignore-eos        do not stop at end-of-sequence tokens\n"
     "  --ctx N             context length of the session (default: min(model, 4096))\n"
     "  --stats             print prefill/decode tokens/s, weight GB/s and the time split to stderr\n"
-    "  --threads N --ram SIZE --expert-cache SIZE\n";
+    "  --threads N --ram SIZE --expert-cache SIZE   budget; --expert-cache streams routed experts from disk (0 = minimum)\n"
+    "  --trace FILE        JSONL: per token and MoE layer, the experts chosen and how each was served\n"
+    "  --mmap              map weights from the files instead of reading them into owned memory\n";
 
 static void print_stats(df_engine *e) {
     df_stats st;
@@ -37,6 +39,16 @@ static void print_stats(df_engine *e) {
     if (tot > 0)
         fprintf(stderr, "[stats] time split: attention %.1f%%, ffn/experts %.1f%%, other %.1f%%\n", 100 * st.t_attention / tot,
                 100 * st.t_experts / tot, 100 * st.t_other / tot);
+    if (st.streaming) {
+        int64_t req = st.expert_hits + st.expert_prefetch_hits + st.expert_misses;
+        double secs = st.prefill_seconds + st.decode_seconds;
+        fprintf(stderr, "[stats] experts streamed: cache %lld slots (%.1f MB), hit rate %.1f%% (%lld hits, %lld prefetch hits, %lld reads of %lld)\n",
+                (long long)st.expert_cache_slots, st.expert_cache_bytes / 1e6, req ? 100.0 * (st.expert_hits + st.expert_prefetch_hits) / req : 0,
+                (long long)st.expert_hits, (long long)st.expert_prefetch_hits, (long long)st.expert_misses, (long long)req);
+        fprintf(stderr, "[stats] prefetch: %lld issued, precision %.1f%%, recall %.1f%%; read %.1f MB (%.2f GB/s over the run), I/O wait %.3f s\n",
+                (long long)st.prefetch_issued, st.prefetch_issued ? 100.0 * st.expert_prefetch_hits / st.prefetch_issued : 0,
+                req ? 100.0 * st.expert_prefetch_hits / req : 0, st.bytes_read / 1e6, secs > 0 ? st.bytes_read / secs / 1e9 : 0, st.io_wait_seconds);
+    }
 }
 
 int df_cmd_run(int argc, char **argv) {

@@ -6,6 +6,7 @@
 #include "core/engine_int.h"
 #include "backend/backend.h"
 #include "model/model.h"
+#include "store/ecache.h"
 #include "util/util.h"
 
 #include <stdlib.h>
@@ -61,6 +62,37 @@ static char *resolve_model(const char *model) {
 
 static df_engine *engine_new(df_model *m, const df_options *o, char *err, size_t errlen);
 
+/* Creates the expert cache of a streamed model. Its budget is --expert-cache
+ * when given (0 = the minimum: one layer's experts), else what the memory
+ * budget leaves after the resident spine and a reserve for caches. */
+static int start_streaming(df_model *m, const df_options *o, int64_t budget, char *err, size_t errlen) {
+    const df_config *c = &m->cfg;
+    int64_t expert_bytes = 0;
+    df_ffn *tmpl = df_xcalloc((size_t)c->n_layers * (size_t)c->n_experts, sizeof(df_ffn));
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!m->layers[l].moe) continue;
+        for (int e = 0; e < c->n_experts; e++) {
+            tmpl[(size_t)l * c->n_experts + e] = m->layers[l].experts[e];
+            for (int p = 0; p < m->layers[l].experts[e].n_parts; p++) expert_bytes += (int64_t)m->layers[l].experts[e].part[p].len;
+        }
+    }
+    int64_t cache = o->expert_cache_bytes;
+    if (cache < 0) cache = budget - (m->bytes - expert_bytes) - ((int64_t)1 << 30);
+    df_ecache_opts eo = {cache > 0 ? cache : 0, c->n_experts_used, DF_EVICT_LRU, 1};
+    const char *pol = getenv("DELTAFIN_EVICT"); /* lru (default) | lfu: for policy measurements */
+    if (pol && !strcmp(pol, "lfu")) eo.policy = DF_EVICT_LFU;
+    if (getenv("DELTAFIN_NO_IO_URING")) eo.use_io_uring = 0;
+    m->ecache = df_ecache_new((const char *const *)m->files, m->n_files, c->n_layers, c->n_experts, tmpl, &eo, err, errlen);
+    m->ecache_tmpl = tmpl;
+    if (!m->ecache) return DF_EIO;
+    if (o->trace_path) {
+        m->trace = fopen(o->trace_path, "w");
+        if (!m->trace) return df_err(err, errlen, DF_EIO, "%s: cannot open the trace file", o->trace_path);
+        df_ecache_set_trace(m->ecache, m->trace);
+    }
+    return 0;
+}
+
 df_engine *df_engine_open(const char *model, const df_options *opt, char *err, size_t errlen) {
     df_options o;
     if (opt) o = *opt; else df_options_default(&o);
@@ -95,11 +127,18 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
         if (d) closedir(d);
     }
     int64_t budget = o.ram_bytes > 0 ? o.ram_bytes : df_mem_available() - ((int64_t)2 << 30);
-    int resident = !o.mmap_weights && total < budget;
+    /* mode: 1 everything resident; 2 routed experts stream through the expert
+     * cache (asked for with --expert-cache, or when the weights exceed the budget) */
+    int mode = o.expert_cache_bytes >= 0 || total >= budget ? 2 : o.mmap_weights ? 0 : 1;
     df_model *m = NULL;
-    int rc = df_model_load(path, resident, &m, err, errlen);
+    int rc = df_model_load(path, mode, &m, err, errlen);
     free(path);
     if (rc) return NULL;
+    if (mode == 2 && m->cfg.n_experts) {
+        int64_t spine = m->bytes - (m->bytes_active - m->bytes); /* refined below */
+        (void)spine;
+        if (start_streaming(m, &o, budget, err, errlen)) { df_model_free(m); return NULL; }
+    }
     return engine_new(m, &o, err, errlen);
 }
 
@@ -254,7 +293,7 @@ static int run_tokens(df_session *s, const int32_t *ids, size_t from, size_t n) 
     for (size_t p = from; p < n; p += DF_MAX_BATCH) {
         int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
         int rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, s->logits, 0);
-        if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "forward pass failed at position %zu", p);
+        if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
         memcpy(s->tokens + p, ids + p, (size_t)cnt * sizeof(int32_t));
         s->len = p + (size_t)cnt;
     }
@@ -317,7 +356,7 @@ int df_session_eval_all(df_session *s, const int32_t *ids, size_t n, float *out)
     for (size_t p = 0; p < n; p += DF_MAX_BATCH) {
         int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
         rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, out + p * V, 1);
-        if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "forward pass failed at position %zu", p);
+        if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
         memcpy(s->tokens + p, ids + p, (size_t)cnt * sizeof(int32_t));
         s->len = p + (size_t)cnt;
     }
@@ -330,5 +369,21 @@ int df_session_eval_all(df_session *s, const int32_t *ids, size_t n, float *out)
     return 0;
 }
 
-void df_stats_get(df_engine *e, df_stats *out) { *out = e->stats; }
+void df_stats_get(df_engine *e, df_stats *out) {
+    *out = e->stats;
+    if (e->model->ecache) {
+        df_ecache_stats es;
+        df_ecache_stats_get(e->model->ecache, &es);
+        out->streaming = 1;
+        out->expert_hits = es.hits;
+        out->expert_prefetch_hits = es.prefetch_hits;
+        out->expert_misses = es.misses;
+        out->bytes_read = es.bytes_read;
+        out->io_wait_seconds = es.io_wait_s;
+        out->prefetch_issued = es.prefetch_issued;
+        out->prefetch_unused = es.prefetch_unused;
+        out->expert_cache_bytes = (int64_t)es.n_slots * es.slot_bytes;
+        out->expert_cache_slots = es.n_slots;
+    }
+}
 void df_stats_reset(df_engine *e) { memset(&e->stats, 0, sizeof e->stats); }

@@ -72,6 +72,7 @@ int df_st_count(const df_st_set *s) { return s->n; }
 const df_st_tensor *df_st_at(const df_st_set *s, int i) { return &s->t[i]; }
 const char *df_st_file_path(const df_st_set *s, int i) { return s->files[i].map.path; }
 int df_st_file_fd(const df_st_set *s, int i) { return s->files[i].map.fd; }
+int df_st_n_files(const df_st_set *s) { return s->n_files; }
 
 void df_st_close(df_st_set *s) {
     if (!s) return;

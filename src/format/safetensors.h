@@ -52,5 +52,6 @@ const df_st_tensor *df_st_at(const df_st_set *s, int i);
 const df_st_tensor *df_st_find(const df_st_set *s, const char *name);
 const char *df_st_file_path(const df_st_set *s, int file_index);
 int df_st_file_fd(const df_st_set *s, int file_index);
+int df_st_n_files(const df_st_set *s);
 
 #endif

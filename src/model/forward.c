@@ -4,6 +4,7 @@
  * all buffers come from df_state, sized once, so the per-token loop does not
  * allocate. */
 #include "model/model.h"
+#include "store/ecache.h"
 #include "deltafin.h"
 #include "util/util.h"
 
@@ -67,6 +68,8 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
         s->ge = df_xcalloc(B * (size_t)c->moe_intermediate, sizeof(float));
         s->ue = df_xcalloc(B * (size_t)c->moe_intermediate, sizeof(float));
         s->de = df_xcalloc(B * (size_t)c->hidden, sizeof(float));
+        s->de_all = df_xcalloc(B * (size_t)c->n_experts_used * (size_t)c->hidden, sizeof(float));
+        s->exp_list = df_xcalloc((size_t)c->n_experts, sizeof(int));
     }
     return 0;
 }
@@ -77,6 +80,8 @@ void df_state_free(df_state *s) {
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s->sel);
     free(s->tok_list);
+    free(s->exp_list);
+    free(s->de_all);
     memset(s, 0, sizeof *s);
 }
 
@@ -108,18 +113,70 @@ static void mlp(const df_ffn *f, const float *x, int n, float *h1, float *h2, fl
     df_matmul(&f->down, h1, n, out);
 }
 
-static void moe(const df_model *m, df_state *s, const df_layer *L, int n) {
+/* One expert over the gathered tokens cnt tokens of xe (decode: cnt == 1,
+ * xe == xn); outputs to out[cnt x H]. Products are per row, so the bits do
+ * not depend on which other work shares a dispatch. */
+static void expert_ffn(const df_ffn *f, const float *x, int cnt, float *g, float *u, float *out) {
+    mlp(f, x, cnt, g, u, out);
+}
+
+typedef struct {
+    const df_model *m;
+    df_state *s;
+    const int *ids; /* experts of this acquire */
+    int n;          /* tokens in the batch */
+} moe_ctx;
+
+/* Called by the expert cache as each expert becomes resident (or directly
+ * for resident experts): computes its output rows of de_all. */
+static void moe_expert_ready(void *p, int i, const df_ffn *f) {
+    moe_ctx *c = p;
+    df_state *s = c->s;
+    const df_config *cfg = &c->m->cfg;
+    const int H = cfg->hidden, K = cfg->n_experts_used, I = cfg->moe_intermediate, e = c->ids[i];
+    if (c->n == 1) { /* decode: slot k of the one token */
+        int k = 0;
+        while (s->sel[k] != e) k++;
+        expert_ffn(f, s->xn, 1, s->ge, s->ue, s->de_all + (size_t)k * H);
+        return;
+    }
+    int cnt = 0;
+    for (int t = 0; t < c->n; t++)
+        for (int k = 0; k < K; k++)
+            if (s->sel[t * K + k] == e) { s->tok_list[cnt] = t * K + k; memcpy(s->xe + (size_t)cnt * H, s->xn + (size_t)t * H, (size_t)H * 4); cnt++; }
+    expert_ffn(f, s->xe, cnt, s->ge, s->ue, s->de);
+    for (int j = 0; j < cnt; j++) memcpy(s->de_all + (size_t)s->tok_list[j] * H, s->de + (size_t)j * H, (size_t)H * 4);
+    (void)I;
+}
+
+/* Routed experts (+ shared). Every expert's output lands in de_all[token][k]
+ * and is summed in (token, k) order at the end, so resident and streamed
+ * runs give the same bits whatever order the experts arrive in. */
+static int moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) {
     const df_config *c = &m->cfg;
-    const int H = c->hidden, E = c->n_experts, K = c->n_experts_used;
+    const int H = c->hidden, E = c->n_experts, K = c->n_experts_used, I = c->moe_intermediate;
     df_matmul(&L->router, s->xn, n, s->router_logits);
     for (int t = 0; t < n; t++) {
         if (c->family == DF_FAM_DEEPSEEK_V3) df_route_deepseek(m, L, s->router_logits + (size_t)t * E, s->sel + t * K, s->selw + t * K);
         else df_route_qwen3(m, L, s->router_logits + (size_t)t * E, s->sel + t * K, s->selw + t * K);
     }
-    memset(s->ffn_out, 0, (size_t)n * H * sizeof(float));
-    if (n == 1 && K <= s->max_batch) {
-        /* decode: the k experts' gate/up products in one dispatch, their down products in another */
-        const int I = c->moe_intermediate;
+    /* the distinct experts of this batch, in index order */
+    int ne = 0;
+    for (int e = 0; e < E; e++)
+        for (int i = 0; i < n * K; i++)
+            if (s->sel[i] == e) { s->exp_list[ne++] = e; break; }
+    moe_ctx mc = {m, s, s->exp_list, n};
+    if (m->ecache) {
+        int wave = df_ecache_slots(m->ecache);
+        for (int w0 = 0; w0 < ne; w0 += wave) {
+            int cnt = ne - w0 < wave ? ne - w0 : wave;
+            mc.ids = s->exp_list + w0;
+            int rc = df_ecache_acquire(m->ecache, l, mc.ids, cnt, moe_expert_ready, &mc, s->err, sizeof s->err);
+            df_ecache_release(m->ecache);
+            if (rc) return rc;
+        }
+    } else if (n == 1) {
+        /* decode, resident: all k experts' gate/up in one dispatch, their downs in another */
         df_mv_job jobs[2 * 64];
         for (int k = 0; k < K; k++) {
             const df_ffn *f = &L->experts[s->sel[k]];
@@ -128,27 +185,19 @@ static void moe(const df_model *m, df_state *s, const df_layer *L, int n) {
         }
         df_matmul_batch(jobs, 2 * K, 1);
         for (int64_t i = 0; i < (int64_t)K * I; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
-        for (int k = 0; k < K; k++) jobs[k] = (df_mv_job){&L->experts[s->sel[k]].down, s->ge + (size_t)k * I, s->de + (size_t)k * H};
+        for (int k = 0; k < K; k++) jobs[k] = (df_mv_job){&L->experts[s->sel[k]].down, s->ge + (size_t)k * I, s->de_all + (size_t)k * H};
         df_matmul_batch(jobs, K, 1);
-        for (int k = 0; k < K; k++) df_axpy(s->ffn_out, s->selw[k], s->de + (size_t)k * H, H);
-    } else
-    /* prefill: experts in index order, each over the tokens routed to it */
-    for (int e = 0; e < E; e++) {
-        int cnt = 0;
-        for (int t = 0; t < n; t++)
-            for (int k = 0; k < K; k++)
-                if (s->sel[t * K + k] == e) { s->tok_list[cnt] = t * K + k; memcpy(s->xe + (size_t)cnt * H, s->xn + (size_t)t * H, (size_t)H * 4); cnt++; }
-        if (!cnt) continue;
-        mlp(&L->experts[e], s->xe, cnt, s->ge, s->ue, s->de);
-        for (int i = 0; i < cnt; i++) {
-            int tk = s->tok_list[i];
-            df_axpy(s->ffn_out + (size_t)(tk / K) * H, s->selw[tk], s->de + (size_t)i * H, H);
-        }
+    } else {
+        for (int i = 0; i < ne; i++) moe_expert_ready(&mc, i, &L->experts[s->exp_list[i]]);
     }
+    memset(s->ffn_out, 0, (size_t)n * H * sizeof(float));
+    for (int t = 0; t < n; t++)
+        for (int k = 0; k < K; k++) df_axpy(s->ffn_out + (size_t)t * H, s->selw[t * K + k], s->de_all + ((size_t)t * K + k) * H, H);
     if (L->has_shared) {
         mlp(&L->shared, s->xn, n, s->h1, s->h2, s->o);
         for (int64_t i = 0; i < (int64_t)n * H; i++) s->ffn_out[i] += s->o[i];
     }
+    return 0;
 }
 
 int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all) {
@@ -158,6 +207,8 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab) return DF_EINPUT;
     double t0 = df_now();
+    s->err[0] = 0;
+    if (m->ecache) df_ecache_set_token(m->ecache, pos0);
     for (int t = 0; t < n; t++) df_dequant_row(&m->embed, tokens[t], s->x + (size_t)t * H);
     const int half = c->rope_dim / 2;
     for (int t = 0; t < n; t++)
@@ -178,8 +229,12 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
         for (int64_t i = 0; i < (int64_t)n * H; i++) s->x[i] += s->o[i];
         double a1 = df_now();
         for (int t = 0; t < n; t++) df_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->ffn_norm, H, eps);
-        if (L->moe) moe(m, s, L, n);
-        else mlp(&L->mlp, s->xn, n, s->h1, s->h2, s->ffn_out);
+        if (L->moe) {
+            int rc = moe(m, s, L, l, n);
+            if (rc) return rc;
+        } else {
+            mlp(&L->mlp, s->xn, n, s->h1, s->h2, s->ffn_out);
+        }
         for (int64_t i = 0; i < (int64_t)n * H; i++) s->x[i] += s->ffn_out[i];
         double a2 = df_now();
         s->t_attn += a1 - a0;

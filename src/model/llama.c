@@ -62,7 +62,8 @@ void df_attn_gqa(const df_model *m, df_state *s, int l, int n, int pos0) {
         memcpy(s->v_cache + off, v, kdim * sizeof(float));
     }
     attn_ctx a = {m, s, l, n, pos0};
-    df_pool_run(gqa_task, &a);
+    if ((int64_t)n * NH * (pos0 + n) * hd < 32768) gqa_task(&a, 0, 1); /* too little work to share */
+    else df_pool_run(gqa_task, &a);
     df_matmul(&L->wo, s->att, n, s->o);
     if (L->bo)
         for (int t = 0; t < n; t++)

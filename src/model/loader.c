@@ -4,6 +4,7 @@
  * expected and actual values. Weights stay memory-mapped as stored; only
  * small vectors (norm weights, biases, router bias) are copied to f32. */
 #include "model/model.h"
+#include "store/ecache.h"
 #include "format/gguf.h"
 #include "backend/cpu/kernels.h"
 #include "deltafin.h"
@@ -190,6 +191,66 @@ static void ffn(ld *c, const char *prefix, int64_t inter, df_ffn *f) {
     linear(c, p, h, inter, &f->down);
 }
 
+/* Records where an expert's bytes are (for streaming): each weight's data
+ * tensor, then its scale tensor for FP8 / INT4. */
+static void expert_extents(ld *c, const char *prefix, df_ffn *f) {
+    if (c->rc) return;
+    static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    const df_weight *ws[3] = {&f->gate, &f->up, &f->down};
+    char name[1024];
+    f->n_parts = 0;
+    for (int w = 0; w < 3; w++) {
+        const char *dn = ws[w]->fmt == DF_W_INT4 ? "weight_packed" : "weight";
+        const char *sn = ws[w]->fmt == DF_W_FP8 ? "weight_scale_inv" : ws[w]->fmt == DF_W_INT4 ? "weight_scale" : NULL;
+        for (int k = 0; k < (sn ? 2 : 1); k++) {
+            snprintf(name, sizeof name, "%s.%s.%s", prefix, proj[w], k ? sn : dn);
+            const df_st_tensor *t = df_st_find(c->m->st, name);
+            if (!t) { c->rc = df_err(c->err, c->errlen, DF_EINTERNAL, "%s: tensor '%s' vanished", c->m->dir, name); return; }
+            f->part[f->n_parts++] = (df_extent){t->file_index, t->file_offset, t->nbytes};
+        }
+    }
+}
+
+/* Copies a weight's bytes into engine-owned memory (the resident spine of a
+ * streamed model); the copy is recorded for df_model_free. */
+static void own(df_model *m, df_weight *w) {
+    if (!w->data) return;
+    size_t nb = (size_t)w->rows * w->row_bytes;
+    uint8_t *p = df_aligned_alloc(nb);
+    memcpy(p, w->data, nb);
+    w->data = p;
+    m->owned = df_xrealloc(m->owned, (size_t)(m->n_owned + 2) * sizeof(void *));
+    m->owned[m->n_owned++] = p;
+    if (w->scale && (w->fmt == DF_W_FP8 || w->fmt == DF_W_INT4)) {
+        int64_t srows = w->fmt == DF_W_FP8 ? (w->rows + w->blk_r - 1) / w->blk_r : w->rows;
+        size_t sb = (size_t)srows * (size_t)w->scale_cols * (w->scale_dtype == DF_SCALE_F32 ? 4 : 2);
+        uint8_t *q = df_aligned_alloc(sb);
+        memcpy(q, w->scale, sb);
+        w->scale = q;
+        m->owned[m->n_owned++] = q;
+    }
+}
+
+/* Streaming: the spine (everything but routed experts) moves into owned
+ * memory; routed experts keep only their extents. */
+void df_model_own_spine(df_model *m) {
+    int tied = m->lm_head.data == m->embed.data;
+    own(m, &m->embed);
+    if (tied) m->lm_head = m->embed;
+    else own(m, &m->lm_head);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        df_layer *L = &m->layers[l];
+        df_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b,
+                           &L->mlp.gate, &L->mlp.up, &L->mlp.down, &L->router, &L->shared.gate, &L->shared.up, &L->shared.down};
+        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) own(m, ws[i]);
+        if (L->moe)
+            for (int e = 0; e < m->cfg.n_experts; e++) {
+                L->experts[e].gate.data = L->experts[e].up.data = L->experts[e].down.data = NULL;
+                L->experts[e].gate.scale = L->experts[e].up.scale = L->experts[e].down.scale = NULL;
+            }
+    }
+}
+
 static int64_t wparams(const df_weight *w) { return w->rows * w->cols; }
 static int64_t ffn_params(const df_ffn *f) { return wparams(&f->gate) + wparams(&f->up) + wparams(&f->down); }
 static int64_t ffn_bytes(const df_ffn *f) { return df_weight_bytes(&f->gate) + df_weight_bytes(&f->up) + df_weight_bytes(&f->down); }
@@ -294,6 +355,13 @@ void df_model_free(df_model *m) {
     }
     free(m->final_norm);
     free(m->inv_freq);
+    df_ecache_free(m->ecache);
+    free(m->ecache_tmpl);
+    if (m->trace) fclose(m->trace);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    for (int i = 0; i < m->n_files; i++) free(m->files[i]);
+    free(m->files);
     df_st_close(m->st);
     df_gguf_close(m->gguf);
     df_config_free(&m->cfg);
@@ -307,8 +375,11 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
     m->dir = df_xstrdup(dir);
     int rc = df_config_load(dir, &m->cfg, err, errlen);
     if (rc) { df_model_free(m); return rc; }
-    m->st = df_st_open_dir2(dir, resident, err, errlen);
+    m->st = df_st_open_dir2(dir, resident == 1, err, errlen);
     if (!m->st) { df_model_free(m); return DF_EFORMAT; }
+    m->n_files = df_st_n_files(m->st);
+    m->files = df_xcalloc((size_t)m->n_files, sizeof(char *));
+    for (int i = 0; i < m->n_files; i++) m->files[i] = df_xstrdup(df_st_file_path(m->st, i));
     const df_config *cfg = &m->cfg;
     ld c = {m, err, errlen, 0, df_xcalloc((size_t)df_st_count(m->st) + 1, 1)};
     const int64_t H = cfg->hidden;
@@ -368,6 +439,7 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
                 char pe[512];
                 snprintf(pe, sizeof pe, "model.layers.%d.mlp.experts.%d", l, e);
                 ffn(&c, pe, cfg->moe_intermediate, &L->experts[e]);
+                expert_extents(&c, pe, &L->experts[e]);
             }
             if (cfg->family == DF_FAM_DEEPSEEK_V3 && cfg->n_shared_experts) {
                 L->has_shared = 1;
@@ -392,6 +464,7 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
     free(c.used);
     if (c.rc) { df_model_free(m); return c.rc; }
     df_model_finish(m);
+    if (resident == 2) df_model_own_spine(m);
     *out = m;
     return 0;
 }

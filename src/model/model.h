@@ -10,9 +10,24 @@
 #include "backend/backend.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include <stdio.h>
 
+/* Where one contiguous piece of an expert lives on disk. */
+typedef struct {
+    int file;            /* index into the model's file list */
+    uint64_t off, len;   /* absolute byte offset and length */
+} df_extent;
+
+/* An expert's pieces, in order: gate data, gate scale, up data, up scale,
+ * down data, down scale (scales only for FP8/INT4). */
+#define DF_FFN_PARTS 6
 typedef struct {
     df_weight gate, up, down; /* gate/up [inter x hidden], down [hidden x inter] */
+    /* streamed experts: where their bytes are (data pointers unused until loaded) */
+    int n_parts;
+    df_extent part[DF_FFN_PARTS];
+    uint64_t xxh3;            /* checksum of the parts' bytes in order; valid if has_xxh3 */
+    int has_xxh3;
 } df_ffn;
 
 typedef struct {
@@ -53,10 +68,20 @@ typedef struct df_model {
     float attn_scale;      /* softmax scale */
     int64_t n_params, n_params_active, bytes, bytes_active;
     int n_ignored_tensors; /* recognised but unused (MTP layers) */
+    struct df_ecache *ecache; /* routed experts stream through this cache (NULL: resident) */
+    df_ffn *ecache_tmpl;   /* [n_layers * n_experts] the cache's view of the experts */
+    FILE *trace;
+    char **files;          /* the weight files, for streamed experts' extents */
+    int n_files;
+    void **owned;          /* spine copies owned by the model (streaming) */
+    int n_owned;
 } df_model;
 
-/* resident: read the weights into engine-owned memory (else memory-map them). */
+/* resident: 1 reads the weight files into engine-owned memory; 0 maps them;
+ * 2 streams routed experts (the spine is copied into owned memory, experts
+ * keep only their on-disk extents for an expert cache). */
 int df_model_load(const char *dir, int resident, df_model **out, char *err, size_t errlen);
+void df_model_own_spine(df_model *m);
 /* Loads a GGUF file (llama, qwen3, qwen3moe architectures): tensors are used as
  * stored (GGML block types), the config comes from the metadata. */
 int df_model_load_gguf(const char *path, df_model **out, char *err, size_t errlen);
@@ -78,6 +103,9 @@ typedef struct {
     float *selw;              /* [max_batch x topk] weights */
     int *tok_list;            /* [max_batch] tokens routed to an expert */
     float *xe, *ge, *ue, *de; /* gathered expert batch */
+    float *de_all;            /* [max_batch x topk x hidden] each routed expert's output */
+    int *exp_list;            /* [n_experts] distinct experts of a batch */
+    char err[256];            /* message of a failed forward (e.g. expert I/O) */
     double t_attn, t_ffn, t_other;
 } df_state;
 

@@ -102,19 +102,34 @@ static inline float scale_at(const df_weight *w, int64_t i) {
     }
 }
 
-/* per-thread scratch, grown on first use only */
+/* per-thread scratch, grown on first use only, freed when its thread exits */
 static _Thread_local float *tl_buf;
 static _Thread_local size_t tl_cap;
+static _Thread_local float *tl_sc;
+static _Thread_local size_t tl_sc_cap;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_free(void *p) {
+    (void)p;
+    free(tl_buf);
+    free(tl_sc);
+    tl_buf = tl_sc = NULL;
+    tl_cap = tl_sc_cap = 0;
+}
+static void scratch_key_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+static void scratch_register(void) {
+    pthread_once(&scratch_once, scratch_key_init);
+    pthread_setspecific(scratch_key, (void *)1); /* non-NULL: the destructor runs at thread exit */
+}
 static float *scratch(size_t n) {
     if (n > tl_cap) {
         free(tl_buf);
         tl_buf = df_aligned_alloc(n * sizeof(float));
         tl_cap = n;
+        scratch_register();
     }
     return tl_buf;
 }
-static _Thread_local float *tl_sc;
-static _Thread_local size_t tl_sc_cap;
 
 float df_dot_row(const df_weight *w, int64_t r, const float *x) {
     const uint8_t *row = w->data + (size_t)r * w->row_bytes;
@@ -134,7 +149,7 @@ float df_dot_row(const df_weight *w, int64_t r, const float *x) {
     }
     case DF_W_INT4: {
         int64_t ng = w->scale_cols;
-        if ((size_t)ng > tl_sc_cap) { free(tl_sc); tl_sc = df_xmalloc((size_t)ng * sizeof(float)); tl_sc_cap = (size_t)ng; }
+        if ((size_t)ng > tl_sc_cap) { free(tl_sc); tl_sc = df_xmalloc((size_t)ng * sizeof(float)); tl_sc_cap = (size_t)ng; scratch_register(); }
         for (int64_t g = 0; g < ng; g++) tl_sc[g] = scale_at(w, r * ng + g);
         if (w->blk_c % 32 == 0 && w->cols % w->blk_c == 0) return k->int4(row, tl_sc, w->blk_c, x, w->cols);
         return df_k_dot_int4_scalar(row, tl_sc, w->blk_c, x, w->cols);

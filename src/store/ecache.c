@@ -1,0 +1,336 @@
+/* ecache.c - see ecache.h.
+ *
+ * Slot memory is one anonymous mapping of n_slots * slot_bytes, 4 KiB
+ * aligned. An expert's extents are read as 4 KiB-aligned supersets
+ * [floor(off), ceil(off + len)) packed back to back in its slot, so every
+ * read is O_DIRECT-legal; the weights then point inside the slot at the
+ * extent's true start. */
+#include "store/ecache.h"
+#include "deltafin.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define ALIGN 4096u
+#define QD 256
+
+enum { S_EMPTY, S_LOADING, S_READY };
+
+typedef struct {
+    int key;          /* layer * n_experts + expert, -1 if empty */
+    int state;
+    int pinned;
+    int pending;      /* extents still in flight */
+    int failed;
+    int prefetched;   /* loaded by prefetch and not yet used */
+    uint64_t last_use, uses;
+    uint8_t *mem;
+    df_ffn f;         /* the expert with pointers into mem */
+} slot;
+
+struct df_ecache {
+    int n_files, n_layers, n_experts;
+    int *fd;
+    char **path;
+    const df_ffn *tmpl;
+    int *slot_of;     /* [L * E] */
+    slot *slots;
+    int n_slots;
+    int64_t slot_bytes;
+    uint8_t *arena;
+    size_t arena_bytes;
+    df_evict_policy policy;
+    uint64_t clock;
+    struct io_uring ring;
+    int have_ring;
+    int inflight;
+    df_ecache_stats st;
+    FILE *trace;
+    int64_t token;
+    char ioerr[256];
+};
+
+static uint64_t a_down(uint64_t x) { return x & ~(uint64_t)(ALIGN - 1); }
+static uint64_t a_up(uint64_t x) { return (x + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
+static uint64_t span(const df_extent *e) { return a_up(e->off + e->len) - a_down(e->off); }
+
+df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, int n_experts, const df_ffn *experts,
+                         const df_ecache_opts *o, char *err, size_t errlen) {
+    df_ecache *c = df_xcalloc(1, sizeof *c);
+    c->n_files = n_files, c->n_layers = n_layers, c->n_experts = n_experts, c->tmpl = experts, c->policy = o->policy;
+    c->fd = df_xmalloc((size_t)n_files * sizeof(int));
+    c->path = df_xcalloc((size_t)n_files, sizeof(char *));
+    for (int i = 0; i < n_files; i++) {
+        c->path[i] = df_xstrdup(paths[i]);
+        c->fd[i] = open(paths[i], O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (c->fd[i] < 0) c->fd[i] = open(paths[i], O_RDONLY | O_CLOEXEC); /* filesystems without O_DIRECT */
+        if (c->fd[i] < 0) {
+            df_err(err, errlen, DF_EIO, "%s: cannot open: %s", paths[i], strerror(errno));
+            for (int j = 0; j <= i; j++) free(c->path[j]);
+            for (int j = 0; j < i; j++) close(c->fd[j]);
+            free(c->fd), free(c->path), free(c);
+            return NULL;
+        }
+    }
+    int64_t sb = 0;
+    for (int i = 0; i < n_layers * n_experts; i++) {
+        int64_t b = 0;
+        for (int p = 0; p < experts[i].n_parts; p++) b += (int64_t)span(&experts[i].part[p]);
+        if (b > sb) sb = b;
+    }
+    c->slot_bytes = sb;
+    int n = sb ? (int)(o->budget / sb) : 0;
+    if (n < o->min_slots) n = o->min_slots;
+    if (n > n_layers * n_experts) n = n_layers * n_experts;
+    if (n < 1) n = 1;
+    c->n_slots = n;
+    c->arena_bytes = (size_t)n * (size_t)sb;
+    c->arena = mmap(NULL, c->arena_bytes ? c->arena_bytes : ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (c->arena == MAP_FAILED) {
+        df_err(err, errlen, DF_ENOMEM, "expert cache: cannot allocate %d slots of %lld bytes", n, (long long)sb);
+        c->arena = NULL;
+        df_ecache_free(c);
+        return NULL;
+    }
+    madvise(c->arena, c->arena_bytes, MADV_HUGEPAGE);
+    c->slots = df_xcalloc((size_t)n, sizeof(slot));
+    for (int i = 0; i < n; i++) c->slots[i].key = -1, c->slots[i].mem = c->arena + (size_t)i * (size_t)sb;
+    c->slot_of = df_xmalloc((size_t)(n_layers * n_experts) * sizeof(int));
+    for (int i = 0; i < n_layers * n_experts; i++) c->slot_of[i] = -1;
+    if (o->use_io_uring && io_uring_queue_init(QD, &c->ring, 0) == 0) c->have_ring = 1;
+    c->st.n_slots = n;
+    c->st.slot_bytes = sb;
+    c->st.io_uring = c->have_ring;
+    return c;
+}
+
+void df_ecache_free(df_ecache *c) {
+    if (!c) return;
+    if (c->have_ring) {
+        while (c->inflight > 0) {
+            struct io_uring_cqe *cqe;
+            if (io_uring_wait_cqe(&c->ring, &cqe)) break;
+            io_uring_cqe_seen(&c->ring, cqe);
+            c->inflight--;
+        }
+        io_uring_queue_exit(&c->ring);
+    }
+    if (c->arena) munmap(c->arena, c->arena_bytes ? c->arena_bytes : ALIGN);
+    for (int i = 0; i < c->n_files; i++) { if (c->fd) close(c->fd[i]); free(c->path[i]); }
+    free(c->fd), free(c->path), free(c->slots), free(c->slot_of), free(c);
+}
+
+/* Points the slot's weights at their bytes. */
+static void bind_slot(df_ecache *c, slot *s) {
+    const df_ffn *t = &c->tmpl[s->key];
+    s->f = *t;
+    df_weight *ws[3] = {&s->f.gate, &s->f.up, &s->f.down};
+    uint64_t pos = 0;
+    int p = 0;
+    for (int w = 0; w < 3; w++) {
+        const df_extent *e = &t->part[p++];
+        ws[w]->data = s->mem + pos + (e->off - a_down(e->off));
+        pos += span(e);
+        if (ws[w]->fmt == DF_W_FP8 || ws[w]->fmt == DF_W_INT4) {
+            e = &t->part[p++];
+            ws[w]->scale = s->mem + pos + (e->off - a_down(e->off));
+            pos += span(e);
+        }
+    }
+}
+
+static int verify(df_ecache *c, slot *s) {
+    const df_ffn *t = &c->tmpl[s->key];
+    if (!t->has_xxh3) return 0;
+    XXH3_state_t *h = XXH3_createState();
+    XXH3_64bits_reset(h);
+    uint64_t pos = 0;
+    for (int p = 0; p < t->n_parts; p++) {
+        const df_extent *e = &t->part[p];
+        XXH3_64bits_update(h, s->mem + pos + (e->off - a_down(e->off)), e->len);
+        pos += span(e);
+    }
+    uint64_t got = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    return got == t->xxh3 ? 0 : -1;
+}
+
+/* Marks a slot whose last extent arrived. */
+static void finish(df_ecache *c, slot *s) {
+    if (!s->failed && verify(c, s) != 0) s->failed = 2;
+    if (s->failed) return; /* reported by acquire */
+    bind_slot(c, s);
+    s->state = S_READY;
+}
+
+static int pick_victim(df_ecache *c) {
+    int best = -1;
+    for (int i = 0; i < c->n_slots; i++) {
+        slot *s = &c->slots[i];
+        if (s->key < 0) return i;
+        if (s->pinned || s->state == S_LOADING) continue;
+        if (best < 0) { best = i; continue; }
+        slot *b = &c->slots[best];
+        if (c->policy == DF_EVICT_LFU ? (s->uses < b->uses || (s->uses == b->uses && s->last_use < b->last_use)) : s->last_use < b->last_use) best = i;
+    }
+    return best;
+}
+
+/* Starts loading key into a victim slot; returns the slot index or -1 if no slot is free. */
+static int start_load(df_ecache *c, int key) {
+    int v = pick_victim(c);
+    if (v < 0) return -1;
+    slot *s = &c->slots[v];
+    if (s->key >= 0) {
+        if (s->prefetched) c->st.prefetch_unused++;
+        c->slot_of[s->key] = -1;
+    }
+    memset(&s->f, 0, sizeof s->f);
+    s->key = key, s->state = S_LOADING, s->failed = 0, s->prefetched = 0, s->uses = 0;
+    c->slot_of[key] = v;
+    const df_ffn *t = &c->tmpl[key];
+    uint64_t pos = 0;
+    s->pending = t->n_parts;
+    for (int p = 0; p < t->n_parts; p++) {
+        const df_extent *e = &t->part[p];
+        uint64_t n = span(e);
+        c->st.bytes_read += (int64_t)n;
+        if (c->have_ring) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&c->ring);
+            while (!sqe) { /* ring full: submit and retry */
+                io_uring_submit(&c->ring);
+                sqe = io_uring_get_sqe(&c->ring);
+            }
+            io_uring_prep_read(sqe, c->fd[e->file], s->mem + pos, (unsigned)n, a_down(e->off));
+            io_uring_sqe_set_data64(sqe, ((uint64_t)v << 8) | (uint64_t)p);
+            c->inflight++;
+        } else {
+            uint64_t done = 0, need = (e->off - a_down(e->off)) + e->len;
+            while (done < need) {
+                ssize_t r = pread(c->fd[e->file], s->mem + pos + done, n - done, (off_t)(a_down(e->off) + done));
+                if (r <= 0) { s->failed = 1; snprintf(c->ioerr, sizeof c->ioerr, "%s: read failed at %llu: %s", c->path[e->file], (unsigned long long)(a_down(e->off) + done), r < 0 ? strerror(errno) : "end of file"); break; }
+                done += (uint64_t)r;
+            }
+            s->pending--;
+        }
+        pos += n;
+    }
+    if (!c->have_ring) finish(c, s);
+    return v;
+}
+
+/* Handles one completion; returns the slot that became complete or -1. */
+static int reap(df_ecache *c, struct io_uring_cqe *cqe) {
+    uint64_t ud = io_uring_cqe_get_data64(cqe);
+    int v = (int)(ud >> 8), p = (int)(ud & 0xff);
+    slot *s = &c->slots[v];
+    const df_extent *e = &c->tmpl[s->key].part[p];
+    uint64_t need = (e->off - a_down(e->off)) + e->len;
+    if (cqe->res < 0 || (uint64_t)cqe->res < need) {
+        s->failed = 1;
+        snprintf(c->ioerr, sizeof c->ioerr, "%s: read of %llu bytes at %llu failed: %s", c->path[e->file], (unsigned long long)span(e),
+                 (unsigned long long)a_down(e->off), cqe->res < 0 ? strerror(-cqe->res) : "short read");
+    }
+    io_uring_cqe_seen(&c->ring, cqe);
+    c->inflight--;
+    if (--s->pending == 0) { finish(c, s); return v; }
+    return -1;
+}
+
+void df_ecache_prefetch(df_ecache *c, int l, const int *ids, int k) {
+    int issued = 0;
+    for (int i = 0; i < k; i++) {
+        int key = l * c->n_experts + ids[i];
+        if (c->slot_of[key] >= 0 || c->tmpl[key].n_parts == 0) continue;
+        int v = start_load(c, key);
+        if (v < 0) break;
+        c->slots[v].prefetched = 1;
+        c->slots[v].last_use = ++c->clock;
+        c->st.prefetch_issued++;
+        issued = 1;
+    }
+    if (issued && c->have_ring) io_uring_submit(&c->ring);
+}
+
+int df_ecache_acquire(df_ecache *c, int l, const int *ids, int k, df_ecache_ready_fn ready, void *ctx, char *err, size_t errlen) {
+    enum { HIT = 0, PREFETCH_HIT = 1, PREFETCH_WAIT = 2, READ = 3 };
+    int how[512], sl[512], done[512];
+    double waited[512];
+    if (k > 512) return df_err(err, errlen, DF_EINTERNAL, "expert cache: %d experts in one request", k);
+    int submit = 0;
+    for (int i = 0; i < k; i++) {
+        int key = l * c->n_experts + ids[i];
+        int v = c->slot_of[key];
+        waited[i] = 0;
+        done[i] = 0;
+        if (v >= 0) {
+            slot *s = &c->slots[v];
+            how[i] = s->prefetched ? (s->state == S_READY ? PREFETCH_HIT : PREFETCH_WAIT) : HIT;
+            if (s->prefetched) c->st.prefetch_hits++; else c->st.hits++;
+            s->prefetched = 0;
+        } else {
+            v = start_load(c, key);
+            if (v < 0) return df_err(err, errlen, DF_ENOMEM, "expert cache: no free slot for layer %d expert %d (%d slots, all pinned or loading)", l, ids[i], c->n_slots);
+            how[i] = READ;
+            c->st.misses++;
+            submit = 1;
+        }
+        sl[i] = v;
+        c->slots[v].pinned = 1;
+        c->slots[v].last_use = ++c->clock;
+        c->slots[v].uses++;
+    }
+    if (submit && c->have_ring) io_uring_submit(&c->ring);
+    int left = k;
+    /* hand over what is ready, then wait for the rest in arrival order */
+    for (;;) {
+        for (int i = 0; i < k; i++) {
+            if (done[i]) continue;
+            slot *s = &c->slots[sl[i]];
+            if (s->failed) {
+                if (s->failed == 2)
+                    return df_err(err, errlen, DF_EFORMAT, "expert cache: checksum mismatch for layer %d expert %d (corrupt store or file)", l, ids[i]);
+                return df_err(err, errlen, DF_EIO, "expert cache: layer %d expert %d: %s", l, ids[i], c->ioerr);
+            }
+            if (s->state != S_READY) continue;
+            done[i] = 1;
+            left--;
+            ready(ctx, i, &s->f);
+        }
+        if (!left) break;
+        if (!c->have_ring) return df_err(err, errlen, DF_EINTERNAL, "expert cache: layer %d: waiting without io_uring", l);
+        double t0 = df_now();
+        struct io_uring_cqe *cqe;
+        int r = io_uring_wait_cqe(&c->ring, &cqe);
+        double dt = df_now() - t0;
+        c->st.io_wait_s += dt;
+        for (int i = 0; i < k; i++) if (!done[i]) waited[i] += dt;
+        if (r < 0) return df_err(err, errlen, DF_EIO, "expert cache: io_uring wait failed: %s", strerror(-r));
+        reap(c, cqe);
+        while (io_uring_peek_cqe(&c->ring, &cqe) == 0) reap(c, cqe);
+    }
+    if (c->trace) {
+        fprintf(c->trace, "{\"token\":%lld,\"layer\":%d,\"experts\":[", (long long)c->token, l);
+        static const char *names[] = {"hit", "prefetch_hit", "prefetch_wait", "read"};
+        for (int i = 0; i < k; i++)
+            fprintf(c->trace, "%s{\"id\":%d,\"served\":\"%s\",\"wait_us\":%.0f}", i ? "," : "", ids[i], names[how[i]], waited[i] * 1e6);
+        fprintf(c->trace, "]}\n");
+    }
+    return 0;
+}
+
+void df_ecache_release(df_ecache *c) {
+    for (int i = 0; i < c->n_slots; i++) c->slots[i].pinned = 0;
+}
+
+void df_ecache_stats_get(const df_ecache *c, df_ecache_stats *s) { *s = c->st; }
+int df_ecache_slots(const df_ecache *c) { return c->n_slots; }
+void df_ecache_set_trace(df_ecache *c, FILE *f) { c->trace = f; }
+void df_ecache_set_token(df_ecache *c, int64_t t) { c->token = t; }

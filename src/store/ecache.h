@@ -1,0 +1,63 @@
+/* ecache.h - the expert cache: engine-owned slots under an explicit byte
+ * budget that hold routed experts streamed from disk (not the OS page
+ * cache). Reads use O_DIRECT through io_uring (synchronous pread where
+ * io_uring is unavailable); all misses of a layer are issued at once and
+ * each expert is handed to the caller as soon as its bytes have arrived and
+ * (when a checksum is known) been verified. Prefetches fill free or
+ * evictable slots without ever changing which experts are used.
+ *
+ * Invariants: a slot holding a pinned expert is never evicted; a slot is
+ * READY only after every extent arrived whole and its checksum matched. */
+#ifndef DF_STORE_ECACHE_H
+#define DF_STORE_ECACHE_H
+
+#include "model/model.h"
+#include <stdio.h>
+
+typedef struct df_ecache df_ecache;
+
+typedef enum { DF_EVICT_LRU = 0, DF_EVICT_LFU = 1 } df_evict_policy;
+
+typedef struct {
+    int64_t budget;      /* bytes of slot memory */
+    int min_slots;       /* at least this many slots whatever the budget */
+    df_evict_policy policy;
+    int use_io_uring;    /* 0: synchronous pread */
+} df_ecache_opts;
+
+/* fds: the files the extents refer to (opened by the cache with O_DIRECT
+ * when the filesystem allows). experts: [n_layers * n_experts] templates
+ * (shapes, formats, extents; data pointers unused); entries of non-MoE
+ * layers have n_parts == 0. */
+df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, int n_experts, const df_ffn *experts,
+                         const df_ecache_opts *o, char *err, size_t errlen);
+void df_ecache_free(df_ecache *c);
+
+typedef void (*df_ecache_ready_fn)(void *ctx, int i, const df_ffn *f);
+
+/* Makes experts ids[0..k) of layer l resident and pinned; calls ready(ctx,
+ * i, ffn) for each, hits first, misses in arrival order. Returns 0 or a
+ * negative DF_E* code (I/O error, checksum mismatch naming layer and expert). */
+int df_ecache_acquire(df_ecache *c, int l, const int *ids, int k, df_ecache_ready_fn ready, void *ctx, char *err, size_t errlen);
+/* Unpins everything acquired so far. */
+void df_ecache_release(df_ecache *c);
+/* Starts reading experts ids of layer l that are not resident, into slots
+ * that are free or evictable; never blocks on I/O. */
+void df_ecache_prefetch(df_ecache *c, int l, const int *ids, int k);
+
+typedef struct {
+    int64_t hits, prefetch_hits, misses, prefetch_issued, prefetch_unused;
+    int64_t bytes_read;
+    double io_wait_s, read_busy_s;
+    int n_slots;
+    int64_t slot_bytes;
+    int io_uring;
+} df_ecache_stats;
+void df_ecache_stats_get(const df_ecache *c, df_ecache_stats *s);
+int df_ecache_slots(const df_ecache *c);
+
+/* Tracing: when set, acquire writes one JSON line per (token, layer). */
+void df_ecache_set_trace(df_ecache *c, FILE *f);
+void df_ecache_set_token(df_ecache *c, int64_t token);
+
+#endif
