@@ -85,6 +85,8 @@ static int start_streaming(df_model *m, const df_options *o, int64_t budget, cha
     m->ecache = df_ecache_new((const char *const *)m->files, m->n_files, c->n_layers, c->n_experts, tmpl, &eo, err, errlen);
     m->ecache_tmpl = tmpl;
     if (!m->ecache) return DF_EIO;
+    /* prefetch needs room for the next layer's experts beside this layer's */
+    m->prefetch = !getenv("DELTAFIN_NO_PREFETCH") && df_ecache_slots(m->ecache) >= 2 * c->n_experts_used;
     if (o->trace_path) {
         m->trace = fopen(o->trace_path, "w");
         if (!m->trace) return df_err(err, errlen, DF_EIO, "%s: cannot open the trace file", o->trace_path);

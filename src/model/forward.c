@@ -70,6 +70,10 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
         s->de = df_xcalloc(B * (size_t)c->hidden, sizeof(float));
         s->de_all = df_xcalloc(B * (size_t)c->n_experts_used * (size_t)c->hidden, sizeof(float));
         s->exp_list = df_xcalloc((size_t)c->n_experts, sizeof(int));
+        s->xp = df_xcalloc((size_t)c->hidden, sizeof(float));
+        s->plog = df_xcalloc((size_t)c->n_experts, sizeof(float));
+        s->pred = df_xcalloc((size_t)c->n_experts_used, sizeof(int));
+        s->predw = df_xcalloc((size_t)c->n_experts_used, sizeof(float));
     }
     return 0;
 }
@@ -81,6 +85,10 @@ void df_state_free(df_state *s) {
     free(s->sel);
     free(s->tok_list);
     free(s->exp_list);
+    free(s->xp);
+    free(s->plog);
+    free(s->pred);
+    free(s->predw);
     free(s->de_all);
     memset(s, 0, sizeof *s);
 }
@@ -166,7 +174,19 @@ static int moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
         for (int i = 0; i < n * K; i++)
             if (s->sel[i] == e) { s->exp_list[ne++] = e; break; }
     moe_ctx mc = {m, s, s->exp_list, n};
-    if (m->ecache) {
+    if (m->ecache && n == 1 && m->prefetch && l + 1 < c->n_layers && m->layers[l + 1].moe) {
+        /* router lookahead: layer l+1's router on the current residual predicts
+         * its experts; their reads start while this layer's experts compute.
+         * Prediction only warms the cache: layer l+1 still routes on its own input. */
+        const df_layer *N = &m->layers[l + 1];
+        df_rmsnorm(s->xp, s->x, N->ffn_norm, H, (float)c->rms_eps);
+        df_matvec(&N->router, s->xp, s->plog);
+        if (c->family == DF_FAM_DEEPSEEK_V3) df_route_deepseek(m, N, s->plog, s->pred, s->predw);
+        else df_route_qwen3(m, N, s->plog, s->pred, s->predw);
+        int rc = df_ecache_acquire_pf(m->ecache, l, s->exp_list, ne, l + 1, s->pred, K, moe_expert_ready, &mc, s->err, sizeof s->err);
+        df_ecache_release(m->ecache);
+        if (rc) return rc;
+    } else if (m->ecache) {
         int wave = df_ecache_slots(m->ecache);
         for (int w0 = 0; w0 < ne; w0 += wave) {
             int cnt = ne - w0 < wave ? ne - w0 : wave;

@@ -71,6 +71,7 @@ typedef struct df_model {
     struct df_ecache *ecache; /* routed experts stream through this cache (NULL: resident) */
     df_ffn *ecache_tmpl;   /* [n_layers * n_experts] the cache's view of the experts */
     FILE *trace;
+    int prefetch;          /* router-lookahead prefetch for streamed experts */
     char **files;          /* the weight files, for streamed experts' extents */
     int n_files;
     void **owned;          /* spine copies owned by the model (streaming) */
@@ -106,6 +107,8 @@ typedef struct {
     float *de_all;            /* [max_batch x topk x hidden] each routed expert's output */
     int *exp_list;            /* [n_experts] distinct experts of a batch */
     char err[256];            /* message of a failed forward (e.g. expert I/O) */
+    float *xp, *plog, *predw; /* router lookahead: [hidden], [n_experts], [topk] */
+    int *pred;                /* [topk] predicted experts of the next layer */
     double t_attn, t_ffn, t_other;
 } df_state;
 

@@ -260,6 +260,11 @@ void df_ecache_prefetch(df_ecache *c, int l, const int *ids, int k) {
 }
 
 int df_ecache_acquire(df_ecache *c, int l, const int *ids, int k, df_ecache_ready_fn ready, void *ctx, char *err, size_t errlen) {
+    return df_ecache_acquire_pf(c, l, ids, k, -1, NULL, 0, ready, ctx, err, errlen);
+}
+
+int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, const int *pf_ids, int pf_k,
+                         df_ecache_ready_fn ready, void *ctx, char *err, size_t errlen) {
     enum { HIT = 0, PREFETCH_HIT = 1, PREFETCH_WAIT = 2, READ = 3 };
     int how[512], sl[512], done[512];
     double waited[512];
@@ -288,6 +293,7 @@ int df_ecache_acquire(df_ecache *c, int l, const int *ids, int k, df_ecache_read
         c->slots[v].uses++;
     }
     if (submit && c->have_ring) io_uring_submit(&c->ring);
+    if (pf_k > 0 && c->have_ring) df_ecache_prefetch(c, pf_l, pf_ids, pf_k);
     int left = k;
     /* hand over what is ready, then wait for the rest in arrival order */
     for (;;) {

@@ -39,6 +39,10 @@ typedef void (*df_ecache_ready_fn)(void *ctx, int i, const df_ffn *f);
  * i, ffn) for each, hits first, misses in arrival order. Returns 0 or a
  * negative DF_E* code (I/O error, checksum mismatch naming layer and expert). */
 int df_ecache_acquire(df_ecache *c, int l, const int *ids, int k, df_ecache_ready_fn ready, void *ctx, char *err, size_t errlen);
+/* As acquire, and once this layer's experts are pinned and their reads
+ * issued (before waiting), prefetches pf_ids[0..pf_k) of layer pf_l. */
+int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, const int *pf_ids, int pf_k,
+                         df_ecache_ready_fn ready, void *ctx, char *err, size_t errlen);
 /* Unpins everything acquired so far. */
 void df_ecache_release(df_ecache *c);
 /* Starts reading experts ids of layer l that are not resident, into slots
