@@ -101,10 +101,16 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
     char *path = resolve_model(model);
     df_pool_init(o.n_threads);
     if (df_file_exists(path)) {
+        struct stat fs;
+        int64_t total = stat(path, &fs) == 0 ? fs.st_size : 0;
+        int64_t budget = o.ram_bytes > 0 ? o.ram_bytes : df_mem_available() - ((int64_t)2 << 30);
+        int mode = o.expert_cache_bytes >= 0 || total >= budget ? 2 : 0;
         df_model *m = NULL;
-        int rc = df_model_load_gguf(path, &m, err, errlen);
+        int rc = df_model_load_gguf(path, mode, &m, err, errlen);
         free(path);
-        return rc ? NULL : engine_new(m, &o, err, errlen);
+        if (rc) return NULL;
+        if (mode == 2 && m->cfg.n_experts && start_streaming(m, &o, budget, err, errlen)) { df_model_free(m); return NULL; }
+        return engine_new(m, &o, err, errlen);
     }
     if (!df_is_dir(path)) {
         df_err(err, errlen, DF_EINPUT, "%s: no such model directory or GGUF file (and no installed model of that name)", model);
@@ -136,11 +142,7 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
     int rc = df_model_load(path, mode, &m, err, errlen);
     free(path);
     if (rc) return NULL;
-    if (mode == 2 && m->cfg.n_experts) {
-        int64_t spine = m->bytes - (m->bytes_active - m->bytes); /* refined below */
-        (void)spine;
-        if (start_streaming(m, &o, budget, err, errlen)) { df_model_free(m); return NULL; }
-    }
+    if (mode == 2 && m->cfg.n_experts && start_streaming(m, &o, budget, err, errlen)) { df_model_free(m); return NULL; }
     return engine_new(m, &o, err, errlen);
 }
 

@@ -104,7 +104,7 @@ static double kv_f(gl *c, const char *arch, const char *key, double def) {
     return r == 1 ? v : def;
 }
 
-int df_model_load_gguf(const char *path, df_model **out, char *err, size_t errlen) {
+int df_model_load_gguf(const char *path, int mode, df_model **out, char *err, size_t errlen) {
     *out = NULL;
     df_model *m = df_xcalloc(1, sizeof *m);
     m->dir = df_xstrdup(path);
@@ -223,6 +223,10 @@ int df_model_load_gguf(const char *path, df_model **out, char *err, size_t errle
 #undef N
     }
     if (c.rc) goto fail;
+    if (mode == 2 && cfg->n_experts) {
+        c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: streaming the experts of GGUF models is not supported yet", path);
+        goto fail;
+    }
     df_model_finish(m);
     {
         /* llama 3.x stores its rope scaling as per-dimension frequency factors */

@@ -84,8 +84,10 @@ typedef struct df_model {
 int df_model_load(const char *dir, int resident, df_model **out, char *err, size_t errlen);
 void df_model_own_spine(df_model *m);
 /* Loads a GGUF file (llama, qwen3, qwen3moe architectures): tensors are used as
- * stored (GGML block types), the config comes from the metadata. */
-int df_model_load_gguf(const char *path, df_model **out, char *err, size_t errlen);
+ * stored (GGML block types), the config comes from the metadata. mode as
+ * df_model_load (0 and 1 map the file; 2 streams routed experts: the loader
+ * must then record each expert's extents and move the spine into owned memory). */
+int df_model_load_gguf(const char *path, int mode, df_model **out, char *err, size_t errlen);
 /* Shared by the loaders: RoPE tables, softmax scale, parameter/byte counts. */
 void df_model_finish(df_model *m);
 void df_model_free(df_model *m);
