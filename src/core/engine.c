@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "model/model.h"
 #include "store/ecache.h"
+#include "store/store.h"
 #include "util/util.h"
 
 #include <stdlib.h>
@@ -77,7 +78,10 @@ static int start_streaming(df_model *m, const df_options *o, int64_t budget, cha
         }
     }
     int64_t cache = o->expert_cache_bytes;
-    if (cache < 0) cache = budget - (m->bytes - expert_bytes) - ((int64_t)1 << 30);
+    /* what the budget must also hold: the resident spine, a session's cache at the
+     * default context, and a fixed reserve for code, scratch and the tokenizer */
+    int64_t kv = (int64_t)df_state_bytes_per_token(m) * (c->max_pos < 4096 ? c->max_pos : 4096);
+    if (cache < 0) cache = budget - (m->bytes - expert_bytes) - kv - ((int64_t)48 << 20);
     df_ecache_opts eo = {cache > 0 ? cache : 0, c->n_experts_used, DF_EVICT_LRU, 1};
     const char *pol = getenv("DELTAFIN_EVICT"); /* lru (default) | lfu: for policy measurements */
     if (pol && !strcmp(pol, "lfu")) eo.policy = DF_EVICT_LFU;
@@ -137,7 +141,7 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
     int64_t budget = o.ram_bytes > 0 ? o.ram_bytes : df_mem_available() - ((int64_t)2 << 30);
     /* mode: 1 everything resident; 2 routed experts stream through the expert
      * cache (asked for with --expert-cache, or when the weights exceed the budget) */
-    int mode = o.expert_cache_bytes >= 0 || total >= budget ? 2 : o.mmap_weights ? 0 : 1;
+    int mode = o.expert_cache_bytes >= 0 || total >= budget || df_is_store(path) ? 2 : o.mmap_weights ? 0 : 1;
     df_model *m = NULL;
     int rc = df_model_load(path, mode, &m, err, errlen);
     free(path);
@@ -375,6 +379,7 @@ int df_session_eval_all(df_session *s, const int32_t *ids, size_t n, float *out)
 
 void df_stats_get(df_engine *e, df_stats *out) {
     *out = e->stats;
+    out->peak_rss_bytes = df_peak_rss();
     if (e->model->ecache) {
         df_ecache_stats es;
         df_ecache_stats_get(e->model->ecache, &es);

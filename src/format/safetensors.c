@@ -57,6 +57,14 @@ static void rehash(df_st_set *s) {
     }
 }
 
+/* Adds the newest tensor to the name index (growing it when half full). */
+static void index_last(df_st_set *s) {
+    if (s->n * 2 + 2 > s->hash_cap) { rehash(s); return; }
+    uint64_t h = hash_str(s->t[s->n - 1].name) & (uint64_t)(s->hash_cap - 1);
+    while (s->hash[h]) h = (h + 1) & (uint64_t)(s->hash_cap - 1);
+    s->hash[h] = s->n;
+}
+
 const df_st_tensor *df_st_find(const df_st_set *s, const char *name) {
     if (!s->hash_cap) return NULL;
     uint64_t h = hash_str(name) & (uint64_t)(s->hash_cap - 1);
@@ -73,6 +81,58 @@ const df_st_tensor *df_st_at(const df_st_set *s, int i) { return &s->t[i]; }
 const char *df_st_file_path(const df_st_set *s, int i) { return s->files[i].map.path; }
 int df_st_file_fd(const df_st_set *s, int i) { return s->files[i].map.fd; }
 int df_st_n_files(const df_st_set *s) { return s->n_files; }
+
+void df_st_unmap(df_st_set *s) {
+    for (int i = 0; i < s->n_files; i++) {
+        char *p = s->files[i].map.path;
+        s->files[i].map.path = NULL;
+        df_unmap_file(&s->files[i].map);
+        s->files[i].map.path = p;
+    }
+    for (int i = 0; i < s->n; i++) s->t[i].data = NULL;
+}
+
+int df_st_dtype_from_name(const char *name) {
+    for (int i = 0; i < DF_ST_N_DTYPES; i++)
+        if (!strcmp(name, dtypes[i].name)) return i;
+    return -1;
+}
+
+int df_st_add_virtual(df_st_set *s, const char *name, df_st_dtype dtype, int n_dims, const int64_t *shape, const char *path,
+                      uint64_t off, uint64_t nbytes, char *err, size_t errlen) {
+    if (df_st_find(s, name)) return df_err(err, errlen, DF_EFORMAT, "%s: tensor '%s' appears twice", path, name);
+    if (n_dims < 0 || n_dims > 8) return df_err(err, errlen, DF_EFORMAT, "%s: tensor '%s': %d dims", path, name, n_dims);
+    uint64_t nel = 1;
+    for (int i = 0; i < n_dims; i++) {
+        if (shape[i] < 0 || (shape[i] && nel > UINT64_MAX / (uint64_t)shape[i])) return df_err(err, errlen, DF_EFORMAT, "%s: tensor '%s': bad shape", path, name);
+        nel *= (uint64_t)shape[i];
+    }
+    if (nel * (uint64_t)dtypes[dtype].size != nbytes)
+        return df_err(err, errlen, DF_EFORMAT, "%s: tensor '%s': shape and dtype %s need %llu bytes, the store records %llu", path, name,
+                      dtypes[dtype].name, (unsigned long long)(nel * (uint64_t)dtypes[dtype].size), (unsigned long long)nbytes);
+    int fi = -1;
+    for (int i = 0; i < s->n_files; i++)
+        if (!strcmp(s->files[i].map.path, path)) fi = i;
+    if (fi < 0) {
+        s->files = df_xrealloc(s->files, (size_t)(s->n_files + 1) * sizeof *s->files);
+        memset(&s->files[s->n_files], 0, sizeof s->files[s->n_files]);
+        s->files[s->n_files].map.fd = -1;
+        s->files[s->n_files].map.path = df_xstrdup(path);
+        fi = s->n_files++;
+    }
+    df_st_tensor t = {0};
+    t.name = df_xstrdup(name);
+    t.dtype = dtype;
+    t.n_dims = n_dims;
+    for (int i = 0; i < n_dims; i++) t.shape[i] = shape[i];
+    t.nbytes = nbytes;
+    t.file_offset = off;
+    t.file_index = fi;
+    if (s->n == s->cap) s->t = df_xrealloc(s->t, (size_t)(s->cap = s->cap ? s->cap * 2 : 64) * sizeof *s->t);
+    s->t[s->n++] = t;
+    index_last(s);
+    return 0;
+}
 
 void df_st_close(df_st_set *s) {
     if (!s) return;
@@ -169,12 +229,7 @@ static int parse_into(df_st_set *s, const uint8_t *buf, size_t size, const char 
         t.file_index = fi;
         if (s->n == s->cap) s->t = df_xrealloc(s->t, (size_t)(s->cap = s->cap ? s->cap * 2 : 64) * sizeof *s->t);
         s->t[s->n++] = t;
-        if (s->n * 2 + 2 > s->hash_cap) rehash(s);
-        else {
-            uint64_t h = hash_str(t.name) & (uint64_t)(s->hash_cap - 1);
-            while (s->hash[h]) h = (h + 1) & (uint64_t)(s->hash_cap - 1);
-            s->hash[h] = s->n;
-        }
+        index_last(s);
     }
     /* overlap check within this file */
     {

@@ -53,5 +53,13 @@ const df_st_tensor *df_st_find(const df_st_set *s, const char *name);
 const char *df_st_file_path(const df_st_set *s, int file_index);
 int df_st_file_fd(const df_st_set *s, int file_index);
 int df_st_n_files(const df_st_set *s);
+/* Drops the file mappings (tensor data pointers become invalid; names, shapes and offsets stay). */
+void df_st_unmap(df_st_set *s);
+/* Adds a tensor whose bytes stay on disk (data NULL): an expert of a store,
+ * read later through the expert cache. path joins the file list (unmapped). */
+int df_st_add_virtual(df_st_set *s, const char *name, df_st_dtype dtype, int n_dims, const int64_t *shape, const char *path,
+                      uint64_t off, uint64_t nbytes, char *err, size_t errlen);
+/* dtype by name ("BF16", ...); -1 if unknown. */
+int df_st_dtype_from_name(const char *name);
 
 #endif

@@ -5,6 +5,7 @@
  * small vectors (norm weights, biases, router bias) are copied to f32. */
 #include "model/model.h"
 #include "store/ecache.h"
+#include "store/store.h"
 #include "format/gguf.h"
 #include "backend/cpu/kernels.h"
 #include "deltafin.h"
@@ -377,6 +378,15 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
     if (rc) { df_model_free(m); return rc; }
     m->st = df_st_open_dir2(dir, resident == 1, err, errlen);
     if (!m->st) { df_model_free(m); return DF_EFORMAT; }
+    /* a store: routed experts live in its packs (or the source shards), with checksums */
+    uint64_t *store_xxh3 = NULL;
+    rc = df_store_attach(dir, m->st, m->cfg.n_layers, m->cfg.n_experts, &store_xxh3, err, errlen);
+    if (rc < 0) { df_model_free(m); return rc; }
+    if (rc == 1 && resident != 2) {
+        free(store_xxh3);
+        df_model_free(m);
+        return df_err(err, errlen, DF_EINTERNAL, "%s: a store must be opened in streaming mode", dir);
+    }
     m->n_files = df_st_n_files(m->st);
     m->files = df_xcalloc((size_t)m->n_files, sizeof(char *));
     for (int i = 0; i < m->n_files; i++) m->files[i] = df_xstrdup(df_st_file_path(m->st, i));
@@ -462,9 +472,21 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
                       df_st_file_path(m->st, t->file_index), t->name, cfg->model_type);
     }
     free(c.used);
-    if (c.rc) { df_model_free(m); return c.rc; }
+    if (c.rc) { free(store_xxh3); df_model_free(m); return c.rc; }
     df_model_finish(m);
-    if (resident == 2) df_model_own_spine(m);
+    if (resident == 2) {
+        df_model_own_spine(m);
+        df_st_unmap(m->st); /* experts are read through the cache's own descriptors */
+    }
+    if (store_xxh3) {
+        for (int l = 0; l < cfg->n_layers; l++)
+            if (m->layers[l].moe)
+                for (int e = 0; e < cfg->n_experts; e++) {
+                    m->layers[l].experts[e].xxh3 = store_xxh3[(size_t)l * cfg->n_experts + e];
+                    m->layers[l].experts[e].has_xxh3 = 1;
+                }
+        free(store_xxh3);
+    }
     *out = m;
     return 0;
 }

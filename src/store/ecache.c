@@ -61,6 +61,38 @@ static uint64_t a_down(uint64_t x) { return x & ~(uint64_t)(ALIGN - 1); }
 static uint64_t a_up(uint64_t x) { return (x + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
 static uint64_t span(const df_extent *e) { return a_up(e->off + e->len) - a_down(e->off); }
 
+/* An expert's reads: its parts merged where they touch or share a 4 KiB page
+ * in the same file (a packed expert is one read). run_of[p] is the run of
+ * part p; runs are laid out back to back in the slot. */
+typedef struct {
+    int n;
+    df_extent run[DF_FFN_PARTS];
+    int run_of[DF_FFN_PARTS];
+} reads;
+
+static void plan_reads(const df_ffn *f, reads *r) {
+    r->n = 0;
+    for (int p = 0; p < f->n_parts; p++) {
+        const df_extent *e = &f->part[p];
+        df_extent *last = r->n ? &r->run[r->n - 1] : NULL;
+        if (last && last->file == e->file && e->off >= last->off && a_down(e->off) <= a_up(last->off + last->len)) {
+            uint64_t end = e->off + e->len > last->off + last->len ? e->off + e->len : last->off + last->len;
+            last->len = end - last->off;
+        } else {
+            r->run[r->n++] = *e;
+        }
+        r->run_of[p] = r->n - 1;
+    }
+}
+
+/* Byte position of part p inside the slot. */
+static uint64_t part_pos(const df_ffn *f, const reads *r, int p) {
+    uint64_t pos = 0;
+    for (int i = 0; i < r->run_of[p]; i++) pos += span(&r->run[i]);
+    const df_extent *run = &r->run[r->run_of[p]];
+    return pos + (f->part[p].off - a_down(run->off));
+}
+
 df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, int n_experts, const df_ffn *experts,
                          const df_ecache_opts *o, char *err, size_t errlen) {
     df_ecache *c = df_xcalloc(1, sizeof *c);
@@ -81,8 +113,10 @@ df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, in
     }
     int64_t sb = 0;
     for (int i = 0; i < n_layers * n_experts; i++) {
+        reads r;
+        plan_reads(&experts[i], &r);
         int64_t b = 0;
-        for (int p = 0; p < experts[i].n_parts; p++) b += (int64_t)span(&experts[i].part[p]);
+        for (int p = 0; p < r.n; p++) b += (int64_t)span(&r.run[p]);
         if (b > sb) sb = b;
     }
     c->slot_bytes = sb;
@@ -130,19 +164,14 @@ void df_ecache_free(df_ecache *c) {
 /* Points the slot's weights at their bytes. */
 static void bind_slot(df_ecache *c, slot *s) {
     const df_ffn *t = &c->tmpl[s->key];
+    reads r;
+    plan_reads(t, &r);
     s->f = *t;
     df_weight *ws[3] = {&s->f.gate, &s->f.up, &s->f.down};
-    uint64_t pos = 0;
     int p = 0;
     for (int w = 0; w < 3; w++) {
-        const df_extent *e = &t->part[p++];
-        ws[w]->data = s->mem + pos + (e->off - a_down(e->off));
-        pos += span(e);
-        if (ws[w]->fmt == DF_W_FP8 || ws[w]->fmt == DF_W_INT4) {
-            e = &t->part[p++];
-            ws[w]->scale = s->mem + pos + (e->off - a_down(e->off));
-            pos += span(e);
-        }
+        ws[w]->data = s->mem + part_pos(t, &r, p++);
+        if (ws[w]->fmt == DF_W_FP8 || ws[w]->fmt == DF_W_INT4) ws[w]->scale = s->mem + part_pos(t, &r, p++);
     }
 }
 
@@ -151,12 +180,9 @@ static int verify(df_ecache *c, slot *s) {
     if (!t->has_xxh3) return 0;
     XXH3_state_t *h = XXH3_createState();
     XXH3_64bits_reset(h);
-    uint64_t pos = 0;
-    for (int p = 0; p < t->n_parts; p++) {
-        const df_extent *e = &t->part[p];
-        XXH3_64bits_update(h, s->mem + pos + (e->off - a_down(e->off)), e->len);
-        pos += span(e);
-    }
+    reads r;
+    plan_reads(t, &r);
+    for (int p = 0; p < t->n_parts; p++) XXH3_64bits_update(h, s->mem + part_pos(t, &r, p), t->part[p].len);
     uint64_t got = XXH3_64bits_digest(h);
     XXH3_freeState(h);
     return got == t->xxh3 ? 0 : -1;
@@ -196,10 +222,12 @@ static int start_load(df_ecache *c, int key) {
     s->key = key, s->state = S_LOADING, s->failed = 0, s->prefetched = 0, s->uses = 0;
     c->slot_of[key] = v;
     const df_ffn *t = &c->tmpl[key];
+    reads rd;
+    plan_reads(t, &rd);
     uint64_t pos = 0;
-    s->pending = t->n_parts;
-    for (int p = 0; p < t->n_parts; p++) {
-        const df_extent *e = &t->part[p];
+    s->pending = rd.n;
+    for (int p = 0; p < rd.n; p++) {
+        const df_extent *e = &rd.run[p];
         uint64_t n = span(e);
         c->st.bytes_read += (int64_t)n;
         if (c->have_ring) {
@@ -231,7 +259,9 @@ static int reap(df_ecache *c, struct io_uring_cqe *cqe) {
     uint64_t ud = io_uring_cqe_get_data64(cqe);
     int v = (int)(ud >> 8), p = (int)(ud & 0xff);
     slot *s = &c->slots[v];
-    const df_extent *e = &c->tmpl[s->key].part[p];
+    reads rd;
+    plan_reads(&c->tmpl[s->key], &rd);
+    const df_extent *e = &rd.run[p];
     uint64_t need = (e->off - a_down(e->off)) + e->len;
     if (cqe->res < 0 || (uint64_t)cqe->res < need) {
         s->failed = 1;

@@ -184,6 +184,17 @@ int64_t df_mem_available(void) {
     return kb * 1024;
 }
 
+int64_t df_peak_rss(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    int64_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}
+
 int64_t df_parse_size(const char *s) {
     if (!s || !*s) return -1;
     char *end;

@@ -36,6 +36,7 @@ char *df_path_join(const char *a, const char *b);
 double df_now(void); /* monotonic seconds */
 int df_n_cpus(void);
 int64_t df_mem_available(void); /* bytes, from /proc/meminfo */
+int64_t df_peak_rss(void);      /* bytes, VmHWM of /proc/self/status */
 
 /* Parses "123", "4K", "1.5G", "128MiB" into bytes; -1 on error. */
 int64_t df_parse_size(const char *s);
