@@ -29,7 +29,7 @@ MAIN_OBJ = $(O)/src/main.o
 # Which modules a unit test of module M links against.
 DEPS_util    = util
 DEPS_format  = format util
-DEPS_tok     = tok util
+DEPS_tok     = tok format util
 DEPS_backend = backend format util
 DEPS_model   = model backend format util
 DEPS_store   = store model backend format util

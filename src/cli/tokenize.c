@@ -3,8 +3,13 @@
  *   deltafin tokenize --tokenizer PATH [--jsonl] [--allow-special] [--threads N]
  *     stdin (raw bytes) -> one JSON array of ids; with --jsonl every stdin line
  *     is a JSON string and every output line the array for it.
- *   deltafin detokenize --tokenizer PATH
- *     stdin: a JSON array of ids -> the exact bytes on stdout.
+ *   deltafin detokenize --tokenizer PATH [--stream]
+ *     stdin: a JSON array of ids -> the exact bytes on stdout. With --stream,
+ *     the ids go through the streaming detokenizer one at a time and every
+ *     push prints one JSON line {"id": N, "hex": "...", "text": "..."} with
+ *     the bytes it completed (never ending inside a UTF-8 character; "text"
+ *     is null when they are not valid UTF-8), then one line {"flush": true,
+ *     "hex": ..., "text": ...} with what was held back at the end.
  *
  * Exit codes: 0 ok, 2 bad input (usage, missing/broken tokenizer, bad JSON on
  * stdin, id out of range), 1 I/O failure. Errors are one line on stderr. */
@@ -22,14 +27,19 @@ static const char tok_usage[] =
     "usage: deltafin tokenize --tokenizer PATH [--jsonl] [--allow-special] [--threads N]\n"
     "  Reads UTF-8 text from stdin and prints its token ids as one JSON array (no BOS added).\n"
     "  PATH: a model directory (tokenizer.json, or tiktoken.model + tokenizer_config.json),\n"
-    "        a tokenizer.json file, or a *.tiktoken file with a same-stem *.json.\n"
+    "        a tokenizer.json file, a *.tiktoken file with a same-stem *.json,\n"
+    "        or a *.gguf file (its embedded tokenizer).\n"
     "  --jsonl           every stdin line is a JSON string; prints one array per line\n"
     "  --allow-special   tiktoken files: encode special-token text as special ids\n"
     "                    (tokenizer.json tokenizers always do, as Hugging Face does)\n"
     "  --threads N       encoding threads (0 = all cores, the default); ids never depend on it\n";
 static const char detok_usage[] =
-    "usage: deltafin detokenize --tokenizer PATH\n"
-    "  Reads a JSON array of token ids from stdin and writes the decoded bytes to stdout.\n";
+    "usage: deltafin detokenize --tokenizer PATH [--stream]\n"
+    "  Reads a JSON array of token ids from stdin and writes the decoded bytes to stdout.\n"
+    "  PATH: as for tokenize, or a *.gguf file (its embedded tokenizer).\n"
+    "  --stream   push the ids one at a time through the streaming detokenizer and print\n"
+    "             one JSON line per id: {\"id\": N, \"hex\": BYTES, \"text\": STRING or null},\n"
+    "             then {\"flush\": true, ...} with the bytes held back at the end\n";
 
 static int read_stdin(char **out, size_t *len) {
     size_t cap = 1 << 16, n = 0;
@@ -126,11 +136,32 @@ int df_cmd_tokenize(int argc, char **argv) {
     return code;
 }
 
+/* One --stream line: the bytes as hex and, when valid UTF-8, as a string. */
+static void put_chunk(df_buf *o, const char *key, long id, const char *p, size_t n) {
+    json_t *j = json_object();
+    if (id >= 0) json_object_set_new(j, key, json_integer(id));
+    else json_object_set_new(j, key, json_true());
+    char *hex = df_xmalloc(2 * n + 1);
+    for (size_t i = 0; i < n; i++) snprintf(hex + 2 * i, 3, "%02x", (unsigned char)p[i]);
+    hex[2 * n] = 0;
+    json_object_set_new(j, "hex", json_string(hex));
+    json_t *txt = json_stringn(p, n); /* NULL when not valid UTF-8 */
+    json_object_set_new(j, "text", txt ? txt : json_null());
+    char *line = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
+    df_buf_puts(o, line);
+    df_buf_put(o, "\n", 1);
+    free(line);
+    free(hex);
+    json_decref(j);
+}
+
 int df_cmd_detokenize(int argc, char **argv) {
     const char *path = NULL;
+    int stream = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(detok_usage, stdout); return 0; }
         else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--stream")) stream = 1;
         else {
             fprintf(stderr, "deltafin detokenize: unknown or incomplete argument \"%s\"\n%s", argv[i], detok_usage);
             return 2;
@@ -166,7 +197,20 @@ int df_cmd_detokenize(int argc, char **argv) {
         ids[i] = (int32_t)json_integer_value(v);
     }
     json_decref(arr);
-    if (!code) {
+    if (!code && stream) {
+        df_tok_stream *st = df_tok_stream_new(t);
+        df_buf o = {0};
+        size_t k;
+        for (size_t i = 0; i < m; i++) {
+            const char *p = df_tok_stream_push(st, ids[i], &k);
+            put_chunk(&o, "id", ids[i], p, k);
+        }
+        const char *p = df_tok_stream_flush(st, &k);
+        put_chunk(&o, "flush", -1, p, k);
+        if (write_all(o.p, o.len)) { fprintf(stderr, "deltafin detokenize: write error\n"); code = 1; }
+        df_buf_free(&o);
+        df_tok_stream_free(st);
+    } else if (!code) {
         char *out;
         size_t ol;
         int rc = df_tok_decode_err(t, ids, m, &out, &ol, err, sizeof err);

@@ -16,50 +16,12 @@
 /* The tokenizer embedded in a GGUF file's metadata (tokenizer.ggml.*). */
 static int tok_from_gguf(df_engine *e, char *err, size_t errlen) {
     const df_gguf *g = e->model->gguf;
-    const char *path = e->model->dir, *kind = NULL, *pre = NULL, *tpl = NULL;
-    if (df_gguf_get_str(g, "tokenizer.ggml.model", &kind, err, errlen) != 1) return 0; /* no tokenizer */
-    df_gguf_get_str(g, "tokenizer.ggml.pre", &pre, err, errlen);
-    df_gguf_get_str(g, "tokenizer.chat_template", &tpl, err, errlen);
-    const df_gguf_str *toks = NULL, *merges = NULL;
-    uint64_t nt = 0, nm = 0, ntypes = 0, nscores = 0;
-    int32_t *types = NULL;
-    float *scores = NULL;
-    int rc = 0;
-    if (df_gguf_get_arr_str(g, "tokenizer.ggml.tokens", &toks, &nt, err, errlen) != 1)
-        return df_err(err, errlen, DF_EFORMAT, "%s: tokenizer.ggml.tokens: missing or not a string array", path);
-    if (df_gguf_get_arr_str(g, "tokenizer.ggml.merges", &merges, &nm, err, errlen) < 0) return DF_EFORMAT;
-    if (df_gguf_get_arr_i32(g, "tokenizer.ggml.token_type", &types, &ntypes, err, errlen) < 0) return DF_EFORMAT;
-    if (df_gguf_get_arr_f32(g, "tokenizer.ggml.scores", &scores, &nscores, err, errlen) < 0) { free(types); return DF_EFORMAT; }
-    if ((types && ntypes != nt) || (scores && nscores != nt)) {
-        rc = df_err(err, errlen, DF_EFORMAT, "%s: tokenizer.ggml.token_type/scores have %llu/%llu entries for %llu tokens", path,
-                    (unsigned long long)ntypes, (unsigned long long)nscores, (unsigned long long)nt);
-        goto out;
-    }
-    const char **tp = df_xmalloc((nt ? nt : 1) * sizeof *tp), **mp = df_xmalloc((nm ? nm : 1) * sizeof *mp);
-    for (uint64_t i = 0; i < nt; i++) tp[i] = toks[i].s;
-    for (uint64_t i = 0; i < nm; i++) mp[i] = merges[i].s;
-    int64_t bos = -1, eos = -1;
-    df_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos, err, errlen);
-    df_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos, err, errlen);
-    df_tok_arrays a = {
-        .kind = !strcmp(kind, "gpt2") ? DF_TOK_ARRAYS_GPT2 : !strcmp(kind, "llama") ? DF_TOK_ARRAYS_SPM : 0,
-        .n_tokens = nt, .tokens = tp, .types = types, .scores = scores, .n_merges = nm, .merges = mp, .pre = pre,
-        .chat_template = tpl, .bos = bos >= 0 && (uint64_t)bos < nt ? tp[bos] : NULL, .eos = eos >= 0 && (uint64_t)eos < nt ? tp[eos] : NULL,
-    };
-    if (!a.kind) rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: tokenizer.ggml.model \"%s\" is not supported (supported: gpt2, llama)", path, kind);
-    else {
-        char terr[512];
-        e->tok = df_tok_from_arrays(&a, terr, sizeof terr);
-        if (!e->tok) rc = df_err(err, errlen, DF_EFORMAT, "%s: embedded tokenizer: %s", path, terr);
-    }
-    free(tp);
-    free(mp);
-    int ab = 0;
-    if (df_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &ab, err, errlen) == 1) e->add_bos = ab;
-out:
-    free(types);
-    free(scores);
-    return rc;
+    if (!df_gguf_find(g, "tokenizer.ggml.model")) return 0; /* no tokenizer */
+    int ab = e->add_bos;
+    e->tok = df_tok_load_gguf(g, e->model->dir, &ab, err, errlen);
+    if (!e->tok) return DF_EFORMAT;
+    e->add_bos = ab;
+    return 0;
 }
 
 static int load_template(df_engine *e, const char *where, char *err, size_t errlen) {

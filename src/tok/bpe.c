@@ -289,10 +289,14 @@ static size_t symbolize(const df_bpe *b, df_bpe_cache *c, const uint8_t *s, size
         int l = df_utf8_decode(s + i, n - i, &cp);
         if (!l) l = 1;
         int32_t id = df_bpe_lookup(b, s + i, (size_t)l);
+        int fb = 0;
+        if (id < 0 && b->byte_fallback) { /* all of the character's bytes have <0xXX> tokens, or none is used */
+            fb = 1;
+            for (int k = 0; k < l; k++) fb &= b->byte_fb_id[s[i + k]] >= 0;
+        }
         if (id >= 0) c->sym[m++] = id;
-        else if (b->byte_fallback) {
-            for (int k = 0; k < l; k++)
-                if (b->byte_fb_id[s[i + k]] >= 0) c->sym[m++] = b->byte_fb_id[s[i + k]];
+        else if (fb) {
+            for (int k = 0; k < l; k++) c->sym[m++] = b->byte_fb_id[s[i + k]];
         } else if (b->unk_id >= 0) {
             c->sym[m++] = b->unk_id;
         }

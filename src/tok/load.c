@@ -17,6 +17,7 @@
 long df_tok_bytelevel_decode(const char *s, size_t n, uint8_t *out);
 void df_tok_bytelevel_tables(void);
 void df_tok_trie_add(df_trie *tr, const uint8_t *s, size_t n, int32_t term);
+df_tokenizer *df_tok_load_gguf_file(const char *path, char *err, size_t errlen);
 
 static const char *str_or_content(json_t *v) {
     if (json_is_string(v)) return json_string_value(v);
@@ -196,6 +197,9 @@ df_tokenizer *df_tok_load(const char *path, char *err, size_t errlen) {
         free(tm);
     } else if (!df_file_exists(path)) {
         rc = df_err(err, errlen, DF_EINPUT, "%s: no such file or directory", path);
+    } else if (has_suffix(path, ".gguf") || has_suffix(path, ".GGUF")) {
+        df_tok_free(t);
+        return df_tok_load_gguf_file(path, err, errlen);
     } else if (has_suffix(path, ".tiktoken")) {
         t->is_tiktoken = 1;
         rc = load_tiktoken_file(t, path, err, errlen);
@@ -357,6 +361,92 @@ static const struct { const char *name; const char *pats[3]; } pre_names[] = {
     {"kimi-k2", {df_kimi_pattern}},
 };
 
+/* Is pre a pre-tokenizer name (lowercase letters, digits, '-', '_', '.') rather than a regex? */
+static int is_pre_name(const char *pre) {
+    if (!*pre) return 0;
+    for (const char *p = pre; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '_' || *p == '.')) return 0;
+    return 1;
+}
+
+static void add_added(df_tokenizer *t, const char *s, int32_t id, int special) {
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i].id == id) { t->added[i].special |= (uint8_t)special; return; }
+    df_added ad = {0};
+    ad.content = df_xstrdup(s);
+    ad.len = strlen(s);
+    ad.id = id;
+    ad.special = (uint8_t)special;
+    t->added = df_xrealloc(t->added, (size_t)(t->n_added + 1) * sizeof *t->added);
+    t->added[t->n_added++] = ad;
+}
+
+/* One candidate merge of transformers' generate_merges. */
+typedef struct { int32_t l, r, id; float score; uint32_t ll, lr; uint32_t seq; } spm_merge;
+
+static int spm_merge_cmp(const void *pa, const void *pb) {
+    const spm_merge *a = pa, *b = pb;
+    if (a->score != b->score) return a->score > b->score ? -1 : 1; /* higher score first */
+    if (a->ll != b->ll) return a->ll > b->ll ? -1 : 1;             /* then longer left piece */
+    if (a->lr != b->lr) return a->lr > b->lr ? -1 : 1;             /* then longer right piece */
+    return a->seq < b->seq ? -1 : a->seq > b->seq;                 /* stable */
+}
+static int spm_local_cmp(const void *pa, const void *pb) {
+    const spm_merge *a = pa, *b = pb;
+    if (a->l != b->l) return a->l < b->l ? -1 : 1;
+    return a->r < b->r ? -1 : a->r > b->r;
+}
+
+/* SentencePiece merges recovered from the vocabulary exactly as transformers'
+ * generate_merges orders them: every split (at character boundaries) of every
+ * distinct token (first-occurrence order, last occurrence's score) into two
+ * tokens; within a token by (left id, right id); then stably by score,
+ * left length and right length in characters, all descending. Rank = position. */
+static void spm_merges(df_bpe *b, const df_tok_arrays *a) {
+    size_t cap = 1024, n = 0, lcap = 64;
+    spm_merge *m = df_xmalloc(cap * sizeof *m), *loc = df_xmalloc(lcap * sizeof *loc);
+    uint8_t *seen = df_xcalloc((size_t)b->n_ids + 1, 1);
+    uint32_t *cpos = df_xmalloc(64 * sizeof *cpos);
+    size_t ccap = 64;
+    for (size_t i = 0; i < a->n_tokens; i++) {
+        const uint8_t *s = (const uint8_t *)a->tokens[i];
+        size_t l = strlen(a->tokens[i]);
+        int32_t id = df_bpe_lookup(b, s, l);
+        if (id < 0 || seen[id]) continue;
+        seen[id] = 1;
+        /* character boundaries */
+        size_t nc = 0;
+        for (size_t p = 0; p < l;) {
+            if (nc + 1 >= ccap) { ccap *= 2; cpos = df_xrealloc(cpos, ccap * sizeof *cpos); }
+            cpos[nc++] = (uint32_t)p;
+            uint32_t cp;
+            int k = df_utf8_decode(s + p, l - p, &cp);
+            p += k > 0 ? (size_t)k : 1;
+        }
+        cpos[nc] = (uint32_t)l;
+        size_t nl = 0;
+        for (size_t k = 1; k < nc; k++) {
+            int32_t x = df_bpe_lookup(b, s, cpos[k]), y;
+            if (x < 0 || (y = df_bpe_lookup(b, s + cpos[k], l - cpos[k])) < 0) continue;
+            if (nl == lcap) { lcap *= 2; loc = df_xrealloc(loc, lcap * sizeof *loc); }
+            loc[nl++] = (spm_merge){x, y, id, a->scores[id], (uint32_t)k, (uint32_t)(nc - k), 0};
+        }
+        qsort(loc, nl, sizeof *loc, spm_local_cmp);
+        for (size_t k = 0; k < nl; k++) {
+            if (n == cap) { cap *= 2; m = df_xrealloc(m, cap * sizeof *m); }
+            m[n] = loc[k];
+            m[n].seq = (uint32_t)n;
+            n++;
+        }
+    }
+    qsort(m, n, sizeof *m, spm_merge_cmp);
+    for (size_t k = 0; k < n; k++) df_pairmap_put(&b->merges, m[k].l, m[k].r, (uint32_t)k, m[k].id);
+    free(m);
+    free(loc);
+    free(seen);
+    free(cpos);
+}
+
 df_tokenizer *df_tok_from_arrays(const df_tok_arrays *a, char *err, size_t errlen) {
     df_tokenizer *t = tok_new(NULL);
     df_bpe *b = &t->bpe;
@@ -366,28 +456,32 @@ df_tokenizer *df_tok_from_arrays(const df_tok_arrays *a, char *err, size_t errle
         rc = df_err(err, errlen, DF_EINPUT, "tokenizer arrays: kind must be GPT2 or SPM, with tokens");
         goto out;
     }
+    if (a->n_tokens >= (1u << 30)) { rc = df_err(err, errlen, DF_EINPUT, "tokenizer arrays: too many tokens"); goto out; }
+    if (a->kind == DF_TOK_ARRAYS_SPM && !a->scores) { rc = df_err(err, errlen, DF_EINPUT, "tokenizer arrays: SPM needs scores"); goto out; }
     b->byte_level = a->kind == DF_TOK_ARRAYS_GPT2;
     size_t tcap = 256;
     tmp = df_xmalloc(tcap);
+    /* every token is a vocabulary entry (as in transformers' BPE model); byte-level
+     * tokens spelled outside the byte alphabet stand for their UTF-8 bytes */
     for (size_t i = 0; i < a->n_tokens; i++) {
         const char *s = a->tokens[i];
         if (!s) { rc = df_err(err, errlen, DF_EFORMAT, "tokenizer arrays: token %zu is NULL", i); goto out; }
-        int type = a->types ? a->types[i] : 1;
-        if (type == 3 || type == 4) {
-            df_added ad = {0};
-            ad.content = df_xstrdup(s);
-            ad.len = strlen(s);
-            ad.id = (int32_t)i;
-            ad.special = type == 3;
-            t->added = df_xrealloc(t->added, (size_t)(t->n_added + 1) * sizeof *t->added);
-            t->added[t->n_added++] = ad;
-            if (type == 3) continue; /* control tokens are not model pieces */
-        }
         size_t l = strlen(s);
+        if (l >= (1u << 24)) { rc = df_err(err, errlen, DF_EFORMAT, "tokenizer arrays: token %zu is too long", i); goto out; }
         if (l + 1 > tcap) { tcap = l * 2 + 1; tmp = df_xrealloc(tmp, tcap); }
         long bl = b->byte_level ? df_tok_bytelevel_decode(s, l, tmp) : -1;
-        if (bl >= 0) df_bpe_set_token(b, (int32_t)i, tmp, (size_t)bl);
+        int in_alphabet = bl >= 0;
+        if (in_alphabet) df_bpe_set_token(b, (int32_t)i, tmp, (size_t)bl);
         else df_bpe_set_token(b, (int32_t)i, (const uint8_t *)s, l);
+        int type = a->types ? a->types[i] : 1;
+        /* control -> special added token, user-defined -> plain added token; in a
+         * byte-level vocabulary only those spelled in the byte alphabet (transformers
+         * skips the others as llama.cpp mislabels) */
+        if ((type == 3 || type == 4) && l && (!b->byte_level || in_alphabet)) add_added(t, s, (int32_t)i, type == 3);
+    }
+    for (size_t k = 0; k < a->n_special_ids; k++) {
+        int32_t id = a->special_ids ? a->special_ids[k] : -1;
+        if (id >= 0 && (size_t)id < a->n_tokens && a->tokens[id][0]) add_added(t, a->tokens[id], id, 1);
     }
     df_bpe_index(b);
     if (a->kind == DF_TOK_ARRAYS_GPT2) {
@@ -404,6 +498,9 @@ df_tokenizer *df_tok_from_arrays(const df_tok_arrays *a, char *err, size_t errle
             if (x < 0 || y < 0 || z < 0) { rc = df_err(err, errlen, DF_EFORMAT, "tokenizer arrays: merge %zu \"%s\": part not in the vocabulary", i, m); goto out; }
             df_pairmap_put(&b->merges, x, y, (uint32_t)i, z);
         }
+        /* the pre-tokenizer: a known name's pattern; an unknown name gets the
+         * GPT-2 ByteLevel regex (what transformers falls back to); anything else
+         * is a regex */
         const char *pre = a->pre ? a->pre : "gpt2";
         int found = 0;
         for (size_t k = 0; k < sizeof pre_names / sizeof pre_names[0] && !found; k++) {
@@ -413,54 +510,34 @@ df_tokenizer *df_tok_from_arrays(const df_tok_arrays *a, char *err, size_t errle
             for (int q = 0; q < 3 && pre_names[k].pats[q] && !rc; q++)
                 rc = df_tok_add_pretok_regex(t, pre_names[k].pats[q], DF_SPLIT_ISOLATED, 0, err, errlen);
         }
-        if (!found) rc = df_tok_add_pretok_regex(t, pre, DF_SPLIT_ISOLATED, 0, err, errlen); /* a regex */
+        if (!found)
+            rc = df_tok_add_pretok_regex(t, is_pre_name(pre) ? df_gpt2_pattern : pre, DF_SPLIT_ISOLATED, 0, err, errlen);
         if (rc) goto out;
     } else {
-        /* SentencePiece BPE: merge priority = score of the merged piece, higher first */
-        if (!a->scores) { rc = df_err(err, errlen, DF_EINPUT, "tokenizer arrays: SPM needs scores"); goto out; }
-        int32_t *order = df_xmalloc(a->n_tokens * sizeof *order);
-        for (size_t i = 0; i < a->n_tokens; i++) order[i] = (int32_t)i;
-        /* insertion into rank by descending score: sort indices */
-        for (size_t gap = a->n_tokens / 2; gap > 0; gap /= 2)
-            for (size_t i = gap; i < a->n_tokens; i++)
-                for (size_t j = i; j >= gap && a->scores[order[j - gap]] < a->scores[order[j]]; j -= gap) {
-                    int32_t x = order[j]; order[j] = order[j - gap]; order[j - gap] = x;
-                }
-        uint32_t *rank = df_xmalloc(a->n_tokens * sizeof *rank);
-        uint32_t r = 0;
-        for (size_t i = 0; i < a->n_tokens; i++) {
-            if (i && a->scores[order[i]] != a->scores[order[i - 1]]) r++;
-            rank[order[i]] = r;
-        }
-        for (int32_t id = 0; id < b->n_ids; id++) {
-            size_t l;
-            const uint8_t *p = df_bpe_bytes(b, id, &l);
-            if (!p || l < 2) continue;
-            for (size_t k = 1; k < l; k++) {
-                int32_t x = df_bpe_lookup(b, p, k), y;
-                if (x < 0 || (y = df_bpe_lookup(b, p + k, l - k)) < 0) continue;
-                df_pairmap_put(&b->merges, x, y, rank[id], id);
-            }
-        }
-        free(order);
-        free(rank);
+        spm_merges(b, a);
+        int all = 1;
         for (int c = 0; c < 256; c++) {
             char name[8];
             snprintf(name, sizeof name, "<0x%02X>", c);
             b->byte_fb_id[c] = df_bpe_lookup(b, (const uint8_t *)name, 6);
+            if (b->byte_fb_id[c] < 0) all = 0;
         }
-        b->byte_fallback = 1;
+        b->byte_fallback = all;
         for (size_t i = 0; i < a->n_tokens; i++)
             if (a->types && a->types[i] == 2) { b->unk_id = (int32_t)i; break; }
-        df_norm_step p = {DF_NORM_PREPEND, df_xstrdup("\xe2\x96\x81"), 3, NULL, 0};
-        df_norm_step q = {DF_NORM_REPLACE, df_xstrdup(" "), 1, df_xstrdup("\xe2\x96\x81"), 3};
-        t->norm = df_xmalloc(2 * sizeof *t->norm);
-        t->norm[0] = p;
-        t->norm[1] = q;
-        t->n_norm = 2;
+        if (a->spm_prepend) {
+            df_norm_step p = {DF_NORM_PREPEND, df_xstrdup("\xe2\x96\x81"), 3, NULL, 0};
+            df_norm_step q = {DF_NORM_REPLACE, df_xstrdup(" "), 1, df_xstrdup("\xe2\x96\x81"), 3};
+            t->norm = df_xmalloc(2 * sizeof *t->norm);
+            t->norm[0] = p;
+            t->norm[1] = q;
+            t->n_norm = 2;
+        } else {
+            t->metaspace_first = 1;
+        }
         t->bytefb_decode = 1;
         t->metaspace_decode = 3;
-        /* SPM models see the whole text as one word (no pre-tokenizer) */
+        /* SPM models see each piece between added tokens as one word (no split) */
     }
     if (a->chat_template) t->chat_template = df_xstrdup(a->chat_template);
     if (a->bos) t->bos = df_xstrdup(a->bos);

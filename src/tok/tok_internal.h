@@ -165,6 +165,7 @@ struct df_tokenizer {
     uint8_t *dec_blob;
     int32_t n_ids;
     int bytefb_decode, metaspace_decode; /* char-mode decoders: <0xXX> -> byte, U+2581 -> ' ' */
+    int metaspace_first;          /* SPM pre-tokenizer: ' ' -> U+2581, one U+2581 prepended at text start */
     /* config */
     char *chat_template, *bos, *eos;
 };

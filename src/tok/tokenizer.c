@@ -291,8 +291,34 @@ static uint8_t *normalize(const df_tokenizer *t, const uint8_t *s, size_t n, siz
     return cur;
 }
 
-/* Encodes one piece of text that holds no raw added token. */
-static void encode_gap(worker *w, const uint8_t *s, size_t n) {
+/* The SentencePiece Metaspace pre-tokenizer (prepend_scheme "first", no
+ * split): spaces become U+2581 and, for the piece at the very start of the
+ * input, one U+2581 is prepended unless it already starts with one. */
+static void pretok_metaspace(worker *w, const uint8_t *s, size_t n, int at_start) {
+    if (n == 0) return;
+    size_t spaces = 0;
+    for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
+    int pre = at_start && s[0] != ' ' && !(n >= 3 && !memcmp(s, "\xe2\x96\x81", 3));
+    uint8_t stackb[512];
+    size_t m = n + 2 * spaces + (pre ? 3 : 0);
+    uint8_t *b = m <= sizeof stackb ? stackb : df_xmalloc(m), *o = b;
+    if (pre) { memcpy(o, "\xe2\x96\x81", 3); o += 3; }
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') { memcpy(o, "\xe2\x96\x81", 3); o += 3; }
+        else *o++ = s[i];
+    }
+    pretok(w, 0, b, m);
+    if (b != stackb) free(b);
+}
+
+static void pretok_top(worker *w, const uint8_t *s, size_t n, int at_start) {
+    if (w->t->metaspace_first) pretok_metaspace(w, s, n, at_start);
+    else pretok(w, 0, s, n);
+}
+
+/* Encodes one piece of text that holds no raw added token; at_start: it
+ * begins at offset 0 of the input. */
+static void encode_gap(worker *w, const uint8_t *s, size_t n, int at_start) {
     const df_tokenizer *t = w->t;
     size_t nl = n;
     uint8_t *norm = t->n_norm ? normalize(t, s, n, &nl) : NULL;
@@ -302,11 +328,11 @@ static void encode_gap(worker *w, const uint8_t *s, size_t n) {
         split_added(t, &t->trie_norm, x, nl, 0, w->special_ok, &segs);
         for (size_t i = 0; i < segs.n; i++) {
             if (segs.v[i].id >= 0) df_ids_push(w->out, segs.v[i].id);
-            else pretok(w, 0, x + segs.v[i].start, segs.v[i].end - segs.v[i].start);
+            else pretok_top(w, x + segs.v[i].start, segs.v[i].end - segs.v[i].start, at_start && segs.v[i].start == 0);
         }
         free(segs.v);
     } else {
-        pretok(w, 0, x, nl);
+        pretok_top(w, x, nl, at_start);
     }
     free(norm);
 }
@@ -384,7 +410,7 @@ static void *par_main(void *arg) {
         for (size_t i = j->task_start[k]; i < j->task_start[k + 1]; i++) {
             df_seg *sg = &j->items[i];
             if (sg->id >= 0) df_ids_push(w.out, sg->id);
-            else encode_gap(&w, j->text + sg->start, sg->end - sg->start);
+            else encode_gap(&w, j->text + sg->start, sg->end - sg->start, sg->start == 0);
         }
     }
     worker_free(&w);
@@ -406,7 +432,7 @@ int df_tok_encode(const df_tokenizer *t, const char *text, size_t len, int flags
         worker_init(&w, t, &out, special_ok);
         for (size_t i = 0; i < segs.n; i++) {
             if (segs.v[i].id >= 0) df_ids_push(&out, segs.v[i].id);
-            else encode_gap(&w, s + segs.v[i].start, segs.v[i].end - segs.v[i].start);
+            else encode_gap(&w, s + segs.v[i].start, segs.v[i].end - segs.v[i].start, segs.v[i].start == 0);
         }
         worker_free(&w);
     } else {

@@ -19,8 +19,9 @@
 typedef struct df_tokenizer df_tokenizer;
 
 /* path: a model directory (tokenizer.json, or tiktoken.model + tokenizer_config.json,
- * Kimi-style), a tokenizer.json file, or a *.tiktoken file with a same-stem *.json
- * ({"pat_str": ..., "special_tokens": {...}}). NULL + err on failure. */
+ * Kimi-style), a tokenizer.json file, a *.tiktoken file with a same-stem *.json
+ * ({"pat_str": ..., "special_tokens": {...}}), or a *.gguf file (its embedded
+ * tokenizer, see df_tok_load_gguf). NULL + err on failure. */
 df_tokenizer *df_tok_load(const char *path, char *err, size_t errlen);
 void df_tok_free(df_tokenizer *t);
 
@@ -86,7 +87,27 @@ typedef struct {
     const char *const *merges;
     const char *pre;
     const char *chat_template, *bos, *eos;
+    /* SPM only: 0 (default) splits nothing and spells spaces as U+2581, adding
+     * one U+2581 at the very start of the text unless it starts with a space
+     * (transformers' Metaspace, prepend_scheme "first"); 1 prepends U+2581 to
+     * every piece between added tokens instead (its phi3 variant). */
+    int spm_prepend;
+    /* ids (bos, eos, unk, pad) that are special added tokens whatever their type */
+    const int32_t *special_ids;
+    size_t n_special_ids;
 } df_tok_arrays;
 df_tokenizer *df_tok_from_arrays(const df_tok_arrays *a, char *err, size_t errlen);
+
+/* The tokenizer embedded in an open GGUF file's metadata (tokenizer.ggml.*),
+ * as transformers' AutoTokenizer.from_pretrained(..., gguf_file=...) builds
+ * it: model "gpt2" (byte-level BPE, the pre-tokenizer named by
+ * tokenizer.ggml.pre) or "llama" (SentencePiece-style BPE from scores), plus
+ * tokenizer.chat_template and the bos/eos tokens. name is used in messages
+ * (NULL: the file's path). *add_bos (may be NULL) is tokenizer.ggml.add_bos_token,
+ * or, when absent, 1 for "llama" vocabularies and 0 otherwise. NULL + err on
+ * failure, including a file with no tokenizer.ggml.model. df_tok_load accepts
+ * a *.gguf path too. */
+struct df_gguf;
+df_tokenizer *df_tok_load_gguf(const struct df_gguf *g, const char *name, int *add_bos, char *err, size_t errlen);
 
 #endif
