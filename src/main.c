@@ -20,6 +20,7 @@ static const command commands[] = {
     {"detokenize", df_cmd_detokenize, "JSON array of ids on stdin -> text"},
     {"chat-template", df_cmd_chat_template, "render a chat with the model's own template"},
     {"serve", df_cmd_serve, "OpenAI-compatible HTTP server"},
+    {"bench-disk", df_cmd_bench_disk, "measure a file's O_DIRECT read bandwidth (the disk floor)"},
     {"bench", df_cmd_bench, "measure this machine's floors (memory bandwidth, peak FLOP/s)"},
 };
 

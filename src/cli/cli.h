@@ -16,6 +16,7 @@ int df_cmd_chat_template(int argc, char **argv);
 int df_cmd_serve(int argc, char **argv);
 int df_cmd_bench(int argc, char **argv);
 int df_cmd_setup(int argc, char **argv);
+int df_cmd_bench_disk(int argc, char **argv);
 /* $DELTAFIN_HOME or ~/.cache/deltafin, into buf. */
 const char *df_home_dir(char *buf, size_t n);
 
