@@ -83,12 +83,17 @@ static int start_streaming(df_model *m, const df_options *o, int64_t budget, cha
     int64_t kv = (int64_t)df_state_bytes_per_token(m) * (c->max_pos < 4096 ? c->max_pos : 4096);
     if (cache < 0) cache = budget - (m->bytes - expert_bytes) - kv - ((int64_t)48 << 20);
     df_ecache_opts eo = {cache > 0 ? cache : 0, c->n_experts_used, DF_EVICT_LRU, 1};
-    const char *pol = getenv("DELTAFIN_EVICT"); /* lru (default) | lfu: for policy measurements */
-    if (pol && !strcmp(pol, "lfu")) eo.policy = DF_EVICT_LFU;
     if (getenv("DELTAFIN_NO_IO_URING")) eo.use_io_uring = 0;
     m->ecache = df_ecache_new((const char *const *)m->files, m->n_files, c->n_layers, c->n_experts, tmpl, &eo, err, errlen);
     m->ecache_tmpl = tmpl;
     if (!m->ecache) return DF_EIO;
+    /* Eviction, chosen by replaying recorded traces (bench/replay_policies.py,
+     * docs/PERFORMANCE.md): LRU wins while the cache holds about one or two
+     * layers' experts (reuse is then mostly the next token's same layer),
+     * LFU wins once it holds three or more. DELTAFIN_EVICT=lru|lfu overrides. */
+    const char *pol = getenv("DELTAFIN_EVICT");
+    df_ecache_set_policy(m->ecache, pol ? (!strcmp(pol, "lfu") ? DF_EVICT_LFU : DF_EVICT_LRU)
+                                        : df_ecache_slots(m->ecache) >= 3 * c->n_experts_used ? DF_EVICT_LFU : DF_EVICT_LRU);
     /* prefetch needs room for the next layer's experts beside this layer's */
     m->prefetch = !getenv("DELTAFIN_NO_PREFETCH") && df_ecache_slots(m->ecache) >= 2 * c->n_experts_used;
     if (o->trace_path) {

@@ -368,5 +368,6 @@ void df_ecache_release(df_ecache *c) {
 
 void df_ecache_stats_get(const df_ecache *c, df_ecache_stats *s) { *s = c->st; }
 int df_ecache_slots(const df_ecache *c) { return c->n_slots; }
+void df_ecache_set_policy(df_ecache *c, df_evict_policy p) { c->policy = p; }
 void df_ecache_set_trace(df_ecache *c, FILE *f) { c->trace = f; }
 void df_ecache_set_token(df_ecache *c, int64_t t) { c->token = t; }

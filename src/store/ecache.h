@@ -59,6 +59,7 @@ typedef struct {
 } df_ecache_stats;
 void df_ecache_stats_get(const df_ecache *c, df_ecache_stats *s);
 int df_ecache_slots(const df_ecache *c);
+void df_ecache_set_policy(df_ecache *c, df_evict_policy p);
 
 /* Tracing: when set, acquire writes one JSON line per (token, layer). */
 void df_ecache_set_trace(df_ecache *c, FILE *f);
