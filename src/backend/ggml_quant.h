@@ -49,6 +49,11 @@ float df_ggml_dot(int type, const void *row, const float *x, int64_t n);
 void df_ggml_dot_multi(int type, const void *row, const float *x, int64_t n, int m,
                        int64_t x_stride, float *out, int64_t out_stride);
 
+/* Four rows at once (row k at row + k*row_stride bytes) against one x:
+ * out[k] = dot(row k, x). Each block of x is read once for the four rows
+ * (decode is bound by x traffic from L1/L2, not only by the weight stream). */
+void df_ggml_dot4(int type, const void *row, size_t row_stride, const float *x, int64_t n, float *out);
+
 enum { DF_GGML_ISA_AUTO = -1, DF_GGML_ISA_SCALAR = 0, DF_GGML_ISA_AVX2 = 1, DF_GGML_ISA_AVX512 = 2 };
 
 /* Forces an ISA (tests, benchmarks); DF_GGML_ISA_AUTO restores the best.

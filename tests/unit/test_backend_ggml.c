@@ -180,6 +180,41 @@ static void test_type(int type) {
     }
 }
 
+/* df_ggml_dot4: four rows (odd stride, unaligned) against one x, every ISA,
+ * each row within 1e-5 * sum|w x| of the double dot of its scalar dequant. */
+static void test_dot4(int type) {
+    const df_ggml_traits *t = df_ggml_traits_of(type);
+    int64_t sizes[16];
+    int ns = sizes_for(type, sizes);
+    for (int si = 0; si < ns; si++) {
+        int64_t n = sizes[si], rb = df_ggml_row_bytes(type, n), stride = rb + 3;
+        uint8_t *buf = malloc((size_t)(4 * stride + 1)), *r = buf + 1;
+        for (int k = 0; k < 4; k++) fill_random(type, r + k * stride, n, 0);
+        float *x = malloc(sizeof(float) * (size_t)n), *deq = malloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) x[i] = frand();
+        double dref[4], mag[4];
+        df_ggml_set_isa(DF_GGML_ISA_SCALAR);
+        for (int k = 0; k < 4; k++) {
+            df_ggml_dequant_row(type, r + k * stride, deq, n);
+            dref[k] = mag[k] = 0;
+            for (int64_t i = 0; i < n; i++) dref[k] += (double)deq[i] * x[i], mag[k] += fabs((double)deq[i] * x[i]);
+        }
+        for (int ii = 0; ii < n_isa; ii++) {
+            df_ggml_set_isa(isa_list[ii]);
+            float out[5] = {NAN, NAN, NAN, NAN, NAN};
+            df_ggml_dot4(type, r, (size_t)stride, x, n, out);
+            for (int k = 0; k < 4; k++)
+                CHECK(fabs(out[k] - dref[k]) <= 1e-5 * mag[k] + 1e-30, "%s %s n=%lld row %d: dot4 %.9g vs %.9g", t->name,
+                      df_ggml_isa_name(isa_list[ii]), (long long)n, k, out[k], dref[k]);
+            CHECK(isnan(out[4]), "dot4 wrote past out[3]");
+        }
+        df_ggml_set_isa(DF_GGML_ISA_AUTO);
+        free(buf);
+        free(x);
+        free(deq);
+    }
+}
+
 /* Hand-computed blocks. */
 static void test_known(void) {
     for (int ii = 0; ii < n_isa; ii++) {
@@ -307,6 +342,7 @@ int main(int argc, char **argv) {
     test_traits();
     test_known();
     for (int ti = 0; ti < N_TYPES; ti++) test_type(TYPES[ti]);
+    for (int ti = 0; ti < N_TYPES; ti++) test_dot4(TYPES[ti]);
     if (failures) {
         printf("test_backend_ggml: %d failures\n", failures);
         return 1;

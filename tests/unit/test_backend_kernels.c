@@ -69,6 +69,48 @@ int main(void) {
             }
             free(x); free(wf); free(wb); free(wh); free(w8); free(w4);
         }
+        /* four-row kernels and axpy vs scalar (odd sizes, odd row strides) */
+        for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+            int64_t n = sizes[si], ld = n + 3;
+            float *x = malloc((size_t)n * 4), *wf = malloc((size_t)(4 * ld) * 4), *y0 = malloc((size_t)n * 4), *y1 = malloc((size_t)n * 4);
+            uint16_t *wb = malloc((size_t)(4 * ld) * 2), *wh = malloc((size_t)(4 * ld) * 2);
+            uint8_t *w8 = malloc((size_t)(4 * ld));
+            float mag = 0;
+            for (int64_t i = 0; i < n; i++) x[i] = frand(), y0[i] = y1[i] = frand(), mag += fabsf(x[i]) * 448;
+            for (int64_t i = 0; i < 4 * ld; i++) {
+                wf[i] = frand();
+                wb[i] = f2bf(frand());
+                wh[i] = (uint16_t)(rnd() & 0x7bff);
+                w8[i] = (uint8_t)(rnd() & 0xff);
+                if ((w8[i] & 0x7f) == 0x7f) w8[i] = 0x11;
+            }
+            float got[5] = {0, 0, 0, 0, NAN}, ref[4];
+            void (*d4f[3])(const float *, int64_t, const float *, int64_t, float *) = {df_k_dot4_f32_scalar, df_k_dot4_f32_avx2, df_k_dot4_f32_avx512};
+            void (*d4b[3])(const uint16_t *, int64_t, const float *, int64_t, float *) = {df_k_dot4_bf16_scalar, df_k_dot4_bf16_avx2, df_k_dot4_bf16_avx512};
+            void (*d4h[3])(const uint16_t *, int64_t, const float *, int64_t, float *) = {df_k_dot4_f16_scalar, df_k_dot4_f16_avx2, df_k_dot4_f16_avx512};
+            d4f[isa](wf, ld, x, n, got), d4f[0](wf, ld, x, n, ref);
+            for (int k = 0; k < 4; k++) close_enough("dot4 f32", isa, n, got[k], ref[k], mag);
+            d4b[isa](wb, ld, x, n, got), d4b[0](wb, ld, x, n, ref);
+            for (int k = 0; k < 4; k++) close_enough("dot4 bf16", isa, n, got[k], ref[k], mag);
+            d4h[isa](wh, ld, x, n, got), d4h[0](wh, ld, x, n, ref);
+            for (int k = 0; k < 4; k++) close_enough("dot4 f16", isa, n, got[k], ref[k], mag * 200);
+            CHECK(isnan(got[4]), "dot4 wrote past out[3]");
+            if (n % 32 == 0) {
+                float scs[4][64];
+                const float *sc[4] = {scs[0], scs[1], scs[2], scs[3]};
+                for (int k = 0; k < 4; k++)
+                    for (int b = 0; b < 64; b++) scs[k][b] = frand();
+                void (*d48[3])(const uint8_t *, int64_t, const float *, int64_t, int, const float *const *, float *) = {df_k_dot4_fp8s_scalar, df_k_dot4_fp8s_avx2, df_k_dot4_fp8s_avx512};
+                for (int blk = 32; blk <= 128; blk *= 2) {
+                    d48[isa](w8, ld, x, n, blk, sc, got), d48[0](w8, ld, x, n, blk, sc, ref);
+                    for (int k = 0; k < 4; k++) close_enough("dot4 fp8s", isa, n, got[k], ref[k], mag);
+                }
+            }
+            void (*ax[3])(float *, float, const float *, int64_t) = {df_k_axpy_scalar, df_k_axpy_avx2, df_k_axpy_avx512};
+            ax[isa](y0, 0.37f, x, n), ax[0](y1, 0.37f, x, n);
+            for (int64_t i = 0; i < n; i++) close_enough("axpy", isa, n, y0[i], y1[i], 2);
+            free(x); free(wf); free(y0); free(y1); free(wb); free(wh); free(w8);
+        }
         /* tile kernel vs scalar, 4x4 and ragged */
         for (int trial = 0; trial < 3; trial++) {
             int64_t n = 1000 + trial * 24;

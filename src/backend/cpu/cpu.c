@@ -64,10 +64,16 @@ typedef struct {
     void (*deq_bf16)(const uint16_t *, float *, int64_t);
     void (*deq_f16)(const uint16_t *, float *, int64_t);
     void (*deq_fp8)(const uint8_t *, float, float *, int64_t);
+    void (*axpy)(float *, float, const float *, int64_t);
+    void (*dot4_f32)(const float *, int64_t, const float *, int64_t, float *);
+    void (*dot4_bf16)(const uint16_t *, int64_t, const float *, int64_t, float *);
+    void (*dot4_f16)(const uint16_t *, int64_t, const float *, int64_t, float *);
+    void (*dot4_fp8s)(const uint8_t *, int64_t, const float *, int64_t, int, const float *const *, float *);
 } ktab;
 #define KT(isa)                                                                                                       \
     {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_tile_f32_##isa, \
-     df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa}
+     df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
+     df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_dot4_fp8s_##isa}
 static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
 static inline const ktab *kt(void) { return &ktabs[df_isa()]; }
 
@@ -107,14 +113,21 @@ static _Thread_local float *tl_buf;
 static _Thread_local size_t tl_cap;
 static _Thread_local float *tl_sc;
 static _Thread_local size_t tl_sc_cap;
+/* FP8 decode: up to 4 scale rows converted to f32 (row index of each slot) */
+static _Thread_local float *tl_fsc;
+static _Thread_local size_t tl_fsc_cap;
+static _Thread_local int64_t tl_fsc_row[4];
+static _Thread_local const void *tl_fsc_w;
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static void scratch_free(void *p) {
     (void)p;
     free(tl_buf);
     free(tl_sc);
-    tl_buf = tl_sc = NULL;
-    tl_cap = tl_sc_cap = 0;
+    free(tl_fsc);
+    tl_buf = tl_sc = tl_fsc = NULL;
+    tl_cap = tl_sc_cap = tl_fsc_cap = 0;
+    tl_fsc_w = NULL;
 }
 static void scratch_key_init(void) { pthread_key_create(&scratch_key, scratch_free); }
 static void scratch_register(void) {
@@ -161,6 +174,69 @@ float df_dot_row(const df_weight *w, int64_t r, const float *x) {
 #endif
     }
     return 0;
+}
+
+/* The f32 scales of FP8 scale row sr (kept in one of 4 thread-local slots,
+ * reused while consecutive rows share a scale row). */
+static const float *fp8_scale_row(const df_weight *w, int64_t sr) {
+    const size_t nc = (size_t)w->scale_cols;
+    if (4 * nc > tl_fsc_cap) {
+        free(tl_fsc);
+        tl_fsc = df_xmalloc(4 * nc * sizeof(float));
+        tl_fsc_cap = 4 * nc;
+        tl_fsc_w = NULL;
+        scratch_register();
+    }
+    if (tl_fsc_w != (const void *)w->scale) {
+        for (int k = 0; k < 4; k++) tl_fsc_row[k] = -1;
+        tl_fsc_w = w->scale;
+    }
+    int slot = (int)(sr & 3);
+    float *f = tl_fsc + (size_t)slot * nc;
+    if (tl_fsc_row[slot] != sr) {
+        for (size_t b = 0; b < nc; b++) f[b] = scale_at(w, sr * (int64_t)nc + (int64_t)b);
+        tl_fsc_row[slot] = sr;
+    }
+    return f;
+}
+
+/* y[i] = W[r0+i,:] . x for i < nr: four rows per kernel call where the format
+ * has a four-row kernel (x is then read once per four rows), single rows
+ * otherwise and for the remainder. */
+static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y) {
+    const ktab *k = kt();
+    int64_t i = 0;
+    switch (w->fmt) {
+    case DF_W_F32:
+        if (w->row_bytes % 4 == 0)
+            for (; i + 4 <= nr; i += 4)
+                k->dot4_f32((const float *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 4, x, w->cols, y + i);
+        break;
+    case DF_W_BF16:
+    case DF_W_F16:
+        if (w->row_bytes % 2 == 0)
+            for (; i + 4 <= nr; i += 4)
+                (w->fmt == DF_W_BF16 ? k->dot4_bf16 : k->dot4_f16)((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes),
+                                                                  (int64_t)w->row_bytes / 2, x, w->cols, y + i);
+        break;
+    case DF_W_FP8:
+        if (w->blk_c % 32 == 0 && w->cols % 32 == 0 && w->blk_r > 0)
+            for (; i + 4 <= nr; i += 4) {
+                const float *sc[4];
+                for (int j = 0; j < 4; j++) sc[j] = fp8_scale_row(w, (r0 + i + j) / w->blk_r);
+                k->dot4_fp8s(w->data + (size_t)(r0 + i) * w->row_bytes, (int64_t)w->row_bytes, x, w->cols, w->blk_c, sc, y + i);
+            }
+        break;
+#ifdef HAVE_GGML
+    case DF_W_GGML:
+        if (df_isa() != DF_ISA_SCALAR)
+            for (; i + 4 <= nr; i += 4)
+                df_ggml_dot4(w->ggml_type, w->data + (size_t)(r0 + i) * w->row_bytes, w->row_bytes, x, w->cols, y + i);
+        break;
+#endif
+    default: break;
+    }
+    for (; i < nr; i++) y[i] = df_dot_row(w, r0 + i, x);
 }
 
 void df_dequant_row(const df_weight *w, int64_t r, float *out) {
@@ -282,7 +358,7 @@ static void mv_task(void *p, int tid, int nth) {
     mv_ctx *c = p;
     int64_t b, e;
     split(c->nr, tid, nth, 8, &b, &e);
-    for (int64_t i = b; i < e; i++) c->y[i] = df_dot_row(c->w, c->r0 + i, c->x);
+    if (b < e) dot_rows(c->w, c->r0 + b, e - b, c->x, c->y + b);
 }
 
 void df_matvec_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y) {
@@ -343,7 +419,7 @@ static void batch_task(void *p, int tid, int nth) {
         int64_t r0 = b > base ? b - base : 0, r1 = e - base < w->rows ? e - base : w->rows;
         if (r0 < r1) {
             if (c->n == 1) {
-                for (int64_t r = r0; r < r1; r++) c->jobs[j].y[r] = df_dot_row(w, r, c->jobs[j].x);
+                dot_rows(w, r0, r1 - r0, c->jobs[j].x, c->jobs[j].y + r0);
             } else {
                 mv_ctx m = {w, 0, w->rows, c->jobs[j].x, c->jobs[j].y, c->n};
                 mm_rows(&m, r0, r1);
@@ -372,9 +448,7 @@ void df_matvec_t_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x
 
 /* ---- small ops ---------------------------------------------------------- */
 float df_dot_f32(const float *a, const float *b, int n) { return kt()->f32(a, b, n); }
-void df_axpy(float *y, float a, const float *x, int n) {
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
-}
+void df_axpy(float *y, float a, const float *x, int n) { kt()->axpy(y, a, x, n); }
 void df_softmax(float *x, int n) {
     float m = -INFINITY;
     for (int i = 0; i < n; i++) if (x[i] > m) m = x[i];

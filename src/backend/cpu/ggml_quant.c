@@ -414,3 +414,12 @@ void df_ggml_dot_multi(int type, const void *row, const float *x, int64_t n, int
     if (k && k->dot_multi) k->dot_multi(row, x, n, m, x_stride, out, out_stride);
     else scalar_dot_multi(type, row, x, n, m, x_stride, out, out_stride);
 }
+
+void df_ggml_dot4(int type, const void *row, size_t row_stride, const float *x, int64_t n, float *out) {
+    const df_ggml_kernels *k = kernels(type);
+    if (k && k->dot4) {
+        k->dot4(row, row_stride, x, n, out);
+        return;
+    }
+    for (int r = 0; r < 4; r++) out[r] = df_ggml_dot(type, (const uint8_t *)row + r * row_stride, x, n);
+}

@@ -289,7 +289,7 @@ static inline float hsum(__m256 v) {
             for (int j = 0; j < mj; j++) out[(int64_t)(j0 + j) * os] = hsum(acc[j]);            \
         }                                                                                       \
     }                                                                                           \
-    static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T};
+    static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, NULL};
 
 GEN(q4_0, 32, 18)
 GEN(q4_1, 32, 20)
@@ -369,7 +369,7 @@ static inline float one_bf16(const uint8_t *p) {
             for (int j = 0; j < mj; j++) out[(int64_t)(j0 + j) * os] = hsum(acc[j]) + tail[j];  \
         }                                                                                       \
     }                                                                                           \
-    static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T};
+    static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, NULL};
 
 GEN_ELEM(f32, 4)
 GEN_ELEM(f16, 2)

@@ -261,7 +261,22 @@ static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
             for (int j = 0; j < mj; j++) out[(int64_t)(j0 + j) * os] = hsum(acc[j]);            \
         }                                                                                       \
     }                                                                                           \
-    __attribute__((unused)) static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T};
+    /* four rows: x of each block is read once (then L1-hot) for the four rows */                 \
+    static void dot4_##T(const uint8_t *row, size_t rs, const float *x, int64_t n, float *out) {  \
+        __m512 acc[8];                                                                          \
+        for (int j = 0; j < 8; j++) acc[j] = _mm512_setzero_ps();                               \
+        for (int64_t i = 0; i < n / (BE); i++) {                                                \
+            const float *xb = x + i * (BE);                                                     \
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {                               \
+                __m512 w[NV_##T];                                                               \
+                dec_##T(row + r * rs + i * (BB), w);                                            \
+                _Pragma("GCC unroll 16") for (int k = 0; k < NV_##T; k++) acc[2 * r + (k & 1)] = \
+                    _mm512_fmadd_ps(w[k], _mm512_loadu_ps(xb + 16 * k), acc[2 * r + (k & 1)]);  \
+            }                                                                                   \
+        }                                                                                       \
+        for (int r = 0; r < 4; r++) out[r] = hsum(_mm512_add_ps(acc[2 * r], acc[2 * r + 1]));   \
+    }                                                                                           \
+    __attribute__((unused)) static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, dot4_##T};
 
 GEN(q4_0, 32, 18)
 GEN(q4_1, 32, 20)
@@ -409,12 +424,36 @@ static float fdot_q6_k(const uint8_t *row, const float *x, int64_t n) {
     return hsum(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
-static const df_ggml_kernels F_q4_0 = {dq_q4_0, fdot_q4_0, dotm_q4_0};
-static const df_ggml_kernels F_q4_1 = {dq_q4_1, fdot_q4_1, dotm_q4_1};
-static const df_ggml_kernels F_q8_0 = {dq_q8_0, fdot_q8_0, dotm_q8_0};
-static const df_ggml_kernels F_mxfp4 = {dq_mxfp4, fdot_mxfp4, dotm_mxfp4};
-static const df_ggml_kernels F_q4_k = {dq_q4_k, fdot_q4_k, dotm_q4_k};
-static const df_ggml_kernels F_q6_k = {dq_q6_k, fdot_q6_k, dotm_q6_k};
+#ifndef PF4_DIST
+#define PF4_DIST 512
+#endif
+/* Four-row version of the Q8_0 body: x is loaded once per block for the four
+ * rows (measured: +40% single-thread from DRAM). A four-row Q4_1 body measured
+ * ~10% slower than fdot_q4_1 (that kernel is bound by its own vector ops, not
+ * by x traffic), and four-row K-quant drivers built from the exact decoders
+ * lost to fdot_q4_k / fdot_q6_k, so those types keep single-row kernels. */
+static void fdot4_q8_0(const uint8_t *row, size_t rs, const float *x, int64_t n, float *out) {
+    __m512 a[4];
+    for (int r = 0; r < 4; r++) a[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / 32; i++) {
+        const float *xb = x + i * 32;
+        __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+            const uint8_t *b = row + r * rs + i * 34;
+            _mm_prefetch((const char *)b + PF4_DIST, _MM_HINT_T0);
+            __m512 t = _mm512_fmadd_ps(cvt(i8x16(b + 18)), x1, _mm512_mul_ps(cvt(i8x16(b + 2)), x0));
+            a[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(h2f(b)), a[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = hsum(a[r]);
+}
+
+static const df_ggml_kernels F_q4_0 = {dq_q4_0, fdot_q4_0, dotm_q4_0, dot4_q4_0};
+static const df_ggml_kernels F_q4_1 = {dq_q4_1, fdot_q4_1, dotm_q4_1, NULL};
+static const df_ggml_kernels F_q8_0 = {dq_q8_0, fdot_q8_0, dotm_q8_0, fdot4_q8_0};
+static const df_ggml_kernels F_mxfp4 = {dq_mxfp4, fdot_mxfp4, dotm_mxfp4, dot4_mxfp4};
+static const df_ggml_kernels F_q4_k = {dq_q4_k, fdot_q4_k, dotm_q4_k, NULL};
+static const df_ggml_kernels F_q6_k = {dq_q6_k, fdot_q6_k, dotm_q6_k, NULL};
 
 /* ---- per-element types (any n) ------------------------------------------ */
 
@@ -482,7 +521,7 @@ static inline float one_bf16(const uint8_t *p) {
             for (int j = 0; j < mj; j++) out[(int64_t)(j0 + j) * os] = hsum(acc[j]) + tail[j];  \
         }                                                                                       \
     }                                                                                           \
-    __attribute__((unused)) static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T};
+    __attribute__((unused)) static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, NULL};
 
 GEN_ELEM(f32, 4)
 GEN_ELEM(f16, 2)

@@ -47,6 +47,7 @@ typedef struct {
     float (*dot)(const uint8_t *row, const float *x, int64_t n);
     void (*dot_multi)(const uint8_t *row, const float *x, int64_t n, int m, int64_t x_stride,
                       float *out, int64_t out_stride);
+    void (*dot4)(const uint8_t *row, size_t row_stride, const float *x, int64_t n, float *out);
 } df_ggml_kernels;
 
 /* NULL when that ISA has no kernels for type. Only call when the CPU

@@ -28,7 +28,18 @@ void df_kernels_init(void);
     void df_k_deq_f16_##isa(const uint16_t *w, float *out, int64_t n);                                            \
     void df_k_deq_fp8_##isa(const uint8_t *w, float scale, float *out, int64_t n);                                \
     void df_k_tile_f32_##isa(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n, \
-                             float *Y, int64_t ldy);
+                             float *Y, int64_t ldy);                                                       \
+    /* y += a x */                                                                                                \
+    void df_k_axpy_##isa(float *y, float a, const float *x, int64_t n);                                           \
+    /* Four rows at once (row k at w + k*ld elements) against one x: out[k] = W[k,:] . x. The rows share every    \
+     * load of x, so x costs one L1/L2 read per four weight rows instead of one per row. */                       \
+    void df_k_dot4_f32_##isa(const float *w, int64_t ld, const float *x, int64_t n, float *out);                  \
+    void df_k_dot4_bf16_##isa(const uint16_t *w, int64_t ld, const float *x, int64_t n, float *out);              \
+    void df_k_dot4_f16_##isa(const uint16_t *w, int64_t ld, const float *x, int64_t n, float *out);               \
+    /* FP8 with column-block scales: sc[k][b] scales columns [b*blk, (b+1)*blk) of row k; SIMD versions need      \
+     * n % 32 == 0 and blk % 32 == 0 */                                                                           \
+    void df_k_dot4_fp8s_##isa(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk,                   \
+                              const float *const *sc, float *out);
 
 DF_DECL_KERNELS(scalar)
 DF_DECL_KERNELS(avx2)

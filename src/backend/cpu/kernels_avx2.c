@@ -135,3 +135,50 @@ void df_k_deq_fp8_avx2(const uint8_t *w, float scale, float *out, int64_t n) {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(fp8x8(w + i), s));
     for (; i < n; i++) out[i] = df_fp8_lut[w[i]] * scale;
 }
+
+/* ---- four rows per call (x loaded once for the four rows) -------------- */
+
+void df_k_axpy_avx2(float *y, float a, const float *x, int64_t n) {
+    const __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static inline __m256 f32x8(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+#define DOT4_8(NAME, T, LD8, ONE)                                                                                 \
+    void NAME(const T *w, int64_t ld, const float *x, int64_t n, float *out) {                                    \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                               \
+        int64_t i = 0;                                                                                            \
+        for (; i + 8 <= n; i += 8) {                                                                              \
+            __m256 xv = _mm256_loadu_ps(x + i);                                                                   \
+            a0 = _mm256_fmadd_ps(LD8(w + i), xv, a0);                                                             \
+            a1 = _mm256_fmadd_ps(LD8(w + ld + i), xv, a1);                                                        \
+            a2 = _mm256_fmadd_ps(LD8(w + 2 * ld + i), xv, a2);                                                    \
+            a3 = _mm256_fmadd_ps(LD8(w + 3 * ld + i), xv, a3);                                                    \
+        }                                                                                                         \
+        out[0] = hsum8(a0), out[1] = hsum8(a1), out[2] = hsum8(a2), out[3] = hsum8(a3);                           \
+        for (; i < n; i++)                                                                                        \
+            for (int k = 0; k < 4; k++) out[k] += ONE(w[k * ld + i]) * x[i];                                      \
+    }
+static inline float id_f32(float f) { return f; }
+DOT4_8(df_k_dot4_f32_avx2, float, f32x8, id_f32)
+DOT4_8(df_k_dot4_bf16_avx2, uint16_t, bf16x8, df_bf16_to_f32)
+DOT4_8(df_k_dot4_f16_avx2, uint16_t, f16x8, df_f16_to_f32)
+
+void df_k_dot4_fp8s_avx2(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk, const float *const *sc,
+                         float *out) {
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) {
+        const int64_t c1 = n - c0 < blk ? n : c0 + blk;
+        __m256 t[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t i = c0; i < c1; i += 8) {
+            __m256 xv = _mm256_loadu_ps(x + i);
+            for (int k = 0; k < 4; k++) t[k] = _mm256_fmadd_ps(fp8x8(w + k * ld + i), xv, t[k]);
+        }
+        for (int k = 0; k < 4; k++) a[k] = _mm256_fmadd_ps(t[k], _mm256_set1_ps(sc[k][b]), a[k]);
+    }
+    for (int k = 0; k < 4; k++) out[k] = hsum8(a[k]) * 256.0f;
+}

@@ -70,12 +70,26 @@ static inline __m512 fp8x16(__m128i b) {
     return _mm512_cvtph_ps(h);
 }
 
+/* 32 FP8 bytes -> f16 bits in one zmm: sign-extending b to 16 bits puts the
+ * sign in bits 8..15; shifted left by 7, bits 7..13 hold b & 0x7f and bit 15
+ * the sign; clearing bit 14 (a copy of the sign) leaves
+ * (b & 0x7f) << 7 | (b & 0x80) << 8. Three integer ops per 32 weights. */
+static inline __m512i fp8x32_h(const uint8_t *p) {
+    __m512i v = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_and_si512(_mm512_slli_epi16(v, 7), _mm512_set1_epi16((short)0xbfff));
+}
+static inline __m512 h_lo(__m512i h) { return _mm512_cvtph_ps(_mm512_castsi512_si256(h)); }
+static inline __m512 h_hi(__m512i h) { return _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)); }
+
 float df_k_dot_fp8_avx512(const uint8_t *w, const float *x, int64_t n) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = a0, a3 = a0;
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm512_fmadd_ps(fp8x16(_mm_loadu_si128((const __m128i *)(w + i))), _mm512_loadu_ps(x + i), a0);
-        a1 = _mm512_fmadd_ps(fp8x16(_mm_loadu_si128((const __m128i *)(w + i + 16))), _mm512_loadu_ps(x + i + 16), a1);
+    for (; i + 64 <= n; i += 64) {
+        __m512i h0 = fp8x32_h(w + i), h1 = fp8x32_h(w + i + 32);
+        a0 = _mm512_fmadd_ps(h_lo(h0), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(h_hi(h0), _mm512_loadu_ps(x + i + 16), a1);
+        a2 = _mm512_fmadd_ps(h_lo(h1), _mm512_loadu_ps(x + i + 32), a2);
+        a3 = _mm512_fmadd_ps(h_hi(h1), _mm512_loadu_ps(x + i + 48), a3);
     }
     for (; i + 16 <= n; i += 16)
         a0 = _mm512_fmadd_ps(fp8x16(_mm_loadu_si128((const __m128i *)(w + i))), _mm512_loadu_ps(x + i), a0);
@@ -83,7 +97,94 @@ float df_k_dot_fp8_avx512(const uint8_t *w, const float *x, int64_t n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
         a1 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w + i)), _mm512_maskz_loadu_ps(m, x + i), a1);
     }
-    return hsum(_mm512_add_ps(a0, a1)) * 256.0f;
+    return hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) * 256.0f;
+}
+
+/* ---- four rows per call ------------------------------------------------ */
+
+void df_k_dot4_f32_avx512(const float *w, int64_t ld, const float *x, int64_t n, float *out) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 xv = _mm512_loadu_ps(x + i);
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), xv, a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + ld + i), xv, a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + 2 * ld + i), xv, a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + 3 * ld + i), xv, a3);
+    }
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+        a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + i), xv, a0);
+        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + ld + i), xv, a1);
+        a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + 2 * ld + i), xv, a2);
+        a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + 3 * ld + i), xv, a3);
+    }
+    out[0] = hsum(a0), out[1] = hsum(a1), out[2] = hsum(a2), out[3] = hsum(a3);
+}
+
+#define DOT4_16(NAME, T, LD16, LDM)                                                                               \
+    void NAME(const T *w, int64_t ld, const float *x, int64_t n, float *out) {                                    \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;            \
+        int64_t i = 0;                                                                                            \
+        for (; i + 32 <= n; i += 32) {                                                                            \
+            __m512 xv = _mm512_loadu_ps(x + i), xw = _mm512_loadu_ps(x + i + 16);                                 \
+            a0 = _mm512_fmadd_ps(LD16(w + i), xv, a0);                                                            \
+            a1 = _mm512_fmadd_ps(LD16(w + ld + i), xv, a1);                                                       \
+            a2 = _mm512_fmadd_ps(LD16(w + 2 * ld + i), xv, a2);                                                   \
+            a3 = _mm512_fmadd_ps(LD16(w + 3 * ld + i), xv, a3);                                                   \
+            b0 = _mm512_fmadd_ps(LD16(w + i + 16), xw, b0);                                                       \
+            b1 = _mm512_fmadd_ps(LD16(w + ld + i + 16), xw, b1);                                                  \
+            b2 = _mm512_fmadd_ps(LD16(w + 2 * ld + i + 16), xw, b2);                                              \
+            b3 = _mm512_fmadd_ps(LD16(w + 3 * ld + i + 16), xw, b3);                                              \
+        }                                                                                                         \
+        for (; i < n; i += 16) {                                                                                  \
+            __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);                    \
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + i);                                                          \
+            a0 = _mm512_fmadd_ps(LDM(w + i, m), xv, a0);                                                          \
+            a1 = _mm512_fmadd_ps(LDM(w + ld + i, m), xv, a1);                                                     \
+            a2 = _mm512_fmadd_ps(LDM(w + 2 * ld + i, m), xv, a2);                                                 \
+            a3 = _mm512_fmadd_ps(LDM(w + 3 * ld + i, m), xv, a3);                                                 \
+        }                                                                                                         \
+        out[0] = hsum(_mm512_add_ps(a0, b0)), out[1] = hsum(_mm512_add_ps(a1, b1));                               \
+        out[2] = hsum(_mm512_add_ps(a2, b2)), out[3] = hsum(_mm512_add_ps(a3, b3));                               \
+    }
+static inline __m512 f16x16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline __m512 f16x16_mask(const uint16_t *p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+DOT4_16(df_k_dot4_bf16_avx512, uint16_t, bf16x16, bf16x16_mask)
+DOT4_16(df_k_dot4_f16_avx512, uint16_t, f16x16, f16x16_mask)
+
+void df_k_dot4_fp8s_avx512(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk, const float *const *sc,
+                           float *out) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) {
+        const int64_t c1 = n - c0 < blk ? n : c0 + blk;
+        __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
+        for (int64_t i = c0; i < c1; i += 32) {
+            __m512 xv = _mm512_loadu_ps(x + i), xw = _mm512_loadu_ps(x + i + 16);
+            __m512i h0 = fp8x32_h(w + i), h1 = fp8x32_h(w + ld + i), h2 = fp8x32_h(w + 2 * ld + i),
+                    h3 = fp8x32_h(w + 3 * ld + i);
+            t0 = _mm512_fmadd_ps(h_hi(h0), xw, _mm512_fmadd_ps(h_lo(h0), xv, t0));
+            t1 = _mm512_fmadd_ps(h_hi(h1), xw, _mm512_fmadd_ps(h_lo(h1), xv, t1));
+            t2 = _mm512_fmadd_ps(h_hi(h2), xw, _mm512_fmadd_ps(h_lo(h2), xv, t2));
+            t3 = _mm512_fmadd_ps(h_hi(h3), xw, _mm512_fmadd_ps(h_lo(h3), xv, t3));
+        }
+        a0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(sc[0][b]), a0);
+        a1 = _mm512_fmadd_ps(t1, _mm512_set1_ps(sc[1][b]), a1);
+        a2 = _mm512_fmadd_ps(t2, _mm512_set1_ps(sc[2][b]), a2);
+        a3 = _mm512_fmadd_ps(t3, _mm512_set1_ps(sc[3][b]), a3);
+    }
+    out[0] = hsum(a0) * 256.0f, out[1] = hsum(a1) * 256.0f, out[2] = hsum(a2) * 256.0f, out[3] = hsum(a3) * 256.0f;
+}
+
+void df_k_axpy_avx512(float *y, float a, const float *x, int64_t n) {
+    const __m512 av = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
 }
 
 float df_k_dot_int4_avx512(const uint8_t *p, const float *scales, int group, const float *x, int64_t n) {

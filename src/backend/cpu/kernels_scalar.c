@@ -74,3 +74,25 @@ void df_k_deq_f16_scalar(const uint16_t *w, float *out, int64_t n) {
 void df_k_deq_fp8_scalar(const uint8_t *w, float scale, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = df_fp8_lut[w[i]] * scale;
 }
+
+void df_k_axpy_scalar(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+void df_k_dot4_f32_scalar(const float *w, int64_t ld, const float *x, int64_t n, float *out) {
+    for (int k = 0; k < 4; k++) out[k] = df_k_dot_f32_scalar(w + k * ld, x, n);
+}
+void df_k_dot4_bf16_scalar(const uint16_t *w, int64_t ld, const float *x, int64_t n, float *out) {
+    for (int k = 0; k < 4; k++) out[k] = df_k_dot_bf16_scalar(w + k * ld, x, n);
+}
+void df_k_dot4_f16_scalar(const uint16_t *w, int64_t ld, const float *x, int64_t n, float *out) {
+    for (int k = 0; k < 4; k++) out[k] = df_k_dot_f16_scalar(w + k * ld, x, n);
+}
+void df_k_dot4_fp8s_scalar(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk, const float *const *sc,
+                           float *out) {
+    for (int k = 0; k < 4; k++) {
+        float s = 0;
+        for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++)
+            s += sc[k][b] * df_k_dot_fp8_scalar(w + k * ld + c0, x + c0, n - c0 < blk ? n - c0 : blk);
+        out[k] = s;
+    }
+}
