@@ -199,7 +199,8 @@ int df_cmd_bench(int argc, char **argv) {
     df_pool_init(threads);
     int nth = df_pool_size();
     size_t n = (size_t)1 << 28; /* 1 GiB of floats */
-    float *buf = df_aligned_alloc(n * 4);
+    float *buf = NULL;
+    if (posix_memalign((void **)&buf, (size_t)2 << 20, n * 4)) buf = df_aligned_alloc(n * 4);
     madvise(buf, n * 4, MADV_HUGEPAGE); /* as the engine's resident spine (no-op where THP is off) */
     for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023);
     int m1 = 0, mn = 0;
