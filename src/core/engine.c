@@ -236,7 +236,7 @@ char *df_engine_describe(const df_engine *e) {
     if (m->lm_head.data != m->embed.data) count_fmt(&m->lm_head, by);
     for (int l = 0; l < c->n_layers; l++) {
         const df_layer *L = &m->layers[l];
-        const df_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b, &L->mlp.gate, &L->mlp.up, &L->mlp.down,
+        const df_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b, &L->k_b, &L->v_b, &L->mlp.gate, &L->mlp.up, &L->mlp.down,
                                  &L->router, &L->shared.gate, &L->shared.up, &L->shared.down};
         for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) count_fmt(ws[i], by);
         if (L->moe)

@@ -38,7 +38,10 @@ static void mla_task(void *p, int tid, int nth) {
         int t = it / NH, h = it % NH, len = a->pos0 + t + 1;
         const float *q = s->q + ((size_t)t * NH + h) * qh;
         const int64_t kv_row0 = (int64_t)h * (nope + vd);
-        df_matvec_t_rows(&L->kv_b, kv_row0, nope, q, qlat);
+        if (L->k_b.data) /* split form: q_lat[c] = W_uk^T[h][c] . q_nope */
+            for (int c2 = 0; c2 < R; c2++) qlat[c2] = df_dot_row(&L->k_b, (int64_t)h * R + c2, q);
+        else
+            df_matvec_t_rows(&L->kv_b, kv_row0, nope, q, qlat);
         for (int j = 0; j < len; j++) {
             const float *cj = cache + (size_t)j * cdim;
             sc[j] = (df_dot_f32(qlat, cj, R) + df_dot_f32(q + nope, cj + R, rope)) * a->m->attn_scale;
@@ -47,7 +50,10 @@ static void mla_task(void *p, int tid, int nth) {
         memset(qlat, 0, (size_t)R * sizeof(float));
         for (int j = 0; j < len; j++) df_axpy(qlat, sc[j], cache + (size_t)j * cdim, R);
         float *out = s->att + ((size_t)t * NH + h) * vd;
-        for (int i = 0; i < vd; i++) out[i] = df_dot_row(&L->kv_b, kv_row0 + nope + i, qlat);
+        if (L->v_b.data)
+            for (int i = 0; i < vd; i++) out[i] = df_dot_row(&L->v_b, (int64_t)h * vd + i, qlat);
+        else
+            for (int i = 0; i < vd; i++) out[i] = df_dot_row(&L->kv_b, kv_row0 + nope + i, qlat);
     }
 }
 

@@ -212,10 +212,11 @@ static int rope_scaling(gl *c, const char *arch) {
  * (per head W_uk transposed: k_b[h][c][i] = kv_b[h*(nope+v) + i][c]) and
  * attn_v_b ne [kv_lora, v, NH] (per head W_uv: v_b[h][i][c] =
  * kv_b[h*(nope+v) + nope + i][c]). Float types of one kind are rearranged
- * into owned memory in that type (the same elements, bit for bit); block
- * types cannot be transposed, so they are dequantized (exactly, as
- * gguf.quants.dequantize) into an f32 kv_b. */
-static void kv_b_from_split(gl *c, int l, df_weight *out) {
+ * into owned memory in that type (the same elements, bit for bit, so such
+ * files give exactly the logits of the safetensors checkpoint); block types
+ * cannot be rearranged, so they are kept as stored in L->k_b / L->v_b and the
+ * MLA attention uses them in that split form. */
+static void kv_b_from_split(gl *c, int l, df_weight *out, df_weight *k_b, df_weight *v_b) {
     df_model *m = c->m;
     const df_config *cfg = &m->cfg;
     const int64_t NH = cfg->n_heads, nope = cfg->qk_nope_dim, vd = cfg->v_head_dim, R = cfg->kv_lora_rank;
@@ -257,20 +258,9 @@ static void kv_b_from_split(gl *c, int l, df_weight *out) {
         out->data = p;
         return;
     }
-    float *p = df_aligned_alloc((size_t)rows * (size_t)R * sizeof(float));
-    own_buf(m, p);
-    float *row = df_xmalloc((size_t)(nope > R ? nope : R) * sizeof(float));
-    for (int64_t h = 0; h < NH; h++) {
-        for (int64_t col = 0; col < R; col++) {
-            df_dequant_row(&wk, h * R + col, row);
-            for (int64_t i = 0; i < nope; i++) p[(size_t)(h * (nope + vd) + i) * (size_t)R + (size_t)col] = row[i];
-        }
-        for (int64_t i = 0; i < vd; i++) df_dequant_row(&wv, h * vd + i, p + (size_t)(h * (nope + vd) + nope + i) * (size_t)R);
-    }
-    free(row);
-    out->fmt = DF_W_F32;
-    out->row_bytes = (size_t)R * sizeof(float);
-    out->data = (const uint8_t *)p;
+    memset(out, 0, sizeof *out);
+    *k_b = wk;
+    *v_b = wv;
 }
 
 /* Where expert e's slice of a stacked tensor lies in its file. */
@@ -385,7 +375,7 @@ static void mla_layer(gl *c, int l, df_layer *L) {
     if (!c->rc && df_gguf_tensor_find(c->m->gguf, N("attn_kv_b.weight")))
         mat(c, n, NH * (cfg->qk_nope_dim + cfg->v_head_dim), cfg->kv_lora_rank, -1, 0, &L->kv_b, 1);
     else
-        kv_b_from_split(c, l, &L->kv_b);
+        kv_b_from_split(c, l, &L->kv_b, &L->k_b, &L->v_b);
     mat(c, N("attn_output.weight"), H, NH * cfg->v_head_dim, -1, 0, &L->wo, 1);
 #undef N
 }

@@ -241,7 +241,7 @@ void df_model_own_spine(df_model *m) {
     else own(m, &m->lm_head);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         df_layer *L = &m->layers[l];
-        df_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b,
+        df_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b, &L->k_b, &L->v_b,
                            &L->mlp.gate, &L->mlp.up, &L->mlp.down, &L->router, &L->shared.gate, &L->shared.up, &L->shared.down};
         for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) own(m, ws[i]);
         if (L->moe)
@@ -312,7 +312,7 @@ static void count_params(df_model *m) {
     ba += df_weight_bytes(&m->lm_head);
     for (int l = 0; l < c->n_layers; l++) {
         const df_layer *L = &m->layers[l];
-        const df_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b,
+        const df_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b, &L->k_b, &L->v_b,
                                  &L->mlp.gate, &L->mlp.up, &L->mlp.down, &L->router, &L->shared.gate, &L->shared.up, &L->shared.down};
         int64_t lp = 2 * H, lb = 0;
         for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)

@@ -40,6 +40,7 @@ typedef struct {
     df_weight q_a, q_b, q_proj;  /* [q_lora x hidden], [H*(nope+rope) x q_lora] | [H*(nope+rope) x hidden] */
     float *q_a_norm;             /* [q_lora] */
     df_weight kv_a, kv_b;        /* [kv_lora+rope x hidden], [H*(nope+v) x kv_lora] */
+    df_weight k_b, v_b;          /* or, as block-quantized GGUFs split it: k_b [H*kv_lora x nope] (W_uk^T per head), v_b [H*v x kv_lora] */
     float *kv_a_norm;            /* [kv_lora] */
     /* FFN */
     int moe;
@@ -83,10 +84,9 @@ typedef struct df_model {
  * keep only their on-disk extents for an expert cache). */
 int df_model_load(const char *dir, int resident, df_model **out, char *err, size_t errlen);
 void df_model_own_spine(df_model *m);
-/* Loads a GGUF file (llama, qwen3, qwen3moe architectures): tensors are used as
- * stored (GGML block types), the config comes from the metadata. mode as
- * df_model_load (0 and 1 map the file; 2 streams routed experts: the loader
- * must then record each expert's extents and move the spine into owned memory). */
+/* Loads a GGUF file (llama, qwen3, qwen3moe, deepseek2 architectures): tensors
+ * are used as stored (GGML block types), the config comes from the metadata.
+ * mode as df_model_load (0 and 1 map the file; 2 streams routed experts). */
 int df_model_load_gguf(const char *path, int mode, df_model **out, char *err, size_t errlen);
 /* Shared by the loaders: RoPE tables, softmax scale, parameter/byte counts. */
 void df_model_finish(df_model *m);
