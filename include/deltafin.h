@@ -133,6 +133,8 @@ typedef struct {
     int64_t expert_hits, expert_prefetch_hits, expert_misses, bytes_read;
     int64_t prefetch_issued, prefetch_unused;
     double io_wait_seconds;
+    int64_t decode_bytes_read;              /* expert bytes read during decode steps */
+    double decode_io_wait_seconds;          /* time decode steps waited for expert reads */
     int64_t expert_cache_bytes;             /* slot memory */
     int expert_cache_slots;
     int64_t peak_rss_bytes;                 /* the process's peak resident memory (VmHWM) */

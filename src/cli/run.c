@@ -49,6 +49,9 @@ static void print_stats(df_engine *e) {
         fprintf(stderr, "[stats] prefetch: %lld issued, precision %.1f%%, recall %.1f%%; read %.1f MB (%.2f GB/s over the run), I/O wait %.3f s\n",
                 (long long)st.prefetch_issued, st.prefetch_issued ? 100.0 * st.expert_prefetch_hits / st.prefetch_issued : 0,
                 req ? 100.0 * st.expert_prefetch_hits / req : 0, st.bytes_read / 1e6, secs > 0 ? st.bytes_read / secs / 1e9 : 0, st.io_wait_seconds);
+        if (st.decode_tokens)
+            fprintf(stderr, "[stats] decode: %.1f MB of experts read per token, %.3f s I/O wait per token\n",
+                    st.decode_bytes_read / 1e6 / st.decode_tokens, st.decode_io_wait_seconds / st.decode_tokens);
     }
 }
 

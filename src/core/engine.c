@@ -303,6 +303,8 @@ static int run_tokens(df_session *s, const int32_t *ids, size_t from, size_t n) 
     df_engine *e = s->e;
     double t0 = df_now();
     size_t todo = n - from;
+    df_ecache_stats es0 = {0}, es1 = {0};
+    if (e->model->ecache) df_ecache_stats_get(e->model->ecache, &es0);
     for (size_t p = from; p < n; p += DF_MAX_BATCH) {
         int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
         int rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, s->logits, 0);
@@ -311,7 +313,10 @@ static int run_tokens(df_session *s, const int32_t *ids, size_t from, size_t n) 
         s->len = p + (size_t)cnt;
     }
     double dt = df_now() - t0;
+    if (e->model->ecache) df_ecache_stats_get(e->model->ecache, &es1);
     if (todo == 1) {
+        e->stats.decode_bytes_read += es1.bytes_read - es0.bytes_read;
+        e->stats.decode_io_wait_seconds += es1.io_wait_s - es0.io_wait_s;
         e->stats.decode_tokens++;
         e->stats.decode_seconds += dt;
         e->stats.weight_bytes_touched += e->model->bytes_active;
