@@ -230,7 +230,7 @@ char *df_engine_describe(const df_engine *e) {
         else df_buf_printf(&b, ", softmax router%s", c->norm_topk_prob ? ", norm_topk_prob" : "");
         df_buf_puts(&b, "\n");
     }
-    if (c->intermediate) df_buf_printf(&b, "dense mlp    width %d\n", c->intermediate);
+    if (c->intermediate && n_moe < c->n_layers) df_buf_printf(&b, "dense mlp    width %d\n", c->intermediate);
     int64_t by[6] = {0};
     count_fmt(&m->embed, by);
     if (m->lm_head.data != m->embed.data) count_fmt(&m->lm_head, by);
