@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *usage = "usage: deltafin inspect --model DIR\n"
+static const char *usage = "usage: deltafin inspect [--model M]\n"
+                           "  M: checkpoint directory, store, GGUF file or installed name (default " DF_DEFAULT_MODEL ").\n"
                            "  Describes a model: family, layer and expert shapes, dtype mix, total and active\n"
                            "  (per token) parameters and weight bytes.\n";
 
