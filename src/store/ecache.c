@@ -20,6 +20,7 @@
 
 #define ALIGN 4096u
 #define QD 256
+#define CANCEL_TAG (1ull << 62) /* user_data of cancel requests */
 
 enum { S_EMPTY, S_LOADING, S_READY };
 
@@ -190,6 +191,14 @@ static int verify(df_ecache *c, slot *s) {
 
 /* Marks a slot whose last extent arrived. */
 static void finish(df_ecache *c, slot *s) {
+    if (s->failed == 3) { /* a cancelled prefetch: the slot is free again */
+        c->slot_of[s->key] = -1;
+        s->key = -1;
+        s->state = S_EMPTY;
+        s->failed = 0;
+        s->prefetched = 0;
+        return;
+    }
     if (!s->failed && verify(c, s) != 0) s->failed = 2;
     if (s->failed) return; /* reported by acquire */
     bind_slot(c, s);
@@ -257,13 +266,20 @@ static int start_load(df_ecache *c, int key) {
 /* Handles one completion; returns the slot that became complete or -1. */
 static int reap(df_ecache *c, struct io_uring_cqe *cqe) {
     uint64_t ud = io_uring_cqe_get_data64(cqe);
+    if (ud & CANCEL_TAG) { /* completion of a cancel request itself */
+        io_uring_cqe_seen(&c->ring, cqe);
+        c->inflight--;
+        return -1;
+    }
     int v = (int)(ud >> 8), p = (int)(ud & 0xff);
     slot *s = &c->slots[v];
     reads rd;
     plan_reads(&c->tmpl[s->key], &rd);
     const df_extent *e = &rd.run[p];
     uint64_t need = (e->off - a_down(e->off)) + e->len;
-    if (cqe->res < 0 || (uint64_t)cqe->res < need) {
+    if (s->failed == 3) {
+        /* cancelled prefetch: whatever the outcome, the slot is freed in finish */
+    } else if (cqe->res < 0 || (uint64_t)cqe->res < need) {
         s->failed = 1;
         snprintf(c->ioerr, sizeof c->ioerr, "%s: read of %llu bytes at %llu failed: %s", c->path[e->file], (unsigned long long)span(e),
                  (unsigned long long)a_down(e->off), cqe->res < 0 ? strerror(-cqe->res) : "short read");
@@ -305,6 +321,16 @@ int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, c
         int v = c->slot_of[key];
         waited[i] = 0;
         done[i] = 0;
+        if (v >= 0 && c->slots[v].failed == 3) {
+            /* a cancelled prefetch of this expert is still in flight: let it land (its slot is
+             * freed then), and read the expert afresh */
+            while (c->slots[v].key == key && c->slots[v].pending > 0) {
+                struct io_uring_cqe *cqe;
+                if (io_uring_wait_cqe(&c->ring, &cqe) < 0) break;
+                reap(c, cqe);
+            }
+            v = c->slot_of[key];
+        }
         if (v >= 0) {
             slot *s = &c->slots[v];
             how[i] = s->prefetched ? (s->state == S_READY ? PREFETCH_HIT : PREFETCH_WAIT) : HIT;
@@ -322,6 +348,24 @@ int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, c
         c->slots[v].last_use = ++c->clock;
         c->slots[v].uses++;
     }
+    /* prefetches for this layer that turned out wrong and are still reading: cancel them */
+    if (c->have_ring)
+        for (int v = 0; v < c->n_slots; v++) {
+            slot *s = &c->slots[v];
+            if (s->key < 0 || s->key / c->n_experts != l || !s->prefetched || s->state != S_LOADING || s->pinned || s->failed) continue;
+            s->failed = 3;
+            c->st.prefetch_cancelled++;
+            reads rd;
+            plan_reads(&c->tmpl[s->key], &rd);
+            for (int p = 0; p < rd.n; p++) {
+                struct io_uring_sqe *sqe = io_uring_get_sqe(&c->ring);
+                if (!sqe) { io_uring_submit(&c->ring); sqe = io_uring_get_sqe(&c->ring); }
+                io_uring_prep_cancel64(sqe, ((uint64_t)v << 8) | (uint64_t)p, 0);
+                io_uring_sqe_set_data64(sqe, CANCEL_TAG | ((uint64_t)v << 8) | (uint64_t)p);
+                c->inflight++;
+                submit = 1;
+            }
+        }
     if (submit && c->have_ring) io_uring_submit(&c->ring);
     if (pf_k > 0 && c->have_ring) df_ecache_prefetch(c, pf_l, pf_ids, pf_k);
     int left = k;

@@ -6,6 +6,10 @@
  * (when a checksum is known) been verified. Prefetches fill free or
  * evictable slots without ever changing which experts are used.
  *
+ * Prefetches that turn out wrong (the layer's real routing differs) and are
+ * still in flight are cancelled (IORING_OP_ASYNC_CANCEL) and their slots
+ * freed; wrong ones that already arrived simply become eviction candidates.
+ *
  * Invariants: a slot holding a pinned expert is never evicted; a slot is
  * READY only after every extent arrived whole and its checksum matched. */
 #ifndef DF_STORE_ECACHE_H
@@ -50,7 +54,7 @@ void df_ecache_release(df_ecache *c);
 void df_ecache_prefetch(df_ecache *c, int l, const int *ids, int k);
 
 typedef struct {
-    int64_t hits, prefetch_hits, misses, prefetch_issued, prefetch_unused;
+    int64_t hits, prefetch_hits, misses, prefetch_issued, prefetch_unused, prefetch_cancelled;
     int64_t bytes_read;
     double io_wait_s, read_busy_s;
     int n_slots;

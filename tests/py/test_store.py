@@ -270,3 +270,19 @@ def test_budget_is_never_exceeded(dfbin, tmp_path):
     assert "experts streamed" in r.stderr
     rss = float(r.stderr.split("peak RSS ")[1].split(" MB")[0]) * 1e6
     assert rss <= budget, f"peak RSS {rss / 1e6:.1f} MB exceeds the {budget / 1e6:.1f} MB budget (model file {size / 1e6:.0f} MB)"
+
+
+@pytest.mark.parametrize("name", ["kimi-k2-int4", "qwen3-moe-v5cfg", "deepseek-v3-noyarn"])
+def test_prefetch_and_cancellation_keep_the_bits(dfbin, name, stores):
+    """Caches of several sizes: router-lookahead prefetches are issued, some are
+    wrong and cancelled in flight or evicted unused; the tokens never change."""
+    g = golden(name)
+    ids = ",".join(map(str, g["greedy_prompt"]))
+    base = run([dfbin, "run", "--model", str(MODELS / name), "--ids", ids, "--max-new", "64", "--ignore-eos", "--print-ids"]).stdout
+    issued = 0
+    for cache in ["300K", "600K", "1M", "2M"]:
+        r = run([dfbin, "run", "--model", str(stores[name]), "--ids", ids, "--max-new", "64", "--ignore-eos", "--print-ids",
+                 "--expert-cache", cache, "--stats"])
+        assert r.stdout == base, cache
+        issued += int(r.stderr.split("prefetch: ")[1].split(" issued")[0])
+    assert issued > 0, "no prefetch was exercised"
