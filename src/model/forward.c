@@ -174,16 +174,19 @@ static int moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
         for (int i = 0; i < n * K; i++)
             if (s->sel[i] == e) { s->exp_list[ne++] = e; break; }
     moe_ctx mc = {m, s, s->exp_list, n};
-    if (m->ecache && n == 1 && m->prefetch && l + 1 < c->n_layers && m->layers[l + 1].moe) {
-        /* router lookahead: layer l+1's router on the current residual predicts
-         * its experts; their reads start while this layer's experts compute.
-         * Prediction only warms the cache: layer l+1 still routes on its own input. */
-        const df_layer *N = &m->layers[l + 1];
+    int nl = l + 1; /* the next MoE layer */
+    while (nl < c->n_layers && !m->layers[nl].moe) nl++;
+    if (m->ecache && n == 1 && m->prefetch && nl < c->n_layers) {
+        /* router lookahead: the next MoE layer's router on the current residual
+         * predicts its experts; their reads start while this layer's experts
+         * compute. Prediction only warms the cache: that layer still routes on
+         * its own input. */
+        const df_layer *N = &m->layers[nl];
         df_rmsnorm(s->xp, s->x, N->ffn_norm, H, (float)c->rms_eps);
         df_matvec(&N->router, s->xp, s->plog);
         if (c->family == DF_FAM_DEEPSEEK_V3) df_route_deepseek(m, N, s->plog, s->pred, s->predw);
         else df_route_qwen3(m, N, s->plog, s->pred, s->predw);
-        int rc = df_ecache_acquire_pf(m->ecache, l, s->exp_list, ne, l + 1, s->pred, K, moe_expert_ready, &mc, s->err, sizeof s->err);
+        int rc = df_ecache_acquire_pf(m->ecache, l, s->exp_list, ne, nl, s->pred, K, moe_expert_ready, &mc, s->err, sizeof s->err);
         df_ecache_release(m->ecache);
         if (rc) return rc;
     } else if (m->ecache) {

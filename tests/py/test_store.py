@@ -272,7 +272,7 @@ def test_budget_is_never_exceeded(dfbin, tmp_path):
     assert rss <= budget, f"peak RSS {rss / 1e6:.1f} MB exceeds the {budget / 1e6:.1f} MB budget (model file {size / 1e6:.0f} MB)"
 
 
-@pytest.mark.parametrize("name", ["kimi-k2-int4", "qwen3-moe-v5cfg", "deepseek-v3-noyarn"])
+@pytest.mark.parametrize("name", ["kimi-k2-int4", "qwen3-moe-v5cfg", "deepseek-v3-fp8"])
 def test_prefetch_and_cancellation_keep_the_bits(dfbin, name, stores):
     """Caches of several sizes: router-lookahead prefetches are issued, some are
     wrong and cancelled in flight or evicted unused; the tokens never change."""
