@@ -56,6 +56,8 @@ static void print_stats(df_engine *e) {
 }
 
 int df_cmd_run(int argc, char **argv) {
+    const double t_start = df_now();
+    double t_first = 0;
     df_args a;
     df_args_init(&a, argc, argv);
     df_options o;
@@ -141,6 +143,7 @@ int df_cmd_run(int argc, char **argv) {
         int is_eos = 0;
         for (int k = 0; k < info.n_eos; k++) if (info.eos_ids[k] == id) is_eos = 1;
         if (is_eos && !ignore_eos) break;
+        if (i == 0) t_first = df_now();
         if (dt) {
             size_t len;
             const char *piece = df_detok_push(dt, id, &len);
@@ -160,7 +163,10 @@ int df_cmd_run(int argc, char **argv) {
     }
     printf("\n");
     if (rc) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = df_exit_code(rc); }
-    if (stats) print_stats(e);
+    if (stats) {
+        print_stats(e);
+        if (t_first > 0) fprintf(stderr, "[stats] time to first token %.3f s (from the start of the command, model load included)\n", t_first - t_start);
+    }
 done:
     df_detok_free(dt);
     df_session_free(s);

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""The physical floor of a streamed run, from its --trace: the expert bytes
+that had to be read (the misses of Belady's optimal policy with the run's
+cache size, first uses included) over the disk bandwidth, plus the weight
+bytes every forward pass touches (the spine once per pass, each routed
+expert used) over the memory bandwidth, both measured in the same run.
+
+Usage: io_floor.py --trace T.jsonl --model M.gguf|DIR --slots N --disk-gbs D --mem-gbs B [--wall S]"""
+import argparse
+import collections
+import glob
+import json
+import os
+import re
+import struct
+
+
+def expert_and_spine_bytes(model):
+    """(bytes of one routed expert, bytes of everything else) from a GGUF or a checkpoint dir."""
+    sizes = {}
+    if model.endswith(".gguf"):
+        import gguf
+        r = gguf.GGUFReader(model)
+        for t in r.tensors:
+            sizes[t.name] = int(t.n_bytes)
+        exp = {k: v for k, v in sizes.items() if "_exps." in k}
+        n_exp = int(r.fields[[k for k in r.fields if k.endswith(".expert_count")][0]].contents())
+        layers = {k.split(".")[1] for k in exp}
+        per_expert = sum(exp.values()) // (n_exp * len(layers))
+        return per_expert, sum(sizes.values()) - sum(exp.values())
+    for f in glob.glob(os.path.join(model, "*.safetensors")):
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            for k, v in json.loads(fh.read(n)).items():
+                if k != "__metadata__":
+                    sizes[k] = v["data_offsets"][1] - v["data_offsets"][0]
+    pat = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+    per = collections.Counter()
+    for k, v in sizes.items():
+        m = pat.match(k)
+        if m:
+            per[(m.group(1), m.group(2))] += v
+    return max(per.values()), sum(sizes.values()) - sum(per.values())
+
+
+def opt_misses(reqs, slots):
+    future = collections.defaultdict(collections.deque)
+    for i, r in enumerate(reqs):
+        for k in r:
+            future[k].append(i)
+    cache, misses = set(), 0
+    for r in reqs:
+        pinned = set(r)
+        for k in r:
+            future[k].popleft()
+            if k in cache:
+                continue
+            misses += 1
+            if len(cache) >= slots:
+                cand = [c for c in cache if c not in pinned]
+                cache.discard(max(cand, key=lambda c: future[c][0] if future[c] else 1 << 60))
+            cache.add(k)
+    return misses
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--slots", type=int, required=True)
+    ap.add_argument("--disk-gbs", type=float, required=True)
+    ap.add_argument("--mem-gbs", type=float, required=True)
+    ap.add_argument("--wall", type=float, default=0)
+    a = ap.parse_args()
+    recs = [json.loads(l) for l in open(a.trace)]
+    reqs = [[(r["layer"], e["id"]) for e in r["experts"]] for r in recs]
+    passes = len({r["token"] for r in recs})
+    eb, sb = expert_and_spine_bytes(a.model)
+    miss = opt_misses(reqs, a.slots)
+    io = miss * eb / (a.disk_gbs * 1e9)
+    touched = passes * sb + sum(len(r) for r in reqs) * eb
+    comp = touched / (a.mem_gbs * 1e9)
+    out = {"forward_passes": passes, "expert_bytes": eb, "spine_bytes": sb, "opt_misses": miss,
+           "must_read_gb": miss * eb / 1e9, "io_floor_s": io, "weights_touched_gb": touched / 1e9,
+           "compute_floor_s": comp, "floor_s": io + comp}
+    if a.wall:
+        out["wall_s"] = a.wall
+        out["pct_of_floor"] = 100 * (io + comp) / a.wall
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
