@@ -130,6 +130,7 @@ typedef struct {
     double t_attention, t_experts, t_other; /* seconds, all forward passes */
     int64_t weight_bytes_touched;           /* bytes of weights read by decode steps */
     int streaming;                          /* routed experts stream through the expert cache */
+    int spine_int8;                         /* the spine is row-int8 (--spine int8): results are NOT exact */
     int64_t expert_hits, expert_prefetch_hits, expert_misses, bytes_read;
     int64_t prefetch_issued, prefetch_unused;
     double io_wait_seconds;

@@ -12,7 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { DF_W_F32, DF_W_F16, DF_W_BF16, DF_W_FP8, DF_W_INT4, DF_W_GGML } df_wfmt;
+/* DF_W_I8ROW: row-int8 (int8 values, one f32 scale per row): the opt-in,
+ * NOT exact spine of a store built with --spine int8; never a checkpoint's
+ * own format. */
+typedef enum { DF_W_F32, DF_W_F16, DF_W_BF16, DF_W_FP8, DF_W_INT4, DF_W_GGML, DF_W_I8ROW } df_wfmt;
 typedef enum { DF_SCALE_F32, DF_SCALE_BF16, DF_SCALE_F16 } df_scale_dtype;
 
 typedef struct {

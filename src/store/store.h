@@ -27,6 +27,7 @@ typedef struct {
     const char **dirs; /* pack directories (NULL: STORE/packs) */
     int n_dirs;
     int progress;      /* show a progress bar on stderr */
+    int spine_int8;    /* --spine int8: row-int8 linear weights in the spine (NOT exact) */
 } df_store_opts;
 
 int df_store_build(const df_store_opts *o, char *err, size_t errlen);
@@ -34,7 +35,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen);
 /* If dir is a store: adds its routed experts to st as virtual tensors and
  * returns 1 with *xxh3 = [n_layers * n_experts] checksums (0 where no expert);
  * 0 if dir is not a store; a negative DF_E* code on a bad or incomplete store. */
-int df_store_attach(const char *dir, df_st_set *st, int n_layers, int n_experts, uint64_t **xxh3, char *err, size_t errlen);
+int df_store_attach(const char *dir, df_st_set *st, int n_layers, int n_experts, uint64_t **xxh3, int *spine_int8, char *err, size_t errlen);
 int df_is_store(const char *dir);
 
 #endif

@@ -286,3 +286,88 @@ def test_prefetch_and_cancellation_keep_the_bits(dfbin, name, stores):
         assert r.stdout == base, cache
         issued += int(r.stderr.split("prefetch: ")[1].split(" issued")[0])
     assert issued > 0, "no prefetch was exercised"
+
+
+def read_st(path):
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    h = json.loads(raw[8:8 + n])
+    base = 8 + n
+    out = {}
+    for k, v in h.items():
+        if k == "__metadata__":
+            continue
+        b, e = v["data_offsets"]
+        out[k] = (v["dtype"], v["shape"], raw[base + b:base + e])
+    return out
+
+
+def to_f32(dtype, shape, data):
+    if dtype == "F32":
+        return np.frombuffer(data, "<f4").reshape(shape)
+    if dtype == "BF16":
+        return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    if dtype == "F16":
+        return np.frombuffer(data, "<f2").astype(np.float32).reshape(shape)
+    raise ValueError(dtype)
+
+
+def test_spine_int8_is_opt_in_reported_and_computes_its_values(dfbin, tmp_path):
+    """--spine int8 stores row-int8 linear weights (routers stay exact), is
+    reported as not exact everywhere, and the engine computes exactly what a
+    float checkpoint of the dequantized int8 values (numpy) gives."""
+    name = "qwen3-moe-bf16"
+    d = tmp_path / "s8"
+    r = run([dfbin, "setup", "--from", str(MODELS / name), "--out", str(d), "--pack", "--spine", "int8"])
+    assert "NOT be exact" in r.stderr
+    man = json.loads((d / "manifest.json").read_text())
+    assert man["spine"]["mode"] == "int8" and man["spine"]["exact"] is False
+    spine = read_st(d / "spine.safetensors")
+    src = read_st(MODELS / name / "model.safetensors")
+    assert spine["model.layers.0.mlp.gate.weight"][0] == "BF16", "the router stays exact"
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    shutil.copy(MODELS / name / "config.json", ref_dir / "config.json")
+    tensors = {}
+    for k, (dt, shape, data) in spine.items():
+        if k.endswith("_row_scale"):
+            continue
+        if dt == "I8":
+            q = np.frombuffer(data, np.int8).reshape(shape).astype(np.float32)
+            sc = np.frombuffer(spine[k + "_row_scale"][2], "<f4")
+            assert np.all(np.abs(q) <= 127)
+            tensors[k] = q * sc[:, None]
+        else:
+            tensors[k] = to_f32(dt, shape, data)
+    for k, (dt, shape, data) in src.items():
+        if ".experts." in k:
+            tensors[k] = to_f32(dt, shape, data)
+    from safetensors.numpy import save_file
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}, str(ref_dir / "model.safetensors"))
+    g = golden(name)
+    n, V = len(g["ids"]), g["vocab_size"]
+    a = np.frombuffer(logits(dfbin, d, g["ids"], tmp_path / "a.f32"), "<f4").reshape(n, V)
+    b = np.frombuffer(logits(dfbin, ref_dir, g["ids"], tmp_path / "b.f32"), "<f4").reshape(n, V)
+    rel = np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
+    assert rel.max() < 1e-5 and (a.argmax(1) == b.argmax(1)).all()
+    r = run([dfbin, "run", "--model", str(d), "--ids", "1,2,3", "--max-new", "2", "--ignore-eos", "--print-ids", "--stats"])
+    assert "NOT exact" in r.stderr
+    assert "NOT exact" in run([dfbin, "inspect", "--model", str(d)]).stdout
+
+
+def test_i8_weights_outside_an_int8_store_are_refused(dfbin, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(MODELS / "llama-bf16", d)
+    f = d / "model.safetensors"
+    raw = f.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    h = json.loads(raw[8:8 + n])
+    name = "model.layers.0.mlp.up_proj.weight"
+    r0, c0 = h[name]["shape"]
+    h[name]["dtype"] = "I8"
+    b0 = h[name]["data_offsets"][0]
+    h[name]["data_offsets"] = [b0, b0 + r0 * c0]  # the first half of its bytes, read as int8
+    hb = json.dumps(h).encode()
+    f.write_bytes(struct.pack("<Q", len(hb)) + hb + raw[8 + n:])
+    r = run([dfbin, "eval", "--model", str(d), "--ids", "1", "--dump-logits", os.devnull], check=False)
+    assert r.returncode == 2 and name in r.stderr and "only accepted in the spine of a store built with --spine int8" in r.stderr

@@ -61,6 +61,8 @@ int main(void) {
             close_enough("bf16", isa, n, bf[isa](wb, x, n), bf[0](wb, x, n), mag);
             close_enough("f16", isa, n, hf[isa](wh, x, n), hf[0](wh, x, n), mag * 200);
             close_enough("fp8", isa, n, f8[isa](w8, x, n), f8[0](w8, x, n), mag);
+            float (*i8[3])(const int8_t *, const float *, int64_t) = {df_k_dot_i8_scalar, df_k_dot_i8_avx2, df_k_dot_i8_avx512};
+            close_enough("i8", isa, n, i8[isa]((const int8_t *)w8, x, n), i8[0]((const int8_t *)w8, x, n), mag);
             if (n % 32 == 0) {
                 float sc[1024];
                 for (int g = 0; g < 1024; g++) sc[g] = frand();

@@ -69,11 +69,12 @@ typedef struct {
     void (*dot4_bf16)(const uint16_t *, int64_t, const float *, int64_t, float *);
     void (*dot4_f16)(const uint16_t *, int64_t, const float *, int64_t, float *);
     void (*dot4_fp8s)(const uint8_t *, int64_t, const float *, int64_t, int, const float *const *, float *);
+    float (*i8)(const int8_t *, const float *, int64_t);
 } ktab;
 #define KT(isa)                                                                                                       \
     {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_tile_f32_##isa, \
      df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
-     df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_dot4_fp8s_##isa}
+     df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa}
 static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
 static inline const ktab *kt(void) { return &ktabs[df_isa()]; }
 
@@ -85,6 +86,7 @@ const char *df_wfmt_name(const df_weight *w) {
     case DF_W_BF16: return "BF16";
     case DF_W_FP8: return "FP8_E4M3";
     case DF_W_INT4: return "INT4";
+    case DF_W_I8ROW: return "I8ROW";
 #ifdef HAVE_GGML
     case DF_W_GGML: { const df_ggml_traits *t = df_ggml_traits_of(w->ggml_type); return t ? t->name : "GGML?"; }
 #else
@@ -98,6 +100,7 @@ int64_t df_weight_bytes(const df_weight *w) {
     int64_t b = (int64_t)w->row_bytes * w->rows;
     if (w->fmt == DF_W_FP8) b += ((w->rows + w->blk_r - 1) / w->blk_r) * w->scale_cols * scale_size(w->scale_dtype);
     if (w->fmt == DF_W_INT4) b += w->rows * w->scale_cols * scale_size(w->scale_dtype);
+    if (w->fmt == DF_W_I8ROW) b += w->rows * 4;
     return b;
 }
 static inline float scale_at(const df_weight *w, int64_t i) {
@@ -149,6 +152,7 @@ float df_dot_row(const df_weight *w, int64_t r, const float *x) {
     const ktab *k = kt();
     switch (w->fmt) {
     case DF_W_F32: return k->f32((const float *)row, x, w->cols);
+    case DF_W_I8ROW: return scale_at(w, r) * k->i8((const int8_t *)row, x, w->cols);
     case DF_W_BF16: return k->bf16((const uint16_t *)row, x, w->cols);
     case DF_W_F16: return k->f16((const uint16_t *)row, x, w->cols);
     case DF_W_FP8: {
@@ -245,6 +249,11 @@ void df_dequant_row(const df_weight *w, int64_t r, float *out) {
     const ktab *k = kt();
     switch (w->fmt) {
     case DF_W_F32: memcpy(out, row, (size_t)n * 4); break;
+    case DF_W_I8ROW: {
+        const float sc = scale_at(w, r);
+        for (int64_t i = 0; i < n; i++) out[i] = (float)((const int8_t *)row)[i] * sc;
+        break;
+    }
     case DF_W_BF16: k->deq_bf16((const uint16_t *)row, out, n); break;
     case DF_W_F16: k->deq_f16((const uint16_t *)row, out, n); break;
     case DF_W_FP8: {

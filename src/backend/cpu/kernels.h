@@ -17,6 +17,7 @@ void df_kernels_init(void);
 
 #define DF_DECL_KERNELS(isa)                                                                                       \
     float df_k_dot_f32_##isa(const float *w, const float *x, int64_t n);                                          \
+    float df_k_dot_i8_##isa(const int8_t *w, const float *x, int64_t n);                                          \
     float df_k_dot_bf16_##isa(const uint16_t *w, const float *x, int64_t n);                                      \
     float df_k_dot_f16_##isa(const uint16_t *w, const float *x, int64_t n);                                       \
     float df_k_dot_fp8_##isa(const uint8_t *w, const float *x, int64_t n);                                        \

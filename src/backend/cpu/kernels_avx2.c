@@ -10,6 +10,22 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+float df_k_dot_i8_avx2(const int8_t *w, const float *x, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w + i)))), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w + i + 8)))), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    __m256 a = _mm256_add_ps(a0, a1);
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    float s = _mm_cvtss_f32(q);
+    for (; i < n; i++) s += (float)w[i] * x[i];
+    return s;
+}
+
 float df_k_dot_f32_avx2(const float *w, const float *x, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t i = 0;

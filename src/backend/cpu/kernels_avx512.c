@@ -8,6 +8,18 @@
 
 static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
+float df_k_dot_i8_avx512(const int8_t *w, const float *x, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + i)))), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + i + 16)))), _mm512_loadu_ps(x + i + 16), a1);
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (; i < n; i++) s += (float)w[i] * x[i];
+    return s;
+}
+
 float df_k_dot_f32_avx512(const float *w, const float *x, int64_t n) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int64_t i = 0;

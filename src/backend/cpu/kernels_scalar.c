@@ -26,6 +26,12 @@ void df_kernels_init(void) {
     }
 }
 
+float df_k_dot_i8_scalar(const int8_t *w, const float *x, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += (float)w[i] * x[i];
+    return s;
+}
+
 float df_k_dot_f32_scalar(const float *w, const float *x, int64_t n) {
     float s = 0;
     for (int64_t i = 0; i < n; i++) s += w[i] * x[i];
