@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The physical floor of a streamed run, from its --trace: the expert bytes
-that had to be read (the misses of Belady's optimal policy with the run's
-cache size, first uses included) over the disk bandwidth, plus the weight
+"""The physical floor of a streamed run, from its --trace: the bytes that had
+to be read (the spine once, from cold caches, and the expert misses of
+Belady's optimal policy with the run's cache size, first uses included) over
+the disk bandwidth, plus the weight
 bytes every forward pass touches (the spine once per pass, each routed
 expert used) over the memory bandwidth, both measured in the same run.
 
@@ -16,7 +17,9 @@ import struct
 
 
 def expert_and_spine_bytes(model):
-    """(bytes of one routed expert, bytes of everything else) from a GGUF or a checkpoint dir."""
+    """(bytes of one routed expert, spine bytes a forward pass touches) from a
+    GGUF or a checkpoint dir. The embedding table counts one row: a pass
+    reads only its tokens' rows."""
     sizes = {}
     if model.endswith(".gguf"):
         import gguf
@@ -27,7 +30,10 @@ def expert_and_spine_bytes(model):
         n_exp = int(r.fields[[k for k in r.fields if k.endswith(".expert_count")][0]].contents())
         layers = {k.split(".")[1] for k in exp}
         per_expert = sum(exp.values()) // (n_exp * len(layers))
-        return per_expert, sum(sizes.values()) - sum(exp.values())
+        emb = next(t for t in r.tensors if t.name == "token_embd.weight")
+        emb_row = int(emb.n_bytes) // int(emb.shape[-1])
+        spine = sum(sizes.values()) - sum(exp.values())
+        return per_expert, spine - sizes["token_embd.weight"] + emb_row, spine
     for f in glob.glob(os.path.join(model, "*.safetensors")):
         with open(f, "rb") as fh:
             n = struct.unpack("<Q", fh.read(8))[0]
@@ -40,7 +46,9 @@ def expert_and_spine_bytes(model):
         m = pat.match(k)
         if m:
             per[(m.group(1), m.group(2))] += v
-    return max(per.values()), sum(sizes.values()) - sum(per.values())
+    emb = sizes.get("model.embed_tokens.weight", 0)
+    vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
+    return max(per.values()), sum(sizes.values()) - sum(per.values()) - emb + emb // vocab, sum(sizes.values()) - sum(per.values())
 
 
 def opt_misses(reqs, slots):
@@ -75,13 +83,14 @@ def main():
     recs = [json.loads(l) for l in open(a.trace)]
     reqs = [[(r["layer"], e["id"]) for e in r["experts"]] for r in recs]
     passes = len({r["token"] for r in recs})
-    eb, sb = expert_and_spine_bytes(a.model)
+    eb, sb, spine_file = expert_and_spine_bytes(a.model)
     miss = opt_misses(reqs, a.slots)
-    io = miss * eb / (a.disk_gbs * 1e9)
+    # from cold caches the spine is read once too
+    io = (miss * eb + spine_file) / (a.disk_gbs * 1e9)
     touched = passes * sb + sum(len(r) for r in reqs) * eb
     comp = touched / (a.mem_gbs * 1e9)
-    out = {"forward_passes": passes, "expert_bytes": eb, "spine_bytes": sb, "opt_misses": miss,
-           "must_read_gb": miss * eb / 1e9, "io_floor_s": io, "weights_touched_gb": touched / 1e9,
+    out = {"forward_passes": passes, "expert_bytes": eb, "spine_touched_per_pass": sb, "spine_file_bytes": spine_file, "opt_misses": miss,
+           "must_read_gb": (miss * eb + spine_file) / 1e9, "io_floor_s": io, "weights_touched_gb": touched / 1e9,
            "compute_floor_s": comp, "floor_s": io + comp}
     if a.wall:
         out["wall_s"] = a.wall

@@ -88,12 +88,11 @@ static int start_streaming(df_model *m, const df_options *o, int64_t budget, cha
     m->ecache_tmpl = tmpl;
     if (!m->ecache) return DF_EIO;
     /* Eviction, chosen by replaying recorded traces (bench/replay_policies.py,
-     * docs/PERFORMANCE.md): LRU wins while the cache holds about one or two
-     * layers' experts (reuse is then mostly the next token's same layer),
-     * LFU wins once it holds three or more. DELTAFIN_EVICT=lru|lfu overrides. */
+     * docs/PERFORMANCE.md): LFU wins by up to 8 points on some traces and
+     * loses by up to 16 on others, LRU's worst loss is 8: LRU has the smaller
+     * regret. DELTAFIN_EVICT=lfu overrides. */
     const char *pol = getenv("DELTAFIN_EVICT");
-    df_ecache_set_policy(m->ecache, pol ? (!strcmp(pol, "lfu") ? DF_EVICT_LFU : DF_EVICT_LRU)
-                                        : df_ecache_slots(m->ecache) >= 3 * c->n_experts_used ? DF_EVICT_LFU : DF_EVICT_LRU);
+    df_ecache_set_policy(m->ecache, pol && !strcmp(pol, "lfu") ? DF_EVICT_LFU : DF_EVICT_LRU);
     /* prefetch needs room for the next layer's experts beside this layer's */
     m->prefetch = !getenv("DELTAFIN_NO_PREFETCH") && df_ecache_slots(m->ecache) >= 2 * c->n_experts_used;
     if (o->trace_path) {
