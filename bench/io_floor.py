@@ -66,6 +66,8 @@ def opt_misses(reqs, slots):
             misses += 1
             if len(cache) >= slots:
                 cand = [c for c in cache if c not in pinned]
+                if not cand:
+                    continue
                 cache.discard(max(cand, key=lambda c: future[c][0] if future[c] else 1 << 60))
             cache.add(k)
     return misses

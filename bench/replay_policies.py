@@ -48,6 +48,10 @@ def simulate(reqs, slots, policy):
             else:
                 if len(cache) >= slots:
                     cand = [c for c in cache if c not in pinned and c not in hot] or [c for c in cache if c not in pinned]
+                    if not cand:  # every slot holds an expert of this request: not cached
+                        last[k] = clock
+                        freq[k] += 1
+                        continue
                     if policy == "lfu":
                         victim = min(cand, key=lambda c: (freq[c], last[c]))
                     elif policy == "opt":

@@ -82,7 +82,7 @@ static int start_streaming(df_model *m, const df_options *o, int64_t budget, cha
      * default context, and a fixed reserve for code, scratch and the tokenizer */
     int64_t kv = (int64_t)df_state_bytes_per_token(m) * (c->max_pos < 4096 ? c->max_pos : 4096);
     if (cache < 0) cache = budget - (m->bytes - expert_bytes) - kv - ((int64_t)48 << 20);
-    df_ecache_opts eo = {cache > 0 ? cache : 0, c->n_experts_used, DF_EVICT_LRU, 1};
+    df_ecache_opts eo = {cache > 0 ? cache : 0, c->n_experts_used, DF_EVICT_LRU, 1, !getenv("DELTAFIN_NO_POPULATE")};
     if (getenv("DELTAFIN_NO_IO_URING")) eo.use_io_uring = 0;
     m->ecache = df_ecache_new((const char *const *)m->files, m->n_files, c->n_layers, c->n_experts, tmpl, &eo, err, errlen);
     m->ecache_tmpl = tmpl;

@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -56,7 +58,27 @@ struct df_ecache {
     FILE *trace;
     int64_t token;
     char ioerr[256];
+    pthread_t populator;
+    int populating;
+    atomic_int stop_populate;
 };
+
+/* Faults the slot memory in ahead of use, in the background. On a VM the
+ * first touch of a page is expensive (the host backs it and the guest zeroes
+ * it); paying it while the spine loads and the first layers run keeps it
+ * out of the per-token path. Stops early when the cache is freed. */
+static void *populate(void *p) {
+    df_ecache *c = p;
+    const size_t step = 64u << 20;
+    for (size_t off = 0; off < c->arena_bytes && !atomic_load(&c->stop_populate); off += step) {
+        size_t n = c->arena_bytes - off < step ? c->arena_bytes - off : step;
+#ifdef MADV_POPULATE_WRITE
+        if (madvise(c->arena + off, n, MADV_POPULATE_WRITE) == 0) continue;
+#endif
+        for (size_t i = 0; i < n; i += 4096) ((volatile uint8_t *)c->arena)[off + i] = 0;
+    }
+    return NULL;
+}
 
 static uint64_t a_down(uint64_t x) { return x & ~(uint64_t)(ALIGN - 1); }
 static uint64_t a_up(uint64_t x) { return (x + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
@@ -135,6 +157,7 @@ df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, in
         return NULL;
     }
     madvise(c->arena, c->arena_bytes, MADV_HUGEPAGE);
+    if (o->populate && c->arena_bytes) c->populating = pthread_create(&c->populator, NULL, populate, c) == 0;
     c->slots = df_xcalloc((size_t)n, sizeof(slot));
     for (int i = 0; i < n; i++) c->slots[i].key = -1, c->slots[i].mem = c->arena + (size_t)i * (size_t)sb;
     c->slot_of = df_xmalloc((size_t)(n_layers * n_experts) * sizeof(int));
@@ -148,6 +171,10 @@ df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, in
 
 void df_ecache_free(df_ecache *c) {
     if (!c) return;
+    if (c->populating) {
+        atomic_store(&c->stop_populate, 1);
+        pthread_join(c->populator, NULL);
+    }
     if (c->have_ring) {
         while (c->inflight > 0) {
             struct io_uring_cqe *cqe;

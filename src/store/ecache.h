@@ -27,6 +27,7 @@ typedef struct {
     int min_slots;       /* at least this many slots whatever the budget */
     df_evict_policy policy;
     int use_io_uring;    /* 0: synchronous pread */
+    int populate;        /* fault the slot memory in ahead of use, in a background thread */
 } df_ecache_opts;
 
 /* fds: the files the extents refer to (opened by the cache with O_DIRECT
