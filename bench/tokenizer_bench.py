@@ -3,6 +3,16 @@
 and `tiktoken`, one thread and all threads, same corpus, same machine.
 
 usage: python3 bench/tokenizer_bench.py [--mb 8] [--reps 3] [--json out.json]
+       python3 bench/tokenizer_bench.py --scaling 9 [--cpus 2,3] [--mb 8]
+
+--scaling N: deltafin only, one thread vs two threads on long inputs: N
+interleaved rounds, each running the driver once per tokenizer with 1 thread
+(pinned to the first of --cpus) and once with 2 threads (pinned to both);
+prints best, median and range of MB/s and the ratios, plus the CPU seconds
+(all threads) of the best runs, so duplicated work shows apart from a busy
+machine. Check `uptime` first: other work on the same cores skews the ratio.
+--driver, --corpus and --fixtures run a prebuilt (e.g. static) driver on a
+given corpus file elsewhere.
 
 Corpus: Python standard-library sources (code, English comments and
 docstrings) interleaved with multilingual prose (CJK, Arabic, Hindi, Thai,
@@ -54,6 +64,7 @@ def corpus(mb):
 def build_driver(tmp):
     exe = Path(tmp) / "tokenizer_bench"
     srcs = [str(p) for p in sorted((REPO / "src" / "tok").glob("*.c")) if not p.name.startswith("template")]
+    srcs += [str(REPO / "src" / "format" / "gguf.c")]
     cmd = ["cc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-march=native", "-I" + str(REPO / "include"), "-I" + str(REPO / "src"),
            "-o", str(exe), str(REPO / "bench" / "tokenizer_bench.c"), *srcs, str(REPO / "src" / "util" / "util.c"),
            "-ljansson", "-lpcre2-8", "-lm", "-pthread"]
@@ -70,12 +81,55 @@ def best(fn, reps):
     return b
 
 
+def scaling(a):
+    import statistics as st
+    global FIX
+    if a.fixtures:
+        FIX = Path(a.fixtures)
+    data = Path(a.corpus).read_bytes() if a.corpus else corpus(a.mb).encode()
+    cpus = a.cpus.split(",")
+    print(f"corpus {len(data) / 1e6:.2f} MB, cpus {a.cpus}, load {os.getloadavg()}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(a.driver).resolve() if a.driver else build_driver(tmp)
+        f = Path(tmp) / "corpus.txt"
+        f.write_bytes(data)
+        names = ("qwen3", "deepseek-v3", "o200k")
+        runs = {(n, th): [] for n in names for th in (1, 2)}
+        for _ in range(a.scaling):
+            for name in names:
+                path = FIX / "o200k" / "o200k_base.tiktoken" if name == "o200k" else FIX / name
+                for th in (1, 2):
+                    pin = ["taskset", "-c", ",".join(cpus[:th])]
+                    r = subprocess.run(pin + [str(exe), str(path), str(f), str(th), str(a.reps)], capture_output=True, text=True, check=True)
+                    runs[(name, th)].append([float(x) for x in r.stdout.split()[2:4]])
+        results = []
+        for name in names:
+            one, two = runs[(name, 1)], runs[(name, 2)]
+            m1, m2 = [x[0] for x in one], [x[0] for x in two]
+            row = {"tokenizer": name, "1t best": max(m1), "1t median": st.median(m1), "1t range": [min(m1), max(m1)],
+                   "2t best": max(m2), "2t median": st.median(m2), "2t range": [min(m2), max(m2)],
+                   "ratio best": round(max(m2) / max(m1), 2), "ratio median": round(st.median(m2) / st.median(m1), 2),
+                   "cpu s 1t best": max(one)[1], "cpu s 2t best": max(two)[1]}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"load after {os.getloadavg()}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--scaling", type=int, default=0)
+    ap.add_argument("--cpus", default="0,1")
+    ap.add_argument("--driver", help="a prebuilt tokenizer_bench driver (else compiled here)")
+    ap.add_argument("--corpus", help="a corpus file (else generated from this Python's stdlib)")
+    ap.add_argument("--fixtures", help="the tokenizer fixtures directory")
     a = ap.parse_args()
+    if a.scaling:
+        return scaling(a)
     text = corpus(a.mb)
     data = text.encode()
     mb = len(data) / 1e6

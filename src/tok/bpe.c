@@ -11,6 +11,7 @@
  *
  * The per-thread cache maps word bytes -> ids; it is cleared when full,
  * which never changes results. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,8 +67,7 @@ void df_bpe_free(df_bpe *b) {
     free(b->blob);
     free(b->tok);
     free(b->vocab.slots);
-    free(b->merges.keys);
-    free(b->merges.vals);
+    free(b->merges.slots);
     memset(b, 0, sizeof *b);
 }
 
@@ -138,25 +138,22 @@ static inline size_t pair_slot(uint64_t key, size_t cap) { return (size_t)mix64(
 void df_pairmap_put(df_pairmap *m, int32_t a, int32_t b, uint32_t rank, int32_t id) {
     if ((m->n + 1) * 2 > m->cap) {
         size_t nc = m->cap ? m->cap * 2 : 1 << 16;
-        uint64_t *nk = df_xcalloc(nc, sizeof *nk), *nv = df_xmalloc(nc * sizeof *nv);
+        df_pairslot *ns = df_xcalloc(nc, sizeof *ns);
         for (size_t i = 0; i < m->cap; i++) {
-            if (!m->keys[i]) continue;
-            size_t j = pair_slot(m->keys[i], nc);
-            while (nk[j]) j = (j + 1) & (nc - 1);
-            nk[j] = m->keys[i];
-            nv[j] = m->vals[i];
+            if (!m->slots[i].key) continue;
+            size_t j = pair_slot(m->slots[i].key, nc);
+            while (ns[j].key) j = (j + 1) & (nc - 1);
+            ns[j] = m->slots[i];
         }
-        free(m->keys);
-        free(m->vals);
-        m->keys = nk;
-        m->vals = nv;
+        free(m->slots);
+        m->slots = ns;
         m->cap = nc;
     }
     uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
     size_t j = pair_slot(key, m->cap);
-    while (m->keys[j] && m->keys[j] != key) j = (j + 1) & (m->cap - 1);
-    if (!m->keys[j]) { m->keys[j] = key; m->n++; }
-    m->vals[j] = ((uint64_t)rank << 32) | (uint32_t)id;
+    while (m->slots[j].key && m->slots[j].key != key) j = (j + 1) & (m->cap - 1);
+    if (!m->slots[j].key) { m->slots[j].key = key; m->n++; }
+    m->slots[j].val = ((uint64_t)rank << 32) | (uint32_t)id;
 }
 
 /* rank << 32 | id of the merge of (a, b), or UINT64_MAX. */
@@ -165,9 +162,9 @@ static inline uint64_t pair_get(const df_pairmap *m, int32_t a, int32_t b) {
     uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
     size_t j = pair_slot(key, m->cap);
     for (;;) {
-        uint64_t k = m->keys[j];
-        if (k == key) return m->vals[j];
-        if (!k) return UINT64_MAX;
+        const df_pairslot *e = &m->slots[j];
+        if (e->key == key) return e->val;
+        if (!e->key) return UINT64_MAX;
         j = (j + 1) & (m->cap - 1);
     }
 }
@@ -186,10 +183,22 @@ void df_bpe_pairs_from_ranks(df_bpe *b) {
     }
 }
 
-/* ---- word cache --------------------------------------------------------- */
+/* ---- word cache ---------------------------------------------------------
+ * Two tables. Short words (<= IK bytes, <= IV ids: nearly all pre-tokens)
+ * live inline in one 64-byte slot, so a hit costs one cache line; the table
+ * grows by rehashing up to CACHE_MAX_SLOTS and is cleared when full. Longer
+ * words (<= CACHE_MAX_WORD bytes) go to a second table whose keys and ids
+ * are in side buffers. */
+
+#define IK 26
+#define IV 8
+typedef struct { uint32_t tag; uint8_t klen, vlen; uint8_t key[IK]; int32_t ids[IV]; } small_slot;
+_Static_assert(sizeof(small_slot) == 64, "one cache line per small slot");
 
 typedef struct { uint64_t h; uint32_t koff, klen, voff, vlen; } cache_slot;
 struct df_bpe_cache {
+    small_slot *small;
+    size_t scap_slots, sused;
     cache_slot *slots;
     size_t cap, used;
     uint8_t *keys;
@@ -199,21 +208,38 @@ struct df_bpe_cache {
     /* scratch for merging */
     int32_t *sym, *nxt, *prv, *hp, *hidx;
     uint32_t *rank;
+    uint64_t *rv;
     size_t scap;
 };
 
-#define CACHE_MAX_SLOTS (1u << 18)
+#define SMALL_MIN_SLOTS (1u << 10)
+#define SMALL_MAX_SLOTS (1u << 16)
+#define CACHE_MAX_SLOTS (1u << 14)
 #define CACHE_MAX_WORD 128
 
+static small_slot *small_alloc(size_t n) {
+    small_slot *p = aligned_alloc(64, n * sizeof *p);
+    if (!p) { fprintf(stderr, "deltafin: out of memory (%zu bytes)\n", n * sizeof *p); abort(); }
+    memset(p, 0, n * sizeof *p);
+    return p;
+}
+
 df_bpe_cache *df_bpe_cache_new(void) {
-    df_bpe_cache *c = df_xcalloc(1, sizeof *c);
-    c->cap = 1 << 12;
+    /* cache-line aligned and padded: the caches of different threads never share a line */
+    size_t sz = (sizeof(df_bpe_cache) + 63) & ~(size_t)63;
+    df_bpe_cache *c = aligned_alloc(64, sz);
+    if (!c) { fprintf(stderr, "deltafin: out of memory (%zu bytes)\n", sz); abort(); }
+    memset(c, 0, sz);
+    c->scap_slots = SMALL_MIN_SLOTS;
+    c->small = small_alloc(c->scap_slots);
+    c->cap = 1 << 8;
     c->slots = df_xcalloc(c->cap, sizeof *c->slots);
     return c;
 }
 
 void df_bpe_cache_free(df_bpe_cache *c) {
     if (!c) return;
+    free(c->small);
     free(c->slots);
     free(c->keys);
     free(c->vals);
@@ -223,22 +249,63 @@ void df_bpe_cache_free(df_bpe_cache *c) {
     free(c->hp);
     free(c->hidx);
     free(c->rank);
+    free(c->rv);
     free(c);
 }
 
-static void cache_reset(df_bpe_cache *c, size_t cap) {
-    if (cap != c->cap) {
-        free(c->slots);
-        c->slots = df_xcalloc(cap, sizeof *c->slots);
-        c->cap = cap;
-    } else {
-        memset(c->slots, 0, cap * sizeof *c->slots);
+static inline uint32_t small_tag(uint64_t h) { return (uint32_t)(h >> 32); }
+
+static void small_put(df_bpe_cache *c, uint64_t h, const uint8_t *s, size_t n, const int32_t *ids, size_t m) {
+    if ((c->sused + 1) * 2 > c->scap_slots) {
+        if (c->scap_slots < SMALL_MAX_SLOTS) { /* grow, keeping every entry */
+            size_t nc = c->scap_slots * 2;
+            small_slot *ns = small_alloc(nc);
+            for (size_t i = 0; i < c->scap_slots; i++) {
+                small_slot *e = &c->small[i];
+                if (!e->klen) continue;
+                size_t j = (size_t)hash_bytes(e->key, e->klen) & (nc - 1);
+                while (ns[j].klen) j = (j + 1) & (nc - 1);
+                ns[j] = *e;
+            }
+            free(c->small);
+            c->small = ns;
+            c->scap_slots = nc;
+        } else {
+            memset(c->small, 0, c->scap_slots * sizeof *c->small);
+            c->sused = 0;
+        }
     }
-    c->used = c->klen = c->vlen = 0;
+    size_t j = (size_t)h & (c->scap_slots - 1);
+    while (c->small[j].klen) j = (j + 1) & (c->scap_slots - 1);
+    small_slot *e = &c->small[j];
+    e->tag = small_tag(h);
+    e->klen = (uint8_t)n;
+    e->vlen = (uint8_t)m;
+    memcpy(e->key, s, n);
+    memcpy(e->ids, ids, m * sizeof *ids);
+    c->sused++;
 }
 
 static void cache_put(df_bpe_cache *c, uint64_t h, const uint8_t *s, size_t n, const int32_t *ids, size_t m) {
-    if ((c->used + 1) * 2 > c->cap) cache_reset(c, c->cap < CACHE_MAX_SLOTS ? c->cap * 2 : c->cap);
+    if (n <= IK && m <= IV) { small_put(c, h, s, n, ids, m); return; }
+    if ((c->used + 1) * 2 > c->cap) {
+        if (c->cap < CACHE_MAX_SLOTS) {
+            size_t nc = c->cap * 2;
+            cache_slot *ns = df_xcalloc(nc, sizeof *ns);
+            for (size_t i = 0; i < c->cap; i++) {
+                if (!c->slots[i].klen) continue;
+                size_t j = (size_t)c->slots[i].h & (nc - 1);
+                while (ns[j].klen) j = (j + 1) & (nc - 1);
+                ns[j] = c->slots[i];
+            }
+            free(c->slots);
+            c->slots = ns;
+            c->cap = nc;
+        } else {
+            memset(c->slots, 0, c->cap * sizeof *c->slots);
+            c->used = c->klen = c->vlen = 0;
+        }
+    }
     if (c->klen + n > c->kcap) { c->kcap = (c->klen + n) * 2 + 4096; c->keys = df_xrealloc(c->keys, c->kcap); }
     if (c->vlen + m > c->vcap) { c->vcap = (c->vlen + m) * 2 + 1024; c->vals = df_xrealloc(c->vals, c->vcap * sizeof *c->vals); }
     size_t j = (size_t)h & (c->cap - 1);
@@ -256,6 +323,35 @@ static void cache_put(df_bpe_cache *c, uint64_t h, const uint8_t *s, size_t n, c
     c->used++;
 }
 
+/* Appends the cached ids of s[0..n) to out and returns 1, or returns 0. */
+static inline int cache_get(df_bpe_cache *c, uint64_t h, const uint8_t *s, size_t n, df_ids *out) {
+    const int32_t *v = NULL;
+    size_t m = 0;
+    if (n <= IK) {
+        uint32_t tag = small_tag(h);
+        size_t mask = c->scap_slots - 1, j = (size_t)h & mask;
+        for (;;) {
+            const small_slot *e = &c->small[j];
+            if (!e->klen) break;
+            if (e->tag == tag && e->klen == n && !memcmp(e->key, s, n)) { v = e->ids; m = e->vlen; break; }
+            j = (j + 1) & mask;
+        }
+    }
+    if (!v) {
+        size_t mask = c->cap - 1, j = (size_t)h & mask;
+        for (;;) {
+            const cache_slot *e = &c->slots[j];
+            if (!e->klen) return 0;
+            if (e->h == h && e->klen == n && !memcmp(c->keys + e->koff, s, n)) { v = c->vals + e->voff; m = e->vlen; break; }
+            j = (j + 1) & mask;
+        }
+    }
+    if (out->n + m > out->cap) df_ids_grow(out, m);
+    memcpy(out->v + out->n, v, m * sizeof *v);
+    out->n += m;
+    return 1;
+}
+
 /* ---- merging ------------------------------------------------------------ */
 
 static void scratch(df_bpe_cache *c, size_t n, int heap) {
@@ -263,6 +359,7 @@ static void scratch(df_bpe_cache *c, size_t n, int heap) {
     size_t cap = n > c->scap ? n + n / 2 + 16 : c->scap;
     c->sym = df_xrealloc(c->sym, cap * sizeof *c->sym);
     c->rank = df_xrealloc(c->rank, cap * sizeof *c->rank);
+    c->rv = df_xrealloc(c->rv, cap * sizeof *c->rv);
     if (heap || c->hp) {
         c->nxt = df_xrealloc(c->nxt, cap * sizeof *c->nxt);
         c->prv = df_xrealloc(c->prv, cap * sizeof *c->prv);
@@ -305,33 +402,24 @@ static size_t symbolize(const df_bpe *b, df_bpe_cache *c, const uint8_t *s, size
     return m;
 }
 
-/* Flat array merge: fine for short words. */
-static size_t merge_flat(const df_bpe *b, int32_t *sym, uint32_t *rank, size_t m) {
-    for (size_t i = 0; i + 1 < m; i++) {
-        uint64_t v = pair_get(&b->merges, sym[i], sym[i + 1]);
-        rank[i] = v == UINT64_MAX ? UINT32_MAX : (uint32_t)(v >> 32);
-    }
+/* Flat array merge: fine for short words. rv[i] is the merge of pair
+ * (i, i + 1) as rank << 32 | id (UINT64_MAX none); ranks identify merges,
+ * so the smallest value is the lowest rank, the leftmost on ties. */
+static size_t merge_flat(const df_bpe *b, int32_t *sym, uint64_t *rv, size_t m) {
+    if (!b->merges.cap) return m;
+    for (size_t i = 0; i + 1 < m; i++) rv[i] = pair_get(&b->merges, sym[i], sym[i + 1]);
     while (m > 1) {
-        uint32_t best = UINT32_MAX;
+        uint64_t best = UINT64_MAX;
         size_t bi = 0;
         for (size_t i = 0; i + 1 < m; i++)
-            if (rank[i] < best) { best = rank[i]; bi = i; }
-        if (best == UINT32_MAX) break;
-        uint64_t v = pair_get(&b->merges, sym[bi], sym[bi + 1]);
-        sym[bi] = (int32_t)(uint32_t)v;
+            if (rv[i] < best) { best = rv[i]; bi = i; }
+        if (best == UINT64_MAX) break;
+        sym[bi] = (int32_t)(uint32_t)best;
         memmove(sym + bi + 1, sym + bi + 2, (m - bi - 2) * sizeof *sym);
-        memmove(rank + bi + 1, rank + bi + 2, (m - bi - 2 > 0 ? m - bi - 2 : 0) * sizeof *rank);
+        memmove(rv + bi + 1, rv + bi + 2, (m - bi - 2) * sizeof *rv);
         m--;
-        if (bi + 1 < m) {
-            uint64_t w = pair_get(&b->merges, sym[bi], sym[bi + 1]);
-            rank[bi] = w == UINT64_MAX ? UINT32_MAX : (uint32_t)(w >> 32);
-        } else if (bi < m) {
-            rank[bi] = UINT32_MAX;
-        }
-        if (bi > 0) {
-            uint64_t w = pair_get(&b->merges, sym[bi - 1], sym[bi]);
-            rank[bi - 1] = w == UINT64_MAX ? UINT32_MAX : (uint32_t)(w >> 32);
-        }
+        if (bi + 1 < m) rv[bi] = pair_get(&b->merges, sym[bi], sym[bi + 1]);
+        if (bi > 0) rv[bi - 1] = pair_get(&b->merges, sym[bi - 1], sym[bi]);
     }
     return m;
 }
@@ -441,18 +529,7 @@ void df_bpe_encode_word(const df_bpe *b, df_bpe_cache *c, const uint8_t *s, size
     uint64_t h = 0;
     if (n <= CACHE_MAX_WORD) {
         h = hash_bytes(s, n);
-        size_t j = (size_t)h & (c->cap - 1);
-        for (;;) {
-            cache_slot *e = &c->slots[j];
-            if (!e->klen) break;
-            if (e->h == h && e->klen == n && !memcmp(c->keys + e->koff, s, n)) {
-                if (out->n + e->vlen > out->cap) df_ids_grow(out, e->vlen);
-                memcpy(out->v + out->n, c->vals + e->voff, e->vlen * sizeof(int32_t));
-                out->n += e->vlen;
-                return;
-            }
-            j = (j + 1) & (c->cap - 1);
-        }
+        if (cache_get(c, h, s, n, out)) return;
     }
     size_t m;
     int32_t whole = b->whole_word_first ? df_bpe_lookup(b, s, n) : -1;
@@ -462,7 +539,7 @@ void df_bpe_encode_word(const df_bpe *b, df_bpe_cache *c, const uint8_t *s, size
         m = 1;
     } else {
         m = symbolize(b, c, s, n);
-        m = m <= 256 ? merge_flat(b, c->sym, c->rank, m) : merge_heap(b, c, m);
+        m = m <= 256 ? merge_flat(b, c->sym, c->rv, m) : merge_heap(b, c, m);
     }
     if (out->n + m > out->cap) df_ids_grow(out, m);
     memcpy(out->v + out->n, c->sym, m * sizeof(int32_t));

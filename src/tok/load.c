@@ -312,13 +312,15 @@ int df_tok_finish(df_tokenizer *t, char *err, size_t errlen) {
     }
     t->dec_blob = (uint8_t *)blob.p;
     /* tries: raw (non-normalized) tokens, and normalized ones by their normalized content */
-    int split_ok = 1;
+    int split_ok = 1, raw_cut_ok = 1;
     for (int i = 0; i < t->n_added; i++) {
         df_added *a = &t->added[i];
         if (!a->len) continue;
         if (!a->normalized || t->is_tiktoken) {
             df_tok_trie_add(&t->trie_raw, (const uint8_t *)a->content, a->len, i);
             t->has_trie_raw = 1;
+            const char *q = memchr(a->content, '\n', a->len);
+            if (a->lstrip || (q && (size_t)(q - a->content) + 1 < a->len)) raw_cut_ok = 0;
         } else {
             char *nc = norm_content(t, a->content);
             size_t nl = strlen(nc);
@@ -342,6 +344,7 @@ int df_tok_finish(df_tokenizer *t, char *err, size_t errlen) {
     for (int i = 0; i < t->n_norm; i++)
         if (t->norm[i].kind != DF_NORM_NFC) split_ok = 0;
     t->split_ok = split_ok;
+    t->split_raw_ok = split_ok && raw_cut_ok;
     (void)err;
     (void)errlen;
     return 0;

@@ -62,9 +62,10 @@ void df_pretok_init(void);
 
 /* ---- BPE ---------------------------------------------------------------- */
 
+/* One slot: key and value side by side, so a probe touches one cache line. */
+typedef struct { uint64_t key, val; } df_pairslot; /* key (a << 32 | b) + 1, 0 = empty; val rank << 32 | new id */
 typedef struct {
-    uint64_t *keys;  /* (a << 32 | b) + 1, 0 = empty */
-    uint64_t *vals;  /* rank << 32 | new id */
+    df_pairslot *slots;
     size_t cap;      /* power of two */
     size_t n;
 } df_pairmap;
@@ -158,6 +159,8 @@ struct df_tokenizer {
     df_trie trie_raw, trie_norm;  /* non-normalized (matched first) / normalized tokens */
     int has_trie_raw, has_trie_norm;
     int split_ok;                 /* parallel split at "\n" + ASCII graphic is proven safe */
+    int split_raw_ok;             /* ... even before raw added tokens are matched (none has lstrip
+                                   * or a '\n' before its last byte), so each thread matches its own */
     int split_need_prev_graphic;  /* ... and the byte before the '\n' must be ASCII graphic too */
     int split_no_slash;           /* ... and the byte after it must not be '/' (o200k's [\r\n/]*) */
     /* decoding */

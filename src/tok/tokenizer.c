@@ -379,7 +379,19 @@ static void worker_free(worker *w) {
  *    graphic before the '\n' makes the whitespace run a lone "\n" both ways.
  *  - BPE works per pre-token, and the pieces are the same.
  * Tokenizers with other patterns, Prepend/Replace normalizers or ByteLevel
- * add_prefix_space are encoded serially. */
+ * add_prefix_space are encoded serially.
+ * Raw added tokens: when none has lstrip or a '\n' before its last byte
+ * (split_raw_ok), the raw text itself is cut first and every task matches the
+ * added tokens of its own range: no match can cross b (it would hold "\n" and
+ * then another byte), rstrip stops at text[b] (not whitespace), single_word
+ * sees '\n' or the start of the range before b alike, and a match that ends
+ * before b leaves the scan at the same place in both. A gap that then starts
+ * at b-1 ("\n" after an added token) is cut to a lone "\n", which every
+ * supported pattern matches alone either way. Otherwise the added tokens are
+ * matched over the whole text first and only the gaps are cut.
+ * Costs: each thread has its own word cache (a thread warms it separately)
+ * and writes its ids to a vector of its own, stored into the task's slot once
+ * at the end (slots of neighbouring tasks share cache lines). */
 
 static int cut_ok(const df_tokenizer *t, const uint8_t *s, size_t start, size_t b) {
     if (b <= start + 1 || s[b - 1] != '\n' || s[b] < 0x21 || s[b] > 0x7E) return 0;
@@ -388,56 +400,105 @@ static int cut_ok(const df_tokenizer *t, const uint8_t *s, size_t start, size_t 
     return 1;
 }
 
+/* First safe cut at or after want in (a, end), or end. */
+static size_t next_cut(const df_tokenizer *t, const uint8_t *s, size_t a, size_t want, size_t end) {
+    if (want >= end) return end;
+    const uint8_t *p = s + (want > a + 1 ? want - 1 : a + 1);
+    while (p < s + end) {
+        const uint8_t *q = memchr(p, '\n', (size_t)(s + end - p));
+        if (!q) break;
+        size_t cand = (size_t)(q - s) + 1;
+        if (cand < end && cut_ok(t, s, a, cand)) return cand;
+        p = q + 1;
+    }
+    return end;
+}
+
+/* Encodes text[a..b): raw added tokens first (when match), then each gap. */
+static void encode_range(worker *w, const uint8_t *s, size_t a, size_t b, int match, df_segs *scratch_segs) {
+    const df_tokenizer *t = w->t;
+    if (!match || !t->has_trie_raw) {
+        if (b > a) encode_gap(w, s + a, b - a, a == 0);
+        return;
+    }
+    scratch_segs->n = 0;
+    split_added(t, &t->trie_raw, s + a, b - a, a, w->special_ok, scratch_segs);
+    for (size_t i = 0; i < scratch_segs->n; i++) {
+        const df_seg *g = &scratch_segs->v[i];
+        if (g->id >= 0) df_ids_push(w->out, g->id);
+        else encode_gap(w, s + g->start, g->end - g->start, g->start == 0);
+    }
+}
+
+/* A parallel job: task k encodes items [task_start[k], task_start[k+1]),
+ * each a range of the text; with match set, a range is raw text in which the
+ * task matches the raw added tokens itself (split_raw_ok), else it is an added
+ * token (id >= 0) or a gap. Tasks are taken in order from an atomic counter;
+ * each has its own result vector, joined in task order. */
 typedef struct {
     const df_tokenizer *t;
     const uint8_t *text;
-    df_seg *items;       /* segments, gaps cut at safe points */
-    size_t *task_start;  /* task i covers items [task_start[i], task_start[i+1]) */
+    df_seg *items;
+    size_t *task_start;
     size_t n_tasks;
     df_ids *results;
-    atomic_size_t next;
-    int special_ok;
+    int special_ok, match;
+    _Alignas(64) atomic_size_t next; /* its own cache line: the fields above are read by every thread */
+    char pad[64 - sizeof(atomic_size_t)];
 } par_job;
 
 static void *par_main(void *arg) {
     par_job *j = arg;
     worker w;
+    df_segs segs = {0};
     worker_init(&w, j->t, NULL, j->special_ok);
     for (;;) {
-        size_t k = atomic_fetch_add(&j->next, 1);
+        size_t k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (k >= j->n_tasks) break;
-        w.out = &j->results[k];
+        /* the ids go to a vector of this thread's own, stored into results[k]
+         * once at the end: results[] elements of neighbouring tasks share cache
+         * lines, and updating them per token made the threads fight over them */
+        df_ids mine = {0};
+        w.out = &mine;
+        size_t bytes = 0;
+        for (size_t i = j->task_start[k]; i < j->task_start[k + 1]; i++) bytes += j->items[i].end - j->items[i].start;
+        df_ids_grow(&mine, bytes / 3 + 16); /* about 4 bytes per token: one growth at most */
         for (size_t i = j->task_start[k]; i < j->task_start[k + 1]; i++) {
             df_seg *sg = &j->items[i];
-            if (sg->id >= 0) df_ids_push(w.out, sg->id);
-            else encode_gap(&w, j->text + sg->start, sg->end - sg->start, sg->start == 0);
+            if (sg->id >= 0) df_ids_push(&mine, sg->id);
+            else encode_range(&w, j->text, sg->start, sg->end, j->match, &segs);
         }
+        j->results[k] = mine;
     }
+    free(segs.v);
     worker_free(&w);
     return NULL;
 }
 
 #define PAR_MIN_BYTES (256u << 10)
+#define PAR_TASKS_PER_THREAD 16
+#define PAR_MIN_TASK (32u << 10)
 
 int df_tok_encode(const df_tokenizer *t, const char *text, size_t len, int flags, int n_threads, int32_t **ids, size_t *n) {
     const uint8_t *s = (const uint8_t *)text;
     int special_ok = !t->is_tiktoken || (flags & DF_TOK_ALLOW_SPECIAL);
-    df_segs segs = {0};
-    if (t->has_trie_raw) split_added(t, &t->trie_raw, s, len, 0, special_ok, &segs);
-    else if (len) seg_push(&segs, 0, len, -1);
     if (n_threads <= 0) n_threads = df_n_cpus();
     df_ids out = {0};
+    df_segs segs = {0};
     if (n_threads <= 1 || len < PAR_MIN_BYTES || !t->split_ok) {
         worker w;
         worker_init(&w, t, &out, special_ok);
-        for (size_t i = 0; i < segs.n; i++) {
-            if (segs.v[i].id >= 0) df_ids_push(&out, segs.v[i].id);
-            else encode_gap(&w, s + segs.v[i].start, segs.v[i].end - segs.v[i].start, segs.v[i].start == 0);
-        }
+        if (len) df_ids_grow(&out, len / 3 + 16);
+        encode_range(&w, s, 0, len, 1, &segs);
         worker_free(&w);
     } else {
-        size_t target = len / ((size_t)n_threads * 8);
-        if (target < (64u << 10)) target = 64u << 10;
+        size_t target = len / ((size_t)n_threads * PAR_TASKS_PER_THREAD);
+        if (target < PAR_MIN_TASK) target = PAR_MIN_TASK;
+        int match = t->split_raw_ok;
+        /* what gets cut: the whole text (each task matches added tokens), or
+         * the gaps between added tokens matched here */
+        if (match || !t->has_trie_raw) seg_push(&segs, 0, len, -1);
+        else split_added(t, &t->trie_raw, s, len, 0, special_ok, &segs);
         df_segs items = {0};
         size_t *ts = NULL, nts = 0, tcap = 0, acc = 0;
 #define TASK_START(i) do { if (nts == tcap) { tcap = tcap ? tcap * 2 : 64; ts = df_xrealloc(ts, tcap * sizeof *ts); } ts[nts++] = (i); } while (0)
@@ -447,19 +508,7 @@ int df_tok_encode(const df_tokenizer *t, const char *text, size_t len, int flags
             if (g.id >= 0) { seg_push(&items, g.start, g.end, g.id); continue; }
             size_t a = g.start;
             while (a < g.end) {
-                size_t want = a + (target > acc ? target - acc : 1), b = g.end;
-                if (want < g.end) {
-                    /* first safe cut at or after want */
-                    const uint8_t *p = s + want - 1;
-                    b = g.end;
-                    while (p < s + g.end) {
-                        const uint8_t *q = memchr(p, '\n', (size_t)(s + g.end - p));
-                        if (!q) break;
-                        size_t cand = (size_t)(q - s) + 1;
-                        if (cand < g.end && cut_ok(t, s, a, cand)) { b = cand; break; }
-                        p = q + 1;
-                    }
-                }
+                size_t b = next_cut(t, s, a, a + (target > acc ? target - acc : 1), g.end);
                 seg_push(&items, a, b, -1);
                 acc += b - a;
                 a = b;
@@ -476,6 +525,7 @@ int df_tok_encode(const df_tokenizer *t, const char *text, size_t len, int flags
         j.n_tasks = nts - 1;
         j.results = df_xcalloc(j.n_tasks ? j.n_tasks : 1, sizeof *j.results);
         j.special_ok = special_ok;
+        j.match = match;
         atomic_init(&j.next, 0);
         int nt = n_threads < (int)j.n_tasks ? n_threads : (int)j.n_tasks;
         pthread_t *th = df_xmalloc(sizeof *th * (size_t)(nt > 0 ? nt : 1));

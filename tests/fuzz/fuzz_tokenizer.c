@@ -1,6 +1,8 @@
 /* fuzz_tokenizer.c - libFuzzer target for the tokenizer module.
  * The first byte picks a mode:
- *   even: the rest is a tokenizer.json; load it (must fail cleanly or load),
+ *   2 mod 4: the rest is a GGUF file; load its embedded tokenizer (must fail
+ *         cleanly or load), and if it loads, encode and decode a short text;
+ *   0 mod 4: the rest is a tokenizer.json; load it (must fail cleanly or load),
  *         and if it loads, encode and decode a short fixed text with it;
  *   odd:  the rest is text; encode it (serial and 2 threads, which must agree)
  *         with a small byte-level tokenizer built once from arrays, and check
@@ -10,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "format/gguf.h"
 #include "tok/tokenizer.h"
 #include "util/util.h"
 
@@ -39,8 +42,40 @@ static df_tokenizer *build_small(void) {
     return df_tok_from_arrays(&a, err, sizeof err);
 }
 
+static void exercise(df_tokenizer *t) {
+    int32_t *ids;
+    size_t n;
+    const char *txt = "Hello world, it's 2024!\n<|im_end|> <s> \xe2\x96\x81x  y\xff";
+    df_tok_encode(t, txt, strlen(txt), DF_TOK_ALLOW_SPECIAL, 1, &ids, &n);
+    char *out;
+    size_t ol;
+    if (df_tok_decode(t, ids, n, &out, &ol) == 0) free(out);
+    df_tok_stream *s = df_tok_stream_new(t);
+    for (size_t i = 0; i < n; i++) df_tok_stream_push(s, ids[i], &ol);
+    df_tok_stream_flush(s, &ol);
+    df_tok_stream_free(s);
+    free(ids);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
+    if ((data[0] & 3) == 2) {
+        char err[512];
+        df_gguf *g = NULL;
+        uint8_t *copy = malloc(size - 1 ? size - 1 : 1); /* its own allocation, so ASan sees overreads */
+        memcpy(copy, data + 1, size - 1);
+        if (df_gguf_open_mem(copy, size - 1, "fuzz.gguf", &g, err, sizeof err) == 0) {
+            int ab;
+            df_tokenizer *t = df_tok_load_gguf(g, NULL, &ab, err, sizeof err);
+            df_gguf_close(g);
+            if (t) {
+                exercise(t);
+                df_tok_free(t);
+            }
+        }
+        free(copy);
+        return 0;
+    }
     if (!(data[0] & 1)) {
         char path[] = "/tmp/fuzz_tokXXXXXX";
         int fd = mkstemp(path);
@@ -51,14 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         df_tokenizer *t = df_tok_load(path, err, sizeof err);
         unlink(path);
         if (t) {
-            int32_t *ids;
-            size_t n;
-            const char *txt = "Hello world, it's 2024!\n<|im_end|> \xff";
-            df_tok_encode(t, txt, strlen(txt), DF_TOK_ALLOW_SPECIAL, 1, &ids, &n);
-            char *out;
-            size_t ol;
-            if (df_tok_decode(t, ids, n, &out, &ol) == 0) free(out);
-            free(ids);
+            exercise(t);
             df_tok_free(t);
         }
         return 0;

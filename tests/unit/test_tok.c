@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "format/gguf.h"
 #include "tok/tok_internal.h"
 #include "tok/unicode.h"
 #include "util/util.h"
@@ -305,14 +306,24 @@ static void test_fixtures(void) {
         /* a multi-MB mixed text: serial == parallel, round trip, streaming */
         static const char *parts[] = {"Hello, world! ", "def f(x):\n    return x ** 2\n", "\xe6\x88\x91\xe4\xbb\xac\xe7\x9a\x84",
                                       "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9", "  \n\n", "12345 ", "it's ", "\r\n",
-                                      "\xd8\xa7\xd9\x84\xd8\xb9\xd8\xb1\xd8\xa8", "x\n", "}\n//c\n", "\xff\xfe"};
+                                      "\xd8\xa7\xd9\x84\xd8\xb9\xd8\xb1\xd8\xa8", "x\n", "}\n//c\n", "\xff\xfe",
+                                      "<|im_end|>\n", "\n<|endoftext|>", "<\xef\xbd\x9c\x65nd\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"};
         df_buf b = {0};
-        while (b.len < (2u << 20)) df_buf_puts(&b, parts[rnd() % 12]);
+        while (b.len < (2u << 20)) df_buf_puts(&b, parts[rnd() % 15]);
         int32_t *a1, *a2;
         size_t n1, n2;
         df_tok_encode(t, b.p, b.len, 0, 1, &a1, &n1);
         df_tok_encode(t, b.p, b.len, 0, 4, &a2, &n2);
         CHECK(n1 == n2 && !memcmp(a1, a2, n1 * sizeof *a1), "%s: parallel != serial", names[k]);
+        { /* with special tokens allowed too (tiktoken), and two threads */
+            int32_t *s1, *s2;
+            size_t m1, m2;
+            df_tok_encode(t, b.p, b.len, DF_TOK_ALLOW_SPECIAL, 1, &s1, &m1);
+            df_tok_encode(t, b.p, b.len, DF_TOK_ALLOW_SPECIAL, 2, &s2, &m2);
+            CHECK(m1 == m2 && !memcmp(s1, s2, m1 * sizeof *s1), "%s: parallel != serial (special)", names[k]);
+            free(s1);
+            free(s2);
+        }
         char *dec;
         size_t dl;
         df_tok_decode(t, a1, n1, &dec, &dl);
@@ -335,12 +346,57 @@ static void test_fixtures(void) {
     CHECK(!df_tok_load("/nonexistent/dir", err, sizeof err) && strstr(err, "/nonexistent/dir"), "missing path error: %s", err);
 }
 
+/* GGUF-embedded vocabularies: the tiny SentencePiece GGUF of the pytest
+ * suite (tests/data/tokenizer_gguf, ids there from transformers), a GGUF
+ * without a tokenizer, and a truncated file. */
+static void test_gguf(void) {
+    const char *path = "tests/data/tokenizer_gguf/spm_tiny_llama.gguf";
+    char err[256];
+    if (!df_file_exists(path)) { fprintf(stderr, "skip %s (run from the repo root)\n", path); return; }
+    df_tokenizer *t = df_tok_load(path, err, sizeof err);
+    CHECK(t, "load %s: %s", path, err);
+    if (t) {
+        const char *txt = "Hello world <s> \xf0\x9f\xab\xa0 x  y";
+        int32_t *ids;
+        size_t n;
+        df_tok_encode(t, txt, strlen(txt), 0, 1, &ids, &n);
+        CHECK(n > 4 && ids[0] != 1, "spm encode");
+        int has_bos = 0;
+        for (size_t i = 0; i < n; i++) has_bos |= ids[i] == 1;
+        CHECK(has_bos, "<s> matched as a special token");
+        char *dec;
+        size_t dl;
+        df_tok_decode(t, ids, n, &dec, &dl);
+        CHECK(dl == strlen(txt) && !memcmp(dec, txt, dl), "spm round trip: %s", dec);
+        free(dec);
+        free(ids);
+        CHECK(df_tok_bos_token(t) && !strcmp(df_tok_bos_token(t), "<s>"), "spm bos");
+        df_tok_free(t);
+    }
+    /* valid GGUF v3, no metadata at all */
+    static const uint8_t empty[24] = {'G', 'G', 'U', 'F', 3, 0, 0, 0};
+    df_gguf *g = NULL;
+    CHECK(df_gguf_open_mem(empty, sizeof empty, "empty.gguf", &g, err, sizeof err) == 0, "open empty gguf: %s", err);
+    if (g) {
+        int ab = -1;
+        CHECK(!df_tok_load_gguf(g, NULL, &ab, err, sizeof err) && strstr(err, "tokenizer.ggml.model"), "no tokenizer: %s", err);
+        df_gguf_close(g);
+    }
+    char *data;
+    size_t len;
+    if (df_read_file(path, &data, &len, err, sizeof err) == 0) {
+        CHECK(df_gguf_open_mem(data, len / 2, "half.gguf", &g, err, sizeof err) != 0 && strstr(err, "half.gguf"), "truncated: %s", err);
+        free(data);
+    }
+}
+
 int main(void) {
     test_tables();
     test_nfc();
     test_scanners();
     test_bpe();
     test_fixtures();
+    test_gguf();
     if (fails) fprintf(stderr, "%d failure(s)\n", fails);
     else printf("test_tok: all passed\n");
     return fails > 100 ? 100 : fails;
