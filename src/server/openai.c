@@ -31,20 +31,6 @@
 
 #include "util/util.h"
 
-/* Fills an error for the request (see request.c). */
-static int fail(df_oai_error *e, int status, const char *param, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int fail(df_oai_error *e, int status, const char *param, const char *code, const char *fmt, ...) {
-    e->status = status;
-    snprintf(e->type, sizeof e->type, "invalid_request_error");
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* =========================================================================
  * The server: admission queue, session mirror, memo
@@ -456,20 +442,20 @@ static int gen_prepare(gen *g, df_oai_error *e) {
     int rc;
     if (rq->prompt_ids) {
         g->prompt = malloc(rq->n_prompt_ids * sizeof *g->prompt);
-        if (!g->prompt) return fail(e, 503, NULL, NULL, "Out of memory.");
+        if (!g->prompt) return df_oai_fail(e, 503, NULL, NULL, "Out of memory.");
         memcpy(g->prompt, rq->prompt_ids, rq->n_prompt_ids * sizeof *g->prompt);
         g->n_prompt = rq->n_prompt_ids;
     } else {
         const char *param = rq->kind == DF_OAI_CHAT ? "messages" : "prompt";
         if (!s->has_tok)
-            return fail(e, 400, param, "unsupported_parameter", "This model has no tokenizer: send token ids as 'prompt' to /v1/completions.");
+            return df_oai_fail(e, 400, param, "unsupported_parameter", "This model has no tokenizer: send token ids as 'prompt' to /v1/completions.");
         char *text = NULL;
         if (rq->kind == DF_OAI_CHAT) {
             rc = df_chat_render(s->e, rq->messages_json, NULL, 1, &text);
             if (rc) {
                 int st = rc == DF_ENOMEM || rc == DF_EIO || rc == DF_EINTERNAL ? 500 : 400;
                 free(text);
-                return fail(e, st, "messages", st == 400 ? "invalid_value" : NULL, "The chat template failed on these messages: %s", df_engine_error(s->e));
+                return df_oai_fail(e, st, "messages", st == 400 ? "invalid_value" : NULL, "The chat template failed on these messages: %s", df_engine_error(s->e));
             }
         }
         const char *src = text ? text : rq->prompt;
@@ -480,28 +466,28 @@ static int gen_prepare(gen *g, df_oai_error *e) {
         free(text);
         if (rc) {
             free(ids);
-            return fail(e, rc == DF_EINPUT ? 400 : 500, param, rc == DF_EINPUT ? "invalid_value" : NULL, "Tokenization failed: %s", df_engine_error(s->e));
+            return df_oai_fail(e, rc == DF_EINPUT ? 400 : 500, param, rc == DF_EINPUT ? "invalid_value" : NULL, "Tokenization failed: %s", df_engine_error(s->e));
         }
         int bos = rq->kind == DF_OAI_COMPLETIONS && s->info.bos_id >= 0 && df_engine_adds_bos(s->e);
         g->prompt = malloc((n + 1) * sizeof *g->prompt);
-        if (!g->prompt) { free(ids); return fail(e, 503, NULL, NULL, "Out of memory."); }
+        if (!g->prompt) { free(ids); return df_oai_fail(e, 503, NULL, NULL, "Out of memory."); }
         if (bos) g->prompt[0] = s->info.bos_id;
         if (n) memcpy(g->prompt + bos, ids, n * sizeof *ids);
         g->n_prompt = n + (size_t)bos;
         free(ids);
     }
     const char *param = rq->kind == DF_OAI_CHAT ? "messages" : "prompt";
-    if (!g->n_prompt) return fail(e, 400, param, "invalid_value", "The prompt is empty.");
+    if (!g->n_prompt) return df_oai_fail(e, 400, param, "invalid_value", "The prompt is empty.");
     size_t ctx = (size_t)s->ctx;
     if (rq->max_tokens > 0) {
         if (g->n_prompt + (size_t)rq->max_tokens > ctx)
-            return fail(e, 400, param, "context_length_exceeded",
+            return df_oai_fail(e, 400, param, "context_length_exceeded",
                         "This model's maximum context length is %zu tokens. However, you requested %zu tokens (%zu in the prompt, %ld for the completion). Please reduce the prompt or the completion length.",
                         ctx, g->n_prompt + (size_t)rq->max_tokens, g->n_prompt, rq->max_tokens);
         g->max_new = rq->max_tokens;
     } else {
         if (g->n_prompt >= ctx)
-            return fail(e, 400, param, "context_length_exceeded",
+            return df_oai_fail(e, 400, param, "context_length_exceeded",
                         "This model's maximum context length is %zu tokens. However, your prompt has %zu tokens. Please reduce the length of the messages.",
                         ctx, g->n_prompt);
         g->max_new = (long)(ctx - g->n_prompt);
@@ -514,7 +500,7 @@ static int gen_prepare(gen *g, df_oai_error *e) {
     g->cached = c >= g->n_prompt ? g->n_prompt - 1 : c;
     s->n_mirror = 0;
     rc = engine_call(s, 0, g->prompt, g->n_prompt);
-    if (rc) return fail(e, rc == DF_EINPUT ? 400 : 500, rc == DF_EINPUT ? param : NULL, NULL, "%s", df_engine_error(s->e));
+    if (rc) return df_oai_fail(e, rc == DF_EINPUT ? 400 : 500, rc == DF_EINPUT ? param : NULL, NULL, "%s", df_engine_error(s->e));
     memcpy(s->mirror, g->prompt, g->n_prompt * sizeof *g->prompt);
     s->n_mirror = g->n_prompt;
     df_sampling_default(&g->sp);

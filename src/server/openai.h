@@ -41,6 +41,11 @@ typedef struct {
     char message[512];
 } df_oai_error;
 
+/* Fills e as an invalid_request_error with status, param and code (NULL for
+ * none) and a formatted message; returns -1. */
+int df_oai_fail(df_oai_error *e, int status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
 #define DF_OAI_MAX_STOP 4
 #define DF_OAI_MAX_TOP_LOGPROBS 20
 

@@ -27,9 +27,7 @@
  * accepted.
  * ========================================================================= */
 
-static int fail(df_oai_error *e, int status, const char *param, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int fail(df_oai_error *e, int status, const char *param, const char *code, const char *fmt, ...) {
+int df_oai_fail(df_oai_error *e, int status, const char *param, const char *code, const char *fmt, ...) {
     e->status = status;
     snprintf(e->type, sizeof e->type, "invalid_request_error");
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
@@ -54,12 +52,12 @@ static const char *jtype(const json_t *v) {
 }
 
 static int bad_type(df_oai_error *e, const char *param, const char *want, const json_t *v) {
-    return fail(e, 400, param, "invalid_type", "Invalid type for '%s': expected %s, but got %s instead.", param, want,
+    return df_oai_fail(e, 400, param, "invalid_type", "Invalid type for '%s': expected %s, but got %s instead.", param, want,
                 jtype(v));
 }
 
 static int unsupported(df_oai_error *e, const char *param, const char *why) {
-    return fail(e, 400, param, "unsupported_parameter",
+    return df_oai_fail(e, 400, param, "unsupported_parameter",
                 "Unsupported value for '%s': %s. Deltafin refuses what it cannot execute exactly instead of ignoring it.",
                 param, why);
 }
@@ -84,7 +82,7 @@ static int get_number(const json_t *v, const char *name, double lo, double hi, d
     if (!json_is_number(v)) return bad_type(e, name, "a decimal", v);
     double x = json_number_value(v);
     if (!(x >= lo && x <= hi))
-        return fail(e, 400, name, "invalid_value", "Invalid value for '%s': expected a number from %g to %g, but got %g.",
+        return df_oai_fail(e, 400, name, "invalid_value", "Invalid value for '%s': expected a number from %g to %g, but got %g.",
                     name, lo, hi, x);
     *out = x;
     return 0;
@@ -94,7 +92,7 @@ static int get_int(const json_t *v, const char *name, long long lo, long long hi
     if (!json_is_integer(v)) return bad_type(e, name, "an integer", v);
     long long x = json_integer_value(v);
     if (x < lo || x > hi)
-        return fail(e, 400, name, "invalid_value", "Invalid value for '%s': expected an integer from %lld to %lld, but got %lld.",
+        return df_oai_fail(e, 400, name, "invalid_value", "Invalid value for '%s': expected an integer from %lld to %lld, but got %lld.",
                     name, lo, hi, x);
     *out = x;
     return 0;
@@ -107,13 +105,13 @@ static int get_string(const json_t *v, const char *name, df_oai_error *e) {
 /* stop: a string or an array of 1..4 non-empty strings. */
 static int parse_stop(const json_t *v, df_oai_request *r, df_oai_error *e) {
     if (json_is_string(v)) {
-        if (!json_string_length(v)) return fail(e, 400, "stop", "invalid_value", "Invalid value for 'stop': an empty string.");
+        if (!json_string_length(v)) return df_oai_fail(e, 400, "stop", "invalid_value", "Invalid value for 'stop': an empty string.");
         r->stop[r->n_stop++] = strndup(json_string_value(v), json_string_length(v));
         return 0;
     }
     if (!json_is_array(v)) return bad_type(e, "stop", "a string or an array of strings", v);
     if (json_array_size(v) > DF_OAI_MAX_STOP)
-        return fail(e, 400, "stop", "invalid_value", "Invalid value for 'stop': at most %d sequences, got %zu.", DF_OAI_MAX_STOP,
+        return df_oai_fail(e, 400, "stop", "invalid_value", "Invalid value for 'stop': at most %d sequences, got %zu.", DF_OAI_MAX_STOP,
                     json_array_size(v));
     size_t i;
     json_t *s;
@@ -121,7 +119,7 @@ static int parse_stop(const json_t *v, df_oai_request *r, df_oai_error *e) {
         char p[32];
         pathf(p, sizeof p, "stop[%zu]", i);
         if (!json_is_string(s)) return bad_type(e, p, "a string", s);
-        if (!json_string_length(s)) return fail(e, 400, p, "invalid_value", "Invalid value for '%s': an empty string.", p);
+        if (!json_string_length(s)) return df_oai_fail(e, 400, p, "invalid_value", "Invalid value for '%s': an empty string.", p);
         r->stop[r->n_stop++] = strndup(json_string_value(s), json_string_length(s));
     }
     return 0;
@@ -132,7 +130,7 @@ static int parse_stop(const json_t *v, df_oai_request *r, df_oai_error *e) {
 static int parse_content(const json_t *c, const char *where, char **out, df_oai_error *e) {
     if (json_is_string(c)) {
         *out = strndup(json_string_value(c), json_string_length(c));
-        return *out ? 0 : fail(e, 503, where, NULL, "Out of memory.");
+        return *out ? 0 : df_oai_fail(e, 503, where, NULL, "Out of memory.");
     }
     if (!json_is_array(c)) return bad_type(e, where, "a string or an array of content parts", c);
     size_t total = 1, i;
@@ -143,7 +141,7 @@ static int parse_content(const json_t *c, const char *where, char **out, df_oai_
         if (!json_is_object(part)) return bad_type(e, p, "an object", part);
         json_t *type = json_object_get(part, "type");
         pathf(q, sizeof q, "%s.type", p);
-        if (!type) return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
+        if (!type) return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
         if (!json_is_string(type)) return bad_type(e, q, "a string", type);
         const char *t = json_string_value(type);
         if (!strcmp(t, "image_url") || !strcmp(t, "input_audio") || !strcmp(t, "file") || !strcmp(t, "refusal")) {
@@ -152,22 +150,22 @@ static int parse_content(const json_t *c, const char *where, char **out, df_oai_
             return unsupported(e, q, why);
         }
         if (strcmp(t, "text"))
-            return fail(e, 400, q, "invalid_value", "Invalid value for '%s': '%.40s' is not a content part type.", q, t);
+            return df_oai_fail(e, 400, q, "invalid_value", "Invalid value for '%s': '%.40s' is not a content part type.", q, t);
         const char *k;
         json_t *v;
         json_object_foreach(part, k, v) {
             pathf(q, sizeof q, "%s.%.40s", p, k);
             if (!strcmp(k, "type")) continue;
             if (!strcmp(k, "text")) { if (get_string(v, q, e)) return -1; continue; }
-            return fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
+            return df_oai_fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
         }
         json_t *text = json_object_get(part, "text");
         pathf(q, sizeof q, "%s.text", p);
-        if (!text) return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
+        if (!text) return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
         total += json_string_length(text) + 1;
     }
     char *s = malloc(total), *w = s;
-    if (!s) return fail(e, 503, where, NULL, "Out of memory.");
+    if (!s) return df_oai_fail(e, 503, where, NULL, "Out of memory.");
     json_array_foreach(c, i, part) {
         json_t *text = json_object_get(part, "text");
         if (i) *w++ = '\n';
@@ -196,7 +194,7 @@ static int check_tool_calls(const json_t *tc, const char *where, df_oai_error *e
             if (!strcmp(k, "id")) { if (get_string(v, q, e)) return -1; }
             else if (!strcmp(k, "type")) {
                 if (get_string(v, q, e)) return -1;
-                if (strcmp(json_string_value(v), "function")) return fail(e, 400, q, "invalid_value", "Invalid value for '%s': expected 'function'.", q);
+                if (strcmp(json_string_value(v), "function")) return df_oai_fail(e, 400, q, "invalid_value", "Invalid value for '%s': expected 'function'.", q);
             } else if (!strcmp(k, "function")) {
                 if (!json_is_object(v)) return bad_type(e, q, "an object", v);
                 const char *k2;
@@ -205,17 +203,17 @@ static int check_tool_calls(const json_t *tc, const char *where, df_oai_error *e
                     char r[160];
                     pathf(r, sizeof r, "%s.%.40s", q, k2);
                     if (!strcmp(k2, "name") || !strcmp(k2, "arguments")) { if (get_string(v2, r, e)) return -1; }
-                    else return fail(e, 400, r, "unknown_parameter", "Unrecognized request argument supplied: %s", r);
+                    else return df_oai_fail(e, 400, r, "unknown_parameter", "Unrecognized request argument supplied: %s", r);
                 }
                 if (!json_object_get(v, "name")) {
                     pathf(q, sizeof q, "%s.function.name", p);
-                    return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
+                    return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
                 }
-            } else return fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
+            } else return df_oai_fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
         }
         if (!json_object_get(c, "function")) {
             pathf(q, sizeof q, "%s.function", p);
-            return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
+            return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
         }
     }
     return 0;
@@ -226,7 +224,7 @@ static int check_tool_calls(const json_t *tc, const char *where, df_oai_error *e
  * developer role given as system (its OpenAI meaning). */
 static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
     if (!json_is_array(msgs)) return bad_type(e, "messages", "an array", msgs);
-    if (!json_array_size(msgs)) return fail(e, 400, "messages", "invalid_value", "Invalid 'messages': empty array. Expected an array with minimum length 1.");
+    if (!json_array_size(msgs)) return df_oai_fail(e, 400, "messages", "invalid_value", "Invalid 'messages': empty array. Expected an array with minimum length 1.");
     json_t *norm = json_array();
     size_t i;
     json_t *m;
@@ -236,7 +234,7 @@ static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
         if (!json_is_object(m)) { json_decref(norm); return bad_type(e, p, "an object", m); }
         json_t *role = json_object_get(m, "role");
         pathf(q, sizeof q, "%s.role", p);
-        if (!role) { json_decref(norm); return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q); }
+        if (!role) { json_decref(norm); return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q); }
         if (!json_is_string(role)) { json_decref(norm); return bad_type(e, q, "a string", role); }
         const char *r = json_string_value(role);
         int sys = !strcmp(r, "system") || !strcmp(r, "developer"), user = !strcmp(r, "user"),
@@ -244,7 +242,7 @@ static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
         if (!strcmp(r, "function")) { json_decref(norm); return unsupported(e, q, "the deprecated 'function' role (function calling) is not supported"); }
         if (!sys && !user && !asst && !tool) {
             json_decref(norm);
-            return fail(e, 400, q, "invalid_value", "Invalid value for '%s': '%.40s'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.", q, r);
+            return df_oai_fail(e, 400, q, "invalid_value", "Invalid value for '%s': '%.40s'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.", q, r);
         }
         json_t *o = json_object();
         json_array_append_new(norm, o);
@@ -260,11 +258,11 @@ static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
                 char *c;
                 if (parse_content(v, q, &c, e)) { json_decref(norm); return -1; }
                 json_object_set_new(o, "content", json_string(c));
-                if (!json_object_get(o, "content")) { free(c); json_decref(norm); return fail(e, 400, q, "invalid_value", "Invalid value for '%s': not valid UTF-8.", q); }
+                if (!json_object_get(o, "content")) { free(c); json_decref(norm); return df_oai_fail(e, 400, q, "invalid_value", "Invalid value for '%s': not valid UTF-8.", q); }
                 free(c);
                 has_content = 1;
             } else if (!strcmp(k, "name")) {
-                if (tool || get_string(v, q, e)) { json_decref(norm); return tool ? fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q) : -1; }
+                if (tool || get_string(v, q, e)) { json_decref(norm); return tool ? df_oai_fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q) : -1; }
                 json_object_set(o, "name", v);
             } else if (asst && !strcmp(k, "tool_calls")) {
                 if (json_is_null(v)) continue;
@@ -281,24 +279,24 @@ static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
                 json_object_set(o, "tool_call_id", v);
             } else {
                 json_decref(norm);
-                return fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
+                return df_oai_fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
             }
         }
         if (!has_content && !(asst && has_tc)) {
             pathf(q, sizeof q, "%s.content", p);
             json_decref(norm);
-            return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
+            return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
         }
         if (!has_content) json_object_set_new(o, "content", json_string(""));
         if (tool && !json_object_get(o, "tool_call_id")) {
             pathf(q, sizeof q, "%s.tool_call_id", p);
             json_decref(norm);
-            return fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
+            return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
         }
     }
     *out = json_dumps(norm, JSON_COMPACT);
     json_decref(norm);
-    return *out ? 0 : fail(e, 503, "messages", NULL, "Out of memory.");
+    return *out ? 0 : df_oai_fail(e, 503, "messages", NULL, "Out of memory.");
 }
 
 /* prompt (completions): a string, an array of token ids, or an array with one
@@ -311,13 +309,13 @@ static int parse_prompt(const json_t *v, const df_oai_limits *lim, df_oai_reques
     if (json_is_string(v)) {
         r->prompt = strndup(json_string_value(v), json_string_length(v));
         r->prompt_len = json_string_length(v);
-        return r->prompt ? 0 : fail(e, 503, "prompt", NULL, "Out of memory.");
+        return r->prompt ? 0 : df_oai_fail(e, 503, "prompt", NULL, "Out of memory.");
     }
     if (!json_is_array(v)) return bad_type(e, "prompt", "a string or an array of token ids", v);
     size_t n = json_array_size(v), i;
-    if (!n) return fail(e, 400, "prompt", "invalid_value", "Invalid value for 'prompt': an empty array.");
+    if (!n) return df_oai_fail(e, 400, "prompt", "invalid_value", "Invalid value for 'prompt': an empty array.");
     r->prompt_ids = malloc(n * sizeof *r->prompt_ids);
-    if (!r->prompt_ids) return fail(e, 503, "prompt", NULL, "Out of memory.");
+    if (!r->prompt_ids) return df_oai_fail(e, 503, "prompt", NULL, "Out of memory.");
     json_t *t;
     json_array_foreach(v, i, t) {
         char p[40];
@@ -352,7 +350,7 @@ static int parse_field(df_oai_kind kind, const df_oai_limits *lim, const char *k
     if (!strcmp(k, "model")) {
         if (get_string(v, k, e)) return -1;
         if (strcmp(json_string_value(v), lim->model_id))
-            return fail(e, 404, "model", "model_not_found", "The model `%.200s` does not exist or you do not have access to it. This server serves `%.200s`.",
+            return df_oai_fail(e, 404, "model", "model_not_found", "The model `%.200s` does not exist or you do not have access to it. This server serves `%.200s`.",
                         json_string_value(v), lim->model_id);
         return 0;
     }
@@ -361,9 +359,9 @@ static int parse_field(df_oai_kind kind, const df_oai_limits *lim, const char *k
     if (!strcmp(k, "max_tokens") || (chat && !strcmp(k, "max_completion_tokens"))) {
         if (get_int(v, k, 1, INT32_MAX, &x, e)) return -1;
         if ((*saw_max_tokens)++)
-            return fail(e, 400, k, "invalid_value", "Give only one of 'max_tokens' and 'max_completion_tokens'.");
+            return df_oai_fail(e, 400, k, "invalid_value", "Give only one of 'max_tokens' and 'max_completion_tokens'.");
         if (x > lim->max_tokens)
-            return fail(e, 400, k, "invalid_value", "Invalid value for '%s': %lld is too large; this server allows at most %ld completion tokens per request (--max-tokens).",
+            return df_oai_fail(e, 400, k, "invalid_value", "Invalid value for '%s': %lld is too large; this server allows at most %ld completion tokens per request (--max-tokens).",
                         k, x, lim->max_tokens);
         r->max_tokens = (long)x;
         return 0;
@@ -393,7 +391,7 @@ static int parse_field(df_oai_kind kind, const df_oai_limits *lim, const char *k
             int b;
             if (!strcmp(k2, "include_usage")) { if (!json_is_null(v2) && get_bool(v2, p, &r->include_usage, e)) return -1; }
             else if (!strcmp(k2, "include_obfuscation")) { if (!json_is_null(v2) && get_bool(v2, p, &b, e)) return -1; }
-            else return fail(e, 400, p, "unknown_parameter", "Unrecognized request argument supplied: %s", p);
+            else return df_oai_fail(e, 400, p, "unknown_parameter", "Unrecognized request argument supplied: %s", p);
         }
         return 0;
     }
@@ -427,7 +425,7 @@ static int parse_field(df_oai_kind kind, const df_oai_limits *lim, const char *k
     if (chat && !strcmp(k, "parallel_tool_calls")) { int b; return get_bool(v, k, &b, e); }
     if (chat && !strcmp(k, "metadata")) {
         if (!json_is_object(v)) return bad_type(e, k, "an object", v);
-        if (json_object_size(v) > 16) return fail(e, 400, k, "invalid_value", "Invalid 'metadata': at most 16 keys.");
+        if (json_object_size(v) > 16) return df_oai_fail(e, 400, k, "invalid_value", "Invalid 'metadata': at most 16 keys.");
         const char *k2;
         json_t *v2;
         json_object_foreach((json_t *)v, k2, v2) {
@@ -454,9 +452,9 @@ static int parse_field(df_oai_kind kind, const df_oai_limits *lim, const char *k
     if (chat && !strcmp(k, "response_format")) {
         if (!json_is_object(v)) return bad_type(e, k, "an object", v);
         json_t *t = json_object_get(v, "type");
-        if (!json_is_string(t)) return fail(e, 400, "response_format.type", "missing_required_parameter", "Missing required parameter: 'response_format.type'.");
+        if (!json_is_string(t)) return df_oai_fail(e, 400, "response_format.type", "missing_required_parameter", "Missing required parameter: 'response_format.type'.");
         if (strcmp(json_string_value(t), "text")) return unsupported(e, "response_format", "only {\"type\": \"text\"} is supported (no constrained decoding)");
-        if (json_object_size(v) != 1) return fail(e, 400, "response_format", "unknown_parameter", "Unrecognized request argument supplied: response_format (only 'type')");
+        if (json_object_size(v) != 1) return df_oai_fail(e, 400, "response_format", "unknown_parameter", "Unrecognized request argument supplied: response_format (only 'type')");
         return 0;
     }
     if (chat && !strcmp(k, "modalities")) {
@@ -480,7 +478,7 @@ static int parse_field(df_oai_kind kind, const df_oai_limits *lim, const char *k
         if (get_string(v, k, e)) return -1;
         return json_string_length(v) ? unsupported(e, k, "suffix (insertion) is not implemented") : 0;
     }
-    return fail(e, 400, k, "unknown_parameter", "Unrecognized request argument supplied: %s", k);
+    return df_oai_fail(e, 400, k, "unknown_parameter", "Unrecognized request argument supplied: %s", k);
 }
 
 int df_oai_parse(df_oai_kind kind, const df_oai_limits *lim, const char *body, size_t len, df_oai_request *out,
@@ -493,11 +491,11 @@ int df_oai_parse(df_oai_kind kind, const df_oai_limits *lim, const char *body, s
     json_error_t je;
     json_t *root = json_loadb(body, len, 0, &je);
     if (!root)
-        return fail(err, 400, NULL, "invalid_json",
+        return df_oai_fail(err, 400, NULL, "invalid_json",
                     "We could not parse the JSON body of your request: %s (line %d, column %d). The body must be a JSON object.",
                     je.text, je.line, je.column);
     int rc = 0, saw_max = 0;
-    if (!json_is_object(root)) rc = fail(err, 400, NULL, "invalid_json", "The body of your request must be a JSON object, not %s.", jtype(root));
+    if (!json_is_object(root)) rc = df_oai_fail(err, 400, NULL, "invalid_json", "The body of your request must be a JSON object, not %s.", jtype(root));
     const char *k;
     json_t *v;
     if (!rc) json_object_foreach(root, k, v) {
@@ -506,13 +504,13 @@ int df_oai_parse(df_oai_kind kind, const df_oai_limits *lim, const char *body, s
     if (!rc) {
         const char *req = kind == DF_OAI_CHAT ? "messages" : "prompt";
         json_t *m = json_object_get(root, "model");
-        if (!m || json_is_null(m)) rc = fail(err, 400, "model", "missing_required_parameter", "Missing required parameter: 'model'.");
+        if (!m || json_is_null(m)) rc = df_oai_fail(err, 400, "model", "missing_required_parameter", "Missing required parameter: 'model'.");
         else if (kind == DF_OAI_CHAT ? !out->messages_json : !out->prompt && !out->prompt_ids)
-            rc = fail(err, 400, req, "missing_required_parameter", "Missing required parameter: '%s'.", req);
+            rc = df_oai_fail(err, 400, req, "missing_required_parameter", "Missing required parameter: '%s'.", req);
         else if (out->top_logprobs && !out->logprobs)
-            rc = fail(err, 400, "top_logprobs", "invalid_value", "Invalid value for 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is given.");
+            rc = df_oai_fail(err, 400, "top_logprobs", "invalid_value", "Invalid value for 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is given.");
         else if (json_object_get(root, "stream_options") && !json_is_null(json_object_get(root, "stream_options")) && !out->stream)
-            rc = fail(err, 400, "stream_options", "invalid_value", "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
+            rc = df_oai_fail(err, 400, "stream_options", "invalid_value", "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
     }
     if (!rc && kind == DF_OAI_COMPLETIONS && out->max_tokens < 0) out->max_tokens = lim->max_tokens < 16 ? lim->max_tokens : 16;
     json_decref(root);
