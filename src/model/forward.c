@@ -35,6 +35,7 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
         s->latent = calloc(L * T * (size_t)kdim, sizeof(float));
         if (!s->latent) return df_err(err, errlen, DF_ENOMEM, "cannot allocate the latent cache (%zu MB)", L * T * (size_t)kdim * 4 >> 20);
         s->qlat = df_xcalloc((size_t)nth * (size_t)(c->kv_lora_rank + c->qk_rope_dim), sizeof(float));
+        s->mla_w = df_xcalloc((size_t)nth * (size_t)(c->qk_nope_dim + c->v_head_dim) * (size_t)c->kv_lora_rank, sizeof(float));
     } else {
         qdim = c->n_heads * c->head_dim;
         kdim = c->n_kv_heads * c->head_dim;
@@ -79,7 +80,7 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
 }
 
 void df_state_free(df_state *s) {
-    float *bufs[] = {s->k_cache, s->v_cache, s->latent, s->x, s->xn, s->q, s->k, s->v, s->att, s->o, s->h1, s->h2,
+    float *bufs[] = {s->mla_w, s->k_cache, s->v_cache, s->latent, s->x, s->xn, s->q, s->k, s->v, s->att, s->o, s->h1, s->h2,
                      s->ffn_out, s->router_logits, s->att_scores, s->qlat, s->rope_cs, s->selw, s->xe, s->ge, s->ue, s->de};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s->sel);
