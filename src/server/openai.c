@@ -6,8 +6,8 @@
  *
  * Invariants:
  *   - only the holder of the turn (turn_acquire .. turn_release) calls the
- *     engine or touches the session and its mirror; forward passes run on
- *     the one engine thread (engine_call);
+ *     engine (engine_call, on its own connection thread) or touches the
+ *     session and its mirror;
  *   - text given to a client never contains a stop string or anything after
  *     it: text that could be the start of a stop string is held back until
  *     the next token decides;
@@ -84,14 +84,6 @@ struct df_oai_server {
 
     atomic_uint_least64_t idctr;
     uint64_t salt;
-
-    /* The engine thread: every forward pass runs on this one thread. */
-    pthread_t eth;
-    int eth_started;
-    pthread_mutex_t emu;
-    pthread_cond_t ecv;
-    struct ejob *job;
-    int equit;
 };
 
 enum { TURN_OK, TURN_FULL, TURN_GONE, TURN_STOP };
@@ -164,51 +156,14 @@ static void memo_free(memo *m) {
     free(m);
 }
 
-/* ---- the engine thread ---------------------------------------------------
+/* ---- running the model ----------------------------------------------------
  *
- * Connection threads come and go (one per connection); the engine's compute
- * path keeps per-thread scratch buffers. So every call that runs the model
- * (df_session_sync, df_session_push) is handed to one long-lived thread and
- * waited for. Only the turn holder submits, so there is at most one job;
- * the hand-off costs two wake-ups per token, far below a forward pass. */
-
-typedef struct ejob {
-    df_session *s;
-    const int32_t *ids;
-    size_t n;      /* sync: ids[0..n); push: ids[0] */
-    int push;
-    int rc, done;
-} ejob;
-
-static void *engine_main(void *arg) {
-    df_oai_server *s = arg;
-    pthread_mutex_lock(&s->emu);
-    for (;;) {
-        while (!s->job && !s->equit) pthread_cond_wait(&s->ecv, &s->emu);
-        if (!s->job) break;
-        ejob *j = s->job;
-        pthread_mutex_unlock(&s->emu);
-        int rc = j->push ? df_session_push(j->s, j->ids[0]) : df_session_sync(j->s, j->ids, j->n);
-        pthread_mutex_lock(&s->emu);
-        j->rc = rc;
-        j->done = 1;
-        s->job = NULL;
-        pthread_cond_broadcast(&s->ecv);
-    }
-    pthread_mutex_unlock(&s->emu);
-    return NULL;
-}
-
-/* Runs sync (push = 0) or push (push = 1) on the engine thread. */
+ * The turn holder (one generation at a time) calls the engine directly on its
+ * connection thread. The backend's per-thread scratch is freed when a thread
+ * exits, so connection threads coming and going leak nothing, and there is no
+ * per-token hand-off to another thread. */
 static int engine_call(df_oai_server *s, int push, const int32_t *ids, size_t n) {
-    ejob j = {.s = s->s, .ids = ids, .n = n, .push = push};
-    pthread_mutex_lock(&s->emu);
-    while (s->job) pthread_cond_wait(&s->ecv, &s->emu);
-    s->job = &j;
-    pthread_cond_broadcast(&s->ecv);
-    while (!j.done) pthread_cond_wait(&s->ecv, &s->emu);
-    pthread_mutex_unlock(&s->emu);
-    return j.rc;
+    return push ? df_session_push(s->s, ids[0]) : df_session_sync(s->s, ids, n);
 }
 
 /* =========================================================================
@@ -1030,14 +985,6 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     pthread_mutex_init(&s->mmu, NULL);
-    pthread_mutex_init(&s->emu, NULL);
-    pthread_cond_init(&s->ecv, NULL);
-    if (pthread_create(&s->eth, NULL, engine_main, s)) {
-        df_err(err, errlen, DF_EINTERNAL, "cannot start the engine thread");
-        df_oai_free(s);
-        return NULL;
-    }
-    s->eth_started = 1;
     return s;
 }
 
@@ -1050,15 +997,6 @@ void df_oai_stop(df_oai_server *s) {
 
 void df_oai_free(df_oai_server *s) {
     if (!s) return;
-    if (s->eth_started) {
-        pthread_mutex_lock(&s->emu);
-        s->equit = 1;
-        pthread_cond_broadcast(&s->ecv);
-        pthread_mutex_unlock(&s->emu);
-        pthread_join(s->eth, NULL);
-    }
-    pthread_mutex_destroy(&s->emu);
-    pthread_cond_destroy(&s->ecv);
     while (s->mhead) {
         memo *m = s->mhead;
         memo_unlink(s, m);
