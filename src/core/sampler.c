@@ -25,10 +25,22 @@ uint64_t df_rng_next(df_rng *r) {
 }
 double df_rng_uniform(df_rng *r) { return (double)(df_rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }
 
+/* Lowest index of the maximum. Two passes: the maximum with 8 independent
+ * running maxima (no loop-carried dependency on an index), then the first
+ * position holding it; NaNs are skipped as the one-pass version did. */
 int df_argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
-    return best;
+    if (n <= 0) return 0;
+    float m[8];
+    for (int k = 0; k < 8; k++) m[k] = x[0];
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+    float mx = m[0];
+    for (int k = 1; k < 8; k++) mx = m[k] > mx ? m[k] : mx;
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (i = 0; i < n; i++)
+        if (x[i] == mx) return i;
+    return 0;
 }
 
 typedef struct { float p; int id; } cand;
