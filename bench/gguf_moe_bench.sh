@@ -16,7 +16,9 @@ BIN=${DELTAFIN_BIN:-./deltafin}
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB RAM, $(lscpu | sed -n 's/^Model name: *//p'); $(date -u)"
 ls -la "$G"
 FL=$($BIN bench floors); echo "$FL"
-DK=$($BIN bench-disk "$G" --max 8G); echo "$DK"
+D8=$($BIN bench-disk "$G" --max 4G --qd 8); echo "$D8"
+D32=$($BIN bench-disk "$G" --max 4G --qd 32); echo "$D32"
+DK=$(python3 -c "import json,sys; a,b=json.loads(sys.argv[1]),json.loads(sys.argv[2]); print(json.dumps(a if a['disk_read_gbs']>=b['disk_read_gbs'] else b))" "$D8" "$D32")
 sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null && echo "page caches dropped" || echo "(could not drop page caches)"
 t0=$(date +%s.%N)
 $BIN run --model "$G" --prompt "The capital of France is" --max-new 64 --ignore-eos --stats --trace /tmp/gguf_moe_trace.jsonl 2> /tmp/gguf_moe_stats.txt

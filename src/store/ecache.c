@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,11 +66,15 @@ struct df_ecache {
 
 /* Faults the slot memory in ahead of use, in the background. On a VM the
  * first touch of a page is expensive (the host backs it and the guest zeroes
- * it); paying it while the spine loads and the first layers run keeps it
- * out of the per-token path. Stops early when the cache is freed. */
+ * it); paying it on idle CPU time (SCHED_IDLE) keeps it out of the
+ * per-token path. Stops early when the cache is freed. */
 static void *populate(void *p) {
     df_ecache *c = p;
     const size_t step = 64u << 20;
+    /* only on otherwise idle CPU time (e.g. while waiting for reads): never
+     * steal cycles from the forward pass */
+    struct sched_param sp = {0};
+    sched_setscheduler(0, SCHED_IDLE, &sp);
     for (size_t off = 0; off < c->arena_bytes && !atomic_load(&c->stop_populate); off += step) {
         size_t n = c->arena_bytes - off < step ? c->arena_bytes - off : step;
 #ifdef MADV_POPULATE_WRITE
