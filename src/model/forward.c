@@ -134,19 +134,47 @@ typedef struct {
     df_state *s;
     const int *ids; /* experts of this acquire */
     int n;          /* tokens in the batch */
+    int npend;      /* decode: experts handed over and not computed yet */
+    int pend_k[64];
+    const df_ffn *pend_f[64];
 } moe_ctx;
+
+/* Decode: the pending experts' gate/up products in one dispatch, their down
+ * products in another (rows are computed the same way whatever the batch,
+ * so the bits do not depend on how experts were grouped). */
+static void moe_flush_decode(moe_ctx *c) {
+    if (!c->npend) return;
+    df_state *s = c->s;
+    const df_config *cfg = &c->m->cfg;
+    const int H = cfg->hidden, I = cfg->moe_intermediate;
+    df_mv_job jobs[128];
+    for (int j = 0; j < c->npend; j++) {
+        jobs[2 * j] = (df_mv_job){&c->pend_f[j]->gate, s->xn, s->ge + (size_t)j * I};
+        jobs[2 * j + 1] = (df_mv_job){&c->pend_f[j]->up, s->xn, s->ue + (size_t)j * I};
+    }
+    df_matmul_batch(jobs, 2 * c->npend, 1);
+    for (int64_t i = 0; i < (int64_t)c->npend * I; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
+    for (int j = 0; j < c->npend; j++) jobs[j] = (df_mv_job){&c->pend_f[j]->down, s->ge + (size_t)j * I, s->de_all + (size_t)c->pend_k[j] * H};
+    df_matmul_batch(jobs, c->npend, 1);
+    c->npend = 0;
+}
 
 /* Called by the expert cache as each expert becomes resident (or directly
  * for resident experts): computes its output rows of de_all. */
 static void moe_expert_ready(void *p, int i, const df_ffn *f) {
     moe_ctx *c = p;
     df_state *s = c->s;
+    if (i < 0) { /* the cache is about to wait, or is done: compute what is batched */
+        if (c->n == 1) moe_flush_decode(c);
+        return;
+    }
     const df_config *cfg = &c->m->cfg;
     const int H = cfg->hidden, K = cfg->n_experts_used, I = cfg->moe_intermediate, e = c->ids[i];
-    if (c->n == 1) { /* decode: slot k of the one token */
+    if (c->n == 1) { /* decode: slot k of the one token, batched until the next flush */
         int k = 0;
         while (s->sel[k] != e) k++;
-        expert_ffn(f, s->xn, 1, s->ge, s->ue, s->de_all + (size_t)k * H);
+        c->pend_k[c->npend] = k;
+        c->pend_f[c->npend++] = f;
         return;
     }
     int cnt = 0;
@@ -174,7 +202,7 @@ static int moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
     for (int e = 0; e < E; e++)
         for (int i = 0; i < n * K; i++)
             if (s->sel[i] == e) { s->exp_list[ne++] = e; break; }
-    moe_ctx mc = {m, s, s->exp_list, n};
+    moe_ctx mc = {.m = m, .s = s, .ids = s->exp_list, .n = n};
     int nl = l + 1; /* the next MoE layer */
     while (nl < c->n_layers && !m->layers[nl].moe) nl++;
     if (m->ecache && n == 1 && m->prefetch && nl < c->n_layers) {

@@ -60,27 +60,33 @@ struct df_ecache {
     int64_t token;
     char ioerr[256];
     pthread_t populator;
-    int populating;
+    int populating, populate_ahead;
     atomic_int stop_populate;
+    atomic_int high_water; /* slots [0, high_water) have been used */
 };
 
-/* Faults the slot memory in ahead of use, in the background. On a VM the
+/* Faults slot memory in just ahead of use, in the background. On a VM the
  * first touch of a page is expensive (the host backs it and the guest zeroes
- * it); paying it on idle CPU time (SCHED_IDLE) keeps it out of the
- * per-token path. Stops early when the cache is freed. */
+ * it, ~1 GB/s here). Empty slots are taken in index order, so the thread keeps
+ * the next `ahead` slots past the highest one used faulted in, on idle CPU
+ * time only (SCHED_IDLE): first touches leave the per-token path without
+ * paying for slots that are never used. Stops when the cache is freed. */
 static void *populate(void *p) {
     df_ecache *c = p;
-    const size_t step = 64u << 20;
-    /* only on otherwise idle CPU time (e.g. while waiting for reads): never
-     * steal cycles from the forward pass */
     struct sched_param sp = {0};
     sched_setscheduler(0, SCHED_IDLE, &sp);
-    for (size_t off = 0; off < c->arena_bytes && !atomic_load(&c->stop_populate); off += step) {
-        size_t n = c->arena_bytes - off < step ? c->arena_bytes - off : step;
+    int done = 0;
+    while (!atomic_load(&c->stop_populate) && done < c->n_slots) {
+        int target = atomic_load(&c->high_water) + c->populate_ahead;
+        if (target > c->n_slots) target = c->n_slots;
+        if (done >= target) { usleep(500); continue; }
+        uint8_t *a = c->arena + (size_t)done * (size_t)c->slot_bytes;
+        size_t n = (size_t)c->slot_bytes;
 #ifdef MADV_POPULATE_WRITE
-        if (madvise(c->arena + off, n, MADV_POPULATE_WRITE) == 0) continue;
+        if (madvise(a, n, MADV_POPULATE_WRITE) != 0)
 #endif
-        for (size_t i = 0; i < n; i += 4096) ((volatile uint8_t *)c->arena)[off + i] = 0;
+            for (size_t i = 0; i < n; i += 4096) ((volatile uint8_t *)a)[i] = 0;
+        done++;
     }
     return NULL;
 }
@@ -162,7 +168,8 @@ df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, in
         return NULL;
     }
     madvise(c->arena, c->arena_bytes, MADV_HUGEPAGE);
-    if (o->populate && c->arena_bytes) c->populating = pthread_create(&c->populator, NULL, populate, c) == 0;
+    c->populate_ahead = 4 * (o->min_slots > 0 ? o->min_slots : 1);
+    if (o->populate && c->arena_bytes && c->slot_bytes) c->populating = pthread_create(&c->populator, NULL, populate, c) == 0;
     c->slots = df_xcalloc((size_t)n, sizeof(slot));
     for (int i = 0; i < n; i++) c->slots[i].key = -1, c->slots[i].mem = c->arena + (size_t)i * (size_t)sb;
     c->slot_of = df_xmalloc((size_t)(n_layers * n_experts) * sizeof(int));
@@ -254,6 +261,7 @@ static int pick_victim(df_ecache *c) {
 static int start_load(df_ecache *c, int key) {
     int v = pick_victim(c);
     if (v < 0) return -1;
+    if (v + 1 > atomic_load(&c->high_water)) atomic_store(&c->high_water, v + 1);
     slot *s = &c->slots[v];
     if (s->key >= 0) {
         if (s->prefetched) c->st.prefetch_unused++;
@@ -418,6 +426,7 @@ int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, c
         }
         if (!left) break;
         if (!c->have_ring) return df_err(err, errlen, DF_EINTERNAL, "expert cache: layer %d: waiting without io_uring", l);
+        ready(ctx, -1, NULL); /* about to wait: the caller may compute what it has batched */
         double t0 = df_now();
         struct io_uring_cqe *cqe;
         int r = io_uring_wait_cqe(&c->ring, &cqe);
@@ -428,6 +437,7 @@ int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, c
         reap(c, cqe);
         while (io_uring_peek_cqe(&c->ring, &cqe) == 0) reap(c, cqe);
     }
+    ready(ctx, -1, NULL);
     if (c->trace) {
         fprintf(c->trace, "{\"token\":%lld,\"layer\":%d,\"experts\":[", (long long)c->token, l);
         static const char *names[] = {"hit", "prefetch_hit", "prefetch_wait", "read"};

@@ -41,7 +41,9 @@ void df_ecache_free(df_ecache *c);
 typedef void (*df_ecache_ready_fn)(void *ctx, int i, const df_ffn *f);
 
 /* Makes experts ids[0..k) of layer l resident and pinned; calls ready(ctx,
- * i, ffn) for each, hits first, misses in arrival order. Returns 0 or a
+ * i, ffn) for each, hits first, misses in arrival order, and ready(ctx, -1,
+ * NULL) before every wait for I/O and once at the end, so a caller may batch
+ * the experts handed over so far. Returns 0 or a
  * negative DF_E* code (I/O error, checksum mismatch naming layer and expert). */
 int df_ecache_acquire(df_ecache *c, int l, const int *ids, int k, df_ecache_ready_fn ready, void *ctx, char *err, size_t errlen);
 /* As acquire, and once this layer's experts are pinned and their reads
