@@ -556,6 +556,41 @@ SPECS = {
 }
 
 
+
+# Source checkpoints of the K-quant GGUF test files (tools/make_gguf_moe.py): every quantized row is a multiple
+# of 256 values, as K-quant blocks need. Not committed (a few MB each); make_gguf_moe.py writes them to a
+# temporary directory and keeps only the GGUF files and transformers' logits for them.
+def spec_qwen3_moe_k256():
+    cfg = dict(spec_qwen3_moe_bf16()["config"])
+    cfg.update(head_dim=64, hidden_size=256, intermediate_size=512, moe_intermediate_size=256, num_experts=4,
+               num_hidden_layers=2, mlp_only_layers=[], max_window_layers=2)
+    gc = {"bos_token_id": 3, "eos_token_id": [4, 3], "transformers_version": "4.51.0"}
+    return dict(config=cfg, gen=gc, dtype=torch.bfloat16, build=build_dense, seed=4500, qk_norm=True, moe=True,
+                max_bytes=8e6,
+                purpose="Qwen3-MoE with K-quant-sized rows: hidden 256, 4 heads x 64, 2 KV heads, 4 experts of width "
+                        "256, top-2, 2 MoE layers.")
+
+
+def spec_deepseek_v3_k256():
+    cfg = ds_cfg(
+        first_k_dense_replace=1, hidden_size=256, intermediate_size=512, kv_lora_rank=256, moe_intermediate_size=256,
+        n_group=2, n_routed_experts=8, n_shared_experts=1, norm_topk_prob=True, num_attention_heads=4,
+        num_experts_per_tok=2, num_hidden_layers=2, num_key_value_heads=4, num_nextn_predict_layers=0,
+        q_lora_rank=256, qk_nope_head_dim=32, qk_rope_head_dim=32, routed_scaling_factor=2.5, topk_group=1,
+        v_head_dim=64, vocab_size=512,
+        rope_scaling={"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                      "original_max_position_embeddings": 4096, "type": "yarn"})
+    return dict(config=cfg, gen=DS_GEN, build=build_deepseek, seed=6500, max_bytes=8e6,
+                purpose="DeepSeek-V3 with K-quant-sized rows: hidden 256, q_lora 256, kv_lora 256, 4 heads (nope 32, "
+                        "rope 32, v 64), 8 experts of width 256 top-2 (n_group 2 / topk_group 1), 1 shared expert, "
+                        "layer 0 dense (512), layer 1 MoE.")
+
+
+K256_SPECS = {
+    "qwen3-moe-k256": spec_qwen3_moe_k256,
+    "deepseek-v3-k256": spec_deepseek_v3_k256,
+}
+
 # --------------------------------------------------------------------------------------------- writing
 def write_json(path, obj, compact_lists=False):
     text = json.dumps(obj, indent=2)
@@ -728,7 +763,7 @@ def dir_size(d):
 
 def make_one(name, out_root, verbose=True):
     import transformers
-    spec = SPECS[name]()
+    spec = (SPECS.get(name) or K256_SPECS[name])()
     cfg = spec["config"]
     V = cfg["vocab_size"]
     is_ds = spec["build"] is build_deepseek
@@ -826,7 +861,7 @@ def make_one(name, out_root, verbose=True):
     if verbose:
         print(f"  [{name}] wrote {d}: {size / 1e6:.3f} MB, {len(T.stored)} tensors, {n_checked} verified in the "
               f"loaded model, unexpected keys ignored: {len(unexpected)}", flush=True)
-    assert size < 1.5e6, f"{name} too big: {size}"
+    assert size < spec.get("max_bytes", 1.5e6), f"{name} too big: {size}"
     return d
 
 

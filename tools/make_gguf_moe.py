@@ -22,13 +22,17 @@ Architectures and what the converter does to each tensor (docs/GGUF.md, "MoE GGU
 
 Types, as the converter's --outtype: `bf16` (2-D+ weights BF16; 1-D tensors, `*_norm.weight`,
 `ffn_gate_inp` and non-`.weight` tensors F32) and `q8_0` (the same with Q8_0, falling back to F16 where a
-row is not a multiple of 32). K-quants (Q4_K/Q6_K) need rows that are multiples of 256, which these tiny
-shapes (hidden 64) never have, and gguf-py has no K-quant quantizer; llama-quantize itself falls back to
-Q5_0/Q8_0 there.
+row is not a multiple of 32). K-quants need rows that are multiples of 256, which the hidden-64 checkpoints
+never have, so the K-quant files (`q4_k_m`, `q2_k`: mixes of Q2_K..Q6_K, see KMIX) are converted from two
+wider checkpoints (make_checkpoints.K256_SPECS, hidden 256, written to a temporary directory) and quantized
+with tools/kquant.py (round-to-nearest; gguf-py has dequantizers but no K-quant quantizers).
 
 Goldens: where transformers loads the GGUF (qwen3moe; transformers 5.24 has no deepseek2 GGUF support),
 `<name>.golden.json` + `<name>.logits.f32` hold transformers' float32 logits for the source checkpoint's
-golden ids, like tools/make_checkpoints.py.
+golden ids, like tools/make_checkpoints.py. For the K-quant files of both architectures the golden also holds
+16 greedy tokens; deepseek2's is transformers on a checkpoint of gguf-py's dequantized values.
+
+    python3 tools/make_gguf_moe.py --only deepseek2-q2_k.gguf            # one file (repeatable)
 """
 import argparse
 import json
@@ -39,6 +43,9 @@ import sys
 
 import numpy as np
 import gguf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kquant  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(REPO, "tests", "data", "models")
@@ -261,6 +268,26 @@ def convert_deepseek2(cfg, t, out, w, legacy_kvb=False):
                 out.w(b + f"ffn_{pr}.weight", t[p + f"mlp.{pr}_proj.weight"])
 
 
+# K-quant mixes in the spirit of llama-quantize's Q4_K_M and Q2_K: the bulk of the weights in the file's main
+# type, the tensors llama.cpp protects (attn_v, ffn_down, output) one or two types up; between them every K type
+# is used by some expert tensor. Rows that are not a multiple of 256 fall back to Q8_0 (or F16 when not a
+# multiple of 32), as llama-quantize falls back for attn_k_b (row = qk_nope_head_dim).
+KMIX = {
+    "q4_k_m": [("output.", QT.Q6_K), ("token_embd.", QT.Q4_K), ("attn_v", QT.Q6_K), ("ffn_down", QT.Q6_K),
+               ("", QT.Q4_K)],
+    "q2_k": [("output.", QT.Q6_K), ("token_embd.", QT.Q2_K), ("ffn_gate_exps", QT.Q2_K), ("ffn_up_exps", QT.Q2_K),
+             ("ffn_down_exps", QT.Q3_K), ("_shexp", QT.Q5_K), ("attn_v", QT.Q5_K), ("attn_output", QT.Q4_K),
+             ("", QT.Q3_K)],
+}
+
+
+def kmix_type(mix, name, row):
+    qt = next(t for key, t in KMIX[mix] if key in name)
+    if row % 256:
+        qt = QT.Q8_0 if row % 32 == 0 else QT.F16
+    return qt
+
+
 def write_gguf(src, path, outtype="bf16", legacy_kvb=False, mutate=None, split_max_tensors=0):
     """Converts checkpoint directory src into path. mutate(items) may edit the (name, value, kind)
     list before writing (tests use it to make bad files); a value may also be (qtype, raw uint8 bytes).
@@ -275,7 +302,8 @@ def write_gguf(src, path, outtype="bf16", legacy_kvb=False, mutate=None, split_m
         convert_qwen3moe(cfg, t, out, w)
     else:
         convert_deepseek2(cfg, t, out, w, legacy_kvb)
-    w.add_file_type({"bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype])
+    w.add_file_type({"bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                     "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M, "q2_k": gguf.LlamaFileType.MOSTLY_Q2_K}[outtype])
     if cfg.get("bos_token_id") is not None:
         w.add_bos_token_id(cfg["bos_token_id"])
     if isinstance(cfg.get("eos_token_id"), int):
@@ -289,6 +317,15 @@ def write_gguf(src, path, outtype="bf16", legacy_kvb=False, mutate=None, split_m
             w.add_tensor(name, f32(val))
         elif outtype == "bf16":
             w.add_tensor(name, bf16_raw(val), raw_dtype=QT.BF16)
+        elif outtype in KMIX:
+            qt = kmix_type(outtype, name, val[1].shape[-1])
+            x = f32(val)
+            if qt == QT.F16:
+                w.add_tensor(name, x.astype(np.float16))
+            elif qt == QT.Q8_0:
+                w.add_tensor(name, gguf.quants.quantize(x, QT.Q8_0), raw_dtype=QT.Q8_0)
+            else:
+                w.add_tensor(name, kquant.QUANTIZERS[qt.name](x), raw_dtype=qt)
         else:
             x = f32(val)
             if x.shape[-1] % 32 == 0:
@@ -425,19 +462,119 @@ FILES = [  # (file name, source checkpoint, outtype, legacy kv_b)
 ]
 
 
+K_FILES = [  # (file name, source spec in make_checkpoints.K256_SPECS, K-quant mix)
+    ("qwen3moe-q4_k_m.gguf", "qwen3-moe-k256", "q4_k_m"),
+    ("qwen3moe-q2_k.gguf", "qwen3-moe-k256", "q2_k"),
+    ("deepseek2-q4_k_m.gguf", "deepseek-v3-k256", "q4_k_m"),
+    ("deepseek2-q2_k.gguf", "deepseek-v3-k256", "q2_k"),
+]
+K_GREEDY = 16
+
+
+def k_reference_model(gguf_path, src, tmp):
+    """transformers float32 model holding exactly the K-quant file's values: loaded from the GGUF itself
+    where transformers can (qwen3moe), else from a checkpoint of gguf-py's dequantized values (deepseek2)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    r = gguf.GGUFReader(gguf_path)
+    deq = {tt.name: gguf.quants.dequantize(tt.data, tt.tensor_type).reshape([int(x) for x in reversed(tt.shape.tolist())])
+           for tt in r.tensors}
+    if cfg["model_type"] == "qwen3_moe":
+        d, f = os.path.split(gguf_path)
+        tcfg = AutoConfig.from_pretrained(d, gguf_file=f)
+        for k in ("vocab_size", "moe_intermediate_size", "mlp_only_layers", "decoder_sparse_step", "norm_topk_prob",
+                  "head_dim", "tie_word_embeddings"):
+            if k in cfg:
+                setattr(tcfg, k, cfg[k])
+        m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, config=tcfg, dtype=torch.float32,
+                                                 attn_implementation="eager")
+        how = "transformers float32, loaded from the GGUF file (gguf_file=), which dequantizes with gguf-py"
+        sd = m.state_dict()
+        I = cfg["moe_intermediate_size"]
+        for l in range(cfg["num_hidden_layers"]):
+            gu = sd[f"model.layers.{l}.mlp.experts.gate_up_proj"].numpy()
+            assert np.array_equal(gu[:, :I, :], deq[f"blk.{l}.ffn_gate_exps.weight"])
+            assert np.array_equal(gu[:, I:, :], deq[f"blk.{l}.ffn_up_exps.weight"])
+            assert np.array_equal(sd[f"model.layers.{l}.mlp.experts.down_proj"].numpy(), deq[f"blk.{l}.ffn_down_exps.weight"])
+            assert np.array_equal(sd[f"model.layers.{l}.self_attn.v_proj.weight"].numpy(), deq[f"blk.{l}.attn_v.weight"])
+        assert np.array_equal(sd["model.embed_tokens.weight"].numpy(), deq["token_embd.weight"])
+        assert np.array_equal(sd["lm_head.weight"].numpy(), deq["output.weight"])
+    else:
+        dequantized_checkpoint(gguf_path, src, tmp)
+        m = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager")
+        how = ("transformers float32 DeepseekV3ForCausalLM on a safetensors checkpoint of gguf-py's dequantized values "
+               "(transformers has no deepseek2 GGUF loader)")
+        sd = m.state_dict()
+        assert np.array_equal(sd["model.layers.1.mlp.experts.down_proj"].numpy(), deq["blk.1.ffn_down_exps.weight"])
+    m.eval()
+    return m, how
+
+
+def k_golden(gguf_path, src, out_prefix):
+    import tempfile
+    import torch
+    import transformers
+    g = json.load(open(os.path.join(src, "golden.json")))
+    with tempfile.TemporaryDirectory(prefix="dfkref_") as tmp:
+        m, how = k_reference_model(gguf_path, src, tmp)
+        with torch.no_grad():
+            logits = m(torch.tensor([g["ids"]])).logits[0].float().numpy()
+            seq, gaps = list(g["greedy_prompt"]), []
+            for _ in range(K_GREEDY):
+                row = m(torch.tensor([seq])).logits[0, -1].float().numpy()
+                top = np.sort(row)
+                gaps.append(float((top[-1] - top[-2]) / max(1.0, abs(top[-1]))))
+                seq.append(int(row.argmax()))
+    top = np.sort(logits, axis=1)
+    tgap = (top[:, -1] - top[:, -2]) / np.maximum(1.0, np.abs(top[:, -1]))
+    logits.astype("<f4").tofile(out_prefix + ".logits.f32")
+    json.dump({"ids": g["ids"], "logits": os.path.basename(out_prefix) + ".logits.f32", "vocab_size": int(logits.shape[1]),
+               "greedy_prompt": g["greedy_prompt"], "greedy": seq[len(g["greedy_prompt"]):],
+               "min_logit_gap_rel": float(tgap.min()), "min_greedy_gap_rel": min(gaps),
+               "source": "make_checkpoints.K256_SPECS " + os.path.basename(os.path.normpath(src)),
+               "reference": f"transformers {transformers.__version__}: {how}"},
+              open(out_prefix + ".golden.json", "w"), indent=1)
+    return float(tgap.min()), min(gaps)
+
+
+def make_k_files(out, only=None):
+    import tempfile
+    import make_checkpoints as mc
+    import torch
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    with tempfile.TemporaryDirectory(prefix="dfk256_") as root:
+        made = {}
+        for name, spec, mix in K_FILES:
+            if only and name not in only:
+                continue
+            if spec not in made:
+                made[spec] = mc.make_one(spec, root)
+            path = os.path.join(out, name)
+            write_gguf(made[spec], path, mix)
+            tg, gg = k_golden(path, made[spec], path[:-5])
+            print(f"{path}: {os.path.getsize(path)} bytes; golden min rel gap teacher {tg:.2e} greedy {gg:.2e}")
+            assert tg > 1e-4 and gg > 1e-4, "near-tie in the K-quant golden (engines agree to ~1e-6): change the seed"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "data", "gguf_moe"))
     ap.add_argument("--no-golden", action="store_true")
+    ap.add_argument("--only", action="append", help="file name to (re)write (repeatable); default all")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     for name, src, ot, legacy in FILES:
+        if a.only and name not in a.only:
+            continue
         path = os.path.join(a.out, name)
         write_gguf(os.path.join(MODELS, src), path, ot, legacy)
         print(f"{path}: {os.path.getsize(path)} bytes")
         if not a.no_golden and ot != "bf16":
             ok = transformers_golden(path, os.path.join(MODELS, src), path[:-5])
             print(f"  transformers golden: {'written' if ok else 'not available'}")
+    if not a.no_golden:  # the K-quant files need torch + transformers for their sources and goldens
+        make_k_files(a.out, a.only)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from (tools/make_gguf_moe.py; files in tests/data/gguf_moe, docs/GGUF.md "MoE GG
   kv_b layouts: the current converter's split attn_k_b / attn_v_b and the legacy attn_kv_b);
 - a Q8_0 GGUF matches transformers' logits where transformers loads that GGUF (qwen3moe), and our engine on
   a safetensors checkpoint of its dequantized values (gguf.quants.dequantize) for every architecture;
+- K-quant files (Q4_K_M- and Q2_K-style mixes of Q2_K..Q6_K on 256-wide rows) match transformers on exactly
+  the values the file stores, on every ISA, resident and streamed;
 - routed experts streamed through the expert cache (--expert-cache) give the same bits as resident ones,
   and --trace writes well-formed JSONL;
 - bad files (a missing expert tensor, a wrong expert count, an unsupported block type) exit 2 with one
@@ -34,16 +36,17 @@ def golden(src):
     return json.loads((MODELS / src / "golden.json").read_text())
 
 
-def run(args, check=True):
-    p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300)
+def run(args, check=True, env=None):
+    p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, **env} if env else None)
     if check and p.returncode != 0:
         raise AssertionError(f"{args} failed ({p.returncode}): {p.stderr}")
     return p
 
 
-def eval_logits(dfbin, model, ids, tmp_path, extra=()):
+def eval_logits(dfbin, model, ids, tmp_path, extra=(), env=None):
     out = tmp_path / "logits.f32"
-    run([dfbin, "eval", "--model", model, "--ids", ",".join(map(str, ids)), "--dump-logits", out, *extra])
+    run([dfbin, "eval", "--model", model, "--ids", ",".join(map(str, ids)), "--dump-logits", out, *extra], env=env)
     return np.fromfile(out, dtype="<f4")
 
 
@@ -121,6 +124,10 @@ def check_trace(path, src):
         moe_layers = {l for l in range(cfg["num_hidden_layers"]) if l not in cfg.get("mlp_only_layers", [])}
     else:
         moe_layers = set(range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"]))
+    check_trace_layers(path, moe_layers, E)
+
+
+def check_trace_layers(path, moe_layers, E):
     lines = path.read_text().splitlines()
     assert lines, "empty trace"
     seen = set()
@@ -134,6 +141,51 @@ def check_trace(path, src):
             assert 0 <= x["id"] < E and x["served"] in ("hit", "prefetch_hit", "prefetch_wait", "read") and x["wait_us"] >= 0
         seen.add(r["layer"])
     assert seen == moe_layers
+
+
+# ------------------------------------------------------------------------------------------ K-quant files
+K_FILES = ["qwen3moe-q4_k_m", "qwen3moe-q2_k", "deepseek2-q4_k_m", "deepseek2-q2_k"]
+
+
+def k_golden(name):
+    gj = json.loads((GGUF_DIR / f"{name}.golden.json").read_text())
+    ref = np.fromfile(GGUF_DIR / gj["logits"], dtype="<f4").reshape(len(gj["ids"]), gj["vocab_size"])
+    return gj, ref
+
+
+@pytest.mark.parametrize("isa", ["auto", "scalar", "avx2"])
+@pytest.mark.parametrize("name", K_FILES)
+def test_kquant_matches_transformers(dfbin, name, isa, tmp_path):
+    """Q4_K_M- and Q2_K-style mixes (Q2_K..Q6_K, Q8_0 fallback rows) with 256-wide rows, made by
+    tools/make_gguf_moe.py: transformers' logits on exactly the file's values (qwen3moe: loaded from the GGUF
+    itself; deepseek2: gguf-py's dequantized values, as transformers has no deepseek2 GGUF loader)."""
+    gj, ref = k_golden(name)
+    env = None if isa == "auto" else {"DELTAFIN_ISA": isa}
+    got = eval_logits(dfbin, GGUF_DIR / f"{name}.gguf", gj["ids"], tmp_path, env=env).reshape(ref.shape)
+    rel = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    assert rel.max() <= 1e-4, f"relative L2 {rel.max():.3g} at position {rel.argmax()}"
+    assert (got.argmax(1) == ref.argmax(1)).all()
+    if isa == "auto":
+        assert greedy(dfbin, GGUF_DIR / f"{name}.gguf", gj["greedy_prompt"]) == gj["greedy"]
+
+
+@pytest.mark.parametrize("name", K_FILES)
+def test_kquant_streamed_equals_resident(dfbin, name, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    gj, _ = k_golden(name)
+    model = GGUF_DIR / f"{name}.gguf"
+    r = gguf.GGUFReader(str(model))
+    moe = {int(t.name.split(".")[1]) for t in r.tensors if t.name.endswith("ffn_gate_exps.weight")}
+    E = next(int(t.shape[-1]) for t in r.tensors if t.name.endswith("ffn_gate_exps.weight"))
+    types = {t.name.split(".", 2)[2]: t.tensor_type.name for t in r.tensors if "_exps" in t.name}
+    assert {v for v in types.values()} & {"Q2_K", "Q3_K", "Q4_K", "Q6_K"}, types
+    resident = eval_logits(dfbin, model, gj["ids"], tmp_path)
+    for cache in ("0", "300K"):
+        trace = tmp_path / f"trace-{cache}.jsonl"
+        streamed = eval_logits(dfbin, model, gj["ids"], tmp_path, ["--expert-cache", cache, "--trace", trace])
+        assert np.array_equal(streamed, resident), f"--expert-cache {cache}: max |diff| {np.abs(streamed - resident).max():.3g}"
+        check_trace_layers(trace, moe, E)
+    assert greedy(dfbin, model, gj["greedy_prompt"], ["--expert-cache", "0"]) == gj["greedy"]
 
 
 # ------------------------------------------------------------------------------------------ bad files
