@@ -42,6 +42,8 @@ typedef struct {
     int64_t expert_cache_bytes; /* -1: from the budget; 0: minimum (one layer) */
     int mmap_weights;           /* 1: map weights from the files (page cache) instead of reading them into owned memory */
     const char *trace_path;     /* JSONL trace of routed experts per token and layer (streamed models), or NULL */
+    int prefetch;               /* streamed models' router-lookahead prefetch: 0 auto (read predictions while at least
+                                   half of the recent ones were right), 1 always, 2 never */
     int verbose;
 } df_options;
 
@@ -133,6 +135,8 @@ typedef struct {
     int spine_int8;                         /* the spine is row-int8 (--spine int8): results are NOT exact */
     int64_t expert_hits, expert_prefetch_hits, expert_misses, bytes_read;
     int64_t prefetch_issued, prefetch_unused;
+    int64_t prefetch_predicted, prefetch_predicted_right; /* lookahead predictions of non-resident experts judged */
+    int prefetch_mode;                                    /* as df_options.prefetch */
     double io_wait_seconds;
     int64_t decode_bytes_read;              /* expert bytes read during decode steps */
     double decode_io_wait_seconds;          /* time decode steps waited for expert reads */

@@ -94,6 +94,13 @@ int df_args_model_opts(df_args *a, const char *opt, const char **model, df_optio
     }
     if (df_args_opt(a, opt, "--mmap", 0)) { o->mmap_weights = 1; return 1; }
     if (df_args_opt(a, opt, "--trace", 1)) { o->trace_path = a->val; return 1; }
+    if (df_args_opt(a, opt, "--prefetch", 1)) {
+        if (!strcmp(a->val, "auto")) o->prefetch = 0;
+        else if (!strcmp(a->val, "always")) o->prefetch = 1;
+        else if (!strcmp(a->val, "never")) o->prefetch = 2;
+        else df_args_fail(a, "--prefetch: expected auto, always or never, got '%s'", a->val);
+        return 1;
+    }
     if (df_args_opt(a, opt, "--expert-cache", 1)) {
         int64_t b = df_parse_size(a->val);
         if (b < 0) df_args_fail(a, "--expert-cache: expected a size like 8G (0 = minimum), got '%s'", a->val);

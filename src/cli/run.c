@@ -25,6 +25,8 @@ static const char *usage =
     "  --stats             print prefill/decode tokens/s, weight GB/s and the time split to stderr\n"
     "  --threads N --ram SIZE --expert-cache SIZE   budget; --expert-cache streams routed experts from disk (0 = minimum)\n"
     "  --trace FILE        JSONL: per token and MoE layer, the experts chosen and how each was served\n"
+    "  --prefetch MODE     router-lookahead prefetch of streamed experts: auto (default: only while at least half of\n"
+    "                      the recent predictions were right), always, never\n"
     "  --mmap              map weights from the files instead of reading them into owned memory\n";
 
 static void print_stats(df_engine *e) {
@@ -47,9 +49,13 @@ static void print_stats(df_engine *e) {
         fprintf(stderr, "[stats] experts streamed: cache %lld slots (%.1f MB), hit rate %.1f%% (%lld hits, %lld prefetch hits, %lld reads of %lld)\n",
                 (long long)st.expert_cache_slots, st.expert_cache_bytes / 1e6, req ? 100.0 * (st.expert_hits + st.expert_prefetch_hits) / req : 0,
                 (long long)st.expert_hits, (long long)st.expert_prefetch_hits, (long long)st.expert_misses, (long long)req);
-        fprintf(stderr, "[stats] prefetch: %lld issued, precision %.1f%%, recall %.1f%%; read %.1f MB (%.2f GB/s over the run), I/O wait %.3f s\n",
-                (long long)st.prefetch_issued, st.prefetch_issued ? 100.0 * st.expert_prefetch_hits / st.prefetch_issued : 0,
-                req ? 100.0 * st.expert_prefetch_hits / req : 0, st.bytes_read / 1e6, secs > 0 ? st.bytes_read / secs / 1e9 : 0, st.io_wait_seconds);
+        static const char *pfm[] = {"auto", "always", "never"};
+        fprintf(stderr, "[stats] prefetch (%s): %lld issued, precision %.1f%%, recall %.1f%%; lookahead right %lld of %lld (%.1f%%); read %.1f MB (%.2f GB/s over the run), I/O wait %.3f s\n",
+                pfm[st.prefetch_mode >= 0 && st.prefetch_mode <= 2 ? st.prefetch_mode : 0], (long long)st.prefetch_issued,
+                st.prefetch_issued ? 100.0 * st.expert_prefetch_hits / st.prefetch_issued : 0, req ? 100.0 * st.expert_prefetch_hits / req : 0,
+                (long long)st.prefetch_predicted_right, (long long)st.prefetch_predicted,
+                st.prefetch_predicted ? 100.0 * st.prefetch_predicted_right / st.prefetch_predicted : 0, st.bytes_read / 1e6,
+                secs > 0 ? st.bytes_read / secs / 1e9 : 0, st.io_wait_seconds);
         if (st.decode_tokens)
             fprintf(stderr, "[stats] decode: %.1f MB of experts read per token, %.3f s I/O wait per token\n",
                     st.decode_bytes_read / 1e6 / st.decode_tokens, st.decode_io_wait_seconds / st.decode_tokens);

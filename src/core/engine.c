@@ -94,7 +94,10 @@ static int start_streaming(df_model *m, const df_options *o, int64_t budget, cha
     const char *pol = getenv("DELTAFIN_EVICT");
     df_ecache_set_policy(m->ecache, pol && !strcmp(pol, "lfu") ? DF_EVICT_LFU : DF_EVICT_LRU);
     /* prefetch needs room for the next layer's experts beside this layer's */
-    m->prefetch = !getenv("DELTAFIN_NO_PREFETCH") && df_ecache_slots(m->ecache) >= 2 * c->n_experts_used;
+    int pf = getenv("DELTAFIN_NO_PREFETCH") ? 2 : o->prefetch;
+    m->prefetch = pf != 2 && df_ecache_slots(m->ecache) >= 2 * c->n_experts_used;
+    df_ecache_set_prefetch(m->ecache, pf == 1 ? DF_PF_ALWAYS : pf == 2 || !m->prefetch ? DF_PF_NEVER : DF_PF_AUTO);
+    m->prefetch_mode = m->prefetch ? pf : 2;
     if (o->trace_path) {
         m->trace = fopen(o->trace_path, "w");
         if (!m->trace) return df_err(err, errlen, DF_EIO, "%s: cannot open the trace file", o->trace_path);
@@ -402,6 +405,9 @@ void df_stats_get(df_engine *e, df_stats *out) {
         out->io_wait_seconds = es.io_wait_s;
         out->prefetch_issued = es.prefetch_issued;
         out->prefetch_unused = es.prefetch_unused;
+        out->prefetch_predicted = es.predicted;
+        out->prefetch_predicted_right = es.predicted_right;
+        out->prefetch_mode = e->model->prefetch_mode;
         out->expert_cache_bytes = (int64_t)es.n_slots * es.slot_bytes;
         out->expert_cache_slots = es.n_slots;
     }

@@ -767,6 +767,11 @@ int df_gguf_n_files(const df_gguf *g) { return g->n_files; }
 const char *df_gguf_path(const df_gguf *g, int i) {
     return i >= 0 && i < g->n_files ? g->files[i].path : NULL;
 }
+const uint8_t *df_gguf_file_data(const df_gguf *g, int i, size_t *size) {
+    int ok = i >= 0 && i < g->n_files && g->files[i].path && !g->files[i].map.resident;
+    *size = ok ? g->files[i].size : 0;
+    return ok ? g->files[i].data : NULL;
+}
 uint64_t df_gguf_data_offset(const df_gguf *g, int i) {
     return i >= 0 && i < g->n_files ? g->files[i].data_off : 0;
 }

@@ -126,6 +126,8 @@ uint32_t df_gguf_version(const df_gguf *g);
 uint32_t df_gguf_alignment(const df_gguf *g); /* of the first part */
 int df_gguf_n_files(const df_gguf *g);
 const char *df_gguf_path(const df_gguf *g, int file_index);
+/* The whole-file mapping of part i (NULL for in-memory or resident files). */
+const uint8_t *df_gguf_file_data(const df_gguf *g, int file_index, size_t *size);
 uint64_t df_gguf_data_offset(const df_gguf *g, int file_index); /* start of the data section */
 
 /* ---- metadata ---------------------------------------------------------- */

@@ -81,6 +81,10 @@ const df_st_tensor *df_st_at(const df_st_set *s, int i) { return &s->t[i]; }
 const char *df_st_file_path(const df_st_set *s, int i) { return s->files[i].map.path; }
 int df_st_file_fd(const df_st_set *s, int i) { return s->files[i].map.fd; }
 int df_st_n_files(const df_st_set *s) { return s->n_files; }
+const uint8_t *df_st_file_data(const df_st_set *s, int i, size_t *size) {
+    *size = s->files[i].map.resident ? 0 : s->files[i].map.size;
+    return s->files[i].map.resident ? NULL : s->files[i].map.data;
+}
 
 void df_st_unmap(df_st_set *s) {
     for (int i = 0; i < s->n_files; i++) {

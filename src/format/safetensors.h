@@ -53,6 +53,8 @@ const df_st_tensor *df_st_find(const df_st_set *s, const char *name);
 const char *df_st_file_path(const df_st_set *s, int file_index);
 int df_st_file_fd(const df_st_set *s, int file_index);
 int df_st_n_files(const df_st_set *s);
+/* The file mapping of file i (NULL when it was read into memory instead). */
+const uint8_t *df_st_file_data(const df_st_set *s, int i, size_t *size);
 /* Drops the file mappings (tensor data pointers become invalid; names, shapes and offsets stay). */
 void df_st_unmap(df_st_set *s);
 /* Adds a tensor whose bytes stay on disk (data NULL): an expert of a store,

@@ -527,11 +527,14 @@ int df_model_load_gguf(const char *path, int mode, df_model **out, char *err, si
         m->n_files = df_gguf_n_files(m->gguf);
         m->files = df_xcalloc((size_t)m->n_files, sizeof(char *));
         for (int i = 0; i < m->n_files; i++) m->files[i] = df_xstrdup(df_gguf_path(m->gguf, i));
-        df_model_own_spine(m);
+        if (df_model_own_spine(m, err, errlen)) goto fail_own;
     }
     *out = m;
     return 0;
 fail:
     df_model_free(m);
     return c.rc ? c.rc : DF_EFORMAT;
+fail_own:
+    df_model_free(m);
+    return DF_EIO;
 }

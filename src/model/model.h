@@ -72,19 +72,22 @@ typedef struct df_model {
     struct df_ecache *ecache; /* routed experts stream through this cache (NULL: resident) */
     df_ffn *ecache_tmpl;   /* [n_layers * n_experts] the cache's view of the experts */
     FILE *trace;
-    int prefetch;          /* router-lookahead prefetch for streamed experts */
+    int prefetch;          /* router-lookahead prediction for streamed experts */
+    int prefetch_mode;     /* df_options.prefetch in effect (2: off) */
     int spine_int8;        /* the spine is row-int8 (store built with --spine int8): NOT exact */
     char **files;          /* the weight files, for streamed experts' extents */
     int n_files;
-    void **owned;          /* spine copies owned by the model (streaming) */
+    void **owned;          /* rebuilt tensors owned by the model (GGUF kv_b) */
     int n_owned;
+    uint8_t *spine_arena;  /* streaming: the resident weights, read into one huge-page arena */
+    size_t spine_arena_bytes;
 } df_model;
 
 /* resident: 1 reads the weight files into engine-owned memory; 0 maps them;
  * 2 streams routed experts (the spine is copied into owned memory, experts
  * keep only their on-disk extents for an expert cache). */
 int df_model_load(const char *dir, int resident, df_model **out, char *err, size_t errlen);
-void df_model_own_spine(df_model *m);
+int df_model_own_spine(df_model *m, char *err, size_t errlen);
 /* Loads a GGUF file (llama, qwen3, qwen3moe, deepseek2 architectures): tensors
  * are used as stored (GGML block types), the config comes from the metadata.
  * mode as df_model_load (0 and 1 map the file; 2 streams routed experts). */

@@ -24,6 +24,8 @@
 #define ALIGN 4096u
 #define QD 256
 #define CANCEL_TAG (1ull << 62) /* user_data of cancel requests */
+#define PF_WINDOW 64  /* prefetch gating: predictions judged over the last 64 that needed a read */
+#define PF_MIN 16     /* ... once at least this many were judged */
 
 enum { S_EMPTY, S_LOADING, S_READY };
 
@@ -34,6 +36,7 @@ typedef struct {
     int pending;      /* extents still in flight */
     int failed;
     int prefetched;   /* loaded by prefetch and not yet used */
+    int dead;         /* a prefetch its layer did not ask for: reused before any other slot */
     uint64_t last_use, uses;
     uint8_t *mem;
     df_ffn f;         /* the expert with pointers into mem */
@@ -63,6 +66,11 @@ struct df_ecache {
     int populating, populate_ahead;
     atomic_int stop_populate;
     atomic_int high_water; /* slots [0, high_water) have been used */
+    /* prefetch gating: the last prediction and the outcomes of recent ones */
+    df_prefetch_mode pf_mode;
+    int pred_l, pred_n, pred_ids[64];
+    uint8_t win[PF_WINDOW];
+    int win_n, win_pos, win_hits;
 };
 
 /* Faults slot memory in just ahead of use, in the background. On a VM the
@@ -175,6 +183,8 @@ df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, in
     c->slot_of = df_xmalloc((size_t)(n_layers * n_experts) * sizeof(int));
     for (int i = 0; i < n_layers * n_experts; i++) c->slot_of[i] = -1;
     if (o->use_io_uring && io_uring_queue_init(QD, &c->ring, 0) == 0) c->have_ring = 1;
+    c->pred_l = -1;
+    c->pf_mode = DF_PF_AUTO;
     c->st.n_slots = n;
     c->st.slot_bytes = sb;
     c->st.io_uring = c->have_ring;
@@ -244,17 +254,30 @@ static void finish(df_ecache *c, slot *s) {
     s->state = S_READY;
 }
 
+/* The slot a new read goes to, cheapest first: an empty slot that held an
+ * expert before (its memory is faulted in), a dead prefetch (the oldest), a
+ * never-used slot (fresh memory: on a VM the first touch costs about as much
+ * as reading the bytes from disk), and only then the eviction policy's victim. */
 static int pick_victim(df_ecache *c) {
-    int best = -1;
+    int best = -1, dead = -1, fresh = -1;
+    const int hw = atomic_load(&c->high_water);
     for (int i = 0; i < c->n_slots; i++) {
         slot *s = &c->slots[i];
-        if (s->key < 0) return i;
+        if (s->key < 0) {
+            if (i < hw) return i;
+            if (fresh < 0) fresh = i;
+            continue;
+        }
         if (s->pinned || s->state == S_LOADING) continue;
+        if (s->dead) {
+            if (dead < 0 || s->last_use < c->slots[dead].last_use) dead = i;
+            continue;
+        }
         if (best < 0) { best = i; continue; }
         slot *b = &c->slots[best];
         if (c->policy == DF_EVICT_LFU ? (s->uses < b->uses || (s->uses == b->uses && s->last_use < b->last_use)) : s->last_use < b->last_use) best = i;
     }
-    return best;
+    return dead >= 0 ? dead : fresh >= 0 ? fresh : best;
 }
 
 /* Starts loading key into a victim slot; returns the slot index or -1 if no slot is free. */
@@ -268,7 +291,7 @@ static int start_load(df_ecache *c, int key) {
         c->slot_of[s->key] = -1;
     }
     memset(&s->f, 0, sizeof s->f);
-    s->key = key, s->state = S_LOADING, s->failed = 0, s->prefetched = 0, s->uses = 0;
+    s->key = key, s->state = S_LOADING, s->failed = 0, s->prefetched = 0, s->dead = 0, s->uses = 0;
     c->slot_of[key] = v;
     const df_ffn *t = &c->tmpl[key];
     reads rd;
@@ -349,12 +372,42 @@ int df_ecache_acquire(df_ecache *c, int l, const int *ids, int k, df_ecache_read
     return df_ecache_acquire_pf(c, l, ids, k, -1, NULL, 0, ready, ctx, err, errlen);
 }
 
+/* Judges the prediction made for layer l against the experts it really uses:
+ * each predicted expert that was not resident (a read a prefetch would issue)
+ * is right if l uses it. */
+static void judge_prediction(df_ecache *c, int l, const int *ids, int k) {
+    if (c->pred_l != l) return;
+    for (int j = 0; j < c->pred_n; j++) {
+        int hit = 0;
+        for (int i = 0; i < k && !hit; i++) hit = ids[i] == c->pred_ids[j];
+        if (c->win_n == PF_WINDOW) c->win_hits -= c->win[c->win_pos];
+        else c->win_n++;
+        c->win[c->win_pos] = (uint8_t)hit;
+        c->win_hits += hit;
+        c->win_pos = (c->win_pos + 1) % PF_WINDOW;
+        c->st.predicted++;
+        c->st.predicted_right += hit;
+    }
+    c->pred_l = -1;
+}
+
+/* Whether predictions are worth reading: always, never, or (auto) while at
+ * least half of the recent ones were right. A wrong prefetch costs disk time
+ * that demand reads then wait behind, and a slot; on random-weight models
+ * (precision ~25%) prefetching made runs slower, docs/PERFORMANCE.md. */
+static int prefetch_worth(const df_ecache *c) {
+    if (c->pf_mode == DF_PF_ALWAYS) return 1;
+    if (c->pf_mode == DF_PF_NEVER) return 0;
+    return c->win_n >= PF_MIN && 2 * c->win_hits >= c->win_n;
+}
+
 int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, const int *pf_ids, int pf_k,
                          df_ecache_ready_fn ready, void *ctx, char *err, size_t errlen) {
     enum { HIT = 0, PREFETCH_HIT = 1, PREFETCH_WAIT = 2, READ = 3 };
     int how[512], sl[512], done[512];
     double waited[512];
     if (k > 512) return df_err(err, errlen, DF_EINTERNAL, "expert cache: %d experts in one request", k);
+    judge_prediction(c, l, ids, k);
     int submit = 0;
     for (int i = 0; i < k; i++) {
         int key = l * c->n_experts + ids[i];
@@ -376,6 +429,7 @@ int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, c
             how[i] = s->prefetched ? (s->state == S_READY ? PREFETCH_HIT : PREFETCH_WAIT) : HIT;
             if (s->prefetched) c->st.prefetch_hits++; else c->st.hits++;
             s->prefetched = 0;
+            s->dead = 0;
         } else {
             v = start_load(c, key);
             if (v < 0) return df_err(err, errlen, DF_ENOMEM, "expert cache: no free slot for layer %d expert %d (%d slots, all pinned or loading)", l, ids[i], c->n_slots);
@@ -388,7 +442,12 @@ int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, c
         c->slots[v].last_use = ++c->clock;
         c->slots[v].uses++;
     }
-    /* prefetches for this layer that turned out wrong and are still reading: cancel them */
+    /* prefetches for this layer that turned out wrong: those still reading are cancelled,
+     * those that arrived become the first slots to reuse */
+    for (int v = 0; v < c->n_slots; v++) {
+        slot *s = &c->slots[v];
+        if (s->key >= 0 && s->key / c->n_experts == l && s->prefetched && s->state == S_READY && !s->pinned) s->dead = 1;
+    }
     if (c->have_ring)
         for (int v = 0; v < c->n_slots; v++) {
             slot *s = &c->slots[v];
@@ -407,7 +466,12 @@ int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, c
             }
         }
     if (submit && c->have_ring) io_uring_submit(&c->ring);
-    if (pf_k > 0 && c->have_ring) df_ecache_prefetch(c, pf_l, pf_ids, pf_k);
+    if (pf_k > 0 && c->pf_mode != DF_PF_NEVER) {
+        c->pred_l = pf_l, c->pred_n = 0;
+        for (int j = 0; j < pf_k && c->pred_n < 64; j++)
+            if (c->slot_of[pf_l * c->n_experts + pf_ids[j]] < 0) c->pred_ids[c->pred_n++] = pf_ids[j];
+        if (c->have_ring && prefetch_worth(c)) df_ecache_prefetch(c, pf_l, pf_ids, pf_k);
+    }
     int left = k;
     /* hand over what is ready, then wait for the rest in arrival order */
     for (;;) {
@@ -456,4 +520,5 @@ void df_ecache_stats_get(const df_ecache *c, df_ecache_stats *s) { *s = c->st; }
 int df_ecache_slots(const df_ecache *c) { return c->n_slots; }
 void df_ecache_set_policy(df_ecache *c, df_evict_policy p) { c->policy = p; }
 void df_ecache_set_trace(df_ecache *c, FILE *f) { c->trace = f; }
+void df_ecache_set_prefetch(df_ecache *c, df_prefetch_mode m) { c->pf_mode = m; }
 void df_ecache_set_token(df_ecache *c, int64_t t) { c->token = t; }

@@ -8,7 +8,8 @@
  *
  * Prefetches that turn out wrong (the layer's real routing differs) and are
  * still in flight are cancelled (IORING_OP_ASYNC_CANCEL) and their slots
- * freed; wrong ones that already arrived simply become eviction candidates.
+ * freed; wrong ones that already arrived are the first slots reused. Slots
+ * never used yet are taken only after those: their first touch is costly.
  *
  * Invariants: a slot holding a pinned expert is never evicted; a slot is
  * READY only after every extent arrived whole and its checksum matched. */
@@ -21,6 +22,10 @@
 typedef struct df_ecache df_ecache;
 
 typedef enum { DF_EVICT_LRU = 0, DF_EVICT_LFU = 1 } df_evict_policy;
+/* Router-lookahead prefetch: predictions are always judged against the
+ * layer's real routing; auto issues reads only while at least half of the
+ * last 64 predictions (of experts not yet resident) were right. */
+typedef enum { DF_PF_AUTO = 0, DF_PF_ALWAYS = 1, DF_PF_NEVER = 2 } df_prefetch_mode;
 
 typedef struct {
     int64_t budget;      /* bytes of slot memory */
@@ -47,7 +52,8 @@ typedef void (*df_ecache_ready_fn)(void *ctx, int i, const df_ffn *f);
  * negative DF_E* code (I/O error, checksum mismatch naming layer and expert). */
 int df_ecache_acquire(df_ecache *c, int l, const int *ids, int k, df_ecache_ready_fn ready, void *ctx, char *err, size_t errlen);
 /* As acquire, and once this layer's experts are pinned and their reads
- * issued (before waiting), prefetches pf_ids[0..pf_k) of layer pf_l. */
+ * issued (before waiting), records pf_ids[0..pf_k) as the prediction for
+ * layer pf_l and prefetches them when the prefetch mode says so. */
 int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, const int *pf_ids, int pf_k,
                          df_ecache_ready_fn ready, void *ctx, char *err, size_t errlen);
 /* Unpins everything acquired so far. */
@@ -58,6 +64,7 @@ void df_ecache_prefetch(df_ecache *c, int l, const int *ids, int k);
 
 typedef struct {
     int64_t hits, prefetch_hits, misses, prefetch_issued, prefetch_unused, prefetch_cancelled;
+    int64_t predicted, predicted_right; /* lookahead predictions of non-resident experts, and how many were used */
     int64_t bytes_read;
     double io_wait_s, read_busy_s;
     int n_slots;
@@ -67,6 +74,7 @@ typedef struct {
 void df_ecache_stats_get(const df_ecache *c, df_ecache_stats *s);
 int df_ecache_slots(const df_ecache *c);
 void df_ecache_set_policy(df_ecache *c, df_evict_policy p);
+void df_ecache_set_prefetch(df_ecache *c, df_prefetch_mode m);
 
 /* Tracing: when set, acquire writes one JSON line per (token, layer). */
 void df_ecache_set_trace(df_ecache *c, FILE *f);

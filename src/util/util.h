@@ -26,6 +26,20 @@ int df_map_file(const char *path, df_mapped *m, char *err, size_t errlen);
 int df_load_file(const char *path, df_mapped *m, char *err, size_t errlen);
 void df_unmap_file(df_mapped *m);
 
+/* One extent to read: bytes [off, off + len) of file `file` into dst. Bytes
+ * past need_end (an absolute file offset) may lie beyond the end of the file
+ * (the 4 KiB-aligned tail of the last tensor). */
+typedef struct {
+    int file;
+    uint64_t off, len, need_end;
+    uint8_t *dst;
+} df_read_req;
+/* Reads every extent (O_DIRECT through io_uring where offsets, lengths and
+ * dst are 4 KiB aligned; buffered otherwise), with a progress line on a
+ * terminal naming `what`. Returns 0 or DF_EIO with the file and offset. */
+int df_read_extents(const char *const *paths, int n_files, const df_read_req *reqs, int n_reqs, const char *what,
+                    char *err, size_t errlen);
+
 /* Reads a whole file into a NUL-terminated malloc'd buffer. */
 int df_read_file(const char *path, char **out, size_t *len, char *err, size_t errlen);
 int df_file_exists(const char *path);

@@ -282,10 +282,25 @@ def test_prefetch_and_cancellation_keep_the_bits(dfbin, name, stores):
     issued = 0
     for cache in ["300K", "600K", "1M", "2M"]:
         r = run([dfbin, "run", "--model", str(stores[name]), "--ids", ids, "--max-new", "64", "--ignore-eos", "--print-ids",
-                 "--expert-cache", cache, "--stats"])
+                 "--expert-cache", cache, "--stats", "--prefetch", "always"])
         assert r.stdout == base, cache
-        issued += int(r.stderr.split("prefetch: ")[1].split(" issued")[0])
+        issued += int(r.stderr.split("prefetch (always): ")[1].split(" issued")[0])
     assert issued > 0, "no prefetch was exercised"
+    # auto judges every prediction and reads them only while they are mostly right; never predicts nothing
+    total = 0
+    for cache in ["300K", "600K", "1M"]:
+        r = run([dfbin, "run", "--model", str(stores[name]), "--ids", ids, "--max-new", "64", "--ignore-eos", "--print-ids",
+                 "--expert-cache", cache, "--stats"])
+        assert r.stdout == base
+        line = r.stderr.split("prefetch (auto): ")[1].split("\n")[0]
+        right, judged = [int(x) for x in line.split("lookahead right ")[1].split(" (")[0].split(" of ")]
+        assert 0 <= right <= judged, line
+        total += judged
+    assert total > 0, "no prediction was judged"
+    r = run([dfbin, "run", "--model", str(stores[name]), "--ids", ids, "--max-new", "64", "--ignore-eos", "--print-ids",
+             "--expert-cache", "1M", "--stats", "--prefetch", "never"])
+    assert r.stdout == base
+    assert "prefetch (never): 0 issued" in r.stderr and "lookahead right 0 of 0" in r.stderr
 
 
 def read_st(path):
