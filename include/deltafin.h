@@ -130,6 +130,8 @@ typedef struct {
     int64_t prefill_tokens, decode_tokens;
     double prefill_seconds, decode_seconds;
     double t_attention, t_experts, t_other; /* seconds, all forward passes */
+    double spine_load_seconds;              /* streamed models: reading the resident weights at load */
+    int64_t spine_load_bytes;
     int64_t weight_bytes_touched;           /* bytes of weights read by decode steps */
     int streaming;                          /* routed experts stream through the expert cache */
     int spine_int8;                         /* the spine is row-int8 (--spine int8): results are NOT exact */

@@ -81,6 +81,8 @@ typedef struct df_model {
     int n_owned;
     uint8_t *spine_arena;  /* streaming: the resident weights, read into one huge-page arena */
     size_t spine_arena_bytes;
+    double spine_load_s;   /* time and bytes of reading the spine */
+    int64_t spine_load_bytes;
 } df_model;
 
 /* resident: 1 reads the weight files into engine-owned memory; 0 maps them;

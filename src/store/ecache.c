@@ -10,6 +10,7 @@
 #include "util/util.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <liburing.h>
 #include <pthread.h>
@@ -24,6 +25,7 @@
 #define ALIGN 4096u
 #define QD 256
 #define CANCEL_TAG (1ull << 62) /* user_data of cancel requests */
+#define POPULATE_THREADS 8 /* threads faulting slot memory in ahead of use */
 #define PF_WINDOW 64  /* prefetch gating: predictions judged over the last 64 that needed a read */
 #define PF_MIN 16     /* ... once at least this many were judged */
 
@@ -62,10 +64,13 @@ struct df_ecache {
     FILE *trace;
     int64_t token;
     char ioerr[256];
-    pthread_t populator;
-    int populating, populate_ahead;
+    pthread_t populator[POPULATE_THREADS];
+    int populating, populate_ahead, min_ahead;
+    atomic_int pop_next; /* the next slot to fault in */
     atomic_int stop_populate;
     atomic_int high_water; /* slots [0, high_water) have been used */
+    pthread_mutex_t rate_mu; /* fresh slots taken per second (decaying), which sets how far ahead to fault */
+    double fresh_rate, fresh_t;
     /* prefetch gating: the last prediction and the outcomes of recent ones */
     df_prefetch_mode pf_mode;
     int pred_l, pred_n, pred_ids[64];
@@ -74,27 +79,45 @@ struct df_ecache {
 };
 
 /* Faults slot memory in just ahead of use, in the background. On a VM the
- * first touch of a page is expensive (the host backs it and the guest zeroes
- * it, ~1 GB/s here). Empty slots are taken in index order, so the thread keeps
- * the next `ahead` slots past the highest one used faulted in, on idle CPU
- * time only (SCHED_IDLE): first touches leave the per-token path without
- * paying for slots that are never used. Stops when the cache is freed. */
+ * first touch of a page is expensive (the host backs it: ~0.5 GB/s for one
+ * thread here), but with asynchronous page faults the waits of several
+ * threads overlap (3 GB/s with eight) while the vCPUs run other work. Empty
+ * slots are taken in index order (used ones first, pick_victim), so
+ * POPULATE_THREADS threads at idle priority keep the next `ahead` slots past
+ * the highest one used faulted in: first touches leave the per-token path
+ * without paying for slots that are never used. Stops when the cache is freed. */
+/* How many slots past the high-water mark to keep faulted in: the fresh
+ * slots the last half second took (a prefill takes hundreds a second, a
+ * decode a few), at least min_ahead and at most populate_ahead (1 GiB).
+ * Faulting in slots that are never used costs the same CPU as useful ones. */
+#define AHEAD_TAU 0.5
+static int populate_ahead(df_ecache *c) {
+    pthread_mutex_lock(&c->rate_mu);
+    double r = c->fresh_rate * exp(-(df_now() - c->fresh_t) / AHEAD_TAU);
+    pthread_mutex_unlock(&c->rate_mu);
+    int a = (int)(r * AHEAD_TAU * 2);
+    return a < c->min_ahead ? c->min_ahead : a > c->populate_ahead ? c->populate_ahead : a;
+}
+
+static void note_fresh_slot(df_ecache *c) {
+    double now = df_now();
+    pthread_mutex_lock(&c->rate_mu);
+    c->fresh_rate = c->fresh_rate * exp(-(now - c->fresh_t) / AHEAD_TAU) + 1.0 / AHEAD_TAU;
+    c->fresh_t = now;
+    pthread_mutex_unlock(&c->rate_mu);
+}
+
 static void *populate(void *p) {
     df_ecache *c = p;
     struct sched_param sp = {0};
     sched_setscheduler(0, SCHED_IDLE, &sp);
-    int done = 0;
-    while (!atomic_load(&c->stop_populate) && done < c->n_slots) {
-        int target = atomic_load(&c->high_water) + c->populate_ahead;
-        if (target > c->n_slots) target = c->n_slots;
-        if (done >= target) { usleep(500); continue; }
-        uint8_t *a = c->arena + (size_t)done * (size_t)c->slot_bytes;
-        size_t n = (size_t)c->slot_bytes;
-#ifdef MADV_POPULATE_WRITE
-        if (madvise(a, n, MADV_POPULATE_WRITE) != 0)
-#endif
-            for (size_t i = 0; i < n; i += 4096) ((volatile uint8_t *)a)[i] = 0;
-        done++;
+    while (!atomic_load(&c->stop_populate)) {
+        int cur = atomic_load(&c->pop_next);
+        if (cur >= c->n_slots) break;
+        int target = atomic_load(&c->high_water) + populate_ahead(c);
+        if (cur >= target) { usleep(500); continue; }
+        if (!atomic_compare_exchange_weak(&c->pop_next, &cur, cur + 1)) continue;
+        df_touch_range(c->arena + (size_t)cur * (size_t)c->slot_bytes, (size_t)c->slot_bytes);
     }
     return NULL;
 }
@@ -176,8 +199,15 @@ df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, in
         return NULL;
     }
     madvise(c->arena, c->arena_bytes, MADV_HUGEPAGE);
-    c->populate_ahead = 4 * (o->min_slots > 0 ? o->min_slots : 1);
-    if (o->populate && c->arena_bytes && c->slot_bytes) c->populating = pthread_create(&c->populator, NULL, populate, c) == 0;
+    /* at most: 8 layers of top-k or 1 GiB, whichever is more */
+    c->min_ahead = 2 * (o->min_slots > 0 ? o->min_slots : 1);
+    c->populate_ahead = 8 * (o->min_slots > 0 ? o->min_slots : 1);
+    if (sb > 0 && (int64_t)c->populate_ahead * sb < (1ll << 30)) c->populate_ahead = (int)((1ll << 30) / sb);
+    pthread_mutex_init(&c->rate_mu, NULL);
+    c->fresh_t = df_now();
+    if (o->populate && c->arena_bytes && c->slot_bytes)
+        for (int i = 0; i < POPULATE_THREADS; i++)
+            if (pthread_create(&c->populator[c->populating], NULL, populate, c) == 0) c->populating++;
     c->slots = df_xcalloc((size_t)n, sizeof(slot));
     for (int i = 0; i < n; i++) c->slots[i].key = -1, c->slots[i].mem = c->arena + (size_t)i * (size_t)sb;
     c->slot_of = df_xmalloc((size_t)(n_layers * n_experts) * sizeof(int));
@@ -195,7 +225,7 @@ void df_ecache_free(df_ecache *c) {
     if (!c) return;
     if (c->populating) {
         atomic_store(&c->stop_populate, 1);
-        pthread_join(c->populator, NULL);
+        for (int i = 0; i < c->populating; i++) pthread_join(c->populator[i], NULL);
     }
     if (c->have_ring) {
         while (c->inflight > 0) {
@@ -284,7 +314,10 @@ static int pick_victim(df_ecache *c) {
 static int start_load(df_ecache *c, int key) {
     int v = pick_victim(c);
     if (v < 0) return -1;
-    if (v + 1 > atomic_load(&c->high_water)) atomic_store(&c->high_water, v + 1);
+    if (v + 1 > atomic_load(&c->high_water)) {
+        atomic_store(&c->high_water, v + 1);
+        if (c->populating) note_fresh_slot(c);
+    }
     slot *s = &c->slots[v];
     if (s->key >= 0) {
         if (s->prefetched) c->st.prefetch_unused++;

@@ -37,8 +37,27 @@ typedef struct {
 /* Reads every extent (O_DIRECT through io_uring where offsets, lengths and
  * dst are 4 KiB aligned; buffered otherwise), with a progress line on a
  * terminal naming `what`. Returns 0 or DF_EIO with the file and offset. */
+struct df_prefault;
 int df_read_extents(const char *const *paths, int n_files, const df_read_req *reqs, int n_reqs, const char *what,
-                    char *err, size_t errlen);
+                    struct df_prefault *pf, char *err, size_t errlen);
+
+/* Faults memory in (MADV_POPULATE_WRITE, else a write per page). */
+void df_touch_range(void *p, size_t n);
+/* Faults [p, p + n) in with `threads` background threads (at most
+ * DF_PREFAULT_MAX_THREADS), each walking its own contiguous stripe of
+ * df_prefault_stripe bytes from its start, 2 MiB at a time: first touches
+ * that wait for a hypervisor overlap when they are far apart.
+ * df_prefault_wait blocks until [start, end) is faulted in;
+ * df_prefault_finish stops, joins and frees. df_read_extents given a
+ * prefault handle over its destinations reads the stripes side by side and
+ * issues each read once its memory is faulted in. */
+#define DF_PREFAULT_MAX_THREADS 16
+typedef struct df_prefault df_prefault;
+df_prefault *df_prefault_start(void *p, size_t n, int threads);
+size_t df_prefault_stripe(const df_prefault *f);
+const uint8_t *df_prefault_base(const df_prefault *f);
+void df_prefault_wait(df_prefault *f, const void *start, const void *end);
+void df_prefault_finish(df_prefault *f);
 
 /* Reads a whole file into a NUL-terminated malloc'd buffer. */
 int df_read_file(const char *path, char **out, size_t *len, char *err, size_t errlen);
