@@ -139,6 +139,8 @@ typedef struct {
     int64_t prefetch_issued, prefetch_unused;
     int64_t prefetch_predicted, prefetch_predicted_right; /* lookahead predictions of non-resident experts judged */
     int prefetch_mode;                                    /* as df_options.prefetch */
+    int64_t stale_reuses;      /* reads that evicted an expert unused for 16 positions instead of taking fresh memory */
+    double slot_touch_gbs;     /* measured first-touch speed of expert-cache memory */
     double io_wait_seconds;
     int64_t decode_bytes_read;              /* expert bytes read during decode steps */
     double decode_io_wait_seconds;          /* time decode steps waited for expert reads */

@@ -56,6 +56,10 @@ static void print_stats(df_engine *e) {
                 (long long)st.prefetch_predicted_right, (long long)st.prefetch_predicted,
                 st.prefetch_predicted ? 100.0 * st.prefetch_predicted_right / st.prefetch_predicted : 0, st.bytes_read / 1e6,
                 secs > 0 ? st.bytes_read / secs / 1e9 : 0, st.io_wait_seconds);
+        if (st.slot_touch_gbs > 0)
+            fprintf(stderr, "[stats] cache memory: first touch %.2f GB/s%s; %lld reads took a stale expert's slot instead of fresh memory\n",
+                    st.slot_touch_gbs, st.slot_touch_gbs < 4.0 ? " (lazily backed: stale experts are reused first)" : "",
+                    (long long)st.stale_reuses);
         if (st.spine_load_bytes)
             fprintf(stderr, "[stats] load: resident weights %.1f MB read in %.3f s (%.2f GB/s)\n", st.spine_load_bytes / 1e6,
                     st.spine_load_seconds, st.spine_load_seconds > 0 ? st.spine_load_bytes / st.spine_load_seconds / 1e9 : 0);

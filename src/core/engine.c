@@ -408,6 +408,8 @@ void df_stats_get(df_engine *e, df_stats *out) {
         out->prefetch_predicted = es.predicted;
         out->prefetch_predicted_right = es.predicted_right;
         out->prefetch_mode = e->model->prefetch_mode;
+        out->stale_reuses = es.stale_reuses;
+        out->slot_touch_gbs = es.touch_gbs;
         out->spine_load_seconds = e->model->spine_load_s;
         out->spine_load_bytes = e->model->spine_load_bytes;
         out->expert_cache_bytes = (int64_t)es.n_slots * es.slot_bytes;

@@ -65,6 +65,8 @@ void df_ecache_prefetch(df_ecache *c, int l, const int *ids, int k);
 typedef struct {
     int64_t hits, prefetch_hits, misses, prefetch_issued, prefetch_unused, prefetch_cancelled;
     int64_t predicted, predicted_right; /* lookahead predictions of non-resident experts, and how many were used */
+    int64_t stale_reuses;               /* reads that evicted a stale expert instead of taking fresh memory */
+    double touch_gbs;                   /* first-touch speed of slot memory, measured at creation (0: no arena) */
     int64_t bytes_read;
     double io_wait_s, read_busy_s;
     int n_slots;

@@ -297,10 +297,31 @@ def test_prefetch_and_cancellation_keep_the_bits(dfbin, name, stores):
         assert 0 <= right <= judged, line
         total += judged
     assert total > 0, "no prediction was judged"
+    # where fresh memory is slow, stale experts are evicted before never-used slots are taken: same tokens
+    for fm in ("slow", "fast"):
+        r = run([dfbin, "run", "--model", str(stores[name]), "--ids", ids, "--max-new", "64", "--ignore-eos", "--print-ids",
+                 "--expert-cache", "2M", "--stats"], env={"DELTAFIN_FRESH_MEMORY": fm})
+        assert r.stdout == base, fm
     r = run([dfbin, "run", "--model", str(stores[name]), "--ids", ids, "--max-new", "64", "--ignore-eos", "--print-ids",
              "--expert-cache", "1M", "--stats", "--prefetch", "never"])
     assert r.stdout == base
     assert "prefetch (never): 0 issued" in r.stderr and "lookahead right 0 of 0" in r.stderr
+
+
+def test_stale_experts_reused_where_fresh_memory_is_slow(dfbin):
+    """With first touches slow (forced here; measured at cache creation otherwise), a read evicts an
+    expert no position used for 16 tokens before it takes a never-used slot; with them fast it never does."""
+    name = "qwen3-moe-v5cfg"
+    args = [dfbin, "run", "--model", str(MODELS / name), "--ids", "5,6,7,8", "--max-new", "64", "--ignore-eos",
+            "--print-ids", "--expert-cache", "2M", "--stats"]
+    base = run([dfbin, "run", "--model", str(MODELS / name), "--ids", "5,6,7,8", "--max-new", "64", "--ignore-eos",
+                "--print-ids"]).stdout
+    slow = run(args, env={"DELTAFIN_FRESH_MEMORY": "slow"})
+    fast = run(args, env={"DELTAFIN_FRESH_MEMORY": "fast"})
+    assert slow.stdout == base and fast.stdout == base
+    n = int(slow.stderr.split("(lazily backed: stale experts are reused first); ")[1].split(" reads")[0])
+    assert n > 0, slow.stderr
+    assert "; 0 reads took a stale" in fast.stderr and "lazily backed" not in fast.stderr
 
 
 def read_st(path):
