@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The physical floor of a streamed run, from its --trace: the bytes that had
-to be read (the spine once, from cold caches, and the expert misses of
+to be read (the spine once, from cold caches, except an untied embedding
+table of which only the rows of the positions run count, and the expert misses of
 Belady's optimal policy with the run's cache size, first uses included) over
 the disk bandwidth, plus the weight
 bytes every forward pass touches (the spine once per pass, each routed
@@ -33,7 +34,8 @@ def expert_and_spine_bytes(model):
         emb = next(t for t in r.tensors if t.name == "token_embd.weight")
         emb_row = int(emb.n_bytes) // int(emb.shape[-1])
         spine = sum(sizes.values()) - sum(exp.values())
-        return per_expert, spine - sizes["token_embd.weight"] + emb_row, spine
+        tied = "output.weight" not in sizes
+        return per_expert, spine - sizes["token_embd.weight"] + emb_row, spine, 0 if tied else sizes["token_embd.weight"], emb_row
     for f in glob.glob(os.path.join(model, "*.safetensors")):
         with open(f, "rb") as fh:
             n = struct.unpack("<Q", fh.read(8))[0]
@@ -48,7 +50,9 @@ def expert_and_spine_bytes(model):
             per[(m.group(1), m.group(2))] += v
     emb = sizes.get("model.embed_tokens.weight", 0)
     vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
-    return max(per.values()), sum(sizes.values()) - sum(per.values()) - emb + emb // vocab, sum(sizes.values()) - sum(per.values())
+    tied = "lm_head.weight" not in sizes
+    return (max(per.values()), sum(sizes.values()) - sum(per.values()) - emb + emb // vocab, sum(sizes.values()) - sum(per.values()),
+            0 if tied else emb, emb // vocab)
 
 
 def opt_misses(reqs, slots):
@@ -85,14 +89,17 @@ def main():
     recs = [json.loads(l) for l in open(a.trace)]
     reqs = [[(r["layer"], e["id"]) for e in r["experts"]] for r in recs]
     passes = len({r["token"] for r in recs})
-    eb, sb, spine_file = expert_and_spine_bytes(a.model)
+    eb, sb, spine_file, emb_skip, emb_row = expert_and_spine_bytes(a.model)
     miss = opt_misses(reqs, a.slots)
-    # from cold caches the spine is read once too
-    io = (miss * eb + spine_file) / (a.disk_gbs * 1e9)
+    # from cold caches the spine is read once too; of an untied embedding table only the rows of the
+    # positions that run have to be read (the trace's token field is a pass's first position)
+    positions = max(r["token"] for r in recs) + 1
+    spine_must = spine_file - emb_skip + (positions * emb_row if emb_skip else 0)
+    io = (miss * eb + spine_must) / (a.disk_gbs * 1e9)
     touched = passes * sb + sum(len(r) for r in reqs) * eb
     comp = touched / (a.mem_gbs * 1e9)
-    out = {"forward_passes": passes, "expert_bytes": eb, "spine_touched_per_pass": sb, "spine_file_bytes": spine_file, "opt_misses": miss,
-           "must_read_gb": (miss * eb + spine_file) / 1e9, "io_floor_s": io, "weights_touched_gb": touched / 1e9,
+    out = {"forward_passes": passes, "expert_bytes": eb, "spine_touched_per_pass": sb, "spine_file_bytes": spine_file,
+           "spine_must_read_bytes": spine_must, "opt_misses": miss, "must_read_gb": (miss * eb + spine_must) / 1e9, "io_floor_s": io, "weights_touched_gb": touched / 1e9,
            "compute_floor_s": comp, "floor_s": io + comp}
     if a.wall:
         out["wall_s"] = a.wall

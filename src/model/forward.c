@@ -261,7 +261,8 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
     double t0 = df_now();
     s->err[0] = 0;
     if (m->ecache) df_ecache_set_token(m->ecache, pos0);
-    for (int t = 0; t < n; t++) df_dequant_row(&m->embed, tokens[t], s->x + (size_t)t * H);
+    for (int t = 0; t < n; t++)
+        if (df_model_embed_row(m, tokens[t], s->x + (size_t)t * H, s->err, sizeof s->err)) return DF_EIO;
     const int half = c->rope_dim / 2;
     for (int t = 0; t < n; t++)
         for (int i = 0; i < half; i++) {

@@ -12,7 +12,10 @@
 #include "util/util.h"
 
 #include <math.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -301,6 +304,17 @@ int df_model_own_spine(df_model *m, char *err, size_t errlen) {
             if (it[i].file < 0 && *it[i].pp >= base && *it[i].pp + it[i].nb <= base + sz)
                 it[i].file = f, it[i].off = (uint64_t)(*it[i].pp - base);
     }
+    /* An untied embedding stays in its file: a forward pass reads one row per token
+     * (df_model_embed_row), so its bytes need neither a read at load nor memory. */
+    m->embed_on_disk = 0;
+    for (int i = 0; i < n && !tied && !getenv("DELTAFIN_RESIDENT_EMBED"); i++) {
+        if (it[i].pp != (const uint8_t **)&m->embed.data || it[i].file < 0 || m->embed.scale) continue;
+        int fd = open(paths[it[i].file], O_RDONLY | O_CLOEXEC);
+        if (fd < 0) break;
+        m->embed_fd = fd, m->embed_off = it[i].off, m->embed_on_disk = 1;
+        it[i] = it[--n];
+        break;
+    }
     qsort(it, (size_t)n, sizeof *it, item_cmp); /* by file and offset (copied items, file -1, first) */
     /* runs of file items whose 4 KiB-aligned spans touch; each run is one aligned read */
     df_read_req *rq = df_xcalloc((size_t)(n ? n : 1), sizeof *rq);
@@ -350,6 +364,7 @@ int df_model_own_spine(df_model *m, char *err, size_t errlen) {
             *it[i].pp = dst;
         }
         if (tied) m->lm_head = m->embed;
+        if (m->embed_on_disk) m->embed.data = NULL;
         m->spine_arena = arena;
         m->spine_arena_bytes = map_bytes;
         for (int l = 0; l < m->cfg.n_layers; l++)
@@ -366,6 +381,33 @@ int df_model_own_spine(df_model *m, char *err, size_t errlen) {
     return rc;
 }
 #undef PG
+
+int df_model_embed_row(const df_model *m, int32_t tok, float *out, char *err, size_t errlen) {
+    if (!m->embed_on_disk) {
+        df_dequant_row(&m->embed, tok, out);
+        return 0;
+    }
+    const size_t rb = m->embed.row_bytes;
+    uint8_t stack[1 << 16], *buf = rb <= sizeof stack ? stack : df_xmalloc(rb);
+    const uint64_t off = m->embed_off + (uint64_t)tok * rb;
+    size_t got = 0;
+    while (got < rb) {
+        ssize_t r = pread(m->embed_fd, buf + got, rb - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = errno;
+            if (buf != stack) free(buf);
+            return df_err(err, errlen, DF_EIO, "embedding row of token %d: read of %zu bytes at %llu failed: %s", tok, rb,
+                          (unsigned long long)off, r < 0 ? strerror(e) : "unexpected end of file");
+        }
+        got += (size_t)r;
+    }
+    df_weight w = m->embed;
+    w.data = buf;
+    df_dequant_row(&w, 0, out);
+    if (buf != stack) free(buf);
+    return 0;
+}
 
 static int64_t wparams(const df_weight *w) { return w->rows * w->cols; }
 static int64_t ffn_params(const df_ffn *f) { return wparams(&f->gate) + wparams(&f->up) + wparams(&f->down); }
@@ -477,6 +519,7 @@ void df_model_free(df_model *m) {
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     if (m->spine_arena) munmap(m->spine_arena, m->spine_arena_bytes);
+    if (m->embed_on_disk) close(m->embed_fd);
     for (int i = 0; i < m->n_files; i++) free(m->files[i]);
     free(m->files);
     df_st_close(m->st);

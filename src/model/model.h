@@ -79,6 +79,9 @@ typedef struct df_model {
     int n_files;
     void **owned;          /* rebuilt tensors owned by the model (GGUF kv_b) */
     int n_owned;
+    int embed_on_disk;     /* streaming, untied: embedding rows are read from the file per token */
+    int embed_fd;
+    uint64_t embed_off;
     uint8_t *spine_arena;  /* streaming: the resident weights, read into one huge-page arena */
     size_t spine_arena_bytes;
     double spine_load_s;   /* time and bytes of reading the spine */
@@ -90,6 +93,9 @@ typedef struct df_model {
  * keep only their on-disk extents for an expert cache). */
 int df_model_load(const char *dir, int resident, df_model **out, char *err, size_t errlen);
 int df_model_own_spine(df_model *m, char *err, size_t errlen);
+/* The embedding row of token tok into out[hidden] (from memory, or read from
+ * the file when embed_on_disk). 0, or DF_EIO with a message in err. */
+int df_model_embed_row(const df_model *m, int32_t tok, float *out, char *err, size_t errlen);
 /* Loads a GGUF file (llama, qwen3, qwen3moe, deepseek2 architectures): tensors
  * are used as stored (GGML block types), the config comes from the metadata.
  * mode as df_model_load (0 and 1 map the file; 2 streams routed experts). */
