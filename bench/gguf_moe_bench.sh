@@ -5,6 +5,9 @@
 # Reports wall time, time to first token, decode tok/s, bytes read, and the
 # floor (bench/io_floor.py: bytes that had to be read / O_DIRECT disk
 # bandwidth + weight bytes touched / memory bandwidth, both measured here).
+# Also reported, outside the issue's floor: the first-touch speed of fresh
+# memory (deltafin bench first-touch, after dropping caches) and a floor that
+# counts faulting in the run's peak RSS at that speed.
 # llama.cpp's time for this run on this machine type: 41.5 s (issue 7).
 #
 # Usage: bench/gguf_moe_bench.sh [FILE.gguf]   (generated if absent)
@@ -29,4 +32,10 @@ echo "wall time (process start to exit, incl. load): $WALL s"
 SLOTS=$(sed -n 's/.*cache \([0-9]*\) slots.*/\1/p' /tmp/gguf_moe_stats.txt)
 MEM=$(python3 -c "import json,sys; print(json.loads('''$FL''')['mem_read_gbs'])")
 DISK=$(python3 -c "import json; print(json.loads('''$DK''')['disk_read_gbs'])")
-python3 bench/io_floor.py --trace /tmp/gguf_moe_trace.jsonl --model "$G" --slots "$SLOTS" --disk-gbs "$DISK" --mem-gbs "$MEM" --wall "$WALL"
+# first-touch speed of fresh memory after dropping caches (what a cold start must fault in: the peak RSS)
+sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; sleep 10
+FT=$($BIN bench first-touch --size 2G); echo "$FT"
+TOUCH=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['first_touch_gbs'])" "$FT")
+RSS=$(sed -n 's/.*peak RSS \([0-9.]*\) MB.*/\1/p' /tmp/gguf_moe_stats.txt)
+python3 bench/io_floor.py --trace /tmp/gguf_moe_trace.jsonl --model "$G" --slots "$SLOTS" --disk-gbs "$DISK" --mem-gbs "$MEM" --wall "$WALL" \
+    --touch-gbs "$TOUCH" --fresh-bytes "$(python3 -c "print($RSS * 1e6)")"
