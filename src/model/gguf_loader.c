@@ -29,6 +29,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 typedef struct {
     df_model *m;
@@ -386,6 +387,16 @@ int df_model_load_gguf(const char *path, int mode, df_model **out, char *err, si
     m->dir = df_xstrdup(path);
     int rc = df_gguf_open(path, &m->gguf, err, errlen);
     if (rc) { df_model_free(m); return rc; }
+    /* The 1-D tensors (norms, biases) are copied out of the mapping one by one; in a
+     * large MoE file they lie between gigabytes of experts, so from a cold disk each is
+     * a separate read (~60 on the 30-layer benchmark, ~0.3 s one after another). Ask
+     * for all of them at once. */
+    for (int i = 0; i < df_gguf_n_tensors(m->gguf); i++) {
+        const df_gguf_tensor *t = df_gguf_tensor_at(m->gguf, i);
+        if (t->n_dims != 1 || !t->nbytes || !t->data) continue;
+        uintptr_t a = (uintptr_t)t->data & ~(uintptr_t)4095, e = (uintptr_t)t->data + t->nbytes;
+        madvise((void *)a, e - a, MADV_WILLNEED);
+    }
     gl c = {m, path, err, errlen, 0};
     df_config *cfg = &m->cfg;
     const char *arch = NULL;

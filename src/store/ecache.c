@@ -70,6 +70,7 @@ struct df_ecache {
     pthread_t populator[POPULATE_THREADS];
     int populating, populate_ahead, min_ahead;
     atomic_int pop_next; /* the next slot to fault in */
+    atomic_int pop_go;   /* set once every populate thread is created */
     atomic_int stop_populate;
     atomic_int high_water; /* slots [0, high_water) have been used */
     pthread_mutex_t rate_mu; /* fresh slots taken per second (decaying), which sets how far ahead to fault */
@@ -115,6 +116,9 @@ static void *populate(void *p) {
     df_ecache *c = p;
     struct sched_param sp = {0};
     sched_setscheduler(0, SCHED_IDLE, &sp);
+    /* start faulting only once every thread exists: a fault holds the address space's
+     * lock for reading, which the next thread's stack mapping waits for */
+    while (!atomic_load(&c->pop_go) && !atomic_load(&c->stop_populate)) usleep(100);
     while (!atomic_load(&c->stop_populate)) {
         int cur = atomic_load(&c->pop_next);
         if (cur >= c->n_slots) break;
@@ -222,6 +226,7 @@ df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, in
     if (o->populate && c->arena_bytes && c->slot_bytes)
         for (int i = 0; i < POPULATE_THREADS; i++)
             if (pthread_create(&c->populator[c->populating], NULL, populate, c) == 0) c->populating++;
+    atomic_store(&c->pop_go, 1);
     c->slots = df_xcalloc((size_t)n, sizeof(slot));
     for (int i = 0; i < n; i++) c->slots[i].key = -1, c->slots[i].mem = c->arena + (size_t)i * (size_t)sb;
     c->slot_of = df_xmalloc((size_t)(n_layers * n_experts) * sizeof(int));

@@ -182,7 +182,7 @@ int df_read_extents(const char *const *paths, int n_files, const df_read_req *re
 struct df_prefault {
     uint8_t *p;
     size_t n, stripe;      /* stripe: bytes per thread, a multiple of PF_STEP */
-    atomic_int stop;
+    atomic_int stop, go;
     atomic_uchar *done;    /* per PF_STEP piece */
     size_t n_pieces;
     int threads;
@@ -204,6 +204,9 @@ static void *prefault_main(void *arg) {
     struct pf_arg *a = arg;
     df_prefault *f = a->f;
     size_t b = (size_t)a->t * f->stripe, e = b + f->stripe < f->n ? b + f->stripe : f->n;
+    /* start once every thread exists: faults hold the address space's lock for reading,
+     * which the next thread's stack mapping waits for */
+    while (!atomic_load(&f->go) && !atomic_load(&f->stop)) usleep(100);
     for (size_t at = b; at < e && !atomic_load(&f->stop); at += PF_STEP) {
         df_touch_range(f->p + at, e - at < PF_STEP ? e - at : PF_STEP);
         atomic_store(&f->done[at / PF_STEP], 1);
@@ -220,10 +223,12 @@ df_prefault *df_prefault_start(void *p, size_t n, int threads) {
     f->stripe = (f->n_pieces + (size_t)threads - 1) / (size_t)threads * PF_STEP;
     f->done = df_xcalloc(f->n_pieces ? f->n_pieces : 1, 1);
     atomic_init(&f->stop, 0);
+    atomic_init(&f->go, 0);
     for (int i = 0; i < threads; i++) {
         f->arg[f->threads] = (struct pf_arg){f, i};
         if (pthread_create(&f->th[f->threads], NULL, prefault_main, &f->arg[f->threads]) == 0) f->threads++;
     }
+    atomic_store(&f->go, 1);
     return f;
 }
 
