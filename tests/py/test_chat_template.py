@@ -22,7 +22,8 @@ BIN = os.environ.get("DELTAFIN_BIN", os.path.join(ROOT, "deltafin"))
 FIX = os.path.join(os.path.dirname(ROOT), "shared", "fixtures", "tokenizers")
 TPL = os.path.join(ROOT, "tests", "data", "chat_templates")
 
-pytestmark = pytest.mark.skipif(not os.path.exists(BIN), reason="deltafin binary not built")
+if not os.path.exists(BIN):
+    raise RuntimeError(f"{BIN} is not built (run make)")
 
 # ---------------------------------------------------------------- reference
 

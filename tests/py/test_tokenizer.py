@@ -16,7 +16,6 @@ REPO = Path(__file__).resolve().parents[2]
 FIX = REPO.parent / "shared" / "fixtures" / "tokenizers"
 BIN = os.environ.get("DELTAFIN_BIN", str(REPO / "deltafin"))
 
-pytestmark = pytest.mark.skipif(not FIX.is_dir(), reason="tokenizer fixtures missing")
 
 CODE = [
     'def fib(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n',
