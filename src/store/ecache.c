@@ -83,14 +83,6 @@ struct df_ecache {
     int win_n, win_pos, win_hits;
 };
 
-/* Faults slot memory in just ahead of use, in the background. On a VM the
- * first touch of a page is expensive (the host backs it: ~0.5 GB/s for one
- * thread here), but with asynchronous page faults the waits of several
- * threads overlap (3 GB/s with eight) while the vCPUs run other work. Empty
- * slots are taken in index order (used ones first, pick_victim), so
- * POPULATE_THREADS threads at idle priority keep the next `ahead` slots past
- * the highest one used faulted in: first touches leave the per-token path
- * without paying for slots that are never used. Stops when the cache is freed. */
 /* How many slots past the high-water mark to keep faulted in: the fresh
  * slots the last half second took (a prefill takes hundreds a second, a
  * decode a few), at least min_ahead and at most populate_ahead (1 GiB).
@@ -112,6 +104,14 @@ static void note_fresh_slot(df_ecache *c) {
     pthread_mutex_unlock(&c->rate_mu);
 }
 
+/* Faults slot memory in just ahead of use, in the background. On a VM the
+ * first touch of a page is expensive (the host backs it: ~0.45 GB/s for one
+ * thread here), and the waits of several threads overlap (0.8-3.6 GB/s with
+ * eight, varying with the host) while the vCPUs run other work. Empty slots
+ * are taken in index order (used ones first, pick_victim), so
+ * POPULATE_THREADS threads at idle priority keep the next `ahead` slots past
+ * the highest one used faulted in: first touches leave the per-token path
+ * without paying for slots that are never used. Stops when the cache is freed. */
 static void *populate(void *p) {
     df_ecache *c = p;
     struct sched_param sp = {0};
@@ -511,14 +511,12 @@ int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, c
     }
     /* prefetches for this layer that turned out wrong: those still reading are cancelled,
      * those that arrived become the first slots to reuse */
-    for (int v = 0; v < c->n_slots; v++) {
-        slot *s = &c->slots[v];
-        if (s->key >= 0 && s->key / c->n_experts == l && s->prefetched && s->state == S_READY && !s->pinned) s->dead = 1;
-    }
-    if (c->have_ring)
+    if (c->pf_mode != DF_PF_NEVER)
         for (int v = 0; v < c->n_slots; v++) {
             slot *s = &c->slots[v];
-            if (s->key < 0 || s->key / c->n_experts != l || !s->prefetched || s->state != S_LOADING || s->pinned || s->failed) continue;
+            if (s->key < 0 || s->key / c->n_experts != l || !s->prefetched || s->pinned) continue;
+            if (s->state == S_READY) { s->dead = 1; continue; }
+            if (!c->have_ring || s->state != S_LOADING || s->failed) continue;
             s->failed = 3;
             c->st.prefetch_cancelled++;
             reads rd;
