@@ -81,20 +81,13 @@ static int sha256_file(const char *path, char hex[65]) {
     return 0;
 }
 
-typedef struct { FILE *f; double t0; int tty; } dl_state;
+typedef struct { FILE *f; df_progress pg; } dl_state;
 
 static int progress(void *p, curl_off_t total, curl_off_t now, curl_off_t ut, curl_off_t un) {
     (void)ut; (void)un;
     dl_state *s = p;
-    static double last;
-    double t = df_now() - s->t0;
-    if (!s->tty || t - last < 0.2) return 0;
-    last = t;
-    double rate = t > 0 ? now / t : 0;
-    if (total > 0)
-        fprintf(stderr, "\r  %6.1f / %.1f MB  %6.1f MB/s  ETA %4.0f s ", now / 1e6, total / 1e6, rate / 1e6, rate > 0 ? (total - now) / rate : 0);
-    else
-        fprintf(stderr, "\r  %6.1f MB  %6.1f MB/s ", now / 1e6, rate / 1e6);
+    s->pg.total = (int64_t)total;
+    df_progress_add(&s->pg, (int64_t)now - s->pg.done, 0);
     return 0;
 }
 
@@ -102,7 +95,8 @@ static int progress(void *p, curl_off_t total, curl_off_t now, curl_off_t ut, cu
 static int download(const char *url, const char *path) {
     CURL *c = curl_easy_init();
     if (!c) return -1;
-    dl_state s = {fopen(path, "wb"), df_now(), isatty(2)};
+    dl_state s = {.f = fopen(path, "wb")};
+    df_progress_init(&s.pg, "download", 0, isatty(2));
     if (!s.f) { curl_easy_cleanup(c); return -1; }
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
@@ -115,7 +109,8 @@ static int download(const char *url, const char *path) {
     curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, progress);
     curl_easy_setopt(c, CURLOPT_XFERINFODATA, &s);
     CURLcode rc = curl_easy_perform(c);
-    if (s.tty) fprintf(stderr, "\n");
+    if (rc == CURLE_OK) df_progress_add(&s.pg, 0, 1);
+    else if (s.pg.on) fprintf(stderr, "\n");
     if (rc != CURLE_OK) fprintf(stderr, "deltafin setup: %s: %s\n", url, curl_easy_strerror(rc));
     curl_easy_cleanup(c);
     return fclose(s.f) || rc != CURLE_OK ? -1 : 0;

@@ -93,35 +93,14 @@ static int write_json_atomic(const char *path, json_t *j, char *err, size_t errl
     return rc;
 }
 
-/* ---- progress -------------------------------------------------------------- */
-
-typedef struct {
-    int on;
-    int64_t done, total;
-    double t0, last;
-    const char *what;
-} progress;
-
-static void prog(progress *p, int64_t add, int final) {
-    p->done += add;
-    if (!p->on) return;
-    double t = df_now();
-    if (!final && t - p->last < 0.25) return;
-    p->last = t;
-    double el = t - p->t0, rate = el > 0 ? p->done / el : 0;
-    fprintf(stderr, "\r  %-8s %8.1f / %.1f MB  %7.1f MB/s  ETA %5.0f s ", p->what, p->done / 1e6, p->total / 1e6, rate / 1e6,
-            rate > 0 ? (p->total - p->done) / rate : 0);
-    if (final) fprintf(stderr, "\n");
-}
-
-static int sha256_path(const char *path, char hex[65], progress *pg, char *err, size_t errlen) {
+static int sha256_path(const char *path, char hex[65], df_progress *pg, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) return df_err(err, errlen, DF_EIO, "%s: cannot open: %s", path, strerror(errno));
     EVP_MD_CTX *c = EVP_MD_CTX_new();
     EVP_DigestInit_ex(c, EVP_sha256(), NULL);
     static unsigned char buf[1 << 20];
     size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) { EVP_DigestUpdate(c, buf, n); prog(pg, (int64_t)n, 0); }
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) { EVP_DigestUpdate(c, buf, n); df_progress_add(pg, (int64_t)n, 0); }
     int bad = ferror(f);
     fclose(f);
     unsigned char md[32];
@@ -191,7 +170,7 @@ static float quant_row(const df_st_tensor *t, int64_t r, int8_t *q) {
 
 /* Writes spine.safetensors: every tensor except routed-expert parts, bytes as
  * shipped (or row-int8 + weight_row_scale for linear weights with int8). */
-static int write_spine(const df_st_set *st, const char *out, int int8, progress *pg, char *err, size_t errlen) {
+static int write_spine(const df_st_set *st, const char *out, int int8, df_progress *pg, char *err, size_t errlen) {
     json_t *h = json_object();
     uint64_t off = 0;
     int n = df_st_count(st);
@@ -246,7 +225,7 @@ static int write_spine(const df_st_set *st, const char *out, int int8, progress 
         } else {
             rc = write_all(fd, t->data, t->nbytes, tmp, err, errlen);
         }
-        prog(pg, (int64_t)t->nbytes, 0);
+        df_progress_add(pg, (int64_t)t->nbytes, 0);
     }
     if (!rc && fsync(fd)) rc = df_err(err, errlen, DF_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
     if (fd >= 0) close(fd);
@@ -296,7 +275,8 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
     char *state_path = df_path_join(o->out, "setup-state.json"), *man_path = df_path_join(o->out, "manifest.json");
     char **pack_names = NULL;
     int n_packs = 0;
-    progress pg = {o->progress, 0, 0, df_now(), 0, "hashing"};
+    df_progress pg;
+    df_progress_init(&pg, "hashing", 0, o->progress);
     if (mkdirs(o->out)) { rc = df_err(err, errlen, DF_EIO, "%s: cannot create: %s", o->out, strerror(errno)); goto out; }
     unlink(man_path); /* whatever happens next, the store is not complete until the end */
     state = json_load_file(state_path, 0, NULL);
@@ -331,19 +311,19 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
         if (json_is_object(cached) && json_integer_value(json_object_get(cached, "size")) == fs.st_size &&
             json_integer_value(json_object_get(cached, "mtime")) == (json_int_t)fs.st_mtime) {
             snprintf(hex, sizeof hex, "%s", json_string_value(json_object_get(cached, "sha256")));
-            prog(&pg, fs.st_size, 0);
+            df_progress_add(&pg, fs.st_size, 0);
         } else {
             rc = sha256_path(p, hex, &pg, err, errlen);
             json_object_set_new(json_object_get(state, "sha256"), base_name(p), json_pack("{s:I,s:I,s:s}", "size", (json_int_t)fs.st_size, "mtime", (json_int_t)fs.st_mtime, "sha256", hex));
         }
         json_array_append_new(files, json_pack("{s:s,s:I,s:s}", "name", base_name(p), "size", (json_int_t)fs.st_size, "sha256", hex));
     }
-    prog(&pg, 0, 1);
+    df_progress_add(&pg, 0, 1);
     if (!rc) rc = write_json_atomic(state_path, state, err, errlen);
     if (rc) { json_decref(files); goto out; }
 
     /* 2. spine + config and tokenizer files */
-    pg = (progress){o->progress, 0, spine_bytes + expert_bytes, df_now(), 0, "writing"};
+    df_progress_init(&pg, "writing", spine_bytes + expert_bytes, o->progress);
     if (!json_is_true(json_object_get(state, "spine"))) {
         rc = write_spine(st, o->out, o->spine_int8, &pg, err, errlen);
         static const char *small[] = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tiktoken.model",
@@ -352,7 +332,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
         if (!rc) { json_object_set_new(state, "spine", json_true()); rc = write_json_atomic(state_path, state, err, errlen); }
         if (rc) { json_decref(files); goto out; }
     } else {
-        prog(&pg, spine_bytes, 0);
+        df_progress_add(&pg, spine_bytes, 0);
     }
 
     /* 3. per MoE layer: packs (or checksums of the source bytes in direct mode) */
@@ -393,7 +373,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
             for (int e = 0; e < E; e++) {
                 const char *h = json_string_value(json_array_get(done, (size_t)e));
                 ex[(size_t)l * E + e].xxh3 = h ? strtoull(h, NULL, 16) : 0;
-                for (int p = 0; p < ex[(size_t)l * E + e].n; p++) prog(&pg, (int64_t)ex[(size_t)l * E + e].t[p]->nbytes, 0);
+                for (int p = 0; p < ex[(size_t)l * E + e].n; p++) df_progress_add(&pg, (int64_t)ex[(size_t)l * E + e].t[p]->nbytes, 0);
             }
             continue;
         }
@@ -416,7 +396,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
                     for (int p = 0; p < x->n && !rc; p++) {
                         rc = write_all(fd, x->t[p]->data, x->t[p]->nbytes, pn, err, errlen);
                         at += x->t[p]->nbytes;
-                        prog(&pg, (int64_t)x->t[p]->nbytes, 0);
+                        df_progress_add(&pg, (int64_t)x->t[p]->nbytes, 0);
                     }
                 }
                 if (!rc && at % ALIGN) rc = write_all(fd, zeros, (size_t)(a_up(at) - at), pn, err, errlen);
@@ -424,7 +404,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
                 close(fd);
             }
         } else {
-            for (int e = 0; e < E; e++) for (int p = 0; p < ex[(size_t)l * E + e].n; p++) prog(&pg, (int64_t)ex[(size_t)l * E + e].t[p]->nbytes, 0);
+            for (int e = 0; e < E; e++) for (int p = 0; p < ex[(size_t)l * E + e].n; p++) df_progress_add(&pg, (int64_t)ex[(size_t)l * E + e].t[p]->nbytes, 0);
         }
         for (int e = 0; e < E; e++) {
             expert_rec *x = &ex[(size_t)l * E + e];
@@ -437,11 +417,11 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
         rc = write_json_atomic(state_path, state, err, errlen);
         if (!rc && ++layers_done_now == abort_after) _exit(9);
     }
-    prog(&pg, 0, 1);
+    df_progress_add(&pg, 0, 1);
     if (rc) { json_decref(files); goto out; }
 
     /* 4. verify every blob as it will be read, then write the manifest (complete) */
-    pg = (progress){o->progress, 0, expert_bytes, df_now(), 0, "verifying"};
+    df_progress_init(&pg, "verifying", expert_bytes, o->progress);
     man = json_pack("{s:s,s:i,s:b,s:{s:s,s:o},s:{s:s,s:b},s:b}", "format", "deltafin-store", "format_version", FORMAT_VERSION, "complete", 0,
                     "source", "path", o->from, "files", files, "spine", "file", "spine.safetensors", "exact", !o->spine_int8, "packed", o->pack);
     char *cfgp = df_path_join(o->out, "config.json");
@@ -476,7 +456,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
                 ssize_t r = pread(fd, buf, t->nbytes, (off_t)x->off[p]);
                 if (r != (ssize_t)t->nbytes) rc = df_err(err, errlen, DF_EIO, "%s: short read verifying layer %d expert %d", fp, l, e);
                 XXH3_64bits_update(h, buf, t->nbytes);
-                prog(&pg, (int64_t)t->nbytes, 0);
+                df_progress_add(&pg, (int64_t)t->nbytes, 0);
                 json_t *sh = json_array();
                 for (int d = 0; d < t->n_dims; d++) json_array_append_new(sh, json_integer(t->shape[d]));
                 json_array_append_new(parts, json_pack("{s:s,s:s,s:o,s:i,s:I,s:I}", "tensor", t->name, "dtype", df_st_dtype_name(t->dtype), "shape", sh,
@@ -492,7 +472,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
             json_array_append_new(exj, json_pack("{s:i,s:i,s:s,s:o}", "layer", l, "expert", e, "xxh3", hx, "parts", parts));
         }
     free(buf);
-    prog(&pg, 0, 1);
+    df_progress_add(&pg, 0, 1);
     json_object_set_new(man, "experts", exj);
     if (!rc) {
         json_object_set_new(man, "complete", json_true());

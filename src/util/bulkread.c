@@ -24,26 +24,8 @@ typedef struct {
     uint32_t len;
 } chunk;
 
-typedef struct {
-    const char *what;
-    uint64_t total, done;
-    double t0, last;
-    int show;
-} progress;
-
-static void prog_tick(progress *p, int final) {
-    if (!p->show) return;
-    double now = df_now();
-    if (!final && now - p->last < 0.5) return;
-    p->last = now;
-    double rate = p->done / (now - p->t0 > 1e-6 ? now - p->t0 : 1e-6);
-    fprintf(stderr, "\r  loading %s %8.1f / %.1f MB  %7.1f MB/s  ETA %4.0f s ", p->what, p->done / 1e6, p->total / 1e6,
-            rate / 1e6, rate > 0 ? (double)(p->total - p->done) / rate : 0.0);
-    if (final) fputc('\n', stderr);
-}
-
 /* Buffered reads of whatever could not be read with O_DIRECT. */
-static int read_buffered(const char *path, const df_read_req *r, uint64_t pos, uint64_t len, progress *pg, char *err,
+static int read_buffered(const char *path, const df_read_req *r, uint64_t pos, uint64_t len, df_progress *pg, char *err,
                          size_t errlen) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return df_err(err, errlen, DF_EIO, "%s: cannot open: %s", path, strerror(errno));
@@ -58,8 +40,7 @@ static int read_buffered(const char *path, const df_read_req *r, uint64_t pos, u
             return df_err(err, errlen, DF_EIO, "%s: read failed at byte %llu: %s", path,
                           (unsigned long long)(r->off + pos), n < 0 ? strerror(e) : "unexpected end of file");
         }
-        pos += (uint64_t)n, len -= (uint64_t)n, pg->done += (uint64_t)n;
-        prog_tick(pg, 0);
+        pos += (uint64_t)n, len -= (uint64_t)n, df_progress_add(pg, (int64_t)n, 0);
     }
     close(fd);
     return 0;
@@ -82,15 +63,16 @@ static int chunk_cmp(const void *a, const void *b, void *ctx) {
 
 int df_read_extents(const char *const *paths, int n_files, const df_read_req *reqs, int n_reqs, const char *what,
                     struct df_prefault *pf, char *err, size_t errlen) {
-    progress pg = {what ? what : "", 0, 0, df_now(), 0, 0};
+    df_progress pg;
+    df_progress_init(&pg, what, 0, 0);
     int64_t n_chunks = 0;
     for (int i = 0; i < n_reqs; i++) {
         if (reqs[i].file < 0 || reqs[i].file >= n_files)
             return df_err(err, errlen, DF_EINTERNAL, "read_extents: bad file index %d", reqs[i].file);
-        pg.total += reqs[i].len;
+        pg.total += (int64_t)reqs[i].len;
         n_chunks += (int64_t)((reqs[i].len + CHUNK - 1) / CHUNK);
     }
-    pg.show = isatty(2) && pg.total >= (256u << 20);
+    pg.on = isatty(2) && pg.total >= (256 << 20);
     int *fd = df_xmalloc((size_t)(n_files ? n_files : 1) * sizeof(int));
     for (int i = 0; i < n_files; i++) fd[i] = open(paths[i], O_RDONLY | O_DIRECT | O_CLOEXEC);
     struct io_uring ring;
@@ -133,10 +115,10 @@ int df_read_extents(const char *const *paths, int n_files, const df_read_req *re
             const chunk *c = &ch[id];
             const df_read_req *r = &reqs[c->req];
             if (res == (int)c->len) {
-                pg.done += c->len;
+                df_progress_add(&pg, c->len, 0);
             } else if (res >= 0) {
                 /* short: end of file inside the aligned tail, or a partial read to finish buffered */
-                if (r->off + c->pos + (uint64_t)res >= r->need_end) pg.done += c->len;
+                if (r->off + c->pos + (uint64_t)res >= r->need_end) df_progress_add(&pg, c->len, 0);
                 else redo[id] = 1;
             } else if (res == -EINVAL || res == -EOPNOTSUPP) {
                 redo[id] = 1;
@@ -144,7 +126,6 @@ int df_read_extents(const char *const *paths, int n_files, const df_read_req *re
                 rc = df_err(err, errlen, DF_EIO, "%s: read of %u bytes at %llu failed: %s", paths[r->file], c->len,
                             (unsigned long long)(r->off + c->pos), strerror(-res));
             }
-            prog_tick(&pg, 0);
         }
         while (inflight > 0) { /* drain after an error */
             struct io_uring_cqe *cqe;
@@ -158,8 +139,8 @@ int df_read_extents(const char *const *paths, int n_files, const df_read_req *re
     }
     for (int64_t i = 0; i < n_chunks && !rc; i++)
         if (redo[i]) rc = read_buffered(paths[reqs[ch[i].req].file], &reqs[ch[i].req], ch[i].pos, ch[i].len, &pg, err, errlen);
-    if (!rc) prog_tick(&pg, 1);
-    else if (pg.show) fputc('\n', stderr);
+    if (!rc) df_progress_add(&pg, 0, 1);
+    else if (pg.on) fputc('\n', stderr);
     for (int i = 0; i < n_files; i++)
         if (fd[i] >= 0) close(fd[i]);
     free(fd), free(ch), free(redo);

@@ -278,3 +278,22 @@ void df_buf_free(df_buf *b) {
     b->p = NULL;
     b->len = b->cap = 0;
 }
+
+void df_progress_init(df_progress *p, const char *what, int64_t total, int on) {
+    *p = (df_progress){on, 0, total, df_now(), 0, what ? what : ""};
+}
+
+void df_progress_add(df_progress *p, int64_t add, int final) {
+    p->done += add;
+    if (!p->on) return;
+    double t = df_now();
+    if (!final && t - p->last < 0.25) return;
+    p->last = t;
+    double el = t - p->t0, rate = el > 0 ? p->done / el : 0;
+    if (p->total > 0)
+        fprintf(stderr, "\r  %-8s %8.1f / %.1f MB  %7.1f MB/s  ETA %5.0f s ", p->what, p->done / 1e6, p->total / 1e6, rate / 1e6,
+                rate > 0 ? (double)(p->total - p->done) / rate : 0.0);
+    else
+        fprintf(stderr, "\r  %-8s %8.1f MB  %7.1f MB/s ", p->what, p->done / 1e6, rate / 1e6);
+    if (final) fputc('\n', stderr);
+}

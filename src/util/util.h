@@ -26,6 +26,18 @@ int df_map_file(const char *path, df_mapped *m, char *err, size_t errlen);
 int df_load_file(const char *path, df_mapped *m, char *err, size_t errlen);
 void df_unmap_file(df_mapped *m);
 
+/* A progress line on stderr for long work: "  WHAT  done / total MB  MB/s  ETA s",
+ * redrawn at most every 0.25 s (always on final, which ends the line). on = 0 counts
+ * silently; total 0 (unknown) prints no total or ETA. */
+typedef struct {
+    int on;
+    int64_t done, total;
+    double t0, last;
+    const char *what;
+} df_progress;
+void df_progress_init(df_progress *p, const char *what, int64_t total, int on);
+void df_progress_add(df_progress *p, int64_t add, int final);
+
 /* One extent to read: bytes [off, off + len) of file `file` into dst. Bytes
  * past need_end (an absolute file offset) may lie beyond the end of the file
  * (the 4 KiB-aligned tail of the last tensor). */
