@@ -407,3 +407,25 @@ def test_i8_weights_outside_an_int8_store_are_refused(dfbin, tmp_path):
     f.write_bytes(struct.pack("<Q", len(hb)) + hb + raw[8 + n:])
     r = run([dfbin, "eval", "--model", str(d), "--ids", "1", "--dump-logits", os.devnull], check=False)
     assert r.returncode == 2 and name in r.stderr and "only accepted in the spine of a store built with --spine int8" in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--model", "MODEL", "--ids", "1,2", "--max-new", "1", "--prefetch", "sometimes"],
+     "--prefetch: expected auto, always or never, got 'sometimes'"),
+    (["run", "--model", "MODEL", "--ids", "1,2", "--max-new", "1", "--prefetch"], "--prefetch"),
+    (["bench", "first-touch", "--size", "-3"], "expected --size > 0"),
+    (["bench", "first-touch", "--threads", "0"], "--threads 1..16"),
+    (["bench", "first-touch", "--bogus"], "unknown option '--bogus'"),
+])
+def test_new_options_refuse_bad_values(dfbin, args, needle):
+    args = [str(MODELS / "qwen3-moe-bf16") if a == "MODEL" else a for a in args]
+    p = run([dfbin, *args], check=False)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert needle in p.stderr, p.stderr
+
+
+def test_bench_first_touch_reports(dfbin):
+    import json as _json
+    p = run([dfbin, "bench", "first-touch", "--size", "64M", "--threads", "2"])
+    r = _json.loads(p.stdout)
+    assert r["bytes"] == 64 << 20 and r["threads"] == 2 and r["first_touch_gbs"] > 0
