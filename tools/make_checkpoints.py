@@ -543,7 +543,33 @@ def spec_deepseek_v3_noyarn():
                         "routed_scaling_factor 1.5.")
 
 
+# More routed experts per token than the old fixed arrays of 64 held (issue: a config.json with
+# num_experts_per_tok 70 crashed the engine): the engine sizes its buffers from the config.
+def spec_qwen3_moe_k70():
+    cfg = dict(spec_qwen3_moe_bf16()["config"])
+    cfg.update(num_experts=80, num_experts_per_tok=70, moe_intermediate_size=8, num_hidden_layers=2,
+               mlp_only_layers=[], max_window_layers=2)
+    gc = {"bos_token_id": 3, "eos_token_id": [4, 3], "transformers_version": "4.51.0"}
+    return dict(config=cfg, gen=gc, dtype=torch.bfloat16, build=build_dense, seed=4700, qk_norm=True, moe=True,
+                purpose="Qwen3-MoE with 70 of 80 experts per token (more than 64), width 8, norm_topk_prob, "
+                        "2 MoE layers.")
+
+
+def spec_deepseek_v3_k70():
+    cfg = ds_cfg(
+        first_k_dense_replace=1, hidden_size=64, intermediate_size=128, kv_lora_rank=32, moe_intermediate_size=8,
+        n_group=4, n_routed_experts=96, n_shared_experts=1, norm_topk_prob=True, num_attention_heads=4,
+        num_experts_per_tok=70, num_hidden_layers=2, num_key_value_heads=4, num_nextn_predict_layers=0,
+        q_lora_rank=48, qk_nope_head_dim=16, qk_rope_head_dim=8, routed_scaling_factor=2.5, topk_group=3,
+        v_head_dim=16, vocab_size=512)
+    return dict(config=cfg, gen=DS_GEN, build=build_deepseek, seed=9700,
+                purpose="DeepSeek-V3 with 70 of 96 experts per token (more than 64) from 3 of 4 groups of 24, "
+                        "width 8, 1 shared expert, layer 0 dense, layer 1 MoE.")
+
+
 SPECS = {
+    "qwen3-moe-k70": spec_qwen3_moe_k70,
+    "deepseek-v3-k70": spec_deepseek_v3_k70,
     "llama-bf16": spec_llama_bf16,
     "llama-f32-tied": spec_llama_f32_tied,
     "qwen3-f16": spec_qwen3_f16,
