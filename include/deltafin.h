@@ -45,6 +45,12 @@ typedef struct {
     int prefetch;               /* streamed models' router-lookahead prefetch: 0 auto (read predictions while at least
                                    half of the recent ones were right), 1 always, 2 never */
     int verbose;
+    /* streaming switches (the CLI sets them from --evict and the DELTAFIN_* variables of docs/CLI.md) */
+    int evict_lfu;              /* expert-cache eviction: 0 LRU (default), 1 LFU */
+    int no_io_uring;            /* read experts with pread instead of io_uring */
+    int no_populate;            /* do not fault fresh memory in ahead of use */
+    int resident_embed;         /* keep an untied embedding in memory instead of reading rows from the file */
+    int fresh_memory;           /* 0 measure first-touch speed; 1/2 treat fresh memory as slow/fast (tests) */
 } df_options;
 
 void df_options_default(df_options *opt);
@@ -101,6 +107,20 @@ int df_session_sample(df_session *s, const df_sampling *sp, int32_t *out_id);
 int df_session_push(df_session *s, int32_t id);
 /* Sampler state lives in the session: df_session_seed resets the RNG. */
 void df_session_seed(df_session *s, uint64_t seed);
+
+/* Snapshots: the whole state of a session at its current length (every
+ * layer's fixed state, e.g. recurrent matrices, and the logits there;
+ * attention caches are kept in place, since positions before a snapshot are
+ * never rewritten while it exists). Going back by truncation is wrong for
+ * recurrent layers; df_session_sync restores snapshots (its own, taken at
+ * the end of each prompt, or these) where the model needs it.
+ * df_session_snapshot returns an id >= 0 or a DF_E* code. */
+int df_session_snapshot(df_session *s);
+/* Back to snapshot id: the length becomes its position, the logits its logits.
+ * DF_EINPUT when the id was dropped or invalidated (an earlier position was rewritten). */
+int df_session_restore(df_session *s, int id);
+void df_session_snapshot_drop(df_session *s, int id);
+size_t df_session_snapshot_bytes(const df_session *s); /* bytes one snapshot holds */
 
 /* ---- tokenizer and chat ------------------------------------------------- */
 

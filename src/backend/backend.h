@@ -35,6 +35,8 @@ typedef struct {
 const char *df_wfmt_name(const df_weight *w);
 /* Bytes of the weight (incl. scales). */
 int64_t df_weight_bytes(const df_weight *w);
+/* Bytes of the weight's scale sidecar, a separate tensor (FP8, INT4, row-int8); 0 for formats without one. */
+int64_t df_weight_scale_bytes(const df_weight *w);
 
 /* ---- thread pool ----------------------------------------------------- */
 typedef void (*df_task_fn)(void *ctx, int tid, int nth);

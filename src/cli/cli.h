@@ -2,6 +2,7 @@
  * process exit code: 0 ok, 1 runtime failure, 2 bad input (usage, bad file). */
 #ifndef DF_CLI_H
 #define DF_CLI_H
+#include "deltafin.h"
 #include <stddef.h>
 
 /* The model used when --model is not given (installed by `deltafin setup`). */
@@ -20,6 +21,8 @@ int df_cmd_bench_disk(int argc, char **argv);
 /* $DELTAFIN_HOME or ~/.cache/deltafin, into buf. */
 const char *df_home_dir(char *buf, size_t n);
 
+/* df_options_default, then the DELTAFIN_* streaming switches of the environment (docs/CLI.md). */
+void df_cli_options_default(df_options *o);
 /* Maps a DF_E* code to the CLI exit code. */
 int df_exit_code(int rc);
 

@@ -20,7 +20,7 @@ int df_cmd_eval(int argc, char **argv) {
     df_args a;
     df_args_init(&a, argc, argv);
     df_options o;
-    df_options_default(&o);
+    df_cli_options_default(&o);
     const char *model = NULL, *ids_s = NULL, *dump = NULL;
     const char *opt;
     while ((opt = df_args_next(&a))) {

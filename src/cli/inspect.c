@@ -16,7 +16,7 @@ int df_cmd_inspect(int argc, char **argv) {
     df_args a;
     df_args_init(&a, argc, argv);
     df_options o;
-    df_options_default(&o);
+    df_cli_options_default(&o);
     const char *model = NULL, *opt;
     while ((opt = df_args_next(&a))) {
         if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) { fputs(usage, stdout); return 0; }

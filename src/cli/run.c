@@ -75,7 +75,7 @@ int df_cmd_run(int argc, char **argv) {
     df_args a;
     df_args_init(&a, argc, argv);
     df_options o;
-    df_options_default(&o);
+    df_cli_options_default(&o);
     df_sampling sp;
     df_sampling_default(&sp);
     const char *model = NULL, *prompt = NULL, *ids_s = NULL, *system = NULL, *opt;

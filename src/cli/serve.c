@@ -54,7 +54,7 @@ int df_cmd_serve(int argc, char **argv) {
     df_args a;
     df_args_init(&a, argc, argv);
     df_options o;
-    df_options_default(&o);
+    df_cli_options_default(&o);
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("DELTAFIN_API_KEY"), *name = NULL, *opt;
     long port = 8000, max_tokens = 0, queue = 16, ctx = 0;
     int64_t max_body = (int64_t)128 << 20;

@@ -4,6 +4,7 @@
 
 #include "deltafin.h"
 #include "model/model.h"
+#include "store/ecache.h"
 
 struct df_tokenizer;
 struct df_template;
@@ -19,6 +20,11 @@ struct df_engine {
     struct df_template *tpl;
     int add_bos;
     char *special_tokens_json; /* bos_token, eos_token, ... for the chat template */
+    /* expert residency: the engine is its one owner */
+    df_expert_source *src;     /* where sessions get routed experts: the model's memory or the cache */
+    df_ecache *ecache;         /* streamed models */
+    FILE *trace;               /* --trace */
+    int prefetch_mode;         /* as df_options.prefetch, in effect */
 };
 
 void df_engine_add_stop(df_engine *e, int32_t id);

@@ -24,6 +24,7 @@
 #include "deltafin.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "model/family.h"
 #include "util/util.h"
 
 #include <math.h>
@@ -286,14 +287,14 @@ static void load_experts(gl *c, int l, df_layer *L) {
         const df_gguf_tensor *tu = mat(c, nu, I, H, e, E, &f->up, 1);
         const df_gguf_tensor *td = mat(c, nd, H, I, e, E, &f->down, 1);
         if (c->rc) return;
-        f->n_parts = 3;
-        f->part[0] = slice_extent(tg, e, &f->gate);
-        f->part[1] = slice_extent(tu, e, &f->up);
-        f->part[2] = slice_extent(td, e, &f->down);
+        f->loc.n_parts = 3;
+        f->loc.part[0] = slice_extent(tg, e, &f->gate);
+        f->loc.part[1] = slice_extent(tu, e, &f->up);
+        f->loc.part[2] = slice_extent(td, e, &f->down);
     }
 }
 
-static void ffn_dense(gl *c, int l, const char *suffix, int64_t inter, df_ffn *f) {
+static void ffn_dense(gl *c, int l, const char *suffix, int64_t inter, df_glu *f) {
     char n[64];
     const int64_t H = c->m->cfg.hidden;
     snprintf(n, sizeof n, "blk.%d.ffn_gate%s.weight", l, suffix);
@@ -365,23 +366,24 @@ static void mla_layer(gl *c, int l, df_layer *L) {
     char n[64];
 #define N(s) (snprintf(n, sizeof n, "blk.%d." s, l), n)
     if (cfg->q_lora_rank) {
-        mat(c, N("attn_q_a.weight"), cfg->q_lora_rank, H, -1, 0, &L->q_a, 1);
+        mat(c, N("attn_q_a.weight"), cfg->q_lora_rank, H, -1, 0, &L->w.q_a, 1);
         L->q_a_norm = vecf(c, N("attn_q_a_norm.weight"), cfg->q_lora_rank, 1);
-        mat(c, N("attn_q_b.weight"), NH * qk, cfg->q_lora_rank, -1, 0, &L->q_b, 1);
+        mat(c, N("attn_q_b.weight"), NH * qk, cfg->q_lora_rank, -1, 0, &L->w.q_b, 1);
     } else {
-        mat(c, N("attn_q.weight"), NH * qk, H, -1, 0, &L->q_proj, 1);
+        mat(c, N("attn_q.weight"), NH * qk, H, -1, 0, &L->w.q_proj, 1);
     }
-    mat(c, N("attn_kv_a_mqa.weight"), cfg->kv_lora_rank + cfg->qk_rope_dim, H, -1, 0, &L->kv_a, 1);
+    mat(c, N("attn_kv_a_mqa.weight"), cfg->kv_lora_rank + cfg->qk_rope_dim, H, -1, 0, &L->w.kv_a, 1);
     L->kv_a_norm = vecf(c, N("attn_kv_a_norm.weight"), cfg->kv_lora_rank, 1);
     if (!c->rc && df_gguf_tensor_find(c->m->gguf, N("attn_kv_b.weight")))
-        mat(c, n, NH * (cfg->qk_nope_dim + cfg->v_head_dim), cfg->kv_lora_rank, -1, 0, &L->kv_b, 1);
+        mat(c, n, NH * (cfg->qk_nope_dim + cfg->v_head_dim), cfg->kv_lora_rank, -1, 0, &L->w.kv_b, 1);
     else
-        kv_b_from_split(c, l, &L->kv_b, &L->k_b, &L->v_b);
-    mat(c, N("attn_output.weight"), H, NH * cfg->v_head_dim, -1, 0, &L->wo, 1);
+        kv_b_from_split(c, l, &L->w.kv_b, &L->w.k_b, &L->w.v_b);
+    mat(c, N("attn_output.weight"), H, NH * cfg->v_head_dim, -1, 0, &L->w.wo, 1);
 #undef N
 }
 
-int df_model_load_gguf(const char *path, int mode, df_model **out, char *err, size_t errlen) {
+int df_model_load_gguf(const char *path, const df_load_opts *o, df_model **out, char *err, size_t errlen) {
+    const int mode = o->mode;
     *out = NULL;
     df_model *m = df_xcalloc(1, sizeof *m);
     m->dir = df_xstrdup(path);
@@ -483,32 +485,36 @@ int df_model_load_gguf(const char *path, int mode, df_model **out, char *err, si
     for (int l = 0; l < cfg->n_layers && !c.rc; l++) {
         df_layer *L = &m->layers[l];
 #define N(s) (snprintf(n, sizeof n, "blk.%d." s, l), n)
+        int moe = mla ? cfg->n_experts > 0 && l >= cfg->first_k_dense
+                      : cfg->family == DF_FAM_QWEN3_MOE && df_gguf_tensor_find(m->gguf, N("ffn_gate_inp.weight"));
+        if (df_family_layer_kind(cfg, l, moe, &L->kind)) {
+            c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: layer %d: family %s has no such layer", path, l, cfg->family_name);
+            break;
+        }
         L->attn_norm = vecf(&c, N("attn_norm.weight"), H, 1);
         L->ffn_norm = vecf(&c, N("ffn_norm.weight"), H, 1);
         if (mla) {
             mla_layer(&c, l, L);
         } else {
-            mat(&c, N("attn_q.weight"), qd, H, -1, 0, &L->wq, 1);
-            mat(&c, N("attn_k.weight"), kd, H, -1, 0, &L->wk, 1);
-            mat(&c, N("attn_v.weight"), kd, H, -1, 0, &L->wv, 1);
-            mat(&c, N("attn_output.weight"), H, qd, -1, 0, &L->wo, 1);
+            mat(&c, N("attn_q.weight"), qd, H, -1, 0, &L->w.wq, 1);
+            mat(&c, N("attn_k.weight"), kd, H, -1, 0, &L->w.wk, 1);
+            mat(&c, N("attn_v.weight"), kd, H, -1, 0, &L->w.wv, 1);
+            mat(&c, N("attn_output.weight"), H, qd, -1, 0, &L->w.wo, 1);
             L->bq = vecf(&c, N("attn_q.bias"), qd, 0);
             L->bk = vecf(&c, N("attn_k.bias"), kd, 0);
             L->bv = vecf(&c, N("attn_v.bias"), kd, 0);
             L->bo = vecf(&c, N("attn_output.bias"), H, 0);
-            if (cfg->family != DF_FAM_LLAMA) {
+            if (L->kind.qk_norm) {
                 L->q_norm = vecf(&c, N("attn_q_norm.weight"), cfg->head_dim, 1);
                 L->k_norm = vecf(&c, N("attn_k_norm.weight"), cfg->head_dim, 1);
             }
         }
-        if (mla) L->moe = cfg->n_experts > 0 && l >= cfg->first_k_dense;
-        else L->moe = cfg->family == DF_FAM_QWEN3_MOE && df_gguf_tensor_find(m->gguf, N("ffn_gate_inp.weight"));
-        if (!L->moe) {
+        if (L->kind.ffn != DF_FFN_MOE) {
             if (cfg->intermediate <= 0 && !c.rc)
                 c.rc = df_err(err, errlen, DF_EFORMAT, "%s: layer %d has a dense FFN but '%s.feed_forward_length' is missing", path, l, arch);
-            ffn_dense(&c, l, "", cfg->intermediate, &L->mlp);
+            ffn_dense(&c, l, "", cfg->intermediate, &L->w.mlp);
         } else {
-            mat(&c, N("ffn_gate_inp.weight"), cfg->n_experts, H, -1, 0, &L->router, 1);
+            mat(&c, N("ffn_gate_inp.weight"), cfg->n_experts, H, -1, 0, &L->w.router, 1);
             if (mla) {
                 L->router_bias = vecf(&c, N("exp_probs_b.bias"), cfg->n_experts, 0);
                 if (!c.rc && !L->router_bias) L->router_bias = df_xcalloc((size_t)cfg->n_experts, sizeof(float)); /* no correction bias */
@@ -516,13 +522,14 @@ int df_model_load_gguf(const char *path, int mode, df_model **out, char *err, si
             load_experts(&c, l, L);
             if (mla && cfg->n_shared_experts) {
                 L->has_shared = 1;
-                ffn_dense(&c, l, "_shexp", (int64_t)cfg->moe_intermediate * cfg->n_shared_experts, &L->shared);
+                ffn_dense(&c, l, "_shexp", (int64_t)cfg->moe_intermediate * cfg->n_shared_experts, &L->w.shared);
             }
         }
 #undef N
     }
     if (c.rc) goto fail;
-    df_model_finish(m);
+    m->streamed = mode == 2 && cfg->n_experts;
+    if ((c.rc = df_model_finish(m, err, errlen))) goto fail;
     {
         /* llama 3.x stores its rope scaling as per-dimension frequency factors */
         const df_gguf_tensor *rf = df_gguf_tensor_find(m->gguf, "rope_freqs.weight");
@@ -538,7 +545,7 @@ int df_model_load_gguf(const char *path, int mode, df_model **out, char *err, si
         m->n_files = df_gguf_n_files(m->gguf);
         m->files = df_xcalloc((size_t)m->n_files, sizeof(char *));
         for (int i = 0; i < m->n_files; i++) m->files[i] = df_xstrdup(df_gguf_path(m->gguf, i));
-        if (df_model_own_spine(m, err, errlen)) goto fail_own;
+        if (df_model_own_spine(m, o, err, errlen)) goto fail_own;
     }
     *out = m;
     return 0;

@@ -4,7 +4,7 @@
  * expected and actual values. Weights stay memory-mapped as stored; only
  * small vectors (norm weights, biases, router bias) are copied to f32. */
 #include "model/model.h"
-#include "store/ecache.h"
+#include "model/family.h"
 #include "store/store.h"
 #include "format/gguf.h"
 #include "backend/cpu/kernels.h"
@@ -205,7 +205,7 @@ static float *vec_opt(ld *c, const char *name, int64_t n) {
     return vec(c, name, n);
 }
 
-static void ffn(ld *c, const char *prefix, int64_t inter, df_ffn *f) {
+static void ffn(ld *c, const char *prefix, int64_t inter, df_glu *f) {
     char p[512];
     int64_t h = c->m->cfg.hidden;
     snprintf(p, sizeof p, "%s.gate_proj", prefix);
@@ -219,11 +219,12 @@ static void ffn(ld *c, const char *prefix, int64_t inter, df_ffn *f) {
 /* Records where an expert's bytes are (for streaming): each weight's data
  * tensor, then its scale tensor for FP8 / INT4. */
 static void expert_extents(ld *c, const char *prefix, df_ffn *f) {
+    df_expert_loc *loc = &f->loc;
     if (c->rc) return;
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     const df_weight *ws[3] = {&f->gate, &f->up, &f->down};
     char name[1024];
-    f->n_parts = 0;
+    loc->n_parts = 0;
     for (int w = 0; w < 3; w++) {
         const char *dn = ws[w]->fmt == DF_W_INT4 ? "weight_packed" : "weight";
         const char *sn = ws[w]->fmt == DF_W_FP8 ? "weight_scale_inv" : ws[w]->fmt == DF_W_INT4 ? "weight_scale" : NULL;
@@ -231,7 +232,7 @@ static void expert_extents(ld *c, const char *prefix, df_ffn *f) {
             snprintf(name, sizeof name, "%s.%s.%s", prefix, proj[w], k ? sn : dn);
             const df_st_tensor *t = df_st_find(c->m->st, name);
             if (!t) { c->rc = df_err(c->err, c->errlen, DF_EINTERNAL, "%s: tensor '%s' vanished", c->m->dir, name); return; }
-            f->part[f->n_parts++] = (df_extent){t->file_index, t->file_offset, t->nbytes};
+            loc->part[loc->n_parts++] = (df_extent){t->file_index, t->file_offset, t->nbytes};
         }
     }
 }
@@ -267,32 +268,27 @@ static void add_item(spine_item **it, int *n, int *cap, const uint8_t **pp, size
     (*it)[(*n)++] = (spine_item){pp, nb, -1, 0, -1, 0};
 }
 
-static void add_weight(spine_item **it, int *n, int *cap, df_weight *w) {
-    if (!w->data) return;
-    add_item(it, n, cap, (const uint8_t **)&w->data, (size_t)w->rows * w->row_bytes);
-    if (w->scale && (w->fmt == DF_W_FP8 || w->fmt == DF_W_INT4 || w->fmt == DF_W_I8ROW)) {
-        int64_t srows = w->fmt == DF_W_FP8 ? (w->rows + w->blk_r - 1) / w->blk_r : w->rows;
-        size_t sb = (size_t)srows * (size_t)w->scale_cols * (w->scale_dtype == DF_SCALE_F32 ? 4 : 2);
-        add_item(it, n, cap, (const uint8_t **)&w->scale, sb);
-    }
+typedef struct {
+    spine_item *it;
+    int n, cap;
+} spine_list;
+
+static void add_weight(void *p, df_weight *w) {
+    spine_list *sl = p;
+    add_item(&sl->it, &sl->n, &sl->cap, (const uint8_t **)&w->data, (size_t)w->rows * w->row_bytes);
+    if (w->scale) add_item(&sl->it, &sl->n, &sl->cap, (const uint8_t **)&w->scale, (size_t)df_weight_scale_bytes(w));
 }
 
 #define PG 4096u
 static uint64_t pg_down(uint64_t x) { return x & ~(uint64_t)(PG - 1); }
 static uint64_t pg_up(uint64_t x) { return (x + PG - 1) & ~(uint64_t)(PG - 1); }
 
-int df_model_own_spine(df_model *m, char *err, size_t errlen) {
-    spine_item *it = NULL;
-    int n = 0, cap = 0;
+int df_model_own_spine(df_model *m, const df_load_opts *o, char *err, size_t errlen) {
     const int tied = m->lm_head.data == m->embed.data;
-    add_weight(&it, &n, &cap, &m->embed);
-    if (!tied) add_weight(&it, &n, &cap, &m->lm_head);
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        df_layer *L = &m->layers[l];
-        df_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b, &L->k_b, &L->v_b,
-                           &L->mlp.gate, &L->mlp.up, &L->mlp.down, &L->router, &L->shared.gate, &L->shared.up, &L->shared.down};
-        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) add_weight(&it, &n, &cap, ws[i]);
-    }
+    spine_list sl = {0};
+    df_model_foreach_weight(m, add_weight, &sl);
+    spine_item *it = sl.it;
+    int n = sl.n;
     /* where each item lives: a mapped weight file, or nowhere (copied) */
     int nf = m->gguf ? df_gguf_n_files(m->gguf) : m->st ? df_st_n_files(m->st) : 0;
     const char **paths = df_xcalloc((size_t)(nf ? nf : 1), sizeof(char *));
@@ -307,7 +303,7 @@ int df_model_own_spine(df_model *m, char *err, size_t errlen) {
     /* An untied embedding stays in its file: a forward pass reads one row per token
      * (df_model_embed_row), so its bytes need neither a read at load nor memory. */
     m->embed_on_disk = 0;
-    for (int i = 0; i < n && !tied && !getenv("DELTAFIN_RESIDENT_EMBED"); i++) {
+    for (int i = 0; i < n && !tied && !o->resident_embed; i++) {
         if (it[i].pp != (const uint8_t **)&m->embed.data || it[i].file < 0 || m->embed.scale) continue;
         int fd = open(paths[it[i].file], O_RDONLY | O_CLOEXEC);
         if (fd < 0) break;
@@ -351,7 +347,7 @@ int df_model_own_spine(df_model *m, char *err, size_t errlen) {
         for (int r = 0; r < nr; r++) rq[r].dst = arena + run_pos[r];
         /* fault the arena in ahead of the reads, in the order they are issued, from several threads */
         double t0 = df_now();
-        df_prefault *pf = getenv("DELTAFIN_NO_POPULATE") ? NULL : df_prefault_start(arena, bytes, 8);
+        df_prefault *pf = o->populate ? df_prefault_start(arena, bytes, 8) : NULL;
         rc = df_read_extents(paths, nf, rq, nr, "resident weights", pf, err, errlen);
         df_prefault_finish(pf);
         m->spine_load_s = df_now() - t0;
@@ -368,7 +364,7 @@ int df_model_own_spine(df_model *m, char *err, size_t errlen) {
         m->spine_arena = arena;
         m->spine_arena_bytes = map_bytes;
         for (int l = 0; l < m->cfg.n_layers; l++)
-            if (m->layers[l].moe)
+            if (m->layers[l].kind.ffn == DF_FFN_MOE)
                 for (int e = 0; e < m->cfg.n_experts; e++) {
                     df_ffn *f = &m->layers[l].experts[e];
                     f->gate.data = f->up.data = f->down.data = NULL;
@@ -459,36 +455,44 @@ static void setup_rope(df_model *m) {
 }
 
 /* Total and per-token (active) parameters and weight bytes: per token one
- * embedding row, every non-expert weight, n_experts_used experts per MoE layer. */
+ * embedding row, every other spine weight and norm, n_experts_used experts
+ * per MoE layer. */
+typedef struct { int64_t p, b; } count_acc;
+static void count_weight(void *ctx, df_weight *w) {
+    count_acc *a = ctx;
+    a->p += wparams(w), a->b += df_weight_bytes(w);
+}
+
 static void count_params(df_model *m) {
     const df_config *c = &m->cfg;
     const int64_t H = c->hidden;
-    int64_t p = wparams(&m->embed) + H, b = df_weight_bytes(&m->embed), pa = 2 * H, ba = (int64_t)m->embed.row_bytes;
-    if (m->lm_head.data != m->embed.data) p += wparams(&m->lm_head), b += df_weight_bytes(&m->lm_head);
-    pa += wparams(&m->lm_head);
-    ba += df_weight_bytes(&m->lm_head);
+    count_acc all = {0};
+    df_model_foreach_weight(m, count_weight, &all);
+    const int tied = m->lm_head.data == m->embed.data;
+    /* norms: final + two per layer */
+    int64_t norms = H + 2 * H * c->n_layers;
+    int64_t p = all.p + norms, b = all.b;
+    /* active: the embedding counts one row (and the head in full, tied or not) */
+    int64_t pa = p - wparams(&m->embed) + H + (tied ? wparams(&m->lm_head) : 0);
+    int64_t ba = b - df_weight_bytes(&m->embed) + (int64_t)m->embed.row_bytes + (tied ? df_weight_bytes(&m->lm_head) : 0);
     for (int l = 0; l < c->n_layers; l++) {
         const df_layer *L = &m->layers[l];
-        const df_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->q_a, &L->q_b, &L->q_proj, &L->kv_a, &L->kv_b, &L->k_b, &L->v_b,
-                                 &L->mlp.gate, &L->mlp.up, &L->mlp.down, &L->router, &L->shared.gate, &L->shared.up, &L->shared.down};
-        int64_t lp = 2 * H, lb = 0;
-        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
-            if (ws[i]->data) lp += wparams(ws[i]), lb += df_weight_bytes(ws[i]);
-        p += lp, b += lb, pa += lp, ba += lb;
-        if (L->moe) {
-            for (int e = 0; e < c->n_experts; e++) p += ffn_params(&L->experts[e]), b += ffn_bytes(&L->experts[e]);
-            pa += ffn_params(&L->experts[0]) * c->n_experts_used;
-            ba += ffn_bytes(&L->experts[0]) * c->n_experts_used;
-        }
+        if (L->kind.ffn != DF_FFN_MOE) continue;
+        for (int e = 0; e < c->n_experts; e++) p += ffn_params(&L->experts[e]), b += ffn_bytes(&L->experts[e]);
+        pa += ffn_params(&L->experts[0]) * c->n_experts_used;
+        ba += ffn_bytes(&L->experts[0]) * c->n_experts_used;
     }
     m->n_params = p, m->bytes = b, m->n_params_active = pa, m->bytes_active = ba;
 }
 
-void df_model_finish(df_model *m) {
+int df_model_finish(df_model *m, char *err, size_t errlen) {
     const df_config *cfg = &m->cfg;
+    (void)err, (void)errlen;
     count_params(m);
     setup_rope(m);
-    if (cfg->family == DF_FAM_DEEPSEEK_V3) {
+    int mla = 0;
+    for (int l = 0; l < cfg->n_layers; l++) mla |= m->layers[l].kind.mixer == DF_MIXER_MLA;
+    if (mla) {
         double s = 1.0 / sqrt((double)(cfg->qk_nope_dim + cfg->qk_rope_dim));
         if (cfg->rope_type != DF_ROPE_DEFAULT && cfg->mscale_all_dim != 0) {
             double ms = cfg->rope_factor <= 1 ? 1.0 : 0.1 * cfg->mscale_all_dim * log(cfg->rope_factor) + 1.0;
@@ -498,6 +502,8 @@ void df_model_finish(df_model *m) {
     } else {
         m->attn_scale = (float)(1.0 / sqrt((double)cfg->head_dim));
     }
+    if (!m->streamed) m->resident_src = df_model_resident_source(m);
+    return 0;
 }
 
 void df_model_free(df_model *m) {
@@ -513,9 +519,7 @@ void df_model_free(df_model *m) {
     }
     free(m->final_norm);
     free(m->inv_freq);
-    df_ecache_free(m->ecache);
-    free(m->ecache_tmpl);
-    if (m->trace) fclose(m->trace);
+    free(m->resident_src);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     if (m->spine_arena) munmap(m->spine_arena, m->spine_arena_bytes);
@@ -529,7 +533,70 @@ void df_model_free(df_model *m) {
     free(m);
 }
 
-int df_model_load(const char *dir, int resident, df_model **out, char *err, size_t errlen) {
+/* ---- tensors of each layer kind, by their Hugging Face names ---------- */
+#define P(fmt) (snprintf(p, sizeof p, "%s." fmt, pre), p)
+
+static void load_gqa(ld *c, const char *pre, df_layer *L) {
+    const df_config *cfg = &c->m->cfg;
+    const int64_t H = cfg->hidden, qd = (int64_t)cfg->n_heads * cfg->head_dim, kd = (int64_t)cfg->n_kv_heads * cfg->head_dim;
+    char p[512];
+    linear(c, P("self_attn.q_proj"), qd, H, &L->w.wq);
+    linear(c, P("self_attn.k_proj"), kd, H, &L->w.wk);
+    linear(c, P("self_attn.v_proj"), kd, H, &L->w.wv);
+    linear(c, P("self_attn.o_proj"), H, qd, &L->w.wo);
+    L->bq = vec_opt(c, P("self_attn.q_proj.bias"), qd);
+    L->bk = vec_opt(c, P("self_attn.k_proj.bias"), kd);
+    L->bv = vec_opt(c, P("self_attn.v_proj.bias"), kd);
+    L->bo = vec_opt(c, P("self_attn.o_proj.bias"), H);
+    if (cfg->attention_bias && !c->rc && (!L->bq || !L->bk || !L->bv))
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: attention_bias is true but %s.self_attn.{q,k,v}_proj.bias are missing", c->m->dir, pre);
+    if (L->kind.qk_norm) {
+        L->q_norm = vec(c, P("self_attn.q_norm.weight"), cfg->head_dim);
+        L->k_norm = vec(c, P("self_attn.k_norm.weight"), cfg->head_dim);
+    }
+}
+
+static void load_mla(ld *c, const char *pre, df_layer *L) {
+    const df_config *cfg = &c->m->cfg;
+    const int64_t H = cfg->hidden, qk = cfg->qk_nope_dim + cfg->qk_rope_dim, NH = cfg->n_heads;
+    char p[512];
+    if (cfg->q_lora_rank) {
+        linear(c, P("self_attn.q_a_proj"), cfg->q_lora_rank, H, &L->w.q_a);
+        L->q_a_norm = vec(c, P("self_attn.q_a_layernorm.weight"), cfg->q_lora_rank);
+        linear(c, P("self_attn.q_b_proj"), NH * qk, cfg->q_lora_rank, &L->w.q_b);
+    } else {
+        linear(c, P("self_attn.q_proj"), NH * qk, H, &L->w.q_proj);
+    }
+    linear(c, P("self_attn.kv_a_proj_with_mqa"), cfg->kv_lora_rank + cfg->qk_rope_dim, H, &L->w.kv_a);
+    L->kv_a_norm = vec(c, P("self_attn.kv_a_layernorm.weight"), cfg->kv_lora_rank);
+    linear(c, P("self_attn.kv_b_proj"), NH * (cfg->qk_nope_dim + cfg->v_head_dim), cfg->kv_lora_rank, &L->w.kv_b);
+    linear(c, P("self_attn.o_proj"), H, NH * cfg->v_head_dim, &L->w.wo);
+}
+
+static void load_moe(ld *c, const char *pre, int l, df_layer *L) {
+    const df_config *cfg = &c->m->cfg;
+    const int64_t H = cfg->hidden;
+    const int E = cfg->n_experts;
+    char p[512];
+    linear(c, P("mlp.gate"), E, H, &L->w.router);
+    if (L->kind.router == DF_ROUTER_SIGMOID_GROUPS) L->router_bias = vec(c, P("mlp.gate.e_score_correction_bias"), E);
+    L->experts = df_xcalloc((size_t)E, sizeof(df_ffn));
+    for (int e = 0; e < E && !c->rc; e++) {
+        char pe[512];
+        df_glu g = {0};
+        snprintf(pe, sizeof pe, "model.layers.%d.mlp.experts.%d", l, e);
+        ffn(c, pe, cfg->moe_intermediate, &g);
+        L->experts[e].gate = g.gate, L->experts[e].up = g.up, L->experts[e].down = g.down;
+        expert_extents(c, pe, &L->experts[e]);
+    }
+    if (cfg->n_shared_experts) {
+        L->has_shared = 1;
+        ffn(c, P("mlp.shared_experts"), (int64_t)cfg->moe_intermediate * cfg->n_shared_experts, &L->w.shared);
+    }
+}
+
+int df_model_load(const char *dir, const df_load_opts *o, df_model **out, char *err, size_t errlen) {
+    const int resident = o->mode;
     *out = NULL;
     df_model *m = df_xcalloc(1, sizeof *m);
     m->dir = df_xstrdup(dir);
@@ -563,59 +630,21 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
     m->layers = df_xcalloc((size_t)cfg->n_layers, sizeof(df_layer));
     for (int l = 0; l < cfg->n_layers && !c.rc; l++) {
         df_layer *L = &m->layers[l];
-#define P(fmt) (snprintf(p, sizeof p, "model.layers.%d." fmt, l), p)
+        char pre[64];
+        snprintf(pre, sizeof pre, "model.layers.%d", l);
+        if (df_family_layer_kind(cfg, l, df_config_is_moe_layer(cfg, l), &L->kind)) {
+            c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: layer %d: family %s has no such layer", dir, l, cfg->family_name);
+            break;
+        }
         L->attn_norm = vec(&c, P("input_layernorm.weight"), H);
         L->ffn_norm = vec(&c, P("post_attention_layernorm.weight"), H);
-        if (cfg->family == DF_FAM_DEEPSEEK_V3) {
-            const int64_t qk = cfg->qk_nope_dim + cfg->qk_rope_dim, NH = cfg->n_heads;
-            if (cfg->q_lora_rank) {
-                linear(&c, P("self_attn.q_a_proj"), cfg->q_lora_rank, H, &L->q_a);
-                L->q_a_norm = vec(&c, P("self_attn.q_a_layernorm.weight"), cfg->q_lora_rank);
-                linear(&c, P("self_attn.q_b_proj"), NH * qk, cfg->q_lora_rank, &L->q_b);
-            } else {
-                linear(&c, P("self_attn.q_proj"), NH * qk, H, &L->q_proj);
-            }
-            linear(&c, P("self_attn.kv_a_proj_with_mqa"), cfg->kv_lora_rank + cfg->qk_rope_dim, H, &L->kv_a);
-            L->kv_a_norm = vec(&c, P("self_attn.kv_a_layernorm.weight"), cfg->kv_lora_rank);
-            linear(&c, P("self_attn.kv_b_proj"), NH * (cfg->qk_nope_dim + cfg->v_head_dim), cfg->kv_lora_rank, &L->kv_b);
-            linear(&c, P("self_attn.o_proj"), H, NH * cfg->v_head_dim, &L->wo);
-        } else {
-            const int64_t qd = (int64_t)cfg->n_heads * cfg->head_dim, kd = (int64_t)cfg->n_kv_heads * cfg->head_dim;
-            linear(&c, P("self_attn.q_proj"), qd, H, &L->wq);
-            linear(&c, P("self_attn.k_proj"), kd, H, &L->wk);
-            linear(&c, P("self_attn.v_proj"), kd, H, &L->wv);
-            linear(&c, P("self_attn.o_proj"), H, qd, &L->wo);
-            L->bq = vec_opt(&c, P("self_attn.q_proj.bias"), qd);
-            L->bk = vec_opt(&c, P("self_attn.k_proj.bias"), kd);
-            L->bv = vec_opt(&c, P("self_attn.v_proj.bias"), kd);
-            L->bo = vec_opt(&c, P("self_attn.o_proj.bias"), H);
-            if (cfg->attention_bias && !c.rc && (!L->bq || !L->bk || !L->bv))
-                c.rc = df_err(err, errlen, DF_EFORMAT, "%s: attention_bias is true but model.layers.%d.self_attn.{q,k,v}_proj.bias are missing", dir, l);
-            if (cfg->family != DF_FAM_LLAMA) {
-                L->q_norm = vec(&c, P("self_attn.q_norm.weight"), cfg->head_dim);
-                L->k_norm = vec(&c, P("self_attn.k_norm.weight"), cfg->head_dim);
-            }
+        switch (L->kind.mixer) {
+        case DF_MIXER_GQA: load_gqa(&c, pre, L); break;
+        case DF_MIXER_MLA: load_mla(&c, pre, L); break;
+        default: break;
         }
-        L->moe = df_config_is_moe_layer(cfg, l);
-        if (!L->moe) {
-            ffn(&c, P("mlp"), cfg->intermediate, &L->mlp);
-        } else {
-            const int E = cfg->n_experts;
-            linear(&c, P("mlp.gate"), E, H, &L->router);
-            if (cfg->family == DF_FAM_DEEPSEEK_V3) L->router_bias = vec(&c, P("mlp.gate.e_score_correction_bias"), E);
-            L->experts = df_xcalloc((size_t)E, sizeof(df_ffn));
-            for (int e = 0; e < E && !c.rc; e++) {
-                char pe[512];
-                snprintf(pe, sizeof pe, "model.layers.%d.mlp.experts.%d", l, e);
-                ffn(&c, pe, cfg->moe_intermediate, &L->experts[e]);
-                expert_extents(&c, pe, &L->experts[e]);
-            }
-            if (cfg->family == DF_FAM_DEEPSEEK_V3 && cfg->n_shared_experts) {
-                L->has_shared = 1;
-                ffn(&c, P("mlp.shared_experts"), (int64_t)cfg->moe_intermediate * cfg->n_shared_experts, &L->shared);
-            }
-        }
-#undef P
+        if (L->kind.ffn == DF_FFN_MOE) load_moe(&c, pre, l, L);
+        else ffn(&c, P("mlp"), cfg->intermediate, &L->w.mlp);
     }
     /* every tensor must be used, except MTP layers (index >= n_layers), which are recognised and left unused */
     for (int i = 0; i < df_st_count(m->st) && !c.rc; i++) {
@@ -632,21 +661,24 @@ int df_model_load(const char *dir, int resident, df_model **out, char *err, size
     }
     free(c.used);
     if (c.rc) { free(store_xxh3); df_model_free(m); return c.rc; }
-    df_model_finish(m);
+    m->streamed = resident == 2;
+    rc = df_model_finish(m, err, errlen);
+    if (rc) { free(store_xxh3); df_model_free(m); return rc; }
     if (resident == 2) {
-        rc = df_model_own_spine(m, err, errlen);
+        rc = df_model_own_spine(m, o, err, errlen);
         if (rc) { free(store_xxh3); df_model_free(m); return rc; }
         df_st_unmap(m->st); /* experts are read through the cache's own descriptors */
     }
     if (store_xxh3) {
         for (int l = 0; l < cfg->n_layers; l++)
-            if (m->layers[l].moe)
+            if (m->layers[l].kind.ffn == DF_FFN_MOE)
                 for (int e = 0; e < cfg->n_experts; e++) {
-                    m->layers[l].experts[e].xxh3 = store_xxh3[(size_t)l * cfg->n_experts + e];
-                    m->layers[l].experts[e].has_xxh3 = 1;
+                    m->layers[l].experts[e].loc.xxh3 = store_xxh3[(size_t)l * cfg->n_experts + e];
+                    m->layers[l].experts[e].loc.has_xxh3 = 1;
                 }
         free(store_xxh3);
     }
     *out = m;
     return 0;
 }
+#undef P

@@ -1,55 +1,82 @@
-/* model.h - a loaded model: config + weights (as stored, memory-mapped) and
- * the forward pass. One file per family implements its specific parts:
- * llama.c (GQA attention, also used by qwen3 and qwen3_moe), qwen3_moe.c
- * (softmax router), deepseek_v3.c (MLA attention with a latent cache,
- * sigmoid noaux_tc router). forward.c runs the layer loop, dense MLPs and
- * the routed experts. */
+/* model.h - a loaded model: its configuration, its layers described by
+ * kinds, its weights as stored, and the forward pass.
+ *
+ * A model is a list of layers; each layer is described by kinds (the mixer
+ * that mixes positions, the FFN, its activation, its router, its residual
+ * scheme). A family (src/model/family.c) is a table entry that maps a
+ * config.json / GGUF architecture onto those kinds; the code of each kind
+ * lives in src/model/kinds/ and is reached through the ops tables of
+ * kinds.h, so forward.c walks layers without knowing families.
+ *
+ * Weights are never rewritten: a df_weight points at the stored bytes
+ * (read into engine-owned memory, mapped, or, for streamed routed experts,
+ * only located on disk: see store/source.h). */
 #ifndef DF_MODEL_H
 #define DF_MODEL_H
 
 #include "backend/backend.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "store/source.h"
 #include <stdio.h>
 
-/* Where one contiguous piece of an expert lives on disk. */
-typedef struct {
-    int file;            /* index into the model's file list */
-    uint64_t off, len;   /* absolute byte offset and length */
-} df_extent;
+/* ---- layer kinds ------------------------------------------------------ */
+typedef enum { DF_MIXER_GQA, DF_MIXER_MLA, DF_MIXER_N } df_mixer_kind;
+typedef enum { DF_FFN_DENSE, DF_FFN_MOE, DF_FFN_N } df_ffn_kind;
+typedef enum { DF_ACT_SILU_GLU, DF_ACT_N } df_act_kind;
+typedef enum { DF_ROUTER_NONE, DF_ROUTER_SOFTMAX_TOPK, DF_ROUTER_SIGMOID_GROUPS, DF_ROUTER_N } df_router_kind;
+typedef enum { DF_RESID_PLAIN, DF_RESID_N } df_resid_kind;
 
-/* An expert's pieces, in order: gate data, gate scale, up data, up scale,
- * down data, down scale (scales only for FP8/INT4). */
-#define DF_FFN_PARTS 6
 typedef struct {
-    df_weight gate, up, down; /* gate/up [inter x hidden], down [hidden x inter] */
-    /* streamed experts: where their bytes are (data pointers unused until loaded) */
-    int n_parts;
-    df_extent part[DF_FFN_PARTS];
-    uint64_t xxh3;            /* checksum of the parts' bytes in order; valid if has_xxh3 */
-    int has_xxh3;
+    df_mixer_kind mixer;
+    df_ffn_kind ffn;
+    df_act_kind act;
+    df_router_kind router;
+    df_resid_kind resid;
+    int qk_norm;          /* GQA: per-head RMSNorm of q and k before RoPE (qwen3) */
+} df_layer_kind;
+
+/* A gated FFN: down(act(gate x) * up x). gate/up [inter x hidden], down [hidden x inter]. */
+typedef struct { df_weight gate, up, down; } df_glu;
+
+/* A routed expert: shapes and formats of its weights, and where its bytes
+ * are. Data/scale pointers are set only while resident in the model's own
+ * memory; streamed experts are reached through a df_expert_source. */
+typedef struct {
+    df_weight gate, up, down;
+    df_expert_loc loc;
 } df_ffn;
 
+/* Every spine weight of a layer, in one struct, so that one iterator
+ * (df_model_foreach_weight) reaches all of them: loading, streaming,
+ * parameter counts and inspect cannot miss one. Unused ones have data NULL. */
 typedef struct {
-    float *attn_norm, *ffn_norm; /* [hidden] */
-    /* GQA (llama, qwen3, qwen3_moe) */
-    df_weight wq, wk, wv, wo;    /* [H*hd x hidden], [KV*hd x hidden] x2, [hidden x H*hd] */
-    float *bq, *bk, *bv, *bo;    /* optional biases */
-    float *q_norm, *k_norm;      /* [hd], qwen3 */
-    /* MLA (deepseek_v3) */
-    df_weight q_a, q_b, q_proj;  /* [q_lora x hidden], [H*(nope+rope) x q_lora] | [H*(nope+rope) x hidden] */
-    float *q_a_norm;             /* [q_lora] */
-    df_weight kv_a, kv_b;        /* [kv_lora+rope x hidden], [H*(nope+v) x kv_lora] */
-    df_weight k_b, v_b;          /* or, as block-quantized GGUFs split it: k_b [H*kv_lora x nope] (W_uk^T per head), v_b [H*v x kv_lora] */
-    float *kv_a_norm;            /* [kv_lora] */
+    /* GQA */
+    df_weight wq, wk, wv;         /* [H*hd x hidden], [KV*hd x hidden] x2 */
+    /* MLA */
+    df_weight q_a, q_b, q_proj;   /* [q_lora x hidden], [H*(nope+rope) x q_lora] | [H*(nope+rope) x hidden] */
+    df_weight kv_a, kv_b;         /* [kv_lora+rope x hidden], [H*(nope+v) x kv_lora] */
+    df_weight k_b, v_b;           /* GGUF split form: k_b [H*kv_lora x nope] (W_uk^T per head), v_b [H*v x kv_lora] */
+    df_weight wo;                 /* [hidden x H*hd] or [hidden x H*v] */
     /* FFN */
-    int moe;
-    df_ffn mlp;                  /* dense layers */
-    df_weight router;            /* [E x hidden] */
-    float *router_bias;          /* [E], deepseek e_score_correction_bias */
-    df_ffn *experts;             /* [E] */
+    df_glu mlp;                   /* dense layers */
+    df_glu shared;                /* shared experts of a MoE layer */
+    df_weight router;             /* [E x hidden] */
+} df_layer_weights;
+#define DF_LAYER_NW ((int)(sizeof(df_layer_weights) / sizeof(df_weight)))
+_Static_assert(sizeof(df_layer_weights) % sizeof(df_weight) == 0, "df_layer_weights holds only df_weight members");
+
+typedef struct {
+    df_layer_kind kind;
+    df_layer_weights w;
+    float *attn_norm, *ffn_norm;  /* [hidden] */
+    float *bq, *bk, *bv, *bo;     /* GQA optional biases */
+    float *q_norm, *k_norm;       /* [hd], GQA per-head q/k norm (qwen3) */
+    float *q_a_norm;              /* [q_lora], MLA */
+    float *kv_a_norm;             /* [kv_lora], MLA */
+    float *router_bias;           /* [E], sigmoid router correction bias */
+    df_ffn *experts;              /* [E], MoE layers */
     int has_shared;
-    df_ffn shared;
 } df_layer;
 
 struct df_gguf;
@@ -69,13 +96,9 @@ typedef struct df_model {
     float attn_scale;      /* softmax scale */
     int64_t n_params, n_params_active, bytes, bytes_active;
     int n_ignored_tensors; /* recognised but unused (MTP layers) */
-    struct df_ecache *ecache; /* routed experts stream through this cache (NULL: resident) */
-    df_ffn *ecache_tmpl;   /* [n_layers * n_experts] the cache's view of the experts */
-    FILE *trace;
-    int prefetch;          /* router-lookahead prediction for streamed experts */
-    int prefetch_mode;     /* df_options.prefetch in effect (2: off) */
     int spine_int8;        /* the spine is row-int8 (store built with --spine int8): NOT exact */
-    char **files;          /* the weight files, for streamed experts' extents */
+    int streamed;          /* routed experts stay on disk (their extents only); a df_expert_source reads them */
+    char **files;          /* the weight files the experts' extents refer to */
     int n_files;
     void **owned;          /* rebuilt tensors owned by the model (GGUF kv_b) */
     int n_owned;
@@ -86,61 +109,111 @@ typedef struct df_model {
     size_t spine_arena_bytes;
     double spine_load_s;   /* time and bytes of reading the spine */
     int64_t spine_load_bytes;
+    df_expert_source *resident_src; /* routed experts served from the model's own memory (NULL when streamed) */
 } df_model;
 
-/* resident: 1 reads the weight files into engine-owned memory; 0 maps them;
- * 2 streams routed experts (the spine is copied into owned memory, experts
- * keep only their on-disk extents for an expert cache). */
-int df_model_load(const char *dir, int resident, df_model **out, char *err, size_t errlen);
-int df_model_own_spine(df_model *m, char *err, size_t errlen);
+/* How a model is loaded. */
+typedef struct {
+    int mode;          /* 0 map the files; 1 read them into owned memory; 2 stream routed experts
+                          (the spine is read into owned memory, experts keep only their extents) */
+    int resident_embed; /* streaming: keep an untied embedding in memory instead of reading rows per token */
+    int populate;      /* fault owned memory in ahead of reads, from several threads */
+} df_load_opts;
+
+int df_model_load(const char *dir, const df_load_opts *o, df_model **out, char *err, size_t errlen);
+/* Loads a GGUF file (llama, qwen3, qwen3moe, deepseek2 architectures): tensors
+ * are used as stored (GGML block types), the config comes from the metadata. */
+int df_model_load_gguf(const char *path, const df_load_opts *o, df_model **out, char *err, size_t errlen);
+int df_model_own_spine(df_model *m, const df_load_opts *o, char *err, size_t errlen);
 /* The embedding row of token tok into out[hidden] (from memory, or read from
  * the file when embed_on_disk). 0, or DF_EIO with a message in err. */
 int df_model_embed_row(const df_model *m, int32_t tok, float *out, char *err, size_t errlen);
-/* Loads a GGUF file (llama, qwen3, qwen3moe, deepseek2 architectures): tensors
- * are used as stored (GGML block types), the config comes from the metadata.
- * mode as df_model_load (0 and 1 map the file; 2 streams routed experts). */
-int df_model_load_gguf(const char *path, int mode, df_model **out, char *err, size_t errlen);
-/* Shared by the loaders: RoPE tables, softmax scale, parameter/byte counts. */
-void df_model_finish(df_model *m);
+/* Shared by the loaders: layer kinds, RoPE tables, softmax scale,
+ * parameter/byte counts, the resident expert source. 0 or DF_E* (a limit). */
+int df_model_finish(df_model *m, char *err, size_t errlen);
 void df_model_free(df_model *m);
 
-/* Per-session state: caches and scratch, sized once. */
+/* The one iterator over a model's spine weights: the embedding, the output
+ * head when untied, and every df_weight of every layer (routed experts are
+ * not spine). fn is called for each weight with data != NULL. */
+typedef void (*df_weight_fn)(void *ctx, df_weight *w);
+void df_model_foreach_weight(df_model *m, df_weight_fn fn, void *ctx);
+/* Where each routed expert is, [n_layers * n_experts] (entries of dense
+ * layers have n_parts 0). Caller frees. */
+df_expert_loc *df_model_expert_locs(const df_model *m);
+/* Routed experts served from the model's own memory (resident models). */
+df_expert_source *df_model_resident_source(const df_model *m);
+/* Bytes of all routed experts. */
+int64_t df_model_expert_bytes(const df_model *m);
+
+/* ---- per-session state ----------------------------------------------- */
+/* Each layer's mixer keeps its own state: a cache that grows with the
+ * position (GQA: K and V rows; MLA: latent + rotated key) and/or a state of
+ * fixed size (recurrent mixers). A mixer whose state at position p is a
+ * prefix of its state at any later position is truncatable: a session may
+ * cut it back; otherwise going back needs a snapshot (df_snapshot). */
 typedef struct {
-    int max_ctx, max_batch;
-    float *k_cache, *v_cache; /* GQA: [L][max_ctx][KV*hd] */
-    float *latent;            /* MLA: [L][max_ctx][kv_lora + rope] */
+    float *cache;      /* [max_ctx][cache_floats] or NULL */
+    size_t cache_floats; /* per position */
+    float *fixed;      /* [fixed_floats] or NULL */
+    size_t fixed_floats;
+} df_layer_state;
+
+typedef struct {
+    int max_ctx, max_batch, n_layers;
+    df_layer_state *ls;       /* [n_layers] */
+    float *state_mem;         /* one allocation behind every layer's cache and fixed state */
+    size_t state_floats;
     /* scratch, [max_batch x ...] */
     float *x, *xn, *q, *k, *v, *att, *o, *h1, *h2, *ffn_out, *router_logits;
     float *att_scores;        /* [n_threads][max_ctx] */
-    float *qlat;              /* [n_threads][kv_lora] (MLA) */
+    float *qlat;              /* [n_threads][kv_lora + rope] (MLA) */
     float *rope_cs;           /* [max_batch][rope_dim/2][2] cos, sin of this batch's positions */
     float *mla_w;             /* [n_threads][(nope + v) x kv_lora] one head's dequantized W_uk, W_uv (MLA prefill) */
     int *sel;                 /* [max_batch x topk] expert ids */
     float *selw;              /* [max_batch x topk] weights */
-    int *tok_list;            /* [max_batch] tokens routed to an expert */
-    float *xe, *ge, *ue, *de; /* gathered expert batch */
+    int *tok_list;            /* [max_batch x topk] tokens routed to an expert */
+    float *xe, *ge, *ue, *de; /* gathered expert batch: [max_batch x hidden], [max(max_batch, topk) x I] x2, [max_batch x hidden] */
     float *de_all;            /* [max_batch x topk x hidden] each routed expert's output */
     int *exp_list;            /* [n_experts] distinct experts of a batch */
+    float *route_tmp;         /* [4 x n_experts] router scratch */
+    int *pend_k;              /* [topk] decode: slots of experts handed over, not computed yet */
+    df_glu *pend_f;           /* [topk] their weights */
+    df_mv_job *jobs;          /* [2 x topk] */
     char err[256];            /* message of a failed forward (e.g. expert I/O) */
     float *xp, *plog, *predw; /* router lookahead: [hidden], [n_experts], [topk] */
     int *pred;                /* [topk] predicted experts of the next layer */
+    df_expert_source *src;    /* where routed experts come from (set by the engine) */
     double t_attn, t_ffn, t_other;
 } df_state;
 
 int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, char *err, size_t errlen);
 void df_state_free(df_state *s);
+/* Bytes of state that grow with each position (all layers), and of fixed state. */
 size_t df_state_bytes_per_token(const df_model *m);
+size_t df_state_fixed_bytes(const df_model *m);
+/* Whether every layer's state can be cut back to an earlier position. */
+int df_state_truncatable(const df_model *m);
+
+/* A snapshot of a session's state at a position: the fixed state of every
+ * layer (recurrent mixers) plus the position; growing caches are not copied
+ * (positions before pos are never rewritten, so they stay valid). */
+typedef struct {
+    int pos;
+    float *fixed;      /* [sum of fixed_floats] */
+    size_t n_floats;
+} df_snapshot;
+int df_state_snapshot(const df_state *s, int pos, df_snapshot *out);
+void df_state_restore(df_state *s, const df_snapshot *snap);
+void df_snapshot_free(df_snapshot *snap);
+/* The state of position 0 (every fixed state zero). */
+void df_state_clear_fixed(df_state *s);
 
 /* Runs tokens[0..n) at positions pos0.. through the model (n <= max_batch,
  * pos0 + n <= max_ctx). Writes logits for the last position into
  * logits[vocab], or for every position into logits[n x vocab] if all. */
 int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all);
 
-/* family parts */
-void df_attn_gqa(const df_model *m, df_state *s, int l, int n, int pos0);
-void df_attn_mla(const df_model *m, df_state *s, int l, int n, int pos0);
-void df_route_qwen3(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w);
-void df_route_deepseek(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w);
 /* rotary embedding of one head vector in place; cs = [rope_dim/2][cos, sin] of its position */
 void df_rope(const float *cs, int rope_dim, float *v, int interleaved);
 

@@ -44,14 +44,19 @@ typedef struct {
     uint64_t last_use, uses;
     int64_t last_token;
     uint8_t *mem;
-    df_ffn f;         /* the expert with pointers into mem */
+    int n_parts;
+    const uint8_t *parts[DF_EXPERT_PARTS]; /* the expert's parts inside mem */
 } slot;
 
 struct df_ecache {
+    df_expert_source base;   /* the df_expert_source interface: first member, so a source pointer is the cache */
     int n_files, n_layers, n_experts;
     int *fd;
     char **path;
-    const df_ffn *tmpl;
+    df_expert_loc *loc;      /* [L * E] where each expert is (owned copy) */
+    int max_k;               /* experts per acquire the scratch below holds */
+    int *a_how, *a_sl, *a_done; /* acquire scratch [max_k] */
+    double *a_waited;
     int *slot_of;     /* [L * E] */
     slot *slots;
     int n_slots;
@@ -139,11 +144,11 @@ static uint64_t span(const df_extent *e) { return a_up(e->off + e->len) - a_down
  * part p; runs are laid out back to back in the slot. */
 typedef struct {
     int n;
-    df_extent run[DF_FFN_PARTS];
-    int run_of[DF_FFN_PARTS];
+    df_extent run[DF_EXPERT_PARTS];
+    int run_of[DF_EXPERT_PARTS];
 } reads;
 
-static void plan_reads(const df_ffn *f, reads *r) {
+static void plan_reads(const df_expert_loc *f, reads *r) {
     r->n = 0;
     for (int p = 0; p < f->n_parts; p++) {
         const df_extent *e = &f->part[p];
@@ -159,17 +164,36 @@ static void plan_reads(const df_ffn *f, reads *r) {
 }
 
 /* Byte position of part p inside the slot. */
-static uint64_t part_pos(const df_ffn *f, const reads *r, int p) {
+static uint64_t part_pos(const df_expert_loc *f, const reads *r, int p) {
     uint64_t pos = 0;
     for (int i = 0; i < r->run_of[p]; i++) pos += span(&r->run[i]);
     const df_extent *run = &r->run[r->run_of[p]];
     return pos + (f->part[p].off - a_down(run->off));
 }
 
-df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, int n_experts, const df_ffn *experts,
+static const df_expert_source_ops ecache_ops;
+
+df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, int n_experts, const df_expert_loc *experts,
                          const df_ecache_opts *o, char *err, size_t errlen) {
     df_ecache *c = df_xcalloc(1, sizeof *c);
-    c->n_files = n_files, c->n_layers = n_layers, c->n_experts = n_experts, c->tmpl = experts, c->policy = o->policy;
+    c->base.ops = &ecache_ops;
+    const size_t nk = (size_t)n_layers * (size_t)n_experts;
+    c->loc = df_xmalloc((nk ? nk : 1) * sizeof *c->loc);
+    if (nk) memcpy(c->loc, experts, nk * sizeof *c->loc);
+    for (size_t i = 0; i < nk; i++)
+        for (int p = 0; p < c->loc[i].n_parts; p++)
+            if (c->loc[i].n_parts > DF_EXPERT_PARTS || c->loc[i].part[p].file < 0 || c->loc[i].part[p].file >= n_files) {
+                df_err(err, errlen, DF_EINTERNAL, "expert cache: layer %zu expert %zu: part %d names file %d of %d", i / (size_t)n_experts,
+                       i % (size_t)n_experts, p, c->loc[i].part[p].file, n_files);
+                free(c->loc), free(c);
+                return NULL;
+            }
+    c->max_k = n_experts > 0 ? n_experts : 1;
+    c->a_how = df_xcalloc((size_t)c->max_k, sizeof(int));
+    c->a_sl = df_xcalloc((size_t)c->max_k, sizeof(int));
+    c->a_done = df_xcalloc((size_t)c->max_k, sizeof(int));
+    c->a_waited = df_xcalloc((size_t)c->max_k, sizeof(double));
+    c->n_files = n_files, c->n_layers = n_layers, c->n_experts = n_experts, c->policy = o->policy;
     c->fd = df_xmalloc((size_t)n_files * sizeof(int));
     c->path = df_xcalloc((size_t)n_files, sizeof(char *));
     for (int i = 0; i < n_files; i++) {
@@ -180,7 +204,7 @@ df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, in
             df_err(err, errlen, DF_EIO, "%s: cannot open: %s", paths[i], strerror(errno));
             for (int j = 0; j <= i; j++) free(c->path[j]);
             for (int j = 0; j < i; j++) close(c->fd[j]);
-            free(c->fd), free(c->path), free(c);
+            free(c->fd), free(c->path), free(c->loc), free(c->a_how), free(c->a_sl), free(c->a_done), free(c->a_waited), free(c);
             return NULL;
         }
     }
@@ -218,9 +242,8 @@ df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, in
         df_touch_range(c->arena, nb);
         double dt = df_now() - t0;
         c->touch_gbs = dt > 0 ? nb / dt / 1e9 : 1e3;
-        const char *fm = getenv("DELTAFIN_FRESH_MEMORY"); /* testing: force the decision */
-        if (fm && !strcmp(fm, "slow")) c->touch_gbs = FAST_TOUCH_GBS / 8;
-        if (fm && !strcmp(fm, "fast")) c->touch_gbs = FAST_TOUCH_GBS * 8;
+        if (o->fresh_memory == 1) c->touch_gbs = FAST_TOUCH_GBS / 8; /* forced (tests): as if slow */
+        if (o->fresh_memory == 2) c->touch_gbs = FAST_TOUCH_GBS * 8; /* as if fast */
     }
     c->fresh_t = df_now();
     if (o->populate && c->arena_bytes && c->slot_bytes)
@@ -257,25 +280,21 @@ void df_ecache_free(df_ecache *c) {
     }
     if (c->arena) munmap(c->arena, c->arena_bytes ? c->arena_bytes : ALIGN);
     for (int i = 0; i < c->n_files; i++) { if (c->fd) close(c->fd[i]); free(c->path[i]); }
-    free(c->fd), free(c->path), free(c->slots), free(c->slot_of), free(c);
+    free(c->fd), free(c->path), free(c->slots), free(c->slot_of), free(c->loc);
+    free(c->a_how), free(c->a_sl), free(c->a_done), free(c->a_waited), free(c);
 }
 
-/* Points the slot's weights at their bytes. */
+/* Points the slot's parts at their bytes. */
 static void bind_slot(df_ecache *c, slot *s) {
-    const df_ffn *t = &c->tmpl[s->key];
+    const df_expert_loc *t = &c->loc[s->key];
     reads r;
     plan_reads(t, &r);
-    s->f = *t;
-    df_weight *ws[3] = {&s->f.gate, &s->f.up, &s->f.down};
-    int p = 0;
-    for (int w = 0; w < 3; w++) {
-        ws[w]->data = s->mem + part_pos(t, &r, p++);
-        if (ws[w]->fmt == DF_W_FP8 || ws[w]->fmt == DF_W_INT4) ws[w]->scale = s->mem + part_pos(t, &r, p++);
-    }
+    s->n_parts = t->n_parts;
+    for (int p = 0; p < t->n_parts; p++) s->parts[p] = s->mem + part_pos(t, &r, p);
 }
 
 static int verify(df_ecache *c, slot *s) {
-    const df_ffn *t = &c->tmpl[s->key];
+    const df_expert_loc *t = &c->loc[s->key];
     if (!t->has_xxh3) return 0;
     XXH3_state_t *h = XXH3_createState();
     XXH3_64bits_reset(h);
@@ -356,10 +375,10 @@ static int start_load(df_ecache *c, int key) {
         if (s->prefetched) c->st.prefetch_unused++;
         c->slot_of[s->key] = -1;
     }
-    memset(&s->f, 0, sizeof s->f);
+    s->n_parts = 0;
     s->key = key, s->state = S_LOADING, s->failed = 0, s->prefetched = 0, s->dead = 0, s->uses = 0;
     c->slot_of[key] = v;
-    const df_ffn *t = &c->tmpl[key];
+    const df_expert_loc *t = &c->loc[key];
     reads rd;
     plan_reads(t, &rd);
     uint64_t pos = 0;
@@ -403,7 +422,7 @@ static int reap(df_ecache *c, struct io_uring_cqe *cqe) {
     int v = (int)(ud >> 8), p = (int)(ud & 0xff);
     slot *s = &c->slots[v];
     reads rd;
-    plan_reads(&c->tmpl[s->key], &rd);
+    plan_reads(&c->loc[s->key], &rd);
     const df_extent *e = &rd.run[p];
     uint64_t need = (e->off - a_down(e->off)) + e->len;
     if (s->failed == 3) {
@@ -423,7 +442,7 @@ void df_ecache_prefetch(df_ecache *c, int l, const int *ids, int k) {
     int issued = 0;
     for (int i = 0; i < k; i++) {
         int key = l * c->n_experts + ids[i];
-        if (c->slot_of[key] >= 0 || c->tmpl[key].n_parts == 0) continue;
+        if (c->slot_of[key] >= 0 || c->loc[key].n_parts == 0) continue;
         int v = start_load(c, key);
         if (v < 0) break;
         c->slots[v].prefetched = 1;
@@ -470,9 +489,10 @@ static int prefetch_worth(const df_ecache *c) {
 int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, const int *pf_ids, int pf_k,
                          df_ecache_ready_fn ready, void *ctx, char *err, size_t errlen) {
     enum { HIT = 0, PREFETCH_HIT = 1, PREFETCH_WAIT = 2, READ = 3 };
-    int how[512], sl[512], done[512];
-    double waited[512];
-    if (k > 512) return df_err(err, errlen, DF_EINTERNAL, "expert cache: %d experts in one request", k);
+    int *how = c->a_how, *sl = c->a_sl, *done = c->a_done;
+    double *waited = c->a_waited;
+    if (k > c->max_k || k > c->n_slots)
+        return df_err(err, errlen, DF_EINTERNAL, "expert cache: %d experts in one request (at most %d)", k, c->max_k < c->n_slots ? c->max_k : c->n_slots);
     judge_prediction(c, l, ids, k);
     int submit = 0;
     for (int i = 0; i < k; i++) {
@@ -520,7 +540,7 @@ int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, c
             s->failed = 3;
             c->st.prefetch_cancelled++;
             reads rd;
-            plan_reads(&c->tmpl[s->key], &rd);
+            plan_reads(&c->loc[s->key], &rd);
             for (int p = 0; p < rd.n; p++) {
                 struct io_uring_sqe *sqe = io_uring_get_sqe(&c->ring);
                 if (!sqe) { io_uring_submit(&c->ring); sqe = io_uring_get_sqe(&c->ring); }
@@ -551,7 +571,7 @@ int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, c
             if (s->state != S_READY) continue;
             done[i] = 1;
             left--;
-            ready(ctx, i, &s->f);
+            ready(ctx, i, s->parts);
         }
         if (!left) break;
         if (!c->have_ring) return df_err(err, errlen, DF_EINTERNAL, "expert cache: layer %d: waiting without io_uring", l);
@@ -590,3 +610,17 @@ void df_ecache_set_policy(df_ecache *c, df_evict_policy p) { c->policy = p; }
 void df_ecache_set_trace(df_ecache *c, FILE *f) { c->trace = f; }
 void df_ecache_set_prefetch(df_ecache *c, df_prefetch_mode m) { c->pf_mode = m; }
 void df_ecache_set_token(df_ecache *c, int64_t t) { c->token = t; }
+
+/* ---- the df_expert_source interface ---------------------------------- */
+static int src_acquire(df_expert_source *s, int l, const int *ids, int k, int pf_l, const int *pf_ids, int pf_k,
+                       df_expert_ready_fn ready, void *ctx, char *err, size_t errlen) {
+    return df_ecache_acquire_pf((df_ecache *)s, l, ids, k, pf_l, pf_ids, pf_k, ready, ctx, err, errlen);
+}
+static void src_release(df_expert_source *s) { df_ecache_release((df_ecache *)s); }
+static int src_capacity(const df_expert_source *s) { return ((const df_ecache *)s)->n_slots; }
+static int src_wants_prediction(const df_expert_source *s) { return ((const df_ecache *)s)->pf_mode != DF_PF_NEVER; }
+static void src_set_token(df_expert_source *s, int64_t pos) { df_ecache_set_token((df_ecache *)s, pos); }
+
+static const df_expert_source_ops ecache_ops = {src_acquire, src_release, src_capacity, src_wants_prediction, src_set_token};
+
+df_expert_source *df_ecache_source(df_ecache *c) { return &c->base; }

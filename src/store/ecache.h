@@ -11,12 +11,16 @@
  * freed; wrong ones that already arrived are the first slots reused. Slots
  * never used yet are taken only after those: their first touch is costly.
  *
+ * The cache deals in bytes, extents and slots (store/source.h), never in
+ * model structs; it implements the df_expert_source interface
+ * (df_ecache_source), through which the model's MoE code reaches it.
+ *
  * Invariants: a slot holding a pinned expert is never evicted; a slot is
  * READY only after every extent arrived whole and its checksum matched. */
 #ifndef DF_STORE_ECACHE_H
 #define DF_STORE_ECACHE_H
 
-#include "model/model.h"
+#include "store/source.h"
 #include <stdio.h>
 
 typedef struct df_ecache df_ecache;
@@ -33,20 +37,22 @@ typedef struct {
     df_evict_policy policy;
     int use_io_uring;    /* 0: synchronous pread */
     int populate;        /* fault the slot memory in ahead of use, in a background thread */
+    int fresh_memory;    /* 0: measure how fast fresh memory is faulted in; 1/2: treat it as slow/fast (tests) */
 } df_ecache_opts;
 
-/* fds: the files the extents refer to (opened by the cache with O_DIRECT
- * when the filesystem allows). experts: [n_layers * n_experts] templates
- * (shapes, formats, extents; data pointers unused); entries of non-MoE
- * layers have n_parts == 0. */
-df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, int n_experts, const df_ffn *experts,
+/* paths: the files the extents refer to (opened by the cache with O_DIRECT
+ * when the filesystem allows). experts: [n_layers * n_experts] where each
+ * expert is (copied); entries of non-MoE layers have n_parts == 0. */
+df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, int n_experts, const df_expert_loc *experts,
                          const df_ecache_opts *o, char *err, size_t errlen);
 void df_ecache_free(df_ecache *c);
+/* The cache as an expert source (valid while the cache lives). */
+df_expert_source *df_ecache_source(df_ecache *c);
 
-typedef void (*df_ecache_ready_fn)(void *ctx, int i, const df_ffn *f);
+typedef df_expert_ready_fn df_ecache_ready_fn;
 
-/* Makes experts ids[0..k) of layer l resident and pinned; calls ready(ctx,
- * i, ffn) for each, hits first, misses in arrival order, and ready(ctx, -1,
+/* Makes experts ids[0..k) of layer l resident and pinned (k <= slots);
+ * calls ready(ctx, i, parts) for each, hits first, misses in arrival order, and ready(ctx, -1,
  * NULL) before every wait for I/O and once at the end, so a caller may batch
  * the experts handed over so far. Returns 0 or a
  * negative DF_E* code (I/O error, checksum mismatch naming layer and expert). */

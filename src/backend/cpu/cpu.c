@@ -96,13 +96,15 @@ const char *df_wfmt_name(const df_weight *w) {
     return "?";
 }
 static int scale_size(df_scale_dtype t) { return t == DF_SCALE_F32 ? 4 : 2; }
-int64_t df_weight_bytes(const df_weight *w) {
-    int64_t b = (int64_t)w->row_bytes * w->rows;
-    if (w->fmt == DF_W_FP8) b += ((w->rows + w->blk_r - 1) / w->blk_r) * w->scale_cols * scale_size(w->scale_dtype);
-    if (w->fmt == DF_W_INT4) b += w->rows * w->scale_cols * scale_size(w->scale_dtype);
-    if (w->fmt == DF_W_I8ROW) b += w->rows * 4;
-    return b;
+int64_t df_weight_scale_bytes(const df_weight *w) {
+    switch (w->fmt) {
+    case DF_W_FP8: return ((w->rows + w->blk_r - 1) / w->blk_r) * w->scale_cols * scale_size(w->scale_dtype);
+    case DF_W_INT4: return w->rows * w->scale_cols * scale_size(w->scale_dtype);
+    case DF_W_I8ROW: return w->rows * 4;
+    default: return 0;
+    }
 }
+int64_t df_weight_bytes(const df_weight *w) { return (int64_t)w->row_bytes * w->rows + df_weight_scale_bytes(w); }
 static inline float scale_at(const df_weight *w, int64_t i) {
     switch (w->scale_dtype) {
     case DF_SCALE_F32: { float f; memcpy(&f, (const uint8_t *)w->scale + 4 * i, 4); return f; }

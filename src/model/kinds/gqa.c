@@ -1,9 +1,10 @@
-/* llama.c - grouped-query attention with a K/V cache, as transformers'
- * LlamaAttention / Qwen3Attention compute it: q,k,v projections (optional
- * biases), per-head q/k RMSNorm (qwen3 family), rotate-half RoPE, causal
- * softmax(q.k * scale) v, output projection. Used by llama, qwen3 and
- * qwen3_moe. */
-#include "model/model.h"
+/* gqa.c - mixer kind GQA: grouped-query attention with a K/V cache, as
+ * transformers' LlamaAttention / Qwen3Attention compute it: q,k,v
+ * projections (optional biases), per-head q/k RMSNorm (when the layer has
+ * q_norm/k_norm), rotate-half RoPE, causal softmax(q.k * scale) v, output
+ * projection. State: per position, the layer's K row then its V row
+ * ([2][KV*hd]); truncatable. */
+#include "model/kinds.h"
 
 #include <math.h>
 #include <string.h>
@@ -20,27 +21,26 @@ static void gqa_task(void *p, int tid, int nth) {
     df_state *s = a->s;
     const int NH = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim, grp = NH / KV;
     const size_t kdim = (size_t)KV * hd;
-    const float *kc = s->k_cache + (size_t)a->l * s->max_ctx * kdim;
-    const float *vc = s->v_cache + (size_t)a->l * s->max_ctx * kdim;
+    const float *kc = s->ls[a->l].cache, *vc = kc + kdim; /* row j: K at j*2*kdim, V after it */
     float *sc = s->att_scores + (size_t)tid * s->max_ctx;
     const int items = a->n * NH;
     for (int it = tid; it < items; it += nth) {
         int t = it / NH, h = it % NH, kvh = h / grp, len = a->pos0 + t + 1;
         const float *q = s->q + ((size_t)t * NH + h) * hd;
-        for (int j = 0; j < len; j++) sc[j] = df_dot_f32(q, kc + (size_t)j * kdim + (size_t)kvh * hd, hd) * a->m->attn_scale;
+        for (int j = 0; j < len; j++) sc[j] = df_dot_f32(q, kc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd) * a->m->attn_scale;
         df_softmax(sc, len);
         float *out = s->att + ((size_t)t * NH + h) * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < len; j++) df_axpy(out, sc[j], vc + (size_t)j * kdim + (size_t)kvh * hd, hd);
+        for (int j = 0; j < len; j++) df_axpy(out, sc[j], vc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd);
     }
 }
 
-void df_attn_gqa(const df_model *m, df_state *s, int l, int n, int pos0) {
+static void gqa_forward(const df_model *m, df_state *s, int l, int n, int pos0) {
     const df_config *c = &m->cfg;
     const df_layer *L = &m->layers[l];
     const int NH = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim;
     const size_t qdim = (size_t)NH * hd, kdim = (size_t)KV * hd;
-    const df_mv_job jobs[3] = {{&L->wq, s->xn, s->q}, {&L->wk, s->xn, s->k}, {&L->wv, s->xn, s->v}};
+    const df_mv_job jobs[3] = {{&L->w.wq, s->xn, s->q}, {&L->w.wk, s->xn, s->k}, {&L->w.wv, s->xn, s->v}};
     df_matmul_batch(jobs, 3, n);
     const float eps = (float)c->rms_eps;
     for (int t = 0; t < n; t++) {
@@ -57,15 +57,23 @@ void df_attn_gqa(const df_model *m, df_state *s, int l, int n, int pos0) {
             if (L->k_norm) df_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, eps);
             df_rope(cs, hd, k + h * hd, m->rope_adjacent);
         }
-        size_t off = ((size_t)l * s->max_ctx + (size_t)(pos0 + t)) * kdim;
-        memcpy(s->k_cache + off, k, kdim * sizeof(float));
-        memcpy(s->v_cache + off, v, kdim * sizeof(float));
+        float *row = s->ls[l].cache + (size_t)(pos0 + t) * 2 * kdim;
+        memcpy(row, k, kdim * sizeof(float));
+        memcpy(row + kdim, v, kdim * sizeof(float));
     }
     attn_ctx a = {m, s, l, n, pos0};
     if ((int64_t)n * NH * (pos0 + n) * hd < 32768) gqa_task(&a, 0, 1); /* too little work to share */
     else df_pool_run(gqa_task, &a);
-    df_matmul(&L->wo, s->att, n, s->o);
+    df_matmul(&L->w.wo, s->att, n, s->o);
     if (L->bo)
         for (int t = 0; t < n; t++)
             for (int i = 0; i < c->hidden; i++) s->o[(size_t)t * c->hidden + i] += L->bo[i];
 }
+
+static size_t gqa_cache_floats(const df_model *m, int l) {
+    (void)l;
+    return 2 * (size_t)m->cfg.n_kv_heads * (size_t)m->cfg.head_dim;
+}
+static size_t gqa_fixed_floats(const df_model *m, int l) { (void)m, (void)l; return 0; }
+
+const df_mixer_ops df_mixer_gqa = {"GQA", 1, gqa_cache_floats, gqa_fixed_floats, gqa_forward};

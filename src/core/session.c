@@ -1,0 +1,263 @@
+/* session.c - sessions: one timeline over an engine (tokens, every
+ * layer's state, sampler state) and its snapshots.
+ *
+ * A session's state is per layer kind (model.h): growing caches (attention)
+ * and fixed-size states (recurrent mixers). Going back to an earlier
+ * position is a truncation when every layer's state allows it; otherwise it
+ * is a restore of a snapshot taken at or before that position (the fixed
+ * states and the logits at the snapshot's position; growing caches are not
+ * copied since positions before the snapshot are never rewritten while it
+ * is kept). df_session_sync takes snapshots of its own at the end of each
+ * prompt when the model needs them, so a server reusing a conversation's
+ * prefix restores instead of recomputing. */
+#include "core/core.h"
+#include "core/engine_int.h"
+#include "util/util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define DF_MAX_BATCH 64
+#define DF_DEFAULT_CTX 4096
+#define DF_MAX_SNAPSHOTS 16
+#define DF_AUTO_SNAPSHOTS 4 /* taken by df_session_sync; the oldest is dropped first */
+
+typedef struct {
+    int used, automatic;
+    uint64_t age;
+    df_snapshot st;
+    float *logits;   /* [vocab] at the snapshot's position (NULL when the position is 0) */
+} snap_slot;
+
+struct df_session {
+    df_engine *e;
+    df_state st;
+    int32_t *tokens;
+    size_t len;
+    int logits_valid;
+    float *logits;   /* [vocab] */
+    float *work;     /* sampler scratch [vocab * 2] */
+    df_rng rng;
+    snap_slot snaps[DF_MAX_SNAPSHOTS];
+    uint64_t snap_clock;
+};
+
+df_session *df_session_new(df_engine *e, int max_context) {
+    const df_config *c = &e->model->cfg;
+    if (max_context <= 0) max_context = c->max_pos < DF_DEFAULT_CTX ? c->max_pos : DF_DEFAULT_CTX;
+    df_session *s = df_xcalloc(1, sizeof *s);
+    s->e = e;
+    if (df_state_init(e->model, max_context, DF_MAX_BATCH, &s->st, e->errbuf, sizeof e->errbuf)) {
+        free(s);
+        return NULL;
+    }
+    s->st.src = e->src;
+    s->tokens = df_xmalloc((size_t)max_context * sizeof(int32_t));
+    s->logits = df_xmalloc((size_t)c->vocab * sizeof(float));
+    s->work = df_xmalloc((size_t)c->vocab * 2 * sizeof(float));
+    df_rng_seed(&s->rng, 0);
+    return s;
+}
+
+static void snap_drop(snap_slot *p) {
+    df_snapshot_free(&p->st);
+    free(p->logits);
+    memset(p, 0, sizeof *p);
+}
+
+void df_session_free(df_session *s) {
+    if (!s) return;
+    for (int i = 0; i < DF_MAX_SNAPSHOTS; i++) snap_drop(&s->snaps[i]);
+    df_state_free(&s->st);
+    free(s->tokens);
+    free(s->logits);
+    free(s->work);
+    free(s);
+}
+
+size_t df_session_len(const df_session *s) { return s->len; }
+const float *df_session_logits(df_session *s) { return s->logits_valid ? s->logits : NULL; }
+void df_session_seed(df_session *s, uint64_t seed) { df_rng_seed(&s->rng, seed); }
+
+static int check_ids(df_session *s, const int32_t *ids, size_t n) {
+    const df_config *c = &s->e->model->cfg;
+    if (n > (size_t)s->st.max_ctx)
+        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "%zu tokens exceed the session context of %d", n, s->st.max_ctx);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "token id %d at position %zu is out of range (vocab_size %d)", ids[i], i, c->vocab);
+    return 0;
+}
+
+/* Runs ids[from..n) after the cache holds ids[0..from); logits of the last. */
+static int run_tokens(df_session *s, const int32_t *ids, size_t from, size_t n) {
+    df_engine *e = s->e;
+    /* positions from `from` on are rewritten: snapshots after it no longer describe this timeline */
+    for (int i = 0; i < DF_MAX_SNAPSHOTS; i++)
+        if (s->snaps[i].used && (size_t)s->snaps[i].st.pos > from) snap_drop(&s->snaps[i]);
+    double t0 = df_now();
+    size_t todo = n - from;
+    df_ecache_stats es0 = {0}, es1 = {0};
+    if (e->ecache) df_ecache_stats_get(e->ecache, &es0);
+    for (size_t p = from; p < n; p += DF_MAX_BATCH) {
+        int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
+        int rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, s->logits, 0);
+        if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
+        memcpy(s->tokens + p, ids + p, (size_t)cnt * sizeof(int32_t));
+        s->len = p + (size_t)cnt;
+    }
+    double dt = df_now() - t0;
+    if (e->ecache) df_ecache_stats_get(e->ecache, &es1);
+    if (todo == 1) {
+        e->stats.decode_bytes_read += es1.bytes_read - es0.bytes_read;
+        e->stats.decode_io_wait_seconds += es1.io_wait_s - es0.io_wait_s;
+        e->stats.decode_tokens++;
+        e->stats.decode_seconds += dt;
+        e->stats.weight_bytes_touched += e->model->bytes_active;
+    } else {
+        e->stats.prefill_tokens += (int64_t)todo;
+        e->stats.prefill_seconds += dt;
+    }
+    e->stats.t_attention = s->st.t_attn;
+    e->stats.t_experts = s->st.t_ffn;
+    e->stats.t_other = s->st.t_other;
+    s->logits_valid = 1;
+    return 0;
+}
+
+/* Takes a snapshot at the current length into a free slot (or the oldest
+ * automatic one when automatic); returns its id or DF_E*. */
+static int take_snapshot(df_session *s, int automatic) {
+    int slot = -1, n_auto = 0, oldest = -1;
+    for (int i = 0; i < DF_MAX_SNAPSHOTS; i++) {
+        if (!s->snaps[i].used) { if (slot < 0) slot = i; continue; }
+        if (s->snaps[i].automatic) {
+            n_auto++;
+            if (oldest < 0 || s->snaps[i].age < s->snaps[oldest].age) oldest = i;
+        }
+    }
+    if (automatic && n_auto >= DF_AUTO_SNAPSHOTS) snap_drop(&s->snaps[oldest]), slot = oldest;
+    if (slot < 0) return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_ENOMEM, "all %d snapshots of the session are in use", DF_MAX_SNAPSHOTS);
+    snap_slot *p = &s->snaps[slot];
+    if (df_state_snapshot(&s->st, (int)s->len, &p->st))
+        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_ENOMEM, "cannot allocate a snapshot of %zu bytes", df_state_fixed_bytes(s->e->model));
+    const size_t V = (size_t)s->e->model->cfg.vocab;
+    if (s->logits_valid) {
+        p->logits = df_xmalloc(V * sizeof(float));
+        memcpy(p->logits, s->logits, V * sizeof(float));
+    }
+    p->used = 1, p->automatic = automatic, p->age = ++s->snap_clock;
+    return slot;
+}
+
+static void restore_slot(df_session *s, snap_slot *p) {
+    df_state_restore(&s->st, &p->st);
+    s->len = (size_t)p->st.pos;
+    s->logits_valid = p->logits != NULL;
+    if (p->logits) memcpy(s->logits, p->logits, (size_t)s->e->model->cfg.vocab * sizeof(float));
+    p->age = ++s->snap_clock;
+}
+
+int df_session_snapshot(df_session *s) { return take_snapshot(s, 0); }
+
+int df_session_restore(df_session *s, int id) {
+    if (id < 0 || id >= DF_MAX_SNAPSHOTS || !s->snaps[id].used)
+        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "snapshot %d does not exist (dropped, or invalidated by rewriting an earlier position)", id);
+    if ((size_t)s->snaps[id].st.pos > s->len && !df_state_truncatable(s->e->model))
+        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINTERNAL, "snapshot %d is past the session's length", id);
+    restore_slot(s, &s->snaps[id]);
+    return 0;
+}
+
+void df_session_snapshot_drop(df_session *s, int id) {
+    if (id >= 0 && id < DF_MAX_SNAPSHOTS) snap_drop(&s->snaps[id]);
+}
+
+size_t df_session_snapshot_bytes(const df_session *s) {
+    return df_state_fixed_bytes(s->e->model) + (size_t)s->e->model->cfg.vocab * sizeof(float);
+}
+
+/* Makes the session's length `to` (<= its length) by the cheapest exact
+ * means: truncation where every layer allows it, else the latest snapshot
+ * at or before `to`, else the empty state. Returns the new length. */
+static size_t rewind_to(df_session *s, size_t to) {
+    if (to == s->len) return to;
+    if (df_state_truncatable(s->e->model)) {
+        s->len = to;
+        s->logits_valid = 0;
+        return to;
+    }
+    int best = -1;
+    for (int i = 0; i < DF_MAX_SNAPSHOTS; i++)
+        if (s->snaps[i].used && (size_t)s->snaps[i].st.pos <= to && (best < 0 || s->snaps[i].st.pos > s->snaps[best].st.pos)) best = i;
+    if (best >= 0) {
+        restore_slot(s, &s->snaps[best]);
+    } else {
+        df_state_clear_fixed(&s->st);
+        s->len = 0;
+        s->logits_valid = 0;
+    }
+    return s->len;
+}
+
+int df_session_sync(df_session *s, const int32_t *ids, size_t n) {
+    int rc = check_ids(s, ids, n);
+    if (rc) return rc;
+    size_t common = 0;
+    while (common < s->len && common < n && s->tokens[common] == ids[common]) common++;
+    if (n == 0) {
+        rewind_to(s, 0);
+        s->logits_valid = 0;
+        return 0;
+    }
+    if (common == n && s->len == n && s->logits_valid) return 0;
+    if (common >= n) common = n - 1; /* recompute the last position for its logits */
+    size_t from = rewind_to(s, common);
+    s->logits_valid = 0;
+    rc = run_tokens(s, ids, from, n);
+    if (!rc && !df_state_truncatable(s->e->model)) take_snapshot(s, 1); /* failure to snapshot only costs a later recompute */
+    return rc;
+}
+
+int df_session_push(df_session *s, int32_t id) {
+    if (s->len >= (size_t)s->st.max_ctx)
+        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "context full (%d tokens)", s->st.max_ctx);
+    int rc = check_ids(s, &id, 1);
+    if (rc) return rc;
+    s->tokens[s->len] = id;
+    return run_tokens(s, s->tokens, s->len, s->len + 1);
+}
+
+int df_session_sample(df_session *s, const df_sampling *sp, int32_t *out_id) {
+    if (!s->logits_valid) return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "no logits: the session is empty");
+    *out_id = df_sample(s->logits, s->e->model->cfg.vocab, sp, &s->rng, s->work);
+    return 0;
+}
+
+int df_session_eval_all(df_session *s, const int32_t *ids, size_t n, float *out) {
+    int rc = check_ids(s, ids, n);
+    if (rc) return rc;
+    df_engine *e = s->e;
+    const size_t V = (size_t)e->model->cfg.vocab;
+    /* every position is recomputed: start from the empty state */
+    for (int i = 0; i < DF_MAX_SNAPSHOTS; i++) if (s->snaps[i].used && s->snaps[i].st.pos > 0) snap_drop(&s->snaps[i]);
+    df_state_clear_fixed(&s->st);
+    s->len = 0;
+    s->logits_valid = 0;
+    double t0 = df_now();
+    for (size_t p = 0; p < n; p += DF_MAX_BATCH) {
+        int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
+        rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, out + p * V, 1);
+        if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
+        memcpy(s->tokens + p, ids + p, (size_t)cnt * sizeof(int32_t));
+        s->len = p + (size_t)cnt;
+    }
+    e->stats.prefill_tokens += (int64_t)n;
+    e->stats.prefill_seconds += df_now() - t0;
+    if (n) {
+        memcpy(s->logits, out + (n - 1) * V, V * sizeof(float));
+        s->logits_valid = 1;
+    }
+    return 0;
+}
+

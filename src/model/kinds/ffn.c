@@ -1,0 +1,152 @@
+/* ffn.c - FFN kinds: a dense gated FFN, and a mixture of routed experts
+ * (+ shared experts) whose weights come from a df_expert_source.
+ *
+ * MoE has one path whatever the tier: the router picks K experts per token,
+ * the distinct experts of the batch are asked of the source (the model's own
+ * memory, or the expert cache over files/packs), and each expert is computed
+ * as the source hands it over. Every routed expert's output lands in its own
+ * (token, k) row of de_all and the rows are summed in (token, k) order at the
+ * end, so the result does not depend on the tier, on which experts were
+ * cache hits or on the order in which reads arrived: resident and streamed
+ * runs give the same bits. Every buffer is sized from the config at
+ * df_state_init (no fixed limit on experts per token). */
+#include "model/kinds.h"
+#include "deltafin.h"
+#include "util/util.h"
+
+#include <math.h>
+#include <string.h>
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* out[n x hidden] = down(silu(gate x) * up x) */
+static void glu(const df_glu *f, const float *x, int n, float *h1, float *h2, float *out) {
+    const df_mv_job jobs[2] = {{&f->gate, x, h1}, {&f->up, x, h2}};
+    df_matmul_batch(jobs, 2, n);
+    const int64_t I = f->gate.rows;
+    for (int64_t i = 0; i < (int64_t)n * I; i++) h1[i] = silu(h1[i]) * h2[i];
+    df_matmul(&f->down, h1, n, out);
+}
+
+int df_ffn_dense(const df_model *m, df_state *s, const df_layer *L, int n) {
+    (void)m;
+    glu(&L->w.mlp, s->xn, n, s->h1, s->h2, s->ffn_out);
+    return 0;
+}
+
+/* The weights of expert template t at the bytes parts[] (data, then the
+ * scale sidecar where the format has one, for gate, up, down). */
+static void expert_view(const df_ffn *t, const uint8_t *const *parts, df_glu *out) {
+    out->gate = t->gate, out->up = t->up, out->down = t->down;
+    df_weight *ws[3] = {&out->gate, &out->up, &out->down};
+    int p = 0;
+    for (int w = 0; w < 3; w++) {
+        ws[w]->data = parts[p++];
+        if (df_weight_scale_bytes(ws[w])) ws[w]->scale = parts[p++];
+    }
+}
+
+typedef struct {
+    const df_model *m;
+    df_state *s;
+    const df_layer *L;
+    const int *ids; /* experts of this acquire */
+    int n;          /* tokens in the batch */
+    int npend;      /* decode: experts handed over and not computed yet */
+} moe_ctx;
+
+/* Decode: the pending experts' gate/up products in one dispatch, their down
+ * products in another (rows are computed the same way whatever the batch,
+ * so the bits do not depend on how experts were grouped). */
+static void flush_decode(moe_ctx *c) {
+    if (!c->npend) return;
+    df_state *s = c->s;
+    const int H = c->m->cfg.hidden, I = c->m->cfg.moe_intermediate;
+    df_mv_job *jobs = s->jobs; /* [2 x topk] */
+    for (int j = 0; j < c->npend; j++) {
+        jobs[2 * j] = (df_mv_job){&s->pend_f[j].gate, s->xn, s->ge + (size_t)j * I};
+        jobs[2 * j + 1] = (df_mv_job){&s->pend_f[j].up, s->xn, s->ue + (size_t)j * I};
+    }
+    df_matmul_batch(jobs, 2 * c->npend, 1);
+    for (int64_t i = 0; i < (int64_t)c->npend * I; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
+    for (int j = 0; j < c->npend; j++) jobs[j] = (df_mv_job){&s->pend_f[j].down, s->ge + (size_t)j * I, s->de_all + (size_t)s->pend_k[j] * H};
+    df_matmul_batch(jobs, c->npend, 1);
+    c->npend = 0;
+}
+
+/* Called by the source as each expert is ready: computes its output rows of de_all. */
+static void expert_ready(void *p, int i, const uint8_t *const *parts) {
+    moe_ctx *c = p;
+    df_state *s = c->s;
+    if (i < 0) { /* the source is about to wait, or is done: compute what is batched */
+        if (c->n == 1) flush_decode(c);
+        return;
+    }
+    const int H = c->m->cfg.hidden, K = c->m->cfg.n_experts_used, e = c->ids[i];
+    df_glu f;
+    expert_view(&c->L->experts[e], parts, &f);
+    if (c->n == 1) { /* decode: slot k of the one token, batched until the next flush */
+        int k = 0;
+        while (s->sel[k] != e) k++;
+        s->pend_k[c->npend] = k;
+        s->pend_f[c->npend++] = f;
+        return;
+    }
+    int cnt = 0;
+    for (int t = 0; t < c->n; t++)
+        for (int k = 0; k < K; k++)
+            if (s->sel[t * K + k] == e) { s->tok_list[cnt] = t * K + k; memcpy(s->xe + (size_t)cnt * H, s->xn + (size_t)t * H, (size_t)H * 4); cnt++; }
+    glu(&f, s->xe, cnt, s->ge, s->ue, s->de);
+    for (int j = 0; j < cnt; j++) memcpy(s->de_all + (size_t)s->tok_list[j] * H, s->de + (size_t)j * H, (size_t)H * 4);
+}
+
+/* Router lookahead: the next MoE layer's router applied to the current
+ * residual predicts its experts, so a source can start reading them while
+ * this layer computes. Prediction only warms the source: that layer still
+ * routes on its own input. Returns the next MoE layer, or -1. */
+static int predict_next(const df_model *m, df_state *s, int l) {
+    const df_config *c = &m->cfg;
+    int nl = l + 1;
+    while (nl < c->n_layers && m->layers[nl].kind.ffn != DF_FFN_MOE) nl++;
+    if (nl >= c->n_layers) return -1;
+    const df_layer *N = &m->layers[nl];
+    df_rmsnorm(s->xp, s->x, N->ffn_norm, c->hidden, (float)c->rms_eps);
+    df_matvec(&N->w.router, s->xp, s->plog);
+    df_router_of(N->kind.router)(m, N, s->plog, s->pred, s->predw, s->route_tmp);
+    return nl;
+}
+
+int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) {
+    const df_config *c = &m->cfg;
+    const int H = c->hidden, E = c->n_experts, K = c->n_experts_used;
+    df_matmul(&L->w.router, s->xn, n, s->router_logits);
+    df_route_fn route = df_router_of(L->kind.router);
+    for (int t = 0; t < n; t++) route(m, L, s->router_logits + (size_t)t * E, s->sel + t * K, s->selw + t * K, s->route_tmp);
+    /* the distinct experts of this batch, in index order */
+    unsigned char *seen = (unsigned char *)s->route_tmp;
+    memset(seen, 0, (size_t)E);
+    for (int i = 0; i < n * K; i++) seen[s->sel[i]] = 1;
+    int ne = 0;
+    for (int e = 0; e < E; e++)
+        if (seen[e]) s->exp_list[ne++] = e;
+    df_expert_source *src = s->src ? s->src : m->resident_src;
+    int pf_l = n == 1 && src->ops->wants_prediction(src) ? predict_next(m, s, l) : -1;
+    moe_ctx mc = {.m = m, .s = s, .L = L, .n = n};
+    const int wave = src->ops->capacity(src);
+    if (wave <= 0) return df_err(s->err, sizeof s->err, DF_EINTERNAL, "layer %d: the expert source holds no experts", l);
+    for (int w0 = 0; w0 < ne; w0 += wave) {
+        int cnt = ne - w0 < wave ? ne - w0 : wave;
+        mc.ids = s->exp_list + w0;
+        int rc = src->ops->acquire(src, l, mc.ids, cnt, pf_l, s->pred, w0 == 0 && pf_l >= 0 ? K : 0, expert_ready, &mc, s->err, sizeof s->err);
+        src->ops->release(src);
+        if (rc) return rc;
+    }
+    memset(s->ffn_out, 0, (size_t)n * H * sizeof(float));
+    for (int t = 0; t < n; t++)
+        for (int k = 0; k < K; k++) df_axpy(s->ffn_out + (size_t)t * H, s->selw[t * K + k], s->de_all + ((size_t)t * K + k) * H, H);
+    if (L->has_shared) {
+        glu(&L->w.shared, s->xn, n, s->h1, s->h2, s->o);
+        for (int64_t i = 0; i < (int64_t)n * H; i++) s->ffn_out[i] += s->o[i];
+    }
+    return 0;
+}
