@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEFAULT_MAX_OUTPUT ((size_t)256 << 20)
-#define DEFAULT_MAX_MEMORY ((size_t)1 << 30)
-#define DEFAULT_MAX_STEPS 200000000ull
+#define DEFAULT_MAX_OUTPUT ((size_t)64 << 20)
+#define DEFAULT_MAX_MEMORY ((size_t)256 << 20)
+#define DEFAULT_MAX_STEPS 20000000ull
 #define DEFAULT_MAX_DEPTH 256
 
 static void set_err(char *err, size_t errlen, const char *msg) {
