@@ -98,17 +98,33 @@ static void arg_max(tctx *R, const targs *A, size_t maxpos, const char *const *n
 
 /* ---- strings ------------------------------------------------------------ */
 
+/* Substring searches in linear time (their cost is charged by the caller
+ * per byte, so a quadratic worst case such as 'aaa...a' searched for
+ * 'aa...ab' must not exist): glibc's memmem forwards, KMP backwards. */
 static const char *memfind(const char *h, size_t hn, const char *nd, size_t nn) {
     if (nn == 0) return h;
     if (nn > hn) return NULL;
-    for (size_t i = 0; i + nn <= hn; i++)
-        if (h[i] == nd[0] && !memcmp(h + i, nd, nn)) return h + i;
-    return NULL;
+    return memmem(h, hn, nd, nn);
 }
-static const char *memrfind(const char *h, size_t hn, const char *nd, size_t nn) {
+static const char *memrfind(tctx *R, const char *h, size_t hn, const char *nd, size_t nn) {
     if (nn > hn) return NULL;
-    for (size_t i = hn - nn + 1; i-- > 0;)
-        if (!memcmp(h + i, nd, nn)) return h + i;
+    if (nn == 0) return h + hn;
+    if (nn == 1) return memrchr(h, nd[0], hn);
+    /* KMP over the reversed needle and haystack: rp(j) = nd[nn - 1 - j] */
+#define RP(j) nd[nn - 1 - (j)]
+    size_t *fail = ta_alloc(R, &R->A, nn * sizeof(size_t));
+    for (size_t q = 1, k = 0; q < nn; q++) {
+        while (k && RP(q) != RP(k)) k = fail[k - 1];
+        if (RP(q) == RP(k)) k++;
+        fail[q] = k;
+    }
+    for (size_t i = 0, k = 0; i < hn; i++) {
+        char c = h[hn - 1 - i];
+        while (k && c != RP(k)) k = fail[k - 1];
+        if (c == RP(k)) k++;
+        if (k == nn) return h + (hn - 1 - i);
+    }
+#undef RP
     return NULL;
 }
 
@@ -300,7 +316,7 @@ static tv str_split(tctx *R, tv s, const tv *sepv, int64_t maxsplit, int right) 
         } else {
             size_t e = len;
             for (;;) {
-                const char *f = (maxsplit < 0 || (int64_t)n < maxsplit) ? memrfind(p, e, sep.s.p, sep.s.n) : NULL;
+                const char *f = (maxsplit < 0 || (int64_t)n < maxsplit) ? memrfind(R, p, e, sep.s.p, sep.s.n) : NULL;
                 if (!f) { PUSH(tv_str(p, e)); break; }
                 size_t at = (size_t)(f - p);
                 PUSH(tv_str(p + at + sep.s.n, e - at - sep.s.n));
@@ -1141,7 +1157,7 @@ static tv str_method(tctx *R, tv s, const char *m, const targs *A) {
             return tv_int(c);
         }
         const char *f = (M("find") || M("index")) ? memfind(hay.s.p, hay.s.n, sub.s.p, sub.s.n)
-                                                  : memrfind(hay.s.p, hay.s.n, sub.s.p, sub.s.n);
+                                                  : memrfind(R, hay.s.p, hay.s.n, sub.s.p, sub.s.n);
         if (!f) {
             if (M("index") || M("rindex")) tfail(R, DF_EINPUT, "substring not found");
             return tv_int(-1);
@@ -1229,7 +1245,7 @@ static tv str_method(tctx *R, tv s, const char *m, const targs *A) {
         if (A->na != 1) tfail(R, DF_EINPUT, "%s() takes exactly one argument", m);
         tv sep = want_str(R, &A->a[0], "separator");
         if (!sep.s.n) tfail(R, DF_EINPUT, "empty separator");
-        const char *f = M("partition") ? memfind(s.s.p, s.s.n, sep.s.p, sep.s.n) : memrfind(s.s.p, s.s.n, sep.s.p, sep.s.n);
+        const char *f = M("partition") ? memfind(s.s.p, s.s.n, sep.s.p, sep.s.n) : memrfind(R, s.s.p, s.s.n, sep.s.p, sep.s.n);
         tv t = tv_list(R, 3, TL_TUPLE);
         if (!f) {
             t.l->v[0] = M("partition") ? s : tv_str("", 0);

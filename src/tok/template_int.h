@@ -37,7 +37,7 @@
  * TPL_STEP_UNITS, one byte read, written or allocated is one unit, one item
  * visited by a search, comparison or copy is TPL_ITEM_UNITS. */
 #define TPL_STEP_UNITS 64
-#define TPL_ITEM_UNITS 8
+#define TPL_ITEM_UNITS 32
 /* Largest width or precision a % or format conversion may ask for. */
 #define TPL_MAX_FORMAT_WIDTH 100000
 
