@@ -812,6 +812,7 @@ void tv_json_into(tctx *R, tout *o, const tv *v, const tjson_opts *opt, int leve
                 size_t x = ord[i], j = i;
                 while (j > 0 && tv_cmp(R, &d->k[ord[j - 1]], &d->k[x], "<") > 0) { ord[j] = ord[j - 1]; j--; }
                 ord[j] = x;
+                tcharge_items(R, i - j + 1); /* quadratic on big dicts: charged per comparison */
             }
         }
         tout_s(R, o, "{");

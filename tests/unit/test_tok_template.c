@@ -243,6 +243,14 @@ static void test_hostile(void) {
     strcpy(s + k, "}|length }}");
     expect(s, C, NULL, DF_EINPUT, "step budget of 20000000 exceeded");
     free(s);
+    /* a big dict from the context (a client's message) sorted by tojson's
+     * insertion sort: quadratic, charged per comparison */
+    s = malloc(50000 * 24 + 64);
+    k = (size_t)sprintf(s, "{\"d\":{");
+    for (int i = 50000; i > 0; i--) k += (size_t)sprintf(s + k, "%s\"k%06d\":%d", i < 50000 ? "," : "", i, i);
+    strcpy(s + k, "}}");
+    expect("{{ d|tojson(sort_keys=true)|length }}", s, NULL, DF_EINPUT, "step budget of 20000000 exceeded");
+    free(s);
     /* %-formatting: exact output, refused beyond the width limit */
     char want[700];
     snprintf(want, sizeof want, "%.600f", 1.5);
