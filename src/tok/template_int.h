@@ -96,7 +96,11 @@ struct tv {
 /* depth: nesting of the value (1 + deepest item; 0 when not computed),
  * set by tv_seal where containers are built from arbitrary values. */
 struct tlist { size_t n; tv *v; uint32_t depth; };
-struct tdict { size_t n, cap; tv *k; tv *v; uint32_t depth; };
+/* idx: open-addressing hash index of the scalar keys (None, bool, int,
+ * float, str), entry = key position + 1, built lazily once a dict has 8 keys
+ * and brought up to date (keys [indexed, n)) at each lookup, so appends may
+ * bypass it; a lookup by a non-scalar key scans linearly. */
+struct tdict { size_t n, cap; tv *k; tv *v; uint32_t depth; uint32_t *idx; size_t icap, indexed; };
 /* Why a value is undefined, for the message when it is used. */
 struct tundef {
     const char *name; size_t nlen; /* the missing name or key (str form) */

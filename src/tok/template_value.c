@@ -371,18 +371,79 @@ tv tv_seal(tctx *R, tv v) {
     return v;
 }
 
-tv *tdict_get(tctx *R, const tdict *d, tv k) {
+static int key_scalar(const tv *k) {
+    return k->t == TV_NONE || k->t == TV_BOOL || k->t == TV_INT || k->t == TV_FLOAT || k->t == TV_STR;
+}
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Consistent with tv_eq: 1 == 1.0 == True hash alike; Markup and str alike. */
+static uint64_t key_hash(tctx *R, const tv *k) {
+    switch (k->t) {
+    case TV_BOOL: return mix64((uint64_t)k->b);
+    case TV_INT: return mix64((uint64_t)k->i);
+    case TV_FLOAT:
+        if (k->f >= -9223372036854775808.0 && k->f < 9223372036854775808.0 && k->f == floor(k->f))
+            return mix64((uint64_t)(int64_t)k->f);
+        {
+            uint64_t bits;
+            memcpy(&bits, &k->f, sizeof bits);
+            return mix64(bits ^ 0x5555555555555555ull);
+        }
+    case TV_STR: {
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (size_t i = 0; i < k->s.n; i++) h = (h ^ (unsigned char)k->s.p[i]) * 0x100000001b3ull;
+        tcharge_bytes(R, k->s.n);
+        return mix64(h);
+    }
+    default: return 0x9e3779b97f4a7c15ull;
+    }
+}
+
+#define DICT_INDEX_MIN 8
+
+/* Brings d's index up to date with its keys (see struct tdict). */
+static void dict_index(tctx *R, tdict *d) {
+    if (!d->idx || d->n * 2 > d->icap) {
+        size_t ic = 32;
+        while (ic < d->n * 4) ic *= 2;
+        d->idx = ta_alloc(R, &R->A, ic * sizeof(uint32_t));
+        d->icap = ic;
+        d->indexed = 0;
+    }
+    tcharge_items(R, d->n - d->indexed);
+    for (size_t i = d->indexed; i < d->n; i++) {
+        if (!key_scalar(&d->k[i])) continue;
+        size_t p = (size_t)key_hash(R, &d->k[i]) & (d->icap - 1);
+        while (d->idx[p]) p = (p + 1) & (d->icap - 1);
+        d->idx[p] = (uint32_t)(i + 1);
+    }
+    d->indexed = d->n;
+}
+
+tv *tdict_get(tctx *R, const tdict *cd, tv k) {
+    tdict *d = (tdict *)cd; /* the index is a cache in the render's arena */
+    if (d->n >= DICT_INDEX_MIN && key_scalar(&k) && d->n < UINT32_MAX) {
+        dict_index(R, d);
+        tcharge_items(R, 1);
+        for (size_t p = (size_t)key_hash(R, &k) & (d->icap - 1); d->idx[p]; p = (p + 1) & (d->icap - 1)) {
+            size_t j = d->idx[p] - 1;
+            if (tv_eq(R, &d->k[j], &k)) return &d->v[j];
+        }
+        return NULL;
+    }
     tcharge_items(R, d->n);
     for (size_t i = 0; i < d->n; i++)
         if (tv_eq(R, &d->k[i], &k)) return &d->v[i];
     return NULL;
 }
-tv *tdict_gets(tctx *R, const tdict *d, const char *k, size_t n) {
-    tcharge_items(R, d->n);
-    for (size_t i = 0; i < d->n; i++)
-        if (d->k[i].t == TV_STR && d->k[i].s.n == n && memcmp(d->k[i].s.p, k, n) == 0) return &d->v[i];
-    return NULL;
-}
+tv *tdict_gets(tctx *R, const tdict *d, const char *k, size_t n) { return tdict_get(R, d, tv_str(k, n)); }
 void tdict_set(tctx *R, tdict *d, tv k, tv v) {
     tv *p = tdict_get(R, d, k);
     if (p) { *p = v; return; }

@@ -624,8 +624,6 @@ HOSTILE = [
      "budget of"),
     ("big_join", "{% set l = ['a' * 1000000] * 10 %}{% for i in range(10000) %}{% set t = l|join %}{% endfor %}",
      "budget of"),
-    ("dict_literal", "{{ {" + ",".join("'k%d': %d" % (i, i) for i in range(100000)) + "}|length }}",
-     "step budget of 20000000 exceeded"),
     ("huge_precision", "{{ '%.1000000000f' % 1.5 }}", "precision exceeds the limit of 100000"),
     ("huge_repeat", "{{ 'x' * 1000000000 }}", "memory budget of 268435456 bytes exceeded"),
 ]
@@ -651,6 +649,11 @@ def test_hostile_templates(tmp_path_factory, name, src, needle):
     "{{ " + "+".join(["1"] * 200) + " }}|{{ 'X'" + "|lower" * 150 + " }}",
     "{% set ns = namespace(a=[]) %}{% for i in range(200) %}{% set ns.a = [ns.a] %}{% endfor %}"
     "{{ ns.a == ns.a }}{{ ns.a|tojson|length }}{{ ns.a|string|length }}",
+    # a 100,000-key dict literal took 22 s (quadratic insertion); it renders like Python now
+    "{% set d = {" + ",".join("'k%d': %d" % (i, i) for i in range(100000)) + "} %}{{ d|length }} {{ d.k99999 }}",
+    "{% set d = {1: 'a', 2: 'b', 3: 'c', 4: 'd', 5: 'e', 6: 'f', 7: 'g', 8: 'h', 9: 'i', 1.0: 'x', True: 'y', "
+    "'k': 1, (1, 2): 't', none: 'n', 2.5: 'f'} %}{{ d }} {{ d[1] }}{{ d[9.0] }}{{ d.get(true) }}{{ d.k }}"
+    "{{ d[(1, 2)] }}{{ d[none] }}{{ d[2.5] }} {{ 10 in d }}{{ (1, 2) in d }}{{ 'K' in d }}",
 ])
 def test_hostile_shapes_within_limits_render_like_jinja(tmp_path_factory, src):
     """Big but legitimate uses of the same features render exactly (no silent truncation)."""
