@@ -136,7 +136,9 @@ static int render_json(const df_template *t, const json_t *ctx, char **out, size
     tscope *G = R->globals;
     const char *key;
     json_t *val;
-    /* context variables become top-level names (strings owned by the arena) */
+    /* context variables become top-level names (strings owned by the arena);
+     * errors here are about the context, not a template line */
+    R->T = NULL;
     for (void *it = json_object_iter((json_t *)ctx); it; it = json_object_iter_next((json_t *)ctx, it)) {
         key = json_object_iter_key(it);
         val = json_object_iter_value(it);
@@ -159,6 +161,7 @@ static int render_json(const df_template *t, const json_t *ctx, char **out, size
         G->vals[G->n] = v;
         G->n++;
     }
+    R->T = t;
     teval_root(R, t->root);
     if (!o->p) {
         o->p = malloc(1);

@@ -895,6 +895,8 @@ void tv_json_into(tctx *R, tout *o, const tv *v, const tjson_opts *opt, int leve
 
 tv tv_from_json(tctx *R, const void *jp) {
     const json_t *j = jp;
+    if ((json_is_array(j) || json_is_object(j)) && R->rdepth >= TPL_MAX_NEST)
+        tfail(R, DF_EINPUT, "chat context (messages, tools or variables) nested deeper than %d levels", TPL_MAX_NEST);
     switch (json_typeof(j)) {
     case JSON_NULL: return tv_none();
     case JSON_TRUE: return tv_bool(1);

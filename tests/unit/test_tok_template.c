@@ -217,7 +217,7 @@ static void test_hostile(void) {
     /* context JSON nested deeper than the limit */
     s = repeat_src("{\"x\":", "[", 1000, "");
     char *t2 = repeat_src(s, "]", 1000, "}");
-    expect("{{ x|length }}", t2, NULL, DF_EINPUT, "value nesting deeper than 256 levels");
+    expect("{{ x|length }}", t2, NULL, DF_EINPUT, "chat context (messages, tools or variables) nested deeper than 256 levels");
     free(s);
     free(t2);
     /* string work counts against the step budget */
