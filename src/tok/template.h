@@ -43,8 +43,8 @@ void df_template_free(df_template *t);
 
 /* Resource limits of one render (0 keeps the current value). Defaults:
  * 64 MiB of output, 256 MiB of working memory, 20 million evaluation steps
- * (string and container work is charged too: one step per 64 bytes or per 2
- * items touched), and 256 nested macro calls. Fixed limits: 256 levels of
+ * (string and container work is charged too, at its measured cost per byte
+ * or item; see template_int.h), and 256 nested macro calls. Fixed limits: 256 levels of
  * nesting in the source (brackets, blocks, syntax-tree depth) and in values,
  * 2048 levels of evaluator recursion, % format width/precision 100000.
  * docs/CHAT_TEMPLATES.md lists the messages. */

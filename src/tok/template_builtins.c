@@ -101,13 +101,18 @@ static void arg_max(tctx *R, const targs *A, size_t maxpos, const char *const *n
 /* Substring searches in linear time (their cost is charged by the caller
  * per byte, so a quadratic worst case such as 'aaa...a' searched for
  * 'aa...ab' must not exist): glibc's memmem forwards, KMP backwards. */
-static const char *memfind(const char *h, size_t hn, const char *nd, size_t nn) {
+static const char *memfind(tctx *R, const char *h, size_t hn, const char *nd, size_t nn) {
+    tcharge(R, TPL_STEP_UNITS / 2);
     if (nn == 0) return h;
     if (nn > hn) return NULL;
-    return memmem(h, hn, nd, nn);
+    const char *f = memmem(h, hn, nd, nn);
+    tcharge(R, (uint64_t)(f ? (size_t)(f - h) + nn : hn) * TPL_SEARCH_UNITS);
+    return f;
 }
 static const char *memrfind(tctx *R, const char *h, size_t hn, const char *nd, size_t nn) {
+    tcharge(R, TPL_STEP_UNITS / 2);
     if (nn > hn) return NULL;
+    tcharge(R, (uint64_t)(hn + nn) * TPL_SEARCH_UNITS);
     if (nn == 0) return h + hn;
     if (nn == 1) return memrchr(h, nd[0], hn);
     /* KMP over the reversed needle and haystack: rp(j) = nd[nn - 1 - j] */
@@ -240,7 +245,7 @@ static tv str_replace(tctx *R, tv s, tv old, tv nw, int64_t count) {
     size_t i = 0;
     int64_t done = 0;
     while (i <= s.s.n) {
-        const char *f = (count < 0 || done < count) ? memfind(s.s.p + i, s.s.n - i, old.s.p, old.s.n) : NULL;
+        const char *f = (count < 0 || done < count) ? memfind(R, s.s.p + i, s.s.n - i, old.s.p, old.s.n) : NULL;
         if (!f) { tout_put(R, &o, s.s.p + i, s.s.n - i); break; }
         size_t at = (size_t)(f - s.s.p);
         tout_put(R, &o, s.s.p + i, at - i);
@@ -308,7 +313,7 @@ static tv str_split(tctx *R, tv s, const tv *sepv, int64_t maxsplit, int right) 
         if (!right) {
             size_t i = 0;
             for (;;) {
-                const char *f = (maxsplit < 0 || (int64_t)n < maxsplit) ? memfind(p + i, len - i, sep.s.p, sep.s.n) : NULL;
+                const char *f = (maxsplit < 0 || (int64_t)n < maxsplit) ? memfind(R, p + i, len - i, sep.s.p, sep.s.n) : NULL;
                 if (!f) { PUSH(tv_str(p + i, len - i)); break; }
                 PUSH(tv_str(p + i, (size_t)(f - (p + i))));
                 i = (size_t)(f - p) + sep.s.n;
@@ -754,6 +759,7 @@ tv tb_slice(tctx *R, const tv *obj, const tv *a, const tv *b, const tv *c) {
     }
     if (obj->t == TV_STR) {
         size_t cnt;
+        tcharge_scan(R, obj->s.n);
         uint32_t *cps = tv_codepoints(R, obj->s.p, obj->s.n, &cnt);
         int64_t s, e, st;
         slice_indices(R, cnt, a, b, c, &s, &e, &st);
@@ -772,8 +778,7 @@ int tb_contains(tctx *R, const tv *c, const tv *item) {
     case TV_UNDEF: return 0;
     case TV_STR:
         if (item->t != TV_STR) tfail(R, DF_EINPUT, "'in <string>' requires string as left operand, not %s", tv_typename(item));
-        tcharge_bytes(R, c->s.n);
-        return memfind(c->s.p, c->s.n, item->s.p, item->s.n) != NULL;
+        return memfind(R, c->s.p, c->s.n, item->s.p, item->s.n) != NULL;
     case TV_LIST:
         tcharge_items(R, c->l->n);
         for (size_t i = 0; i < c->l->n; i++)
@@ -1153,10 +1158,10 @@ static tv str_method(tctx *R, tv s, const char *m, const targs *A) {
             int64_t c = 0;
             size_t i = 0;
             const char *f;
-            while ((f = memfind(hay.s.p + i, hay.s.n - i, sub.s.p, sub.s.n))) { c++; i = (size_t)(f - hay.s.p) + sub.s.n; }
+            while ((f = memfind(R, hay.s.p + i, hay.s.n - i, sub.s.p, sub.s.n))) { c++; i = (size_t)(f - hay.s.p) + sub.s.n; }
             return tv_int(c);
         }
-        const char *f = (M("find") || M("index")) ? memfind(hay.s.p, hay.s.n, sub.s.p, sub.s.n)
+        const char *f = (M("find") || M("index")) ? memfind(R, hay.s.p, hay.s.n, sub.s.p, sub.s.n)
                                                   : memrfind(R, hay.s.p, hay.s.n, sub.s.p, sub.s.n);
         if (!f) {
             if (M("index") || M("rindex")) tfail(R, DF_EINPUT, "substring not found");
@@ -1245,7 +1250,7 @@ static tv str_method(tctx *R, tv s, const char *m, const targs *A) {
         if (A->na != 1) tfail(R, DF_EINPUT, "%s() takes exactly one argument", m);
         tv sep = want_str(R, &A->a[0], "separator");
         if (!sep.s.n) tfail(R, DF_EINPUT, "empty separator");
-        const char *f = M("partition") ? memfind(s.s.p, s.s.n, sep.s.p, sep.s.n) : memrfind(R, s.s.p, s.s.n, sep.s.p, sep.s.n);
+        const char *f = M("partition") ? memfind(R, s.s.p, s.s.n, sep.s.p, sep.s.n) : memrfind(R, s.s.p, s.s.n, sep.s.p, sep.s.n);
         tv t = tv_list(R, 3, TL_TUPLE);
         if (!f) {
             t.l->v[0] = M("partition") ? s : tv_str("", 0);
@@ -1273,7 +1278,7 @@ tv tb_call_method(tctx *R, const tmethod *mt, const tv *args, size_t nargs, cons
         size_t work = self->s.n;
         for (size_t i = 0; i < nargs; i++)
             if (args[i].t == TV_STR) work += args[i].s.n;
-        tcharge_bytes(R, work);
+        tcharge_scan(R, work);
     } else if (self->t == TV_LIST) {
         tcharge_items(R, self->l->n);
     } else if (self->t == TV_DICT) {
@@ -1532,7 +1537,7 @@ static tv do_indent(tctx *R, tv v, const targs *A) {
     else {
         int64_t k = want_int(R, w, "width");
         if (k < 0) k = 0;
-        if (k > 10000) k = 10000;
+        if (k > TPL_MAX_FORMAT_WIDTH) tfail(R, DF_EINPUT, "indent width %lld exceeds the limit of %d", (long long)k, TPL_MAX_FORMAT_WIDTH);
         char *sp = ta_alloc(R, &R->A, (size_t)k + 1);
         memset(sp, ' ', (size_t)k);
         ind = tv_str(sp, (size_t)k);
@@ -1561,7 +1566,7 @@ static tv apply_filter(tctx *R, const char *name, size_t nl, tv v, const targs *
 #define F(s) name_is(name, nl, s)
     static const char *const none[] = {NULL};
     /* every filter reads its input at least once */
-    if (v.t == TV_STR) tcharge_bytes(R, v.s.n);
+    if (v.t == TV_STR) tcharge_scan(R, v.s.n);
     else if (v.t == TV_LIST) tcharge_items(R, v.l->n);
     else if (v.t == TV_DICT) tcharge_items(R, v.d->n);
     if (F("safe")) { arg_max(R, A, 0, none); tv s = soft_str(R, &v); s.sub = TS_MARKUP; return s; }
@@ -1869,7 +1874,8 @@ static tv apply_filter(tctx *R, const char *name, size_t nl, tv v, const targs *
         int64_t width = w ? want_int(R, w, "width") : 80;
         tv s = soft_str(R, &v);
         int64_t len = (int64_t)u8_count(s.s.p, s.s.n);
-        if (width <= len || width > 100000) return s;
+        if (width > TPL_MAX_FORMAT_WIDTH) tfail(R, DF_EINPUT, "center width %lld exceeds the limit of %d", (long long)width, TPL_MAX_FORMAT_WIDTH);
+        if (width <= len) return s;
         int64_t marg = width - len, left = marg / 2 + (marg & width & 1);
         char *o = ta_alloc(R, &R->A, s.s.n + (size_t)marg + 1);
         memset(o, ' ', (size_t)left);

@@ -673,6 +673,7 @@ void float_repr(double f, char *buf) {
 }
 
 static void str_repr(tctx *R, tout *o, const char *s, size_t n) {
+    tcharge(R, (uint64_t)n * (TPL_SCAN_UNITS / 2)); /* per code point */
     int has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
     char q = (has_sq && !has_dq) ? '"' : '\'';
     tout_put(R, o, &q, 1);
@@ -781,6 +782,7 @@ tv tv_to_str(tctx *R, const tv *v) {
 /* ---- JSON ---------------------------------------------------------------- */
 
 static void json_str(tctx *R, tout *o, const char *s, size_t n, int ascii) {
+    tcharge(R, (uint64_t)n * (TPL_SCAN_UNITS / 2)); /* per code point */
     tout_s(R, o, "\"");
     size_t run = 0;
     for (size_t i = 0; i < n;) {

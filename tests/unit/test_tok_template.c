@@ -230,6 +230,16 @@ static void test_hostile(void) {
     expect("{% set l = range(100000)|list %}{% for i in range(10000) %}{% if -1 in l %}{% endif %}{% endfor %}", C, NULL,
            DF_EINPUT, "step budget of 20000000 exceeded");
     expect("{{ (range(100000)|list)|unique|list|length }}", C, NULL, DF_EINPUT, "step budget of 20000000 exceeded");
+    /* per-code-point work and searches are charged at their measured cost,
+     * so 100000 passes over 1 MB end at the step budget (they took 2-4 s of
+     * CPU each when every byte cost 1/64 of a step) */
+    static const char *const passes[] = {"s.isalpha()", "s|title|length", "s.count('a')", "s.find('a' * 1000 + 'b')",
+                                          "s.rfind('b' + 'a' * 1000)", "s[::-1]|length", "s|wordcount", "[s]|string|length"};
+    for (size_t i = 0; i < sizeof passes / sizeof *passes; i++) {
+        char src[512];
+        snprintf(src, sizeof src, "{%% set s = 'a' * 1000000 %%}{%% for i in range(100000) %%}{{ %s }}{%% endfor %%}", passes[i]);
+        expect(src, C, NULL, DF_EINPUT, "step budget of 20000000 exceeded");
+    }
     /* ...and so do allocations: replace / join / repetition hit a budget */
     expect("{% set s = 'a' * 10000000 %}{% for i in range(10000) %}{% set t = s.replace('b', 'c') %}{% endfor %}", C, NULL,
            DF_EINPUT, "exceeded");
@@ -270,6 +280,11 @@ static void test_hostile(void) {
     expect("{{ '%1000000000d' % 1 }}", C, NULL, DF_EINPUT, "width exceeds the limit of 100000");
     expect("{{ '%99999999999999999999s' % 'x' }}", C, NULL, DF_EINPUT, "width exceeds the limit of 100000");
     expect("[{{ '%5s|%-5s|%.2s|%5.1s' % ('é', 'é', 'éèê', 'éè') }}]", C, "[    é|é    |éè|    é]", 0, NULL);
+    /* center and indent refused widths above the limit by silently returning
+     * the input (center) or clamping to 10000 (indent) */
+    expect("{{ 'x'|center(1000000000) }}", C, NULL, DF_EINPUT, "center width 1000000000 exceeds the limit of 100000");
+    expect("{{ 'a\nb'|indent(1000000000) }}", C, NULL, DF_EINPUT, "indent width 1000000000 exceeds the limit of 100000");
+    expect("{{ 'x'|center(5) }}|{{ 'a\nb'|indent(3) }}", C, "  x  |a\n   b", 0, NULL);
     char pad[700];
     snprintf(pad, sizeof pad, "[%600d]", 7);
     expect("[{{ '%600d' % 7 }}]", C, pad, 0, NULL);
