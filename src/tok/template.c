@@ -84,6 +84,9 @@ df_template *df_template_parse(const char *src, char *err, size_t errlen) {
         df_template_free(T);
         return NULL;
     }
+    /* the parse's own memory (tokens, nodes, decoded literals: about 30x
+     * the source at worst) is bounded like a render's */
+    T->A.cap = DEFAULT_MAX_MEMORY;
     T->root = tparse(R, T);
     free(R);
     return T;

@@ -194,6 +194,16 @@ static void test_hostile(void) {
     s = repeat_src("{{ 'a'", " ~ 'b' if x else 'c'", 20000, " }}");
     expect(s, C, NULL, DF_EINPUT, "nesting deeper than 256 levels");
     free(s);
+    /* a huge flat template: its tokens are bounded by the memory budget
+     * (they took about 24 bytes of parse memory per source byte, unbounded) */
+    s = repeat_src("{{ 0", "+0", 4000000, " }}");
+    {
+        char perr[256];
+        df_template *pt = df_template_parse(s, perr, sizeof perr);
+        CHECK(pt == NULL && strstr(perr, "memory budget of 268435456 bytes exceeded"), "huge template: %s", perr);
+        df_template_free(pt);
+    }
+    free(s);
     /* ...while 200 levels still render */
     s = repeat_src("{{ 0", "+1", 200, " }}");
     expect(s, C, "200", 0, NULL);
