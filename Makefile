@@ -88,7 +88,7 @@ fuzz:
 	    $(patsubst %.c,build-fuzz/%.o,$(SRCS)) $(LDLIBS); \
 	  mkdir -p build-fuzz/corpus-$$n; cp tests/fuzz/corpus/$$n/* build-fuzz/corpus-$$n/ 2>/dev/null || true; \
 	  echo "fuzzing $$n for $(FUZZ_SECONDS) s"; \
-	  ./build-fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 build-fuzz/corpus-$$n 2>build-fuzz/$$n.log \
+	  ./build-fuzz/$$n -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 $$(test -f tests/fuzz/$$n.dict && echo -dict=tests/fuzz/$$n.dict) build-fuzz/corpus-$$n 2>build-fuzz/$$n.log \
 	    || { tail -40 build-fuzz/$$n.log; exit 1; }; done
 fuzz-objs: $(OBJS)
 

@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEFAULT_MAX_OUTPUT ((size_t)256 << 20)
-#define DEFAULT_MAX_MEMORY ((size_t)1 << 30)
-#define DEFAULT_MAX_STEPS 200000000ull
+#define DEFAULT_MAX_OUTPUT ((size_t)64 << 20)
+#define DEFAULT_MAX_MEMORY ((size_t)256 << 20)
+#define DEFAULT_MAX_STEPS 20000000ull
 #define DEFAULT_MAX_DEPTH 256
 
 static void set_err(char *err, size_t errlen, const char *msg) {
@@ -84,6 +84,9 @@ df_template *df_template_parse(const char *src, char *err, size_t errlen) {
         df_template_free(T);
         return NULL;
     }
+    /* the parse's own memory (tokens, nodes, decoded literals: about 30x
+     * the source at worst) is bounded like a render's */
+    T->A.cap = DEFAULT_MAX_MEMORY;
     T->root = tparse(R, T);
     free(R);
     return T;
@@ -136,7 +139,9 @@ static int render_json(const df_template *t, const json_t *ctx, char **out, size
     tscope *G = R->globals;
     const char *key;
     json_t *val;
-    /* context variables become top-level names (strings owned by the arena) */
+    /* context variables become top-level names (strings owned by the arena);
+     * errors here are about the context, not a template line */
+    R->T = NULL;
     for (void *it = json_object_iter((json_t *)ctx); it; it = json_object_iter_next((json_t *)ctx, it)) {
         key = json_object_iter_key(it);
         val = json_object_iter_value(it);
@@ -159,6 +164,7 @@ static int render_json(const df_template *t, const json_t *ctx, char **out, size
         G->vals[G->n] = v;
         G->n++;
     }
+    R->T = t;
     teval_root(R, t->root);
     if (!o->p) {
         o->p = malloc(1);

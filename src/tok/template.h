@@ -32,16 +32,22 @@ df_template *df_template_parse(const char *src, char *err, size_t errlen);
  * enable_thinking). On success *out is a malloc'd NUL-terminated string of
  * *out_len bytes (it may contain NUL bytes if the data does). Returns 0, or
  * DF_EINPUT (bad context, raise_exception - err is then exactly the
- * template's message - or a runtime error such as an undefined attribute),
- * DF_EUNSUPPORTED (a feature outside the subset) or DF_ENOMEM (a limit). */
+ * template's message - a runtime error such as an undefined attribute, or a
+ * limit of df_template_set_limits / nesting, whose message names it),
+ * DF_EUNSUPPORTED (a feature outside the subset) or DF_ENOMEM (malloc
+ * failed). */
 int df_template_render(const df_template *t, const char *context_json, char **out, size_t *out_len,
                        char *err, size_t errlen);
 
 void df_template_free(df_template *t);
 
 /* Resource limits of one render (0 keeps the current value). Defaults:
- * 256 MiB of output, 1 GiB of working memory, 200 million evaluation steps,
- * and 256 nested macro calls. */
+ * 64 MiB of output, 256 MiB of working memory, 20 million evaluation steps
+ * (string and container work is charged too, at its measured cost per byte
+ * or item; see template_int.h), and 256 nested macro calls. Fixed limits: 256 levels of
+ * nesting in the source (brackets, blocks, syntax-tree depth) and in values,
+ * 2048 levels of evaluator recursion, % format width/precision 100000.
+ * docs/CHAT_TEMPLATES.md lists the messages. */
 void df_template_set_limits(df_template *t, size_t max_output, size_t max_memory, uint64_t max_steps);
 
 /* ---- chat helpers (what apply_chat_template does around the render) ---- */

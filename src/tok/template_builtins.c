@@ -98,17 +98,38 @@ static void arg_max(tctx *R, const targs *A, size_t maxpos, const char *const *n
 
 /* ---- strings ------------------------------------------------------------ */
 
-static const char *memfind(const char *h, size_t hn, const char *nd, size_t nn) {
+/* Substring searches in linear time (their cost is charged by the caller
+ * per byte, so a quadratic worst case such as 'aaa...a' searched for
+ * 'aa...ab' must not exist): glibc's memmem forwards, KMP backwards. */
+static const char *memfind(tctx *R, const char *h, size_t hn, const char *nd, size_t nn) {
+    tcharge(R, TPL_STEP_UNITS / 2);
     if (nn == 0) return h;
     if (nn > hn) return NULL;
-    for (size_t i = 0; i + nn <= hn; i++)
-        if (h[i] == nd[0] && !memcmp(h + i, nd, nn)) return h + i;
-    return NULL;
+    const char *f = memmem(h, hn, nd, nn);
+    tcharge(R, (uint64_t)(f ? (size_t)(f - h) + nn : hn) * TPL_SEARCH_UNITS);
+    return f;
 }
-static const char *memrfind(const char *h, size_t hn, const char *nd, size_t nn) {
+static const char *memrfind(tctx *R, const char *h, size_t hn, const char *nd, size_t nn) {
+    tcharge(R, TPL_STEP_UNITS / 2);
     if (nn > hn) return NULL;
-    for (size_t i = hn - nn + 1; i-- > 0;)
-        if (!memcmp(h + i, nd, nn)) return h + i;
+    tcharge(R, (uint64_t)(hn + nn) * TPL_SEARCH_UNITS);
+    if (nn == 0) return h + hn;
+    if (nn == 1) return memrchr(h, nd[0], hn);
+    /* KMP over the reversed needle and haystack: rp(j) = nd[nn - 1 - j] */
+#define RP(j) nd[nn - 1 - (j)]
+    size_t *fail = ta_alloc(R, &R->A, nn * sizeof(size_t));
+    for (size_t q = 1, k = 0; q < nn; q++) {
+        while (k && RP(q) != RP(k)) k = fail[k - 1];
+        if (RP(q) == RP(k)) k++;
+        fail[q] = k;
+    }
+    for (size_t i = 0, k = 0; i < hn; i++) {
+        char c = h[hn - 1 - i];
+        while (k && c != RP(k)) k = fail[k - 1];
+        if (c == RP(k)) k++;
+        if (k == nn) return h + (hn - 1 - i);
+    }
+#undef RP
     return NULL;
 }
 
@@ -224,7 +245,7 @@ static tv str_replace(tctx *R, tv s, tv old, tv nw, int64_t count) {
     size_t i = 0;
     int64_t done = 0;
     while (i <= s.s.n) {
-        const char *f = (count < 0 || done < count) ? memfind(s.s.p + i, s.s.n - i, old.s.p, old.s.n) : NULL;
+        const char *f = (count < 0 || done < count) ? memfind(R, s.s.p + i, s.s.n - i, old.s.p, old.s.n) : NULL;
         if (!f) { tout_put(R, &o, s.s.p + i, s.s.n - i); break; }
         size_t at = (size_t)(f - s.s.p);
         tout_put(R, &o, s.s.p + i, at - i);
@@ -292,7 +313,7 @@ static tv str_split(tctx *R, tv s, const tv *sepv, int64_t maxsplit, int right) 
         if (!right) {
             size_t i = 0;
             for (;;) {
-                const char *f = (maxsplit < 0 || (int64_t)n < maxsplit) ? memfind(p + i, len - i, sep.s.p, sep.s.n) : NULL;
+                const char *f = (maxsplit < 0 || (int64_t)n < maxsplit) ? memfind(R, p + i, len - i, sep.s.p, sep.s.n) : NULL;
                 if (!f) { PUSH(tv_str(p + i, len - i)); break; }
                 PUSH(tv_str(p + i, (size_t)(f - (p + i))));
                 i = (size_t)(f - p) + sep.s.n;
@@ -300,7 +321,7 @@ static tv str_split(tctx *R, tv s, const tv *sepv, int64_t maxsplit, int right) 
         } else {
             size_t e = len;
             for (;;) {
-                const char *f = (maxsplit < 0 || (int64_t)n < maxsplit) ? memrfind(p, e, sep.s.p, sep.s.n) : NULL;
+                const char *f = (maxsplit < 0 || (int64_t)n < maxsplit) ? memrfind(R, p, e, sep.s.p, sep.s.n) : NULL;
                 if (!f) { PUSH(tv_str(p, e)); break; }
                 size_t at = (size_t)(f - p);
                 PUSH(tv_str(p + at + sep.s.n, e - at - sep.s.n));
@@ -370,19 +391,43 @@ tv tb_percent_format(tctx *R, const tv *fmtv, const tv *args) {
             size_t j = i + 1;
             while (j < n && p[j] != ')') j++;
             if (j >= n || !mapping) tfail(R, DF_EINPUT, "format requires a mapping");
-            val = tdict_gets(mapping, p + i + 1, j - i - 1);
+            val = tdict_gets(R, mapping, p + i + 1, j - i - 1);
             if (!val) tfail(R, DF_EINPUT, "format key '%.*s' not found", (int)(j - i - 1), p + i + 1);
             i = j + 1;
         }
-        char spec[32];
+        /* flags, width and precision, rebuilt into a C spec; widths and
+         * precisions beyond TPL_MAX_FORMAT_WIDTH are refused (Python would
+         * build strings of that size) */
+        char spec[48];
         size_t sl = 0;
+        int left = 0;
+        long width = -1, prec = -1;
         spec[sl++] = '%';
-        while (i < n && strchr("-+ #0", p[i]) && sl < 8) spec[sl++] = p[i++];
-        while (i < n && p[i] >= '0' && p[i] <= '9' && sl < 16) spec[sl++] = p[i++];
-        if (i < n && p[i] == '.') {
-            spec[sl++] = p[i++];
-            while (i < n && p[i] >= '0' && p[i] <= '9' && sl < 24) spec[sl++] = p[i++];
+        while (i < n && p[i] && strchr("-+ #0", p[i])) {
+            if (p[i] == '-') left = 1;
+            if (sl < 8 && !memchr(spec + 1, p[i], sl - 1)) spec[sl++] = p[i];
+            i++;
         }
+        for (int part = 0; part < 2; part++) {
+            if (part == 1) {
+                if (i >= n || p[i] != '.') break;
+                i++;
+                prec = 0;
+            }
+            long v = 0;
+            int any = 0;
+            while (i < n && p[i] >= '0' && p[i] <= '9') {
+                v = v * 10 + (p[i++] - '0');
+                any = 1;
+                if (v > TPL_MAX_FORMAT_WIDTH)
+                    tfail(R, DF_EINPUT, "%% format %s exceeds the limit of %d", part ? "precision" : "width",
+                          TPL_MAX_FORMAT_WIDTH);
+            }
+            if (part == 0 && any) width = v;
+            if (part == 1) prec = v;
+        }
+        if (width >= 0) sl += (size_t)snprintf(spec + sl, sizeof spec - sl, "%ld", width);
+        if (prec >= 0) sl += (size_t)snprintf(spec + sl, sizeof spec - sl, ".%ld", prec);
         if (i >= n) tfail(R, DF_EINPUT, "incomplete format");
         char conv = p[i];
         if (!val) {
@@ -399,16 +444,22 @@ tv tb_percent_format(tctx *R, const tv *fmtv, const tv *args) {
             t.in_arena = 1;
             if (conv == 's') tv_str_into(R, &t, val);
             else tv_repr_into(R, &t, val);
-            spec[sl++] = 's';
-            spec[sl] = 0;
-            if (sl == 2) { tout_put(R, &o, t.p, t.len); break; }
-            /* width/precision count code points in Python; approximate with bytes for ASCII */
-            char *tmp = ta_alloc(R, &R->A, t.len + 1);
-            if (t.len) memcpy(tmp, t.p, t.len);
-            int need = snprintf(NULL, 0, spec, tmp);
-            char *ob = ta_alloc(R, &R->A, (size_t)need + 1);
-            snprintf(ob, (size_t)need + 1, spec, tmp);
-            tout_put(R, &o, ob, (size_t)need);
+            /* width and precision count code points, as in Python */
+            size_t len = t.len, cps = u8_count(t.p, t.len);
+            if (prec >= 0 && cps > (size_t)prec) {
+                size_t k = 0, c = 0;
+                while (k < len && c < (size_t)prec) {
+                    k++;
+                    while (k < len && ((unsigned char)t.p[k] & 0xC0) == 0x80) k++;
+                    c++;
+                }
+                len = k;
+                cps = c;
+            }
+            size_t pad = width > 0 && (size_t)width > cps ? (size_t)width - cps : 0;
+            if (pad && !left) for (size_t k = 0; k < pad; k++) tout_put(R, &o, " ", 1);
+            tout_put(R, &o, t.p, len);
+            if (pad && left) for (size_t k = 0; k < pad; k++) tout_put(R, &o, " ", 1);
             break;
         }
         case 'd': case 'i': case 'u': case 'x': case 'X': case 'o': {
@@ -419,8 +470,10 @@ tv tb_percent_format(tctx *R, const tv *fmtv, const tv *args) {
             spec[sl++] = 'l'; spec[sl++] = 'l';
             spec[sl++] = conv == 'u' || conv == 'i' ? 'd' : conv;
             spec[sl] = 0;
-            snprintf(buf, sizeof buf, spec, (long long)iv);
-            tout_put(R, &o, buf, strlen(buf));
+            int need = snprintf(NULL, 0, spec, (long long)iv);
+            char *ob = ta_alloc(R, &R->A, (size_t)need + 1);
+            snprintf(ob, (size_t)need + 1, spec, (long long)iv);
+            tout_put(R, &o, ob, (size_t)need);
             break;
         }
         case 'f': case 'F': case 'e': case 'E': case 'g': case 'G': {
@@ -431,8 +484,11 @@ tv tb_percent_format(tctx *R, const tv *fmtv, const tv *args) {
             else tfail(R, DF_EINPUT, "must be real number, not %s", tv_typename(val));
             spec[sl++] = conv;
             spec[sl] = 0;
-            snprintf(buf, sizeof buf, spec, fv);
-            tout_put(R, &o, buf, strlen(buf));
+            /* sized exactly: '%.600f' % 1.5 is 602 bytes, as in Python */
+            int need = snprintf(NULL, 0, spec, fv);
+            char *ob = ta_alloc(R, &R->A, (size_t)need + 1);
+            snprintf(ob, (size_t)need + 1, spec, fv);
+            tout_put(R, &o, ob, (size_t)need);
             break;
         }
         case 'c': {
@@ -582,12 +638,12 @@ tv tb_getattr(tctx *R, const tv *obj, const char *name, size_t n) {
         if (in_names(DICT_METHODS, name, n)) return method(R, obj, name, n);
         if (in_names(DICT_UNSAFE, name, n))
             return undef_hint(R, "access to attribute '%.*s' of 'dict' object is unsafe.", (int)n, name);
-        tv *v = tdict_gets(obj->d, name, n);
+        tv *v = tdict_gets(R, obj->d, name, n);
         if (v) return *v;
         return tv_undef_named(R, name, n, "dict object");
     }
     case TV_NS: {
-        tv *v = tdict_gets(obj->d, name, n);
+        tv *v = tdict_gets(R, obj->d, name, n);
         if (v) return *v;
         return tv_undef_named(R, name, n, "Namespace object");
     }
@@ -643,7 +699,7 @@ tv tb_getitem(tctx *R, const tv *obj, const tv *key) {
         break;
     case TV_DICT: {
         if (key->t != TV_LIST || key->sub == TL_TUPLE) {
-            tv *v = tdict_get(obj->d, *key);
+            tv *v = tdict_get(R, obj->d, *key);
             if (v) return *v;
         }
         break;
@@ -703,6 +759,7 @@ tv tb_slice(tctx *R, const tv *obj, const tv *a, const tv *b, const tv *c) {
     }
     if (obj->t == TV_STR) {
         size_t cnt;
+        tcharge_scan(R, obj->s.n);
         uint32_t *cps = tv_codepoints(R, obj->s.p, obj->s.n, &cnt);
         int64_t s, e, st;
         slice_indices(R, cnt, a, b, c, &s, &e, &st);
@@ -721,15 +778,16 @@ int tb_contains(tctx *R, const tv *c, const tv *item) {
     case TV_UNDEF: return 0;
     case TV_STR:
         if (item->t != TV_STR) tfail(R, DF_EINPUT, "'in <string>' requires string as left operand, not %s", tv_typename(item));
-        return memfind(c->s.p, c->s.n, item->s.p, item->s.n) != NULL;
+        return memfind(R, c->s.p, c->s.n, item->s.p, item->s.n) != NULL;
     case TV_LIST:
+        tcharge_items(R, c->l->n);
         for (size_t i = 0; i < c->l->n; i++)
-            if (tv_eq(&c->l->v[i], item)) return 1;
+            if (tv_eq(R, &c->l->v[i], item)) return 1;
         return 0;
     case TV_DICT:
         if (item->t == TV_DICT || item->t == TV_NS || (item->t == TV_LIST && item->sub != TL_TUPLE))
             tfail(R, DF_EINPUT, "unhashable type: '%s'", tv_typename(item));
-        return tdict_get(c->d, *item) != NULL;
+        return tdict_get(R, c->d, *item) != NULL;
     default: tfail(R, DF_EINPUT, "argument of type '%s' is not iterable", tv_typename(c));
     }
 }
@@ -743,7 +801,8 @@ static tv repeat(tctx *R, const tv *seq, int64_t times) {
     if (seq->t == TV_STR) {
         if (times && seq->s.n > (SIZE_MAX / 2) / (size_t)times) overflow(R);
         size_t tot = seq->s.n * (size_t)times;
-        if (R->A.cap && tot > R->A.cap) tfail(R, DF_ENOMEM, "string repetition too large");
+        if (R->A.cap && tot > R->A.cap)
+            tfail(R, DF_EINPUT, "memory budget of %zu bytes exceeded (string repetition of %zu bytes)", R->A.cap, tot);
         char *o = ta_alloc(R, &R->A, tot + 1);
         for (int64_t i = 0; i < times; i++) memcpy(o + (size_t)i * seq->s.n, seq->s.p, seq->s.n);
         return tv_str(o, tot);
@@ -751,8 +810,10 @@ static tv repeat(tctx *R, const tv *seq, int64_t times) {
     size_t n = seq->l->n;
     if (times && n > (SIZE_MAX / 64) / (size_t)times) overflow(R);
     size_t tot = n * (size_t)times;
-    if (R->A.cap && tot * sizeof(tv) > R->A.cap) tfail(R, DF_ENOMEM, "list repetition too large");
+    if (R->A.cap && tot * sizeof(tv) > R->A.cap)
+        tfail(R, DF_EINPUT, "memory budget of %zu bytes exceeded (list repetition of %zu items)", R->A.cap, tot);
     tv l = tv_list(R, tot, seq->sub);
+    l.l->depth = seq->l->depth;
     for (int64_t i = 0; i < times; i++) memcpy(l.l->v + (size_t)i * n, seq->l->v, n * sizeof(tv));
     return l;
 }
@@ -846,6 +907,7 @@ tv tb_binop(tctx *R, int op, const tv *a, const tv *b) {
             tv l = tv_list(R, a->l->n + b->l->n, a->sub);
             if (a->l->n) memcpy(l.l->v, a->l->v, a->l->n * sizeof(tv));
             if (b->l->n) memcpy(l.l->v + a->l->n, b->l->v, b->l->n * sizeof(tv));
+            l.l->depth = a->l->depth > b->l->depth ? a->l->depth : b->l->depth;
             return l;
         }
         if (a->t == TV_STR) tfail(R, DF_EINPUT, "can only concatenate str (not \"%s\") to str", tv_typename(b));
@@ -976,6 +1038,7 @@ tv tb_call_func(tctx *R, int fn, const tv *args, size_t nargs, const char **kwn,
             }
         }
         for (size_t i = 0; i < nkw; i++) tdict_set(R, d.d, tv_str(kwn[i], kwl[i]), kwv[i]);
+        d = tv_seal(R, d);
         if (fn == TF_NAMESPACE) {
             for (size_t i = 0; i < d.d->n; i++) check_ns_name(R, &d.d->k[i]);
             d.t = TV_NS;
@@ -992,15 +1055,20 @@ tv tb_call_func(tctx *R, int fn, const tv *args, size_t nargs, const char **kwn,
     }
     case TF_STRFTIME: {
         if (nargs != 1 || args[0].t != TV_STR) tfail(R, DF_EINPUT, "strftime_now() takes one format string");
-        char fmt[256], buf[512];
-        size_t fl = args[0].s.n < sizeof fmt - 1 ? args[0].s.n : sizeof fmt - 1;
+        /* one conversion prints at most a few dozen bytes (%c); size the
+         * buffer for the worst case instead of truncating */
+        size_t fl = args[0].s.n;
+        if (fl > TPL_MAX_FORMAT_WIDTH)
+            tfail(R, DF_EINPUT, "strftime_now() format of %zu bytes exceeds the limit of %d", fl, TPL_MAX_FORMAT_WIDTH);
+        char *fmt = ta_alloc(R, &R->A, fl + 1);
         memcpy(fmt, args[0].s.p, fl);
-        fmt[fl] = 0;
+        size_t cap = fl * 64 + 64;
+        char *buf = ta_alloc(R, &R->A, cap);
         time_t now = time(NULL);
         struct tm tmv;
         localtime_r(&now, &tmv);
-        size_t n = fl ? strftime(buf, sizeof buf, fmt, &tmv) : 0;
-        return tv_strdup(R, buf, n);
+        size_t n = fl ? strftime(buf, cap, fmt, &tmv) : 0;
+        return tv_str(buf, n);
     }
     }
     tfail(R, DF_EINTERNAL, "internal error: unknown function %d", fn);
@@ -1020,9 +1088,9 @@ static tv dict_items(tctx *R, const tdict *d) {
         tv t = tv_list(R, 2, TL_TUPLE);
         t.l->v[0] = d->k[i];
         t.l->v[1] = d->v[i];
-        l.l->v[i] = t;
+        l.l->v[i] = tv_seal(R, t);
     }
-    return l;
+    return tv_seal(R, l);
 }
 
 static int64_t cp_index(const char *base, const char *at) { return (int64_t)u8_count(base, (size_t)(at - base)); }
@@ -1090,11 +1158,11 @@ static tv str_method(tctx *R, tv s, const char *m, const targs *A) {
             int64_t c = 0;
             size_t i = 0;
             const char *f;
-            while ((f = memfind(hay.s.p + i, hay.s.n - i, sub.s.p, sub.s.n))) { c++; i = (size_t)(f - hay.s.p) + sub.s.n; }
+            while ((f = memfind(R, hay.s.p + i, hay.s.n - i, sub.s.p, sub.s.n))) { c++; i = (size_t)(f - hay.s.p) + sub.s.n; }
             return tv_int(c);
         }
-        const char *f = (M("find") || M("index")) ? memfind(hay.s.p, hay.s.n, sub.s.p, sub.s.n)
-                                                  : memrfind(hay.s.p, hay.s.n, sub.s.p, sub.s.n);
+        const char *f = (M("find") || M("index")) ? memfind(R, hay.s.p, hay.s.n, sub.s.p, sub.s.n)
+                                                  : memrfind(R, hay.s.p, hay.s.n, sub.s.p, sub.s.n);
         if (!f) {
             if (M("index") || M("rindex")) tfail(R, DF_EINPUT, "substring not found");
             return tv_int(-1);
@@ -1182,7 +1250,7 @@ static tv str_method(tctx *R, tv s, const char *m, const targs *A) {
         if (A->na != 1) tfail(R, DF_EINPUT, "%s() takes exactly one argument", m);
         tv sep = want_str(R, &A->a[0], "separator");
         if (!sep.s.n) tfail(R, DF_EINPUT, "empty separator");
-        const char *f = M("partition") ? memfind(s.s.p, s.s.n, sep.s.p, sep.s.n) : memrfind(s.s.p, s.s.n, sep.s.p, sep.s.n);
+        const char *f = M("partition") ? memfind(R, s.s.p, s.s.n, sep.s.p, sep.s.n) : memrfind(R, s.s.p, s.s.n, sep.s.p, sep.s.n);
         tv t = tv_list(R, 3, TL_TUPLE);
         if (!f) {
             t.l->v[0] = M("partition") ? s : tv_str("", 0);
@@ -1205,13 +1273,24 @@ tv tb_call_method(tctx *R, const tmethod *mt, const tv *args, size_t nargs, cons
     const tv *self = &mt->self;
     const char *m = mt->name;
     static const char *const none[] = {NULL};
+    /* string methods scan their operands once or a bounded number of times */
+    if (self->t == TV_STR) {
+        size_t work = self->s.n;
+        for (size_t i = 0; i < nargs; i++)
+            if (args[i].t == TV_STR) work += args[i].s.n;
+        tcharge_scan(R, work);
+    } else if (self->t == TV_LIST) {
+        tcharge_items(R, self->l->n);
+    } else if (self->t == TV_DICT) {
+        tcharge_items(R, self->d->n);
+    }
     switch (self->t) {
     case TV_STR: return str_method(R, *self, m, &A);
     case TV_DICT:
         if (!strcmp(m, "get")) {
             arg_max(R, &A, 2, none);
             if (nargs < 1) tfail(R, DF_EINPUT, "get expected at least 1 argument, got 0");
-            tv *v = tdict_get(self->d, args[0]);
+            tv *v = tdict_get(R, self->d, args[0]);
             return v ? *v : nargs > 1 ? args[1] : tv_none();
         }
         arg_max(R, &A, 0, none);
@@ -1229,14 +1308,14 @@ tv tb_call_method(tctx *R, const tmethod *mt, const tv *args, size_t nargs, cons
             arg_max(R, &A, 1, none);
             if (nargs != 1) tfail(R, DF_EINPUT, "count() takes exactly one argument");
             int64_t c = 0;
-            for (size_t i = 0; i < self->l->n; i++) c += tv_eq(&self->l->v[i], &args[0]);
+            for (size_t i = 0; i < self->l->n; i++) c += tv_eq(R, &self->l->v[i], &args[0]);
             return tv_int(c);
         }
         if (!strcmp(m, "index")) {
             arg_max(R, &A, 1, none);
             if (nargs != 1) tfail(R, DF_EINPUT, "index() takes exactly one argument");
             for (size_t i = 0; i < self->l->n; i++)
-                if (tv_eq(&self->l->v[i], &args[0])) return tv_int((int64_t)i);
+                if (tv_eq(R, &self->l->v[i], &args[0])) return tv_int((int64_t)i);
             tfail(R, DF_EINPUT, "value is not in list");
         }
         if (!strcmp(m, "copy")) return list_from(R, self->l->v, self->l->n, TL_LIST);
@@ -1300,11 +1379,11 @@ static int apply_test(tctx *R, const char *name, size_t nl, const tv *v, const t
         if (v->t != o->t) return 0;
         if (v->t == TV_NONE || v->t == TV_UNDEF) return v->t == TV_NONE;
         if (v->t == TV_BOOL) return v->b == o->b;
-        return tv_eq(v, o) && (v->t != TV_LIST || v->l == o->l) && (v->t != TV_DICT || v->d == o->d);
+        return tv_eq(R, v, o) && (v->t != TV_LIST || v->l == o->l) && (v->t != TV_DICT || v->d == o->d);
     }
     if (T("in")) return tb_contains(R, o, v);
-    if (T("eq") || T("equalto") || T("==")) return tv_eq(v, o);
-    if (T("ne") || T("!=")) return !tv_eq(v, o);
+    if (T("eq") || T("equalto") || T("==")) return tv_eq(R, v, o);
+    if (T("ne") || T("!=")) return !tv_eq(R, v, o);
     if (T("lt") || T("lessthan") || T("<")) return tv_cmp(R, v, o, "<") < 0;
     if (T("le") || T("<=")) return tv_cmp(R, v, o, "<=") <= 0;
     if (T("gt") || T("greaterthan") || T(">")) return tv_cmp(R, v, o, ">") > 0;
@@ -1377,6 +1456,9 @@ static tv do_sort(tctx *R, tv v, const targs *A) {
     size_t n;
     tv *items = tb_iterate(R, &v, &n);
     kv *a = ta_alloc(R, &R->A, (n + 1) * sizeof(kv));
+    size_t lg = 1;
+    while (lg < 64 && ((size_t)1 << lg) < n) lg++;
+    tcharge_items(R, n * lg); /* merge sort: n log n comparisons */
     for (size_t i = 0; i < n; i++) { a[i].val = items[i]; a[i].key = sort_key(R, &items[i], at, cs && tv_truthy(cs)); }
     merge_sort(R, a, n, rev && tv_truthy(rev));
     tv l = tv_list(R, n, TL_LIST);
@@ -1455,7 +1537,7 @@ static tv do_indent(tctx *R, tv v, const targs *A) {
     else {
         int64_t k = want_int(R, w, "width");
         if (k < 0) k = 0;
-        if (k > 10000) k = 10000;
+        if (k > TPL_MAX_FORMAT_WIDTH) tfail(R, DF_EINPUT, "indent width %lld exceeds the limit of %d", (long long)k, TPL_MAX_FORMAT_WIDTH);
         char *sp = ta_alloc(R, &R->A, (size_t)k + 1);
         memset(sp, ' ', (size_t)k);
         ind = tv_str(sp, (size_t)k);
@@ -1483,6 +1565,10 @@ static tv do_indent(tctx *R, tv v, const targs *A) {
 static tv apply_filter(tctx *R, const char *name, size_t nl, tv v, const targs *A) {
 #define F(s) name_is(name, nl, s)
     static const char *const none[] = {NULL};
+    /* every filter reads its input at least once */
+    if (v.t == TV_STR) tcharge_scan(R, v.s.n);
+    else if (v.t == TV_LIST) tcharge_items(R, v.l->n);
+    else if (v.t == TV_DICT) tcharge_items(R, v.d->n);
     if (F("safe")) { arg_max(R, A, 0, none); tv s = soft_str(R, &v); s.sub = TS_MARKUP; return s; }
     if (F("tojson")) return do_tojson(R, v, A);
     if (F("length") || F("count")) {
@@ -1700,7 +1786,8 @@ static tv apply_filter(tctx *R, const char *name, size_t nl, tv v, const targs *
         for (size_t i = 0; i < n; i++) {
             tv key = sort_key(R, &items[i], at, cs && tv_truthy(cs));
             int seen = 0;
-            for (size_t j = 0; j < k && !seen; j++) seen = tv_eq(&keys[j], &key);
+            tcharge_items(R, k); /* quadratic: each item is compared with those kept */
+            for (size_t j = 0; j < k && !seen; j++) seen = tv_eq(R, &keys[j], &key);
             if (!seen) { keys[k] = key; l.l->v[k++] = items[i]; }
         }
         l.l->n = k;
@@ -1787,7 +1874,8 @@ static tv apply_filter(tctx *R, const char *name, size_t nl, tv v, const targs *
         int64_t width = w ? want_int(R, w, "width") : 80;
         tv s = soft_str(R, &v);
         int64_t len = (int64_t)u8_count(s.s.p, s.s.n);
-        if (width <= len || width > 100000) return s;
+        if (width > TPL_MAX_FORMAT_WIDTH) tfail(R, DF_EINPUT, "center width %lld exceeds the limit of %d", (long long)width, TPL_MAX_FORMAT_WIDTH);
+        if (width <= len) return s;
         int64_t marg = width - len, left = marg / 2 + (marg & width & 1);
         char *o = ta_alloc(R, &R->A, s.s.n + (size_t)marg + 1);
         memset(o, ' ', (size_t)left);

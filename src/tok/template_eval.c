@@ -68,8 +68,7 @@ static tv lookup(tctx *R, tscope *s, const char *name, size_t n) {
 
 static void step(tctx *R, const node *e) {
     R->off = e->off;
-    if (++R->steps > R->max_steps)
-        tfail(R, DF_ENOMEM, "template exceeds %llu evaluation steps", (unsigned long long)R->max_steps);
+    tcharge(R, TPL_STEP_UNITS);
 }
 
 /* ---- expressions -------------------------------------------------------- */
@@ -102,8 +101,8 @@ static tv eval_compare(tctx *R, tscope *S, const node *e) {
         R->off = e->off;
         int ok;
         switch (e->ops[i]) {
-        case OP_EQ: ok = tv_eq(&left, &right); break;
-        case OP_NE: ok = !tv_eq(&left, &right); break;
+        case OP_EQ: ok = tv_eq(R, &left, &right); break;
+        case OP_NE: ok = !tv_eq(R, &left, &right); break;
         case OP_LT: ok = tv_cmp(R, &left, &right, "<") < 0; break;
         case OP_LE: ok = tv_cmp(R, &left, &right, "<=") <= 0; break;
         case OP_GT: ok = tv_cmp(R, &left, &right, ">") > 0; break;
@@ -121,8 +120,23 @@ static tv eval_compare(tctx *R, tscope *S, const node *e) {
     return tv_bool(1);
 }
 
+static void eval_enter(tctx *R) {
+    if (++R->edepth > TPL_MAX_EVAL_DEPTH)
+        tfail(R, DF_EINPUT, "evaluation nested deeper than %d levels (expressions and statements across macro calls)",
+              TPL_MAX_EVAL_DEPTH);
+}
+
+static tv teval_node(tctx *R, tscope *S, const node *e);
+
 tv teval(tctx *R, tscope *S, const node *e) {
     step(R, e);
+    eval_enter(R);
+    tv v = teval_node(R, S, e);
+    R->edepth--;
+    return v;
+}
+
+static tv teval_node(tctx *R, tscope *S, const node *e) {
     switch (e->kind) {
     case N_CONST: return e->val;
     case N_NAME: return lookup(R, S, e->str, e->len);
@@ -196,7 +210,7 @@ tv teval(tctx *R, tscope *S, const node *e) {
     case N_TUPLE: {
         tv l = tv_list(R, e->n, e->kind == N_TUPLE ? TL_TUPLE : TL_LIST);
         for (size_t i = 0; i < e->n; i++) l.l->v[i] = teval(R, S, e->list[i]);
-        return l;
+        return tv_seal(R, l);
     }
     case N_DICT: {
         tv d = tv_dict(R, e->n + 1);
@@ -207,7 +221,7 @@ tv teval(tctx *R, tscope *S, const node *e) {
             if (k.t == TV_DICT || k.t == TV_NS) tfail(R, DF_EINPUT, "unhashable type: '%s'", tv_typename(&k));
             tdict_set(R, d.d, k, v);
         }
-        return d;
+        return tv_seal(R, d);
     }
     case N_CONCAT: {
         tout o = {0};
@@ -259,7 +273,7 @@ static tv render_to_string(tctx *R, tscope *S, const node *body) {
     o.in_arena = 1;
     tout *saved = R->out;
     R->out = &o;
-    if (++R->depth > R->max_depth) tfail(R, DF_ENOMEM, "blocks or macro calls nested deeper than %d", R->max_depth);
+    if (++R->depth > R->max_depth) tfail(R, DF_EINPUT, "blocks or macro calls nested deeper than %d levels", R->max_depth);
     exec_body(R, S, body);
     R->depth--;
     R->out = saved;
@@ -281,7 +295,7 @@ tv tb_call_macro(tctx *R, const node *m, const tv *args, size_t nargs, const cha
     if (nargs > np) {
         tv va = tv_list(R, nargs - np, TL_TUPLE);
         memcpy(va.l->v, args + np, (nargs - np) * sizeof(tv));
-        scope_set(R, S, "varargs", 7, va);
+        scope_set(R, S, "varargs", 7, tv_seal(R, va));
     } else {
         scope_set(R, S, "varargs", 7, tv_list(R, 0, TL_TUPLE));
     }
@@ -305,7 +319,7 @@ tv tb_call_macro(tctx *R, const node *m, const tv *args, size_t nargs, const cha
             if (kwl[k] == m->nlens[i] && memcmp(kwn[k], m->names[i], kwl[k]) == 0) known = 1;
         if (!known) tdict_set(R, kw.d, tv_str(kwn[k], kwl[k]), kwv[k]);
     }
-    scope_set(R, S, "kwargs", 6, kw);
+    scope_set(R, S, "kwargs", 6, tv_seal(R, kw));
     int saved_ctl = R->loop_ctl;
     tv r = render_to_string(R, S, m->c);
     R->loop_ctl = saved_ctl;
@@ -352,8 +366,16 @@ static void exec_for(tctx *R, tscope *S, const node *e) {
     if (n == 0 && e->d) exec_body(R, scope_new(R, S), e->d);
 }
 
+static void exec_stmt_node(tctx *R, tscope *S, const node *e);
+
 static void exec_stmt(tctx *R, tscope *S, const node *e) {
     step(R, e);
+    eval_enter(R);
+    exec_stmt_node(R, S, e);
+    R->edepth--;
+}
+
+static void exec_stmt_node(tctx *R, tscope *S, const node *e) {
     switch (e->kind) {
     case N_DATA: tout_put(R, R->out, e->str, e->len); return;
     case N_OUTPUT: {

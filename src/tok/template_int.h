@@ -21,6 +21,34 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* ---- limits ----------------------------------------------------------- */
+
+/* Nesting limit shared by the parser (tag brackets, statement and
+ * expression recursion, and the depth of the syntax tree: a chain such as
+ * 1+1+...+1, x|f|f|... or a.b.b... is as deep as it is long), and by values
+ * built at run time or read from the context JSON (a list in a list in ...).
+ * Every recursive walk over nodes or values is bounded by it. */
+#define TPL_MAX_NEST 256
+/* Bound on the evaluator's own recursion: expression and statement levels
+ * summed over all active macro calls (each call may nest TPL_MAX_NEST deep). */
+#define TPL_MAX_EVAL_DEPTH 2048
+/* String and container work is charged against the step budget, counted
+ * internally in units: one evaluation step (a node evaluated, a loop turn) is
+ * TPL_STEP_UNITS, one byte read, written or allocated is one unit, one item
+ * visited by a search, comparison or copy is TPL_ITEM_UNITS. */
+#define TPL_STEP_UNITS 64
+#define TPL_ITEM_UNITS 32
+/* Measured costs (ns per byte at about 30 ns per step): copying 0.3,
+ * searching (memmem, KMP) up to 4, per-code-point work (case mapping,
+ * escaping, slicing, splitting, predicates) up to 17. So every byte handed to
+ * a string filter, method or slice is charged TPL_SCAN_UNITS, every byte a
+ * substring search passes TPL_SEARCH_UNITS, and each search call (one per
+ * match in count/replace/split) TPL_STEP_UNITS / 2. */
+#define TPL_SCAN_UNITS 32
+#define TPL_SEARCH_UNITS 8
+/* Largest width or precision a % or format conversion may ask for. */
+#define TPL_MAX_FORMAT_WIDTH 100000
+
 /* ---- arena ------------------------------------------------------------ */
 
 typedef struct tchunk tchunk;
@@ -73,8 +101,14 @@ struct tv {
     };
 };
 
-struct tlist { size_t n; tv *v; };
-struct tdict { size_t n, cap; tv *k; tv *v; };
+/* depth: nesting of the value (1 + deepest item; 0 when not computed),
+ * set by tv_seal where containers are built from arbitrary values. */
+struct tlist { size_t n; tv *v; uint32_t depth; };
+/* idx: open-addressing hash index of the scalar keys (None, bool, int,
+ * float, str), entry = key position + 1, built lazily once a dict has 8 keys
+ * and brought up to date (keys [indexed, n)) at each lookup, so appends may
+ * bypass it; a lookup by a non-scalar key scans linearly. */
+struct tdict { size_t n, cap; tv *k; tv *v; uint32_t depth; uint32_t *idx; size_t icap, indexed; };
 /* Why a value is undefined, for the message when it is used. */
 struct tundef {
     const char *name; size_t nlen; /* the missing name or key (str form) */
@@ -150,17 +184,28 @@ typedef struct tctx {
     uint32_t off;             /* offset of the node being evaluated */
     tout *out;                /* current output sink */
     size_t max_output;
-    uint64_t steps, max_steps;
+    uint64_t steps, max_steps; /* steps: work done, in TPL_STEP_UNITS per step */
     int depth, max_depth;     /* macro/filter-block nesting */
     tscope *globals;
     int loop_ctl;             /* 0, 1 = break, 2 = continue */
-    int rdepth;               /* repr/str nesting */
+    int rdepth;               /* repr/str/json/compare nesting of values */
+    int edepth;               /* evaluator recursion (expressions + statements) */
 } tctx;
 
 /* Fails the render (or parse): formats "template line L: msg" unless
  * raw is set, and longjmps to R->jb. */
 _Noreturn void tfail(tctx *R, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 _Noreturn void tfail_raw(tctx *R, int code, const char *msg);
+/* Charges units (see TPL_STEP_UNITS) against the render's step budget and
+ * fails when it is spent, so string and container work is bounded like loop
+ * turns are. No-op outside a render (max_steps 0). */
+void tcharge(tctx *R, uint64_t units);
+static inline void tcharge_bytes(tctx *R, size_t n) { tcharge(R, (uint64_t)n); }
+static inline void tcharge_items(tctx *R, size_t n) { tcharge(R, (uint64_t)n * TPL_ITEM_UNITS); }
+static inline void tcharge_scan(tctx *R, size_t n) { tcharge(R, (uint64_t)n * TPL_SCAN_UNITS); }
+/* Enters / leaves one level of value recursion (compare, print, JSON). */
+void tv_enter(tctx *R);
+static inline void tv_leave(tctx *R) { R->rdepth--; }
 void t_line_col(const char *src, size_t off, int *line, int *col);
 
 /* ---- unicode ------------------------------------------------------------ */
@@ -192,13 +237,17 @@ tv tv_strdup(tctx *R, const char *p, size_t n);
 tv tv_list(tctx *R, size_t n, int kind); /* items zeroed (undefined) */
 tv tv_dict(tctx *R, size_t cap);
 void tdict_set(tctx *R, tdict *d, tv k, tv v); /* replaces in place or appends */
-tv *tdict_get(const tdict *d, tv k);
-tv *tdict_gets(const tdict *d, const char *k, size_t n);
+tv *tdict_get(tctx *R, const tdict *d, tv k);
+tv *tdict_gets(tctx *R, const tdict *d, const char *k, size_t n);
+/* Computes the nesting depth of a list or dict built from arbitrary items
+ * (1 + deepest item) and fails when it exceeds TPL_MAX_NEST; no-op for
+ * other values. Returns v. */
+tv tv_seal(tctx *R, tv v);
 
 const char *tv_typename(const tv *v); /* Python type name: 'dict', 'str', ... */
 int tv_truthy(const tv *v);
 int tv_is_num(const tv *v); /* int, float or bool */
-int tv_eq(const tv *a, const tv *b);
+int tv_eq(tctx *R, const tv *a, const tv *b);
 /* Python ordering; fails (TypeError) on unorderable types. Returns <0, 0, >0. */
 int tv_cmp(tctx *R, const tv *a, const tv *b, const char *opname);
 

@@ -54,7 +54,7 @@ typedef struct {
     int loops;      /* enclosing for loops (for break/continue) */
 } P;
 
-#define MAX_NEST 200
+#define MAX_NEST TPL_MAX_NEST
 
 _Noreturn static void pfail(P *p, uint32_t off, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void pfail(P *p, uint32_t off, const char *fmt, ...) {
@@ -339,7 +339,7 @@ static size_t lex_tag(P *p, size_t pos, int block, int *line_starting, size_t ta
             pfail(p, (uint32_t)pos, "unexpected character U+%04X in tag", cp);
         }
         if (ol == 1 && (c == '(' || c == '[' || c == '{')) {
-            if (nb >= MAX_NEST) pfail(p, (uint32_t)pos, "brackets nested too deeply");
+            if (nb >= MAX_NEST) pfail(p, (uint32_t)pos, "brackets nested deeper than %d levels", MAX_NEST);
             bal[nb++] = c == '(' ? ')' : c == '[' ? ']' : '}';
         } else if (ol == 1 && (c == ')' || c == ']' || c == '}')) {
             if (!nb) pfail(p, (uint32_t)pos, "unexpected '%c'", c);
@@ -488,7 +488,7 @@ static void nv_push(P *p, nvec *v, node *x) {
 }
 
 static void enter(P *p) {
-    if (++p->depth > MAX_NEST) pfail(p, cur(p)->off, "template nested too deeply");
+    if (++p->depth > MAX_NEST) pfail(p, cur(p)->off, "nesting deeper than %d levels", MAX_NEST);
 }
 
 /* ---- expressions -------------------------------------------------------- */
@@ -1276,10 +1276,45 @@ static node *parse_body(P *p, const char *const *ends) {
     return b;
 }
 
+/* The parser's recursion is bounded by enter(), but operator, filter,
+ * attribute and call chains are parsed by loops and build trees as deep as
+ * they are long (1+1+...+1 nests to the left). Everything that walks the
+ * tree later (the evaluator) recurses on its depth, so the depth is checked
+ * here, without recursion: a depth-first walk with an explicit stack. */
+typedef struct { const node *n; int depth; } dfs_item;
+
+static void check_tree_depth(P *p, const node *root) {
+    size_t cap = 256, top = 0;
+    dfs_item *st = ta_alloc(p->R, &p->T->A, cap * sizeof *st);
+    st[top++] = (dfs_item){root, 1};
+    while (top) {
+        dfs_item it = st[--top];
+        if (it.depth > MAX_NEST) pfail(p, it.n->off, "nesting deeper than %d levels", MAX_NEST);
+        const node *kids[4] = {it.n->a, it.n->b, it.n->c, it.n->d};
+        size_t need = top + 4 + it.n->n + it.n->n2;
+        if (need > cap) {
+            size_t nc = cap;
+            while (nc < need) nc *= 2;
+            dfs_item *q = ta_alloc(p->R, &p->T->A, nc * sizeof *q);
+            memcpy(q, st, top * sizeof *st);
+            st = q;
+            cap = nc;
+        }
+        for (int k = 0; k < 4; k++)
+            if (kids[k]) st[top++] = (dfs_item){kids[k], it.depth + 1};
+        for (size_t k = 0; k < it.n->n; k++)
+            if (it.n->list && it.n->list[k]) st[top++] = (dfs_item){it.n->list[k], it.depth + 1};
+        for (size_t k = 0; k < it.n->n2; k++)
+            if (it.n->list2 && it.n->list2[k]) st[top++] = (dfs_item){it.n->list2[k], it.depth + 1};
+    }
+}
+
 node *tparse(tctx *R, struct df_template *T) {
     P p = {0};
     p.R = R;
     p.T = T;
     lex(&p);
-    return parse_body(&p, NULL);
+    node *root = parse_body(&p, NULL);
+    check_tree_depth(&p, root);
+    return root;
 }

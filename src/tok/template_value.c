@@ -33,8 +33,8 @@ void *ta_alloc(tctx *R, tarena *A, size_t n) {
     tchunk *c = A->head;
     if (!c || c->size - c->used < n) {
         size_t sz = n > 65536 - sizeof(tchunk) ? n : 65536 - sizeof(tchunk);
-        if (A->cap && A->total + sz + sizeof(tchunk) > A->cap)
-            tfail(R, DF_ENOMEM, "template needs more than %zu bytes of working memory", A->cap);
+        if (A->cap && (sz > A->cap || A->total + sz + sizeof(tchunk) > A->cap))
+            tfail(R, DF_EINPUT, "memory budget of %zu bytes exceeded (a block of %zu more bytes was needed)", A->cap, n);
         c = malloc(sizeof(tchunk) + sz);
         if (!c) tfail(R, DF_ENOMEM, "out of memory rendering the template");
         c->size = sz;
@@ -52,6 +52,7 @@ void *ta_alloc(tctx *R, tarena *A, size_t n) {
     void *p = c->data + c->used;
     c->used += n;
     memset(p, 0, n);
+    tcharge_bytes(R, n);
     return p;
 }
 
@@ -109,6 +110,18 @@ void tfail_raw(tctx *R, int code, const char *msg) {
     }
     R->code = code;
     longjmp(R->jb, 1);
+}
+
+void tcharge(tctx *R, uint64_t units) {
+    if (!R->max_steps) return;
+    R->steps += units;
+    if (R->steps / TPL_STEP_UNITS > R->max_steps)
+        tfail(R, DF_EINPUT, "step budget of %llu exceeded (loop turns, expression evaluations and string work)",
+              (unsigned long long)R->max_steps);
+}
+
+void tv_enter(tctx *R) {
+    if (++R->rdepth > TPL_MAX_NEST) tfail(R, DF_EINPUT, "value nesting deeper than %d levels", TPL_MAX_NEST);
 }
 
 /* ---- UTF-8 and Unicode -------------------------------------------------- */
@@ -328,18 +341,111 @@ tv tv_dict(tctx *R, size_t cap) {
     return v;
 }
 
-tv *tdict_get(const tdict *d, tv k) {
+static uint32_t item_depth(const tv *v) {
+    if (v->t == TV_LIST) return v->l->depth ? v->l->depth : 1;
+    if (v->t == TV_DICT) return v->d->depth ? v->d->depth : 1;
+    return 0;
+}
+
+tv tv_seal(tctx *R, tv v) {
+    uint32_t d = 0;
+    if (v.t == TV_LIST) {
+        for (size_t i = 0; i < v.l->n; i++) {
+            uint32_t x = item_depth(&v.l->v[i]);
+            if (x > d) d = x;
+        }
+        tcharge_items(R, v.l->n);
+        v.l->depth = d + 1;
+    } else if (v.t == TV_DICT) {
+        for (size_t i = 0; i < v.d->n; i++) {
+            uint32_t x = item_depth(&v.d->v[i]), y = item_depth(&v.d->k[i]);
+            if (x > d) d = x;
+            if (y > d) d = y;
+        }
+        tcharge_items(R, v.d->n);
+        v.d->depth = d + 1;
+    } else {
+        return v;
+    }
+    if (d + 1 > TPL_MAX_NEST) tfail(R, DF_EINPUT, "value nesting deeper than %d levels", TPL_MAX_NEST);
+    return v;
+}
+
+static int key_scalar(const tv *k) {
+    return k->t == TV_NONE || k->t == TV_BOOL || k->t == TV_INT || k->t == TV_FLOAT || k->t == TV_STR;
+}
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Consistent with tv_eq: 1 == 1.0 == True hash alike; Markup and str alike. */
+static uint64_t key_hash(tctx *R, const tv *k) {
+    switch (k->t) {
+    case TV_BOOL: return mix64((uint64_t)k->b);
+    case TV_INT: return mix64((uint64_t)k->i);
+    case TV_FLOAT:
+        if (k->f >= -9223372036854775808.0 && k->f < 9223372036854775808.0 && k->f == floor(k->f))
+            return mix64((uint64_t)(int64_t)k->f);
+        {
+            uint64_t bits;
+            memcpy(&bits, &k->f, sizeof bits);
+            return mix64(bits ^ 0x5555555555555555ull);
+        }
+    case TV_STR: {
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (size_t i = 0; i < k->s.n; i++) h = (h ^ (unsigned char)k->s.p[i]) * 0x100000001b3ull;
+        tcharge_bytes(R, k->s.n);
+        return mix64(h);
+    }
+    default: return 0x9e3779b97f4a7c15ull;
+    }
+}
+
+#define DICT_INDEX_MIN 8
+
+/* Brings d's index up to date with its keys (see struct tdict). */
+static void dict_index(tctx *R, tdict *d) {
+    if (!d->idx || d->n * 2 > d->icap) {
+        size_t ic = 32;
+        while (ic < d->n * 4) ic *= 2;
+        d->idx = ta_alloc(R, &R->A, ic * sizeof(uint32_t));
+        d->icap = ic;
+        d->indexed = 0;
+    }
+    tcharge_items(R, d->n - d->indexed);
+    for (size_t i = d->indexed; i < d->n; i++) {
+        if (!key_scalar(&d->k[i])) continue;
+        size_t p = (size_t)key_hash(R, &d->k[i]) & (d->icap - 1);
+        while (d->idx[p]) p = (p + 1) & (d->icap - 1);
+        d->idx[p] = (uint32_t)(i + 1);
+    }
+    d->indexed = d->n;
+}
+
+tv *tdict_get(tctx *R, const tdict *cd, tv k) {
+    tdict *d = (tdict *)cd; /* the index is a cache in the render's arena */
+    if (d->n >= DICT_INDEX_MIN && key_scalar(&k) && d->n < UINT32_MAX) {
+        dict_index(R, d);
+        tcharge_items(R, 1);
+        for (size_t p = (size_t)key_hash(R, &k) & (d->icap - 1); d->idx[p]; p = (p + 1) & (d->icap - 1)) {
+            size_t j = d->idx[p] - 1;
+            if (tv_eq(R, &d->k[j], &k)) return &d->v[j];
+        }
+        return NULL;
+    }
+    tcharge_items(R, d->n);
     for (size_t i = 0; i < d->n; i++)
-        if (tv_eq(&d->k[i], &k)) return &d->v[i];
+        if (tv_eq(R, &d->k[i], &k)) return &d->v[i];
     return NULL;
 }
-tv *tdict_gets(const tdict *d, const char *k, size_t n) {
-    for (size_t i = 0; i < d->n; i++)
-        if (d->k[i].t == TV_STR && d->k[i].s.n == n && memcmp(d->k[i].s.p, k, n) == 0) return &d->v[i];
-    return NULL;
-}
+tv *tdict_gets(tctx *R, const tdict *d, const char *k, size_t n) { return tdict_get(R, d, tv_str(k, n)); }
 void tdict_set(tctx *R, tdict *d, tv k, tv v) {
-    tv *p = tdict_get(d, k);
+    tv *p = tdict_get(R, d, k);
     if (p) { *p = v; return; }
     if (d->n == d->cap) {
         size_t nc = d->cap * 2;
@@ -393,7 +499,32 @@ int tv_is_num(const tv *v) { return v->t == TV_INT || v->t == TV_FLOAT || v->t =
 static double num_f(const tv *v) { return v->t == TV_FLOAT ? v->f : v->t == TV_INT ? (double)v->i : (double)v->b; }
 static int64_t num_i(const tv *v) { return v->t == TV_INT ? v->i : v->b; }
 
-int tv_eq(const tv *a, const tv *b) {
+static int list_eq(tctx *R, const tv *a, const tv *b) {
+    if ((a->sub == TL_TUPLE) != (b->sub == TL_TUPLE)) return 0;
+    if (a->l == b->l) return 1;
+    if (a->l->n != b->l->n) return 0;
+    tv_enter(R);
+    tcharge_items(R, a->l->n);
+    int r = 1;
+    for (size_t i = 0; i < a->l->n && r; i++) r = tv_eq(R, &a->l->v[i], &b->l->v[i]);
+    tv_leave(R);
+    return r;
+}
+
+static int dict_eq(tctx *R, const tdict *a, const tdict *b) {
+    if (a == b) return 1;
+    if (a->n != b->n) return 0;
+    tv_enter(R);
+    int r = 1;
+    for (size_t i = 0; i < a->n && r; i++) {
+        tv *o = tdict_get(R, b, a->k[i]);
+        r = o && tv_eq(R, &a->v[i], o);
+    }
+    tv_leave(R);
+    return r;
+}
+
+int tv_eq(tctx *R, const tv *a, const tv *b) {
     if (tv_is_num(a) && tv_is_num(b)) {
         if (a->t == TV_FLOAT || b->t == TV_FLOAT) {
             /* int vs float: compare exactly like Python */
@@ -406,22 +537,12 @@ int tv_eq(const tv *a, const tv *b) {
     if (a->t != b->t) return 0;
     switch (a->t) {
     case TV_UNDEF: case TV_NONE: return 1;
-    case TV_STR: return a->s.n == b->s.n && memcmp(a->s.p, b->s.p, a->s.n) == 0;
-    case TV_LIST:
-        if ((a->sub == TL_TUPLE) != (b->sub == TL_TUPLE)) return 0;
-        if (a->l == b->l) return 1;
-        if (a->l->n != b->l->n) return 0;
-        for (size_t i = 0; i < a->l->n; i++)
-            if (!tv_eq(&a->l->v[i], &b->l->v[i])) return 0;
-        return 1;
-    case TV_DICT:
-        if (a->d == b->d) return 1;
-        if (a->d->n != b->d->n) return 0;
-        for (size_t i = 0; i < a->d->n; i++) {
-            tv *o = tdict_get(b->d, a->d->k[i]);
-            if (!o || !tv_eq(&a->d->v[i], o)) return 0;
-        }
-        return 1;
+    case TV_STR:
+        if (a->s.n != b->s.n) return 0;
+        tcharge_bytes(R, a->s.n);
+        return memcmp(a->s.p, b->s.p, a->s.n) == 0;
+    case TV_LIST: return list_eq(R, a, b);
+    case TV_DICT: return dict_eq(R, a->d, b->d);
     case TV_NS: return a->d == b->d;
     case TV_LOOP: return a->loop == b->loop;
     case TV_MACRO: return a->macro == b->macro;
@@ -444,6 +565,7 @@ int tv_cmp(tctx *R, const tv *a, const tv *b, const char *opname) {
     }
     if (a->t == TV_STR && b->t == TV_STR) {
         size_t m = a->s.n < b->s.n ? a->s.n : b->s.n;
+        tcharge_bytes(R, m);
         int c = m ? memcmp(a->s.p, b->s.p, m) : 0;
         if (c) return c;
         return (a->s.n > b->s.n) - (a->s.n < b->s.n);
@@ -451,10 +573,15 @@ int tv_cmp(tctx *R, const tv *a, const tv *b, const char *opname) {
     if (a->t == TV_LIST && b->t == TV_LIST && (a->sub == TL_TUPLE) == (b->sub == TL_TUPLE) &&
         (a->sub == TL_LIST || a->sub == TL_TUPLE) && (b->sub == TL_LIST || b->sub == TL_TUPLE)) {
         size_t m = a->l->n < b->l->n ? a->l->n : b->l->n;
+        tv_enter(R);
+        tcharge_items(R, m);
         for (size_t i = 0; i < m; i++) {
-            if (tv_eq(&a->l->v[i], &b->l->v[i])) continue;
-            return tv_cmp(R, &a->l->v[i], &b->l->v[i], opname);
+            if (tv_eq(R, &a->l->v[i], &b->l->v[i])) continue;
+            int c = tv_cmp(R, &a->l->v[i], &b->l->v[i], opname);
+            tv_leave(R);
+            return c;
         }
+        tv_leave(R);
         return (a->l->n > b->l->n) - (a->l->n < b->l->n);
     }
     tfail(R, DF_EINPUT, "'%s' not supported between instances of '%s' and '%s'", opname, tv_typename(a),
@@ -465,8 +592,9 @@ int tv_cmp(tctx *R, const tv *a, const tv *b, const char *opname) {
 
 void tout_put(tctx *R, tout *o, const char *p, size_t n) {
     if (!n) return;
-    if (R->max_output && o->len + n > R->max_output)
-        tfail(R, DF_ENOMEM, "template output exceeds %zu bytes", R->max_output);
+    if (R->max_output && (n > R->max_output || o->len + n > R->max_output))
+        tfail(R, DF_EINPUT, "output budget of %zu bytes exceeded", R->max_output);
+    tcharge_bytes(R, n);
     if (o->len + n + 1 > o->cap) {
         size_t nc = o->cap ? o->cap * 2 : 64;
         while (nc < o->len + n + 1) nc *= 2;
@@ -545,6 +673,7 @@ void float_repr(double f, char *buf) {
 }
 
 static void str_repr(tctx *R, tout *o, const char *s, size_t n) {
+    tcharge(R, (uint64_t)n * (TPL_SCAN_UNITS / 2)); /* per code point */
     int has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
     char q = (has_sq && !has_dq) ? '"' : '\'';
     tout_put(R, o, &q, 1);
@@ -610,11 +739,11 @@ static void other_str(tctx *R, tout *o, const tv *v) {
     case TV_INT: snprintf(b, sizeof b, "%lld", (long long)v->i); tout_s(R, o, b); break;
     case TV_FLOAT: float_repr(v->f, b); tout_s(R, o, b); break;
     case TV_LIST: case TV_DICT: case TV_NS:
-        if (++R->rdepth > 256) tfail(R, DF_EINPUT, "value nested too deeply to print");
+        tv_enter(R);
         if (v->t == TV_LIST) seq_repr(R, o, v);
         else if (v->t == TV_DICT) dict_repr(R, o, v->d);
         else { tout_s(R, o, "<Namespace "); dict_repr(R, o, v->d); tout_s(R, o, ">"); }
-        R->rdepth--;
+        tv_leave(R);
         break;
     case TV_LOOP: tout_s(R, o, "<LoopContext>"); break;
     case TV_MACRO: snprintf(b, sizeof b, "<Macro '%.*s'>", (int)(v->macro->len > 40 ? 40 : v->macro->len), v->macro->str); tout_s(R, o, b); break;
@@ -653,6 +782,7 @@ tv tv_to_str(tctx *R, const tv *v) {
 /* ---- JSON ---------------------------------------------------------------- */
 
 static void json_str(tctx *R, tout *o, const char *s, size_t n, int ascii) {
+    tcharge(R, (uint64_t)n * (TPL_SCAN_UNITS / 2)); /* per code point */
     tout_s(R, o, "\"");
     size_t run = 0;
     for (size_t i = 0; i < n;) {
@@ -711,7 +841,7 @@ static void json_key(tctx *R, tout *o, const tv *k, const tjson_opts *opt) {
 
 void tv_json_into(tctx *R, tout *o, const tv *v, const tjson_opts *opt, int level) {
     char b[40];
-    if (level > 512) tfail(R, DF_EINPUT, "tojson: value nested too deeply");
+    if (level > TPL_MAX_NEST) tfail(R, DF_EINPUT, "tojson: value nesting deeper than %d levels", TPL_MAX_NEST);
     switch (v->t) {
     case TV_NONE: tout_s(R, o, "null"); return;
     case TV_BOOL: tout_s(R, o, v->b ? "true" : "false"); return;
@@ -745,6 +875,7 @@ void tv_json_into(tctx *R, tout *o, const tv *v, const tjson_opts *opt, int leve
                 size_t x = ord[i], j = i;
                 while (j > 0 && tv_cmp(R, &d->k[ord[j - 1]], &d->k[x], "<") > 0) { ord[j] = ord[j - 1]; j--; }
                 ord[j] = x;
+                tcharge_items(R, i - j + 1); /* quadratic on big dicts: charged per comparison */
             }
         }
         tout_s(R, o, "{");
@@ -766,6 +897,8 @@ void tv_json_into(tctx *R, tout *o, const tv *v, const tjson_opts *opt, int leve
 
 tv tv_from_json(tctx *R, const void *jp) {
     const json_t *j = jp;
+    if ((json_is_array(j) || json_is_object(j)) && R->rdepth >= TPL_MAX_NEST)
+        tfail(R, DF_EINPUT, "chat context (messages, tools or variables) nested deeper than %d levels", TPL_MAX_NEST);
     switch (json_typeof(j)) {
     case JSON_NULL: return tv_none();
     case JSON_TRUE: return tv_bool(1);
@@ -776,17 +909,21 @@ tv tv_from_json(tctx *R, const void *jp) {
     case JSON_ARRAY: {
         size_t n = json_array_size(j);
         tv l = tv_list(R, n, TL_LIST);
+        tv_enter(R);
         for (size_t i = 0; i < n; i++) l.l->v[i] = tv_from_json(R, json_array_get(j, i));
-        return l;
+        tv_leave(R);
+        return tv_seal(R, l);
     }
     case JSON_OBJECT: {
         tv d = tv_dict(R, json_object_size(j) + 1);
+        tv_enter(R);
         for (void *it = json_object_iter((json_t *)j); it; it = json_object_iter_next((json_t *)j, it)) {
             d.d->k[d.d->n] = tv_strdup(R, json_object_iter_key(it), json_object_iter_key_len(it));
             d.d->v[d.d->n] = tv_from_json(R, json_object_iter_value(it));
             d.d->n++;
         }
-        return d;
+        tv_leave(R);
+        return tv_seal(R, d);
     }
     }
     return tv_none();

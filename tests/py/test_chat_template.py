@@ -600,3 +600,62 @@ def test_long_conversation(tmp_path):
         msgs.append({"role": "user", "content": "question %d " % i + "lorem ipsum " * 50})
         msgs.append({"role": "assistant", "content": "answer %d ✓" % i})
     check(path, tpl, sp, msgs, agp=True, fixture=path)
+
+
+# ---------------------------------------------------------------- hostile templates (issue 18)
+# A chat template comes from an untrusted model repository. Each of these used
+# to crash (C stack overflow), run for tens of seconds, take gigabytes or cut
+# the output; now each ends with exit code 2 and a one-line message naming the
+# limit, in well under the timeout, or renders exactly as jinja2 does.
+
+HOSTILE = [
+    ("add_chain", "{{ " + "+".join(["1"] * 50000) + " }}", "nesting deeper than 256 levels"),
+    ("filter_chain", "{{ 'X'" + "|lower" * 100000 + " }}", "nesting deeper than 256 levels"),
+    ("attr_chain", "{{ messages" + ".b" * 100000 + " }}", "nesting deeper than 256 levels"),
+    ("nested_compare", "{% set ns = namespace(a=[], b=[]) %}{% for i in range(100000) %}{% set ns.a = [ns.a] %}"
+                       "{% set ns.b = [ns.b] %}{% endfor %}{{ ns.a == ns.b }}", "value nesting deeper than 256 levels"),
+    ("nested_tojson", "{% set ns = namespace(a=[]) %}{% for i in range(100000) %}{% set ns.a = [ns.a] %}{% endfor %}"
+                      "{{ ns.a|tojson }}", "value nesting deeper than 256 levels"),
+    ("nested_string", "{% set ns = namespace(a=[]) %}{% for i in range(100000) %}{% set ns.a = [ns.a] %}{% endfor %}"
+                      "{{ ns.a|string }}", "value nesting deeper than 256 levels"),
+    ("big_scan", "{% set s = 'a' * 10000000 %}{% for i in range(10000) %}{% if 'b' in s %}x{% endif %}{% endfor %}",
+     "step budget of 20000000 exceeded"),
+    ("big_replace", "{% set s = 'a' * 10000000 %}{% for i in range(10000) %}{% set t = s.replace('b', 'c') %}{% endfor %}",
+     "budget of"),
+    ("big_join", "{% set l = ['a' * 1000000] * 10 %}{% for i in range(10000) %}{% set t = l|join %}{% endfor %}",
+     "budget of"),
+    ("huge_precision", "{{ '%.1000000000f' % 1.5 }}", "precision exceeds the limit of 100000"),
+    ("huge_repeat", "{{ 'x' * 1000000000 }}", "memory budget of 268435456 bytes exceeded"),
+]
+
+
+@pytest.mark.parametrize("name,src,needle", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_templates(tmp_path_factory, name, src, needle):
+    import time
+    d = template_dir(tmp_path_factory, name, src)
+    t0 = time.monotonic()
+    rc, out, err = run_deltafin(d, MSGS)
+    elapsed = time.monotonic() - t0
+    assert rc == 2 and out == b"", (rc, out[:100], err)
+    assert len(err.strip().splitlines()) == 1, err
+    assert "chat_template" in err and needle in err, err
+    # generous for sanitizer builds and a loaded machine; about 0.1-0.7 s normally
+    assert elapsed < 20, elapsed
+
+
+@pytest.mark.parametrize("src", [
+    "{{ '%.600f' % 1.5 }}|{{ '%600d' % 7 }}|{{ '%-8.3f|' % 2.25 }}",
+    "[{{ '%5s|%-5s|%.2s|%5.1s' % ('é', 'é', 'éèê', 'éè') }}]",
+    "{{ " + "+".join(["1"] * 200) + " }}|{{ 'X'" + "|lower" * 150 + " }}",
+    "{% set ns = namespace(a=[]) %}{% for i in range(200) %}{% set ns.a = [ns.a] %}{% endfor %}"
+    "{{ ns.a == ns.a }}{{ ns.a|tojson|length }}{{ ns.a|string|length }}",
+    # a 100,000-key dict literal took 22 s (quadratic insertion); it renders like Python now
+    "{% set d = {" + ",".join("'k%d': %d" % (i, i) for i in range(100000)) + "} %}{{ d|length }} {{ d.k99999 }}",
+    "{% set d = {1: 'a', 2: 'b', 3: 'c', 4: 'd', 5: 'e', 6: 'f', 7: 'g', 8: 'h', 9: 'i', 1.0: 'x', True: 'y', "
+    "'k': 1, (1, 2): 't', none: 'n', 2.5: 'f'} %}{{ d }} {{ d[1] }}{{ d[9.0] }}{{ d.get(true) }}{{ d.k }}"
+    "{{ d[(1, 2)] }}{{ d[none] }}{{ d[2.5] }} {{ 10 in d }}{{ (1, 2) in d }}{{ 'K' in d }}",
+])
+def test_hostile_shapes_within_limits_render_like_jinja(tmp_path_factory, src):
+    """Big but legitimate uses of the same features render exactly (no silent truncation)."""
+    d = template_dir(tmp_path_factory, "within", src)
+    assert check(d, src, SPECIAL, MSGS) == "ok"

@@ -137,30 +137,167 @@ static void test_limits(void) {
     CHECK(t != NULL, "parse");
     df_template_set_limits(t, 0, 0, 100000);
     int rc = df_template_render(t, "{}", &out, &len, err, sizeof err);
-    CHECK(rc == DF_ENOMEM && strstr(err, "steps"), "step limit: %d %s", rc, err);
+    CHECK(rc == DF_EINPUT && strstr(err, "step budget of 100000 exceeded"), "step limit: %d %s", rc, err);
     df_template_free(t);
     t = df_template_parse("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", err, sizeof err);
     df_template_set_limits(t, 1 << 20, 0, 0);
     rc = df_template_render(t, "{}", &out, &len, err, sizeof err);
-    CHECK(rc == DF_ENOMEM && strstr(err, "output"), "output limit: %d %s", rc, err);
+    CHECK(rc == DF_EINPUT && strstr(err, "output budget of 1048576 bytes exceeded"), "output limit: %d %s", rc, err);
     df_template_free(t);
     t = df_template_parse("{% set ns = namespace(s='') %}{% for i in range(100000) %}{% set ns.s = ns.s + 'xxxxxxxxxxxxxxxx' %}{% endfor %}",
                           err, sizeof err);
     df_template_set_limits(t, 0, 8 << 20, 0);
     rc = df_template_render(t, "{}", &out, &len, err, sizeof err);
-    CHECK(rc == DF_ENOMEM && strstr(err, "memory"), "memory limit: %d %s", rc, err);
+    CHECK(rc == DF_EINPUT && strstr(err, "memory budget of 8388608 bytes exceeded"), "memory limit: %d %s", rc, err);
     df_template_free(t);
     t = df_template_parse("{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}", err, sizeof err);
     rc = df_template_render(t, "{}", &out, &len, err, sizeof err);
-    CHECK(rc == DF_ENOMEM && strstr(err, "nested"), "recursion limit: %d %s", rc, err);
+    CHECK(rc == DF_EINPUT && strstr(err, "nested deeper than 256 levels"), "recursion limit: %d %s", rc, err);
     df_template_free(t);
     /* deep nesting in the source is a parse error, not a stack overflow */
     char *deep = malloc(20000);
     strcpy(deep, "{{ ");
     for (int i = 0; i < 5000; i++) strcat(deep, "(");
     t = df_template_parse(deep, err, sizeof err);
-    CHECK(t == NULL && strstr(err, "nested"), "deep nesting: %s", err);
+    CHECK(t == NULL && strstr(err, "nested deeper than 256 levels"), "deep nesting: %s", err);
     free(deep);
+}
+
+/* Builds "pre" + n times "unit" + "post" (malloc'd). */
+static char *repeat_src(const char *pre, const char *unit, size_t n, const char *post) {
+    size_t lp = strlen(pre), lu = strlen(unit), lq = strlen(post);
+    char *s = malloc(lp + lu * n + lq + 1);
+    memcpy(s, pre, lp);
+    for (size_t i = 0; i < n; i++) memcpy(s + lp + i * lu, unit, lu);
+    memcpy(s + lp + lu * n, post, lq + 1);
+    return s;
+}
+
+/* Issue 18: hostile templates from a model repository end in a clear error
+ * (DF_EINPUT, a message naming the limit) in bounded time and memory, with
+ * the default limits; they used to overflow the C stack or run for minutes. */
+static void test_hostile(void) {
+    const char *C = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    /* long operator / filter / attribute / call chains build deep trees */
+    char *s = repeat_src("{{ 1", "+1", 50000, " }}");
+    expect(s, C, NULL, DF_EINPUT, "nesting deeper than 256 levels");
+    free(s);
+    s = repeat_src("{{ 'X'", "|lower", 100000, " }}");
+    expect(s, C, NULL, DF_EINPUT, "nesting deeper than 256 levels");
+    free(s);
+    s = repeat_src("{{ messages", ".b", 100000, " }}");
+    expect(s, C, NULL, DF_EINPUT, "nesting deeper than 256 levels");
+    free(s);
+    s = repeat_src("{{ x", "()", 100000, " }}");
+    expect(s, C, NULL, DF_EINPUT, "nesting deeper than 256 levels");
+    free(s);
+    s = repeat_src("{{ 'a'", " ~ 'b' if x else 'c'", 20000, " }}");
+    expect(s, C, NULL, DF_EINPUT, "nesting deeper than 256 levels");
+    free(s);
+    /* a huge flat template: its tokens are bounded by the memory budget
+     * (they took about 24 bytes of parse memory per source byte, unbounded) */
+    s = repeat_src("{{ 0", "+0", 4000000, " }}");
+    {
+        char perr[256];
+        df_template *pt = df_template_parse(s, perr, sizeof perr);
+        CHECK(pt == NULL && strstr(perr, "memory budget of 268435456 bytes exceeded"), "huge template: %s", perr);
+        df_template_free(pt);
+    }
+    free(s);
+    /* ...while 200 levels still render */
+    s = repeat_src("{{ 0", "+1", 200, " }}");
+    expect(s, C, "200", 0, NULL);
+    free(s);
+    /* values nested at run time: comparing, printing, serializing */
+    const char *nest = "{% set ns = namespace(a=[], b=[]) %}{% for i in range(100000) %}{% set ns.a = [ns.a] %}"
+                       "{% set ns.b = [ns.b] %}{% endfor %}";
+    static const char *const uses[] = {"{{ ns.a == ns.b }}", "{{ ns.a }}", "{{ ns.a|tojson }}", "{{ ns.a < ns.b }}",
+                                       "{{ ns.a in [ns.b] }}", "{{ [ns.a]|unique|list|length }}"};
+    for (size_t i = 0; i < sizeof uses / sizeof *uses; i++) {
+        char src[512];
+        snprintf(src, sizeof src, "%s%s", nest, uses[i]);
+        expect(src, C, NULL, DF_EINPUT, "value nesting deeper than 256 levels");
+    }
+    expect("{% set ns = namespace(d={}) %}{% for i in range(1000) %}{% set ns.d = {'k': ns.d} %}{% endfor %}", C, NULL,
+           DF_EINPUT, "value nesting deeper than 256 levels");
+    expect("{% set ns = namespace(d={}) %}{% for i in range(1000) %}{% set ns.d = dict(k=ns.d) %}{% endfor %}", C, NULL,
+           DF_EINPUT, "value nesting deeper than 256 levels");
+    /* a namespace holding itself prints as an error, not an endless recursion */
+    expect("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}", C, NULL, DF_EINPUT, "value nesting deeper than 256 levels");
+    /* context JSON nested deeper than the limit */
+    s = repeat_src("{\"x\":", "[", 1000, "");
+    char *t2 = repeat_src(s, "]", 1000, "}");
+    expect("{{ x|length }}", t2, NULL, DF_EINPUT, "chat context (messages, tools or variables) nested deeper than 256 levels");
+    free(s);
+    free(t2);
+    /* string work counts against the step budget */
+    expect("{% set s = 'a' * 10000000 %}{% for i in range(10000) %}{% if 'b' in s %}x{% endif %}{% endfor %}", C, NULL,
+           DF_EINPUT, "step budget of 20000000 exceeded");
+    expect("{% set s = 'a' * 10000000 %}{% for i in range(10000) %}{{ s.find('b') }}{% endfor %}", C, NULL, DF_EINPUT,
+           "step budget of 20000000 exceeded");
+    expect("{% set s = 'a' * 10000000 %}{% for i in range(10000) %}{% if s == s ~ '' %}{% endif %}{% endfor %}", C, NULL,
+           DF_EINPUT, "exceeded");
+    expect("{% set l = range(100000)|list %}{% for i in range(10000) %}{% if -1 in l %}{% endif %}{% endfor %}", C, NULL,
+           DF_EINPUT, "step budget of 20000000 exceeded");
+    expect("{{ (range(100000)|list)|unique|list|length }}", C, NULL, DF_EINPUT, "step budget of 20000000 exceeded");
+    /* per-code-point work and searches are charged at their measured cost,
+     * so 100000 passes over 1 MB end at the step budget (they took 2-4 s of
+     * CPU each when every byte cost 1/64 of a step) */
+    static const char *const passes[] = {"s.isalpha()", "s|title|length", "s.count('a')", "s.find('a' * 1000 + 'b')",
+                                          "s.rfind('b' + 'a' * 1000)", "s[::-1]|length", "s|wordcount", "[s]|string|length"};
+    for (size_t i = 0; i < sizeof passes / sizeof *passes; i++) {
+        char src[512];
+        snprintf(src, sizeof src, "{%% set s = 'a' * 1000000 %%}{%% for i in range(100000) %%}{{ %s }}{%% endfor %%}", passes[i]);
+        expect(src, C, NULL, DF_EINPUT, "step budget of 20000000 exceeded");
+    }
+    /* ...and so do allocations: replace / join / repetition hit a budget */
+    expect("{% set s = 'a' * 10000000 %}{% for i in range(10000) %}{% set t = s.replace('b', 'c') %}{% endfor %}", C, NULL,
+           DF_EINPUT, "exceeded");
+    expect("{% set l = ['a' * 1000000] * 10 %}{% for i in range(10000) %}{% set t = l|join %}{% endfor %}", C, NULL,
+           DF_EINPUT, "exceeded");
+    expect("{{ 'x' * 1000000000 }}", C, NULL, DF_EINPUT, "memory budget of 268435456 bytes exceeded");
+    /* a 100000-key dict literal renders as in Python (hash index; it was
+     * quadratic and took 22 s) */
+    s = malloc(100000 * 16 + 64);
+    size_t k = (size_t)sprintf(s, "{{ {");
+    for (int i = 0; i < 100000; i++) k += (size_t)sprintf(s + k, "%s'k%d': %d", i ? "," : "", i, i);
+    strcpy(s + k, "}|length }}");
+    expect(s, C, "100000", 0, NULL);
+    free(s);
+    /* a big dict from the context (a client's message) sorted by tojson's
+     * insertion sort: quadratic, charged per comparison */
+    s = malloc(50000 * 24 + 64);
+    k = (size_t)sprintf(s, "{\"d\":{");
+    for (int i = 50000; i > 0; i--) k += (size_t)sprintf(s + k, "%s\"k%06d\":%d", i < 50000 ? "," : "", i, i);
+    strcpy(s + k, "}}");
+    expect("{{ d|tojson(sort_keys=true)|length }}", s, NULL, DF_EINPUT, "step budget of 20000000 exceeded");
+    /* lookups in it go through the index, which catches up with the keys
+     * the JSON reader appended directly */
+    expect("{{ d['k000001'] }} {{ d.k050000 }} {{ 'k000000' in d }} {{ d.get('k025000') }} {{ d == d }}", s,
+           "1 50000 False 25000 True", 0, NULL);
+    /* scalar keys hash like they compare: 1 == 1.0 == True */
+    expect("{% set d = {1: 'a', 2: 'b', 3: 'c', 4: 'd', 5: 'e', 6: 'f', 7: 'g', 8: 'h', 9: 'i', 1.0: 'x', True: 'y', "
+           "'k': 1, (1, 2): 't', none: 'n', 2.5: 'f'} %}{{ d|length }} {{ d[1] }}{{ d[9.0] }}{{ d.get(true) }}{{ d.k }}"
+           "{{ d[(1, 2)] }}{{ d[none] }}{{ d[2.5] }} {{ 10 in d }}{{ (1, 2) in d }}{{ 'K' in d }}", C,
+           "13 yiy1tnf FalseTrueFalse", 0, NULL);
+    free(s);
+    /* %-formatting: exact output, refused beyond the width limit */
+    char want[700];
+    snprintf(want, sizeof want, "%.600f", 1.5);
+    CHECK(strlen(want) == 602, "libc %%.600f");
+    expect("{{ '%.600f' % 1.5 }}", C, want, 0, NULL);
+    expect("{{ '%.1000000000f' % 1.5 }}", C, NULL, DF_EINPUT, "precision exceeds the limit of 100000");
+    expect("{{ '%1000000000d' % 1 }}", C, NULL, DF_EINPUT, "width exceeds the limit of 100000");
+    expect("{{ '%99999999999999999999s' % 'x' }}", C, NULL, DF_EINPUT, "width exceeds the limit of 100000");
+    expect("[{{ '%5s|%-5s|%.2s|%5.1s' % ('é', 'é', 'éèê', 'éè') }}]", C, "[    é|é    |éè|    é]", 0, NULL);
+    /* center and indent refused widths above the limit by silently returning
+     * the input (center) or clamping to 10000 (indent) */
+    expect("{{ 'x'|center(1000000000) }}", C, NULL, DF_EINPUT, "center width 1000000000 exceeds the limit of 100000");
+    expect("{{ 'a\nb'|indent(1000000000) }}", C, NULL, DF_EINPUT, "indent width 1000000000 exceeds the limit of 100000");
+    expect("{{ 'x'|center(5) }}|{{ 'a\nb'|indent(3) }}", C, "  x  |a\n   b", 0, NULL);
+    char pad[700];
+    snprintf(pad, sizeof pad, "[%600d]", 7);
+    expect("[{{ '%600d' % 7 }}]", C, pad, 0, NULL);
 }
 
 static void test_chat_helpers(void) {
@@ -196,6 +333,7 @@ int main(void) {
     test_whitespace();
     test_errors();
     test_limits();
+    test_hostile();
     test_chat_helpers();
     printf("test_tok_template: %d checks, %d failures\n", checks, failures);
     return failures != 0;
