@@ -98,6 +98,25 @@ def test_sampling_is_reproducible(dfbin):
     assert a != c or a != greedy
 
 
+@pytest.mark.parametrize("opt,val", [("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "1e39"),
+                                     ("--top-p", "nan"), ("--min-p", "nan"), ("--top-p", "-inf")])
+def test_sampling_options_refuse_non_finite(dfbin, opt, val):
+    """NaN passes every `x < lo` check by comparison, and inf / a value beyond float range makes NaN
+    probabilities: the run used to exit 0 printing token 0 forever."""
+    p = run([dfbin, "run", "--model", str(MODELS / "llama-bf16"), "--ids", "5,6,7", "--max-new", "2", "--print-ids",
+             opt, val], check=False)
+    assert p.returncode == 2, f"exit {p.returncode}, stdout {p.stdout!r}, stderr {p.stderr!r}"
+    msg = p.stderr.strip()
+    assert msg.count("\n") == 0 and opt in msg and f"'{val}'" in msg, msg
+
+
+def test_tiny_temperature_is_greedy(dfbin):
+    """logit / 1e-44 overflows to inf; the draw is then the T -> 0 limit (greedy), not inf - inf = NaN."""
+    base = [dfbin, "run", "--model", str(MODELS / "qwen3-moe-bf16"), "--ids", "5,6,7,8", "--max-new", "8", "--ignore-eos",
+            "--print-ids"]
+    assert run(base + ["--temperature", "1e-44", "--seed", "3"]).stdout == run(base).stdout
+
+
 def test_stops_at_eos(dfbin, tmp_path):
     name = "llama-bf16"
     g = golden(name)
