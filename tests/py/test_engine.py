@@ -117,6 +117,17 @@ def test_tiny_temperature_is_greedy(dfbin):
     assert run(base + ["--temperature", "1e-44", "--seed", "3"]).stdout == run(base).stdout
 
 
+@pytest.mark.parametrize("args,needle", [(["--threads", "2000"], "--threads: expected 1..1024, got '2000'"),
+                                         (["--threads", "0"], "--threads: expected 1..1024, got '0'"),
+                                         (["--threads", "abc"], "--threads: expected 1..1024, got 'abc'"),
+                                         (["--bogus"], "unknown option '--bogus'")])
+def test_bench_floors_refuses_bad_options(dfbin, args, needle):
+    """--threads went through atoi into a pool whose per-thread results lived in 256-entry arrays
+    (--threads 300 wrote past them); a bad value silently meant "one per CPU"."""
+    p = run([dfbin, "bench", "floors", *args], check=False)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and needle in p.stderr, (p.returncode, p.stderr)
+
+
 def test_stops_at_eos(dfbin, tmp_path):
     name = "llama-bf16"
     g = golden(name)
