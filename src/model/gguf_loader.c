@@ -613,6 +613,13 @@ int df_model_load_gguf(const char *path, int mode, df_model **out, char *err, si
         if (rf) {
             float *ff = vecf(&c, "rope_freqs.weight", cfg->rope_dim / 2, 1);
             if (!ff) goto fail;
+            /* each divides a frequency: as the rope scaling factor, finite and within its range */
+            for (int i = 0; i < cfg->rope_dim / 2 && !c.rc; i++) {
+                char label[64];
+                snprintf(label, sizeof label, "tensor 'rope_freqs.weight' element %d", i);
+                c.rc = df_check_real(path, label, ff[i], DF_MIN_ROPE_FACTOR, 0, DF_MAX_ROPE_FACTOR, 0, err, errlen);
+            }
+            if (c.rc) { free(ff); goto fail; }
             for (int i = 0; i < cfg->rope_dim / 2; i++) m->inv_freq[i] /= ff[i];
             free(ff);
         }

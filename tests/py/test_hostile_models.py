@@ -216,6 +216,26 @@ def test_block_count_short_of_the_tensors(dfbin, tmp_path, src, arch):
     expect_refused(dfbin, f, f, f"tensor 'blk.{n - 1}.", f"'{arch}.block_count'", f"expected 0..{n - 2}")
 
 
+@pytest.mark.parametrize("value,shown", [(0.0, "got 0"), (math.nan, "got nan"), (-2.0, "got -2")])
+def test_rope_freqs_factor(dfbin, tmp_path, value, shown):
+    """llama 3.x GGUFs divide the RoPE frequencies by rope_freqs.weight: a 0 made an infinite frequency."""
+    import numpy as np
+    hd = json.loads((MODELS / "qwen3-moe-bf16" / "config.json").read_text())["head_dim"]
+    ff = np.ones(hd // 2, dtype=np.float32)
+    ff[3] = value
+    f = hostile_gguf(tmp_path, "qwen3-moe-bf16", mutate=lambda items: items.append(("rope_freqs.weight", ("F32", ff), "f32")))
+    expect_refused(dfbin, f, f, "tensor 'rope_freqs.weight' element 3", "[0.001, 1000000]", shown)
+
+
+def test_rope_freqs_in_range_accepted(dfbin, tmp_path):
+    import numpy as np
+    hd = json.loads((MODELS / "qwen3-moe-bf16" / "config.json").read_text())["head_dim"]
+    ff = np.linspace(1, 8, hd // 2, dtype=np.float32)  # as llama 3.1's: 1 .. factor
+    f = hostile_gguf(tmp_path, "qwen3-moe-bf16", mutate=lambda items: items.append(("rope_freqs.weight", ("F32", ff), "f32")))
+    p = run_model(dfbin, f)
+    assert p.returncode == 0 and len(p.stdout.split()) == 2, (p.returncode, p.stderr)
+
+
 @pytest.mark.parametrize("src", ["qwen3-moe-bf16", "deepseek-v3-bf16"])
 def test_unedited_gguf_runs(dfbin, tmp_path, src):
     f = hostile_gguf(tmp_path, src)
