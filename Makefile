@@ -20,7 +20,7 @@ LDFLAGS  += $(SAN)
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c
 
-MODULES  = util format tok model backend store spec core server cli
+MODULES  = util format tok model backend store core server cli
 src_of   = $(wildcard src/$(1)/*.c) $(wildcard src/$(1)/*/*.c)
 SRCS     = $(foreach m,$(MODULES),$(call src_of,$(m)))
 OBJS     = $(SRCS:%.c=$(O)/%.o)

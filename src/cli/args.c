@@ -3,6 +3,8 @@
 #include "util/util.h"
 
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,7 +75,8 @@ int df_parse_float(const char *s, double *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end) return -1;
+    /* "nan" and "inf" parse, but fail every range check by comparison (NaN) or make NaN later */
+    if (errno || end == s || *end || !isfinite(v) || fabs(v) > FLT_MAX) return -1;
     *out = v;
     return 0;
 }

@@ -22,5 +22,7 @@ int df_args_opt(df_args *a, const char *opt, const char *name, int takes_value);
 int df_args_model_opts(df_args *a, const char *opt, const char **model, df_options *o);
 int df_args_fail(df_args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int df_parse_int(const char *s, long lo, long hi, long *out);
+/* A whole-string decimal that is finite and within float range (the options
+ * it parses are floats); NaN, infinities and overflow are refused (-1). */
 int df_parse_float(const char *s, double *out);
 #endif

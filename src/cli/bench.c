@@ -35,7 +35,7 @@ typedef struct {
     int use;    /* threads participating */
     int method;
     int isa;
-    double sums[256];
+    double *sums; /* [threads of the pool] */
 } bw_ctx;
 
 #define PF_AHEAD 2048 /* bytes */
@@ -128,7 +128,7 @@ static void bw_task(void *p, int tid, int nth) {
 
 /* Best of reps passes of every method; *best_method gets the winner. */
 static double measure_bw(const float *buf, size_t n, int use, int *best_method) {
-    bw_ctx c = {buf, n, use, 0, df_isa(), {0}};
+    bw_ctx c = {buf, n, use, 0, df_isa(), df_xcalloc((size_t)df_pool_size(), sizeof(double))};
     double best = 0;
     int methods = c.isa == DF_ISA_SCALAR ? 1 : M_N;
     for (int rep = 0; rep < 4; rep++)
@@ -140,10 +140,11 @@ static double measure_bw(const float *buf, size_t n, int use, int *best_method) 
             double gbs = (double)slice(&c) * use * 4 / dt / 1e9;
             if (gbs > best) best = gbs, *best_method = m;
         }
+    free(c.sums);
     return best;
 }
 
-typedef struct { double out[256]; long iters; } fma_ctx;
+typedef struct { double *out; /* [threads of the pool] */ long iters; } fma_ctx;
 
 #define FMA12(F, m, b)                                                                                   \
     a0 = F(a0, m, b), a1 = F(a1, m, b), a2 = F(a2, m, b), a3 = F(a3, m, b), a4 = F(a4, m, b),              \
@@ -226,9 +227,20 @@ int df_cmd_bench(int argc, char **argv) {
                 "  GB/s at which never-touched memory is faulted in (run after dropping page caches).\n");
         return argc >= 2 && !strcmp(argv[1], "--help") ? 0 : 2;
     }
-    int threads = 0;
-    for (int i = 2; i < argc; i++)
-        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    int threads = 0; /* 0: one per CPU */
+    for (int i = 2; i < argc; i++) {
+        long v;
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            if (df_parse_int(argv[++i], 1, 1024, &v)) {
+                fprintf(stderr, "bench floors: --threads: expected 1..1024, got '%s'\n", argv[i]);
+                return 2;
+            }
+            threads = (int)v;
+        } else {
+            fprintf(stderr, "bench floors: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
     df_pool_init(threads);
     int nth = df_pool_size();
     size_t n = (size_t)1 << 28; /* 1 GiB of floats */
@@ -242,9 +254,10 @@ int df_cmd_bench(int argc, char **argv) {
     double gflops = 0;
     int lanes = df_isa() == DF_ISA_AVX512 ? 16 : 8;
     for (int rep = 0; rep < 3; rep++) {
-        fma_ctx fc = {{0}, 20000000};
+        fma_ctx fc = {df_xcalloc((size_t)nth, sizeof(double)), 20000000};
         double t0 = df_now();
         df_pool_run(fma_task, &fc);
+        free(fc.out);
         double dt = df_now() - t0, g = (double)fc.iters * 12 * lanes * 2 * nth / dt / 1e9;
         if (g > gflops) gflops = g;
     }

@@ -3,6 +3,7 @@
  * (as transformers' logits warpers), with a seeded xoshiro256** generator:
  * the same seed and logits give the same tokens. */
 #include "core/core.h"
+#include "util/util.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@ static uint64_t splitmix(uint64_t *x) {
     return z ^ (z >> 31);
 }
 void df_rng_seed(df_rng *r, uint64_t seed) {
+    r->seed = seed;
     for (int i = 0; i < 4; i++) r->s[i] = splitmix(&seed);
 }
 static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -50,11 +52,34 @@ static int cmp_cand(const void *a, const void *b) {
     return x->id - y->id;
 }
 
+int df_sampling_check(const df_sampling *sp, char *err, size_t errlen) {
+    if (!sp) return 0;
+    if (!isfinite(sp->temperature))
+        return df_err(err, errlen, DF_EINPUT, "sampling temperature: expected a finite number (<= 0: greedy), got %g", (double)sp->temperature);
+    if (!(sp->top_p >= 0 && sp->top_p <= 1))
+        return df_err(err, errlen, DF_EINPUT, "sampling top_p: expected 0 < P <= 1 (0 or 1: off), got %g", (double)sp->top_p);
+    if (!(sp->min_p >= 0 && sp->min_p <= 1))
+        return df_err(err, errlen, DF_EINPUT, "sampling min_p: expected 0 <= P <= 1, got %g", (double)sp->min_p);
+    if (sp->top_k < 0) return df_err(err, errlen, DF_EINPUT, "sampling top_k: expected >= 0 (0: off), got %d", sp->top_k);
+    return 0;
+}
+
+/* Sampling: logits / temperature, sorted; top-k; softmax relative to the
+ * maximum; top-p; min-p; one draw. A NaN logit counts as -inf. When the
+ * scaled maximum overflows (a temperature so small that logit / T is
+ * infinite) the draw is the limit T -> 0: greedy. */
 int df_sample(const float *logits, int n, const df_sampling *sp, df_rng *rng, void *work) {
+    if (sp && df_sampling_check(sp, NULL, 0)) return DF_EINPUT;
+    if (sp && sp->seed && sp->seed != rng->seed) df_rng_seed(rng, sp->seed);
     if (!sp || sp->temperature <= 0) return df_argmax(logits, n);
     cand *c = work; /* n entries */
     float mx = -INFINITY;
-    for (int i = 0; i < n; i++) { c[i].p = logits[i] / sp->temperature; c[i].id = i; if (c[i].p > mx) mx = c[i].p; }
+    for (int i = 0; i < n; i++) {
+        c[i].p = isnan(logits[i]) ? -INFINITY : logits[i] / sp->temperature;
+        c[i].id = i;
+        if (c[i].p > mx) mx = c[i].p;
+    }
+    if (!isfinite(mx)) return df_argmax(logits, n);
     int m = n;
     qsort(c, (size_t)n, sizeof *c, cmp_cand);
     if (sp->top_k > 0 && sp->top_k < m) m = sp->top_k;

@@ -13,6 +13,7 @@
 #include "deltafin.h"
 #include "util/util.h"
 
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -916,6 +917,10 @@ int df_gguf_get_f32(const df_gguf *g, const char *key, float *out, char *err, si
     double d;
     if (!kv) return 0;
     if (df_gguf_value_f64(&kv->val, &d)) return wrong_type(g, key, &kv->val, "a number", err, errlen);
+    /* a FLOAT64 or integer beyond float's range has no float value (the conversion is undefined);
+     * NaN and infinities pass through for the caller's range check */
+    if (isfinite(d) && fabs(d) > FLT_MAX)
+        return df_err(err, errlen, DF_EFORMAT, "%s: key '%s': expected a number within float range (|x| <= %g), found %g", g->files[0].path, key, (double)FLT_MAX, d);
     *out = (float)d;
     return 1;
 }

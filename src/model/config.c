@@ -6,6 +6,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
+#include <float.h>
 #include <math.h>
 #include <pcre2.h>
 #include <stdlib.h>
@@ -54,6 +55,22 @@ static double get_num_in(ctx *c, json_t *obj, const char *key, double def, int r
     return json_number_value(v);
 }
 
+int df_check_real(const char *file, const char *label, double v, double lo, int lo_open, double hi, int hi_open, char *err, size_t errlen) {
+    if (isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi)) return 0;
+    char range[96];
+    if (isinf(hi)) snprintf(range, sizeof range, "%s %.10g", lo_open ? ">" : ">=", lo);
+    else snprintf(range, sizeof range, "in %c%.10g, %.10g%c", lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
+    return df_err(err, errlen, DF_EFORMAT, "%s: %s: expected a finite number %s, got %.10g", file, label, range, v);
+}
+
+/* Real field prefix+key (after defaults) checked with df_check_real. */
+static void check_num(ctx *c, const char *prefix, const char *key, double v, double lo, int lo_open, double hi, int hi_open) {
+    if (c->rc) return;
+    char label[128];
+    snprintf(label, sizeof label, "field \"%s%s\"", prefix, key);
+    c->rc = df_check_real(c->file, label, v, lo, lo_open, hi, hi_open, c->err, c->errlen);
+}
+
 static int get_bool(ctx *c, const char *key, int def) {
     json_t *v = json_object_get(c->root, key);
     if (!v || json_is_null(v)) return def;
@@ -64,16 +81,38 @@ static int get_bool(ctx *c, const char *key, int def) {
     return json_is_true(v);
 }
 
-static void add_ids(df_config *cfg, json_t *v) {
+/* Adds the eos id(s) of v (an integer or an array of them) from file. An id
+ * outside 0..vocab_size-1 could never be generated; it is an error rather
+ * than truncated to int (a 2^32 + 5 would make token 5 an end token). */
+static int add_ids(df_config *cfg, json_t *v, const char *file, const char *key, char *err, size_t errlen) {
     if (json_is_integer(v)) {
-        int id = (int)json_integer_value(v);
-        for (int i = 0; i < cfg->n_eos; i++) if (cfg->eos[i] == id) return;
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || x >= cfg->vocab)
+            return df_err(err, errlen, DF_EFORMAT, "%s: field \"%s\": expected token ids 0..%d (vocab_size - 1), got %lld", file, key, cfg->vocab - 1, (long long)x);
+        int id = (int)x;
+        for (int i = 0; i < cfg->n_eos; i++) if (cfg->eos[i] == id) return 0;
         if (cfg->n_eos < DF_MAX_EOS) cfg->eos[cfg->n_eos++] = id;
     } else if (json_is_array(v)) {
         size_t i;
         json_t *x;
-        json_array_foreach(v, i, x) add_ids(cfg, x);
+        json_array_foreach(v, i, x) {
+            int rc = add_ids(cfg, x, file, key, err, errlen);
+            if (rc) return rc;
+        }
     }
+    return 0;
+}
+
+/* bos_token_id of obj (file): -1 if absent or null, else an id in 0..vocab_size-1. */
+static int get_bos(df_config *cfg, json_t *obj, const char *file, int *out, char *err, size_t errlen) {
+    json_t *b = json_object_get(obj, "bos_token_id");
+    *out = -1;
+    if (!json_is_integer(b)) return 0;
+    json_int_t x = json_integer_value(b);
+    if (x < 0 || x >= cfg->vocab)
+        return df_err(err, errlen, DF_EFORMAT, "%s: field \"bos_token_id\": expected 0..%d (vocab_size - 1), got %lld", file, cfg->vocab - 1, (long long)x);
+    *out = (int)x;
+    return 0;
 }
 
 static int parse_rope(ctx *c, df_config *cfg) {
@@ -81,9 +120,13 @@ static int parse_rope(ctx *c, df_config *cfg) {
     json_t *rs = json_object_get(c->root, "rope_scaling");
     json_t *p = json_is_object(rp) ? rp : (json_is_object(rs) ? rs : NULL);
     double theta_top = get_num_in(c, c->root, "rope_theta", NAN, 0);
+    const int theta_in_p = p && json_is_number(json_object_get(p, "rope_theta"));
     double theta = p ? get_num_in(c, p, "rope_theta", theta_top, 0) : theta_top;
     if (isnan(theta)) theta = 10000.0; /* transformers' default_theta for these families */
     cfg->rope_theta = theta;
+    /* inv_freq = theta^(-2i/d) lies in [1/theta, 1] only for theta >= 1, and YaRN divides by log(theta) */
+    const char *pp = p == rp ? "rope_parameters." : "rope_scaling.";
+    check_num(c, theta_in_p ? pp : "", "rope_theta", theta, 1, 1, FLT_MAX, 0);
     cfg->rope_type = DF_ROPE_DEFAULT;
     cfg->attention_factor = 1.0;
     if (!p) return c->rc;
@@ -92,6 +135,7 @@ static int parse_rope(ctx *c, df_config *cfg) {
     const char *t = json_is_string(jt) ? json_string_value(jt) : "default";
     if (!strcmp(t, "default")) return c->rc;
     cfg->rope_factor = get_num_in(c, p, "factor", 1.0, 1);
+    check_num(c, pp, "factor", cfg->rope_factor, DF_MIN_ROPE_FACTOR, 0, DF_MAX_ROPE_FACTOR, 0);
     if (!strcmp(t, "linear")) {
         cfg->rope_type = DF_ROPE_LINEAR;
     } else if (!strcmp(t, "llama3")) {
@@ -99,23 +143,37 @@ static int parse_rope(ctx *c, df_config *cfg) {
         cfg->low_freq_factor = get_num_in(c, p, "low_freq_factor", 1, 1);
         cfg->high_freq_factor = get_num_in(c, p, "high_freq_factor", 4, 1);
         cfg->orig_max_pos = get_num_in(c, p, "original_max_position_embeddings", 8192, 1);
+        check_num(c, pp, "low_freq_factor", cfg->low_freq_factor, 0, 1, INFINITY, 0);
+        /* the smoothing between the two wavelengths divides by high - low */
+        check_num(c, pp, "high_freq_factor", cfg->high_freq_factor, cfg->low_freq_factor, 1, INFINITY, 0);
+        check_num(c, pp, "original_max_position_embeddings", cfg->orig_max_pos, 0, 1, INT32_MAX, 0);
     } else if (!strcmp(t, "yarn")) {
         cfg->rope_type = DF_ROPE_YARN;
         double top_orig = get_num_in(c, c->root, "original_max_position_embeddings", cfg->max_pos, 0);
+        const int orig_in_p = json_is_number(json_object_get(p, "original_max_position_embeddings"));
         cfg->orig_max_pos = get_num_in(c, p, "original_max_position_embeddings", top_orig, 0);
+        check_num(c, orig_in_p ? pp : "", "original_max_position_embeddings", cfg->orig_max_pos, 0, 1, INT32_MAX, 0);
         cfg->beta_fast = get_num_in(c, p, "beta_fast", 32, 0);
         cfg->beta_slow = get_num_in(c, p, "beta_slow", 1, 0);
         if (cfg->beta_fast == 0) cfg->beta_fast = 32;
         if (cfg->beta_slow == 0) cfg->beta_slow = 1;
+        /* the correction range takes log(original_max_position_embeddings / (2 pi beta)) */
+        check_num(c, pp, "beta_fast", cfg->beta_fast, 0, 1, INFINITY, 0);
+        check_num(c, pp, "beta_slow", cfg->beta_slow, 0, 1, INFINITY, 0);
         cfg->mscale = get_num_in(c, p, "mscale", 0, 0);
         cfg->mscale_all_dim = get_num_in(c, p, "mscale_all_dim", 0, 0);
+        /* 0.1 * mscale * log(factor) + 1 must stay positive: it divides, and is squared into the softmax scale */
+        check_num(c, pp, "mscale", cfg->mscale, 0, 0, DF_MAX_MSCALE, 0);
+        check_num(c, pp, "mscale_all_dim", cfg->mscale_all_dim, 0, 0, DF_MAX_MSCALE, 0);
         json_t *tr = json_object_get(p, "truncate");
         cfg->rope_truncate = json_is_boolean(tr) ? json_is_true(tr) : 1;
         double af = get_num_in(c, p, "attention_factor", NAN, 0);
         double f = cfg->rope_factor;
 #define GET_MSCALE(s, m) ((s) <= 1 ? 1.0 : 0.1 * (m) * log(s) + 1.0)
-        if (!isnan(af)) cfg->attention_factor = af;
-        else if (cfg->mscale != 0 && cfg->mscale_all_dim != 0)
+        if (!isnan(af)) {
+            check_num(c, pp, "attention_factor", af, 0, 1, DF_MAX_MSCALE, 0);
+            cfg->attention_factor = af;
+        } else if (cfg->mscale != 0 && cfg->mscale_all_dim != 0)
             cfg->attention_factor = GET_MSCALE(f, cfg->mscale) / GET_MSCALE(f, cfg->mscale_all_dim);
         else cfg->attention_factor = GET_MSCALE(f, 1.0);
 #undef GET_MSCALE
@@ -135,9 +193,14 @@ static int parse_quant(ctx *c, df_config *cfg) {
         if (json_is_string(fmt) && strcmp(json_string_value(fmt), "e4m3"))
             return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.fmt \"%s\" is not supported (expected \"e4m3\")", c->file, json_string_value(fmt));
         json_t *bs = json_object_get(q, "weight_block_size");
-        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(json_array_get(bs, 0)) || !json_is_integer(json_array_get(bs, 1)) ||
-            json_integer_value(json_array_get(bs, 0)) <= 0 || json_integer_value(json_array_get(bs, 1)) <= 0)
+        if (!json_is_array(bs) || json_array_size(bs) != 2 || !json_is_integer(json_array_get(bs, 0)) || !json_is_integer(json_array_get(bs, 1)))
             return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.weight_block_size: expected [rows, cols] of positive integers (per-tensor FP8 scales are not supported)", c->file);
+        for (int i = 0; i < 2; i++) {
+            json_int_t b = json_integer_value(json_array_get(bs, (size_t)i));
+            if (b < 1 || b > DF_MAX_QUANT_BLOCK)
+                return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"quantization_config.weight_block_size[%d]\": expected 1..%d, got %lld", c->file, i,
+                                      DF_MAX_QUANT_BLOCK, (long long)b);
+        }
         cfg->quant = DF_QUANT_FP8;
         cfg->fp8_block[0] = (int)json_integer_value(json_array_get(bs, 0));
         cfg->fp8_block[1] = (int)json_integer_value(json_array_get(bs, 1));
@@ -158,7 +221,8 @@ static int parse_quant(ctx *c, df_config *cfg) {
             if (bits != 4 || !json_is_string(ty) || strcmp(json_string_value(ty), "int") || !json_is_string(st) ||
                 strcmp(json_string_value(st), "group"))
                 return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: config_groups.%s.weights: only num_bits 4, type \"int\", strategy \"group\" is supported", c->file, gk);
-            cfg->int4_group = get_int_in(c, w, "group_size", INT32_MIN, 1, 1 << 20);
+            cfg->int4_group = get_int_in(c, w, "group_size", INT32_MIN, 1, DF_MAX_QUANT_BLOCK);
+            if (c->rc) return c->rc;
             cfg->int4_symmetric = !json_is_false(sym);
             if (!cfg->int4_symmetric)
                 return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: config_groups.%s.weights.symmetric false (zero points) is not supported", c->file, gk);
@@ -258,14 +322,15 @@ int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
         c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: hidden_act \"%s\" is not supported (expected \"silu\")", path, json_string_value(act));
         goto out;
     }
-    cfg->vocab = get_int(&c, "vocab_size", INT32_MIN, 1, 1 << 26);
-    cfg->hidden = get_int(&c, "hidden_size", INT32_MIN, 1, 1 << 20);
+    cfg->vocab = get_int(&c, "vocab_size", INT32_MIN, 1, DF_MAX_VOCAB);
+    cfg->hidden = get_int(&c, "hidden_size", INT32_MIN, 1, DF_MAX_HIDDEN);
     cfg->n_layers = get_int(&c, "num_hidden_layers", INT32_MIN, 1, DF_MAX_LAYERS - 1);
-    cfg->n_heads = get_int(&c, "num_attention_heads", INT32_MIN, 1, 4096);
-    cfg->n_kv_heads = get_int(&c, "num_key_value_heads", cfg->n_heads, 1, 4096);
-    cfg->intermediate = get_int(&c, "intermediate_size", 0, 0, 1 << 24);
+    cfg->n_heads = get_int(&c, "num_attention_heads", INT32_MIN, 1, DF_MAX_HEADS);
+    cfg->n_kv_heads = get_int(&c, "num_key_value_heads", cfg->n_heads, 1, DF_MAX_HEADS);
+    cfg->intermediate = get_int(&c, "intermediate_size", 0, 0, DF_MAX_FFN);
     cfg->max_pos = get_int(&c, "max_position_embeddings", 4096, 1, INT32_MAX);
     cfg->rms_eps = get_num_in(&c, root, "rms_norm_eps", 1e-6, 0);
+    check_num(&c, "", "rms_norm_eps", cfg->rms_eps, DF_MIN_RMS_EPS, 0, 1, 1);
     cfg->attention_bias = get_bool(&c, "attention_bias", 0);
     cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", cfg->family == DF_FAM_QWEN3 ? 0 : 0);
     if (c.rc) goto out;
@@ -277,15 +342,15 @@ int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
         c.rc = df_err(err, errlen, DF_EFORMAT, "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d) and no head_dim is given", path, cfg->hidden, cfg->n_heads);
         goto out;
     }
-    cfg->head_dim = get_int(&c, "head_dim", cfg->hidden / cfg->n_heads, 1, 1 << 16);
+    cfg->head_dim = get_int(&c, "head_dim", cfg->hidden / cfg->n_heads, 1, DF_MAX_HEAD_DIM);
     cfg->rope_dim = cfg->head_dim;
 
     if (cfg->family == DF_FAM_QWEN3_MOE) {
-        int ne = get_int(&c, "num_experts", 0, 0, 1 << 16);
-        if (!ne) ne = get_int(&c, "num_local_experts", INT32_MIN, 1, 1 << 16);
+        int ne = get_int(&c, "num_experts", 0, 0, DF_MAX_EXPERTS);
+        if (!ne) ne = get_int(&c, "num_local_experts", INT32_MIN, 1, DF_MAX_EXPERTS);
         cfg->n_experts = ne;
-        cfg->n_experts_used = get_int(&c, "num_experts_per_tok", INT32_MIN, 1, 1 << 16);
-        cfg->moe_intermediate = get_int(&c, "moe_intermediate_size", INT32_MIN, 1, 1 << 24);
+        cfg->n_experts_used = get_int(&c, "num_experts_per_tok", INT32_MIN, 1, DF_MAX_EXPERTS);
+        cfg->moe_intermediate = get_int(&c, "moe_intermediate_size", INT32_MIN, 1, DF_MAX_FFN);
         cfg->norm_topk_prob = get_bool(&c, "norm_topk_prob", 0);
         cfg->decoder_sparse_step = get_int(&c, "decoder_sparse_step", 1, 1, 1 << 16);
         json_t *mo = json_object_get(root, "mlp_only_layers");
@@ -302,23 +367,24 @@ int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
         }
     }
     if (cfg->family == DF_FAM_DEEPSEEK_V3) {
-        int ne = get_int(&c, "n_routed_experts", 0, 0, 1 << 16);
-        if (!ne) ne = get_int(&c, "num_local_experts", 0, 0, 1 << 16);
+        int ne = get_int(&c, "n_routed_experts", 0, 0, DF_MAX_EXPERTS);
+        if (!ne) ne = get_int(&c, "num_local_experts", 0, 0, DF_MAX_EXPERTS);
         cfg->n_experts = ne;
-        cfg->n_experts_used = get_int(&c, "num_experts_per_tok", ne ? INT32_MIN : 0, 0, 1 << 16);
-        cfg->moe_intermediate = get_int(&c, "moe_intermediate_size", ne ? INT32_MIN : 0, 0, 1 << 24);
+        cfg->n_experts_used = get_int(&c, "num_experts_per_tok", ne ? INT32_MIN : 0, ne ? 1 : 0, DF_MAX_EXPERTS);
+        cfg->moe_intermediate = get_int(&c, "moe_intermediate_size", ne ? INT32_MIN : 0, ne ? 1 : 0, DF_MAX_FFN);
         cfg->norm_topk_prob = get_bool(&c, "norm_topk_prob", 0);
-        cfg->n_shared_experts = get_int(&c, "n_shared_experts", 0, 0, 1 << 10);
+        cfg->n_shared_experts = get_int(&c, "n_shared_experts", 0, 0, DF_MAX_SHARED_EXPERTS);
         cfg->first_k_dense = get_int(&c, "first_k_dense_replace", 0, 0, DF_MAX_LAYERS);
-        cfg->n_group = get_int(&c, "n_group", 1, 1, 1 << 16);
-        cfg->topk_group = get_int(&c, "topk_group", 1, 1, 1 << 16);
+        cfg->n_group = get_int(&c, "n_group", 1, 1, DF_MAX_EXPERTS);
+        cfg->topk_group = get_int(&c, "topk_group", 1, 1, DF_MAX_EXPERTS);
         cfg->routed_scaling = get_num_in(&c, root, "routed_scaling_factor", 1.0, 0);
-        cfg->q_lora_rank = get_int(&c, "q_lora_rank", 0, 0, 1 << 20);
-        cfg->kv_lora_rank = get_int(&c, "kv_lora_rank", INT32_MIN, 1, 1 << 20);
-        cfg->qk_nope_dim = get_int(&c, "qk_nope_head_dim", INT32_MIN, 0, 1 << 16);
-        cfg->qk_rope_dim = get_int(&c, "qk_rope_head_dim", INT32_MIN, 2, 1 << 16);
-        cfg->v_head_dim = get_int(&c, "v_head_dim", INT32_MIN, 1, 1 << 16);
-        cfg->n_mtp_layers = get_int(&c, "num_nextn_predict_layers", 0, 0, 16);
+        check_num(&c, "", "routed_scaling_factor", cfg->routed_scaling, 0, 1, DF_MAX_ROUTED_SCALING, 0);
+        cfg->q_lora_rank = get_int(&c, "q_lora_rank", 0, 0, DF_MAX_RANK);
+        cfg->kv_lora_rank = get_int(&c, "kv_lora_rank", INT32_MIN, 1, DF_MAX_RANK);
+        cfg->qk_nope_dim = get_int(&c, "qk_nope_head_dim", INT32_MIN, 0, DF_MAX_HEAD_DIM);
+        cfg->qk_rope_dim = get_int(&c, "qk_rope_head_dim", INT32_MIN, 2, DF_MAX_HEAD_DIM);
+        cfg->v_head_dim = get_int(&c, "v_head_dim", INT32_MIN, 1, DF_MAX_HEAD_DIM);
+        cfg->n_mtp_layers = get_int(&c, "num_nextn_predict_layers", 0, 0, DF_MAX_MTP_LAYERS);
         cfg->rope_interleave = get_bool(&c, "rope_interleave", 1);
         cfg->rope_dim = cfg->qk_rope_dim;
         json_t *sf = json_object_get(root, "scoring_func");
@@ -331,16 +397,37 @@ int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
             c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: topk_method \"%s\" is not supported (expected \"noaux_tc\")", path, json_string_value(tm));
             goto out;
         }
-        if (ne && (ne % cfg->n_group || cfg->topk_group > cfg->n_group || ne / cfg->n_group < 2)) {
-            c.rc = df_err(err, errlen, DF_EFORMAT, "%s: n_routed_experts %d, n_group %d, topk_group %d are inconsistent", path, ne, cfg->n_group, cfg->topk_group);
+        if (c.rc) goto out;
+        /* noaux_tc routing: a group scores by the sum of its top 2 experts, topk_group groups are
+         * kept, and the num_experts_per_tok experts are chosen among theirs */
+        if (ne && ne % cfg->n_group) {
+            c.rc = df_err(err, errlen, DF_EFORMAT, "%s: field \"n_group\": expected a divisor of n_routed_experts (%d), got %d", path, ne, cfg->n_group);
+            goto out;
+        }
+        if (ne && ne / cfg->n_group < 2) {
+            c.rc = df_err(err, errlen, DF_EFORMAT, "%s: field \"n_group\": expected at most n_routed_experts / 2 = %d (groups of at least 2 experts), got %d", path, ne / 2, cfg->n_group);
+            goto out;
+        }
+        if (ne && cfg->topk_group > cfg->n_group) {
+            c.rc = df_err(err, errlen, DF_EFORMAT, "%s: field \"topk_group\": expected 1..%d (n_group), got %d", path, cfg->n_group, cfg->topk_group);
+            goto out;
+        }
+        if (ne && cfg->n_experts_used > cfg->topk_group * (ne / cfg->n_group)) {
+            c.rc = df_err(err, errlen, DF_EFORMAT, "%s: field \"num_experts_per_tok\": expected 1..%d (the experts of topk_group %d groups of %d), got %d", path,
+                          cfg->topk_group * (ne / cfg->n_group), cfg->topk_group, ne / cfg->n_group, cfg->n_experts_used);
+            goto out;
+        }
+        if ((int64_t)cfg->moe_intermediate * (cfg->n_shared_experts > 1 ? cfg->n_shared_experts : 1) > INT32_MAX) {
+            c.rc = df_err(err, errlen, DF_EFORMAT, "%s: field \"n_shared_experts\": expected at most %d (shared experts x moe_intermediate_size %d must fit in int), got %d", path,
+                          (int)(INT32_MAX / cfg->moe_intermediate), cfg->moe_intermediate, cfg->n_shared_experts);
             goto out;
         }
     }
+    if (c.rc) goto out;
     if (cfg->n_experts && cfg->n_experts_used > cfg->n_experts) {
-        c.rc = df_err(err, errlen, DF_EFORMAT, "%s: num_experts_per_tok %d exceeds the %d experts", path, cfg->n_experts_used, cfg->n_experts);
+        c.rc = df_err(err, errlen, DF_EFORMAT, "%s: field \"num_experts_per_tok\": expected 1..%d (the number of experts), got %d", path, cfg->n_experts, cfg->n_experts_used);
         goto out;
     }
-    if (c.rc) goto out;
     if (cfg->rope_dim % 2) {
         c.rc = df_err(err, errlen, DF_EFORMAT, "%s: rotary dimension %d must be even", path, cfg->rope_dim);
         goto out;
@@ -348,9 +435,7 @@ int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
     if (parse_rope(&c, cfg) || parse_quant(&c, cfg)) goto out;
 
     /* bos / eos: config.json, then generation_config.json */
-    json_t *b = json_object_get(root, "bos_token_id");
-    cfg->bos_id = json_is_integer(b) ? (int)json_integer_value(b) : -1;
-    add_ids(cfg, json_object_get(root, "eos_token_id"));
+    if ((c.rc = get_bos(cfg, root, path, &cfg->bos_id, err, errlen)) || (c.rc = add_ids(cfg, json_object_get(root, "eos_token_id"), path, "eos_token_id", err, errlen))) goto out;
     {
         char *gp = df_path_join(dir, "generation_config.json");
         if (df_file_exists(gp)) {
@@ -358,9 +443,10 @@ int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
             if (!g) {
                 c.rc = df_err(err, errlen, DF_EFORMAT, "%s: not valid JSON: %s (line %d)", gp, je.text, je.line);
             } else {
-                add_ids(cfg, json_object_get(g, "eos_token_id"));
-                json_t *gb = json_object_get(g, "bos_token_id");
-                if (cfg->bos_id < 0 && json_is_integer(gb)) cfg->bos_id = (int)json_integer_value(gb);
+                int gbos = -1;
+                if (!(c.rc = add_ids(cfg, json_object_get(g, "eos_token_id"), gp, "eos_token_id", err, errlen)) && !(c.rc = get_bos(cfg, g, gp, &gbos, err, errlen)) &&
+                    cfg->bos_id < 0)
+                    cfg->bos_id = gbos;
                 json_decref(g);
             }
         }

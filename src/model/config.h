@@ -16,6 +16,30 @@ typedef enum { DF_QUANT_NONE, DF_QUANT_FP8, DF_QUANT_INT4_PACK } df_quant;
 #define DF_MAX_LAYERS 512
 #define DF_MAX_EOS 16
 
+/* Limits on the sizes a model file may declare (config.json or GGUF
+ * metadata). Each width fits in int and so does every width the engine
+ * derives from them (heads x head dim, kv_lora_rank + rope dims, shared
+ * experts x moe_intermediate_size, checked where parsed), and every element
+ * count (vocab x hidden, experts x width x hidden) fits in int64. */
+#define DF_MAX_VOCAB (1 << 26)
+#define DF_MAX_HIDDEN (1 << 20)
+#define DF_MAX_HEADS 4096
+#define DF_MAX_HEAD_DIM (1 << 16)
+#define DF_MAX_FFN (1 << 24)       /* intermediate_size, moe_intermediate_size */
+#define DF_MAX_EXPERTS (1 << 16)
+#define DF_MAX_RANK (1 << 20)      /* q_lora_rank, kv_lora_rank */
+#define DF_MAX_SHARED_EXPERTS (1 << 10)
+#define DF_MAX_MTP_LAYERS 16
+#define DF_MAX_QUANT_BLOCK 65536   /* FP8 weight_block_size entries, INT4 group_size */
+/* Ranges of the real-valued fields: each keeps every value derived from it
+ * finite (RoPE frequencies and angles, YaRN's log(theta) and mscale^2, the
+ * norms' 1/sqrt(mean + eps)); see docs/CLI.md "Model files". */
+#define DF_MAX_ROUTED_SCALING 1e4  /* routed_scaling_factor in (0, this] */
+#define DF_MIN_RMS_EPS 1e-30       /* rms_norm_eps in [this, 1) */
+#define DF_MIN_ROPE_FACTOR 1e-3    /* rope scaling factor in [this, DF_MAX_ROPE_FACTOR] */
+#define DF_MAX_ROPE_FACTOR 1e6
+#define DF_MAX_MSCALE 1000.0       /* yarn mscale, mscale_all_dim in [0, this]; attention_factor in (0, this] */
+
 typedef struct {
     df_family family;
     char model_type[32];
@@ -57,6 +81,12 @@ typedef struct {
     int eos[DF_MAX_EOS];
     int n_eos;
 } df_config;
+
+/* Checks a real value read from a model file: finite and within lo..hi
+ * (lo_open / hi_open: the bound itself excluded; hi may be INFINITY). On
+ * failure writes "<file>: <label>: expected a finite number <range>, got <v>"
+ * (label e.g. `field "rope_theta"`) and returns DF_EFORMAT; else 0. */
+int df_check_real(const char *file, const char *label, double v, double lo, int lo_open, double hi, int hi_open, char *err, size_t errlen);
 
 /* Loads dir/config.json (+ generation_config.json if present). */
 int df_config_load(const char *dir, df_config *c, char *err, size_t errlen);

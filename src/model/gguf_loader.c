@@ -27,6 +27,7 @@
 #include "model/family.h"
 #include "util/util.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +142,43 @@ static double kv_f2(gl *c, const char *arch, const char *key, double def, int *f
     return r == 1 ? f32_decimal(v) : def;
 }
 static double kv_f(gl *c, const char *arch, const char *key, double def) { return kv_f2(c, arch, key, def, NULL); }
+
+/* Integer key in lo..hi (a file's integers feed int casts and allocations):
+ * "<file>: metadata key '<arch>.<key>': expected lo..hi, got v". The default
+ * is not checked. */
+static int kv_int_in(gl *c, const char *arch, const char *key, int64_t def, int required, int64_t lo, int64_t hi) {
+    if (c->rc) return 0;
+    char k[256];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    int64_t v = 0;
+    int r = df_gguf_get_i64(c->m->gguf, k, &v, c->err, c->errlen);
+    if (r < 0) { c->rc = r; return 0; }
+    if (r == 0) {
+        if (required) c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: missing metadata key '%s'", c->path, k);
+        return (int)def;
+    }
+    if (v < lo || v > hi) {
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: metadata key '%s.%s': expected %lld..%lld, got %lld", c->path, arch, key, (long long)lo, (long long)hi, (long long)v);
+        return 0;
+    }
+    return (int)v;
+}
+
+/* Checks the value v of real key arch.key with df_check_real (finite, within lo..hi). */
+static void kv_check(gl *c, const char *arch, const char *key, double v, double lo, int lo_open, double hi, int hi_open) {
+    if (c->rc) return;
+    char label[300];
+    snprintf(label, sizeof label, "metadata key '%s.%s'", arch, key);
+    c->rc = df_check_real(c->path, label, v, lo, lo_open, hi, hi_open, c->err, c->errlen);
+}
+/* Real key (def if absent), checked with kv_check when present. */
+static double kv_real(gl *c, const char *arch, const char *key, double def, int *found, double lo, int lo_open, double hi, int hi_open) {
+    int has = 0;
+    double v = kv_f2(c, arch, key, def, &has);
+    if (found) *found = has;
+    if (has) kv_check(c, arch, key, v, lo, lo_open, hi, hi_open);
+    return v;
+}
 static int kv_bool(gl *c, const char *arch, const char *key, int def) {
     if (c->rc) return def;
     char k[256];
@@ -175,27 +213,31 @@ static int rope_scaling(gl *c, const char *arch) {
     if (r == 0 || !strcmp(st, "none")) return 0;
     if (!strcmp(st, "linear")) {
         cfg->rope_type = DF_ROPE_LINEAR;
-        cfg->rope_factor = kv_f(c, arch, "rope.scaling.factor", 1.0);
+        cfg->rope_factor = kv_real(c, arch, "rope.scaling.factor", 1.0, NULL, DF_MIN_ROPE_FACTOR, 0, DF_MAX_ROPE_FACTOR, 0);
         return c->rc;
     }
     if (strcmp(st, "yarn"))
         return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: %s \"%s\" is not supported for GGUF (supported: none, linear, yarn)", c->path, k, st);
     int has_f, has_af, has_lm, has_ext;
     cfg->rope_type = DF_ROPE_YARN;
-    cfg->rope_factor = kv_f2(c, arch, "rope.scaling.factor", 1.0, &has_f);
-    cfg->orig_max_pos = (double)kv_int(c, arch, "rope.scaling.original_context_length", cfg->max_pos, 0);
+    cfg->rope_factor = kv_real(c, arch, "rope.scaling.factor", 1.0, &has_f, DF_MIN_ROPE_FACTOR, 0, DF_MAX_ROPE_FACTOR, 0);
+    cfg->orig_max_pos = (double)kv_int_in(c, arch, "rope.scaling.original_context_length", cfg->max_pos, 0, 1, INT32_MAX);
     cfg->beta_fast = kv_f(c, arch, "rope.scaling.yarn_beta_fast", 32.0);
     cfg->beta_slow = kv_f(c, arch, "rope.scaling.yarn_beta_slow", 1.0);
     double ext = kv_f2(c, arch, "rope.scaling.yarn_ext_factor", 1.0, &has_ext);
-    double af = kv_f2(c, arch, "rope.scaling.yarn_attn_factor", 1.0, &has_af);
-    double lm = kv_f2(c, arch, "rope.scaling.yarn_log_multiplier", 0.0, &has_lm);
+    double af = kv_real(c, arch, "rope.scaling.yarn_attn_factor", 1.0, &has_af, 0, 1, DF_MAX_MSCALE, 0);
+    /* 0.1 * mscale_all_dim (see above) */
+    double lm = kv_real(c, arch, "rope.scaling.yarn_log_multiplier", 0.0, &has_lm, 0, 0, 0.1 * DF_MAX_MSCALE, 0);
     if (c->rc) return c->rc;
-    if (!has_f || cfg->rope_factor <= 0)
+    if (!has_f)
         return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: yarn rope scaling needs a positive '%s.rope.scaling.factor'", c->path, arch);
     if (has_ext && ext != 1.0)
         return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: '%s.rope.scaling.yarn_ext_factor' %g is not supported (expected 1)", c->path, arch, ext);
     if (cfg->beta_fast == 0) cfg->beta_fast = 32;
     if (cfg->beta_slow == 0) cfg->beta_slow = 1;
+    kv_check(c, arch, "rope.scaling.yarn_beta_fast", cfg->beta_fast, 0, 1, INFINITY, 0);
+    kv_check(c, arch, "rope.scaling.yarn_beta_slow", cfg->beta_slow, 0, 1, INFINITY, 0);
+    if (c->rc) return c->rc;
     cfg->rope_truncate = 1;
     double f = cfg->rope_factor;
     if (has_lm && lm != 0 && cfg->family == DF_FAM_DEEPSEEK_V3) {
@@ -310,14 +352,15 @@ static int deepseek2_config(gl *c, const char *arch) {
     df_config *cfg = &c->m->cfg;
     const char *path = c->path;
     cfg->n_kv_heads = cfg->n_heads; /* the file says 1 (MLA as MQA over the latent); K/V are per head */
-    cfg->q_lora_rank = (int)kv_int(c, arch, "attention.q_lora_rank", 0, 0);
-    cfg->kv_lora_rank = (int)kv_int(c, arch, "attention.kv_lora_rank", 0, 1);
-    cfg->rope_dim = cfg->qk_rope_dim = (int)kv_int(c, arch, "rope.dimension_count", 0, 1);
+    cfg->q_lora_rank = kv_int_in(c, arch, "attention.q_lora_rank", 0, 0, 0, DF_MAX_RANK);
+    cfg->kv_lora_rank = kv_int_in(c, arch, "attention.kv_lora_rank", 0, 1, 1, DF_MAX_RANK);
+    cfg->rope_dim = cfg->qk_rope_dim = kv_int_in(c, arch, "rope.dimension_count", 0, 1, 2, DF_MAX_HEAD_DIM);
     /* The current converter writes key_length = kv_lora + rope and value_length =
      * kv_lora (the absorbed MQA view) and the per-head sizes in the _mla keys;
      * older files have only key_length = nope + rope and value_length = v. */
-    int64_t klm = kv_int(c, arch, "attention.key_length_mla", 0, 0), vlm = kv_int(c, arch, "attention.value_length_mla", 0, 0);
-    int64_t kl = kv_int(c, arch, "attention.key_length", 0, 0), vl = kv_int(c, arch, "attention.value_length", 0, 0);
+    const int64_t kmax = DF_MAX_RANK + DF_MAX_HEAD_DIM; /* key_length may be kv_lora_rank + rope dims */
+    int64_t klm = kv_int_in(c, arch, "attention.key_length_mla", 0, 0, 1, 2 * DF_MAX_HEAD_DIM), vlm = kv_int_in(c, arch, "attention.value_length_mla", 0, 0, 1, DF_MAX_HEAD_DIM);
+    int64_t kl = kv_int_in(c, arch, "attention.key_length", 0, 0, 1, kmax), vl = kv_int_in(c, arch, "attention.value_length", 0, 0, 1, kmax);
     if (c->rc) return c->rc;
     if (klm && vlm) {
         cfg->qk_nope_dim = (int)(klm - cfg->qk_rope_dim);
@@ -328,35 +371,42 @@ static int deepseek2_config(gl *c, const char *arch) {
     } else {
         return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: missing metadata keys '%s.attention.key_length_mla' / 'value_length_mla' (or the older key_length / value_length)", path, arch);
     }
-    if (cfg->kv_lora_rank <= 0 || cfg->q_lora_rank < 0 || cfg->qk_rope_dim <= 0 || cfg->qk_rope_dim % 2 || cfg->qk_nope_dim < 0 || cfg->v_head_dim <= 0)
+    if (cfg->kv_lora_rank <= 0 || cfg->q_lora_rank < 0 || cfg->qk_rope_dim <= 0 || cfg->qk_rope_dim % 2 || cfg->qk_nope_dim < 0 || cfg->qk_nope_dim > DF_MAX_HEAD_DIM ||
+        cfg->v_head_dim <= 0 || cfg->v_head_dim > DF_MAX_HEAD_DIM)
         return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: inconsistent MLA metadata: kv_lora_rank %d, q_lora_rank %d, rope dims %d, nope %d, v %d", path,
                               cfg->kv_lora_rank, cfg->q_lora_rank, cfg->qk_rope_dim, cfg->qk_nope_dim, cfg->v_head_dim);
     cfg->head_dim = cfg->qk_nope_dim + cfg->qk_rope_dim;
     cfg->rope_interleave = 1;
-    cfg->n_experts = (int)kv_int(c, arch, "expert_count", 0, 0);
-    cfg->first_k_dense = (int)kv_int(c, arch, "leading_dense_block_count", 0, 0);
-    if (cfg->n_experts) {
-        cfg->n_experts_used = (int)kv_int(c, arch, "expert_used_count", 0, 1);
-        cfg->moe_intermediate = (int)kv_int(c, arch, "expert_feed_forward_length", 0, 1);
-        cfg->n_shared_experts = (int)kv_int(c, arch, "expert_shared_count", 0, 0);
-        cfg->n_group = (int)kv_int(c, arch, "expert_group_count", 1, 0);
-        cfg->topk_group = (int)kv_int(c, arch, "expert_group_used_count", 1, 0);
-        cfg->routed_scaling = kv_f(c, arch, "expert_weights_scale", 1.0);
+    cfg->n_experts = kv_int_in(c, arch, "expert_count", 0, 0, 0, DF_MAX_EXPERTS);
+    cfg->first_k_dense = kv_int_in(c, arch, "leading_dense_block_count", 0, 0, 0, DF_MAX_LAYERS);
+    if (cfg->n_experts && !c->rc) {
+        const int E = cfg->n_experts;
+        cfg->n_experts_used = kv_int_in(c, arch, "expert_used_count", 0, 1, 1, E);
+        cfg->moe_intermediate = kv_int_in(c, arch, "expert_feed_forward_length", 0, 1, 1, DF_MAX_FFN);
+        cfg->n_shared_experts = kv_int_in(c, arch, "expert_shared_count", 0, 0, 0, DF_MAX_SHARED_EXPERTS);
+        cfg->n_group = kv_int_in(c, arch, "expert_group_count", 1, 0, 1, E);
+        cfg->topk_group = kv_int_in(c, arch, "expert_group_used_count", 1, 0, 1, c->rc ? 1 : cfg->n_group);
+        cfg->routed_scaling = kv_real(c, arch, "expert_weights_scale", 1.0, NULL, 0, 1, DF_MAX_ROUTED_SCALING, 0);
         cfg->norm_topk_prob = kv_bool(c, arch, "expert_weights_norm", 0);
         int64_t gating = kv_int(c, arch, "expert_gating_func", 0, 0);
         if (c->rc) return c->rc;
         if (gating != 2)
             return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: '%s.expert_gating_func' %s is not supported (expected 2, sigmoid with exp_probs_b: DeepSeek-V3/R1, Kimi K2; DeepSeek-V2's softmax router is not supported)",
                                   path, arch, gating == 0 ? "absent (softmax, DeepSeek-V2)" : gating == 1 ? "1 (softmax)" : "of an unknown kind");
-        int E = cfg->n_experts;
-        if (cfg->n_experts_used <= 0 || cfg->n_experts_used > E || cfg->moe_intermediate <= 0 || cfg->n_shared_experts < 0 || cfg->n_group <= 0 || cfg->topk_group <= 0 ||
-            E % cfg->n_group || cfg->topk_group > cfg->n_group || E / cfg->n_group < 2 || cfg->n_experts_used > (E / cfg->n_group) * cfg->topk_group)
-            return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: inconsistent MoE metadata: expert_count %d, expert_used_count %d, expert_feed_forward_length %d, expert_group_count %d, expert_group_used_count %d",
-                                  path, E, cfg->n_experts_used, cfg->moe_intermediate, cfg->n_group, cfg->topk_group);
+        /* noaux_tc routing: a group scores by the sum of its top 2 experts, expert_group_used_count
+         * groups are kept, and expert_used_count experts are chosen among theirs */
+        const int G = cfg->n_group, per = E / G;
+        if (E % G || per < 2)
+            return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: metadata key '%s.expert_group_count': expected a divisor of expert_count (%d) leaving groups of at least 2 experts, got %d",
+                                  path, arch, E, G);
+        if (cfg->n_experts_used > cfg->topk_group * per)
+            return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: metadata key '%s.expert_used_count': expected 1..%d (the experts of expert_group_used_count %d groups of %d), got %d",
+                                  path, arch, cfg->topk_group * per, cfg->topk_group, per, cfg->n_experts_used);
+        if ((int64_t)cfg->moe_intermediate * (cfg->n_shared_experts > 1 ? cfg->n_shared_experts : 1) > INT32_MAX)
+            return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: metadata key '%s.expert_shared_count': expected at most %d (shared experts x expert_feed_forward_length %d must fit in int), got %d",
+                                  path, arch, (int)(INT32_MAX / cfg->moe_intermediate), cfg->moe_intermediate, cfg->n_shared_experts);
     }
-    if (cfg->first_k_dense < 0)
-        return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: '%s.leading_dense_block_count' %d is negative", path, arch, cfg->first_k_dense);
-    return 0;
+    return c->rc;
 }
 
 /* MLA attention tensors of layer l. */
@@ -418,29 +468,34 @@ int df_model_load_gguf(const char *path, const df_load_opts *o, df_model **out, 
         return DF_EUNSUPPORTED;
     }
     const int mla = cfg->family == DF_FAM_DEEPSEEK_V3;
-    int n_blocks = (int)kv_int(&c, arch, "block_count", 0, 1);
+    int n_blocks = kv_int_in(&c, arch, "block_count", 0, 1, 1, DF_MAX_LAYERS - 1 + DF_MAX_MTP_LAYERS);
     /* trailing NextN/MTP blocks, when a file carries them, are not used */
-    cfg->n_mtp_layers = (int)kv_int(&c, arch, "nextn_predict_layers", 0, 0);
-    cfg->n_layers = n_blocks - (cfg->n_mtp_layers > 0 ? cfg->n_mtp_layers : 0);
-    cfg->hidden = (int)kv_int(&c, arch, "embedding_length", 0, 1);
-    cfg->intermediate = (int)kv_int(&c, arch, "feed_forward_length", 0, 0);
-    cfg->n_heads = (int)kv_int(&c, arch, "attention.head_count", 0, 1);
-    cfg->n_kv_heads = (int)kv_int(&c, arch, "attention.head_count_kv", cfg->n_heads, 0);
-    cfg->max_pos = (int)kv_int(&c, arch, "context_length", 4096, 0);
-    cfg->rms_eps = kv_f(&c, arch, "attention.layer_norm_rms_epsilon", 1e-6);
-    cfg->rope_theta = kv_f(&c, arch, "rope.freq_base", 10000.0);
+    cfg->n_mtp_layers = kv_int_in(&c, arch, "nextn_predict_layers", 0, 0, 0, DF_MAX_MTP_LAYERS);
+    cfg->n_layers = n_blocks - cfg->n_mtp_layers;
+    cfg->hidden = kv_int_in(&c, arch, "embedding_length", 0, 1, 1, DF_MAX_HIDDEN);
+    cfg->intermediate = kv_int_in(&c, arch, "feed_forward_length", 0, 0, 0, DF_MAX_FFN);
+    cfg->n_heads = kv_int_in(&c, arch, "attention.head_count", 0, 1, 1, DF_MAX_HEADS);
+    cfg->n_kv_heads = kv_int_in(&c, arch, "attention.head_count_kv", cfg->n_heads, 0, 1, DF_MAX_HEADS);
+    /* the session context is an int: a larger value would wrap (to 0 for 2^40) */
+    cfg->max_pos = kv_int_in(&c, arch, "context_length", 4096, 0, 1, INT32_MAX);
+    cfg->rms_eps = kv_real(&c, arch, "attention.layer_norm_rms_epsilon", 1e-6, NULL, DF_MIN_RMS_EPS, 0, 1, 1);
+    /* inv_freq = base^(-2i/d) lies in [1/base, 1] only for base >= 1, and YaRN divides by log(base) */
+    cfg->rope_theta = kv_real(&c, arch, "rope.freq_base", 10000.0, NULL, 1, 1, FLT_MAX, 0);
     if (c.rc) goto fail;
-    if (cfg->n_layers <= 0 || cfg->n_layers >= DF_MAX_LAYERS || cfg->hidden <= 0 || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 ||
-        cfg->n_heads % cfg->n_kv_heads || cfg->intermediate < 0) {
-        c.rc = df_err(err, errlen, DF_EFORMAT, "%s: inconsistent metadata: %d layers (block_count %d), hidden %d, %d heads, %d kv heads, feed_forward_length %d", path,
-                      cfg->n_layers, n_blocks, cfg->hidden, cfg->n_heads, cfg->n_kv_heads, cfg->intermediate);
+    if (cfg->n_layers <= 0 || cfg->n_layers >= DF_MAX_LAYERS) {
+        c.rc = df_err(err, errlen, DF_EFORMAT, "%s: metadata keys '%s.block_count' %d - '%s.nextn_predict_layers' %d: expected 1..%d layers, got %d", path, arch, n_blocks,
+                      arch, cfg->n_mtp_layers, DF_MAX_LAYERS - 1, cfg->n_layers);
+        goto fail;
+    }
+    if (cfg->n_heads % cfg->n_kv_heads) {
+        c.rc = df_err(err, errlen, DF_EFORMAT, "%s: metadata key '%s.attention.head_count_kv': expected a divisor of head_count (%d), got %d", path, arch, cfg->n_heads, cfg->n_kv_heads);
         goto fail;
     }
     if (mla) {
         if (deepseek2_config(&c, arch)) goto fail;
     } else {
-        cfg->head_dim = (int)kv_int(&c, arch, "attention.key_length", cfg->hidden / cfg->n_heads, 0);
-        cfg->rope_dim = (int)kv_int(&c, arch, "rope.dimension_count", cfg->head_dim, 0);
+        cfg->head_dim = kv_int_in(&c, arch, "attention.key_length", cfg->hidden / cfg->n_heads, 0, 1, DF_MAX_HEAD_DIM);
+        cfg->rope_dim = kv_int_in(&c, arch, "rope.dimension_count", cfg->head_dim, 0, 1, DF_MAX_HEAD_DIM);
         if (c.rc) goto fail;
         if (cfg->head_dim <= 0 || cfg->head_dim % 2) {
             c.rc = df_err(err, errlen, DF_EFORMAT, "%s: head dim %d must be positive and even", path, cfg->head_dim);
@@ -454,11 +509,15 @@ int df_model_load_gguf(const char *path, const df_load_opts *o, df_model **out, 
     if (rope_scaling(&c, arch)) goto fail;
     const df_gguf_tensor *emb = gt(&c, "token_embd.weight", 1);
     if (!emb) goto fail;
+    if (emb->ne[1] < 1 || emb->ne[1] > DF_MAX_VOCAB) {
+        c.rc = df_err(err, errlen, DF_EFORMAT, "%s: tensor 'token_embd.weight': expected 1..%d rows (the vocabulary), got %lld", path, DF_MAX_VOCAB, (long long)emb->ne[1]);
+        goto fail;
+    }
     cfg->vocab = (int)emb->ne[1];
     if (cfg->family == DF_FAM_QWEN3_MOE) {
-        cfg->n_experts = (int)kv_int(&c, arch, "expert_count", 0, 1);
-        cfg->n_experts_used = (int)kv_int(&c, arch, "expert_used_count", 0, 1);
-        cfg->moe_intermediate = (int)kv_int(&c, arch, "expert_feed_forward_length", 0, 1);
+        cfg->n_experts = kv_int_in(&c, arch, "expert_count", 0, 1, 1, DF_MAX_EXPERTS);
+        cfg->n_experts_used = kv_int_in(&c, arch, "expert_used_count", 0, 1, 1, c.rc ? 1 : cfg->n_experts);
+        cfg->moe_intermediate = kv_int_in(&c, arch, "expert_feed_forward_length", 0, 1, 1, DF_MAX_FFN);
         cfg->decoder_sparse_step = 1;
         /* llama.cpp always normalises qwen3moe's top-k weights; the key may say otherwise */
         cfg->norm_topk_prob = kv_bool(&c, arch, "expert_weights_norm", 1);
@@ -470,10 +529,22 @@ int df_model_load_gguf(const char *path, const df_load_opts *o, df_model **out, 
         }
     }
     {
-        int64_t v;
-        if (df_gguf_get_i64(m->gguf, "tokenizer.ggml.bos_token_id", &v, err, errlen) == 1) cfg->bos_id = (int)v; else cfg->bos_id = -1;
-        if (df_gguf_get_i64(m->gguf, "tokenizer.ggml.eos_token_id", &v, err, errlen) == 1) cfg->eos[cfg->n_eos++] = (int)v;
-        if (df_gguf_get_i64(m->gguf, "tokenizer.ggml.eot_token_id", &v, err, errlen) == 1 && (cfg->n_eos == 0 || cfg->eos[0] != v)) cfg->eos[cfg->n_eos++] = (int)v;
+        /* special token ids: in the vocabulary (an out-of-range id would be truncated to int) */
+        static const char *const keys[3] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"};
+        int id[3];
+        for (int k = 0; k < 3; k++) {
+            int64_t v;
+            int r = df_gguf_get_i64(m->gguf, keys[k], &v, err, errlen);
+            if (r < 0) { c.rc = r; goto fail; }
+            if (r == 1 && (v < 0 || v >= cfg->vocab)) {
+                c.rc = df_err(err, errlen, DF_EFORMAT, "%s: metadata key '%s': expected 0..%d (the vocabulary), got %lld", path, keys[k], cfg->vocab - 1, (long long)v);
+                goto fail;
+            }
+            id[k] = r == 1 ? (int)v : -1;
+        }
+        cfg->bos_id = id[0];
+        if (id[1] >= 0) cfg->eos[cfg->n_eos++] = id[1];
+        if (id[2] >= 0 && (cfg->n_eos == 0 || cfg->eos[0] != id[2])) cfg->eos[cfg->n_eos++] = id[2];
     }
     const int64_t H = cfg->hidden, qd = (int64_t)cfg->n_heads * cfg->head_dim, kd = (int64_t)cfg->n_kv_heads * cfg->head_dim;
     mat(&c, "token_embd.weight", cfg->vocab, H, -1, 0, &m->embed, 1);
@@ -528,6 +599,19 @@ int df_model_load_gguf(const char *path, const df_load_opts *o, df_model **out, 
 #undef N
     }
     if (c.rc) goto fail;
+    /* Every block's tensors belong to a block the metadata declares: a block_count one short
+     * would otherwise run the model without its last layer. */
+    for (int i = 0; i < df_gguf_n_tensors(m->gguf); i++) {
+        const char *tn = df_gguf_tensor_at(m->gguf, i)->name;
+        if (strncmp(tn, "blk.", 4)) continue;
+        char *end;
+        long b = strtol(tn + 4, &end, 10);
+        if (end != tn + 4 && *end == '.' && (b < 0 || b >= n_blocks)) {
+            c.rc = df_err(err, errlen, DF_EFORMAT, "%s: tensor '%s': block %ld is outside the %d blocks of metadata key '%s.block_count' (expected 0..%d)", path, tn, b, n_blocks,
+                          arch, n_blocks - 1);
+            goto fail;
+        }
+    }
     m->streamed = mode == 2 && cfg->n_experts;
     if ((c.rc = df_model_finish(m, err, errlen))) goto fail;
     {
@@ -536,6 +620,13 @@ int df_model_load_gguf(const char *path, const df_load_opts *o, df_model **out, 
         if (rf) {
             float *ff = vecf(&c, "rope_freqs.weight", cfg->rope_dim / 2, 1);
             if (!ff) goto fail;
+            /* each divides a frequency: as the rope scaling factor, finite and within its range */
+            for (int i = 0; i < cfg->rope_dim / 2 && !c.rc; i++) {
+                char label[64];
+                snprintf(label, sizeof label, "tensor 'rope_freqs.weight' element %d", i);
+                c.rc = df_check_real(path, label, ff[i], DF_MIN_ROPE_FACTOR, 0, DF_MAX_ROPE_FACTOR, 0, err, errlen);
+            }
+            if (c.rc) { free(ff); goto fail; }
             for (int i = 0; i < cfg->rope_dim / 2; i++) m->inv_freq[i] /= ff[i];
             free(ff);
         }

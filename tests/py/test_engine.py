@@ -98,6 +98,36 @@ def test_sampling_is_reproducible(dfbin):
     assert a != c or a != greedy
 
 
+@pytest.mark.parametrize("opt,val", [("--temperature", "nan"), ("--temperature", "inf"), ("--temperature", "1e39"),
+                                     ("--top-p", "nan"), ("--min-p", "nan"), ("--top-p", "-inf")])
+def test_sampling_options_refuse_non_finite(dfbin, opt, val):
+    """NaN passes every `x < lo` check by comparison, and inf / a value beyond float range makes NaN
+    probabilities: the run used to exit 0 printing token 0 forever."""
+    p = run([dfbin, "run", "--model", str(MODELS / "llama-bf16"), "--ids", "5,6,7", "--max-new", "2", "--print-ids",
+             opt, val], check=False)
+    assert p.returncode == 2, f"exit {p.returncode}, stdout {p.stdout!r}, stderr {p.stderr!r}"
+    msg = p.stderr.strip()
+    assert msg.count("\n") == 0 and opt in msg and f"'{val}'" in msg, msg
+
+
+def test_tiny_temperature_is_greedy(dfbin):
+    """logit / 1e-44 overflows to inf; the draw is then the T -> 0 limit (greedy), not inf - inf = NaN."""
+    base = [dfbin, "run", "--model", str(MODELS / "qwen3-moe-bf16"), "--ids", "5,6,7,8", "--max-new", "8", "--ignore-eos",
+            "--print-ids"]
+    assert run(base + ["--temperature", "1e-44", "--seed", "3"]).stdout == run(base).stdout
+
+
+@pytest.mark.parametrize("args,needle", [(["--threads", "2000"], "--threads: expected 1..1024, got '2000'"),
+                                         (["--threads", "0"], "--threads: expected 1..1024, got '0'"),
+                                         (["--threads", "abc"], "--threads: expected 1..1024, got 'abc'"),
+                                         (["--bogus"], "unknown option '--bogus'")])
+def test_bench_floors_refuses_bad_options(dfbin, args, needle):
+    """--threads went through atoi into a pool whose per-thread results lived in 256-entry arrays
+    (--threads 300 wrote past them); a bad value silently meant "one per CPU"."""
+    p = run([dfbin, "bench", "floors", *args], check=False)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and needle in p.stderr, (p.returncode, p.stderr)
+
+
 def test_stops_at_eos(dfbin, tmp_path):
     name = "llama-bf16"
     g = golden(name)

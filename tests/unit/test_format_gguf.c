@@ -8,6 +8,7 @@
 #include "deltafin.h"
 #include "util/util.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -382,8 +383,46 @@ static void test_file_and_split(void) {
     rmdir(dir);
 }
 
+/* A FLOAT64 (or UINT64) value beyond float's range has no float value: the
+ * reader refuses it, naming the key, instead of converting (undefined); NaN and
+ * infinities are floats and pass through for the caller's range check. */
+static void test_f32_range(void) {
+    df_buf b = {0};
+    u32(&b, 0x46554747u);
+    u32(&b, 3);
+    u64(&b, 0);
+    u64(&b, 5);
+    kv_hdr(&b, "general.architecture", DF_GGUF_STRING);
+    str(&b, "llama");
+    double big = 1e300, nan = NAN, ok = -2.5e38, inf = -INFINITY;
+    kv_hdr(&b, "t.big", DF_GGUF_FLOAT64);
+    df_buf_put(&b, &big, 8);
+    kv_hdr(&b, "t.nan", DF_GGUF_FLOAT64);
+    df_buf_put(&b, &nan, 8);
+    kv_hdr(&b, "t.ok", DF_GGUF_FLOAT64);
+    df_buf_put(&b, &ok, 8);
+    kv_hdr(&b, "t.inf", DF_GGUF_FLOAT64);
+    df_buf_put(&b, &inf, 8);
+    df_gguf *g = NULL;
+    char err[512] = "";
+    int rc = open_buf(&b, &g, err, sizeof err);
+    CHECK(rc == 0, "f32 range file: %s", err);
+    if (!rc) {
+        float f = 0;
+        rc = df_gguf_get_f32(g, "t.big", &f, err, sizeof err);
+        CHECK(rc == DF_EFORMAT && strstr(err, "test.gguf") == err && strstr(err, "'t.big'") && strstr(err, "1e+300"),
+              "1e300 as f32: rc %d, '%s'", rc, err);
+        CHECK(df_gguf_get_f32(g, "t.nan", &f, err, sizeof err) == 1 && isnan(f), "NaN passes");
+        CHECK(df_gguf_get_f32(g, "t.inf", &f, err, sizeof err) == 1 && isinf(f) && f < 0, "-inf passes");
+        CHECK(df_gguf_get_f32(g, "t.ok", &f, err, sizeof err) == 1 && f == -2.5e38f, "-2.5e38 is a float");
+    }
+    df_gguf_close(g);
+    df_buf_free(&b);
+}
+
 int main(void) {
     test_valid();
+    test_f32_range();
     test_malformed();
     test_truncations();
     test_corruptions();

@@ -4,10 +4,7 @@
  * then sleep on a condition variable, so an idle engine costs no CPU. */
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
-#if __has_include("backend/ggml_quant.h")
 #include "backend/ggml_quant.h"
-#define HAVE_GGML 1
-#endif
 #include "util/util.h"
 
 #include <math.h>
@@ -87,11 +84,7 @@ const char *df_wfmt_name(const df_weight *w) {
     case DF_W_FP8: return "FP8_E4M3";
     case DF_W_INT4: return "INT4";
     case DF_W_I8ROW: return "I8ROW";
-#ifdef HAVE_GGML
     case DF_W_GGML: { const df_ggml_traits *t = df_ggml_traits_of(w->ggml_type); return t ? t->name : "GGML?"; }
-#else
-    case DF_W_GGML: return "GGML";
-#endif
     }
     return "?";
 }
@@ -173,11 +166,7 @@ float df_dot_row(const df_weight *w, int64_t r, const float *x) {
         if (w->blk_c % 32 == 0 && w->cols % w->blk_c == 0) return k->int4(row, tl_sc, w->blk_c, x, w->cols);
         return df_k_dot_int4_scalar(row, tl_sc, w->blk_c, x, w->cols);
     }
-#ifdef HAVE_GGML
     case DF_W_GGML: return df_ggml_dot(w->ggml_type, row, x, w->cols);
-#else
-    case DF_W_GGML: return 0;
-#endif
     }
     return 0;
 }
@@ -240,13 +229,11 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
                 k->dot4_fp8s(w->data + (size_t)(r0 + i) * w->row_bytes, (int64_t)w->row_bytes, x, w->cols, w->blk_c, sc, y + i);
             }
         break;
-#ifdef HAVE_GGML
     case DF_W_GGML:
         if (df_isa() != DF_ISA_SCALAR)
             for (; i + 4 <= nr; i += 4)
                 df_ggml_dot4(w->ggml_type, w->data + (size_t)(r0 + i) * w->row_bytes, w->row_bytes, x, w->cols, y + i);
         break;
-#endif
     default: break;
     }
     for (; i < nr; i++) y[i] = df_dot_row(w, r0 + i, x);
@@ -278,11 +265,7 @@ void df_dequant_row(const df_weight *w, int64_t r, float *out) {
             for (int64_t i = c0; i < c1; i++) out[i] = (float)(((row[i >> 1] >> ((i & 1) * 4)) & 15) - 8) * s;
         }
         break;
-#ifdef HAVE_GGML
     case DF_W_GGML: df_ggml_dequant_row(w->ggml_type, row, out, n); break;
-#else
-    case DF_W_GGML: memset(out, 0, (size_t)n * 4); break;
-#endif
     }
 }
 
