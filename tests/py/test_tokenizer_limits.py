@@ -1,0 +1,101 @@
+"""Hostile tokenizer.json files (issue 18): normalizers / pre-tokenizers that
+grow the text without bound, and values that would size huge allocations.
+`deltafin tokenize` must exit 2 with a message naming the step and the cap,
+in bounded memory (peak RSS of the child is checked, and non-ASan binaries
+also run under an address-space limit so the old behaviour, eating all
+memory, fails fast instead of hurting the machine)."""
+import json
+import os
+import resource
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FIX = REPO.parent / "shared" / "fixtures" / "tokenizers"
+BIN = os.environ.get("DELTAFIN_BIN", str(REPO / "deltafin"))
+ASAN = b"__asan_init" in Path(BIN).resolve().read_bytes()
+LIMIT = 2 << 30  # address space for non-ASan runs, and the peak RSS allowed
+
+
+def _limit():
+    resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
+
+
+def run(args, stdin: bytes):
+    """Runs the binary; returns (exit code, stdout, stderr, peak RSS in bytes)."""
+    with tempfile.TemporaryFile() as fi, tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        fi.write(stdin)
+        fi.seek(0)
+        env = dict(os.environ)
+        if ASAN:  # the sanitizer reserves address space: limit the allocation size instead
+            env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":max_allocation_size_mb=2048:allocator_may_return_null=0"
+        p = subprocess.Popen([BIN, *args], stdin=fi, stdout=fo, stderr=fe, env=env, preexec_fn=None if ASAN else _limit)
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        fo.seek(0)
+        fe.seek(0)
+        return p.returncode, fo.read(), fe.read().decode("utf-8", "replace"), ru.ru_maxrss * 1024
+
+
+def qwen3_with(tmp_path, **changes):
+    src = FIX / "qwen3" / "tokenizer.json"
+    if not src.exists():
+        pytest.fail(f"{src} is missing (../shared/fixtures)")
+    tj = json.loads(src.read_text())
+    tj.update(changes)
+    d = tmp_path / "tok"
+    d.mkdir()
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    return d
+
+
+EIGHT_REPLACES = {"type": "Sequence", "normalizers": [
+    {"type": "Replace", "pattern": {"String": "a"}, "content": "a" * 10} for _ in range(8)]}
+
+
+def test_expanding_normalizer_is_refused_in_bounded_memory(tmp_path):
+    d = qwen3_with(tmp_path, normalizer=EIGHT_REPLACES)
+    rc, out, err, rss = run(["tokenize", "--tokenizer", str(d)], b"banana " * 20)
+    assert rc == 2, (rc, err[-2000:])
+    assert out == b""
+    assert "tokenizer.json: normalizer step 4 of 8 (Replace \"a\" -> \"aaaaaaaaaa\")" in err, err
+    assert "65536 bytes, the cap for a 140-byte input (max(64 KiB, 16 x input))" in err, err
+    assert rss < LIMIT, rss
+    # --jsonl names the line
+    rc, out, err, _ = run(["tokenize", "--tokenizer", str(d), "--jsonl"], b'"xyz"\n"banana"\n')
+    assert rc == 2 and "stdin line 2:" in err and "normalizer step" in err, (rc, err)
+
+
+def test_normalized_added_token_past_the_cap_fails_at_load(tmp_path):
+    tj = json.loads((FIX / "qwen3" / "tokenizer.json").read_text())
+    added = tj["added_tokens"] + [{"id": 151669, "content": "a", "special": False, "normalized": True,
+                                   "lstrip": False, "rstrip": False, "single_word": False}]
+    d = qwen3_with(tmp_path, normalizer=EIGHT_REPLACES, added_tokens=added)
+    rc, _, err, rss = run(["tokenize", "--tokenizer", str(d)], b"x")
+    assert rc == 2 and "id 151669" in err and "normalizer step 5 of 8" in err, (rc, err[-2000:])
+    assert rss < LIMIT
+
+
+def test_real_tokenizers_are_untouched_by_the_cap(tmp_path):
+    # the qwen3 fixture has an NFC normalizer: a long text full of decomposed
+    # characters passes (NFC never grows text past 3x)
+    text = ("e\u0301" * 5000 + " hello\n") * 4
+    rc, out, err, _ = run(["tokenize", "--tokenizer", str(FIX / "qwen3")], text.encode())
+    assert rc == 0, err
+    assert len(json.loads(out)) > 0
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("added_tokens", [{"id": 1 << 29, "content": "<x>", "special": True}], "added_tokens[0].id: expected an id in [0, 4194304), got 536870912"),
+    ("normalizer", {"type": "Replace", "pattern": {"String": "a"}, "content": "b" * 5000}, "content is 5000 bytes, at most 1024 are accepted"),
+    ("normalizer", {"type": "Sequence", "normalizers": [{"type": "NFC"}] * 100}, "normalizer: more than 64 steps"),
+    ("pre_tokenizer", {"type": "Sequence", "pretokenizers": [{"type": "ByteLevel"}] * 40}, "pre_tokenizer: more than 62 steps"),
+])
+def test_values_sizing_allocations_are_range_checked(tmp_path, field, value, msg):
+    d = qwen3_with(tmp_path, **{field: value})
+    rc, _, err, rss = run(["tokenize", "--tokenizer", str(d)], b"hello")
+    assert rc == 2 and msg in err and "tokenizer.json" in err, (rc, err[-2000:])
+    assert rss < LIMIT
