@@ -75,6 +75,7 @@ typedef struct df_model {
     int prefetch;          /* router-lookahead prediction for streamed experts */
     int prefetch_mode;     /* df_options.prefetch in effect (2: off) */
     int spine_int8;        /* the spine is row-int8 (store built with --spine int8): NOT exact */
+    struct df_store_spine *store_spine; /* a store's spine checksums, checked once the spine is read (then freed) */
     char **files;          /* the weight files, for streamed experts' extents */
     int n_files;
     void **owned;          /* rebuilt tensors owned by the model (GGUF kv_b) */
