@@ -99,3 +99,51 @@ def test_values_sizing_allocations_are_range_checked(tmp_path, field, value, msg
     rc, _, err, rss = run(["tokenize", "--tokenizer", str(d)], b"hello")
     assert rc == 2 and msg in err and "tokenizer.json" in err, (rc, err[-2000:])
     assert rss < LIMIT
+
+
+def test_server_answers_400_in_bounded_memory(tmp_path):
+    """The issue's server case: one request with an expanding tokenizer got
+    the server OOM-killed. Now the request is refused with HTTP 400 naming
+    the normalizer step, and the server keeps serving."""
+    import http.client
+    import re
+    import sys
+    import time
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import make_tiny_chat_model
+    d = Path(make_tiny_chat_model.build(str(tmp_path / "m")))
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["normalizer"] = EIGHT_REPLACES
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    log = open(tmp_path / "serve.log", "w")
+    env = dict(os.environ)
+    if ASAN:
+        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":max_allocation_size_mb=2048:allocator_may_return_null=0"
+    p = subprocess.Popen([BIN, "serve", "--model", str(d), "--port", "0", "--threads", "1"], stdout=subprocess.DEVNULL, stderr=log,
+                         env=env, preexec_fn=None if ASAN else _limit)
+    try:
+        port = None
+        deadline = time.time() + 60
+        while port is None and time.time() < deadline and p.poll() is None:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", (tmp_path / "serve.log").read_text())
+            port = int(m.group(1)) if m else time.sleep(0.05)
+        assert port, (tmp_path / "serve.log").read_text()
+
+        def post(prompt):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            c.request("POST", "/v1/completions", json.dumps({"model": "m", "prompt": prompt, "max_tokens": 1}),
+                      {"Content-Type": "application/json"})
+            r = c.getresponse()
+            return r.status, r.read().decode()
+
+        status, body = post("banana " * 20)
+        assert status == 400, body
+        assert "normalizer step 4 of 8" in body and "refusing to tokenize" in body, body
+        status, body = post("hello")  # no 'a': nothing grows
+        assert status == 200, body
+        hwm = int(re.search(r"VmHWM:\s+(\d+) kB", open(f"/proc/{p.pid}/status").read()).group(1)) * 1024
+        assert hwm < LIMIT, hwm
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+        log.close()
