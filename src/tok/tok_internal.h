@@ -53,8 +53,9 @@ pcre2_code *df_pretok_compile(const char *pattern, char *err, size_t errlen);
 /* The translation df_pretok_compile applies (malloc'd), for tests. */
 char *df_pretok_translate(const char *pattern);
 /* Finds the leftmost match at or after pos in s[0..n): returns 1 and sets
- * [*ms, *me), or 0. fast != NONE uses the scanner, else re. md is a match
- * data block for re (may be NULL when fast is used). */
+ * [*ms, *me), or 0; -1 when PCRE2 gives up (its match, depth or heap limit,
+ * a hostile pattern). fast != NONE uses the scanner (never -1), else re. md is
+ * a match data block for re (may be NULL when fast is used). */
 int df_pretok_find(int fast, const pcre2_code *re, pcre2_match_data *md, const uint8_t *s, size_t n,
                    size_t pos, size_t *ms, size_t *me);
 /* Builds the character class tables (idempotent, thread-safe). */

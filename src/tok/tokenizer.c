@@ -200,10 +200,18 @@ static void split_general(worker *w, int k, const uint8_t *s, size_t n) {
             pos = me;
         }
     } else {
-        while (df_pretok_find(st->fast, st->re, w->md, s, n, pos, &ms, &me)) {
+        int f;
+        while ((f = df_pretok_find(st->fast, st->re, w->md, s, n, pos, &ms, &me)) > 0) {
             if (ms > pos) PUSH(pos, ms, 0);
             PUSH(ms, me, 1);
             pos = me;
+        }
+        if (f < 0) {
+            w->rc = df_err(w->err, w->errlen, DF_EINPUT,
+                           "%s: pre-tokenizer step %d of %d (Split regex): PCRE2 gave up matching (its match, depth or heap limit) at byte %zu of a %zu-byte piece; refusing to tokenize",
+                           w->t->path, k + 1, w->t->n_steps, pos, n);
+            free(v);
+            return;
         }
     }
     if (pos < n) PUSH(pos, n, 0);

@@ -147,3 +147,37 @@ def test_server_answers_400_in_bounded_memory(tmp_path):
         p.terminate()
         p.wait(timeout=30)
         log.close()
+
+
+def split_then_bytes(regex):
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}
+
+
+def test_regex_that_pcre2_gives_up_on_is_an_error_not_other_tokens(tmp_path):
+    # catastrophic backtracking: PCRE2 stops at its match limit; that used to
+    # read as "no match" and silently gave different tokens (exit 0)
+    d = qwen3_with(tmp_path, pre_tokenizer=split_then_bytes("(a+)+$"))
+    rc, out, err, _ = run(["tokenize", "--tokenizer", str(d)], b"a" * 40 + b"b")
+    assert rc == 2 and out == b"", (rc, out[:200], err)
+    assert "tokenizer.json: pre-tokenizer step 1 of 1 (Split regex): PCRE2 gave up matching" in err, err
+
+
+def test_pattern_matching_empty_everywhere_on_a_long_piece(tmp_path):
+    # "a*" matches empty at every 'b': the scan moves on one character at a
+    # time, which used to be one level of recursion per character
+    d = qwen3_with(tmp_path, pre_tokenizer=split_then_bytes("a*"))
+    text = b"b" * (2 << 20)
+
+    def small_stack():
+        if not ASAN:
+            _limit()
+        resource.setrlimit(resource.RLIMIT_STACK, (256 << 10, 256 << 10))
+
+    with tempfile.TemporaryFile() as fi:
+        fi.write(text)
+        fi.seek(0)
+        p = subprocess.run([BIN, "tokenize", "--tokenizer", str(d)], stdin=fi, capture_output=True, preexec_fn=small_stack, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert len(json.loads(p.stdout)) > 0
