@@ -777,6 +777,15 @@ int df_store_attach(const char *dir, df_st_set *st, const df_store_layout *lay, 
             if (rc) goto out;
         }
     }
+    /* a layer's experts are stored all together (setup writes every routed expert of a MoE layer) */
+    for (int l = 0; l < L; l++) {
+        int have = 0, missing = -1;
+        for (int e = 0; e < E; e++) {
+            if (seen[(size_t)l * E + e]) have++;
+            else if (missing < 0) missing = e;
+        }
+        if (have && have < E) BAD("%s: experts: layer %d has %d of its %d experts (expert %d is missing)", mp, l, have, E, missing);
+    }
 #undef BAD
     rc = 1;
 out:

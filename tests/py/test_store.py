@@ -486,6 +486,7 @@ def _dup_expert(man):
     (_set(["files", 0], "packs/nope.pack"), "files[0]: "),
     (_set(["experts"], lambda x: x * 5), "experts: 80 entries, but 3 layers x 8 experts allow at most 24"),
     (_set(["spine", "tensors"], None), "spine.tensors: expected an object"),
+    (lambda man: man["experts"].pop(3), "experts: layer 0 has 7 of its 8 experts (expert 3 is missing)"),
     (_set(["spine", "size"], 12), "spine.size 12 (the spine changed since setup)"),
     (_set(["spine", "file"], "../x"), "spine.file: expected \"spine.safetensors\", got ../x"),
     (_set(["format_version"], 1), "format_version 1 (an older deltafin) has no spine checksums; this build reads version 2"),
