@@ -103,9 +103,13 @@ int df_cmd_tokenize(int argc, char **argv) {
     if (!jsonl) {
         int32_t *ids;
         size_t m;
-        df_tok_encode(t, in, n, flags, threads, &ids, &m);
-        put_ids(&o, ids, m);
-        free(ids);
+        if (df_tok_encode_err(t, in, n, flags, threads, &ids, &m, err, sizeof err)) {
+            fprintf(stderr, "deltafin tokenize: %s\n", err);
+            code = 2;
+        } else {
+            put_ids(&o, ids, m);
+            free(ids);
+        }
     } else {
         size_t line = 0, p = 0;
         while (p < n) {
@@ -122,7 +126,12 @@ int df_cmd_tokenize(int argc, char **argv) {
             }
             int32_t *ids;
             size_t m;
-            df_tok_encode(t, json_string_value(v), json_string_length(v), flags, threads, &ids, &m);
+            if (df_tok_encode_err(t, json_string_value(v), json_string_length(v), flags, threads, &ids, &m, err, sizeof err)) {
+                fprintf(stderr, "deltafin tokenize: stdin line %zu: %s\n", line, err);
+                json_decref(v);
+                code = 2;
+                break;
+            }
             put_ids(&o, ids, m);
             free(ids);
             json_decref(v);

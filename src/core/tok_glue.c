@@ -101,9 +101,7 @@ int df_tokenize(df_engine *e, const char *text, size_t len, int32_t **ids, size_
     *ids = NULL;
     *n = 0;
     if (!e->tok) return df_err(e->errbuf, sizeof e->errbuf, DF_EUNSUPPORTED, "this model has no tokenizer");
-    int rc = df_tok_encode(e->tok, text, len, 0, 0, ids, n);
-    if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "tokenization failed");
-    return 0;
+    return df_tok_encode_err(e->tok, text, len, 0, 0, ids, n, e->errbuf, sizeof e->errbuf);
 }
 
 int df_chat_render(df_engine *e, const char *messages_json, const char *tools_json, int add_gen, char **out) {

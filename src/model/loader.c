@@ -283,6 +283,35 @@ static void add_weight(void *p, df_weight *w) {
 static uint64_t pg_down(uint64_t x) { return x & ~(uint64_t)(PG - 1); }
 static uint64_t pg_up(uint64_t x) { return (x + PG - 1) & ~(uint64_t)(PG - 1); }
 
+/* A store's spine: every tensor of spine.safetensors is checked against the
+ * manifest's xxh3 once the spine has been read, from the arena where it was
+ * read to (no extra I/O: xxh3 runs at memory speed, on several threads), else
+ * from its mapping (tensors not read into the arena: an untied embedding kept
+ * on disk, unused MTP tensors, small vectors converted at load). it[] is
+ * sorted by (file, offset) and already points into the arena. */
+static int verify_store_spine(df_model *m, const spine_item *it, int n, char *err, size_t errlen) {
+    int nt = df_st_count(m->st), k = 0;
+    const char **names = df_xmalloc((size_t)(nt ? nt : 1) * sizeof *names);
+    const uint8_t **data = df_xmalloc((size_t)(nt ? nt : 1) * sizeof *data);
+    uint64_t *sizes = df_xmalloc((size_t)(nt ? nt : 1) * sizeof *sizes);
+    for (int i = 0; i < nt; i++) {
+        const df_st_tensor *t = df_st_at(m->st, i);
+        if (!t->data) continue; /* virtual: a routed expert, checked by the expert cache */
+        int lo = 0, hi = n;
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (it[mid].file < t->file_index || (it[mid].file == t->file_index && it[mid].off < t->file_offset)) lo = mid + 1;
+            else hi = mid;
+        }
+        const uint8_t *p = t->data;
+        if (lo < n && it[lo].file == t->file_index && it[lo].off == t->file_offset && it[lo].nb == t->nbytes) p = *it[lo].pp;
+        names[k] = t->name, data[k] = p, sizes[k] = t->nbytes, k++;
+    }
+    int rc = df_store_spine_verify(m->store_spine, k, names, data, sizes, df_n_cpus(), err, errlen);
+    free(names), free(data), free(sizes);
+    return rc;
+}
+
 int df_model_own_spine(df_model *m, const df_load_opts *o, char *err, size_t errlen) {
     const int tied = m->lm_head.data == m->embed.data;
     spine_list sl = {0};
@@ -361,6 +390,7 @@ int df_model_own_spine(df_model *m, const df_load_opts *o, char *err, size_t err
         }
         if (tied) m->lm_head = m->embed;
         if (m->embed_on_disk) m->embed.data = NULL;
+        if (m->store_spine) rc = verify_store_spine(m, it, n, err, errlen);
         m->spine_arena = arena;
         m->spine_arena_bytes = map_bytes;
         for (int l = 0; l < m->cfg.n_layers; l++)
@@ -526,6 +556,7 @@ void df_model_free(df_model *m) {
     if (m->embed_on_disk) close(m->embed_fd);
     for (int i = 0; i < m->n_files; i++) free(m->files[i]);
     free(m->files);
+    df_store_spine_free(m->store_spine);
     df_st_close(m->st);
     df_gguf_close(m->gguf);
     df_config_free(&m->cfg);
@@ -606,7 +637,8 @@ int df_model_load(const char *dir, const df_load_opts *o, df_model **out, char *
     if (!m->st) { df_model_free(m); return DF_EFORMAT; }
     /* a store: routed experts live in its packs (or the source shards), with checksums */
     uint64_t *store_xxh3 = NULL;
-    rc = df_store_attach(dir, m->st, m->cfg.n_layers, m->cfg.n_experts, &store_xxh3, &m->spine_int8, err, errlen);
+    df_store_layout lay = {m->cfg.n_layers, m->cfg.n_experts, NULL};
+    rc = df_store_attach(dir, m->st, &lay, &store_xxh3, &m->spine_int8, &m->store_spine, err, errlen);
     if (rc < 0) { df_model_free(m); return rc; }
     if (rc == 1 && resident != 2) {
         free(store_xxh3);
@@ -669,6 +701,8 @@ int df_model_load(const char *dir, const df_load_opts *o, df_model **out, char *
         if (rc) { free(store_xxh3); df_model_free(m); return rc; }
         df_st_unmap(m->st); /* experts are read through the cache's own descriptors */
     }
+    df_store_spine_free(m->store_spine);
+    m->store_spine = NULL;
     if (store_xxh3) {
         for (int l = 0; l < cfg->n_layers; l++)
             if (m->layers[l].kind.ffn == DF_FFN_MOE)

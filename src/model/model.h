@@ -98,6 +98,7 @@ typedef struct df_model {
     int n_ignored_tensors; /* recognised but unused (MTP layers) */
     int spine_int8;        /* the spine is row-int8 (store built with --spine int8): NOT exact */
     int streamed;          /* routed experts stay on disk (their extents only); a df_expert_source reads them */
+    struct df_store_spine *store_spine; /* a store's spine checksums, checked once the spine is read (then freed) */
     char **files;          /* the weight files the experts' extents refer to */
     int n_files;
     void **owned;          /* rebuilt tensors owned by the model (GGUF kv_b) */

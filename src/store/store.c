@@ -1,14 +1,16 @@
 /* store.c - see store.h. */
 #include "store/store.h"
 #include "deltafin.h"
-#include "model/config.h"
 #include "util/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <openssl/evp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -16,17 +18,27 @@
 #include <xxhash.h>
 
 #define ALIGN 4096u
-#define FORMAT_VERSION 1
+#define FORMAT_VERSION DF_STORE_FORMAT_VERSION
 
 /* ---- routed-expert tensors ------------------------------------------------ */
 
-/* Parses "model.layers.L.mlp.experts.E.{gate,up,down}_proj.{weight,weight_scale_inv,weight_packed,weight_scale}"
- * into layer, expert and the part's rank (proj * 2 + is_scale); 0 if not an expert part. */
-static int expert_part(const char *name, int *l, int *e, int *rank) {
-    char proj[32], kind[32];
+/* Parses "PREFIX.{gate,up,down}_proj.{weight,weight_scale_inv,weight_packed,weight_scale}",
+ * PREFIX being fmt (DF_STORE_EXPERT_FMT) with layer and expert spelled
+ * canonically, into layer, expert and the part's rank (proj * 2 + is_scale);
+ * 0 if not an expert part. */
+static int expert_part(const char *fmt, const char *name, int *l, int *e, int *rank) {
+    char f[256], pre[256];
     int n = 0;
-    if (sscanf(name, "model.layers.%d.mlp.experts.%d.%31[^.].%31s%n", l, e, proj, kind, &n) != 4 || name[n]) return 0;
-    int p = !strcmp(proj, "gate_proj") ? 0 : !strcmp(proj, "up_proj") ? 1 : !strcmp(proj, "down_proj") ? 2 : -1;
+    if (!fmt) fmt = DF_STORE_EXPERT_FMT;
+    snprintf(f, sizeof f, "%s.%%n", fmt);
+    if (sscanf(name, f, l, e, &n) != 2 || !n) return 0;
+    int pl = snprintf(pre, sizeof pre, fmt, *l, *e); /* "+1", " 1", "01" are not this expert */
+    if (pl <= 0 || (size_t)pl >= sizeof pre || strncmp(name, pre, (size_t)pl) || name[pl] != '.') return 0;
+    const char *sfx = name + pl + 1, *dot = strchr(sfx, '.');
+    if (!dot) return 0;
+    size_t plen = (size_t)(dot - sfx);
+    int p = plen == 9 && !strncmp(sfx, "gate_proj", 9) ? 0 : plen == 7 && !strncmp(sfx, "up_proj", 7) ? 1 : plen == 9 && !strncmp(sfx, "down_proj", 9) ? 2 : -1;
+    const char *kind = dot + 1;
     int k = !strcmp(kind, "weight") || !strcmp(kind, "weight_packed") ? 0 : !strcmp(kind, "weight_scale_inv") || !strcmp(kind, "weight_scale") ? 1 : -1;
     if (p < 0 || k < 0) return 0;
     *rank = p * 2 + k;
@@ -112,6 +124,53 @@ static int sha256_path(const char *path, char hex[65], df_progress *pg, char *er
     return 0;
 }
 
+static void hex16(char out[17], uint64_t v) { snprintf(out, 17, "%016llx", (unsigned long long)v); }
+
+/* Parses exactly 16 lowercase/uppercase hex digits; -1 if s is not that. */
+static int parse_hex16(const char *s, uint64_t *v) {
+    if (!s || strlen(s) != 16) return -1;
+    uint64_t x = 0;
+    for (int i = 0; i < 16; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        x = x << 4 | (uint64_t)d;
+    }
+    *v = x;
+    return 0;
+}
+
+/* The spine as written, read back: its size, the xxh3 of its header (the
+ * 8-byte length and the JSON) and of every tensor's bytes, into sp. */
+static int spine_sums(const char *out, json_t *sp, char *err, size_t errlen) {
+    char *path = df_path_join(out, "spine.safetensors");
+    df_st_set *s = df_st_open_file(path, err, errlen);
+    if (!s) { free(path); return DF_EFORMAT; }
+    size_t size = 0;
+    const uint8_t *base = df_st_file_data(s, 0, &size);
+    uint64_t hl = 0;
+    for (int i = 0; i < 8 && size >= 8; i++) hl |= (uint64_t)base[i] << (8 * i);
+    int rc = 0;
+    if (!base || size < 8 || hl > size - 8) rc = df_err(err, errlen, DF_EIO, "%s: reads back truncated", path);
+    json_t *tj = json_object();
+    char hx[17];
+    for (int i = 0; i < df_st_count(s) && !rc; i++) {
+        const df_st_tensor *t = df_st_at(s, i);
+        hex16(hx, XXH3_64bits(t->data, t->nbytes));
+        json_object_set_new(tj, t->name, json_string(hx));
+    }
+    if (!rc) {
+        json_object_set_new(sp, "size", json_integer((json_int_t)size));
+        hex16(hx, XXH3_64bits(base, 8 + hl));
+        json_object_set_new(sp, "header_xxh3", json_string(hx));
+        json_object_set(sp, "tensors", tj);
+    }
+    json_decref(tj);
+    df_st_close(s);
+    free(path);
+    return rc;
+}
+
 static uint64_t expert_hash(const expert_rec *x) {
     XXH3_state_t *h = XXH3_createState();
     XXH3_64bits_reset(h);
@@ -170,14 +229,14 @@ static float quant_row(const df_st_tensor *t, int64_t r, int8_t *q) {
 
 /* Writes spine.safetensors: every tensor except routed-expert parts, bytes as
  * shipped (or row-int8 + weight_row_scale for linear weights with int8). */
-static int write_spine(const df_st_set *st, const char *out, int int8, df_progress *pg, char *err, size_t errlen) {
+static int write_spine(const df_st_set *st, const char *fmt, const char *out, int int8, df_progress *pg, char *err, size_t errlen) {
     json_t *h = json_object();
     uint64_t off = 0;
     int n = df_st_count(st);
     for (int i = 0; i < n; i++) {
         const df_st_tensor *t = df_st_at(st, i);
         int l, e, r;
-        if (expert_part(t->name, &l, &e, &r)) continue;
+        if (expert_part(fmt, t->name, &l, &e, &r)) continue;
         json_t *sh = json_array();
         for (int d = 0; d < t->n_dims; d++) json_array_append_new(sh, json_integer(t->shape[d]));
         if (int8 && int8_candidate(t)) {
@@ -211,7 +270,7 @@ static int write_spine(const df_st_set *st, const char *out, int int8, df_progre
     for (int i = 0; i < n && !rc; i++) {
         const df_st_tensor *t = df_st_at(st, i);
         int l, e, r;
-        if (expert_part(t->name, &l, &e, &r)) continue;
+        if (expert_part(fmt, t->name, &l, &e, &r)) continue;
         if (int8 && int8_candidate(t)) {
             const int64_t R = t->shape[0], C = t->shape[1];
             int8_t *q = df_xmalloc((size_t)C);
@@ -241,22 +300,22 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
     written_total = 0;
     const char *ab = getenv("DELTAFIN_TEST_ABORT_AFTER_LAYERS"); /* tests: die like a kill after N layers */
     int abort_after = ab ? atoi(ab) : -1;
-    df_config cfg;
-    int rc = df_config_load(o->from, &cfg, err, errlen);
-    if (rc) return rc;
-    if (!cfg.n_experts) {
-        df_config_free(&cfg);
+    const char *fmt = o->layout.expert_fmt;
+    int rc = 0;
+    if (o->layout.n_experts <= 0)
         return df_err(err, errlen, DF_EINPUT, "%s: not a mixture-of-experts model (no routed experts to store)", o->from);
-    }
+    if (o->layout.n_layers <= 0 || o->layout.n_layers > 4096 || o->layout.n_experts > 65536)
+        return df_err(err, errlen, DF_EINPUT, "%s: %d layers x %d experts: expected 1..4096 layers and 1..65536 experts", o->from,
+                      o->layout.n_layers, o->layout.n_experts);
     df_st_set *st = df_st_open_dir(o->from, err, errlen);
-    if (!st) { df_config_free(&cfg); return DF_EFORMAT; }
-    const int L = cfg.n_layers, E = cfg.n_experts;
+    if (!st) return DF_EFORMAT;
+    const int L = o->layout.n_layers, E = o->layout.n_experts;
     expert_rec *ex = df_xcalloc((size_t)L * E, sizeof *ex);
     int64_t expert_bytes = 0, spine_bytes = 0;
     for (int i = 0; i < df_st_count(st); i++) {
         const df_st_tensor *t = df_st_at(st, i);
         int l, e, r;
-        if (!expert_part(t->name, &l, &e, &r)) { spine_bytes += (int64_t)t->nbytes; continue; }
+        if (!expert_part(fmt, t->name, &l, &e, &r)) { spine_bytes += (int64_t)t->nbytes; continue; }
         if (l < 0 || l >= L || e < 0 || e >= E) { spine_bytes += (int64_t)t->nbytes; continue; } /* MTP layers stay in the spine */
         expert_rec *x = &ex[(size_t)l * E + e];
         x->t[r] = t;
@@ -325,7 +384,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
     /* 2. spine + config and tokenizer files */
     df_progress_init(&pg, "writing", spine_bytes + expert_bytes, o->progress);
     if (!json_is_true(json_object_get(state, "spine"))) {
-        rc = write_spine(st, o->out, o->spine_int8, &pg, err, errlen);
+        rc = write_spine(st, fmt, o->out, o->spine_int8, &pg, err, errlen);
         static const char *small[] = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tiktoken.model",
                                       "chat_template.jinja", "special_tokens_map.json"};
         for (size_t i = 0; i < sizeof small / sizeof *small && !rc; i++) rc = copy_small(o->from, o->out, small[i], err, errlen);
@@ -474,6 +533,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
     free(buf);
     df_progress_add(&pg, 0, 1);
     json_object_set_new(man, "experts", exj);
+    if (!rc) rc = spine_sums(o->out, json_object_get(man, "spine"), err, errlen);
     if (!rc) {
         json_object_set_new(man, "complete", json_true());
         rc = write_json_atomic(man_path, man, err, errlen);
@@ -487,7 +547,6 @@ out:
     free(state_path), free(man_path);
     free(ex);
     df_st_close(st);
-    df_config_free(&cfg);
     return rc;
 }
 
@@ -498,59 +557,292 @@ int df_is_store(const char *dir) {
     return r;
 }
 
-int df_store_attach(const char *dir, df_st_set *st, int n_layers, int n_experts, uint64_t **xxh3, int *spine_int8, char *err, size_t errlen) {
+/* ---- opening a store: the manifest, validated as a whole ------------------ */
+
+struct df_store_spine {
+    char *path;       /* STORE/spine.safetensors, for messages */
+    json_t *tensors;  /* name -> xxh3 hex (validated) */
+};
+
+void df_store_spine_free(df_store_spine *s) {
+    if (!s) return;
+    free(s->path);
+    json_decref(s->tensors);
+    free(s);
+}
+
+static const char *jtype(const json_t *v) {
+    if (!v) return "nothing";
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* An integer in [lo, hi], else -1 with a message naming the field. */
+static int get_int(const json_t *v, long long lo, long long hi, long long *out, const char *mp, const char *field, char *err, size_t errlen) {
+    if (!json_is_integer(v)) return df_err(err, errlen, DF_EFORMAT, "%s: %s: expected an integer in [%lld, %lld], got %s", mp, field, lo, hi, jtype(v));
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return df_err(err, errlen, DF_EFORMAT, "%s: %s: expected an integer in [%lld, %lld], got %lld", mp, field, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+/* The spine's size and header checksum (cheap: the header only). */
+static int check_spine_header(const char *mp, const char *path, uint64_t want_size, uint64_t want_hx, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return df_err(err, errlen, DF_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    int rc = 0;
+    uint8_t len8[8];
+    if (fstat(fd, &sb) || (uint64_t)sb.st_size != want_size) {
+        rc = df_err(err, errlen, DF_EFORMAT, "%s: %lld bytes, %s records spine.size %llu (the spine changed since setup)", path,
+                    (long long)sb.st_size, mp, (unsigned long long)want_size);
+    } else if (pread(fd, len8, 8, 0) != 8) {
+        rc = df_err(err, errlen, DF_EIO, "%s: cannot read the header", path);
+    } else {
+        uint64_t hl = 0;
+        for (int i = 0; i < 8; i++) hl |= (uint64_t)len8[i] << (8 * i);
+        if (hl > want_size - 8 || hl > (100u << 20)) {
+            rc = df_err(err, errlen, DF_EFORMAT, "%s: header length %llu does not fit the %llu-byte file", path, (unsigned long long)hl, (unsigned long long)want_size);
+        } else {
+            uint8_t *h = df_xmalloc((size_t)hl + 8);
+            if (pread(fd, h, (size_t)hl + 8, 0) != (ssize_t)(hl + 8)) rc = df_err(err, errlen, DF_EIO, "%s: cannot read the header", path);
+            uint64_t got = rc ? 0 : XXH3_64bits(h, (size_t)hl + 8);
+            if (!rc && got != want_hx)
+                rc = df_err(err, errlen, DF_EFORMAT, "%s: header checksum mismatch: xxh3 %016llx, %s records spine.header_xxh3 %016llx (the spine is corrupt; run deltafin setup again)",
+                            path, (unsigned long long)got, mp, (unsigned long long)want_hx);
+            free(h);
+        }
+    }
+    close(fd);
+    return rc;
+}
+
+int df_store_attach(const char *dir, df_st_set *st, const df_store_layout *lay, uint64_t **xxh3, int *spine_int8,
+                    df_store_spine **spine_out, char *err, size_t errlen) {
     *xxh3 = NULL;
     *spine_int8 = 0;
+    *spine_out = NULL;
     char *mp = df_path_join(dir, "manifest.json");
     if (!df_file_exists(mp)) { free(mp); return 0; }
     json_error_t je;
     json_t *m = json_load_file(mp, 0, &je);
     int rc = 0;
+    uint64_t *fsize = NULL;
+    uint8_t *seen = NULL;
+    df_store_spine *spine = NULL;
+    const int L = lay->n_layers, E = lay->n_experts;
+    const char *fmt = lay->expert_fmt;
+    char field[160];
+#define BAD(...) do { rc = df_err(err, errlen, DF_EFORMAT, __VA_ARGS__); goto out; } while (0)
     if (!m) { rc = df_err(err, errlen, DF_EFORMAT, "%s: not valid JSON: %s (line %d)", mp, je.text, je.line); goto out; }
-    json_t *fmt = json_object_get(m, "format"), *ver = json_object_get(m, "format_version");
-    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "deltafin-store")) { rc = df_err(err, errlen, DF_EFORMAT, "%s: field \"format\": expected \"deltafin-store\"", mp); goto out; }
-    if (!json_is_integer(ver) || json_integer_value(ver) != FORMAT_VERSION) { rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: format_version %lld is not supported (expected %d)", mp, (long long)json_integer_value(ver), FORMAT_VERSION); goto out; }
+    if (!json_is_object(m)) BAD("%s: expected a JSON object, got %s", mp, jtype(m));
+    if (L <= 0 || E <= 0 || L > 4096 || E > 65536)
+        BAD("%s: this model has %d layers x %d routed experts; a store needs a mixture-of-experts model", mp, L, E);
+    json_t *fmtj = json_object_get(m, "format"), *ver = json_object_get(m, "format_version");
+    if (!json_is_string(fmtj) || strcmp(json_string_value(fmtj), "deltafin-store"))
+        BAD("%s: format: expected \"deltafin-store\", got %s%s%s", mp, json_is_string(fmtj) ? "\"" : jtype(fmtj), json_is_string(fmtj) ? json_string_value(fmtj) : "",
+            json_is_string(fmtj) ? "\"" : "");
+    if (json_is_integer(ver) && json_integer_value(ver) == 1) {
+        rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: format_version 1 (an older deltafin) has no spine checksums; this build reads version %d: "
+                    "run deltafin setup --from SOURCE --out %s again to rebuild the store", mp, FORMAT_VERSION, dir);
+        goto out;
+    }
+    if (!json_is_integer(ver) || json_integer_value(ver) != FORMAT_VERSION) {
+        rc = json_is_integer(ver) ? df_err(err, errlen, DF_EUNSUPPORTED, "%s: format_version: expected %d, got %lld (a newer deltafin?)", mp, FORMAT_VERSION, (long long)json_integer_value(ver))
+                                  : df_err(err, errlen, DF_EFORMAT, "%s: format_version: expected %d, got %s", mp, FORMAT_VERSION, jtype(ver));
+        goto out;
+    }
     if (!json_is_true(json_object_get(m, "complete"))) { rc = df_err(err, errlen, DF_EINPUT, "%s: the store is incomplete; run deltafin setup again to finish it", mp); goto out; }
+
+    /* spine: file, mode, size, header and per-tensor checksums */
     json_t *sp = json_object_get(m, "spine");
-    const char *smode = json_string_value(json_object_get(sp, "mode"));
-    if (smode && !strcmp(smode, "int8")) *spine_int8 = 1;
-    else if (smode && strcmp(smode, "exact")) { rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: spine mode \"%s\" is not supported", mp, smode); goto out; }
+    if (!json_is_object(sp)) BAD("%s: spine: expected an object, got %s", mp, jtype(sp));
+    json_t *sfile = json_object_get(sp, "file");
+    if (!json_is_string(sfile) || strcmp(json_string_value(sfile), "spine.safetensors"))
+        BAD("%s: spine.file: expected \"spine.safetensors\", got %s", mp, json_is_string(sfile) ? json_string_value(sfile) : jtype(sfile));
+    json_t *smode = json_object_get(sp, "mode");
+    if (!json_is_string(smode) || (strcmp(json_string_value(smode), "exact") && strcmp(json_string_value(smode), "int8"))) {
+        rc = df_err(err, errlen, json_is_string(smode) ? DF_EUNSUPPORTED : DF_EFORMAT, "%s: spine.mode: expected \"exact\" or \"int8\", got %s", mp,
+                    json_is_string(smode) ? json_string_value(smode) : jtype(smode));
+        goto out;
+    }
+    *spine_int8 = !strcmp(json_string_value(smode), "int8");
+    long long ssize;
+    uint64_t shx;
+    if ((rc = get_int(json_object_get(sp, "size"), 8, LLONG_MAX, &ssize, mp, "spine.size", err, errlen))) goto out;
+    if (parse_hex16(json_string_value(json_object_get(sp, "header_xxh3")), &shx)) BAD("%s: spine.header_xxh3: expected 16 hex digits", mp);
+    json_t *stens = json_object_get(sp, "tensors");
+    if (!json_is_object(stens)) BAD("%s: spine.tensors: expected an object (tensor name -> xxh3), got %s", mp, jtype(stens));
+    const char *tk;
+    json_t *tv;
+    json_object_foreach(stens, tk, tv) {
+        uint64_t h;
+        if (parse_hex16(json_string_value(tv), &h)) BAD("%s: spine.tensors[\"%.200s\"]: expected 16 hex digits", mp, tk);
+    }
+    spine = df_xcalloc(1, sizeof *spine);
+    spine->path = df_path_join(dir, "spine.safetensors");
+    spine->tensors = json_incref(stens);
+    if ((rc = check_spine_header(mp, spine->path, (uint64_t)ssize, shx, err, errlen))) goto out;
+
+    /* files: every one must exist; its size bounds the extents in it */
     json_t *files = json_object_get(m, "files"), *ex = json_object_get(m, "experts");
-    if (!json_is_array(files) || !json_is_array(ex)) { rc = df_err(err, errlen, DF_EFORMAT, "%s: needs arrays \"files\" and \"experts\"", mp); goto out; }
-    *xxh3 = df_xcalloc((size_t)n_layers * (size_t)n_experts, sizeof(uint64_t));
+    if (!json_is_array(files)) BAD("%s: files: expected an array, got %s", mp, jtype(files));
+    if (!json_is_array(ex)) BAD("%s: experts: expected an array, got %s", mp, jtype(ex));
+    size_t nfiles = json_array_size(files);
+    fsize = df_xcalloc(nfiles ? nfiles : 1, sizeof *fsize);
+    for (size_t f = 0; f < nfiles; f++) {
+        const char *fn = json_string_value(json_array_get(files, f));
+        if (!fn || !*fn) BAD("%s: files[%zu]: expected a non-empty path, got %s", mp, f, jtype(json_array_get(files, f)));
+        char *path = fn[0] == '/' ? df_xstrdup(fn) : df_path_join(dir, fn);
+        struct stat sb;
+        int bad = stat(path, &sb) != 0;
+        if (bad) rc = df_err(err, errlen, DF_EIO, "%s: files[%zu]: %s: %s", mp, f, path, strerror(errno));
+        free(path);
+        if (bad) goto out;
+        fsize[f] = (uint64_t)sb.st_size;
+    }
+    if (json_array_size(ex) > (size_t)L * (size_t)E)
+        BAD("%s: experts: %zu entries, but %d layers x %d experts allow at most %lld", mp, json_array_size(ex), L, E, (long long)L * E);
+
+    *xxh3 = df_xcalloc((size_t)L * (size_t)E, sizeof(uint64_t));
+    seen = df_xcalloc((size_t)L * (size_t)E, 1);
     size_t i;
     json_t *x;
     json_array_foreach(ex, i, x) {
-        json_int_t l = json_integer_value(json_object_get(x, "layer")), e = json_integer_value(json_object_get(x, "expert"));
-        const char *h = json_string_value(json_object_get(x, "xxh3"));
+        long long l, e;
+        if (!json_is_object(x)) BAD("%s: experts[%zu]: expected an object, got %s", mp, i, jtype(x));
+        snprintf(field, sizeof field, "experts[%zu].layer", i);
+        if ((rc = get_int(json_object_get(x, "layer"), 0, L - 1, &l, mp, field, err, errlen))) goto out;
+        snprintf(field, sizeof field, "experts[%zu].expert", i);
+        if ((rc = get_int(json_object_get(x, "expert"), 0, E - 1, &e, mp, field, err, errlen))) goto out;
+        size_t slot = (size_t)l * (size_t)E + (size_t)e;
+        if (seen[slot]) BAD("%s: experts[%zu]: layer %lld expert %lld appears twice", mp, i, l, e);
+        seen[slot] = 1;
+        if (parse_hex16(json_string_value(json_object_get(x, "xxh3")), &(*xxh3)[slot]))
+            BAD("%s: experts[%zu].xxh3: expected 16 hex digits, got %s", mp, i, json_is_string(json_object_get(x, "xxh3")) ? json_string_value(json_object_get(x, "xxh3")) : jtype(json_object_get(x, "xxh3")));
         json_t *parts = json_object_get(x, "parts");
-        if (l < 0 || l >= n_layers || e < 0 || e >= n_experts || !h || !json_is_array(parts)) { rc = df_err(err, errlen, DF_EFORMAT, "%s: experts[%zu]: bad layer/expert/xxh3/parts", mp, i); goto out; }
-        (*xxh3)[(size_t)l * n_experts + (size_t)e] = strtoull(h, NULL, 16);
+        if (!json_is_array(parts) || json_array_size(parts) < 1 || json_array_size(parts) > 6)
+            BAD("%s: experts[%zu].parts: expected an array of 1 to 6 parts, got %s%s", mp, i, jtype(parts), json_is_array(parts) ? (json_array_size(parts) ? " of more than 6" : " (empty)") : "");
+        char want[256];
+        snprintf(want, sizeof want, fmt ? fmt : DF_STORE_EXPERT_FMT, (int)l, (int)e);
         size_t k;
         json_t *p;
+        int last_rank = -1;
         json_array_foreach(parts, k, p) {
             const char *tn = json_string_value(json_object_get(p, "tensor")), *dt = json_string_value(json_object_get(p, "dtype"));
-            json_t *sh = json_object_get(p, "shape");
-            json_int_t fi = json_integer_value(json_object_get(p, "file"));
+            int pl, pe, rank;
+            if (!tn) BAD("%s: experts[%zu].parts[%zu].tensor: expected a string, got %s", mp, i, k, jtype(json_object_get(p, "tensor")));
+            if (!expert_part(fmt, tn, &pl, &pe, &rank) || pl != l || pe != e)
+                BAD("%s: experts[%zu].parts[%zu].tensor: expected a routed-expert tensor %s.{gate,up,down}_proj.{weight,...} (layer %lld expert %lld), got \"%.200s\"",
+                    mp, i, k, want, l, e, tn);
+            if (rank <= last_rank) BAD("%s: experts[%zu].parts[%zu].tensor: \"%.200s\" is out of order or repeated (gate, up, down; weight before scale)", mp, i, k, tn);
+            last_rank = rank;
             int dtype = dt ? df_st_dtype_from_name(dt) : -1;
-            if (!tn || dtype < 0 || !json_is_array(sh) || json_array_size(sh) > 8 || fi < 0 || (size_t)fi >= json_array_size(files)) {
-                rc = df_err(err, errlen, DF_EFORMAT, "%s: experts[%zu].parts[%zu]: bad tensor/dtype/shape/file", mp, i, k);
-                goto out;
-            }
+            if (dtype < 0) BAD("%s: experts[%zu].parts[%zu].dtype: expected a safetensors dtype, got %s", mp, i, k, dt ? dt : jtype(json_object_get(p, "dtype")));
+            json_t *sh = json_object_get(p, "shape");
+            if (!json_is_array(sh) || json_array_size(sh) > 8) BAD("%s: experts[%zu].parts[%zu].shape: expected an array of at most 8 sizes", mp, i, k);
             int64_t shape[8];
-            for (size_t d = 0; d < json_array_size(sh); d++) shape[d] = json_integer_value(json_array_get(sh, d));
+            uint64_t nel = 1;
+            for (size_t d = 0; d < json_array_size(sh); d++) {
+                long long v;
+                snprintf(field, sizeof field, "experts[%zu].parts[%zu].shape[%zu]", i, k, d);
+                if ((rc = get_int(json_array_get(sh, d), 0, 1LL << 40, &v, mp, field, err, errlen))) goto out;
+                shape[d] = v;
+                if (v && nel > (UINT64_MAX >> 8) / (uint64_t)v) BAD("%s: experts[%zu].parts[%zu].shape: too many elements", mp, i, k);
+                nel *= (uint64_t)v;
+            }
+            long long fi, off, len;
+            snprintf(field, sizeof field, "experts[%zu].parts[%zu].file", i, k);
+            if ((rc = get_int(json_object_get(p, "file"), 0, (long long)nfiles - 1, &fi, mp, field, err, errlen))) goto out;
+            snprintf(field, sizeof field, "experts[%zu].parts[%zu].offset", i, k);
+            if ((rc = get_int(json_object_get(p, "offset"), 0, LLONG_MAX, &off, mp, field, err, errlen))) goto out;
+            snprintf(field, sizeof field, "experts[%zu].parts[%zu].length", i, k);
+            if ((rc = get_int(json_object_get(p, "length"), 0, LLONG_MAX, &len, mp, field, err, errlen))) goto out;
+            uint64_t need = nel * (uint64_t)df_st_dtype_size((df_st_dtype)dtype);
+            if ((uint64_t)len != need)
+                BAD("%s: experts[%zu].parts[%zu].length: shape and dtype %s need %llu bytes, got %lld", mp, i, k, dt, (unsigned long long)need, len);
+            if ((uint64_t)off > fsize[fi] || (uint64_t)len > fsize[fi] - (uint64_t)off)
+                BAD("%s: experts[%zu].parts[%zu]: bytes [%lld, %lld) lie outside files[%lld] (%llu bytes)", mp, i, k, off, off + len, fi, (unsigned long long)fsize[fi]);
             const char *fn = json_string_value(json_array_get(files, (size_t)fi));
-            char *path = fn && fn[0] == '/' ? df_xstrdup(fn) : df_path_join(dir, fn ? fn : "");
-            rc = df_st_add_virtual(st, tn, (df_st_dtype)dtype, (int)json_array_size(sh), shape, path, (uint64_t)json_integer_value(json_object_get(p, "offset")),
-                                   (uint64_t)json_integer_value(json_object_get(p, "length")), err, errlen);
+            char *path = fn[0] == '/' ? df_xstrdup(fn) : df_path_join(dir, fn);
+            rc = df_st_add_virtual(st, tn, (df_st_dtype)dtype, (int)json_array_size(sh), shape, path, (uint64_t)off, (uint64_t)len, err, errlen);
             free(path);
             if (rc) goto out;
         }
     }
+    /* a layer's experts are stored all together (setup writes every routed expert of a MoE layer) */
+    for (int l = 0; l < L; l++) {
+        int have = 0, missing = -1;
+        for (int e = 0; e < E; e++) {
+            if (seen[(size_t)l * E + e]) have++;
+            else if (missing < 0) missing = e;
+        }
+        if (have && have < E) BAD("%s: experts: layer %d has %d of its %d experts (expert %d is missing)", mp, l, have, E, missing);
+    }
+#undef BAD
     rc = 1;
 out:
-    if (rc < 0) { free(*xxh3); *xxh3 = NULL; }
+    if (rc < 0) { free(*xxh3); *xxh3 = NULL; df_store_spine_free(spine); spine = NULL; }
+    *spine_out = spine;
+    free(fsize);
+    free(seen);
     json_decref(m);
     free(mp);
+    return rc;
+}
+
+/* ---- spine verification ---------------------------------------------------- */
+
+typedef struct {
+    int n;
+    const uint8_t *const *data;
+    const uint64_t *sizes;
+    uint64_t *got;
+    atomic_int next;
+} hash_job;
+
+static void *hash_main(void *arg) {
+    hash_job *j = arg;
+    for (;;) {
+        int i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->n) break;
+        j->got[i] = XXH3_64bits(j->data[i], (size_t)j->sizes[i]);
+    }
+    return NULL;
+}
+
+int df_store_spine_verify(const df_store_spine *s, int n, const char *const *names, const uint8_t *const *data, const uint64_t *sizes, int threads,
+                          char *err, size_t errlen) {
+    if (!s) return 0;
+    if ((size_t)n != json_object_size(s->tensors))
+        return df_err(err, errlen, DF_EFORMAT, "%s: %d tensors, the manifest records checksums of %zu (the spine changed since setup)", s->path, n,
+                      json_object_size(s->tensors));
+    hash_job j = {n, data, sizes, df_xcalloc((size_t)(n ? n : 1), sizeof(uint64_t)), 0};
+    if (threads < 1) threads = 1;
+    if (threads > 16) threads = 16;
+    if (threads > n) threads = n > 0 ? n : 1;
+    pthread_t th[16];
+    int started = 0;
+    for (int t = 1; t < threads; t++)
+        if (!pthread_create(&th[started], NULL, hash_main, &j)) started++;
+    hash_main(&j);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        uint64_t want;
+        if (parse_hex16(json_string_value(json_object_get(s->tensors, names[i])), &want))
+            rc = df_err(err, errlen, DF_EFORMAT, "%s: tensor '%s' has no checksum in manifest.json (the spine changed since setup)", s->path, names[i]);
+        else if (j.got[i] != want)
+            rc = df_err(err, errlen, DF_EFORMAT, "%s: checksum mismatch for spine tensor '%s' (xxh3 %016llx, manifest.json records %016llx): the spine is corrupt; run deltafin setup again",
+                        s->path, names[i], (unsigned long long)j.got[i], (unsigned long long)want);
+    }
+    free(j.got);
     return rc;
 }

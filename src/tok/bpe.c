@@ -318,7 +318,7 @@ static void cache_put(df_bpe_cache *c, uint64_t h, const uint8_t *s, size_t n, c
     e->vlen = (uint32_t)m;
     memcpy(c->keys + c->klen, s, n);
     c->klen += n;
-    memcpy(c->vals + c->vlen, ids, m * sizeof *ids);
+    if (m) memcpy(c->vals + c->vlen, ids, m * sizeof *ids); /* a word may give no ids (bytes without tokens): vals may still be NULL */
     c->vlen += m;
     c->used++;
 }

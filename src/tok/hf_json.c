@@ -69,12 +69,17 @@ static int add_norm(df_tokenizer *t, json_t *n, const char *file, char *err, siz
         }
         return 0;
     }
+    if (t->n_norm >= DF_TOK_MAX_STEPS)
+        return df_err(err, errlen, DF_EFORMAT, "%s: normalizer: more than %d steps (at most %d are accepted)", file, DF_TOK_MAX_STEPS, DF_TOK_MAX_STEPS);
     df_norm_step st = {0};
     if (!strcmp(type, "NFC")) {
         st.kind = DF_NORM_NFC;
     } else if (!strcmp(type, "Prepend")) {
         const char *p = json_string_value(json_object_get(n, "prepend"));
         if (!p) return bad(err, errlen, file, "normalizer.prepend", "expected a string");
+        if (strlen(p) > DF_TOK_MAX_NORM_STR)
+            return df_err(err, errlen, DF_EFORMAT, "%s: normalizer step %d (Prepend): prepend is %zu bytes, at most %d are accepted", file, t->n_norm + 1,
+                          strlen(p), DF_TOK_MAX_NORM_STR);
         st.kind = DF_NORM_PREPEND;
         st.a = df_xstrdup(p);
         st.alen = strlen(p);
@@ -83,6 +88,10 @@ static int add_norm(df_tokenizer *t, json_t *n, const char *file, char *err, siz
         const char *c = json_string_value(json_object_get(n, "content"));
         if (!p || !c || !*p)
             return df_err(err, errlen, DF_EUNSUPPORTED, "%s: normalizer Replace: only a non-empty String pattern is supported", file);
+        if (strlen(p) > DF_TOK_MAX_NORM_STR || strlen(c) > DF_TOK_MAX_NORM_STR)
+            return df_err(err, errlen, DF_EFORMAT, "%s: normalizer step %d (Replace): %s is %zu bytes, at most %d are accepted", file, t->n_norm + 1,
+                          strlen(p) > DF_TOK_MAX_NORM_STR ? "pattern.String" : "content", strlen(p) > DF_TOK_MAX_NORM_STR ? strlen(p) : strlen(c),
+                          DF_TOK_MAX_NORM_STR);
         st.kind = DF_NORM_REPLACE;
         st.a = df_xstrdup(p);
         st.alen = strlen(p);
@@ -98,6 +107,8 @@ static int add_norm(df_tokenizer *t, json_t *n, const char *file, char *err, siz
 
 int df_tok_add_pretok_regex(df_tokenizer *t, const char *pattern, int behavior, int invert, char *err, size_t errlen) {
     df_pretok_step st = {0};
+    if (t->n_steps >= DF_TOK_MAX_STEPS)
+        return df_err(err, errlen, DF_EFORMAT, "%s: pre_tokenizer: more than %d steps (at most %d are accepted)", t->path, DF_TOK_MAX_STEPS, DF_TOK_MAX_STEPS);
     st.re = df_pretok_compile(pattern, err, errlen);
     if (!st.re) return DF_EUNSUPPORTED;
     st.fast = invert ? DF_FAST_NONE : df_pretok_fast_id(pattern);
@@ -123,6 +134,9 @@ static int add_pretok(df_tokenizer *t, json_t *p, const char *file, int *byte_le
         }
         return 0;
     }
+    /* every step is a level of recursion per piece when encoding: bounded (ByteLevel may add two) */
+    if (t->n_steps + 2 > DF_TOK_MAX_STEPS)
+        return df_err(err, errlen, DF_EFORMAT, "%s: pre_tokenizer: more than %d steps (at most %d are accepted)", file, DF_TOK_MAX_STEPS - 2, DF_TOK_MAX_STEPS - 2);
     if (!strcmp(type, "Split")) {
         json_t *pat = json_object_get(p, "pattern");
         const char *re = json_string_value(json_object_get(pat, "Regex"));
@@ -189,6 +203,8 @@ static int set_decoder(df_tokenizer *t, json_t *d, const char *file, int *byte_l
 
 int df_tok_load_hf_json(df_tokenizer *t, const char *file, char *err, size_t errlen) {
     df_tok_bytelevel_tables();
+    free(t->path); /* messages name the file */
+    t->path = df_xstrdup(file);
     json_error_t je;
     json_t *root = json_load_file(file, 0, &je);
     if (!root) return df_err(err, errlen, DF_EFORMAT, "%s:%d:%d: invalid JSON: %s", file, je.line, je.column, je.text);
@@ -229,9 +245,9 @@ int df_tok_load_hf_json(df_tokenizer *t, const char *file, char *err, size_t err
     size_t tcap = 256;
     tmp = df_xmalloc(tcap);
     json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= (1 << 30)) {
-            rc = df_err(err, errlen, DF_EFORMAT, "%s: model.vocab[\"%s\"]: expected an id in [0, 2^30), got %s", file, key,
-                        json_is_integer(val) ? "an out-of-range integer" : "a non-integer");
+        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= DF_TOK_MAX_ID) {
+            rc = df_err(err, errlen, DF_EFORMAT, "%s: model.vocab[\"%.64s\"]: expected an id in [0, %d), got %s%lld", file, key, DF_TOK_MAX_ID,
+                        json_is_integer(val) ? "" : "a non-integer", json_is_integer(val) ? (long long)json_integer_value(val) : 0LL);
             goto out;
         }
         size_t kl = strlen(key);
@@ -292,8 +308,18 @@ int df_tok_load_hf_json(df_tokenizer *t, const char *file, char *err, size_t err
     json_array_foreach(added, ai, at) {
         json_t *id = json_object_get(at, "id");
         const char *content = json_string_value(json_object_get(at, "content"));
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1 << 30) || !content) {
+        if (!json_is_integer(id) || !content) {
             rc = df_err(err, errlen, DF_EFORMAT, "%s: added_tokens[%zu]: expected {\"id\": integer >= 0, \"content\": string}", file, ai);
+            goto out;
+        }
+        if (json_integer_value(id) < 0 || json_integer_value(id) >= DF_TOK_MAX_ID) {
+            rc = df_err(err, errlen, DF_EFORMAT, "%s: added_tokens[%zu].id: expected an id in [0, %d), got %lld", file, ai, DF_TOK_MAX_ID,
+                        (long long)json_integer_value(id));
+            goto out;
+        }
+        if (strlen(content) > DF_TOK_MAX_ADDED_LEN) {
+            rc = df_err(err, errlen, DF_EFORMAT, "%s: added_tokens[%zu].content: %zu bytes, at most %d are accepted", file, ai, strlen(content),
+                        DF_TOK_MAX_ADDED_LEN);
             goto out;
         }
         df_added a = {0};

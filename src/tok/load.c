@@ -111,8 +111,8 @@ static int load_tiktoken_file(df_tokenizer *t, const char *file, char *err, size
     const char *k;
     json_t *v;
     json_object_foreach(sp, k, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= (1 << 30)) {
-            rc = df_err(err, errlen, DF_EFORMAT, "%s: special_tokens[\"%s\"]: expected an id >= 0", js, k);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= DF_TOK_MAX_ID) {
+            rc = df_err(err, errlen, DF_EFORMAT, "%s: special_tokens[\"%.64s\"]: expected an id in [0, %d)", js, k, DF_TOK_MAX_ID);
             goto out;
         }
         add_special(t, k, (int32_t)json_integer_value(v));
@@ -239,38 +239,18 @@ void df_tok_free(df_tokenizer *t) {
 }
 
 /* Normalizes an added token's content with the tokenizer's normalizers (NFC,
- * Prepend, Replace), as HF does before matching normalized tokens. */
-static char *norm_content(const df_tokenizer *t, const char *s) {
-    df_buf cur = {0};
-    df_buf_puts(&cur, s);
-    for (int i = 0; i < t->n_norm; i++) {
-        const df_norm_step *st = &t->norm[i];
-        df_buf nb = {0};
-        if (st->kind == DF_NORM_NFC) {
-            uint8_t *o = NULL;
-            size_t ol = 0, oc = 0;
-            df_nfc_append((const uint8_t *)cur.p, cur.len, &o, &ol, &oc);
-            df_buf_put(&nb, o, ol);
-            free(o);
-        } else if (st->kind == DF_NORM_PREPEND) {
-            if (cur.len) df_buf_put(&nb, st->a, st->alen);
-            df_buf_put(&nb, cur.p, cur.len);
-        } else {
-            size_t p = 0;
-            while (p < cur.len) {
-                const char *f = memmem(cur.p + p, cur.len - p, st->a, st->alen);
-                if (!f) break;
-                df_buf_put(&nb, cur.p + p, (size_t)(f - cur.p) - p);
-                df_buf_put(&nb, st->b, st->blen);
-                p = (size_t)(f - cur.p) + st->alen;
-            }
-            df_buf_put(&nb, cur.p + p, cur.len - p);
-        }
-        df_buf_free(&cur);
-        cur = nb;
-    }
-    df_buf_put(&cur, "", 1);
-    return cur.p;
+ * Prepend, Replace), as HF does before matching normalized tokens: a malloc'd
+ * NUL-terminated string, or NULL with err when a normalizer grows it past the cap. */
+static char *norm_content(const df_tokenizer *t, const char *s, size_t n, size_t *outlen, char *err, size_t errlen) {
+    uint8_t *o = NULL;
+    size_t ol = n;
+    if (df_tok_normalize(t, (const uint8_t *)s, n, &o, &ol, err, errlen)) return NULL;
+    char *r = df_xmalloc(ol + 1);
+    memcpy(r, o ? (const char *)o : s, ol);
+    r[ol] = 0;
+    free(o);
+    *outlen = ol;
+    return r;
 }
 
 int df_tok_finish(df_tokenizer *t, char *err, size_t errlen) {
@@ -322,8 +302,10 @@ int df_tok_finish(df_tokenizer *t, char *err, size_t errlen) {
             const char *q = memchr(a->content, '\n', a->len);
             if (a->lstrip || (q && (size_t)(q - a->content) + 1 < a->len)) raw_cut_ok = 0;
         } else {
-            char *nc = norm_content(t, a->content);
-            size_t nl = strlen(nc);
+            size_t nl = 0;
+            char err2[400];
+            char *nc = norm_content(t, a->content, a->len, &nl, err2, sizeof err2);
+            if (!nc) return df_err(err, errlen, DF_EFORMAT, "added token %d (id %d): %s", i, (int)a->id, err2);
             if (nl) {
                 df_tok_trie_add(&t->trie_norm, (const uint8_t *)nc, nl, i);
                 t->has_trie_norm = 1;
@@ -345,8 +327,6 @@ int df_tok_finish(df_tokenizer *t, char *err, size_t errlen) {
         if (t->norm[i].kind != DF_NORM_NFC) split_ok = 0;
     t->split_ok = split_ok;
     t->split_raw_ok = split_ok && raw_cut_ok;
-    (void)err;
-    (void)errlen;
     return 0;
 }
 
@@ -459,7 +439,7 @@ df_tokenizer *df_tok_from_arrays(const df_tok_arrays *a, char *err, size_t errle
         rc = df_err(err, errlen, DF_EINPUT, "tokenizer arrays: kind must be GPT2 or SPM, with tokens");
         goto out;
     }
-    if (a->n_tokens >= (1u << 30)) { rc = df_err(err, errlen, DF_EINPUT, "tokenizer arrays: too many tokens"); goto out; }
+    if (a->n_tokens >= DF_TOK_MAX_ID) { rc = df_err(err, errlen, DF_EINPUT, "tokenizer arrays: %zu tokens, at most %d are accepted", a->n_tokens, DF_TOK_MAX_ID); goto out; }
     if (a->kind == DF_TOK_ARRAYS_SPM && !a->scores) { rc = df_err(err, errlen, DF_EINPUT, "tokenizer arrays: SPM needs scores"); goto out; }
     b->byte_level = a->kind == DF_TOK_ARRAYS_GPT2;
     size_t tcap = 256;

@@ -395,20 +395,26 @@ int df_pretok_find(int fast, const pcre2_code *re, pcre2_match_data *md, const u
         }
         return 0;
     }
-    if (pos >= n) return 0;
-    int rc = pcre2_match(re, s, n, pos, 0, md, NULL);
-    if (rc < 0) return 0;
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-    if (ov[1] == ov[0]) { /* an empty match: HF skips it (no piece); move on one character */
-        size_t p = ov[0];
-        int l;
-        if (p >= n) return 0;
-        cls(s, n, p, &l);
-        return df_pretok_find(fast, re, md, s, n, p + (size_t)l, ms, me);
+    /* a loop, not recursion: a pattern that matches empty everywhere ("a*")
+     * would otherwise recurse once per character of a long piece */
+    for (;;) {
+        if (pos >= n) return 0;
+        int rc = pcre2_match(re, s, n, pos, 0, md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) return 0;
+        if (rc < 0) return -1; /* PCRE2's match, depth or heap limit: the caller fails the encoding */
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        if (ov[1] == ov[0]) { /* an empty match: HF skips it (no piece); move on one character */
+            size_t p = ov[0];
+            int l;
+            if (p >= n) return 0;
+            cls(s, n, p, &l);
+            pos = p + (size_t)l;
+            continue;
+        }
+        *ms = ov[0];
+        *me = ov[1];
+        return 1;
     }
-    *ms = ov[0];
-    *me = ov[1];
-    return 1;
 }
 
 /* ---- pattern recognition and translation -------------------------------- */

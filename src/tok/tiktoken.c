@@ -70,7 +70,7 @@ int df_tok_load_tiktoken(df_tokenizer *t, const char *file, const char *pat, cha
                     if (*end) r = -1;
                 }
             }
-            if (tl <= 0 || r < 0 || r >= (1 << 30)) {
+            if (tl <= 0 || r < 0 || r >= DF_TOK_MAX_ID) {
                 rc = df_err(err, errlen, DF_EFORMAT, "%s:%zu: expected \"<base64 token> <rank>\"", file, line);
                 goto out;
             }

@@ -53,8 +53,9 @@ pcre2_code *df_pretok_compile(const char *pattern, char *err, size_t errlen);
 /* The translation df_pretok_compile applies (malloc'd), for tests. */
 char *df_pretok_translate(const char *pattern);
 /* Finds the leftmost match at or after pos in s[0..n): returns 1 and sets
- * [*ms, *me), or 0. fast != NONE uses the scanner, else re. md is a match
- * data block for re (may be NULL when fast is used). */
+ * [*ms, *me), or 0; -1 when PCRE2 gives up (its match, depth or heap limit,
+ * a hostile pattern). fast != NONE uses the scanner (never -1), else re. md is
+ * a match data block for re (may be NULL when fast is used). */
 int df_pretok_find(int fast, const pcre2_code *re, pcre2_match_data *md, const uint8_t *s, size_t n,
                    size_t pos, size_t *ms, size_t *me);
 /* Builds the character class tables (idempotent, thread-safe). */
@@ -146,6 +147,25 @@ typedef struct {
 enum { DF_NORM_NFC = 1, DF_NORM_PREPEND, DF_NORM_REPLACE };
 typedef struct { int kind; char *a; size_t alen; char *b; size_t blen; } df_norm_step;
 
+/* ---- limits on what a tokenizer file may ask for (hostile files) ---------
+ * Normalizers and pre-tokenizers may grow the text (Replace "a" -> "aaaa",
+ * Prepend, ByteLevel's prefix space, Metaspace). For one piece of input text
+ * of n bytes (the text between two raw added tokens), every normalizer
+ * stage's output and the total bytes the pre-tokenizer hands to BPE are
+ * capped at df_tok_out_cap(n) = max(64 KiB, 16 * n); the cap is checked
+ * before the output grows past it, and encoding then fails with DF_EINPUT
+ * naming the step. Real tokenizers grow text by 3x at most (NFC, U+2581). */
+#define DF_TOK_OUT_FLOOR ((size_t)64 << 10)
+#define DF_TOK_OUT_FACTOR 16u
+static inline size_t df_tok_out_cap(size_t n) {
+    if (n > SIZE_MAX / DF_TOK_OUT_FACTOR) return SIZE_MAX;
+    return n * DF_TOK_OUT_FACTOR > DF_TOK_OUT_FLOOR ? n * DF_TOK_OUT_FACTOR : DF_TOK_OUT_FLOOR;
+}
+#define DF_TOK_MAX_STEPS 64          /* normalizer steps, and pre-tokenizer steps (after Sequences are flattened) */
+#define DF_TOK_MAX_NORM_STR 1024     /* bytes of a Replace pattern / content or a Prepend string */
+#define DF_TOK_MAX_ID (1 << 22)      /* token ids are < 4,194,304 (real vocabularies: <= ~262k) */
+#define DF_TOK_MAX_ADDED_LEN 65536   /* bytes of one added token's content */
+
 struct df_tokenizer {
     char *path;
     int is_tiktoken;
@@ -172,6 +192,14 @@ struct df_tokenizer {
     /* config */
     char *chat_template, *bos, *eos;
 };
+
+/* Describes normalizer step i for messages ("Replace \"a\" -> \"b\"", quoted and shortened). */
+void df_tok_norm_describe(const df_tokenizer *t, int i, char *out, size_t outlen);
+
+/* Runs the normalizers over s[0..n): *out is malloc'd, or NULL when they leave
+ * s unchanged (*outlen is set either way). DF_EINPUT naming the step when a
+ * stage's output would pass df_tok_out_cap(n). */
+int df_tok_normalize(const df_tokenizer *t, const uint8_t *s, size_t n, uint8_t **out, size_t *outlen, char *err, size_t errlen);
 
 /* Loaders (tokenizer.c dispatches by path). All return 0 or DF_E*. */
 int df_tok_load_hf_json(df_tokenizer *t, const char *file, char *err, size_t errlen);

@@ -151,11 +151,37 @@ typedef struct {
     df_ids *out;
     pcre2_match_data *md;
     int special_ok;
+    /* the pre-tokenizer output cap of the current gap (df_tok_out_cap) and
+     * the bytes handed to BPE so far; rc != 0 stops the pipeline */
+    size_t budget, used;
+    int rc;
+    char *err;
+    size_t errlen;
 } worker;
 
 typedef struct { size_t s, e; int m; } piece;
 
 static void pretok(worker *w, int k, const uint8_t *s, size_t n);
+
+/* Hands one pre-token to BPE, counting its bytes against the gap's cap. */
+static void to_bpe(worker *w, const uint8_t *s, size_t n) {
+    if (w->rc) return;
+    if (n > w->budget - w->used) {
+        const df_tokenizer *t = w->t;
+        int grows = -1;
+        for (int i = 0; i < t->n_steps && grows < 0; i++)
+            if (t->steps[i].prefix_space) grows = i;
+        char what[96];
+        if (grows >= 0) snprintf(what, sizeof what, "pre-tokenizer step %d of %d (ByteLevel add_prefix_space)", grows + 1, t->n_steps);
+        else snprintf(what, sizeof what, "pre-tokenizer (Metaspace)");
+        w->rc = df_err(w->err, w->errlen, DF_EINPUT,
+                       "%s: %s: the pre-tokens would exceed %zu bytes, the cap for this input (max(64 KiB, %u x input)); refusing to tokenize",
+                       t->path, what, w->budget, DF_TOK_OUT_FACTOR);
+        return;
+    }
+    w->used += n;
+    df_bpe_encode_word(&w->t->bpe, w->cache, s, n, w->out);
+}
 
 /* Applies split behaviour to the (start, end, is_match) list of one piece, then recurses. */
 static void split_general(worker *w, int k, const uint8_t *s, size_t n) {
@@ -174,10 +200,18 @@ static void split_general(worker *w, int k, const uint8_t *s, size_t n) {
             pos = me;
         }
     } else {
-        while (df_pretok_find(st->fast, st->re, w->md, s, n, pos, &ms, &me)) {
+        int f;
+        while ((f = df_pretok_find(st->fast, st->re, w->md, s, n, pos, &ms, &me)) > 0) {
             if (ms > pos) PUSH(pos, ms, 0);
             PUSH(ms, me, 1);
             pos = me;
+        }
+        if (f < 0) {
+            w->rc = df_err(w->err, w->errlen, DF_EINPUT,
+                           "%s: pre-tokenizer step %d of %d (Split regex): PCRE2 gave up matching (its match, depth or heap limit) at byte %zu of a %zu-byte piece; refusing to tokenize",
+                           w->t->path, k + 1, w->t->n_steps, pos, n);
+            free(v);
+            return;
         }
     }
     if (pos < n) PUSH(pos, n, 0);
@@ -216,15 +250,15 @@ static void split_general(worker *w, int k, const uint8_t *s, size_t n) {
     }
 #undef PUSH
     free(v);
-    for (size_t i = 0; i < no; i++) pretok(w, k + 1, s + o[i].s, o[i].e - o[i].s);
+    for (size_t i = 0; i < no && !w->rc; i++) pretok(w, k + 1, s + o[i].s, o[i].e - o[i].s);
     free(o);
 }
 
 /* Pre-tokenizer step k over one piece; after the last step, BPE. */
 static void pretok(worker *w, int k, const uint8_t *s, size_t n) {
     const df_tokenizer *t = w->t;
-    if (n == 0) return;
-    if (k == t->n_steps) { df_bpe_encode_word(&t->bpe, w->cache, s, n, w->out); return; }
+    if (n == 0 || w->rc) return;
+    if (k == t->n_steps) { to_bpe(w, s, n); return; }
     const df_pretok_step *st = &t->steps[k];
     if (st->prefix_space) {
         if (s[0] == ' ') { pretok(w, k + 1, s, n); return; }
@@ -238,9 +272,9 @@ static void pretok(worker *w, int k, const uint8_t *s, size_t n) {
     if (st->fast && st->behavior == DF_SPLIT_ISOLATED && !st->invert) {
         size_t pos = 0, ms, me;
         int last = k + 1 == t->n_steps;
-        while (df_pretok_find(st->fast, NULL, NULL, s, n, pos, &ms, &me)) {
+        while (!w->rc && df_pretok_find(st->fast, NULL, NULL, s, n, pos, &ms, &me)) {
             if (ms > pos) pretok(w, k + 1, s + pos, ms - pos);
-            if (last) df_bpe_encode_word(&t->bpe, w->cache, s + ms, me - ms, w->out);
+            if (last) to_bpe(w, s + ms, me - ms);
             else pretok(w, k + 1, s + ms, me - ms);
             pos = me;
         }
@@ -250,11 +284,48 @@ static void pretok(worker *w, int k, const uint8_t *s, size_t n) {
     split_general(w, k, s, n);
 }
 
-/* Normalizes s (one piece without raw added tokens) into a malloc'd buffer, or
- * returns NULL when the normalizers leave it unchanged. */
-static uint8_t *normalize(const df_tokenizer *t, const uint8_t *s, size_t n, size_t *outlen) {
+/* Describes normalizer step i: its kind and strings (escaped, shortened). */
+static void put_quoted(char *o, size_t ol, const char *s, size_t n) {
+    size_t k = 0;
+    if (ol < 8) { if (ol) *o = 0; return; }
+    o[k++] = '"';
+    for (size_t i = 0; i < n && k + 6 < ol; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (i == 24 && n > 28) { memcpy(o + k, "...", 3); k += 3; break; }
+        if (c < 0x20 || c == '"' || c == '\\') k += (size_t)snprintf(o + k, ol - k, "\\x%02x", c);
+        else o[k++] = (char)c;
+    }
+    o[k++] = '"';
+    o[k] = 0;
+}
+
+void df_tok_norm_describe(const df_tokenizer *t, int i, char *out, size_t outlen) {
+    const df_norm_step *st = &t->norm[i];
+    char a[48], b[48];
+    if (st->kind == DF_NORM_NFC) { snprintf(out, outlen, "NFC"); return; }
+    put_quoted(a, sizeof a, st->a, st->alen);
+    if (st->kind == DF_NORM_PREPEND) { snprintf(out, outlen, "Prepend %s", a); return; }
+    put_quoted(b, sizeof b, st->b, st->blen);
+    snprintf(out, outlen, "Replace %s -> %s", a, b);
+}
+
+static int norm_cap_err(const df_tokenizer *t, int i, size_t cap, size_t n, char *err, size_t errlen) {
+    char d[128];
+    df_tok_norm_describe(t, i, d, sizeof d);
+    return df_err(err, errlen, DF_EINPUT,
+                  "%s: normalizer step %d of %d (%s): its output would exceed %zu bytes, the cap for a %zu-byte input "
+                  "(max(64 KiB, %u x input)); refusing to tokenize",
+                  t->path, i + 1, t->n_norm, d, cap, n, DF_TOK_OUT_FACTOR);
+}
+
+/* Normalizes s (one piece without raw added tokens): *out is a malloc'd
+ * buffer, or NULL when the normalizers leave it unchanged. Every stage's
+ * output is capped at df_tok_out_cap(n), checked before it grows past the
+ * cap (NFC, which at most triples its input, is checked once done). */
+int df_tok_normalize(const df_tokenizer *t, const uint8_t *s, size_t n, uint8_t **out, size_t *outlen, char *err, size_t errlen) {
     uint8_t *cur = NULL;
-    size_t cl = n;
+    size_t cl = n, cap = df_tok_out_cap(n);
+    *out = NULL;
     for (int i = 0; i < t->n_norm; i++) {
         const df_norm_step *st = &t->norm[i];
         const uint8_t *in = cur ? cur : s;
@@ -263,8 +334,10 @@ static uint8_t *normalize(const df_tokenizer *t, const uint8_t *s, size_t n, siz
         if (st->kind == DF_NORM_NFC) {
             if (df_nfc_quick_span(in, cl) == cl) continue;
             df_nfc_append(in, cl, &o, &ol, &oc);
+            if (ol > cap) { free(o); free(cur); return norm_cap_err(t, i, cap, n, err, errlen); }
         } else if (st->kind == DF_NORM_PREPEND) {
             if (!cl) continue;
+            if (st->alen > cap - cl) { free(cur); return norm_cap_err(t, i, cap, n, err, errlen); }
             o = df_xmalloc(cl + st->alen);
             memcpy(o, st->a, st->alen);
             memcpy(o + st->alen, in, cl);
@@ -275,10 +348,13 @@ static uint8_t *normalize(const df_tokenizer *t, const uint8_t *s, size_t n, siz
             while (p < cl) {
                 const uint8_t *f = memmem(in + p, cl - p, st->a, st->alen);
                 if (!f) break;
-                df_buf_put(&b, in + p, (size_t)(f - in) - p);
+                size_t keep = (size_t)(f - in) - p;
+                if (keep > cap - b.len || st->blen > cap - b.len - keep) { df_buf_free(&b); free(cur); return norm_cap_err(t, i, cap, n, err, errlen); }
+                df_buf_put(&b, in + p, keep);
                 df_buf_put(&b, st->b, st->blen);
                 p = (size_t)(f - in) + st->alen;
             }
+            if (cl - p > cap - b.len) { df_buf_free(&b); free(cur); return norm_cap_err(t, i, cap, n, err, errlen); }
             df_buf_put(&b, in + p, cl - p);
             o = (uint8_t *)b.p;
             ol = b.len;
@@ -287,8 +363,9 @@ static uint8_t *normalize(const df_tokenizer *t, const uint8_t *s, size_t n, siz
         cur = o;
         cl = ol;
     }
+    *out = cur;
     *outlen = cl;
-    return cur;
+    return 0;
 }
 
 /* The SentencePiece Metaspace pre-tokenizer (prepend_scheme "first", no
@@ -321,12 +398,16 @@ static void pretok_top(worker *w, const uint8_t *s, size_t n, int at_start) {
 static void encode_gap(worker *w, const uint8_t *s, size_t n, int at_start) {
     const df_tokenizer *t = w->t;
     size_t nl = n;
-    uint8_t *norm = t->n_norm ? normalize(t, s, n, &nl) : NULL;
+    uint8_t *norm = NULL;
+    if (w->rc) return;
+    if (t->n_norm && (w->rc = df_tok_normalize(t, s, n, &norm, &nl, w->err, w->errlen))) return;
     const uint8_t *x = norm ? norm : s;
+    w->budget = df_tok_out_cap(n);
+    w->used = 0;
     if (t->has_trie_norm) {
         df_segs segs = {0};
         split_added(t, &t->trie_norm, x, nl, 0, w->special_ok, &segs);
-        for (size_t i = 0; i < segs.n; i++) {
+        for (size_t i = 0; i < segs.n && !w->rc; i++) {
             if (segs.v[i].id >= 0) df_ids_push(w->out, segs.v[i].id);
             else pretok_top(w, x + segs.v[i].start, segs.v[i].end - segs.v[i].start, at_start && segs.v[i].start == 0);
         }
@@ -337,7 +418,10 @@ static void encode_gap(worker *w, const uint8_t *s, size_t n, int at_start) {
     free(norm);
 }
 
-static void worker_init(worker *w, const df_tokenizer *t, df_ids *out, int special_ok) {
+static void worker_init(worker *w, const df_tokenizer *t, df_ids *out, int special_ok, char *err, size_t errlen) {
+    memset(w, 0, sizeof *w);
+    w->err = err;
+    w->errlen = errlen;
     w->t = t;
     w->cache = df_bpe_cache_new();
     w->out = out;
@@ -423,7 +507,7 @@ static void encode_range(worker *w, const uint8_t *s, size_t a, size_t b, int ma
     }
     scratch_segs->n = 0;
     split_added(t, &t->trie_raw, s + a, b - a, a, w->special_ok, scratch_segs);
-    for (size_t i = 0; i < scratch_segs->n; i++) {
+    for (size_t i = 0; i < scratch_segs->n && !w->rc; i++) {
         const df_seg *g = &scratch_segs->v[i];
         if (g->id >= 0) df_ids_push(w->out, g->id);
         else encode_gap(w, s + g->start, g->end - g->start, g->start == 0);
@@ -443,6 +527,10 @@ typedef struct {
     size_t n_tasks;
     df_ids *results;
     int special_ok, match;
+    pthread_mutex_t err_mu;  /* the first failing task's message */
+    int rc;
+    char *err;
+    size_t errlen;
     _Alignas(64) atomic_size_t next; /* its own cache line: the fields above are read by every thread */
     char pad[64 - sizeof(atomic_size_t)];
 } par_job;
@@ -451,7 +539,8 @@ static void *par_main(void *arg) {
     par_job *j = arg;
     worker w;
     df_segs segs = {0};
-    worker_init(&w, j->t, NULL, j->special_ok);
+    char err[512] = "";
+    worker_init(&w, j->t, NULL, j->special_ok, err, sizeof err);
     for (;;) {
         size_t k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (k >= j->n_tasks) break;
@@ -463,12 +552,18 @@ static void *par_main(void *arg) {
         size_t bytes = 0;
         for (size_t i = j->task_start[k]; i < j->task_start[k + 1]; i++) bytes += j->items[i].end - j->items[i].start;
         df_ids_grow(&mine, bytes / 3 + 16); /* about 4 bytes per token: one growth at most */
-        for (size_t i = j->task_start[k]; i < j->task_start[k + 1]; i++) {
+        for (size_t i = j->task_start[k]; i < j->task_start[k + 1] && !w.rc; i++) {
             df_seg *sg = &j->items[i];
             if (sg->id >= 0) df_ids_push(&mine, sg->id);
             else encode_range(&w, j->text, sg->start, sg->end, j->match, &segs);
         }
         j->results[k] = mine;
+        if (w.rc) {
+            pthread_mutex_lock(&j->err_mu);
+            if (!j->rc) { j->rc = w.rc; if (j->err && j->errlen) snprintf(j->err, j->errlen, "%s", err); }
+            pthread_mutex_unlock(&j->err_mu);
+            break;
+        }
     }
     free(segs.v);
     worker_free(&w);
@@ -480,16 +575,25 @@ static void *par_main(void *arg) {
 #define PAR_MIN_TASK (32u << 10)
 
 int df_tok_encode(const df_tokenizer *t, const char *text, size_t len, int flags, int n_threads, int32_t **ids, size_t *n) {
+    return df_tok_encode_err(t, text, len, flags, n_threads, ids, n, NULL, 0);
+}
+
+int df_tok_encode_err(const df_tokenizer *t, const char *text, size_t len, int flags, int n_threads, int32_t **ids, size_t *n,
+                      char *err, size_t errlen) {
     const uint8_t *s = (const uint8_t *)text;
+    int rc = 0;
+    *ids = NULL;
+    *n = 0;
     int special_ok = !t->is_tiktoken || (flags & DF_TOK_ALLOW_SPECIAL);
     if (n_threads <= 0) n_threads = df_n_cpus();
     df_ids out = {0};
     df_segs segs = {0};
     if (n_threads <= 1 || len < PAR_MIN_BYTES || !t->split_ok) {
         worker w;
-        worker_init(&w, t, &out, special_ok);
+        worker_init(&w, t, &out, special_ok, err, errlen);
         if (len) df_ids_grow(&out, len / 3 + 16);
         encode_range(&w, s, 0, len, 1, &segs);
+        rc = w.rc;
         worker_free(&w);
     } else {
         size_t target = len / ((size_t)n_threads * PAR_TASKS_PER_THREAD);
@@ -526,6 +630,9 @@ int df_tok_encode(const df_tokenizer *t, const char *text, size_t len, int flags
         j.results = df_xcalloc(j.n_tasks ? j.n_tasks : 1, sizeof *j.results);
         j.special_ok = special_ok;
         j.match = match;
+        j.err = err;
+        j.errlen = errlen;
+        pthread_mutex_init(&j.err_mu, NULL);
         atomic_init(&j.next, 0);
         int nt = n_threads < (int)j.n_tasks ? n_threads : (int)j.n_tasks;
         pthread_t *th = df_xmalloc(sizeof *th * (size_t)(nt > 0 ? nt : 1));
@@ -543,12 +650,15 @@ int df_tok_encode(const df_tokenizer *t, const char *text, size_t len, int flags
             free(j.results[k].v);
         }
         out.cap = total;
+        rc = j.rc;
+        pthread_mutex_destroy(&j.err_mu);
         free(j.results);
         free(th);
         free(ts);
         free(items.v);
     }
     free(segs.v);
+    if (rc) { free(out.v); return rc; }
     if (!out.v) out.v = df_xmalloc(sizeof *out.v);
     *ids = out.v;
     *n = out.n;

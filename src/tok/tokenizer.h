@@ -33,6 +33,12 @@ enum { DF_TOK_ALLOW_SPECIAL = 1 };
  * result never depends on it. No BOS is added. *ids is malloc'd. */
 int df_tok_encode(const df_tokenizer *t, const char *text, size_t len, int flags, int n_threads,
                   int32_t **ids, size_t *n);
+/* Same, with a message on failure: DF_EINPUT when the tokenizer's
+ * normalizers or pre-tokenizers would grow a piece of the text past
+ * max(64 KiB, 16 x its length) (a hostile tokenizer.json; docs/TOKENIZER.md).
+ * On failure *ids is NULL and *n 0. */
+int df_tok_encode_err(const df_tokenizer *t, const char *text, size_t len, int flags, int n_threads,
+                      int32_t **ids, size_t *n, char *err, size_t errlen);
 /* Bytes of ids, like HF decode(skip_special_tokens=False) but without lossy
  * UTF-8 replacement. *out is malloc'd and NUL-terminated (len excludes it).
  * An id with no token is DF_EINPUT. */

@@ -429,3 +429,114 @@ def test_bench_first_touch_reports(dfbin):
     p = run([dfbin, "bench", "first-touch", "--size", "64M", "--threads", "2"])
     r = _json.loads(p.stdout)
     assert r["bytes"] == 64 << 20 and r["threads"] == 2 and r["first_touch_gbs"] > 0
+
+
+# ---- hostile manifests and spines (issue 18) ----
+
+def _eval_store(dfbin, d):
+    return run([dfbin, "eval", "--model", str(d), "--ids", "1,2,3", "--dump-logits", os.devnull], check=False)
+
+
+def _edited_store(stores, tmp_path, edit, name="qwen3-moe-bf16"):
+    d = tmp_path / "s"
+    shutil.copytree(stores[name], d)
+    man = json.loads((d / "manifest.json").read_text())
+    edit(man)
+    (d / "manifest.json").write_text(json.dumps(man))
+    return d
+
+
+def test_spine_tensor_named_as_an_expert_part_is_refused(dfbin, stores, tmp_path):
+    def edit(man):
+        man["experts"][0]["parts"][0]["tensor"] = "model.layers.0.self_attn.q_proj.weight"
+    r = _eval_store(dfbin, _edited_store(stores, tmp_path, edit))
+    assert r.returncode == 2, r.stderr
+    assert "manifest.json: experts[0].parts[0].tensor: expected a routed-expert tensor model.layers.0.mlp.experts.0." in r.stderr, r.stderr
+    assert '"model.layers.0.self_attn.q_proj.weight"' in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def _set(path, value):
+    def edit(man):
+        o = man
+        for k in path[:-1]:
+            o = o[k]
+        o[path[-1]] = value(o[path[-1]]) if callable(value) else value
+    return edit
+
+
+def _dup_expert(man):
+    man["experts"].append(json.loads(json.dumps(man["experts"][3])))
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (_set(["experts", 0, "layer"], 99), "experts[0].layer: expected an integer in [0, 2], got 99"),
+    (_set(["experts", 0, "expert"], -1), "experts[0].expert: expected an integer in [0, 7], got -1"),
+    (_set(["experts", 0, "layer"], "0"), "experts[0].layer: expected an integer in [0, 2], got a string"),
+    (_dup_expert, "layer 0 expert 3 appears twice"),
+    (_set(["experts", 1, "parts", 0, "tensor"], "model.layers.0.mlp.experts.0.gate_proj.weight"),
+     "experts[1].parts[0].tensor: expected a routed-expert tensor model.layers.0.mlp.experts.1."),
+    (_set(["experts", 0, "parts", 1, "tensor"], "model.layers.0.mlp.experts.0.gate_proj.weight"), "experts[0].parts[1].tensor: \"model.layers.0.mlp.experts.0.gate_proj.weight\" is out of order or repeated"),
+    (_set(["experts", 0, "parts", 0, "offset"], 1 << 40), "experts[0].parts[0]: bytes [1099511627776, 1099511627776+6144) lie outside files[0]".replace("1099511627776+6144", str((1 << 40) + 6144))),
+    (_set(["experts", 0, "parts", 0, "offset"], -4096), "experts[0].parts[0].offset: expected an integer in [0,"),
+    (_set(["experts", 0, "parts", 0, "file"], 7), "experts[0].parts[0].file: expected an integer in [0, 1], got 7"),
+    (_set(["experts", 0, "parts", 0, "shape"], [48, -64]), "experts[0].parts[0].shape[1]: expected an integer in [0, 1099511627776], got -64"),
+    (_set(["experts", 0, "parts", 0, "dtype"], "Q9"), "experts[0].parts[0].dtype: expected a safetensors dtype, got Q9"),
+    (_set(["experts", 0, "xxh3"], "zz"), "experts[0].xxh3: expected 16 hex digits, got zz"),
+    (_set(["experts", 0, "parts"], []), "experts[0].parts: expected an array of 1 to 6 parts, got an array (empty)"),
+    (_set(["files", 0], "packs/nope.pack"), "files[0]: "),
+    (_set(["experts"], lambda x: x * 5), "experts: 80 entries, but 3 layers x 8 experts allow at most 24"),
+    (_set(["spine", "tensors"], None), "spine.tensors: expected an object"),
+    (lambda man: man["experts"].pop(3), "experts: layer 0 has 7 of its 8 experts (expert 3 is missing)"),
+    (_set(["spine", "size"], 12), "spine.size 12 (the spine changed since setup)"),
+    (_set(["spine", "file"], "../x"), "spine.file: expected \"spine.safetensors\", got ../x"),
+    (_set(["format_version"], 1), "format_version 1 (an older deltafin) has no spine checksums; this build reads version 2"),
+    (_set(["format_version"], 3), "format_version: expected 2, got 3"),
+])
+def test_manifest_is_validated_as_a_whole(dfbin, stores, tmp_path, edit, needle):
+    r = _eval_store(dfbin, _edited_store(stores, tmp_path, edit))
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "manifest.json" in r.stderr and needle in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def _flip_spine(d, tensor, byte, mask):
+    p = d / "spine.safetensors"
+    b = bytearray(p.read_bytes())
+    n = struct.unpack("<Q", b[:8])[0]
+    hdr = json.loads(b[8:8 + n])
+    b[8 + n + hdr[tensor]["data_offsets"][0] + byte] ^= mask
+    p.write_bytes(bytes(b))
+
+
+@pytest.mark.parametrize("tensor", ["model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight", "model.norm.weight"])
+def test_flipped_spine_byte_is_detected(dfbin, stores, tmp_path, tensor):
+    """A flipped exponent byte in the spine changed the logits and the run
+    exited 0: the spine now carries an xxh3 per tensor, checked at open (from
+    the arena the spine is read into; the untied embedding, which stays on
+    disk, from its mapping; model.norm is converted to f32 at load)."""
+    d = tmp_path / "s"
+    shutil.copytree(stores["qwen3-moe-bf16"], d)
+    assert _eval_store(dfbin, d).returncode == 0
+    _flip_spine(d, tensor, 1, 0x40)  # the high byte of the first BF16 value: sign and exponent
+    r = _eval_store(dfbin, d)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert f"spine.safetensors: checksum mismatch for spine tensor '{tensor}'" in r.stderr, r.stderr
+
+
+def test_changed_spine_header_is_detected(dfbin, stores, tmp_path):
+    d = tmp_path / "s"
+    shutil.copytree(stores["qwen3-moe-bf16"], d)
+    p = d / "spine.safetensors"
+    b = p.read_bytes()
+    assert b'"format":"pt"' in b
+    p.write_bytes(b.replace(b'"format":"pt"', b'"format":"pu"'))  # still valid JSON of the same length
+    r = _eval_store(dfbin, d)
+    assert r.returncode == 2 and "spine.safetensors: header checksum mismatch" in r.stderr, r.stderr
+
+
+def test_store_does_not_import_the_model_layer():
+    import re
+    repo = MODELS.parents[2]
+    for f in ("store.c", "store.h"):
+        src = (repo / "src" / "store" / f).read_text()
+        assert not re.search(r'#include\s+"model/', src), f

@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "deltafin.h"
 #include "format/gguf.h"
 #include "tok/tok_internal.h"
 #include "tok/unicode.h"
@@ -390,6 +392,136 @@ static void test_gguf(void) {
     }
 }
 
+/* ---- limits against hostile tokenizer.json files ---- */
+static df_tokenizer *load_json(const char *json, char *err, size_t errlen) {
+    char path[] = "/tmp/test_tok_limitsXXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) { snprintf(err, errlen, "mkstemp failed"); return NULL; }
+    FILE *f = fdopen(fd, "w");
+    fputs(json, f);
+    fclose(f);
+    char tj[64];
+    snprintf(tj, sizeof tj, "%s.json", path); /* a plain file path: loaded as tokenizer.json */
+    rename(path, tj);
+    df_tokenizer *t = df_tok_load(tj, err, errlen);
+    unlink(tj);
+    return t;
+}
+
+/* A char-level BPE over {a} with one Replace "a" -> a * k normalizer. */
+static df_tokenizer *replace_tok(int k, char *err, size_t errlen) {
+    df_buf j = {0};
+    df_buf_puts(&j, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+                    "\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"");
+    for (int i = 0; i < k; i++) df_buf_puts(&j, "a");
+    df_buf_puts(&j, "\"}}");
+    df_buf_put(&j, "", 1);
+    df_tokenizer *t = load_json(j.p, err, errlen);
+    df_buf_free(&j);
+    return t;
+}
+
+/* pairs x [Split "." Isolated, ByteLevel(add_prefix_space, no regex)]: every
+ * pair puts one more space before each character. */
+static df_tokenizer *prefix_tok(int pairs, char *err, size_t errlen) {
+    df_buf j = {0};
+    df_buf_puts(&j, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"\xc4\xa0\": 1}, \"merges\": []}, "
+                    "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [");
+    for (int i = 0; i < pairs; i++)
+        df_buf_puts(&j, i ? ", " : ""), df_buf_puts(&j, "{\"type\": \"Split\", \"pattern\": {\"Regex\": \".\"}, \"behavior\": \"Isolated\"}, "
+                                                      "{\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"use_regex\": false}");
+    df_buf_puts(&j, "]}}");
+    df_buf_put(&j, "", 1);
+    df_tokenizer *t = load_json(j.p, err, errlen);
+    df_buf_free(&j);
+    return t;
+}
+
+static void test_limits(void) {
+    char err[512] = "";
+    const size_t n = 8192; /* 16 x 8192 = 128 KiB, above the 64 KiB floor */
+    char *text = malloc(n);
+    memset(text, 'a', n);
+    int32_t *ids = NULL;
+    size_t m = 0;
+    /* exactly 16x is allowed, 17x is refused with a message naming the step and the cap */
+    df_tokenizer *t = replace_tok(16, err, sizeof err);
+    CHECK(t, "replace x16: %s", err);
+    if (t) {
+        int rc = df_tok_encode_err(t, text, n, 0, 1, &ids, &m, err, sizeof err);
+        CHECK(rc == 0 && m == 16 * n, "replace x16: rc %d, %zu ids (want %zu): %s", rc, m, 16 * n, err);
+        free(ids);
+        df_tok_free(t);
+    }
+    t = replace_tok(17, err, sizeof err);
+    CHECK(t, "replace x17: %s", err);
+    if (t) {
+        ids = (int32_t *)1;
+        err[0] = 0;
+        int rc = df_tok_encode_err(t, text, n, 0, 1, &ids, &m, err, sizeof err);
+        CHECK(rc == DF_EINPUT && ids == NULL && m == 0, "replace x17: rc %d", rc);
+        CHECK(strstr(err, "normalizer step 1 of 1 (Replace \"a\" -> \"aaaaaaaaaaaaaaaaa\")") && strstr(err, "131072 bytes") &&
+                  strstr(err, "8192-byte input"), "replace x17 message: %s", err);
+        /* below the 64 KiB floor any growth is fine */
+        rc = df_tok_encode_err(t, text, 100, 0, 1, &ids, &m, err, sizeof err);
+        CHECK(rc == 0 && m == 1700, "replace x17 on 100 bytes: rc %d, %zu ids", rc, m);
+        free(ids);
+        df_tok_free(t);
+    }
+    /* pre-tokenizer growth: 10 pairs give 11x (fine), 20 pairs give 21x (refused) */
+    t = prefix_tok(10, err, sizeof err);
+    CHECK(t, "prefix x10: %s", err);
+    if (t) {
+        int rc = df_tok_encode_err(t, text, n, 0, 1, &ids, &m, err, sizeof err);
+        CHECK(rc == 0 && m == 11 * n, "prefix x10: rc %d, %zu ids (want %zu): %s", rc, m, 11 * n, err);
+        free(ids);
+        df_tok_free(t);
+    }
+    t = prefix_tok(20, err, sizeof err);
+    CHECK(t, "prefix x20: %s", err);
+    if (t) {
+        err[0] = 0;
+        int rc = df_tok_encode_err(t, text, n, 0, 1, &ids, &m, err, sizeof err);
+        CHECK(rc == DF_EINPUT && strstr(err, "pre-tokenizer step 2 of 40 (ByteLevel add_prefix_space)") && strstr(err, "131072 bytes"),
+              "prefix x20: rc %d: %s", rc, err);
+        df_tok_free(t);
+    }
+    /* load-time limits */
+    df_buf j = {0};
+    df_buf_puts(&j, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [");
+    for (int i = 0; i < 65; i++) df_buf_puts(&j, i ? ", {\"type\": \"NFC\"}" : "{\"type\": \"NFC\"}");
+    df_buf_puts(&j, "]}}");
+    df_buf_put(&j, "", 1);
+    t = load_json(j.p, err, sizeof err);
+    CHECK(!t && strstr(err, "normalizer: more than 64 steps"), "65 normalizers: %s", err);
+    df_tok_free(t);
+    df_buf_free(&j);
+    t = replace_tok(1025, err, sizeof err);
+    CHECK(!t && strstr(err, "normalizer step 1 (Replace): content is 1025 bytes, at most 1024"), "long Replace content: %s", err);
+    df_tok_free(t);
+    t = load_json("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1000000000}, \"merges\": []}}", err, sizeof err);
+    CHECK(!t && strstr(err, "model.vocab[\"b\"]: expected an id in [0, 4194304), got 1000000000"), "huge vocab id: %s", err);
+    df_tok_free(t);
+    t = load_json("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"added_tokens\": [{\"id\": 1000000000, \"content\": \"x\"}]}",
+                  err, sizeof err);
+    CHECK(!t && strstr(err, "added_tokens[0].id: expected an id in [0, 4194304), got 1000000000"), "huge added id: %s", err);
+    df_tok_free(t);
+    t = load_json("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a q\"]}}", err, sizeof err);
+    CHECK(!t && strstr(err, "model.merges[0]") && strstr(err, "the right part is not in model.vocab"), "merge of an unknown token: %s", err);
+    df_tok_free(t);
+    /* a normalized added token is normalized at load: the same cap applies */
+    t = load_json("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"normalizer\": {\"type\": \"Sequence\", \"normalizers\": ["
+                  "{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"aaaaaaaaaa\"},"
+                  "{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"aaaaaaaaaa\"},"
+                  "{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"aaaaaaaaaa\"},"
+                  "{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"aaaaaaaaaa\"},"
+                  "{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"aaaaaaaaaa\"}]},"
+                  "\"added_tokens\": [{\"id\": 1, \"content\": \"a\", \"normalized\": true}]}", err, sizeof err);
+    CHECK(!t && strstr(err, "added token 0 (id 1)") && strstr(err, "normalizer step 5 of 5"), "added token normalized past the cap: %s", err);
+    df_tok_free(t);
+    free(text);
+}
+
 int main(void) {
     test_tables();
     test_nfc();
@@ -397,6 +529,7 @@ int main(void) {
     test_bpe();
     test_fixtures();
     test_gguf();
+    test_limits();
     if (fails) fprintf(stderr, "%d failure(s)\n", fails);
     else printf("test_tok: all passed\n");
     return fails > 100 ? 100 : fails;
