@@ -74,6 +74,9 @@ struct df_oai_server {
     int running, n_waiting, qmax;
     waiter *qhead, *qtail;
 
+    pthread_mutex_t pmu; /* one big prompt rendered/tokenized at a time */
+    int max_tok_bytes;   /* the longest token's text in bytes; 0: unknown */
+
     int32_t *mirror; /* the tokens the session holds (valid with the turn) */
     size_t n_mirror;
 
@@ -87,6 +90,9 @@ struct df_oai_server {
 };
 
 enum { TURN_OK, TURN_FULL, TURN_GONE, TURN_STOP };
+
+/* Request bodies at least this large are prepared one at a time. */
+#define BIG_BODY ((size_t)1 << 20)
 
 /* Waits for the engine in arrival order. TURN_FULL: the queue is full;
  * TURN_GONE: the client disconnected while waiting; TURN_STOP: shutdown. */
@@ -389,9 +395,26 @@ static void finish_text(gen *g, const char *why) {
     g->finish = apply_stops(g, 1) ? "stop" : why;
 }
 
-/* Renders/tokenizes the prompt, checks the context, syncs the session.
- * Needs the turn. Returns 0, or fills e (4xx: the request; 5xx: the engine). */
-static int gen_prepare(gen *g, df_oai_error *e) {
+/* Refuses, before tokenizing, a text prompt so long that it cannot fit the
+ * context: no token stands for more than max_tok_bytes bytes of decoded
+ * text, and the factor 4 covers normalizers that shrink text (NFKC and
+ * the like). Returns 0 or fills e. */
+static int check_bytes(const df_oai_server *s, const df_oai_request *rq, size_t bytes, df_oai_error *e) {
+    double most = (double)s->ctx * 4.0 * (double)s->max_tok_bytes;
+    if (!s->max_tok_bytes || (double)bytes <= most) return 0;
+    return df_oai_fail(e, 400, rq->kind == DF_OAI_CHAT ? "messages" : "prompt", "context_length_exceeded",
+                       "This model's maximum context length is %d tokens. However, your %s is %zu bytes long, more than "
+                       "%d tokens can hold (%.0f bytes at most: no token is longer than %d bytes). Please reduce the length "
+                       "of the messages.", s->ctx, rq->kind == DF_OAI_CHAT ? "rendered chat" : "prompt", bytes, s->ctx,
+                       most, 4 * s->max_tok_bytes);
+}
+
+/* Renders and tokenizes the prompt and checks it against the context: the
+ * expensive work that needs no session, done before waiting for the turn
+ * (for bodies of BIG_BODY bytes or more under pmu, one at a time, so big
+ * prompts cannot pile up in memory). Returns 0, or fills e (4xx: the
+ * request; 5xx: the engine). */
+static int gen_tokenize(gen *g, df_oai_error *e) {
     df_oai_server *s = g->srv;
     df_oai_request *rq = &g->rq;
     int rc;
@@ -415,6 +438,7 @@ static int gen_prepare(gen *g, df_oai_error *e) {
         }
         const char *src = text ? text : rq->prompt;
         size_t srclen = text ? strlen(text) : rq->prompt_len;
+        if (check_bytes(s, rq, srclen, e)) { free(text); return -1; }
         int32_t *ids = NULL;
         size_t n = 0;
         rc = df_tokenize(s->e, src, srclen, &ids, &n);
@@ -448,6 +472,16 @@ static int gen_prepare(gen *g, df_oai_error *e) {
         g->max_new = (long)(ctx - g->n_prompt);
         if (g->max_new > s->cap) g->max_new = s->cap;
     }
+    return 0;
+}
+
+/* Syncs the session with the prompt and sets up sampling. Needs the turn.
+ * Returns 0, or fills e. */
+static int gen_prepare(gen *g, df_oai_error *e) {
+    df_oai_server *s = g->srv;
+    df_oai_request *rq = &g->rq;
+    const char *param = rq->kind == DF_OAI_CHAT ? "messages" : "prompt";
+    int rc;
     /* Prefix reuse: df_session_sync keeps the common prefix; the mirror says
      * how long it is (the last prompt position is always recomputed). */
     size_t c = 0;
@@ -868,6 +902,12 @@ static void complete(df_oai_server *s, df_http_req *r, df_oai_kind kind) {
         }
     }
     if (!memo_lookup(g)) {
+        int big = len >= BIG_BODY; /* big prompts are prepared one at a time, small ones at once */
+        if (big) pthread_mutex_lock(&s->pmu);
+        int gone = df_http_peer_closed(r), rc = gone ? 0 : gen_tokenize(g, &e);
+        if (big) pthread_mutex_unlock(&s->pmu);
+        if (gone) { df_http_drop(r); gen_free(g); return; } /* the client left while waiting */
+        if (rc) { respond_oai_error(r, &e); gen_free(g); return; }
         switch (turn_acquire(s, r)) {
         case TURN_FULL: {
             char msg[200];
@@ -955,6 +995,20 @@ method: {
 
 /* ---- lifetime ------------------------------------------------------------ */
 
+/* The longest token's text in bytes (0 without a tokenizer). */
+static int longest_token(df_oai_server *s) {
+    if (!s->has_tok) return 0;
+    size_t most = 0;
+    for (int id = 0; id < s->info.vocab_size; id++) {
+        size_t n;
+        char *t = token_text(s, id, &n);
+        if (!t) return 0;
+        if (n > most) most = n;
+        free(t);
+    }
+    return most > (size_t)1 << 20 ? 0 : (int)most;
+}
+
 df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size_t errlen) {
     df_oai_server *s = calloc(1, sizeof *s);
     if (!s) { df_err(err, errlen, DF_ENOMEM, "out of memory"); return NULL; }
@@ -985,6 +1039,8 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     pthread_mutex_init(&s->mmu, NULL);
+    pthread_mutex_init(&s->pmu, NULL);
+    s->max_tok_bytes = longest_token(s);
     return s;
 }
 
@@ -1008,5 +1064,6 @@ void df_oai_free(df_oai_server *s) {
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     pthread_mutex_destroy(&s->mmu);
+    pthread_mutex_destroy(&s->pmu);
     free(s);
 }
