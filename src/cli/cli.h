@@ -23,4 +23,7 @@ const char *df_home_dir(char *buf, size_t n);
 /* Maps a DF_E* code to the CLI exit code. */
 int df_exit_code(int rc);
 
+/* --trace PATH: checks that PATH can be written (run.c). 0, or DF_EIO with err filled. */
+int df_trace_probe(const char *path, char *err, size_t errlen);
+
 #endif

@@ -5,10 +5,13 @@
 #include "cli/cli.h"
 #include "util/util.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *usage =
     "usage: deltafin run [--model M] (--prompt TEXT | --ids LIST) [options]\n"
@@ -69,6 +72,24 @@ static void print_stats(df_engine *e) {
     }
 }
 
+/* The engine opens the --trace file and writes it without looking at write
+ * errors (src/core/engine.c, src/store/ecache.c), so `--trace /dev/full`
+ * or a full or read-only disk went unnoticed. Until it checks, the CLI
+ * does the part it can before loading the model: open the file for writing
+ * and write one byte (the engine truncates it again). Pipes, sockets and
+ * terminals are only opened: a probe byte would reach their reader. */
+int df_trace_probe(const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) return 0;
+    FILE *f = fopen(path, "w");
+    if (!f) return df_err(err, errlen, DF_EIO, "--trace %s: cannot open it for writing: %s", path, strerror(errno));
+    int bad = 0, e = 0;
+    if (!isatty(fileno(f)) && (fputc('\n', f) == EOF || fflush(f) != 0)) { bad = 1; e = errno; }
+    if (fclose(f) != 0 && !bad) { bad = 1; e = errno; }
+    if (bad) return df_err(err, errlen, DF_EIO, "--trace %s: cannot write to it: %s", path, strerror(e));
+    return 0;
+}
+
 int df_cmd_run(int argc, char **argv) {
     const double t_start = df_now();
     double t_first = 0;
@@ -106,6 +127,7 @@ int df_cmd_run(int argc, char **argv) {
     if (!!prompt == !!ids_s) return df_args_fail(&a, "give exactly one of --prompt and --ids");
     if (chat && !prompt) return df_args_fail(&a, "--chat needs --prompt");
     char err[1024];
+    if (o.trace_path && df_trace_probe(o.trace_path, err, sizeof err)) { fprintf(stderr, "deltafin run: %s\n", err); return 1; }
     df_engine *e = df_engine_open(model, &o, err, sizeof err);
     if (!e) { fprintf(stderr, "deltafin run: %s\n", err); return 2; }
     df_model_info info;

@@ -106,6 +106,7 @@ int df_cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     char err[1024];
+    if (o.trace_path && df_trace_probe(o.trace_path, err, sizeof err)) { fprintf(stderr, "deltafin serve: %s\n", err); return 1; }
     df_engine *e = df_engine_open(model, &o, err, sizeof err);
     if (!e) { fprintf(stderr, "deltafin serve: %s\n", err); return 2; }
     char *id = name ? df_xstrdup(name) : default_id(model);

@@ -179,3 +179,18 @@ def test_bad_limit_options(opt, val):
                        timeout=30)
     assert p.returncode == 2
     assert opt in p.stderr, p.stderr
+
+
+# ---- --trace write errors -------------------------------------------------------
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("cmd", ["run", "serve"])
+def test_trace_write_error_is_reported(cmd):
+    """`--trace /dev/full` used to be accepted and every trace line lost
+    silently (exit 0); now the write error is reported before the model loads."""
+    moe = os.path.join(os.path.dirname(HERE), "data", "models", "deepseek-v3-fp8")
+    args = ["--ids", "1,2,3", "--max-new", "2", "--print-ids"] if cmd == "run" else ["--port", "0"]
+    p = subprocess.run([deltafin_bin(), cmd, "--model", moe, "--expert-cache", "0", "--trace", "/dev/full", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert "--trace /dev/full" in p.stderr and "No space left on device" in p.stderr, p.stderr
