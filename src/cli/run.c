@@ -1,6 +1,7 @@
 /* run.c - `deltafin run`: prefill a prompt (text, chat or ids), then decode
- * up to --max-new tokens, streaming each as it is produced; stops at the
- * model's EOS ids. --stats prints speed and the time split to stderr. */
+ * up to --max-new tokens with the shared generation step (df_gen, as the
+ * server does), streaming each as it is produced; stops at the model's EOS
+ * ids. --stats prints speed and the time split to stderr. */
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "util/util.h"
@@ -136,7 +137,7 @@ int df_cmd_run(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n = 0;
     df_session *s = NULL;
-    df_detok *dt = NULL;
+    df_gen *gen = NULL;
     int text_out = !print_ids && df_has_tokenizer(e);
     if (ids_s) {
         if (df_parse_ids(ids_s, &ids, &n, err, sizeof err)) { fprintf(stderr, "deltafin run: %s\n", err); code = 2; goto done; }
@@ -169,42 +170,30 @@ int df_cmd_run(int argc, char **argv) {
     if (!ctx) ctx = (long)n + max_new < info.max_context ? (long)n + max_new : info.max_context;
     s = df_session_new(e, (int)ctx);
     if (!s) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = 1; goto done; }
-    df_session_seed(s, sp.seed);
     int rc = df_session_sync(s, ids, n);
     if (rc) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = df_exit_code(rc); goto done; }
-    if (text_out) dt = df_detok_new(e);
-    for (long i = 0; i < max_new; i++) {
-        int32_t id;
-        if ((rc = df_session_sample(s, &sp, &id))) break;
-        int is_eos = 0;
-        for (int k = 0; k < info.n_eos; k++) if (info.eos_ids[k] == id) is_eos = 1;
-        if (is_eos && !ignore_eos) break;
-        if (i == 0) t_first = df_now();
-        if (dt) {
-            size_t len;
-            const char *piece = df_detok_push(dt, id, &len);
-            fwrite(piece, 1, len, stdout);
-        } else {
-            printf("%s%d", i ? " " : "", id);
-        }
+    df_gen_config gc = {.sampling = sp, .max_new = max_new, .max_context = (size_t)ctx, .ignore_eos = ignore_eos,
+                        .text = text_out};
+    gen = df_gen_new(e, s, &gc);
+    if (!gen) { fprintf(stderr, "deltafin run: out of memory\n"); code = 1; goto done; }
+    long printed = 0;
+    for (;;) {
+        df_gen_token t;
+        rc = df_gen_step(gen, &t);
+        if (t.has_token && printed++ == 0) t_first = df_now();
+        if (text_out) fwrite(t.text, 1, t.text_len, stdout);
+        else if (t.has_token) printf("%s%d", printed > 1 ? " " : "", t.id);
         fflush(stdout);
-        if (i + 1 == max_new) break;
-        if (df_session_len(s) >= (size_t)ctx) break;
-        if ((rc = df_session_push(s, id))) break;
-    }
-    if (dt) {
-        size_t len;
-        const char *piece = df_detok_flush(dt, &len);
-        fwrite(piece, 1, len, stdout);
+        if (rc <= 0) break;
     }
     printf("\n");
-    if (rc) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = df_exit_code(rc); }
+    if (rc < 0) { fprintf(stderr, "deltafin run: %s\n", df_gen_error(gen)); code = df_exit_code(rc); }
     if (stats) {
         print_stats(e);
         if (t_first > 0) fprintf(stderr, "[stats] time to first token %.3f s (from the start of the command, model load included)\n", t_first - t_start);
     }
 done:
-    df_detok_free(dt);
+    df_gen_free(gen);
     df_session_free(s);
     df_engine_close(e);
     free(ids);
