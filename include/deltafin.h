@@ -164,8 +164,9 @@ typedef struct {
     int n_top;
 } df_gen_token;
 
-/* NULL if out of memory or the config is invalid (the message is in
- * df_engine_error(e)). The engine and session must outlive the gen. */
+/* NULL if out of memory or the config is invalid (max_new < 0,
+ * top_logprobs outside 0..DF_GEN_MAX_TOP, an empty stop string). The
+ * engine and session must outlive the gen. */
 typedef struct df_gen df_gen;
 df_gen *df_gen_new(df_engine *e, df_session *s, const df_gen_config *cfg);
 void df_gen_free(df_gen *g);
