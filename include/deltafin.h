@@ -144,6 +144,73 @@ void df_detok_free(df_detok *d);
 const char *df_detok_push(df_detok *d, int32_t id, size_t *n);
 const char *df_detok_flush(df_detok *d, size_t *n);
 
+/* ==== generation, shared by `run` and `serve` (src/core/generate.c) =====
+ * Added by the server branch (issue 11 item 5); built on the calls above.
+ *
+ * A df_gen is one generation over a session that already holds the prompt
+ * (df_session_sync). Each df_gen_step first pushes the token the previous
+ * step chose (only when generation goes on), then chooses the next one:
+ * sample (greedy or seeded), end-of-sequence ids, the token limit and the
+ * context, detokenizing, stop strings (text that could be the start of one
+ * is held back until the next token decides), and the chosen token's
+ * log-probability under the model's own distribution. The last token
+ * chosen is never pushed: the session ends holding the prompt and every
+ * token but the last. */
+
+#define DF_GEN_MAX_TOP 20
+
+typedef struct { int32_t id; double logprob; } df_logprob;
+
+typedef struct {
+    df_sampling sampling;    /* df_gen_new seeds the session with sampling.seed */
+    long max_new;            /* most tokens to choose (0: none) */
+    size_t max_context;      /* the session's context: no token is pushed beyond it; 0: not checked */
+    int ignore_eos;          /* 1: end-of-sequence ids are ordinary tokens */
+    int text;                /* 1: detokenize (needed for stop strings) */
+    const char *const *stop; /* n_stop non-empty stop strings: the text ends before the first occurrence */
+    int n_stop;
+    int logprobs;            /* 1: report each token's log-probability ... */
+    int top_logprobs;        /* ... and this many most likely tokens, 0..DF_GEN_MAX_TOP */
+} df_gen_config;
+
+typedef struct {
+    int has_token;           /* a token was chosen (an end-of-sequence id that ends generation is not one) */
+    int32_t id;
+    const char *text;        /* text that became final in this step (valid until the next call) */
+    size_t text_len;
+    size_t text_offset;      /* has_token: where the token's text starts in the whole detokenized text */
+    df_logprob logprob;      /* logprobs: the token's own */
+    df_logprob top[DF_GEN_MAX_TOP]; /* logprobs: the top_logprobs most likely, best first, ties to the lower id */
+    int n_top;
+} df_gen_token;
+
+/* NULL if out of memory or the config is invalid (max_new < 0,
+ * top_logprobs outside 0..DF_GEN_MAX_TOP, an empty stop string). The
+ * engine and session must outlive the gen. */
+typedef struct df_gen df_gen;
+df_gen *df_gen_new(df_engine *e, df_session *s, const df_gen_config *cfg);
+void df_gen_free(df_gen *g);
+/* Returns 1: a token, more may follow; 0: generation is over (out may still
+ * carry a last token and the last text); a negative DF_E* code: it failed
+ * (message: df_gen_error; out->text then carries the text held back).
+ * Never call again after 0 or an error. */
+int df_gen_step(df_gen *g, df_gen_token *out);
+const char *df_gen_finish_reason(const df_gen *g); /* "stop" | "length" once over, else NULL */
+long df_gen_count(const df_gen *g);                /* tokens chosen */
+size_t df_gen_pushed(const df_gen *g);             /* of those, how many the session now holds */
+double df_gen_engine_seconds(const df_gen *g);     /* time in df_session_sample and df_session_push */
+const char *df_gen_error(const df_gen *g);
+
+/* Log-softmax of logits[0..vocab) in double precision: the log-probability
+ * of id in *chosen, and the k (<= DF_GEN_MAX_TOP) most likely tokens in
+ * top[], best first, ties to the lower id. Returns how many are in top. */
+int df_logprobs(const float *logits, int vocab, int32_t id, int k, df_logprob *chosen, df_logprob *top);
+/* The text of one token on its own, malloc'd (len in *n); NULL without a
+ * tokenizer or out of memory. */
+char *df_token_text(df_engine *e, int32_t id, size_t *n);
+
+/* ==== end of the generation section ===================================== */
+
 /* ---- statistics --------------------------------------------------------- */
 
 typedef struct {

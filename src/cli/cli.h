@@ -26,4 +26,7 @@ void df_cli_options_default(df_options *o);
 /* Maps a DF_E* code to the CLI exit code. */
 int df_exit_code(int rc);
 
+/* --trace PATH: checks that PATH can be written (run.c). 0, or DF_EIO with err filled. */
+int df_trace_probe(const char *path, char *err, size_t errlen);
+
 #endif

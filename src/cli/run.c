@@ -1,14 +1,18 @@
 /* run.c - `deltafin run`: prefill a prompt (text, chat or ids), then decode
- * up to --max-new tokens, streaming each as it is produced; stops at the
- * model's EOS ids. --stats prints speed and the time split to stderr. */
+ * up to --max-new tokens with the shared generation step (df_gen, as the
+ * server does), streaming each as it is produced; stops at the model's EOS
+ * ids. --stats prints speed and the time split to stderr. */
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "util/util.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *usage =
     "usage: deltafin run [--model M] (--prompt TEXT | --ids LIST) [options]\n"
@@ -69,6 +73,24 @@ static void print_stats(df_engine *e) {
     }
 }
 
+/* The engine opens the --trace file and writes it without looking at write
+ * errors (src/core/engine.c, src/store/ecache.c), so `--trace /dev/full`
+ * or a full or read-only disk went unnoticed. Until it checks, the CLI
+ * does the part it can before loading the model: open the file for writing
+ * and write one byte (the engine truncates it again). Pipes, sockets and
+ * terminals are only opened: a probe byte would reach their reader. */
+int df_trace_probe(const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) return 0;
+    FILE *f = fopen(path, "w");
+    if (!f) return df_err(err, errlen, DF_EIO, "--trace %s: cannot open it for writing: %s", path, strerror(errno));
+    int bad = 0, e = 0;
+    if (!isatty(fileno(f)) && (fputc('\n', f) == EOF || fflush(f) != 0)) { bad = 1; e = errno; }
+    if (fclose(f) != 0 && !bad) { bad = 1; e = errno; }
+    if (bad) return df_err(err, errlen, DF_EIO, "--trace %s: cannot write to it: %s", path, strerror(e));
+    return 0;
+}
+
 int df_cmd_run(int argc, char **argv) {
     const double t_start = df_now();
     double t_first = 0;
@@ -106,6 +128,7 @@ int df_cmd_run(int argc, char **argv) {
     if (!!prompt == !!ids_s) return df_args_fail(&a, "give exactly one of --prompt and --ids");
     if (chat && !prompt) return df_args_fail(&a, "--chat needs --prompt");
     char err[1024];
+    if (o.trace_path && df_trace_probe(o.trace_path, err, sizeof err)) { fprintf(stderr, "deltafin run: %s\n", err); return 1; }
     df_engine *e = df_engine_open(model, &o, err, sizeof err);
     if (!e) { fprintf(stderr, "deltafin run: %s\n", err); return 2; }
     df_model_info info;
@@ -114,7 +137,7 @@ int df_cmd_run(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n = 0;
     df_session *s = NULL;
-    df_detok *dt = NULL;
+    df_gen *gen = NULL;
     int text_out = !print_ids && df_has_tokenizer(e);
     if (ids_s) {
         if (df_parse_ids(ids_s, &ids, &n, err, sizeof err)) { fprintf(stderr, "deltafin run: %s\n", err); code = 2; goto done; }
@@ -147,42 +170,30 @@ int df_cmd_run(int argc, char **argv) {
     if (!ctx) ctx = (long)n + max_new < info.max_context ? (long)n + max_new : info.max_context;
     s = df_session_new(e, (int)ctx);
     if (!s) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = 1; goto done; }
-    df_session_seed(s, sp.seed);
     int rc = df_session_sync(s, ids, n);
     if (rc) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = df_exit_code(rc); goto done; }
-    if (text_out) dt = df_detok_new(e);
-    for (long i = 0; i < max_new; i++) {
-        int32_t id;
-        if ((rc = df_session_sample(s, &sp, &id))) break;
-        int is_eos = 0;
-        for (int k = 0; k < info.n_eos; k++) if (info.eos_ids[k] == id) is_eos = 1;
-        if (is_eos && !ignore_eos) break;
-        if (i == 0) t_first = df_now();
-        if (dt) {
-            size_t len;
-            const char *piece = df_detok_push(dt, id, &len);
-            fwrite(piece, 1, len, stdout);
-        } else {
-            printf("%s%d", i ? " " : "", id);
-        }
+    df_gen_config gc = {.sampling = sp, .max_new = max_new, .max_context = (size_t)ctx, .ignore_eos = ignore_eos,
+                        .text = text_out};
+    gen = df_gen_new(e, s, &gc);
+    if (!gen) { fprintf(stderr, "deltafin run: out of memory\n"); code = 1; goto done; }
+    long printed = 0;
+    for (;;) {
+        df_gen_token t;
+        rc = df_gen_step(gen, &t);
+        if (t.has_token && printed++ == 0) t_first = df_now();
+        if (text_out) fwrite(t.text, 1, t.text_len, stdout);
+        else if (t.has_token) printf("%s%d", printed > 1 ? " " : "", t.id);
         fflush(stdout);
-        if (i + 1 == max_new) break;
-        if (df_session_len(s) >= (size_t)ctx) break;
-        if ((rc = df_session_push(s, id))) break;
-    }
-    if (dt) {
-        size_t len;
-        const char *piece = df_detok_flush(dt, &len);
-        fwrite(piece, 1, len, stdout);
+        if (rc <= 0) break;
     }
     printf("\n");
-    if (rc) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = df_exit_code(rc); }
+    if (rc < 0) { fprintf(stderr, "deltafin run: %s\n", df_gen_error(gen)); code = df_exit_code(rc); }
     if (stats) {
         print_stats(e);
         if (t_first > 0) fprintf(stderr, "[stats] time to first token %.3f s (from the start of the command, model load included)\n", t_first - t_start);
     }
 done:
-    df_detok_free(dt);
+    df_gen_free(gen);
     df_session_free(s);
     df_engine_close(e);
     free(ids);

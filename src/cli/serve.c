@@ -25,7 +25,13 @@ static const char *usage =
     "  --host ADDR               address to listen on (default 127.0.0.1: this machine only)\n"
     "  --port N                  TCP port (default 8000; 0 picks a free one, printed at start)\n"
     "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/* (default: $DELTAFIN_API_KEY if set)\n"
-    "  --max-request-bytes SIZE  largest request body, e.g. 128MiB (default); larger gets 413\n"
+    "  --max-request-bytes SIZE  largest request body (default 16MiB); larger gets 413\n"
+    "  --max-connections N       open connections at most (default 256)\n"
+    "  --max-connections-per-client N  open connections per client address (default 32; 0: no limit)\n"
+    "  --header-timeout SECS     request headers must arrive within this (default 10)\n"
+    "  --idle-timeout SECS       keep-alive connections idle longer are closed (default 30; 2 when busy)\n"
+    "  --body-min-rate SIZE      request bodies slower than SIZE bytes/s after the header timeout are cut\n"
+    "                            (default 32KiB; 0: off)\n"
     "  --max-tokens N            most completion tokens one request may ask for (default: the context)\n"
     "  --ctx N                   context length of the server's session (default: min(model, 8192))\n"
     "  --queue N                 requests that may wait for the engine (default 16); more get 429\n"
@@ -57,7 +63,9 @@ int df_cmd_serve(int argc, char **argv) {
     df_cli_options_default(&o);
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("DELTAFIN_API_KEY"), *name = NULL, *opt;
     long port = 8000, max_tokens = 0, queue = 16, ctx = 0;
-    int64_t max_body = (int64_t)128 << 20;
+    int64_t max_body = (int64_t)16 << 20, min_rate = (int64_t)32 << 10;
+    long max_conns = 256, per_ip = 32;
+    double header_timeout = 10, idle_timeout = 30;
     int memo = 1, quiet = 0;
     while ((opt = df_args_next(&a))) {
         if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) { fputs(usage, stdout); return 0; }
@@ -73,8 +81,16 @@ int df_cmd_serve(int argc, char **argv) {
         else if (df_args_opt(&a, opt, "--queue", 1)) { if (df_parse_int(a.val, 0, 100000, &queue)) df_args_fail(&a, "--queue: expected 0..100000, got '%s'", a.val); }
         else if (df_args_opt(&a, opt, "--max-request-bytes", 1)) {
             max_body = df_parse_size(a.val);
-            if (max_body <= 0) df_args_fail(&a, "--max-request-bytes: expected a size like 128MiB, got '%s'", a.val);
-        } else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
+            if (max_body <= 0) df_args_fail(&a, "--max-request-bytes: expected a size like 16MiB, got '%s'", a.val);
+        } else if (df_args_opt(&a, opt, "--body-min-rate", 1)) {
+            min_rate = !strcmp(a.val, "0") ? 0 : df_parse_size(a.val);
+            if (min_rate < 0) df_args_fail(&a, "--body-min-rate: expected a size per second like 32KiB (or 0: off), got '%s'", a.val);
+        }
+        else if (df_args_opt(&a, opt, "--max-connections", 1)) { if (df_parse_int(a.val, 1, 100000, &max_conns)) df_args_fail(&a, "--max-connections: expected 1..100000, got '%s'", a.val); }
+        else if (df_args_opt(&a, opt, "--max-connections-per-client", 1)) { if (df_parse_int(a.val, 0, 100000, &per_ip)) df_args_fail(&a, "--max-connections-per-client: expected 0..100000, got '%s'", a.val); }
+        else if (df_args_opt(&a, opt, "--header-timeout", 1)) { if (df_parse_float(a.val, &header_timeout) || !(header_timeout >= 0.1 && header_timeout <= 3600)) df_args_fail(&a, "--header-timeout: expected seconds in 0.1..3600, got '%s'", a.val); }
+        else if (df_args_opt(&a, opt, "--idle-timeout", 1)) { if (df_parse_float(a.val, &idle_timeout) || !(idle_timeout >= 0.1 && idle_timeout <= 86400)) df_args_fail(&a, "--idle-timeout: expected seconds in 0.1..86400, got '%s'", a.val); }
+        else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
     }
     if (a.bad) return 2;
     if (!model) return df_args_fail(&a, "--model is required");
@@ -90,6 +106,7 @@ int df_cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     char err[1024];
+    if (o.trace_path && df_trace_probe(o.trace_path, err, sizeof err)) { fprintf(stderr, "deltafin serve: %s\n", err); return 1; }
     df_engine *e = df_engine_open(model, &o, err, sizeof err);
     if (!e) { fprintf(stderr, "deltafin serve: %s\n", err); return 2; }
     char *id = name ? df_xstrdup(name) : default_id(model);
@@ -101,7 +118,9 @@ int df_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "deltafin serve: warning: %s has no tokenizer: only token-id prompts on /v1/completions will work\n", model);
 
     df_http_config hc = {.host = host, .port = (int)port, .max_body = (size_t)max_body, .header_bytes = 64 * 1024,
-                         .api_key = api_key, .max_connections = 256, .quiet = quiet,
+                         .api_key = api_key, .max_connections = (int)max_conns, .max_per_ip = (int)per_ip,
+                         .header_timeout = header_timeout, .idle_timeout = idle_timeout, .body_min_rate = (double)min_rate,
+                         .quiet = quiet,
                          .handler = df_oai_handle, .app = srv};
     df_http_server *http = df_http_start(&hc, err, sizeof err);
     if (!http) {

@@ -7,23 +7,49 @@
 
 #include <microhttpd.h>
 
+#include <errno.h>
 #include <jansson.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 
 #include "util/util.h"
+
+/* One TCP connection as the watchdog sees it. */
+enum { C_HEADERS, C_BODY, C_ACTIVE, C_IDLE };
+typedef struct conn {
+    struct conn *prev, *next;
+    int fd;
+    int state;
+    double since;       /* start of the state */
+    size_t body_bytes;  /* C_BODY: received so far */
+    int cut;            /* shut down by the watchdog */
+} conn;
 
 struct df_http_server {
     struct MHD_Daemon *d;
     df_http_config cfg;
     char *api_key;
     int port;
+    /* the watchdog: connections (oldest first) and the thread that cuts slow ones */
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    conn *chead, *ctail;
+    int n_conns, wd_stop, wd_started;
+    pthread_t wd;
+    long cut_headers, cut_idle, cut_body, cut_full; /* since the last log line */
+    pthread_mutex_t lmu; /* the library's messages: one a second at most */
+    double log_last;
+    long log_dropped;
 };
 
 struct df_http_req {
@@ -35,21 +61,32 @@ struct df_http_req {
     size_t len, cap;
     int too_big;    /* body over max_body: drained, then 413 */
     int oom;
+    int trim;       /* the body reached TRIM_BYTES: malloc_trim when freed */
     int answered;   /* a response was queued (or the request was dropped) */
     int drop;       /* answer by closing the connection */
     int status;
     double t0;
+    conn *conn;      /* the watchdog's record of the connection, or NULL */
     atomic_int refs; /* the library's hold + one per live stream */
 };
 
 /* Most bytes beyond --max-request-bytes read and discarded before a 413. */
-#define DRAIN_MAX ((unsigned long long)1 << 30)
+#define DRAIN_MAX ((unsigned long long)64 << 20)
+/* Seconds a waiting connection (no request under way) may stay open while
+ * more than half of the connection slots are taken. */
+#define BUSY_TIMEOUT 2.0
+/* Bodies at least this large are followed by malloc_trim. */
+#define TRIM_BYTES ((size_t)1 << 20)
 
 static void req_unref(df_http_req *r) {
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
+    int trim = r->trim;
     free(r->path);
     free(r->body);
     free(r);
+    /* a big body, and what the handler made from it, are freed by now: hand
+     * the memory back instead of leaving it in the allocator's arenas */
+    if (trim) malloc_trim(0);
 }
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -183,6 +220,142 @@ int df_http_peer_closed(const df_http_req *r) {
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
+/* ---- the watchdog ---------------------------------------------------------
+ *
+ * The library's own timeout counts inactivity, so a client that sends one
+ * byte every few seconds would hold its connection (and thread) forever.
+ * Connection start/close notices keep a list of open connections with the
+ * state each is in; the request callbacks move them between states; a
+ * thread sweeps the list a few times a second and shuts down (shutdown(2),
+ * under the list's lock: a closing connection leaves the list before its
+ * socket is closed) those that are too slow. The connection's own thread
+ * then sees end-of-file and closes it the ordinary way. */
+
+static void conn_state(df_http_server *s, conn *k, int state) {
+    if (!k) return;
+    pthread_mutex_lock(&s->cmu);
+    k->state = state;
+    k->since = df_now();
+    k->body_bytes = 0;
+    pthread_mutex_unlock(&s->cmu);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    df_http_server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn *k = ci ? calloc(1, sizeof *k) : NULL;
+        if (!k) return; /* unwatched, still bounded by the library's timeout */
+        k->fd = ci->connect_fd;
+        k->state = C_HEADERS;
+        k->since = df_now();
+        pthread_mutex_lock(&s->cmu);
+        k->prev = s->ctail;
+        if (s->ctail) s->ctail->next = k; else s->chead = k;
+        s->ctail = k;
+        s->n_conns++;
+        if (s->n_conns * 8 > s->cfg.max_connections * 7) pthread_cond_signal(&s->ccv); /* nearly full: sweep now */
+        pthread_mutex_unlock(&s->cmu);
+        *socket_context = k;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        conn *k = *socket_context;
+        if (!k) return;
+        *socket_context = NULL;
+        pthread_mutex_lock(&s->cmu);
+        if (k->prev) k->prev->next = k->next; else s->chead = k->next;
+        if (k->next) k->next->prev = k->prev; else s->ctail = k->prev;
+        s->n_conns--;
+        pthread_mutex_unlock(&s->cmu);
+        free(k);
+    }
+}
+
+static conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void cut(conn *k, long *counter) {
+    if (k->cut) return;
+    k->cut = 1;
+    shutdown(k->fd, SHUT_RDWR);
+    (*counter)++;
+}
+
+/* One pass over the connections; needs cmu. */
+static void sweep(df_http_server *s) {
+    const df_http_config *cf = &s->cfg;
+    double now = df_now();
+    int busy = s->n_conns * 2 > cf->max_connections, full = s->n_conns * 8 > cf->max_connections * 7;
+    double th = cf->header_timeout, ti = cf->idle_timeout;
+    if (busy && th > BUSY_TIMEOUT) th = BUSY_TIMEOUT;
+    if (busy && ti > BUSY_TIMEOUT) ti = BUSY_TIMEOUT;
+    int over = full ? s->n_conns - cf->max_connections * 7 / 8 : 0; /* waiting connections to close, oldest first */
+    for (conn *k = s->chead; k; k = k->next) {
+        if (k->cut) continue;
+        double age = now - k->since;
+        if (k->state == C_HEADERS || k->state == C_IDLE) {
+            if (over > 0 && age > 0.2) { cut(k, &s->cut_full); over--; }
+            else if (k->state == C_HEADERS && age > th) cut(k, &s->cut_headers);
+            else if (k->state == C_IDLE && age > ti) cut(k, &s->cut_idle);
+        } else if (k->state == C_BODY && cf->body_min_rate > 0 && age > cf->header_timeout &&
+                   (double)k->body_bytes < cf->body_min_rate * (age - cf->header_timeout)) {
+            cut(k, &s->cut_body);
+        }
+    }
+}
+
+static void *watchdog(void *arg) {
+    df_http_server *s = arg;
+    double last_log = df_now();
+    pthread_mutex_lock(&s->cmu);
+    while (!s->wd_stop) {
+        sweep(s);
+        double now = df_now();
+        long n = s->cut_headers + s->cut_idle + s->cut_body + s->cut_full;
+        if (n && now - last_log >= 1.0) { /* one line a second at most, even under attack */
+            if (!s->cfg.quiet)
+                fprintf(stderr, "deltafin serve: closed %ld slow connection%s: %ld headers not complete in %g s, %ld idle over "
+                                "the keep-alive timeout, %ld body slower than %g bytes/s, %ld waiting while the server was full "
+                                "(%d open)\n", n, n == 1 ? "" : "s", s->cut_headers, s->cfg.header_timeout, s->cut_idle,
+                        s->cut_body, s->cfg.body_min_rate, s->cut_full, s->n_conns);
+            s->cut_headers = s->cut_idle = s->cut_body = s->cut_full = 0;
+            last_log = now;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&s->ccv, &s->cmu, &ts);
+    }
+    pthread_mutex_unlock(&s->cmu);
+    return NULL;
+}
+
+/* The library's error messages (one per refused or broken connection) at
+ * most one a second, so that a flood of connections cannot flood the log. */
+static void on_log(void *cls, const char *fmt, va_list ap) {
+    df_http_server *s = cls;
+    char msg[300];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = 0;
+    pthread_mutex_lock(&s->lmu);
+    double now = df_now();
+    if (now - s->log_last >= 1.0) {
+        if (s->log_dropped)
+            fprintf(stderr, "deltafin serve: libmicrohttpd: %s (and %ld more messages in the last second)\n", msg, s->log_dropped);
+        else
+            fprintf(stderr, "deltafin serve: libmicrohttpd: %s\n", msg);
+        s->log_last = now;
+        s->log_dropped = 0;
+    } else {
+        s->log_dropped++;
+    }
+    pthread_mutex_unlock(&s->lmu);
+}
+
 /* ---- the library's callbacks ------------------------------------------- */
 
 static int needs_auth(const df_http_req *r) {
@@ -195,6 +368,22 @@ static int authorized(const df_http_req *r) {
     h += 7;
     while (*h == ' ') h++;
     return ct_equal(r->srv->api_key, h);
+}
+
+typedef struct {
+    int n_cl, n_te;
+    char te[96];
+} framing;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    framing *f = cls;
+    if (!strcasecmp(key, "Content-Length")) f->n_cl++;
+    else if (!strcasecmp(key, "Transfer-Encoding")) {
+        f->n_te++;
+        snprintf(f->te, sizeof f->te, "%s", value ? value : "");
+    }
+    return MHD_YES;
 }
 
 static void too_large(df_http_req *r) {
@@ -225,6 +414,23 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         memcpy(r->path, url, ul);
         r->path[ul] = 0;
         *con_cls = r;
+        r->conn = conn_of(c);
+        conn_state(s, r->conn, C_ACTIVE);
+        framing f = {0};
+        MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+        if (f.n_cl > 1 || (f.n_cl && f.n_te) || f.n_te > 1) {
+            df_http_respond_error(r, 400, "invalid_request_error", NULL, "invalid_framing",
+                                  f.n_cl > 1 ? "The request has more than one Content-Length header."
+                                  : f.n_te > 1 ? "The request has more than one Transfer-Encoding header."
+                                               : "The request has both Content-Length and Transfer-Encoding.");
+            return r->drop ? MHD_NO : MHD_YES;
+        }
+        if (f.n_te && strcasecmp(f.te, "chunked")) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "Transfer-Encoding '%.80s' is not supported: send the body as is, with Content-Length, or chunked.", f.te);
+            df_http_respond_error(r, 501, "invalid_request_error", NULL, "unsupported_transfer_encoding", msg);
+            return r->drop ? MHD_NO : MHD_YES;
+        }
         if (needs_auth(r) && !authorized(r)) {
             df_http_respond_error(r, 401, "invalid_request_error", NULL, "invalid_api_key",
                                   "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'.");
@@ -237,10 +443,17 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
             /* Over the limit: read and discard the body, then answer 413 (a
              * client still sending would otherwise see a broken pipe instead
              * of the answer); absurd sizes are answered at once and closed. */
-            if (end != cl && n > s->cfg.max_body) {
+            if (end == cl || *end) {
+                df_http_respond_error(r, 400, "invalid_request_error", NULL, "invalid_framing", "The Content-Length header is not a number.");
+                return r->drop ? MHD_NO : MHD_YES;
+            }
+            if (n > s->cfg.max_body) {
                 r->too_big = 1;
                 if (n - s->cfg.max_body > DRAIN_MAX) { too_large(r); return r->drop ? MHD_NO : MHD_YES; }
             }
+            if (n) conn_state(s, r->conn, C_BODY);
+        } else if (f.n_te) {
+            conn_state(s, r->conn, C_BODY);
         }
         return MHD_YES;
     }
@@ -251,6 +464,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
+        if (r->conn) {
+            pthread_mutex_lock(&s->cmu);
+            r->conn->body_bytes += n;
+            pthread_mutex_unlock(&s->cmu);
+        }
         if (r->too_big || r->oom) return MHD_YES;
         if (n > s->cfg.max_body - r->len) {
             r->too_big = 1;
@@ -266,12 +484,14 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
             if (!p) { r->oom = 1; return MHD_YES; }
             r->body = p;
             r->cap = cap;
+            if (cap >= TRIM_BYTES) r->trim = 1;
         }
         memcpy(r->body + r->len, upload_data, n);
         r->len += n;
         r->body[r->len] = 0;
         return MHD_YES;
     }
+    conn_state(s, r->conn, C_ACTIVE);
     if (r->too_big) too_large(r);
     else if (r->oom) df_http_respond_error(r, 503, "server_error", NULL, "out_of_memory", "The server ran out of memory reading the request.");
     else {
@@ -282,11 +502,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)c;
     df_http_server *s = cls;
     df_http_req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
+    conn_state(s, conn_of(c), C_IDLE);
     if (!s->cfg.quiet) {
         const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)";
         fprintf(stderr, "deltafin serve: %s %s -> %d in %.1f ms%s\n", r->method, r->path, r->status,
@@ -318,20 +538,39 @@ df_http_server *df_http_start(const df_http_config *cfg, char *err, size_t errle
     if (!cfg->quiet) flags |= MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     size_t mem = cfg->header_bytes ? cfg->header_bytes : 64 * 1024;
+    if (s->cfg.max_connections <= 0) s->cfg.max_connections = 256;
+    if (s->cfg.max_per_ip < 0) s->cfg.max_per_ip = 0;
+    if (s->cfg.header_timeout <= 0) s->cfg.header_timeout = 10;
+    if (s->cfg.idle_timeout <= 0) s->cfg.idle_timeout = 30;
+    if (s->cfg.body_min_rate < 0) s->cfg.body_min_rate = 0;
+    pthread_mutex_init(&s->cmu, NULL);
+    pthread_cond_init(&s->ccv, NULL);
+    pthread_mutex_init(&s->lmu, NULL);
+    /* the library's inactivity timeout backs the watchdog up (and covers a
+     * client that stops reading its answer) */
+    double lib_timeout = s->cfg.idle_timeout > s->cfg.header_timeout ? s->cfg.idle_timeout : s->cfg.header_timeout;
     s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_access, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_connections > 0 ? cfg->max_connections : 256),
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_per_ip,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(lib_timeout + 1),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                            MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
                             MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         df_err(err, errlen, -4, "cannot listen on %s port %d (in use, or not an address of this machine?)", host, cfg->port);
+        pthread_mutex_destroy(&s->cmu);
+        pthread_cond_destroy(&s->ccv);
+        pthread_mutex_destroy(&s->lmu);
         free(s->api_key);
         free(s);
         return NULL;
     }
+    if (pthread_create(&s->wd, NULL, watchdog, s) == 0) s->wd_started = 1;
+    else if (!cfg->quiet) fprintf(stderr, "deltafin serve: warning: cannot start the connection watchdog: slow clients are cut only by the %g s inactivity timeout\n", lib_timeout + 1);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : cfg->port;
     return s;
@@ -341,7 +580,17 @@ int df_http_port(const df_http_server *s) { return s->port; }
 
 void df_http_stop(df_http_server *s) {
     if (!s) return;
+    if (s->wd_started) {
+        pthread_mutex_lock(&s->cmu);
+        s->wd_stop = 1;
+        pthread_cond_signal(&s->ccv);
+        pthread_mutex_unlock(&s->cmu);
+        pthread_join(s->wd, NULL);
+    }
     MHD_stop_daemon(s->d);
+    pthread_mutex_destroy(&s->cmu);
+    pthread_cond_destroy(&s->ccv);
+    pthread_mutex_destroy(&s->lmu);
     free(s->api_key);
     free(s);
 }

@@ -13,12 +13,30 @@
  *     within max_body bytes (NUL-terminated, so text parsers can use it);
  *   - a body over max_body is answered 413 without being buffered: it is
  *     read and discarded first (so the client, still sending, sees the
- *     answer), unless Content-Length exceeds the limit by over 1 GiB, which
+ *     answer), unless Content-Length exceeds the limit by over 64 MiB, which
  *     is answered at once and the connection closed;
  *   - with api_key set, every path but /health needs "Authorization: Bearer
  *     KEY" (compared in constant time) before any body byte is buffered;
  *   - request headers larger than header_bytes are refused by the library
  *     (431) before the handler runs;
+ *   - framing is unambiguous or refused before any body byte is read: two
+ *     Content-Length headers, or Content-Length with Transfer-Encoding, get
+ *     400; a Transfer-Encoding other than "chunked" gets 501; each of these
+ *     answers closes the connection;
+ *   - no connection can hold a slot by being slow (a watchdog thread shuts
+ *     such sockets down): a new connection's request headers must be
+ *     complete within header_timeout seconds; a keep-alive connection may
+ *     wait idle_timeout seconds for its next request; a body must arrive at
+ *     body_min_rate bytes/s after a grace of header_timeout seconds; while
+ *     more than half of max_connections are open, waiting connections (no
+ *     request under way) get BUSY_TIMEOUT seconds, and while more than 7/8
+ *     are open the oldest waiting ones are closed at once, so a new client
+ *     always finds a slot; a connection whose request is being answered is
+ *     never cut by the watchdog;
+ *   - at most max_per_ip connections per client address (the library
+ *     refuses more);
+ *   - after a request whose body was 1 MiB or more, freed memory is handed
+ *     back to the system (malloc_trim);
  *   - a handler answers each request exactly once: df_http_respond*,
  *     df_http_respond_stream or df_http_drop.
  */
@@ -41,7 +59,11 @@ typedef struct {
     size_t max_body;      /* bytes; larger bodies get 413 */
     size_t header_bytes;  /* per-connection memory for headers + buffers */
     const char *api_key;  /* NULL or "": no authentication */
-    int max_connections;
+    int max_connections;  /* 0: 256 */
+    int max_per_ip;       /* connections per client address; 0: no limit */
+    double header_timeout;  /* seconds; 0: 10 */
+    double idle_timeout;    /* keep-alive seconds between requests; 0: 30 */
+    double body_min_rate;   /* bytes/s after header_timeout; 0: no rate check */
     int quiet;            /* 1: no per-request log line on stderr */
     df_http_handler handler;
     void *app;

@@ -1,6 +1,7 @@
 /* openai.h - the OpenAI-compatible routes: request validation (a pure
  * function, fuzzed on its own), generation with one shared session, SSE
- * streaming, the FIFO admission queue and the exact-response memo.
+ * streaming, the FIFO admission queue and the exact-response memo. One
+ * file per job: request.c, queue.c, memo.c, gen.c, openai.c (oai_int.h).
  *
  * Invariants:
  *   - df_oai_parse touches no global state and no engine: JSON text in, a
@@ -93,7 +94,8 @@ typedef struct {
 
 typedef struct df_oai_server df_oai_server;
 
-/* Takes the engine (not its ownership) and makes the one session. */
+/* Takes the engine (not its ownership) and makes the one session; reads
+ * every token's text once to know the longest (the byte bound on prompts). */
 df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size_t errlen);
 /* The HTTP handler (app = the df_oai_server). */
 void df_oai_handle(void *app, df_http_req *req);

@@ -1,0 +1,349 @@
+/* gen.c - one request's generation (see oai_int.h): the prompt (rendered
+ * and tokenized before the turn), the session sync, one token per step with
+ * the shared generation step (df_gen, src/core/generate.c), the
+ * log-probabilities in OpenAI's JSON, the per-generation log line, and the
+ * memo glue.
+ *
+ * Invariants:
+ *   - only a gen holding the turn touches the session, its mirror or df_gen;
+ *   - g->text is final text only: the generation step holds back what could
+ *     be the start of a stop string, so anything in g->text may be sent;
+ *   - the mirror lists exactly the tokens the session holds: the prompt
+ *     after a sync, plus each token df_gen reports as pushed;
+ *   - nothing here exits or aborts; allocation failures become 5xx answers.
+ */
+#include "server/oai_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "util/util.h"
+
+void sb_put(sbuf *b, const void *d, size_t n) {
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) { b->oom = 1; return; }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, d, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+json_t *jstr(const char *p, size_t n) {
+    json_t *s = json_stringn(p, n);
+    if (s) return s;
+    sbuf b = {0};
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = (unsigned char)p[i];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        json_t *t = len && i + len <= n ? json_stringn(p + i, len) : NULL;
+        if (t) { sb_put(&b, p + i, len); json_decref(t); i += len; }
+        else if (c == 0) { sb_put(&b, "\xef\xbf\xbd", 3); i++; }
+        else { sb_put(&b, "\xef\xbf\xbd", 3); i++; }
+    }
+    s = b.oom ? NULL : json_stringn(b.p ? b.p : "", b.len);
+    free(b.p);
+    return s;
+}
+
+static void gen_fail(gen *g, int status, const char *msg) {
+    if (g->failed) return;
+    g->failed = 1;
+    g->errstatus = status;
+    snprintf(g->errmsg, sizeof g->errmsg, "%s", msg);
+}
+
+void gen_release(gen *g) {
+    if (g->holds_turn) { g->holds_turn = 0; df_turn_release(&g->srv->turn); }
+}
+
+void gen_stopped(gen *g) {
+    gen_release(g);
+    if (!g->srv->quiet)
+        fprintf(stderr, "deltafin serve: %s: client disconnected, generation stopped after %ld of at most %ld tokens\n",
+                g->id, g->n_gen, g->max_new);
+}
+
+void gen_free(gen *g) {
+    if (!g) return;
+    gen_release(g);
+    df_gen_free(g->dg);
+    df_oai_request_free(&g->rq);
+    free(g->prompt);
+    free(g->text.p);
+    free(g->out.p);
+    free(g->off);
+    free(g->memo_key);
+    json_decref(g->lp);
+    free(g);
+}
+
+static json_t *lp_item(df_oai_server *s, int32_t id, double lp) {
+    size_t n;
+    char *t = df_token_text(s->e, id, &n);
+    json_t *bytes = json_array();
+    for (size_t i = 0; t && i < n; i++) json_array_append_new(bytes, json_integer((unsigned char)t[i]));
+    json_t *o = json_object();
+    json_object_set_new(o, "token", t ? jstr(t, n) : json_string(""));
+    json_object_set_new(o, "logprob", json_real(lp));
+    json_object_set_new(o, "bytes", bytes);
+    free(t);
+    return o;
+}
+
+/* Records a token's log-probability under the model's own distribution
+ * (raw logits, before temperature) and the top alternatives, as the
+ * generation step computed them, with the token's offset in the text. */
+static void add_logprob(gen *g, const df_gen_token *t) {
+    df_oai_server *s = g->srv;
+    json_t *o = lp_item(s, t->id, t->logprob.logprob);
+    json_t *top = json_array();
+    for (int j = 0; j < t->n_top; j++) json_array_append_new(top, lp_item(s, t->top[j].id, t->top[j].logprob));
+    json_object_set_new(o, "top_logprobs", top);
+    json_array_append_new(g->lp, o);
+    if (g->n_off == g->cap_off) {
+        size_t cap = g->cap_off ? 2 * g->cap_off : 64;
+        long *p = realloc(g->off, cap * sizeof *p);
+        if (!p) return;
+        g->off = p;
+        g->cap_off = cap;
+    }
+    g->off[g->n_off++] = (long)t->text_offset;
+}
+
+/* Refuses, before tokenizing, a text prompt so long that it cannot fit the
+ * context: no token stands for more than max_tok_bytes bytes of decoded
+ * text, and the factor 4 covers normalizers that shrink text (NFKC and
+ * the like). Returns 0 or fills e. */
+static int check_bytes(const df_oai_server *s, const df_oai_request *rq, size_t bytes, df_oai_error *e) {
+    double most = (double)s->ctx * 4.0 * (double)s->max_tok_bytes;
+    if (!s->max_tok_bytes || (double)bytes <= most) return 0;
+    return df_oai_fail(e, 400, rq->kind == DF_OAI_CHAT ? "messages" : "prompt", "context_length_exceeded",
+                       "This model's maximum context length is %d tokens. However, your %s is %zu bytes long, more than "
+                       "%d tokens can hold (%.0f bytes at most: no token is longer than %d bytes). Please reduce the length "
+                       "of the messages.", s->ctx, rq->kind == DF_OAI_CHAT ? "rendered chat" : "prompt", bytes, s->ctx,
+                       most, 4 * s->max_tok_bytes);
+}
+
+/* Renders and tokenizes the prompt and checks it against the context: the
+ * expensive work that needs no session, done before waiting for the turn
+ * (for bodies of BIG_BODY bytes or more under pmu, one at a time, so big
+ * prompts cannot pile up in memory). Returns 0, or fills e (4xx: the
+ * request; 5xx: the engine). */
+int gen_tokenize(gen *g, df_oai_error *e) {
+    df_oai_server *s = g->srv;
+    df_oai_request *rq = &g->rq;
+    int rc;
+    if (rq->prompt_ids) {
+        g->prompt = malloc(rq->n_prompt_ids * sizeof *g->prompt);
+        if (!g->prompt) return df_oai_fail(e, 503, NULL, NULL, "Out of memory.");
+        memcpy(g->prompt, rq->prompt_ids, rq->n_prompt_ids * sizeof *g->prompt);
+        g->n_prompt = rq->n_prompt_ids;
+    } else {
+        const char *param = rq->kind == DF_OAI_CHAT ? "messages" : "prompt";
+        if (!s->has_tok)
+            return df_oai_fail(e, 400, param, "unsupported_parameter", "This model has no tokenizer: send token ids as 'prompt' to /v1/completions.");
+        char *text = NULL;
+        if (rq->kind == DF_OAI_CHAT) {
+            rc = df_chat_render(s->e, rq->messages_json, NULL, 1, &text);
+            if (rc) {
+                int st = rc == DF_ENOMEM || rc == DF_EIO || rc == DF_EINTERNAL ? 500 : 400;
+                free(text);
+                return df_oai_fail(e, st, "messages", st == 400 ? "invalid_value" : NULL, "The chat template failed on these messages: %s", df_engine_error(s->e));
+            }
+        }
+        const char *src = text ? text : rq->prompt;
+        size_t srclen = text ? strlen(text) : rq->prompt_len;
+        if (check_bytes(s, rq, srclen, e)) { free(text); return -1; }
+        int32_t *ids = NULL;
+        size_t n = 0;
+        rc = df_tokenize(s->e, src, srclen, &ids, &n);
+        free(text);
+        if (rc) {
+            free(ids);
+            return df_oai_fail(e, rc == DF_EINPUT ? 400 : 500, param, rc == DF_EINPUT ? "invalid_value" : NULL, "Tokenization failed: %s", df_engine_error(s->e));
+        }
+        int bos = rq->kind == DF_OAI_COMPLETIONS && s->info.bos_id >= 0 && df_engine_adds_bos(s->e);
+        g->prompt = malloc((n + 1) * sizeof *g->prompt);
+        if (!g->prompt) { free(ids); return df_oai_fail(e, 503, NULL, NULL, "Out of memory."); }
+        if (bos) g->prompt[0] = s->info.bos_id;
+        if (n) memcpy(g->prompt + bos, ids, n * sizeof *ids);
+        g->n_prompt = n + (size_t)bos;
+        free(ids);
+    }
+    const char *param = rq->kind == DF_OAI_CHAT ? "messages" : "prompt";
+    if (!g->n_prompt) return df_oai_fail(e, 400, param, "invalid_value", "The prompt is empty.");
+    size_t ctx = (size_t)s->ctx;
+    if (rq->max_tokens > 0) {
+        if (g->n_prompt + (size_t)rq->max_tokens > ctx)
+            return df_oai_fail(e, 400, param, "context_length_exceeded",
+                        "This model's maximum context length is %zu tokens. However, you requested %zu tokens (%zu in the prompt, %ld for the completion). Please reduce the prompt or the completion length.",
+                        ctx, g->n_prompt + (size_t)rq->max_tokens, g->n_prompt, rq->max_tokens);
+        g->max_new = rq->max_tokens;
+    } else {
+        if (g->n_prompt >= ctx)
+            return df_oai_fail(e, 400, param, "context_length_exceeded",
+                        "This model's maximum context length is %zu tokens. However, your prompt has %zu tokens. Please reduce the length of the messages.",
+                        ctx, g->n_prompt);
+        g->max_new = (long)(ctx - g->n_prompt);
+        if (g->max_new > s->cap) g->max_new = s->cap;
+    }
+    return 0;
+}
+
+int gen_prepare(gen *g, df_oai_error *e) {
+    df_oai_server *s = g->srv;
+    df_oai_request *rq = &g->rq;
+    const char *param = rq->kind == DF_OAI_CHAT ? "messages" : "prompt";
+    int rc;
+    /* Prefix reuse: df_session_sync keeps the common prefix; the mirror says
+     * how long it is (the last prompt position is always recomputed). */
+    size_t c = 0;
+    while (c < s->n_mirror && c < g->n_prompt && s->mirror[c] == g->prompt[c]) c++;
+    g->cached = c >= g->n_prompt ? g->n_prompt - 1 : c;
+    s->n_mirror = 0;
+    rc = df_session_sync(s->s, g->prompt, g->n_prompt);
+    if (rc) return df_oai_fail(e, rc == DF_EINPUT ? 400 : 500, rc == DF_EINPUT ? param : NULL, NULL, "%s", df_engine_error(s->e));
+    memcpy(s->mirror, g->prompt, g->n_prompt * sizeof *g->prompt);
+    s->n_mirror = g->n_prompt;
+    df_gen_config gc = {.max_new = g->max_new, .max_context = (size_t)s->ctx, .text = s->has_tok,
+                        .stop = (const char *const *)rq->stop, .n_stop = rq->n_stop, .logprobs = rq->logprobs,
+                        .top_logprobs = rq->top_logprobs};
+    df_sampling_default(&gc.sampling);
+    if (rq->has_temperature && rq->temperature > 0 && rq->top_p > 0) {
+        gc.sampling.temperature = (float)rq->temperature;
+        gc.sampling.top_p = (float)rq->top_p;
+    }
+    uint64_t seed = (uint64_t)rq->seed;
+    if (!rq->has_seed && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)g;
+    gc.sampling.seed = seed;
+    g->dg = df_gen_new(s->e, s->s, &gc);
+    if (!g->dg) return df_oai_fail(e, 503, NULL, NULL, "Out of memory.");
+    g->t0 = df_now();
+    return 0;
+}
+
+/* One log line per finished generation: how long decoding took and how much
+ * of it was not the engine's work (sampling and forward passes), i.e.
+ * detokenizing, stop strings, JSON, sending, hand-offs: the server's
+ * overhead per token. */
+void gen_log(gen *g) {
+    if (g->logged || g->memo_hit || g->srv->quiet || !g->t0 || (!g->finish && !g->failed)) return;
+    g->logged = 1;
+    double wall = df_now() - g->t0, other = wall - g->t_fwd;
+    fprintf(stderr, "deltafin serve: %s: %zu prompt tokens (%zu reused), %ld generated (%s) in %.1f ms: engine %.1f ms, "
+                    "server %.3f ms/token (%.2f%%)\n",
+            g->id, g->n_prompt, g->cached, g->n_gen, g->failed ? "failed" : g->finish, wall * 1e3, g->t_fwd * 1e3,
+            g->n_gen ? other * 1e3 / (double)g->n_gen : 0.0, wall > 0 ? 100 * other / wall : 0.0);
+}
+
+void gen_step(gen *g) {
+    df_oai_server *s = g->srv;
+    if (df_turn_stopping(&s->turn)) { gen_fail(g, 503, "The server is shutting down."); return; }
+    df_gen_token t;
+    size_t pushed = df_gen_pushed(g->dg);
+    int rc = df_gen_step(g->dg, &t);
+    if (df_gen_pushed(g->dg) > pushed) s->mirror[s->n_mirror++] = g->last;
+    g->t_fwd = df_gen_engine_seconds(g->dg);
+    if (t.has_token) {
+        g->last = t.id;
+        g->n_gen++;
+        if (g->rq.logprobs) add_logprob(g, &t);
+    }
+    sb_put(&g->text, t.text, t.text_len);
+    if (rc < 0) {
+        const char *msg = df_gen_error(g->dg);
+        if (rc == DF_ENOMEM) gen_fail(g, 503, !strcmp(msg, "out of memory") ? "Out of memory." : msg);
+        else gen_fail(g, 500, msg);
+        return;
+    }
+    if (g->text.oom) { gen_fail(g, 503, "Out of memory."); return; }
+    if (rc == 0) g->finish = df_gen_finish_reason(g->dg);
+}
+
+/* ---- the memo ------------------------------------------------------------ */
+
+static char *lp_dump(const gen *g) {
+    if (!g->rq.logprobs) return NULL;
+    json_t *o = json_object(), *off = json_array();
+    for (size_t i = 0; i < g->n_off; i++) json_array_append_new(off, json_integer(g->off[i]));
+    json_object_set(o, "lp", g->lp);
+    json_object_set_new(o, "off", off);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+void gen_memo_store(gen *g) {
+    df_oai_server *s = g->srv;
+    if (!s->memo || !g->memo_key || g->memo_hit || g->failed || !g->finish) return;
+    df_memo_answer a = {.tlen = g->text.len, .finish = g->finish, .n_prompt = (long)g->n_prompt, .n_gen = g->n_gen};
+    a.text = malloc(a.tlen + 1);
+    a.logprobs = lp_dump(g);
+    if (!a.text || (g->rq.logprobs && !a.logprobs)) { df_memo_answer_free(&a); return; }
+    memcpy(a.text, g->text.p ? g->text.p : "", a.tlen);
+    a.text[a.tlen] = 0;
+    char *key = g->memo_key;
+    g->memo_key = NULL;
+    df_memo_put(s->memo, key, g->memo_klen, &a);
+}
+
+int gen_memo_lookup(gen *g) {
+    df_oai_server *s = g->srv;
+    df_memo_answer a;
+    if (!s->memo || !g->memo_key || !df_memo_get(s->memo, g->memo_key, g->memo_klen, &a)) return g->memo_hit = 0;
+    sb_put(&g->text, a.text, a.tlen);
+    if (!g->text.p) sb_put(&g->text, "", 0);
+    g->finish = a.finish;
+    g->n_prompt = (size_t)a.n_prompt;
+    g->cached = g->n_prompt;
+    g->n_gen = a.n_gen;
+    if (a.logprobs) {
+        json_t *o = json_loads(a.logprobs, 0, NULL), *off = json_object_get(o, "off");
+        json_decref(g->lp);
+        g->lp = json_incref(json_object_get(o, "lp"));
+        g->n_off = g->cap_off = json_array_size(off);
+        g->off = calloc(g->n_off + 1, sizeof *g->off);
+        for (size_t i = 0; g->off && i < g->n_off; i++) g->off[i] = (long)json_integer_value(json_array_get(off, i));
+        if (!g->off) g->n_off = g->cap_off = 0;
+        json_decref(o);
+    }
+    df_memo_answer_free(&a);
+    int hit = !g->text.oom && g->lp;
+    if (!hit) { /* could not be copied: generate instead */
+        g->text.len = 0;
+        g->text.oom = 0;
+        g->finish = NULL;
+        g->n_prompt = g->cached = 0;
+        g->n_gen = 0;
+        g->n_off = 0;
+        if (!g->lp) g->lp = json_array();
+        else json_array_clear(g->lp);
+    }
+    g->memo_hit = hit;
+    return hit;
+}
+
+/* ---- the server's facts ---------------------------------------------------- */
+
+int gen_longest_token(df_oai_server *s) {
+    if (!s->has_tok) return 0;
+    size_t most = 0;
+    for (int id = 0; id < s->info.vocab_size; id++) {
+        size_t n;
+        char *t = df_token_text(s->e, id, &n);
+        if (!t) return 0;
+        if (n > most) most = n;
+        free(t);
+    }
+    return most > (size_t)1 << 20 ? 0 : (int)most;
+}

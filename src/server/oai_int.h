@@ -1,0 +1,174 @@
+/* oai_int.h - the OpenAI server's insides, shared by its files (not
+ * public; the server's API is openai.h). One file per job:
+ *
+ *   queue.c   the turn at the engine: one holder, a bounded FIFO of waiters
+ *   memo.c    exact answers to recent deterministic requests
+ *   gen.c     one request's generation: prompt, session sync, the shared
+ *             generation step (df_gen, src/core/generate.c), logprobs
+ *   openai.c  routes, response bodies, SSE streaming, lifetime
+ *   request.c validation (pure, fuzzed on its own)
+ */
+#ifndef DF_SERVER_OAI_INT_H
+#define DF_SERVER_OAI_INT_H
+
+#include "server/openai.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- queue.c ---------------------------------------------------------------
+ *
+ * One generation at a time. A request that finds the engine busy waits in a
+ * FIFO of at most qmax entries, polling its connection every 50 ms so that
+ * a client who gives up leaves the queue. */
+
+typedef struct df_waiter { struct df_waiter *next; } df_waiter;
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int running, n_waiting, qmax;
+    df_waiter *head, *tail;
+    atomic_int stopping;
+} df_turn;
+
+enum { TURN_OK, TURN_FULL, TURN_GONE, TURN_STOP };
+
+void df_turn_init(df_turn *t, int qmax);
+void df_turn_destroy(df_turn *t);
+/* Waits for the engine in arrival order. TURN_FULL: the queue is full;
+ * TURN_GONE: the client (r, may be NULL) disconnected while waiting;
+ * TURN_STOP: shutdown. */
+int df_turn_acquire(df_turn *t, df_http_req *r);
+void df_turn_release(df_turn *t);
+/* Shutdown: waiters get TURN_STOP, df_turn_stopping says so. */
+void df_turn_stop(df_turn *t);
+int df_turn_stopping(df_turn *t);
+
+/* ---- memo.c ----------------------------------------------------------------
+ *
+ * Maps the exact bytes of a deterministic request to its answer, least
+ * recently used first out, bounded in entries and bytes. */
+
+typedef struct df_memo df_memo;
+
+typedef struct {
+    char *text;
+    size_t tlen;
+    const char *finish; /* a string constant */
+    long n_prompt, n_gen;
+    char *logprobs;     /* {"lp": [...], "off": [...]} or NULL */
+} df_memo_answer;
+
+df_memo *df_memo_new(int max_entries, size_t max_bytes);
+void df_memo_free(df_memo *m);
+/* 1 and a copy of the answer in *out (free with df_memo_answer_free) on a
+ * hit; 0 on a miss (or when the copy could not be made). */
+int df_memo_get(df_memo *m, const char *key, size_t klen, df_memo_answer *out);
+/* Stores an answer, taking ownership of key, a->text and a->logprobs (freed
+ * at once if the entry is not kept: too big, or already there). */
+void df_memo_put(df_memo *m, char *key, size_t klen, df_memo_answer *a);
+void df_memo_answer_free(df_memo_answer *a);
+
+/* ---- the server ------------------------------------------------------------ */
+
+struct df_oai_server {
+    df_engine *e;
+    df_model_info info;
+    df_session *s;
+    int ctx;
+    long cap;
+    char *model_id;
+    int has_tok, quiet;
+    long long created;
+
+    df_turn turn;
+    pthread_mutex_t pmu; /* one big prompt rendered/tokenized at a time */
+    int max_tok_bytes;   /* the longest token's text in bytes; 0: unknown */
+
+    int32_t *mirror;     /* the tokens the session holds (valid with the turn) */
+    size_t n_mirror;
+
+    df_memo *memo;       /* NULL: --no-memo */
+
+    atomic_uint_least64_t idctr;
+    uint64_t salt;
+};
+
+/* Request bodies at least this large are prepared one at a time. */
+#define DF_OAI_BIG_BODY ((size_t)1 << 20)
+
+/* ---- gen.c -----------------------------------------------------------------
+ *
+ * A gen is one request's generation: its prompt tokens, the shared
+ * generation step, the text so far (final: stop strings applied), the
+ * log-probabilities as JSON, and (when streaming) the SSE bytes not yet
+ * sent. */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+void sb_put(sbuf *b, const void *d, size_t n);
+/* A JSON string from n bytes of possibly invalid UTF-8: invalid bytes
+ * become U+FFFD. Never NULL unless out of memory. */
+json_t *jstr(const char *p, size_t n);
+
+typedef struct {
+    df_oai_server *srv;
+    df_http_req *req;
+    df_oai_request rq;
+    char id[48];
+    long long created;
+    int32_t *prompt;
+    size_t n_prompt, cached;
+    long max_new;
+    df_gen *dg;         /* the generation step (with the turn) */
+    int32_t last;       /* the token the last step chose (the next step pushes it) */
+    sbuf text;          /* generated text, final: cut at a stop string */
+    size_t sent;        /* text[0..sent) has gone out in chunks */
+    long n_gen;
+    const char *finish; /* "stop" | "length" once done */
+    int failed;         /* engine error or shutdown: errstatus, errmsg */
+    int errstatus;
+    char errmsg[256];
+    json_t *lp;         /* per generated token: {token, logprob, bytes, top_logprobs} */
+    long *off;          /* text offset of each token (completions' text_offset) */
+    size_t n_off, cap_off, lp_sent;
+    int holds_turn;
+    int memo_hit;
+    char *memo_key;
+    size_t memo_klen;
+    double t0, t_fwd;   /* start of decoding; seconds in the engine (sampling, forward passes) */
+    int logged;
+    int phase;          /* streaming: 0 head, 1 tokens, 2 done */
+    sbuf out;
+    size_t out_pos;
+} gen;
+
+/* Renders and tokenizes the prompt and checks it against the context (no
+ * session needed: done before the turn). Returns 0, or fills e. */
+int gen_tokenize(gen *g, df_oai_error *e);
+/* Syncs the session with the prompt and sets up the generation step. Needs
+ * the turn. Returns 0, or fills e. */
+int gen_prepare(gen *g, df_oai_error *e);
+/* One token. Sets g->finish or g->failed when generation is over. */
+void gen_step(gen *g);
+void gen_release(gen *g);
+/* The client went away mid-generation: free the engine, say so. */
+void gen_stopped(gen *g);
+void gen_log(gen *g);
+void gen_free(gen *g);
+/* Fills a finished gen from the memo; returns 1 on a hit. */
+int gen_memo_lookup(gen *g);
+/* Stores a finished deterministic generation (complete, not failed). */
+void gen_memo_store(gen *g);
+/* The longest token's text in bytes (0 without a tokenizer). */
+int gen_longest_token(df_oai_server *s);
+
+#endif
