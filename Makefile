@@ -32,14 +32,14 @@ DEPS_format  = format util
 DEPS_tok     = tok format util
 DEPS_backend = backend format util
 DEPS_model   = model backend format util
-DEPS_store   = store model backend format util
+DEPS_store   = store format util
 objs_of  = $(foreach m,$(1),$(patsubst %.c,$(O)/%.o,$(call src_of,$(m))))
 
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(UNIT_SRCS:tests/unit/%.c=$(O)/tests/%)
 FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all test unit asan deps demo clean fuzz fuzz-objs bench
+.PHONY: all test unit asan hostile-asan deps demo clean fuzz fuzz-objs bench
 all: $(O)/deltafin
 ifeq ($(O),build)
 all: deltafin
@@ -67,14 +67,23 @@ unit_bins = $(patsubst tests/unit/%.c,$(O)/tests/%,$(wildcard tests/unit/test_$(
 unit-%: $$(call unit_bins,$$*)
 	@fail=0; for t in $^; do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-# The whole suite: unit tests, then Python tests (parity, CLI, server).
+# The whole suite: unit tests, then Python tests (parity, CLI, server), the
+# server's ASan build against hostile clients, and a short fuzz run per parser.
 test: all $(UNIT_BINS)
 	O=$(O) ./tests/run_all.sh
+	$(MAKE) --no-print-directory hostile-asan
 	$(MAKE) --no-print-directory fuzz
 
+ASAN_SAN = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 asan:
-	$(MAKE) O=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all $(patsubst $(O)/%,build-asan/%,$(UNIT_BINS))
+	$(MAKE) O=build-asan OPT=-O1 SAN="$(ASAN_SAN)" all $(patsubst $(O)/%,build-asan/%,$(UNIT_BINS))
 	O=build-asan ASAN_OPTIONS=detect_leaks=1 ./tests/run_all.sh
+
+# The ASan/UBSan build of the server against tests/hostile_client.py (slow
+# clients, bad framing, oversize bodies, huge chats): part of `make test`.
+hostile-asan:
+	@$(MAKE) --no-print-directory O=build-asan OPT=-O1 SAN="$(ASAN_SAN)" build-asan/deltafin
+	DELTAFIN_BIN=$(CURDIR)/build-asan/deltafin python3 -m pytest -q -p no:cacheprovider tests/py/test_server_hostile.py
 
 # Fuzz targets (clang libFuzzer): the library objects are built once with
 # clang and sanitizer coverage into build-fuzz/, then each tests/fuzz/fuzz_*.c

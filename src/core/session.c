@@ -230,7 +230,11 @@ int df_session_push(df_session *s, int32_t id) {
 
 int df_session_sample(df_session *s, const df_sampling *sp, int32_t *out_id) {
     if (!s->logits_valid) return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "no logits: the session is empty");
-    *out_id = df_sample(s->logits, s->e->model->cfg.vocab, sp, &s->rng, s->work);
+    int rc = df_sampling_check(sp, s->e->errbuf, sizeof s->e->errbuf);
+    if (rc) return rc;
+    int id = df_sample(s->logits, s->e->model->cfg.vocab, sp, &s->rng, s->work);
+    if (id < 0) return df_err(s->e->errbuf, sizeof s->e->errbuf, id, "sampling failed");
+    *out_id = id;
     return 0;
 }
 

@@ -593,6 +593,7 @@ int df_ecache_acquire_pf(df_ecache *c, int l, const int *ids, int k, int pf_l, c
         for (int i = 0; i < k; i++)
             fprintf(c->trace, "%s{\"id\":%d,\"served\":\"%s\",\"wait_us\":%.0f}", i ? "," : "", ids[i], names[how[i]], waited[i] * 1e6);
         fprintf(c->trace, "]}\n");
+        if (ferror(c->trace)) return df_err(err, errlen, DF_EIO, "trace file: write failed (disk full?)");
     }
     return 0;
 }
