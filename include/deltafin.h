@@ -60,7 +60,7 @@ void df_options_default(df_options *opt);
  * Returns NULL and fills err on failure. */
 df_engine *df_engine_open(const char *model, const df_options *opt, char *err, size_t errlen);
 void df_engine_close(df_engine *e);
-const char *df_engine_error(const df_engine *e); /* last error of any session call */
+const char *df_engine_error(const df_engine *e); /* last error of a session/tokenizer call made by this thread */
 
 /* Model facts. */
 typedef struct {

@@ -168,7 +168,9 @@ void df_engine_close(df_engine *e) {
     df_model_free(e->model);
     free(e);
 }
-const char *df_engine_error(const df_engine *e) { return e->errbuf; }
+static _Thread_local char tl_err[DF_ERRLEN];
+char *df_errbuf(void) { return tl_err; }
+const char *df_engine_error(const df_engine *e) { (void)e; return tl_err; }
 
 void df_engine_info(const df_engine *e, df_model_info *out) {
     const df_config *c = &e->model->cfg;

@@ -13,7 +13,6 @@ struct df_engine {
     df_model *model;
     df_options opt;
     df_stats stats;
-    char errbuf[512];
     int32_t stop[DF_MAX_EOS * 2]; /* eos ids of config.json, generation_config.json, tokenizer */
     int n_stop;
     struct df_tokenizer *tok;
@@ -26,6 +25,12 @@ struct df_engine {
     FILE *trace;               /* --trace */
     int prefetch_mode;         /* as df_options.prefetch, in effect */
 };
+
+/* The message of the last failed engine or session call, per thread: the
+ * server renders and tokenizes outside the engine's turn while another
+ * thread generates, so one buffer per engine would race. */
+#define DF_ERRLEN 512
+char *df_errbuf(void);
 
 void df_engine_add_stop(df_engine *e, int32_t id);
 int df_engine_tok_load(df_engine *e, const char *dir, char *err, size_t errlen);

@@ -47,7 +47,7 @@ df_session *df_session_new(df_engine *e, int max_context) {
     if (max_context <= 0) max_context = c->max_pos < DF_DEFAULT_CTX ? c->max_pos : DF_DEFAULT_CTX;
     df_session *s = df_xcalloc(1, sizeof *s);
     s->e = e;
-    if (df_state_init(e->model, max_context, DF_MAX_BATCH, &s->st, e->errbuf, sizeof e->errbuf)) {
+    if (df_state_init(e->model, max_context, DF_MAX_BATCH, &s->st, df_errbuf(), DF_ERRLEN)) {
         free(s);
         return NULL;
     }
@@ -82,10 +82,10 @@ void df_session_seed(df_session *s, uint64_t seed) { df_rng_seed(&s->rng, seed);
 static int check_ids(df_session *s, const int32_t *ids, size_t n) {
     const df_config *c = &s->e->model->cfg;
     if (n > (size_t)s->st.max_ctx)
-        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "%zu tokens exceed the session context of %d", n, s->st.max_ctx);
+        return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "%zu tokens exceed the session context of %d", n, s->st.max_ctx);
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab)
-            return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "token id %d at position %zu is out of range (vocab_size %d)", ids[i], i, c->vocab);
+            return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "token id %d at position %zu is out of range (vocab_size %d)", ids[i], i, c->vocab);
     return 0;
 }
 
@@ -102,7 +102,7 @@ static int run_tokens(df_session *s, const int32_t *ids, size_t from, size_t n) 
     for (size_t p = from; p < n; p += DF_MAX_BATCH) {
         int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
         int rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, s->logits, 0);
-        if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
+        if (rc) return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
         memcpy(s->tokens + p, ids + p, (size_t)cnt * sizeof(int32_t));
         s->len = p + (size_t)cnt;
     }
@@ -137,10 +137,10 @@ static int take_snapshot(df_session *s, int automatic) {
         }
     }
     if (automatic && n_auto >= DF_AUTO_SNAPSHOTS) snap_drop(&s->snaps[oldest]), slot = oldest;
-    if (slot < 0) return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_ENOMEM, "all %d snapshots of the session are in use", DF_MAX_SNAPSHOTS);
+    if (slot < 0) return df_err(df_errbuf(), DF_ERRLEN, DF_ENOMEM, "all %d snapshots of the session are in use", DF_MAX_SNAPSHOTS);
     snap_slot *p = &s->snaps[slot];
     if (df_state_snapshot(&s->st, (int)s->len, &p->st))
-        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_ENOMEM, "cannot allocate a snapshot of %zu bytes", df_state_fixed_bytes(s->e->model));
+        return df_err(df_errbuf(), DF_ERRLEN, DF_ENOMEM, "cannot allocate a snapshot of %zu bytes", df_state_fixed_bytes(s->e->model));
     const size_t V = (size_t)s->e->model->cfg.vocab;
     if (s->logits_valid) {
         p->logits = df_xmalloc(V * sizeof(float));
@@ -162,9 +162,9 @@ int df_session_snapshot(df_session *s) { return take_snapshot(s, 0); }
 
 int df_session_restore(df_session *s, int id) {
     if (id < 0 || id >= DF_MAX_SNAPSHOTS || !s->snaps[id].used)
-        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "snapshot %d does not exist (dropped, or invalidated by rewriting an earlier position)", id);
+        return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "snapshot %d does not exist (dropped, or invalidated by rewriting an earlier position)", id);
     if ((size_t)s->snaps[id].st.pos > s->len && !df_state_truncatable(s->e->model))
-        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINTERNAL, "snapshot %d is past the session's length", id);
+        return df_err(df_errbuf(), DF_ERRLEN, DF_EINTERNAL, "snapshot %d is past the session's length", id);
     restore_slot(s, &s->snaps[id]);
     return 0;
 }
@@ -221,7 +221,7 @@ int df_session_sync(df_session *s, const int32_t *ids, size_t n) {
 
 int df_session_push(df_session *s, int32_t id) {
     if (s->len >= (size_t)s->st.max_ctx)
-        return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "context full (%d tokens)", s->st.max_ctx);
+        return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "context full (%d tokens)", s->st.max_ctx);
     int rc = check_ids(s, &id, 1);
     if (rc) return rc;
     s->tokens[s->len] = id;
@@ -229,11 +229,11 @@ int df_session_push(df_session *s, int32_t id) {
 }
 
 int df_session_sample(df_session *s, const df_sampling *sp, int32_t *out_id) {
-    if (!s->logits_valid) return df_err(s->e->errbuf, sizeof s->e->errbuf, DF_EINPUT, "no logits: the session is empty");
-    int rc = df_sampling_check(sp, s->e->errbuf, sizeof s->e->errbuf);
+    if (!s->logits_valid) return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "no logits: the session is empty");
+    int rc = df_sampling_check(sp, df_errbuf(), DF_ERRLEN);
     if (rc) return rc;
     int id = df_sample(s->logits, s->e->model->cfg.vocab, sp, &s->rng, s->work);
-    if (id < 0) return df_err(s->e->errbuf, sizeof s->e->errbuf, id, "sampling failed");
+    if (id < 0) return df_err(df_errbuf(), DF_ERRLEN, id, "sampling failed");
     *out_id = id;
     return 0;
 }
@@ -252,7 +252,7 @@ int df_session_eval_all(df_session *s, const int32_t *ids, size_t n, float *out)
     for (size_t p = 0; p < n; p += DF_MAX_BATCH) {
         int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
         rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, out + p * V, 1);
-        if (rc) return df_err(e->errbuf, sizeof e->errbuf, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
+        if (rc) return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
         memcpy(s->tokens + p, ids + p, (size_t)cnt * sizeof(int32_t));
         s->len = p + (size_t)cnt;
     }

@@ -100,20 +100,20 @@ int df_engine_adds_bos(const df_engine *e) { return e->add_bos; }
 int df_tokenize(df_engine *e, const char *text, size_t len, int32_t **ids, size_t *n) {
     *ids = NULL;
     *n = 0;
-    if (!e->tok) return df_err(e->errbuf, sizeof e->errbuf, DF_EUNSUPPORTED, "this model has no tokenizer");
-    return df_tok_encode_err(e->tok, text, len, 0, 0, ids, n, e->errbuf, sizeof e->errbuf);
+    if (!e->tok) return df_err(df_errbuf(), DF_ERRLEN, DF_EUNSUPPORTED, "this model has no tokenizer");
+    return df_tok_encode_err(e->tok, text, len, 0, 0, ids, n, df_errbuf(), DF_ERRLEN);
 }
 
 int df_chat_render(df_engine *e, const char *messages_json, const char *tools_json, int add_gen, char **out) {
     *out = NULL;
-    if (!e->tpl) return df_err(e->errbuf, sizeof e->errbuf, DF_EUNSUPPORTED, "this model has no chat template");
+    if (!e->tpl) return df_err(df_errbuf(), DF_ERRLEN, DF_EUNSUPPORTED, "this model has no chat template");
     /* the context as transformers' apply_chat_template builds it: cleaned
      * messages, tools or none, special-token variables */
     char *ctx = NULL;
-    int rc = df_chat_context_build(messages_json, tools_json, add_gen, e->special_tokens_json, NULL, &ctx, e->errbuf, sizeof e->errbuf);
+    int rc = df_chat_context_build(messages_json, tools_json, add_gen, e->special_tokens_json, NULL, &ctx, df_errbuf(), DF_ERRLEN);
     if (rc) return rc;
     size_t len;
-    rc = df_template_render(e->tpl, ctx, out, &len, e->errbuf, sizeof e->errbuf);
+    rc = df_template_render(e->tpl, ctx, out, &len, df_errbuf(), DF_ERRLEN);
     free(ctx);
     return rc;
 }
