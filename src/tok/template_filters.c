@@ -1,10 +1,11 @@
 /* template_filters.c - jinja2 filters, sorting, and the list / dict / loop
  * methods of the renderer.
  *
- * Invariants: filters never mutate their input (values are sealed); sorts
- * are stable merge sorts whose keys follow jinja2 (attribute path, then
- * case-insensitive strings); tojson is transformers'
- * json.dumps(ensure_ascii=False, ...); container work is charged per item.
+ * Invariants: sort, unique, min and max order by jinja2's keys (attribute
+ * path, then lower-cased strings unless case_sensitive) with a stable merge
+ * sort (Python's tv_cmp; unorderable types fail); tojson is transformers'
+ * json.dumps(ensure_ascii=False, ...); method work is charged against the
+ * step budget per byte or item before it is done.
  */
 #include "tok/template_builtins_int.h"
 
