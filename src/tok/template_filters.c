@@ -1,9 +1,10 @@
 /* template_filters.c - jinja2 filters, sorting, and the list / dict / loop
  * methods of the renderer.
  *
- * Invariants: sort, unique, min and max order by jinja2's keys (attribute
- * path, then lower-cased strings unless case_sensitive) with a stable merge
- * sort (Python's tv_cmp; unorderable types fail); tojson is transformers'
+ * Invariants: sort, dictsort, unique, min and max compare jinja2's keys
+ * (attribute path, then lower-cased strings unless case_sensitive) with
+ * Python's ordering (unorderable types fail); sort and dictsort are stable
+ * merge sorts; tojson is transformers'
  * json.dumps(ensure_ascii=False, ...); method work is charged against the
  * step budget per byte or item before it is done.
  */
