@@ -223,7 +223,7 @@ int u_isalnum(uint32_t cp);
 int u8_valid(const char *s, size_t n);
 size_t u8_count(const char *s, size_t n);
 
-/* ---- value helpers (template_value.c) ----------------------------------- */
+/* ---- value helpers (template_value.c; printing, JSON: template_print.c) - */
 
 tv tv_undef(void);
 tv tv_undef_named(tctx *R, const char *name, size_t nlen, const char *owner);
@@ -281,7 +281,7 @@ node *tparse(tctx *R, struct df_template *T); /* parses T->src into T->A */
 void teval_root(tctx *R, const node *root);
 tv teval(tctx *R, tscope *S, const node *e);
 
-/* builtins (template_builtins.c) */
+/* builtins (template_builtins.c, template_strings.c, template_filters.c) */
 int tb_filter_known(const char *name, size_t n, const char **why);
 int tb_test_known(const char *name, size_t n);
 tv tb_filter(tctx *R, tscope *S, const node *e, tv v);

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16",
           "-mavx512vnni", "-mfma", "-mf16c"]
-SOURCES = ["tests/tools/ggml_driver.c", "src/format/gguf.c", "src/util/util.c",
+SOURCES = ["tests/tools/ggml_driver.c", "src/format/gguf.c", "src/format/gguf_parse.c",
+           "src/format/gguf_access.c", "src/util/util.c",
            "src/backend/cpu/ggml_quant.c", "src/backend/cpu/ggml_quant_avx2.c",
            "src/backend/cpu/ggml_quant_avx512.c"]
 
