@@ -234,6 +234,8 @@ typedef struct {
     int64_t expert_cache_bytes;             /* slot memory */
     int expert_cache_slots;
     int64_t peak_rss_bytes;                 /* the process's peak resident memory (VmHWM) */
+    int64_t state_bytes_per_token;          /* session state that grows with each position (KV, latent), all layers */
+    int64_t state_bytes_fixed;              /* session state of fixed size (recurrent layers): also one snapshot's size */
 } df_stats;
 void df_stats_get(df_engine *e, df_stats *out);
 void df_stats_reset(df_engine *e);

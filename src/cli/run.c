@@ -45,7 +45,8 @@ static void print_stats(df_engine *e) {
     if (tot > 0)
         fprintf(stderr, "[stats] time split: attention %.1f%%, ffn/experts %.1f%%, other %.1f%%\n", 100 * st.t_attention / tot,
                 100 * st.t_experts / tot, 100 * st.t_other / tot);
-    fprintf(stderr, "[stats] peak RSS %.1f MB\n", st.peak_rss_bytes / 1e6);
+    fprintf(stderr, "[stats] peak RSS %.1f MB; session state %lld B per token + %lld B fixed (per snapshot)\n", st.peak_rss_bytes / 1e6,
+            (long long)st.state_bytes_per_token, (long long)st.state_bytes_fixed);
     if (st.spine_int8) fprintf(stderr, "[stats] spine: row-int8 (store built with --spine int8): results are NOT exact\n");
     if (st.streaming) {
         int64_t req = st.expert_hits + st.expert_prefetch_hits + st.expert_misses;

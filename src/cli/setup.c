@@ -58,14 +58,6 @@ const char *df_home_dir(char *buf, size_t n) {
     return buf;
 }
 
-static int mkdirs(const char *path) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') { *p = 0; if (mkdir(tmp, 0755) && errno != EEXIST) return -1; *p = '/'; }
-    return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
-}
-
 static int sha256_file(const char *path, char hex[65]) {
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
@@ -209,7 +201,7 @@ int df_cmd_setup(int argc, char **argv) {
         printf("%s is installed at %s (sha256 verified)\n", e->name, final);
         return 0;
     }
-    if (mkdirs(dir)) { fprintf(stderr, "deltafin setup: cannot create %s: %s\n", dir, strerror(errno)); return 1; }
+    if (df_mkdirs(dir)) { fprintf(stderr, "deltafin setup: cannot create %s: %s\n", dir, strerror(errno)); return 1; }
     int ok = 0;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     fprintf(stderr, "deltafin setup: downloading %s\n", e->url);

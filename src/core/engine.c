@@ -195,6 +195,8 @@ void df_engine_info(const df_engine *e, df_model_info *out) {
 void df_stats_get(df_engine *e, df_stats *out) {
     *out = e->stats;
     out->peak_rss_bytes = df_peak_rss();
+    out->state_bytes_per_token = (int64_t)df_state_bytes_per_token(e->model);
+    out->state_bytes_fixed = (int64_t)df_state_fixed_bytes(e->model);
     if (e->ecache) {
         df_ecache_stats es;
         df_ecache_stats_get(e->ecache, &es);

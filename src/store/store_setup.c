@@ -58,14 +58,6 @@ typedef struct {
 
 static uint64_t a_up(uint64_t x) { return (x + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
 
-static int mkdirs(const char *path) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') { *p = 0; if (mkdir(tmp, 0755) && errno != EEXIST) return -1; *p = '/'; }
-    return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
-}
-
 /* ---- writing with clear errors (ENOSPC names the file) -------------------- */
 
 static int64_t test_write_limit = -1, written_total; /* DELTAFIN_TEST_WRITE_LIMIT: simulate a full disk */
@@ -325,7 +317,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
     int n_packs = 0;
     df_progress pg;
     df_progress_init(&pg, "hashing", 0, o->progress);
-    if (mkdirs(o->out)) { rc = df_err(err, errlen, DF_EIO, "%s: cannot create: %s", o->out, strerror(errno)); goto out; }
+    if (df_mkdirs(o->out)) { rc = df_err(err, errlen, DF_EIO, "%s: cannot create: %s", o->out, strerror(errno)); goto out; }
     unlink(man_path); /* whatever happens next, the store is not complete until the end */
     state = json_load_file(state_path, 0, NULL);
     if (state && !json_is_object(state)) { json_decref(state); state = NULL; }
@@ -432,7 +424,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
                 char dirbuf[4400];
                 snprintf(dirbuf, sizeof dirbuf, "%s", pn);
                 *strrchr(dirbuf, '/') = 0;
-                if (mkdirs(dirbuf)) { rc = df_err(err, errlen, DF_EIO, "%s: cannot create: %s", dirbuf, strerror(errno)); break; }
+                if (df_mkdirs(dirbuf)) { rc = df_err(err, errlen, DF_EIO, "%s: cannot create: %s", dirbuf, strerror(errno)); break; }
                 int fd = open(pn, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
                 if (fd < 0) { rc = df_err(err, errlen, DF_EIO, "%s: cannot create: %s", pn, strerror(errno)); break; }
                 uint64_t at = 0;

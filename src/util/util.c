@@ -297,3 +297,11 @@ void df_progress_add(df_progress *p, int64_t add, int final) {
         fprintf(stderr, "\r  %-8s %8.1f MB  %7.1f MB/s ", p->what, p->done / 1e6, rate / 1e6);
     if (final) fputc('\n', stderr);
 }
+
+int df_mkdirs(const char *path) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) { errno = ENAMETOOLONG; return -1; }
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') { *p = 0; if (mkdir(tmp, 0755) && errno != EEXIST) return -1; *p = '/'; }
+    return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
+}

@@ -107,4 +107,7 @@ void df_buf_puts(df_buf *b, const char *s);
 void df_buf_printf(df_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void df_buf_free(df_buf *b);
 
+/* mkdir -p: creates path and its missing parents (0755). 0, or -1 with errno. */
+int df_mkdirs(const char *path);
+
 #endif

@@ -303,3 +303,20 @@ def test_bad_ids(dfbin):
 def test_missing_model(dfbin, tmp_path):
     p = run([dfbin, "run", "--model", str(tmp_path / "nope"), "--ids", "1"], check=False)
     assert p.returncode == 2 and "nope" in p.stderr
+
+
+@pytest.mark.parametrize("name", ["llama-bf16", "qwen3-moe-bf16", "deepseek-v3-bf16", "qwen3-moe-k70"])
+def test_state_bytes_in_stats_and_inspect(dfbin, name):
+    """Session state per token, computed from config.json as the layer kinds store it: GQA keeps K and V rows
+    (2 x kv_heads x head_dim floats per layer), MLA the latent and the rotated key (kv_lora + rope floats)."""
+    c = json.loads((MODELS / name / "config.json").read_text())
+    L = c["num_hidden_layers"]
+    if "kv_lora_rank" in c:
+        want = L * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * 4
+    else:
+        hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        want = L * 2 * c["num_key_value_heads"] * hd * 4
+    p = run([dfbin, "run", "--model", str(MODELS / name), "--ids", "1,2,3", "--max-new", "1", "--stats"])
+    assert f"session state {want} B per token + 0 B fixed" in p.stderr, p.stderr
+    out = run([dfbin, "inspect", "--model", str(MODELS / name)]).stdout
+    assert f"state        {want} B per token" in out and "prefix reuse by truncation" in out, out
