@@ -1,11 +1,15 @@
-/* backend.h - the one table of coarse operations the model code uses.
+/* backend.h - the operations the model code uses: products of a weight in
+ * its stored format with f32 activations, the attention cores of the mixer
+ * kinds, and small f32 ops. (Not yet a table a GPU backend can implement:
+ * activations are host pointers and the CPU backend is linked directly;
+ * docs/ARCHITECTURE.md, "Not yet done".)
  *
  * A df_weight describes a matrix [rows x cols] (out x in) exactly as it is
  * stored in the checkpoint: the bytes are never rewritten; kernels
  * dequantize inside the dot product and accumulate in f32. The CPU backend
- * (src/backend/cpu) is the reference; it dispatches at run time to AVX-512,
- * AVX2 or scalar kernels. All heavy operations run on the engine's thread
- * pool. */
+ * (src/backend/cpu) is the reference; its thread pool and its run-time
+ * choice of AVX-512, AVX2 or scalar kernels are private to it
+ * (backend/cpu/cpu.h). */
 #ifndef DF_BACKEND_H
 #define DF_BACKEND_H
 
@@ -38,17 +42,10 @@ int64_t df_weight_bytes(const df_weight *w);
 /* Bytes of the weight's scale sidecar, a separate tensor (FP8, INT4, row-int8); 0 for formats without one. */
 int64_t df_weight_scale_bytes(const df_weight *w);
 
-/* ---- thread pool ----------------------------------------------------- */
-typedef void (*df_task_fn)(void *ctx, int tid, int nth);
-void df_pool_init(int n_threads); /* idempotent; 0 = all cores */
-int df_pool_size(void);
-void df_pool_run(df_task_fn fn, void *ctx); /* runs fn on every thread, returns when all are done */
-
-/* ---- ISA ------------------------------------------------------------- */
-enum { DF_ISA_SCALAR = 0, DF_ISA_AVX2 = 1, DF_ISA_AVX512 = 2 };
-int df_isa(void);
-void df_set_isa(int isa); /* -1 = best available */
-const char *df_isa_name(int isa);
+/* ---- backend ----------------------------------------------------------- */
+/* Starts the backend with n_threads workers (0: all online cores); idempotent. */
+void df_backend_init(int n_threads);
+int df_backend_threads(void);
 
 /* ---- kernels (single-threaded) ---------------------------------------- */
 float df_dot_row(const df_weight *w, int64_t r, const float *x);       /* W[r,:] . x */
@@ -73,6 +70,33 @@ void df_matvec_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, 
 void df_matmul(const df_weight *w, const float *X, int n, float *Y);
 /* Transposed product over a row slice: y[cols] = sum_r W[r0+r,:] * x[r], r < nr. Single-threaded. */
 void df_matvec_t_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y);
+
+/* ---- attention cores (the loops over positions and heads of the mixer
+ * kinds; the model computes projections, norms, RoPE and writes the state) */
+/* GQA, causal: for each of n queries at positions pos0.. and each head,
+ * softmax(q . K[j] * scale) over j <= position, then the weighted sum of
+ * V[j]. kv: per position a K row then a V row, [2][n_kv_heads x head_dim]. */
+typedef struct {
+    const float *q;   /* [n][n_heads][head_dim] */
+    const float *kv;  /* [pos0 + n][2][n_kv_heads * head_dim] */
+    float *out;       /* [n][n_heads][head_dim] */
+    int n, pos0, n_heads, n_kv_heads, head_dim;
+    float scale;
+} df_attn_gqa_args;
+void df_attn_gqa(const df_attn_gqa_args *a);
+/* MLA on the latent cache, absorbed form: scores (W_uk^T q_nope) . c_j +
+ * q_rope . k_rot_j, values W_uv (sum_j p_j c_j); W_uk/W_uv are rows of
+ * kv_b [H*(nope+v) x kv_lora] in its stored format, or of the GGUF split
+ * k_b [H*kv_lora x nope] / v_b [H*v x kv_lora] when their data is set. */
+typedef struct {
+    const float *q;      /* [n][n_heads][nope + rope] (rope part rotated) */
+    const float *cache;  /* [pos0 + n][kv_lora + rope] */
+    float *out;          /* [n][n_heads][v_dim] */
+    const df_weight *kv_b, *k_b, *v_b;
+    int n, pos0, n_heads, nope, rope, kv_lora, v_dim;
+    float scale;
+} df_attn_mla_args;
+void df_attn_mla(const df_attn_mla_args *a);
 
 /* ---- small ops (single-threaded, f32) --------------------------------- */
 void df_rmsnorm(float *out, const float *x, const float *g, int n, float eps); /* out = g * x / rms(x), as HF RMSNorm */

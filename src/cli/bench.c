@@ -13,7 +13,7 @@
  *    in registers (explicit variables: an array would be kept in memory and
  *    measure store forwarding instead) on every thread.
  * Prints one JSON object. */
-#include "backend/backend.h"
+#include "backend/cpu/cpu.h"
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "util/util.h"

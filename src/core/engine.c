@@ -92,7 +92,7 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
     df_options o;
     if (opt) o = *opt; else df_options_default(&o);
     char *path = resolve_model(model);
-    df_pool_init(o.n_threads);
+    df_backend_init(o.n_threads);
     if (df_file_exists(path)) {
         struct stat fs;
         int64_t total = stat(path, &fs) == 0 ? fs.st_size : 0;

@@ -40,7 +40,6 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
     s->max_batch = max_batch;
     s->n_layers = c->n_layers;
     const size_t B = (size_t)max_batch, T = (size_t)max_ctx, L = (size_t)c->n_layers;
-    const size_t nth = (size_t)df_pool_size();
     /* every layer's state in one allocation: growing caches, then fixed states */
     s->ls = df_xcalloc(L, sizeof *s->ls);
     size_t total = 0, qdim = 0, kdim = 0, adim = 0;
@@ -69,10 +68,6 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
     qdim = max_z((size_t)c->n_heads * (size_t)c->head_dim, has_mla ? (size_t)c->n_heads * (size_t)(c->qk_nope_dim + c->qk_rope_dim) : 0);
     kdim = max_z((size_t)c->n_kv_heads * (size_t)c->head_dim, has_mla ? (size_t)(c->kv_lora_rank + c->qk_rope_dim) : 0);
     adim = max_z((size_t)c->n_heads * (size_t)c->head_dim, has_mla ? (size_t)c->n_heads * (size_t)c->v_head_dim : 0);
-    if (has_mla) {
-        s->qlat = df_xcalloc(nth * (size_t)(c->kv_lora_rank + c->qk_rope_dim), sizeof(float));
-        s->mla_w = df_xcalloc(nth * (size_t)(c->qk_nope_dim + c->v_head_dim) * (size_t)c->kv_lora_rank, sizeof(float));
-    }
     const size_t H = (size_t)c->hidden, K = (size_t)c->n_experts_used, E = (size_t)c->n_experts, I = (size_t)c->moe_intermediate;
     size_t inter = max_z(max_z((size_t)c->intermediate, (size_t)c->q_lora_rank), I * max_z(1, (size_t)c->n_shared_experts));
     s->x = df_xcalloc(B * H, sizeof(float));
@@ -85,7 +80,6 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
     s->att = df_xcalloc(B * adim, sizeof(float));
     s->h1 = df_xcalloc(B * inter, sizeof(float));
     s->h2 = df_xcalloc(B * inter, sizeof(float));
-    s->att_scores = df_xcalloc(nth * T, sizeof(float));
     s->rope_cs = df_xcalloc(B * (size_t)max_z(2, (size_t)c->rope_dim), sizeof(float));
     if (E) {
         s->router_logits = df_xcalloc(B * E, sizeof(float));
@@ -111,8 +105,8 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
 }
 
 void df_state_free(df_state *s) {
-    void *bufs[] = {s->state_mem, s->ls, s->mla_w, s->x, s->xn, s->q, s->k, s->v, s->att, s->o, s->h1, s->h2, s->ffn_out,
-                    s->router_logits, s->att_scores, s->qlat, s->rope_cs, s->sel, s->selw, s->tok_list, s->xe, s->ge, s->ue,
+    void *bufs[] = {s->state_mem, s->ls, s->x, s->xn, s->q, s->k, s->v, s->att, s->o, s->h1, s->h2, s->ffn_out,
+                    s->router_logits, s->rope_cs, s->sel, s->selw, s->tok_list, s->xe, s->ge, s->ue,
                     s->de, s->de_all, s->exp_list, s->route_tmp, s->pend_k, s->pend_f, s->jobs, s->xp, s->plog, s->pred, s->predw};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     memset(s, 0, sizeof *s);

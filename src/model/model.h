@@ -167,10 +167,7 @@ typedef struct {
     size_t state_floats;
     /* scratch, [max_batch x ...] */
     float *x, *xn, *q, *k, *v, *att, *o, *h1, *h2, *ffn_out, *router_logits;
-    float *att_scores;        /* [n_threads][max_ctx] */
-    float *qlat;              /* [n_threads][kv_lora + rope] (MLA) */
     float *rope_cs;           /* [max_batch][rope_dim/2][2] cos, sin of this batch's positions */
-    float *mla_w;             /* [n_threads][(nope + v) x kv_lora] one head's dequantized W_uk, W_uv (MLA prefill) */
     int *sel;                 /* [max_batch x topk] expert ids */
     float *selw;              /* [max_batch x topk] weights */
     int *tok_list;            /* [max_batch x topk] tokens routed to an expert */

@@ -1,7 +1,7 @@
 /* test_backend_kernels.c - every ISA's kernels against the scalar reference
  * on random data (odd lengths included), and the exact conversions against
  * independent definitions. */
-#include "backend/backend.h"
+#include "backend/cpu/cpu.h"
 #include "backend/cpu/kernels.h"
 
 #include <math.h>

@@ -2,7 +2,7 @@
  * backend.h built on the per-ISA kernels. The thread pool runs one task at
  * a time on all threads (the caller is thread 0); workers spin briefly and
  * then sleep on a condition variable, so an idle engine costs no CPU. */
-#include "backend/backend.h"
+#include "backend/cpu/cpu.h"
 #include "backend/cpu/kernels.h"
 #include "backend/ggml_quant.h"
 #include "util/util.h"
@@ -116,6 +116,8 @@ static _Thread_local float *tl_fsc;
 static _Thread_local size_t tl_fsc_cap;
 static _Thread_local int64_t tl_fsc_row[4];
 static _Thread_local const void *tl_fsc_w;
+static _Thread_local float *tl_slot[4];
+static _Thread_local size_t tl_slot_cap[4];
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static void scratch_free(void *p) {
@@ -123,6 +125,7 @@ static void scratch_free(void *p) {
     free(tl_buf);
     free(tl_sc);
     free(tl_fsc);
+    for (int i = 0; i < 4; i++) free(tl_slot[i]), tl_slot[i] = NULL, tl_slot_cap[i] = 0;
     tl_buf = tl_sc = tl_fsc = NULL;
     tl_cap = tl_sc_cap = tl_fsc_cap = 0;
     tl_fsc_w = NULL;
@@ -140,6 +143,16 @@ static float *scratch(size_t n) {
         scratch_register();
     }
     return tl_buf;
+}
+
+float *df_cpu_scratch(int slot, size_t n) {
+    if (n > tl_slot_cap[slot]) {
+        free(tl_slot[slot]);
+        tl_slot[slot] = df_aligned_alloc((n ? n : 1) * sizeof(float));
+        tl_slot_cap[slot] = n;
+        scratch_register();
+    }
+    return tl_slot[slot];
 }
 
 float df_dot_row(const df_weight *w, int64_t r, const float *x) {
@@ -464,3 +477,6 @@ void df_rmsnorm(float *out, const float *x, const float *g, int n, float eps) {
     float inv = 1.0f / sqrtf((float)(ss / n) + eps);
     for (int i = 0; i < n; i++) out[i] = g[i] * (x[i] * inv);
 }
+
+void df_backend_init(int n_threads) { df_pool_init(n_threads); }
+int df_backend_threads(void) { return df_pool_size(); }

@@ -4,6 +4,7 @@
  * rounding (tests/unit/test_backend_kernels.c). */
 #ifndef DF_CPU_KERNELS_H
 #define DF_CPU_KERNELS_H
+#include <stddef.h>
 #include <stdint.h>
 
 /* exact conversions */
@@ -14,6 +15,8 @@ static inline float df_bf16_to_f32(uint16_t h) {
 float df_f16_to_f32(uint16_t h);
 extern float df_fp8_lut[256]; /* E4M3FN -> f32, exact; filled by df_kernels_init */
 void df_kernels_init(void);
+/* Per-thread f32 scratch slot (0..3) of at least n floats, grown on first use only, freed at thread exit. */
+float *df_cpu_scratch(int slot, size_t n);
 
 #define DF_DECL_KERNELS(isa)                                                                                       \
     float df_k_dot_f32_##isa(const float *w, const float *x, int64_t n);                                          \

@@ -9,32 +9,6 @@
 #include <math.h>
 #include <string.h>
 
-typedef struct {
-    const df_model *m;
-    df_state *s;
-    int l, n, pos0;
-} attn_ctx;
-
-static void gqa_task(void *p, int tid, int nth) {
-    attn_ctx *a = p;
-    const df_config *c = &a->m->cfg;
-    df_state *s = a->s;
-    const int NH = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim, grp = NH / KV;
-    const size_t kdim = (size_t)KV * hd;
-    const float *kc = s->ls[a->l].cache, *vc = kc + kdim; /* row j: K at j*2*kdim, V after it */
-    float *sc = s->att_scores + (size_t)tid * s->max_ctx;
-    const int items = a->n * NH;
-    for (int it = tid; it < items; it += nth) {
-        int t = it / NH, h = it % NH, kvh = h / grp, len = a->pos0 + t + 1;
-        const float *q = s->q + ((size_t)t * NH + h) * hd;
-        for (int j = 0; j < len; j++) sc[j] = df_dot_f32(q, kc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd) * a->m->attn_scale;
-        df_softmax(sc, len);
-        float *out = s->att + ((size_t)t * NH + h) * hd;
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < len; j++) df_axpy(out, sc[j], vc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd);
-    }
-}
-
 static void gqa_forward(const df_model *m, df_state *s, int l, int n, int pos0) {
     const df_config *c = &m->cfg;
     const df_layer *L = &m->layers[l];
@@ -61,9 +35,8 @@ static void gqa_forward(const df_model *m, df_state *s, int l, int n, int pos0) 
         memcpy(row, k, kdim * sizeof(float));
         memcpy(row + kdim, v, kdim * sizeof(float));
     }
-    attn_ctx a = {m, s, l, n, pos0};
-    if ((int64_t)n * NH * (pos0 + n) * hd < 32768) gqa_task(&a, 0, 1); /* too little work to share */
-    else df_pool_run(gqa_task, &a);
+    const df_attn_gqa_args a = {s->q, s->ls[l].cache, s->att, n, pos0, NH, KV, hd, m->attn_scale};
+    df_attn_gqa(&a);
     df_matmul(&L->w.wo, s->att, n, s->o);
     if (L->bo)
         for (int t = 0; t < n; t++)

@@ -12,91 +12,6 @@
 #include <math.h>
 #include <string.h>
 
-typedef struct {
-    const df_model *m;
-    df_state *s;
-    int l, n, pos0;
-} mla_ctx;
-
-static void mla_task(void *p, int tid, int nth) {
-    mla_ctx *a = p;
-    const df_config *c = &a->m->cfg;
-    const df_layer *L = &a->m->layers[a->l];
-    df_state *s = a->s;
-    const int NH = c->n_heads, nope = c->qk_nope_dim, rope = c->qk_rope_dim, R = c->kv_lora_rank, vd = c->v_head_dim;
-    const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
-    const float *cache = s->ls[a->l].cache;
-    float *sc = s->att_scores + (size_t)tid * s->max_ctx;
-    float *qlat = s->qlat + (size_t)tid * cdim; /* [R] absorbed q, then reused for o_lat */
-    const int items = a->n * NH;
-    for (int it = tid; it < items; it += nth) {
-        int t = it / NH, h = it % NH, len = a->pos0 + t + 1;
-        const float *q = s->q + ((size_t)t * NH + h) * qh;
-        const int64_t kv_row0 = (int64_t)h * (nope + vd);
-        if (L->w.k_b.data) /* split form: q_lat[c] = W_uk^T[h][c] . q_nope */
-            for (int c2 = 0; c2 < R; c2++) qlat[c2] = df_dot_row(&L->w.k_b, (int64_t)h * R + c2, q);
-        else
-            df_matvec_t_rows(&L->w.kv_b, kv_row0, nope, q, qlat);
-        for (int j = 0; j < len; j++) {
-            const float *cj = cache + (size_t)j * cdim;
-            sc[j] = (df_dot_f32(qlat, cj, R) + df_dot_f32(q + nope, cj + R, rope)) * a->m->attn_scale;
-        }
-        df_softmax(sc, len);
-        memset(qlat, 0, (size_t)R * sizeof(float));
-        for (int j = 0; j < len; j++) df_axpy(qlat, sc[j], cache + (size_t)j * cdim, R);
-        float *out = s->att + ((size_t)t * NH + h) * vd;
-        if (L->w.v_b.data)
-            for (int i = 0; i < vd; i++) out[i] = df_dot_row(&L->w.v_b, (int64_t)h * vd + i, qlat);
-        else
-            for (int i = 0; i < vd; i++) out[i] = df_dot_row(&L->w.kv_b, kv_row0 + nope + i, qlat);
-    }
-}
-
-/* Prefill: heads are the unit of work; each head's W_uk and W_uv rows are
- * dequantized once into thread scratch and used for every token of the
- * batch (the per-(token, head) path would dequantize them n times). */
-static void mla_prefill_task(void *p, int tid, int nth) {
-    mla_ctx *a = p;
-    const df_config *c = &a->m->cfg;
-    const df_layer *L = &a->m->layers[a->l];
-    df_state *s = a->s;
-    const int NH = c->n_heads, nope = c->qk_nope_dim, rope = c->qk_rope_dim, R = c->kv_lora_rank, vd = c->v_head_dim;
-    const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
-    const float *cache = s->ls[a->l].cache;
-    float *sc = s->att_scores + (size_t)tid * s->max_ctx;
-    float *qlat = s->qlat + (size_t)tid * cdim;
-    float *wk = s->mla_w + (size_t)tid * (size_t)(nope + vd) * R; /* [nope x R] (kv_b) or [R x nope] (k_b) */
-    float *wv = wk + (size_t)nope * R;                              /* [vd x R] */
-    for (int h = tid; h < NH; h += nth) {
-        const int64_t kv_row0 = (int64_t)h * (nope + vd);
-        if (L->w.k_b.data)
-            for (int r = 0; r < R; r++) df_dequant_row(&L->w.k_b, (int64_t)h * R + r, wk + (size_t)r * nope);
-        else
-            for (int d = 0; d < nope; d++) df_dequant_row(&L->w.kv_b, kv_row0 + d, wk + (size_t)d * R);
-        for (int i = 0; i < vd; i++)
-            df_dequant_row(L->w.v_b.data ? &L->w.v_b : &L->w.kv_b, L->w.v_b.data ? (int64_t)h * vd + i : kv_row0 + nope + i, wv + (size_t)i * R);
-        for (int t = 0; t < a->n; t++) {
-            const int len = a->pos0 + t + 1;
-            const float *q = s->q + ((size_t)t * NH + h) * qh;
-            if (L->w.k_b.data) {
-                for (int r = 0; r < R; r++) qlat[r] = df_dot_f32(wk + (size_t)r * nope, q, nope);
-            } else {
-                memset(qlat, 0, (size_t)R * sizeof(float));
-                for (int d = 0; d < nope; d++) df_axpy(qlat, q[d], wk + (size_t)d * R, R);
-            }
-            for (int j = 0; j < len; j++) {
-                const float *cj = cache + (size_t)j * cdim;
-                sc[j] = (df_dot_f32(qlat, cj, R) + df_dot_f32(q + nope, cj + R, rope)) * a->m->attn_scale;
-            }
-            df_softmax(sc, len);
-            memset(qlat, 0, (size_t)R * sizeof(float));
-            for (int j = 0; j < len; j++) df_axpy(qlat, sc[j], cache + (size_t)j * cdim, R);
-            float *out = s->att + ((size_t)t * NH + h) * vd;
-            for (int i = 0; i < vd; i++) out[i] = df_dot_f32(wv + (size_t)i * R, qlat, R);
-        }
-    }
-}
-
 static void mla_forward(const df_model *m, df_state *s, int l, int n, int pos0) {
     const df_config *c = &m->cfg;
     const df_layer *L = &m->layers[l];
@@ -122,8 +37,8 @@ static void mla_forward(const df_model *m, df_state *s, int l, int n, int pos0) 
         memcpy(dst + R, kv + R, (size_t)rope * sizeof(float));
         df_rope(cs, rope, dst + R, c->rope_interleave);
     }
-    mla_ctx a = {m, s, l, n, pos0};
-    df_pool_run(n > 1 ? mla_prefill_task : mla_task, &a);
+    const df_attn_mla_args a = {s->q, s->ls[l].cache, s->att, &L->w.kv_b, &L->w.k_b, &L->w.v_b, n, pos0, NH, nope, rope, R, c->v_head_dim, m->attn_scale};
+    df_attn_mla(&a);
     df_matmul(&L->w.wo, s->att, n, s->o);
 }
 
