@@ -342,12 +342,17 @@ static inline int cache_get(df_bpe_cache *c, uint64_t h, const uint8_t *s, size_
         for (;;) {
             const cache_slot *e = &c->slots[j];
             if (!e->klen) return 0;
-            if (e->h == h && e->klen == n && !memcmp(c->keys + e->koff, s, n)) { v = c->vals + e->voff; m = e->vlen; break; }
+            if (e->h == h && e->klen == n && !memcmp(c->keys + e->koff, s, n)) {
+                m = e->vlen;
+                if (!m) return 1; /* a word that gives no ids: vals may still be NULL */
+                v = c->vals + e->voff;
+                break;
+            }
             j = (j + 1) & mask;
         }
     }
     if (out->n + m > out->cap) df_ids_grow(out, m);
-    memcpy(out->v + out->n, v, m * sizeof *v);
+    if (m) memcpy(out->v + out->n, v, m * sizeof *v);
     out->n += m;
     return 1;
 }
