@@ -275,7 +275,11 @@ static int write_spine(const df_st_set *st, const char *fmt, const char *out, in
     return rc;
 }
 
+#define MAX_STORE_DIRS 64 /* drives one store spreads its packs over (the pos[] of each layer below) */
+
 int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
+    if (o->n_dirs < 0 || o->n_dirs > MAX_STORE_DIRS)
+        return df_err(err, errlen, DF_EINPUT, "store: %d pack directories (expected 0..%d)", o->n_dirs, MAX_STORE_DIRS);
     const char *tl = getenv("DELTAFIN_TEST_WRITE_LIMIT");
     test_write_limit = tl ? atoll(tl) : -1;
     written_total = 0;
@@ -395,7 +399,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
             }
         }
         /* offsets are deterministic: experts of drive d in index order, each 4 KiB-aligned */
-        uint64_t pos[64] = {0};
+        uint64_t pos[MAX_STORE_DIRS] = {0};
         for (int e = 0; e < E; e++) {
             expert_rec *x = &ex[(size_t)l * E + e];
             if (!x->n) continue;

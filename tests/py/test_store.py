@@ -540,3 +540,11 @@ def test_store_does_not_import_the_model_layer():
     for f in ("store.c", "store.h"):
         src = (repo / "src" / "store" / f).read_text()
         assert not re.search(r'#include\s+"model/', src), f
+
+
+def test_too_many_store_dirs_refused(dfbin, tmp_path):
+    """Each layer's pack offsets are kept per drive in a fixed table of 64: more drives are refused, not overflowed."""
+    dirs = ",".join(str(tmp_path / f"d{i}") for i in range(65))
+    p = subprocess.run([dfbin, "setup", "--from", str(MODELS / "qwen3-moe-bf16"), "--out", str(tmp_path / "s"), "--pack",
+                        "--store-dirs", dirs], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "at most 64" in p.stderr, p.stderr

@@ -38,13 +38,26 @@ void df_attn_gqa(const df_attn_gqa_args *a) {
     else df_pool_run(gqa_task, (void *)a);
 }
 
+/* One (token, head) of MLA given its absorbed query qlat [R]: scores over the
+ * latent cache, softmax, and o_lat = sum_j p_j c_j written back into qlat. */
+static void mla_attend(const df_attn_mla_args *a, const float *q, float *qlat, float *sc, int len) {
+    const int nope = a->nope, rope = a->rope, R = a->kv_lora;
+    const size_t cdim = (size_t)R + rope;
+    for (int j = 0; j < len; j++) {
+        const float *cj = a->cache + (size_t)j * cdim;
+        sc[j] = (df_dot_f32(qlat, cj, R) + df_dot_f32(q + nope, cj + R, rope)) * a->scale;
+    }
+    df_softmax(sc, len);
+    memset(qlat, 0, (size_t)R * sizeof(float));
+    for (int j = 0; j < len; j++) df_axpy(qlat, sc[j], a->cache + (size_t)j * cdim, R);
+}
+
 /* Decode: (token, head) items; the absorbed query q_lat = W_uk^T q_nope is a
  * product with kv_b's rows (or k_b's, in the GGUF split form). */
 static void mla_task(void *p, int tid, int nth) {
     const df_attn_mla_args *a = p;
     const int NH = a->n_heads, nope = a->nope, rope = a->rope, R = a->kv_lora, vd = a->v_dim;
     const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
-    const float *cache = a->cache;
     float *sc = df_cpu_scratch(SC_SCORES, (size_t)(a->pos0 + a->n));
     float *qlat = df_cpu_scratch(SC_QLAT, cdim); /* [R] absorbed q, then reused for o_lat */
     const int items = a->n * NH;
@@ -56,13 +69,7 @@ static void mla_task(void *p, int tid, int nth) {
             for (int c2 = 0; c2 < R; c2++) qlat[c2] = df_dot_row(a->k_b, (int64_t)h * R + c2, q);
         else
             df_matvec_t_rows(a->kv_b, kv_row0, nope, q, qlat);
-        for (int j = 0; j < len; j++) {
-            const float *cj = cache + (size_t)j * cdim;
-            sc[j] = (df_dot_f32(qlat, cj, R) + df_dot_f32(q + nope, cj + R, rope)) * a->scale;
-        }
-        df_softmax(sc, len);
-        memset(qlat, 0, (size_t)R * sizeof(float));
-        for (int j = 0; j < len; j++) df_axpy(qlat, sc[j], cache + (size_t)j * cdim, R);
+        mla_attend(a, q, qlat, sc, len);
         float *out = a->out + ((size_t)t * NH + h) * vd;
         if (a->v_b->data)
             for (int i = 0; i < vd; i++) out[i] = df_dot_row(a->v_b, (int64_t)h * vd + i, qlat);
@@ -78,7 +85,6 @@ static void mla_prefill_task(void *p, int tid, int nth) {
     const df_attn_mla_args *a = p;
     const int NH = a->n_heads, nope = a->nope, rope = a->rope, R = a->kv_lora, vd = a->v_dim;
     const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
-    const float *cache = a->cache;
     float *sc = df_cpu_scratch(SC_SCORES, (size_t)(a->pos0 + a->n));
     float *qlat = df_cpu_scratch(SC_QLAT, cdim);
     float *wk = df_cpu_scratch(SC_MLAW, (size_t)(nope + vd) * R); /* [nope x R] (kv_b) or [R x nope] (k_b) */
@@ -101,13 +107,7 @@ static void mla_prefill_task(void *p, int tid, int nth) {
                 memset(qlat, 0, (size_t)R * sizeof(float));
                 for (int d = 0; d < nope; d++) df_axpy(qlat, q[d], wk + (size_t)d * R, R);
             }
-            for (int j = 0; j < len; j++) {
-                const float *cj = cache + (size_t)j * cdim;
-                sc[j] = (df_dot_f32(qlat, cj, R) + df_dot_f32(q + nope, cj + R, rope)) * a->scale;
-            }
-            df_softmax(sc, len);
-            memset(qlat, 0, (size_t)R * sizeof(float));
-            for (int j = 0; j < len; j++) df_axpy(qlat, sc[j], cache + (size_t)j * cdim, R);
+            mla_attend(a, q, qlat, sc, len);
             float *out = a->out + ((size_t)t * NH + h) * vd;
             for (int i = 0; i < vd; i++) out[i] = df_dot_f32(wv + (size_t)i * R, qlat, R);
         }
