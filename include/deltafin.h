@@ -91,6 +91,10 @@ const float *df_session_logits(df_session *s);
 /* Teacher-forced pass that returns logits for every one of ids (out: n*vocab). */
 int df_session_eval_all(df_session *s, const int32_t *ids, size_t n, float *out);
 size_t df_session_len(const df_session *s);
+/* Positions the last df_session_sync kept instead of recomputing: the common
+ * prefix where every layer can be truncated, else the position of the snapshot
+ * it restored (recurrent layers), else 0. */
+size_t df_session_reused(const df_session *s);
 
 typedef struct {
     float temperature; /* <= 0: greedy */

@@ -33,6 +33,7 @@ struct df_session {
     df_engine *e;
     df_state st;
     int32_t *tokens;
+    size_t reused;   /* positions the last df_session_sync kept */
     size_t len;
     int logits_valid;
     float *logits;   /* [vocab] */
@@ -76,6 +77,7 @@ void df_session_free(df_session *s) {
 }
 
 size_t df_session_len(const df_session *s) { return s->len; }
+size_t df_session_reused(const df_session *s) { return s->reused; }
 const float *df_session_logits(df_session *s) { return s->logits_valid ? s->logits : NULL; }
 void df_session_seed(df_session *s, uint64_t seed) { df_rng_seed(&s->rng, seed); }
 
@@ -205,14 +207,16 @@ int df_session_sync(df_session *s, const int32_t *ids, size_t n) {
     if (rc) return rc;
     size_t common = 0;
     while (common < s->len && common < n && s->tokens[common] == ids[common]) common++;
+    s->reused = 0;
     if (n == 0) {
         rewind_to(s, 0);
         s->logits_valid = 0;
         return 0;
     }
-    if (common == n && s->len == n && s->logits_valid) return 0;
+    if (common == n && s->len == n && s->logits_valid) { s->reused = n; return 0; }
     if (common >= n) common = n - 1; /* recompute the last position for its logits */
     size_t from = rewind_to(s, common);
+    s->reused = from;
     s->logits_valid = 0;
     rc = run_tokens(s, ids, from, n);
     if (!rc && !df_state_truncatable(s->e->model)) take_snapshot(s, 1); /* failure to snapshot only costs a later recompute */

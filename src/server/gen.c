@@ -5,11 +5,9 @@
  * memo glue.
  *
  * Invariants:
- *   - only a gen holding the turn touches the session, its mirror or df_gen;
+ *   - only a gen holding the turn touches the session or df_gen;
  *   - g->text is final text only: the generation step holds back what could
  *     be the start of a stop string, so anything in g->text may be sent;
- *   - the mirror lists exactly the tokens the session holds: the prompt
- *     after a sync, plus each token df_gen reports as pushed;
  *   - nothing here exits or aborts; allocation failures become 5xx answers.
  */
 #include "server/oai_int.h"
@@ -205,16 +203,12 @@ int gen_prepare(gen *g, df_oai_error *e) {
     df_oai_request *rq = &g->rq;
     const char *param = rq->kind == DF_OAI_CHAT ? "messages" : "prompt";
     int rc;
-    /* Prefix reuse: df_session_sync keeps the common prefix; the mirror says
-     * how long it is (the last prompt position is always recomputed). */
-    size_t c = 0;
-    while (c < s->n_mirror && c < g->n_prompt && s->mirror[c] == g->prompt[c]) c++;
-    g->cached = c >= g->n_prompt ? g->n_prompt - 1 : c;
-    s->n_mirror = 0;
+    /* Prefix reuse: df_session_sync keeps what it can of the common prefix
+     * (truncation, or a snapshot for recurrent layers) and says how much. */
     rc = df_session_sync(s->s, g->prompt, g->n_prompt);
     if (rc) return df_oai_fail(e, rc == DF_EINPUT ? 400 : 500, rc == DF_EINPUT ? param : NULL, NULL, "%s", df_engine_error(s->e));
-    memcpy(s->mirror, g->prompt, g->n_prompt * sizeof *g->prompt);
-    s->n_mirror = g->n_prompt;
+    g->cached = df_session_reused(s->s);
+    if (g->cached >= g->n_prompt) g->cached = g->n_prompt - 1; /* as reported before: the last prompt position counts as computed */
     df_gen_config gc = {.max_new = g->max_new, .max_context = (size_t)s->ctx, .text = s->has_tok,
                         .stop = (const char *const *)rq->stop, .n_stop = rq->n_stop, .logprobs = rq->logprobs,
                         .top_logprobs = rq->top_logprobs};
@@ -250,9 +244,7 @@ void gen_step(gen *g) {
     df_oai_server *s = g->srv;
     if (df_turn_stopping(&s->turn)) { gen_fail(g, 503, "The server is shutting down."); return; }
     df_gen_token t;
-    size_t pushed = df_gen_pushed(g->dg);
     int rc = df_gen_step(g->dg, &t);
-    if (df_gen_pushed(g->dg) > pushed) s->mirror[s->n_mirror++] = g->last;
     g->t_fwd = df_gen_engine_seconds(g->dg);
     if (t.has_token) {
         g->last = t.id;

@@ -89,8 +89,6 @@ struct df_oai_server {
     pthread_mutex_t pmu; /* one big prompt rendered/tokenized at a time */
     int max_tok_bytes;   /* the longest token's text in bytes; 0: unknown */
 
-    int32_t *mirror;     /* the tokens the session holds (valid with the turn) */
-    size_t n_mirror;
 
     df_memo *memo;       /* NULL: --no-memo */
 

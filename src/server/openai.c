@@ -383,13 +383,11 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
     s->created = (long long)time(NULL);
     if (o->memo)
         s->memo = df_memo_new(o->memo_entries > 0 ? o->memo_entries : 256, o->memo_bytes > 0 ? o->memo_bytes : (size_t)64 << 20);
-    s->mirror = malloc(((size_t)s->ctx + 1) * sizeof *s->mirror);
     s->s = df_session_new(e, s->ctx);
-    if (!s->s || !s->mirror || !s->model_id || (o->memo && !s->memo)) {
+    if (!s->s || !s->model_id || (o->memo && !s->memo)) {
         df_err(err, errlen, DF_ENOMEM, "cannot create a session of %d tokens: %s", s->ctx, df_engine_error(e));
         df_session_free(s->s);
         df_memo_free(s->memo);
-        free(s->mirror);
         free(s->model_id);
         free(s);
         return NULL;
@@ -407,7 +405,6 @@ void df_oai_free(df_oai_server *s) {
     if (!s) return;
     df_memo_free(s->memo);
     df_session_free(s->s);
-    free(s->mirror);
     free(s->model_id);
     df_turn_destroy(&s->turn);
     pthread_mutex_destroy(&s->pmu);

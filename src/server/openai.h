@@ -11,9 +11,9 @@
  *     been refused with the offending field in param;
  *   - at most one generation touches the engine at a time; waiting requests
  *     are served in arrival order; at most `queue` wait, more get 429;
- *   - the session's token timeline is mirrored here so that each request
- *     reports how many prompt tokens were reused (usage.prompt_tokens_details
- *     .cached_tokens); df_session_sync does the actual prefix reuse.
+ *   - df_session_sync does the prefix reuse and says how many prompt tokens it
+ *     kept (df_session_reused), reported as usage.prompt_tokens_details
+ *     .cached_tokens.
  */
 #ifndef DF_SERVER_OPENAI_H
 #define DF_SERVER_OPENAI_H
