@@ -14,12 +14,19 @@ static void count_fmt(void *ctx, df_weight *w) {
     by[w->fmt] += df_weight_bytes(w);
 }
 
-static void mixer_line(df_buf *b, const df_model *m, df_mixer_kind k, int qk_norm) {
+static void mixer_line(df_buf *b, const df_model *m, const df_layer_kind *kd) {
     const df_config *c = &m->cfg;
+    const df_mixer_kind k = kd->mixer;
+    const int qk_norm = kd->qk_norm;
     switch (k) {
     case DF_MIXER_MLA:
-        df_buf_printf(b, "MLA: %d heads, q_lora_rank %d, kv_lora_rank %d, qk_nope %d, qk_rope %d, v_head %d", c->n_heads, c->q_lora_rank,
-                      c->kv_lora_rank, c->qk_nope_dim, c->qk_rope_dim, c->v_head_dim);
+        df_buf_printf(b, "MLA: %d heads, q_lora_rank %d, kv_lora_rank %d, qk_nope %d, qk_rope %d, v_head %d%s%s", c->n_heads, c->q_lora_rank,
+                      c->kv_lora_rank, c->qk_nope_dim, c->qk_rope_dim, c->v_head_dim, kd->nope ? ", no RoPE" : "", kd->out_gate ? ", output gate" : "");
+        break;
+    case DF_MIXER_KDA:
+        df_buf_printf(b, "KDA: %d heads x %d, conv %d, %s output gate, forget gate %s", c->kda_heads, c->kda_head_dim, c->kda_conv,
+                      c->kda_full_rank_gate ? "full-rank" : "low-rank", c->kda_has_lower_bound ? "with lower bound" : "softplus");
+        if (c->kda_has_lower_bound) df_buf_printf(b, " %g", c->kda_lower_bound);
         break;
     case DF_MIXER_GQA:
         df_buf_printf(b, "GQA: %d heads, %d kv heads, head_dim %d%s", c->n_heads, c->n_kv_heads, c->head_dim, qk_norm ? ", q/k norm" : "");
@@ -42,8 +49,9 @@ char *df_engine_describe(const df_engine *e) {
         int l1 = l0 + 1;
         while (l1 < c->n_layers && !memcmp(&m->layers[l1].kind, k, sizeof *k)) l1++;
         df_buf_printf(&b, "layers %d-%d  ", l0, l1 - 1);
-        df_buf_printf(&b, "%s, %s FFN%s%s\n", df_mixer_of(k->mixer)->name, df_kind_name_ffn(k->ffn), k->ffn == DF_FFN_MOE ? ", router " : "",
-                      k->ffn == DF_FFN_MOE ? df_kind_name_router(k->router) : "");
+        df_buf_printf(&b, "%s, %s%s FFN%s%s%s%s\n", df_mixer_of(k->mixer)->name, k->latent ? "latent " : "", df_kind_name_ffn(k->ffn),
+                      k->ffn == DF_FFN_MOE ? ", router " : "", k->ffn == DF_FFN_MOE ? df_kind_name_router(k->router) : "",
+                      k->act == DF_ACT_SITU_GLU ? ", SiTU" : "", k->resid == DF_RESID_ATTNRES ? ", attention residuals" : "");
         l0 = l1;
     }
     /* attention: one line per distinct mixer kind */
@@ -52,16 +60,23 @@ char *df_engine_describe(const df_engine *e) {
         const df_layer_kind *k = &m->layers[l].kind;
         if (seen[k->mixer]++) continue;
         df_buf_puts(&b, "attention    ");
-        mixer_line(&b, m, k->mixer, k->qk_norm);
+        mixer_line(&b, m, k);
         df_buf_puts(&b, "\n");
     }
     df_buf_printf(&b, "state        %zu B per token (%s)", df_state_bytes_per_token(m), seen[DF_MIXER_MLA] ? "latent cache" : "KV cache");
-    if (df_state_fixed_bytes(m)) df_buf_printf(&b, ", %zu B fixed per session and per snapshot", df_state_fixed_bytes(m));
+    if (df_state_fixed_bytes(m)) df_buf_printf(&b, ", %zu B fixed per session and per snapshot%s", df_state_fixed_bytes(m), seen[DF_MIXER_KDA] ? " (KDA conv windows and matrix states)" : "");
     df_buf_printf(&b, "; %s\n", df_state_truncatable(m) ? "prefix reuse by truncation" : "prefix reuse by snapshots");
     const char *rt[] = {"default", "linear", "llama3", "yarn"};
-    df_buf_printf(&b, "rope         %s, theta %g%s", rt[c->rope_type], c->rope_theta, c->rope_interleave && seen[DF_MIXER_MLA] ? ", interleaved" : "");
-    if (c->rope_type != DF_ROPE_DEFAULT) df_buf_printf(&b, ", factor %g", c->rope_factor);
-    df_buf_puts(&b, "\n");
+    if (c->rope_dim) {
+        df_buf_printf(&b, "rope         %s, theta %g%s", rt[c->rope_type], c->rope_theta, c->rope_interleave && seen[DF_MIXER_MLA] ? ", interleaved" : "");
+        if (c->rope_type != DF_ROPE_DEFAULT) df_buf_printf(&b, ", factor %g", c->rope_factor);
+        df_buf_puts(&b, "\n");
+    } else {
+        df_buf_puts(&b, "rope         none\n");
+    }
+    if (c->attn_res_block) df_buf_printf(&b, "residuals    block attention residuals, blocks of %d layers\n", c->attn_res_block);
+    if (c->latent_dim) df_buf_printf(&b, "latent MoE   routed experts in width %d%s\n", c->latent_dim, c->latent_norm ? ", normed before the up-projection" : "");
+    if (c->act_situ) df_buf_printf(&b, "activation   SiTU, beta %g, linear beta %g\n", c->situ_beta, c->situ_linear_beta);
     int n_moe = 0;
     df_router_kind router = DF_ROUTER_NONE;
     for (int l = 0; l < c->n_layers; l++)
@@ -94,7 +109,7 @@ char *df_engine_describe(const df_engine *e) {
     if (m->spine_int8) df_buf_puts(&b, "spine        row-int8 (store built with --spine int8): results are NOT exact\n");
     df_buf_printf(&b, "parameters   %.3f M total, %.3f M active per token\n", m->n_params / 1e6, m->n_params_active / 1e6);
     df_buf_printf(&b, "weight bytes %.3f MB total, %.3f MB active per token\n", m->bytes / 1e6, m->bytes_active / 1e6);
-    if (m->n_ignored_tensors) df_buf_printf(&b, "unused       %d MTP-layer tensors (recognised, not used)\n", m->n_ignored_tensors);
+    if (m->n_ignored_tensors) df_buf_printf(&b, "unused       %d %s tensors (recognised, not used)\n", m->n_ignored_tensors, c->tensor_prefix[0] ? "vision/MTP" : "MTP-layer");
     df_buf_printf(&b, "eos ids     ");
     for (int i = 0; i < c->n_eos; i++) df_buf_printf(&b, " %d", c->eos[i]);
     df_buf_printf(&b, "\nbos id       %d\n", c->bos_id);

@@ -255,6 +255,118 @@ static int parse_quant(ctx *c, df_config *cfg) {
     return 0;
 }
 
+/* A 1-based list of layer numbers (linear_attn_config.<key>) into mark[] (1 for each listed layer). */
+static int layer_list(ctx *c, json_t *la, const char *key, int n_layers, uint8_t *mark) {
+    json_t *a = json_object_get(la, key);
+    if (!json_is_array(a))
+        return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"linear_attn_config.%s\": expected an array of 1-based layer numbers", c->file, key);
+    size_t i;
+    json_t *x;
+    json_array_foreach(a, i, x) {
+        if (!json_is_integer(x) || json_integer_value(x) < 1 || json_integer_value(x) > n_layers)
+            return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"linear_attn_config.%s[%zu]\": expected a layer number 1..%d (1-based)", c->file, key, i, n_layers);
+        if (mark[json_integer_value(x) - 1])
+            return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"linear_attn_config.%s[%zu]\": layer %lld is listed twice", c->file, key, i, (long long)json_integer_value(x));
+        mark[json_integer_value(x) - 1] = 1;
+    }
+    return 0;
+}
+
+static int get_bool_in(ctx *c, json_t *obj, const char *prefix, const char *key, int def) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) return def;
+    if (!json_is_boolean(v)) {
+        if (!c->rc) c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"%s%s\": expected true or false", c->file, prefix, key);
+        return def;
+    }
+    return json_is_true(v);
+}
+
+/* Kimi Linear / Kimi K3 text config (Moonshot's KimiLinearConfig names): MLA
+ * without RoPE (+ output gate), KDA layers listed 1-based in linear_attn_config,
+ * MoE with a sigmoid router + correction bias, optional latent MoE, SiTU and
+ * block attention residuals. */
+static int parse_kimi(ctx *c, df_config *cfg) {
+    json_t *r = c->root;
+    const int nl = cfg->n_layers;
+    int ne = get_int(c, "num_experts", 0, 0, DF_MAX_EXPERTS);
+    cfg->n_experts = ne;
+    cfg->n_experts_used = get_int(c, "num_experts_per_token", ne ? INT32_MIN : 0, ne ? 1 : 0, DF_MAX_EXPERTS);
+    cfg->moe_intermediate = get_int(c, "moe_intermediate_size", ne ? INT32_MIN : 0, ne ? 1 : 0, DF_MAX_FFN);
+    cfg->n_shared_experts = get_int(c, "num_shared_experts", 0, 0, DF_MAX_SHARED_EXPERTS);
+    cfg->first_k_dense = get_int(c, "first_k_dense_replace", 0, 0, DF_MAX_LAYERS);
+    cfg->moe_layer_freq = get_int(c, "moe_layer_freq", 1, 1, DF_MAX_LAYERS);
+    cfg->n_group = get_int(c, "num_expert_group", 1, 1, DF_MAX_EXPERTS);
+    cfg->topk_group = get_int(c, "topk_group", 1, 1, DF_MAX_EXPERTS);
+    cfg->routed_scaling = get_num_in(c, r, "routed_scaling_factor", 1.0, 0);
+    check_num(c, "", "routed_scaling_factor", cfg->routed_scaling, 0, 1, DF_MAX_ROUTED_SCALING, 0);
+    /* KimiMoEGate renormalises only when top_k > 1 */
+    cfg->norm_topk_prob = get_bool(c, "moe_renormalize", 1) && cfg->n_experts_used > 1;
+    json_t *fa = json_object_get(r, "moe_router_activation_func");
+    if (ne && (!json_is_string(fa) || strcmp(json_string_value(fa), "sigmoid")))
+        return c->rc ? c->rc : (c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: field \"moe_router_activation_func\": expected \"sigmoid\", got %s", c->file, json_is_string(fa) ? json_string_value(fa) : "(missing)"));
+    cfg->q_lora_rank = get_int(c, "q_lora_rank", 0, 0, DF_MAX_RANK);
+    cfg->kv_lora_rank = get_int(c, "kv_lora_rank", INT32_MIN, 1, DF_MAX_RANK);
+    cfg->qk_nope_dim = get_int(c, "qk_nope_head_dim", INT32_MIN, 0, DF_MAX_HEAD_DIM);
+    cfg->qk_rope_dim = get_int(c, "qk_rope_head_dim", INT32_MIN, 0, DF_MAX_HEAD_DIM);
+    cfg->v_head_dim = get_int(c, "v_head_dim", INT32_MIN, 1, DF_MAX_HEAD_DIM);
+    cfg->n_mtp_layers = get_int(c, "num_nextn_predict_layers", 0, 0, DF_MAX_MTP_LAYERS);
+    cfg->mla_nope = get_bool(c, "mla_use_nope", 0);
+    cfg->mla_out_gate = get_bool(c, "mla_use_output_gate", 0);
+    if (!c->rc && !cfg->mla_nope)
+        return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: field \"mla_use_nope\": expected true (Moonshot's modeling code has no RoPE path), got false", c->file);
+    cfg->rope_dim = 0;
+    cfg->latent_dim = get_int(c, "routed_expert_hidden_size", 0, 1, DF_MAX_HIDDEN);
+    cfg->latent_norm = get_bool(c, "latent_moe_use_norm", 0);
+    cfg->attn_res_block = get_int(c, "attn_res_block_size", 0, 1, DF_MAX_LAYERS);
+    json_t *act = json_object_get(r, "hidden_act");
+    const char *an = json_is_string(act) ? json_string_value(act) : "silu";
+    if (!strcmp(an, "situ")) {
+        cfg->act_situ = 1;
+        double b = get_num_in(c, r, "activation_situ_beta", 1.0, 0);
+        if (b == 0) b = 1.0; /* the modeling code: beta or 1.0 */
+        cfg->situ_beta = b;
+        cfg->situ_linear_beta = get_num_in(c, r, "activation_situ_linear_beta", 0, 0);
+        check_num(c, "", "activation_situ_beta", cfg->situ_beta, 0, 1, 1e30, 0);
+        if (cfg->situ_linear_beta != 0) check_num(c, "", "activation_situ_linear_beta", cfg->situ_linear_beta, 0, 1, 1e30, 0);
+    } else if (strcmp(an, "silu")) {
+        return c->rc ? c->rc : (c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: hidden_act \"%s\" is not supported (expected \"silu\" or \"situ\")", c->file, an));
+    }
+    json_t *la = json_object_get(r, "linear_attn_config");
+    if (la && !json_is_null(la)) {
+        if (!json_is_object(la)) return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"linear_attn_config\": expected an object", c->file);
+        uint8_t full[DF_MAX_LAYERS] = {0};
+        if (layer_list(c, la, "kda_layers", nl, cfg->layer_kda) || layer_list(c, la, "full_attn_layers", nl, full)) return c->rc;
+        for (int l = 0; l < nl; l++)
+            if (full[l] == cfg->layer_kda[l])
+                return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: linear_attn_config: layer %d (1-based) must be in exactly one of kda_layers and full_attn_layers, it is in %s",
+                                      c->file, l + 1, full[l] ? "both" : "neither");
+        cfg->kda_heads = get_int_in(c, la, "num_heads", INT32_MIN, 1, DF_MAX_HEADS);
+        cfg->kda_head_dim = get_int_in(c, la, "head_dim", INT32_MIN, 1, 1024);
+        cfg->kda_conv = get_int_in(c, la, "short_conv_kernel_size", INT32_MIN, 1, 64);
+        cfg->kda_full_rank_gate = get_bool_in(c, la, "linear_attn_config.", "use_full_rank_gate", 0);
+        json_t *lb = json_object_get(la, "gate_lower_bound");
+        if (lb && !json_is_null(lb)) {
+            cfg->kda_has_lower_bound = 1;
+            cfg->kda_lower_bound = get_num_in(c, la, "gate_lower_bound", 0, 1);
+            check_num(c, "linear_attn_config.", "gate_lower_bound", cfg->kda_lower_bound, -1e4, 0, 0, 1);
+        }
+    }
+    if (c->rc) return c->rc;
+    if (ne && cfg->n_experts_used > ne)
+        return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"num_experts_per_token\": expected 1..%d (num_experts), got %d", c->file, ne, cfg->n_experts_used);
+    if (ne && (ne % cfg->n_group || cfg->topk_group > cfg->n_group || cfg->n_experts_used > cfg->topk_group * (ne / cfg->n_group)))
+        return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: fields \"num_expert_group\" %d / \"topk_group\" %d: expected a divisor of num_experts (%d) and topk_group groups holding at least num_experts_per_token experts",
+                              c->file, cfg->n_group, cfg->topk_group, ne);
+    if (cfg->n_group > 1 && ne / cfg->n_group < 2)
+        return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"num_expert_group\": expected groups of at least 2 experts, got %d groups of %d", c->file, cfg->n_group, ne / cfg->n_group);
+    if ((int64_t)cfg->moe_intermediate * (cfg->n_shared_experts > 1 ? cfg->n_shared_experts : 1) > INT32_MAX)
+        return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"num_shared_experts\": shared experts x moe_intermediate_size must fit in int", c->file);
+    if ((int64_t)cfg->kda_heads * cfg->kda_head_dim > DF_MAX_HIDDEN * 16)
+        return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: linear_attn_config: num_heads x head_dim = %lld is too large", c->file, (long long)cfg->kda_heads * cfg->kda_head_dim);
+    return 0;
+}
+
 int df_config_quant_ignored(const df_config *cfg, const char *module) {
     for (int i = 0; i < cfg->n_quant_ignore; i++) {
         const char *s = cfg->quant_ignore[i];
@@ -281,6 +393,8 @@ int df_config_is_moe_layer(const df_config *c, int l) {
         return c->n_experts > 0 && !c->mlp_only[l] && (l + 1) % c->decoder_sparse_step == 0;
     case DF_FAM_DEEPSEEK_V3:
         return c->n_experts > 0 && l >= c->first_k_dense;
+    case DF_FAM_KIMI_LINEAR:
+        return c->n_experts > 0 && l >= c->first_k_dense && l % c->moe_layer_freq == 0;
     default:
         return 0;
     }
@@ -313,12 +427,25 @@ int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
     else if (!strcmp(t, "qwen3")) cfg->family = DF_FAM_QWEN3, cfg->family_name = "qwen3";
     else if (!strcmp(t, "qwen3_moe")) cfg->family = DF_FAM_QWEN3_MOE, cfg->family_name = "qwen3_moe";
     else if (!strcmp(t, "deepseek_v3") || !strcmp(t, "kimi_k2")) cfg->family = DF_FAM_DEEPSEEK_V3, cfg->family_name = "deepseek_v3";
-    else {
-        c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: model_type \"%s\" is not supported (supported: llama, qwen3, qwen3_moe, deepseek_v3, kimi_k2)", path, t);
+    else if (!strcmp(t, "kimi_linear")) cfg->family = DF_FAM_KIMI_LINEAR, cfg->family_name = "kimi_linear";
+    else if (!strcmp(t, "kimi_k3")) {
+        /* the multimodal wrapper: the text model's config is text_config, its tensors are under language_model. */
+        json_t *tc = json_object_get(root, "text_config");
+        json_t *tt = json_is_object(tc) ? json_object_get(tc, "model_type") : NULL;
+        if (!json_is_string(tt) || strcmp(json_string_value(tt), "kimi_linear")) {
+            c.rc = df_err(err, errlen, DF_EFORMAT, "%s: field \"text_config.model_type\": expected \"kimi_linear\" in a kimi_k3 config, got %s", path,
+                          json_is_string(tt) ? json_string_value(tt) : "(missing)");
+            goto out;
+        }
+        cfg->family = DF_FAM_KIMI_LINEAR, cfg->family_name = "kimi_k3";
+        snprintf(cfg->tensor_prefix, sizeof cfg->tensor_prefix, "language_model.");
+        c.root = tc;
+    } else {
+        c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: model_type \"%s\" is not supported (supported: llama, qwen3, qwen3_moe, deepseek_v3, kimi_k2, kimi_linear, kimi_k3)", path, t);
         goto out;
     }
-    json_t *act = json_object_get(root, "hidden_act");
-    if (json_is_string(act) && strcmp(json_string_value(act), "silu")) {
+    json_t *act = json_object_get(c.root, "hidden_act");
+    if (cfg->family != DF_FAM_KIMI_LINEAR && json_is_string(act) && strcmp(json_string_value(act), "silu")) {
         c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: hidden_act \"%s\" is not supported (expected \"silu\")", path, json_string_value(act));
         goto out;
     }
@@ -329,7 +456,7 @@ int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
     cfg->n_kv_heads = get_int(&c, "num_key_value_heads", cfg->n_heads, 1, DF_MAX_HEADS);
     cfg->intermediate = get_int(&c, "intermediate_size", 0, 0, DF_MAX_FFN);
     cfg->max_pos = get_int(&c, "max_position_embeddings", 4096, 1, INT32_MAX);
-    cfg->rms_eps = get_num_in(&c, root, "rms_norm_eps", 1e-6, 0);
+    cfg->rms_eps = get_num_in(&c, c.root, "rms_norm_eps", 1e-6, 0);
     check_num(&c, "", "rms_norm_eps", cfg->rms_eps, DF_MIN_RMS_EPS, 0, 1, 1);
     cfg->attention_bias = get_bool(&c, "attention_bias", 0);
     cfg->tie_embeddings = get_bool(&c, "tie_word_embeddings", cfg->family == DF_FAM_QWEN3 ? 0 : 0);
@@ -338,7 +465,7 @@ int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
         c.rc = df_err(err, errlen, DF_EFORMAT, "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", path, cfg->n_heads, cfg->n_kv_heads);
         goto out;
     }
-    if (cfg->family != DF_FAM_DEEPSEEK_V3 && cfg->hidden % cfg->n_heads && !json_object_get(root, "head_dim")) {
+    if (cfg->family != DF_FAM_DEEPSEEK_V3 && cfg->family != DF_FAM_KIMI_LINEAR && cfg->hidden % cfg->n_heads && !json_object_get(c.root, "head_dim")) {
         c.rc = df_err(err, errlen, DF_EFORMAT, "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d) and no head_dim is given", path, cfg->hidden, cfg->n_heads);
         goto out;
     }
@@ -423,6 +550,7 @@ int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
             goto out;
         }
     }
+    if (cfg->family == DF_FAM_KIMI_LINEAR && parse_kimi(&c, cfg)) goto out;
     if (c.rc) goto out;
     if (cfg->n_experts && cfg->n_experts_used > cfg->n_experts) {
         c.rc = df_err(err, errlen, DF_EFORMAT, "%s: field \"num_experts_per_tok\": expected 1..%d (the number of experts), got %d", path, cfg->n_experts, cfg->n_experts_used);
@@ -432,10 +560,24 @@ int df_config_load(const char *dir, df_config *cfg, char *err, size_t errlen) {
         c.rc = df_err(err, errlen, DF_EFORMAT, "%s: rotary dimension %d must be even", path, cfg->rope_dim);
         goto out;
     }
-    if (parse_rope(&c, cfg) || parse_quant(&c, cfg)) goto out;
+    if (cfg->family != DF_FAM_KIMI_LINEAR && parse_rope(&c, cfg)) goto out;
+    if (cfg->family == DF_FAM_KIMI_LINEAR) cfg->attention_factor = 1.0;
+    {
+        /* the K3 wrapper may carry quantization_config at either level */
+        json_t *keep = c.root;
+        if (!json_object_get(c.root, "quantization_config")) c.root = root;
+        int qrc = parse_quant(&c, cfg);
+        c.root = keep;
+        if (qrc) goto out;
+    }
 
     /* bos / eos: config.json, then generation_config.json */
     if ((c.rc = get_bos(cfg, root, path, &cfg->bos_id, err, errlen)) || (c.rc = add_ids(cfg, json_object_get(root, "eos_token_id"), path, "eos_token_id", err, errlen))) goto out;
+    if (c.root != root) { /* the K3 wrapper: text_config may say it too */
+        int tb = -1;
+        if ((c.rc = get_bos(cfg, c.root, path, &tb, err, errlen)) || (c.rc = add_ids(cfg, json_object_get(c.root, "eos_token_id"), path, "text_config.eos_token_id", err, errlen))) goto out;
+        if (cfg->bos_id < 0) cfg->bos_id = tb;
+    }
     {
         char *gp = df_path_join(dir, "generation_config.json");
         if (df_file_exists(gp)) {

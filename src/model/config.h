@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-typedef enum { DF_FAM_LLAMA, DF_FAM_QWEN3, DF_FAM_QWEN3_MOE, DF_FAM_DEEPSEEK_V3 } df_family;
+typedef enum { DF_FAM_LLAMA, DF_FAM_QWEN3, DF_FAM_QWEN3_MOE, DF_FAM_DEEPSEEK_V3, DF_FAM_KIMI_LINEAR } df_family;
 typedef enum { DF_ROPE_DEFAULT, DF_ROPE_LINEAR, DF_ROPE_LLAMA3, DF_ROPE_YARN } df_rope_type;
 typedef enum { DF_QUANT_NONE, DF_QUANT_FP8, DF_QUANT_INT4_PACK } df_quant;
 
@@ -69,6 +69,22 @@ typedef struct {
     int q_lora_rank; /* 0: plain q_proj */
     int kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
     int n_mtp_layers;
+    int mla_nope;            /* kimi: no RoPE anywhere (the rope dims are plain dims) */
+    int mla_out_gate;        /* kimi k3: attention output * sigmoid(g_proj x) */
+
+    /* Kimi Linear / Kimi K3 (family kimi_linear; kimi_k3 wraps it in text_config) */
+    char tensor_prefix[32];  /* "language_model." for the K3 wrapper, else "" */
+    uint8_t layer_kda[DF_MAX_LAYERS]; /* 1: KDA layer (linear_attn_config.kda_layers, 1-based there) */
+    int kda_heads, kda_head_dim, kda_conv;
+    int kda_full_rank_gate;  /* gate g_proj [H*d x hidden] (K3) instead of g_a/g_b (Kimi Linear) */
+    int kda_has_lower_bound;
+    double kda_lower_bound;  /* forget gate lb * sigmoid(...) (K3) instead of -exp(A) softplus(...) */
+    int moe_layer_freq;
+    int act_situ;            /* hidden_act "situ" */
+    double situ_beta, situ_linear_beta; /* linear_beta 0: up is not squashed */
+    int latent_dim;          /* routed_expert_hidden_size (latent MoE), 0: none */
+    int latent_norm;         /* latent_moe_use_norm */
+    int attn_res_block;      /* attn_res_block_size (block attention residuals), 0: plain residuals */
 
     /* quantization */
     df_quant quant;

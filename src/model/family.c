@@ -9,6 +9,10 @@
  *   qwen3         GQA (+ q/k norm)   dense only               -
  *   qwen3_moe     GQA (+ q/k norm)   MoE (mlp_only -> dense)  softmax top-k
  *   deepseek_v3   MLA                MoE (+ shared experts)   sigmoid + bias, groups
+ *   kimi_linear   KDA or MLA (NoPE,  MoE, latent MoE when      sigmoid + bias
+ *   (kimi_k3)     + output gate),    routed_expert_hidden_size
+ *                 per layer from     (+ shared experts);
+ *                 linear_attn_config SiLU or SiTU; block attention residuals
  */
 #include "model/family.h"
 #include "model/kinds.h"
@@ -19,13 +23,25 @@ typedef struct {
     df_mixer_kind mixer;
     df_router_kind router;
     int qk_norm;
+    /* per-layer refinements read from the config (NULL: every layer alike) */
+    void (*refine)(const df_config *c, int l, df_layer_kind *k);
 } family_desc;
 
+static void kimi_layer(const df_config *c, int l, df_layer_kind *k) {
+    k->mixer = c->layer_kda[l] ? DF_MIXER_KDA : DF_MIXER_MLA;
+    k->nope = k->mixer == DF_MIXER_MLA && c->mla_nope;
+    k->out_gate = k->mixer == DF_MIXER_MLA && c->mla_out_gate;
+    k->act = c->act_situ ? DF_ACT_SITU_GLU : DF_ACT_SILU_GLU;
+    k->resid = c->attn_res_block ? DF_RESID_ATTNRES : DF_RESID_PLAIN;
+    k->latent = k->ffn == DF_FFN_MOE && c->latent_dim > 0;
+}
+
 static const family_desc families[] = {
-    {DF_FAM_LLAMA, DF_MIXER_GQA, DF_ROUTER_NONE, 0},
-    {DF_FAM_QWEN3, DF_MIXER_GQA, DF_ROUTER_NONE, 1},
-    {DF_FAM_QWEN3_MOE, DF_MIXER_GQA, DF_ROUTER_SOFTMAX_TOPK, 1},
-    {DF_FAM_DEEPSEEK_V3, DF_MIXER_MLA, DF_ROUTER_SIGMOID_GROUPS, 0},
+    {DF_FAM_LLAMA, DF_MIXER_GQA, DF_ROUTER_NONE, 0, NULL},
+    {DF_FAM_QWEN3, DF_MIXER_GQA, DF_ROUTER_NONE, 1, NULL},
+    {DF_FAM_QWEN3_MOE, DF_MIXER_GQA, DF_ROUTER_SOFTMAX_TOPK, 1, NULL},
+    {DF_FAM_DEEPSEEK_V3, DF_MIXER_MLA, DF_ROUTER_SIGMOID_GROUPS, 0, NULL},
+    {DF_FAM_KIMI_LINEAR, DF_MIXER_MLA, DF_ROUTER_SIGMOID_GROUPS, 0, kimi_layer},
 };
 
 int df_family_layer_kind(const df_config *c, int l, int moe, df_layer_kind *out) {
@@ -40,14 +56,14 @@ int df_family_layer_kind(const df_config *c, int l, int moe, df_layer_kind *out)
             .resid = DF_RESID_PLAIN,
             .qk_norm = families[i].qk_norm,
         };
-        (void)l;
+        if (families[i].refine) families[i].refine(c, l, out);
         return 0;
     }
     return DF_EUNSUPPORTED;
 }
 
 /* ---- kind registries -------------------------------------------------- */
-static const df_mixer_ops *const mixers[DF_MIXER_N] = {[DF_MIXER_GQA] = &df_mixer_gqa, [DF_MIXER_MLA] = &df_mixer_mla};
+static const df_mixer_ops *const mixers[DF_MIXER_N] = {[DF_MIXER_GQA] = &df_mixer_gqa, [DF_MIXER_MLA] = &df_mixer_mla, [DF_MIXER_KDA] = &df_mixer_kda};
 static const df_route_fn routers[DF_ROUTER_N] = {[DF_ROUTER_SOFTMAX_TOPK] = df_route_softmax_topk,
                                                  [DF_ROUTER_SIGMOID_GROUPS] = df_route_sigmoid_groups};
 

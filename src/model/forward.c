@@ -43,7 +43,7 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
     /* every layer's state in one allocation: growing caches, then fixed states */
     s->ls = df_xcalloc(L, sizeof *s->ls);
     size_t total = 0, qdim = 0, kdim = 0, adim = 0;
-    int has_mla = 0;
+    int has_mla = 0, has_kda = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const df_mixer_ops *mx = df_mixer_of(m->layers[l].kind.mixer);
         s->ls[l].cache_floats = mx->cache_floats(m, l);
@@ -52,6 +52,7 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
             return df_err(err, errlen, DF_ENOMEM, "layer %d: state of %zu floats per position x %zu positions does not fit in memory", l, s->ls[l].cache_floats, T);
         total += s->ls[l].cache_floats * T + s->ls[l].fixed_floats;
         if (m->layers[l].kind.mixer == DF_MIXER_MLA) has_mla = 1;
+        if (m->layers[l].kind.mixer == DF_MIXER_KDA) has_kda = 1;
     }
     s->state_floats = total;
     s->state_mem = total ? calloc(total, sizeof(float)) : NULL;
@@ -68,8 +69,23 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
     qdim = max_z((size_t)c->n_heads * (size_t)c->head_dim, has_mla ? (size_t)c->n_heads * (size_t)(c->qk_nope_dim + c->qk_rope_dim) : 0);
     kdim = max_z((size_t)c->n_kv_heads * (size_t)c->head_dim, has_mla ? (size_t)(c->kv_lora_rank + c->qk_rope_dim) : 0);
     adim = max_z((size_t)c->n_heads * (size_t)c->head_dim, has_mla ? (size_t)c->n_heads * (size_t)c->v_head_dim : 0);
+    const size_t KC = has_kda ? (size_t)c->kda_heads * (size_t)c->kda_head_dim : 0; /* KDA channels */
+    qdim = max_z(qdim, KC), kdim = max_z(kdim, KC), adim = max_z(adim, KC);
     const size_t H = (size_t)c->hidden, K = (size_t)c->n_experts_used, E = (size_t)c->n_experts, I = (size_t)c->moe_intermediate;
+    const size_t DH = max_z(H, (size_t)c->latent_dim); /* widest routed-expert input/output */
     size_t inter = max_z(max_z((size_t)c->intermediate, (size_t)c->q_lora_rank), I * max_z(1, (size_t)c->n_shared_experts));
+    inter = max_z(inter, has_kda ? (size_t)c->kda_head_dim : 0);
+    const size_t gdim = max_z(KC, has_mla && c->mla_out_gate ? (size_t)c->n_heads * (size_t)c->v_head_dim : 0);
+    if (gdim) s->ko = df_xcalloc(B * gdim, sizeof(float));
+    if (KC) {
+        s->kg = df_xcalloc(B * KC, sizeof(float));
+        s->kb = df_xcalloc(B * (size_t)c->kda_heads, sizeof(float));
+    }
+    if (c->attn_res_block) {
+        s->max_blocks = 1 + (c->n_layers - 1) / c->attn_res_block;
+        s->blocks = df_xcalloc((size_t)s->max_blocks * B * H, sizeof(float));
+    }
+    if (c->latent_dim) s->lat = df_xcalloc(B * (size_t)c->latent_dim, sizeof(float));
     s->x = df_xcalloc(B * H, sizeof(float));
     s->xn = df_xcalloc(B * H, sizeof(float));
     s->o = df_xcalloc(B * H, sizeof(float));
@@ -86,11 +102,11 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
         s->sel = df_xcalloc(B * K, sizeof(int));
         s->selw = df_xcalloc(B * K, sizeof(float));
         s->tok_list = df_xcalloc(B * K, sizeof(int));
-        s->xe = df_xcalloc(B * H, sizeof(float));
+        s->xe = df_xcalloc(B * DH, sizeof(float));
         s->ge = df_xcalloc(max_z(B, K) * I, sizeof(float));
         s->ue = df_xcalloc(max_z(B, K) * I, sizeof(float));
-        s->de = df_xcalloc(B * H, sizeof(float));
-        s->de_all = df_xcalloc(B * K * H, sizeof(float));
+        s->de = df_xcalloc(B * DH, sizeof(float));
+        s->de_all = df_xcalloc(B * K * DH, sizeof(float));
         s->exp_list = df_xcalloc(E, sizeof(int));
         s->route_tmp = df_xcalloc(4 * E, sizeof(float));
         s->pend_k = df_xcalloc(K, sizeof(int));
@@ -106,7 +122,7 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
 
 void df_state_free(df_state *s) {
     void *bufs[] = {s->state_mem, s->ls, s->x, s->xn, s->q, s->k, s->v, s->att, s->o, s->h1, s->h2, s->ffn_out,
-                    s->router_logits, s->rope_cs, s->sel, s->selw, s->tok_list, s->xe, s->ge, s->ue,
+                    s->router_logits, s->rope_cs, s->kg, s->kb, s->ko, s->blocks, s->lat, s->sel, s->selw, s->tok_list, s->xe, s->ge, s->ue,
                     s->de, s->de_all, s->exp_list, s->route_tmp, s->pend_k, s->pend_f, s->jobs, s->xp, s->plog, s->pred, s->predw};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     memset(s, 0, sizeof *s);
@@ -185,24 +201,48 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
     const float eps = (float)c->rms_eps;
     double t1 = df_now();
     s->t_other += t1 - t0;
+    const size_t NH_ = (size_t)n * H, bstride = (size_t)s->max_batch * H;
+    const int bs = c->attn_res_block;
+    int nb = 0; /* attention residuals: completed blocks in s->blocks; s->x is the partial sum of this block */
     for (int l = 0; l < c->n_layers; l++) {
         const df_layer *L = &m->layers[l];
+        const int ar = L->kind.resid == DF_RESID_ATTNRES;
         double a0 = df_now();
-        for (int t = 0; t < n; t++) df_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, eps);
+        int restart = 0;
+        if (ar) {
+            /* the mixer's input mixes the completed blocks and the partial sum; a new block starts every bs layers */
+            const float *in = s->x;
+            if (nb) df_attn_res(m, s->blocks, bstride, nb, s->x, n, L->res_norm[0], L->res_proj[0], s->xn), in = s->xn;
+            if (l % bs == 0 && nb < s->max_blocks) memcpy(s->blocks + (size_t)nb++ * bstride, s->x, NH_ * sizeof(float)), restart = 1;
+            for (int t = 0; t < n; t++) df_rmsnorm(s->xn + (size_t)t * H, in + (size_t)t * H, L->attn_norm, H, eps);
+        } else {
+            for (int t = 0; t < n; t++) df_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, eps);
+        }
         df_mixer_of(L->kind.mixer)->forward(m, s, l, n, pos0);
-        for (int64_t i = 0; i < (int64_t)n * H; i++) s->x[i] += s->o[i];
+        if (restart) memcpy(s->x, s->o, NH_ * sizeof(float));
+        else for (size_t i = 0; i < NH_; i++) s->x[i] += s->o[i];
         double a1 = df_now();
-        for (int t = 0; t < n; t++) df_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->ffn_norm, H, eps);
+        if (ar) {
+            df_attn_res(m, s->blocks, bstride, nb, s->x, n, L->res_norm[1], L->res_proj[1], s->xn);
+            for (int t = 0; t < n; t++) df_rmsnorm(s->xn + (size_t)t * H, s->xn + (size_t)t * H, L->ffn_norm, H, eps);
+        } else {
+            for (int t = 0; t < n; t++) df_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->ffn_norm, H, eps);
+        }
         int rc = L->kind.ffn == DF_FFN_MOE ? df_ffn_moe(m, s, L, l, n) : df_ffn_dense(m, s, L, n);
         if (rc) return rc;
-        for (int64_t i = 0; i < (int64_t)n * H; i++) s->x[i] += s->ffn_out[i];
+        for (size_t i = 0; i < NH_; i++) s->x[i] += s->ffn_out[i];
         double a2 = df_now();
         s->t_attn += a1 - a0;
         s->t_ffn += a2 - a1;
     }
     double t2 = df_now();
     int first = all ? 0 : n - 1, cnt = all ? n : 1;
-    for (int t = 0; t < cnt; t++) df_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)(first + t) * H, m->final_norm, H, eps);
+    const float *fin = s->x + (size_t)first * H;
+    if (m->out_res_norm && nb) { /* the output mixes the blocks and the last partial sum too */
+        df_attn_res(m, s->blocks + (size_t)first * H, bstride, nb, fin, cnt, m->out_res_norm, m->out_res_proj, s->xn);
+        fin = s->xn;
+    }
+    for (int t = 0; t < cnt; t++) df_rmsnorm(s->xn + (size_t)t * H, fin + (size_t)t * H, m->final_norm, H, eps);
     df_matmul(&m->lm_head, s->xn, cnt, logits);
     s->t_other += df_now() - t2;
     return 0;

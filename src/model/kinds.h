@@ -21,7 +21,7 @@ typedef struct {
 /* Routers: one token's router logits -> K expert ids and weights. tmp: [4 x E] floats of scratch. */
 typedef void (*df_route_fn)(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w, float *tmp);
 
-extern const df_mixer_ops df_mixer_gqa, df_mixer_mla;
+extern const df_mixer_ops df_mixer_gqa, df_mixer_mla, df_mixer_kda;
 const df_mixer_ops *df_mixer_of(df_mixer_kind k);
 df_route_fn df_router_of(df_router_kind k);
 const char *df_kind_name_ffn(df_ffn_kind k);
@@ -30,6 +30,12 @@ const char *df_kind_name_router(df_router_kind k);
 /* FFN kinds (kinds/ffn.c): s->xn -> s->ffn_out for layer l. 0 or DF_E*. */
 int df_ffn_dense(const df_model *m, df_state *s, const df_layer *L, int n);
 int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n);
+
+/* Block attention residuals (kinds/attnres.c): out[n x hidden] = the softmax-weighted mix of the completed
+ * blocks blocks[b][n x hidden] (b < nb) and the partial sum p[n x hidden], scored by norm_w * proj_w. */
+void df_attn_res(const df_model *m, const float *blocks, size_t block_stride, int nb, const float *p, int n, const float *norm_w, const float *proj_w, float *out);
+/* Gated activations in place: h1[i] = act(h1[i], h2[i]) for i < count (SiLU-GLU: silu(g) u; SiTU). */
+void df_act_glu(const df_model *m, df_act_kind act, float *h1, const float *h2, int64_t count);
 
 /* Router kinds (kinds/router.c). */
 void df_route_softmax_topk(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w, float *tmp);

@@ -5,6 +5,7 @@
  * small vectors (norm weights, biases, router bias) are copied to f32. */
 #include "model/model.h"
 #include "model/family.h"
+#include "model/loader_int.h"
 #include "store/store.h"
 #include "format/gguf.h"
 #include "backend/cpu/kernels.h"
@@ -19,15 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    df_model *m;
-    char *err;
-    size_t errlen;
-    int rc;
-    uint8_t *used; /* per tensor index */
-} ld;
-
-static const char *tfile(ld *c, const df_st_tensor *t) { return df_st_file_path(c->m->st, t->file_index); }
+const char *ld_tfile(ld *c, const df_st_tensor *t) { return df_st_file_path(c->m->st, t->file_index); }
 
 static void shape_str(const df_st_tensor *t, char *buf, size_t n) {
     size_t k = 0;
@@ -36,7 +29,7 @@ static void shape_str(const df_st_tensor *t, char *buf, size_t n) {
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
-static const df_st_tensor *need(ld *c, const char *name) {
+const df_st_tensor *ld_need(ld *c, const char *name) {
     if (c->rc) return NULL;
     const df_st_tensor *t = df_st_find(c->m->st, name);
     if (!t) {
@@ -47,14 +40,14 @@ static const df_st_tensor *need(ld *c, const char *name) {
     return t;
 }
 
-static int check_shape(ld *c, const df_st_tensor *t, int nd, int64_t d0, int64_t d1) {
+int ld_check_shape(ld *c, const df_st_tensor *t, int nd, int64_t d0, int64_t d1) {
     if (c->rc) return c->rc;
     int ok = t->n_dims == nd && t->shape[0] == d0 && (nd < 2 || t->shape[1] == d1);
     if (!ok) {
         char got[128];
         shape_str(t, got, sizeof got);
-        if (nd == 1) c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected shape [%lld], got %s", tfile(c, t), t->name, (long long)d0, got);
-        else c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected shape [%lld, %lld], got %s", tfile(c, t), t->name, (long long)d0, (long long)d1, got);
+        if (nd == 1) c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected shape [%lld], got %s", ld_tfile(c, t), t->name, (long long)d0, got);
+        else c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected shape [%lld, %lld], got %s", ld_tfile(c, t), t->name, (long long)d0, (long long)d1, got);
     }
     return c->rc;
 }
@@ -66,12 +59,12 @@ static int scale_dtype(ld *c, const df_st_tensor *t, df_scale_dtype *out) {
     case DF_ST_F16: *out = DF_SCALE_F16; return 0;
     default:
         return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': scale dtype %s is not supported (expected F32, BF16 or F16)",
-                              tfile(c, t), t->name, df_st_dtype_name(t->dtype));
+                              ld_tfile(c, t), t->name, df_st_dtype_name(t->dtype));
     }
 }
 
 /* A linear layer "prefix" (e.g. model.layers.0.self_attn.q_proj) of shape [rows x cols]. */
-static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight *w) {
+void ld_linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight *w) {
     if (c->rc) return;
     char name[512];
     memset(w, 0, sizeof *w);
@@ -82,23 +75,23 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
     const df_st_tensor *tp = df_st_find(c->m->st, name);
     if (tp) {
         if (cfg->quant != DF_QUANT_INT4_PACK) {
-            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s' is pack-quantized but config.json has no compressed-tensors quantization_config", tfile(c, tp), name);
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s' is pack-quantized but config.json has no compressed-tensors quantization_config", ld_tfile(c, tp), name);
             return;
         }
         if (df_config_quant_ignored(cfg, prefix)) {
-            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': module '%s' is in quantization_config.ignore but is stored pack-quantized", tfile(c, tp), name, prefix);
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': module '%s' is in quantization_config.ignore but is stored pack-quantized", ld_tfile(c, tp), name, prefix);
             return;
         }
-        need(c, name);
+        ld_need(c, name);
         if (tp->dtype != DF_ST_I32) {
-            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype I32, got %s", tfile(c, tp), name, df_st_dtype_name(tp->dtype));
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype I32, got %s", ld_tfile(c, tp), name, df_st_dtype_name(tp->dtype));
             return;
         }
-        if (check_shape(c, tp, 2, rows, (cols + 7) / 8)) return;
+        if (ld_check_shape(c, tp, 2, rows, (cols + 7) / 8)) return;
         snprintf(name, sizeof name, "%s.weight_shape", prefix);
         const df_st_tensor *ts = df_st_find(c->m->st, name);
         if (ts) {
-            need(c, name);
+            ld_need(c, name);
             int64_t v[2] = {0, 0};
             if (ts->n_dims == 1 && ts->shape[0] == 2 && (ts->dtype == DF_ST_I32 || ts->dtype == DF_ST_I64)) {
                 for (int i = 0; i < 2; i++) {
@@ -107,16 +100,16 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
                 }
             }
             if (v[0] != rows || v[1] != cols) {
-                c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected [%lld, %lld], got [%lld, %lld]", tfile(c, ts), name,
+                c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected [%lld, %lld], got [%lld, %lld]", ld_tfile(c, ts), name,
                                (long long)rows, (long long)cols, (long long)v[0], (long long)v[1]);
                 return;
             }
         }
         snprintf(name, sizeof name, "%s.weight_scale", prefix);
-        const df_st_tensor *tsc = need(c, name);
+        const df_st_tensor *tsc = ld_need(c, name);
         if (!tsc) return;
         int g = cfg->int4_group;
-        if (check_shape(c, tsc, 2, rows, (cols + g - 1) / g) || scale_dtype(c, tsc, &w->scale_dtype)) return;
+        if (ld_check_shape(c, tsc, 2, rows, (cols + g - 1) / g) || scale_dtype(c, tsc, &w->scale_dtype)) return;
         w->fmt = DF_W_INT4;
         w->data = tp->data;
         w->row_bytes = (size_t)((cols + 7) / 8) * 4;
@@ -127,10 +120,10 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
         return;
     }
     snprintf(name, sizeof name, "%s.weight", prefix);
-    const df_st_tensor *t = need(c, name);
-    if (!t || check_shape(c, t, 2, rows, cols)) return;
+    const df_st_tensor *t = ld_need(c, name);
+    if (!t || ld_check_shape(c, t, 2, rows, cols)) return;
     if (cfg->quant == DF_QUANT_INT4_PACK && !df_config_quant_ignored(cfg, prefix) && strstr(prefix, ".experts.")) {
-        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': module is not in quantization_config.ignore, so '%s.weight_packed' was expected", tfile(c, t), name, prefix);
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': module is not in quantization_config.ignore, so '%s.weight_packed' was expected", ld_tfile(c, t), name, prefix);
         return;
     }
     w->data = t->data;
@@ -142,13 +135,13 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
         /* row-int8: only in the spine of a store built with --spine int8 (not exact) */
         if (!c->m->spine_int8) {
             c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: tensor '%s': dtype I8 is only accepted in the spine of a store built with --spine int8",
-                           tfile(c, t), name);
+                           ld_tfile(c, t), name);
             return;
         }
         snprintf(name, sizeof name, "%s.weight_row_scale", prefix);
-        const df_st_tensor *ts = need(c, name);
-        if (!ts || check_shape(c, ts, 1, rows, 0)) return;
-        if (ts->dtype != DF_ST_F32) { c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype F32", tfile(c, ts), name); return; }
+        const df_st_tensor *ts = ld_need(c, name);
+        if (!ts || ld_check_shape(c, ts, 1, rows, 0)) return;
+        if (ts->dtype != DF_ST_F32) { c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype F32", ld_tfile(c, ts), name); return; }
         w->fmt = DF_W_I8ROW;
         w->row_bytes = (size_t)cols;
         w->scale = ts->data;
@@ -160,14 +153,14 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
     }
     case DF_ST_F8_E4M3: {
         if (cfg->quant != DF_QUANT_FP8) {
-            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s' is F8_E4M3 but config.json has no fp8 quantization_config", tfile(c, t), name);
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s' is F8_E4M3 but config.json has no fp8 quantization_config", ld_tfile(c, t), name);
             return;
         }
         snprintf(name, sizeof name, "%s.weight_scale_inv", prefix);
-        const df_st_tensor *ts = need(c, name);
+        const df_st_tensor *ts = ld_need(c, name);
         if (!ts) return;
         int br = cfg->fp8_block[0], bc = cfg->fp8_block[1];
-        if (check_shape(c, ts, 2, (rows + br - 1) / br, (cols + bc - 1) / bc) || scale_dtype(c, ts, &w->scale_dtype)) return;
+        if (ld_check_shape(c, ts, 2, (rows + br - 1) / br, (cols + bc - 1) / bc) || scale_dtype(c, ts, &w->scale_dtype)) return;
         w->fmt = DF_W_FP8;
         w->row_bytes = (size_t)cols;
         w->scale = ts->data;
@@ -178,14 +171,14 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
     }
     default:
         c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: tensor '%s': dtype %s is not supported for weights (expected BF16, F16, F32 or F8_E4M3)",
-                       tfile(c, t), name, df_st_dtype_name(t->dtype));
+                       ld_tfile(c, t), name, df_st_dtype_name(t->dtype));
     }
 }
 
 /* A 1-D vector copied to f32. */
-static float *vec(ld *c, const char *name, int64_t n) {
-    const df_st_tensor *t = need(c, name);
-    if (!t || check_shape(c, t, 1, n, 0)) return NULL;
+float *ld_vec(ld *c, const char *name, int64_t n) {
+    const df_st_tensor *t = ld_need(c, name);
+    if (!t || ld_check_shape(c, t, 1, n, 0)) return NULL;
     float *v = df_xmalloc((size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) {
         switch (t->dtype) {
@@ -194,34 +187,35 @@ static float *vec(ld *c, const char *name, int64_t n) {
         case DF_ST_F16: { uint16_t h; memcpy(&h, t->data + 2 * i, 2); v[i] = df_f16_to_f32(h); break; }
         default:
             free(v);
-            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype F32, BF16 or F16, got %s", tfile(c, t), name, df_st_dtype_name(t->dtype));
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype F32, BF16 or F16, got %s", ld_tfile(c, t), name, df_st_dtype_name(t->dtype));
             return NULL;
         }
     }
     return v;
 }
-static float *vec_opt(ld *c, const char *name, int64_t n) {
+float *ld_vec_opt(ld *c, const char *name, int64_t n) {
     if (c->rc || !df_st_find(c->m->st, name)) return NULL;
-    return vec(c, name, n);
+    return ld_vec(c, name, n);
 }
 
-static void ffn(ld *c, const char *prefix, int64_t inter, df_glu *f) {
+const char *const ld_hf_glu[3] = {"gate_proj", "up_proj", "down_proj"};
+
+void ld_ffn_named(ld *c, const char *prefix, const char *const names[3], int64_t h, int64_t inter, df_glu *f) {
     char p[512];
-    int64_t h = c->m->cfg.hidden;
-    snprintf(p, sizeof p, "%s.gate_proj", prefix);
-    linear(c, p, inter, h, &f->gate);
-    snprintf(p, sizeof p, "%s.up_proj", prefix);
-    linear(c, p, inter, h, &f->up);
-    snprintf(p, sizeof p, "%s.down_proj", prefix);
-    linear(c, p, h, inter, &f->down);
+    snprintf(p, sizeof p, "%s.%s", prefix, names[0]);
+    ld_linear(c, p, inter, h, &f->gate);
+    snprintf(p, sizeof p, "%s.%s", prefix, names[1]);
+    ld_linear(c, p, inter, h, &f->up);
+    snprintf(p, sizeof p, "%s.%s", prefix, names[2]);
+    ld_linear(c, p, h, inter, &f->down);
 }
+static void ffn(ld *c, const char *prefix, int64_t inter, df_glu *f) { ld_ffn_named(c, prefix, ld_hf_glu, c->m->cfg.hidden, inter, f); }
 
 /* Records where an expert's bytes are (for streaming): each weight's data
  * tensor, then its scale tensor for FP8 / INT4. */
-static void expert_extents(ld *c, const char *prefix, df_ffn *f) {
+void ld_expert_extents(ld *c, const char *prefix, const char *const proj[3], df_ffn *f) {
     df_expert_loc *loc = &f->loc;
     if (c->rc) return;
-    static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     const df_weight *ws[3] = {&f->gate, &f->up, &f->down};
     char name[1024];
     loc->n_parts = 0;
@@ -543,11 +537,16 @@ void df_model_free(df_model *m) {
             df_layer *L = &m->layers[l];
             free(L->attn_norm); free(L->ffn_norm); free(L->bq); free(L->bk); free(L->bv); free(L->bo);
             free(L->q_norm); free(L->k_norm); free(L->q_a_norm); free(L->kv_a_norm); free(L->router_bias);
+            for (int i = 0; i < 3; i++) free(L->conv[i]);
+            free(L->A_log); free(L->dt_bias); free(L->o_norm); free(L->lat_norm);
+            for (int i = 0; i < 2; i++) free(L->res_norm[i]), free(L->res_proj[i]);
             free(L->experts);
         }
         free(m->layers);
     }
     free(m->final_norm);
+    free(m->out_res_norm);
+    free(m->out_res_proj);
     free(m->inv_freq);
     free(m->resident_src);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
@@ -571,19 +570,19 @@ static void load_gqa(ld *c, const char *pre, df_layer *L) {
     const df_config *cfg = &c->m->cfg;
     const int64_t H = cfg->hidden, qd = (int64_t)cfg->n_heads * cfg->head_dim, kd = (int64_t)cfg->n_kv_heads * cfg->head_dim;
     char p[512];
-    linear(c, P("self_attn.q_proj"), qd, H, &L->w.wq);
-    linear(c, P("self_attn.k_proj"), kd, H, &L->w.wk);
-    linear(c, P("self_attn.v_proj"), kd, H, &L->w.wv);
-    linear(c, P("self_attn.o_proj"), H, qd, &L->w.wo);
-    L->bq = vec_opt(c, P("self_attn.q_proj.bias"), qd);
-    L->bk = vec_opt(c, P("self_attn.k_proj.bias"), kd);
-    L->bv = vec_opt(c, P("self_attn.v_proj.bias"), kd);
-    L->bo = vec_opt(c, P("self_attn.o_proj.bias"), H);
+    ld_linear(c, P("self_attn.q_proj"), qd, H, &L->w.wq);
+    ld_linear(c, P("self_attn.k_proj"), kd, H, &L->w.wk);
+    ld_linear(c, P("self_attn.v_proj"), kd, H, &L->w.wv);
+    ld_linear(c, P("self_attn.o_proj"), H, qd, &L->w.wo);
+    L->bq = ld_vec_opt(c, P("self_attn.q_proj.bias"), qd);
+    L->bk = ld_vec_opt(c, P("self_attn.k_proj.bias"), kd);
+    L->bv = ld_vec_opt(c, P("self_attn.v_proj.bias"), kd);
+    L->bo = ld_vec_opt(c, P("self_attn.o_proj.bias"), H);
     if (cfg->attention_bias && !c->rc && (!L->bq || !L->bk || !L->bv))
         c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: attention_bias is true but %s.self_attn.{q,k,v}_proj.bias are missing", c->m->dir, pre);
     if (L->kind.qk_norm) {
-        L->q_norm = vec(c, P("self_attn.q_norm.weight"), cfg->head_dim);
-        L->k_norm = vec(c, P("self_attn.k_norm.weight"), cfg->head_dim);
+        L->q_norm = ld_vec(c, P("self_attn.q_norm.weight"), cfg->head_dim);
+        L->k_norm = ld_vec(c, P("self_attn.k_norm.weight"), cfg->head_dim);
     }
 }
 
@@ -592,16 +591,16 @@ static void load_mla(ld *c, const char *pre, df_layer *L) {
     const int64_t H = cfg->hidden, qk = cfg->qk_nope_dim + cfg->qk_rope_dim, NH = cfg->n_heads;
     char p[512];
     if (cfg->q_lora_rank) {
-        linear(c, P("self_attn.q_a_proj"), cfg->q_lora_rank, H, &L->w.q_a);
-        L->q_a_norm = vec(c, P("self_attn.q_a_layernorm.weight"), cfg->q_lora_rank);
-        linear(c, P("self_attn.q_b_proj"), NH * qk, cfg->q_lora_rank, &L->w.q_b);
+        ld_linear(c, P("self_attn.q_a_proj"), cfg->q_lora_rank, H, &L->w.q_a);
+        L->q_a_norm = ld_vec(c, P("self_attn.q_a_layernorm.weight"), cfg->q_lora_rank);
+        ld_linear(c, P("self_attn.q_b_proj"), NH * qk, cfg->q_lora_rank, &L->w.q_b);
     } else {
-        linear(c, P("self_attn.q_proj"), NH * qk, H, &L->w.q_proj);
+        ld_linear(c, P("self_attn.q_proj"), NH * qk, H, &L->w.q_proj);
     }
-    linear(c, P("self_attn.kv_a_proj_with_mqa"), cfg->kv_lora_rank + cfg->qk_rope_dim, H, &L->w.kv_a);
-    L->kv_a_norm = vec(c, P("self_attn.kv_a_layernorm.weight"), cfg->kv_lora_rank);
-    linear(c, P("self_attn.kv_b_proj"), NH * (cfg->qk_nope_dim + cfg->v_head_dim), cfg->kv_lora_rank, &L->w.kv_b);
-    linear(c, P("self_attn.o_proj"), H, NH * cfg->v_head_dim, &L->w.wo);
+    ld_linear(c, P("self_attn.kv_a_proj_with_mqa"), cfg->kv_lora_rank + cfg->qk_rope_dim, H, &L->w.kv_a);
+    L->kv_a_norm = ld_vec(c, P("self_attn.kv_a_layernorm.weight"), cfg->kv_lora_rank);
+    ld_linear(c, P("self_attn.kv_b_proj"), NH * (cfg->qk_nope_dim + cfg->v_head_dim), cfg->kv_lora_rank, &L->w.kv_b);
+    ld_linear(c, P("self_attn.o_proj"), H, NH * cfg->v_head_dim, &L->w.wo);
 }
 
 static void load_moe(ld *c, const char *pre, int l, df_layer *L) {
@@ -609,8 +608,8 @@ static void load_moe(ld *c, const char *pre, int l, df_layer *L) {
     const int64_t H = cfg->hidden;
     const int E = cfg->n_experts;
     char p[512];
-    linear(c, P("mlp.gate"), E, H, &L->w.router);
-    if (L->kind.router == DF_ROUTER_SIGMOID_GROUPS) L->router_bias = vec(c, P("mlp.gate.e_score_correction_bias"), E);
+    ld_linear(c, P("mlp.gate"), E, H, &L->w.router);
+    if (L->kind.router == DF_ROUTER_SIGMOID_GROUPS) L->router_bias = ld_vec(c, P("mlp.gate.e_score_correction_bias"), E);
     L->experts = df_xcalloc((size_t)E, sizeof(df_ffn));
     for (int e = 0; e < E && !c->rc; e++) {
         char pe[512];
@@ -618,7 +617,7 @@ static void load_moe(ld *c, const char *pre, int l, df_layer *L) {
         snprintf(pe, sizeof pe, "model.layers.%d.mlp.experts.%d", l, e);
         ffn(c, pe, cfg->moe_intermediate, &g);
         L->experts[e].gate = g.gate, L->experts[e].up = g.up, L->experts[e].down = g.down;
-        expert_extents(c, pe, &L->experts[e]);
+        ld_expert_extents(c, pe, ld_hf_glu, &L->experts[e]);
     }
     if (cfg->n_shared_experts) {
         L->has_shared = 1;
@@ -653,29 +652,36 @@ int df_model_load(const char *dir, const df_load_opts *o, df_model **out, char *
     const int64_t H = cfg->hidden;
     char p[512];
 
-    linear(&c, "model.embed_tokens", cfg->vocab, H, &m->embed);
-    m->final_norm = vec(&c, "model.norm.weight", H);
+    const char *tp = cfg->tensor_prefix; /* "language_model." in the K3 wrapper */
+    const int kimi = cfg->family == DF_FAM_KIMI_LINEAR;
+    snprintf(p, sizeof p, "%smodel.embed_tokens", tp);
+    ld_linear(&c, p, cfg->vocab, H, &m->embed);
+    snprintf(p, sizeof p, "%smodel.norm.weight", tp);
+    m->final_norm = ld_vec(&c, p, H);
     if (!c.rc) {
-        if (cfg->tie_embeddings && !df_st_find(m->st, "lm_head.weight")) m->lm_head = m->embed;
-        else linear(&c, "lm_head", cfg->vocab, H, &m->lm_head);
+        snprintf(p, sizeof p, "%slm_head.weight", tp);
+        if (cfg->tie_embeddings && !df_st_find(m->st, p)) m->lm_head = m->embed;
+        else snprintf(p, sizeof p, "%slm_head", tp), ld_linear(&c, p, cfg->vocab, H, &m->lm_head);
     }
+    if (kimi) ld_kimi_model(&c);
     m->layers = df_xcalloc((size_t)cfg->n_layers, sizeof(df_layer));
     for (int l = 0; l < cfg->n_layers && !c.rc; l++) {
         df_layer *L = &m->layers[l];
         char pre[64];
-        snprintf(pre, sizeof pre, "model.layers.%d", l);
+        snprintf(pre, sizeof pre, "%smodel.layers.%d", tp, l);
         if (df_family_layer_kind(cfg, l, df_config_is_moe_layer(cfg, l), &L->kind)) {
             c.rc = df_err(err, errlen, DF_EUNSUPPORTED, "%s: layer %d: family %s has no such layer", dir, l, cfg->family_name);
             break;
         }
-        L->attn_norm = vec(&c, P("input_layernorm.weight"), H);
-        L->ffn_norm = vec(&c, P("post_attention_layernorm.weight"), H);
+        L->attn_norm = ld_vec(&c, P("input_layernorm.weight"), H);
+        L->ffn_norm = ld_vec(&c, P("post_attention_layernorm.weight"), H);
         switch (L->kind.mixer) {
         case DF_MIXER_GQA: load_gqa(&c, pre, L); break;
         case DF_MIXER_MLA: load_mla(&c, pre, L); break;
         default: break;
         }
-        if (L->kind.ffn == DF_FFN_MOE) load_moe(&c, pre, l, L);
+        if (kimi) ld_kimi_layer(&c, pre, l, L);
+        else if (L->kind.ffn == DF_FFN_MOE) load_moe(&c, pre, l, L);
         else ffn(&c, P("mlp"), cfg->intermediate, &L->w.mlp);
     }
     /* every tensor must be used, except MTP layers (index >= n_layers), which are recognised and left unused */
@@ -683,7 +689,11 @@ int df_model_load(const char *dir, const df_load_opts *o, df_model **out, char *
         if (c.used[i]) continue;
         const df_st_tensor *t = df_st_at(m->st, i);
         int layer;
-        if (sscanf(t->name, "model.layers.%d.", &layer) == 1 && layer >= cfg->n_layers && layer < cfg->n_layers + (cfg->n_mtp_layers ? cfg->n_mtp_layers : 1)) {
+        if (*tp && strncmp(t->name, tp, strlen(tp))) { /* the K3 wrapper's vision tower and projector: not needed for text */
+            m->n_ignored_tensors++;
+            continue;
+        }
+        if (sscanf(t->name + strlen(tp), "model.layers.%d.", &layer) == 1 && layer >= cfg->n_layers && layer < cfg->n_layers + (cfg->n_mtp_layers ? cfg->n_mtp_layers : 1)) {
             m->n_ignored_tensors++;
             continue;
         }

@@ -21,11 +21,11 @@
 #include <stdio.h>
 
 /* ---- layer kinds ------------------------------------------------------ */
-typedef enum { DF_MIXER_GQA, DF_MIXER_MLA, DF_MIXER_N } df_mixer_kind;
+typedef enum { DF_MIXER_GQA, DF_MIXER_MLA, DF_MIXER_KDA, DF_MIXER_N } df_mixer_kind;
 typedef enum { DF_FFN_DENSE, DF_FFN_MOE, DF_FFN_N } df_ffn_kind;
-typedef enum { DF_ACT_SILU_GLU, DF_ACT_N } df_act_kind;
+typedef enum { DF_ACT_SILU_GLU, DF_ACT_SITU_GLU, DF_ACT_N } df_act_kind;
 typedef enum { DF_ROUTER_NONE, DF_ROUTER_SOFTMAX_TOPK, DF_ROUTER_SIGMOID_GROUPS, DF_ROUTER_N } df_router_kind;
-typedef enum { DF_RESID_PLAIN, DF_RESID_N } df_resid_kind;
+typedef enum { DF_RESID_PLAIN, DF_RESID_ATTNRES, DF_RESID_N } df_resid_kind;
 
 typedef struct {
     df_mixer_kind mixer;
@@ -34,6 +34,9 @@ typedef struct {
     df_router_kind router;
     df_resid_kind resid;
     int qk_norm;          /* GQA: per-head RMSNorm of q and k before RoPE (qwen3) */
+    int nope;             /* MLA: no RoPE (kimi): the rope dims are plain dims, k_rot shared unrotated */
+    int out_gate;         /* MLA: output * sigmoid(g_proj x) before o_proj (kimi k3) */
+    int latent;           /* MoE: routed experts work in a latent width (down-proj, experts, norm, up-proj) */
 } df_layer_kind;
 
 /* A gated FFN: down(act(gate x) * up x). gate/up [inter x hidden], down [hidden x inter]. */
@@ -62,6 +65,13 @@ typedef struct {
     df_glu mlp;                   /* dense layers */
     df_glu shared;                /* shared experts of a MoE layer */
     df_weight router;             /* [E x hidden] */
+    /* KDA (q, k, v in wq/wk/wv [H*d x hidden], o_proj in wo) and the MLA output gate */
+    df_weight g_proj;             /* [H*d x hidden]: KDA full-rank output gate (K3) or the MLA output gate */
+    df_weight g_a, g_b;           /* KDA low-rank output gate (Kimi Linear): [d x hidden], [H*d x d] */
+    df_weight f_a, f_b;           /* KDA forget gate: [d x hidden], [H*d x d] */
+    df_weight b_proj;             /* KDA beta: [H x hidden] */
+    /* latent MoE */
+    df_weight lat_down, lat_up;   /* [latent x hidden], [hidden x latent] */
 } df_layer_weights;
 #define DF_LAYER_NW ((int)(sizeof(df_layer_weights) / sizeof(df_weight)))
 _Static_assert(sizeof(df_layer_weights) % sizeof(df_weight) == 0, "df_layer_weights holds only df_weight members");
@@ -75,6 +85,12 @@ typedef struct {
     float *q_a_norm;              /* [q_lora], MLA */
     float *kv_a_norm;             /* [kv_lora], MLA */
     float *router_bias;           /* [E], sigmoid router correction bias */
+    float *conv[3];               /* KDA q/k/v short convolutions, [H*d][width] f32 */
+    float *A_log;                 /* KDA [H] (the first H entries of a padded tensor) */
+    float *dt_bias;               /* KDA [H*d] */
+    float *o_norm;                /* KDA [d], shared by the heads */
+    float *lat_norm;              /* latent MoE [latent] (latent_moe_use_norm) */
+    float *res_norm[2], *res_proj[2]; /* block attention residuals: [0] before the mixer, [1] before the FFN, [hidden] each */
     df_ffn *experts;              /* [E], MoE layers */
     int has_shared;
 } df_layer;
@@ -90,6 +106,7 @@ typedef struct df_model {
     df_weight embed;       /* [vocab x hidden] */
     float *final_norm;     /* [hidden] */
     df_weight lm_head;     /* [vocab x hidden] (== embed when tied) */
+    float *out_res_norm, *out_res_proj; /* block attention residuals before the final norm, [hidden] */
     df_layer *layers;      /* [n_layers] */
     float *inv_freq;       /* [rope_dim/2] */
     float rope_scale;      /* cos/sin multiplier (YaRN attention_factor) */
@@ -168,6 +185,10 @@ typedef struct {
     /* scratch, [max_batch x ...] */
     float *x, *xn, *q, *k, *v, *att, *o, *h1, *h2, *ffn_out, *router_logits;
     float *rope_cs;           /* [max_batch][rope_dim/2][2] cos, sin of this batch's positions */
+    float *kg, *kb, *ko;      /* KDA: gates [max_batch x H*d], betas [max_batch x H], output gate [max_batch x H*d] */
+    float *blocks;            /* attention residuals: [max_blocks][max_batch x hidden] completed block outputs */
+    int max_blocks;
+    float *lat;               /* latent MoE: [max_batch x latent] routed input, then the routed sum */
     int *sel;                 /* [max_batch x topk] expert ids */
     float *selw;              /* [max_batch x topk] weights */
     int *tok_list;            /* [max_batch x topk] tokens routed to an expert */

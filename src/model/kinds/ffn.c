@@ -17,20 +17,16 @@
 #include <math.h>
 #include <string.h>
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
-
-/* out[n x hidden] = down(silu(gate x) * up x) */
-static void glu(const df_glu *f, const float *x, int n, float *h1, float *h2, float *out) {
+/* out[n x rows of down] = down(act(gate x, up x)) */
+static void glu(const df_model *m, df_act_kind act, const df_glu *f, const float *x, int n, float *h1, float *h2, float *out) {
     const df_mv_job jobs[2] = {{&f->gate, x, h1}, {&f->up, x, h2}};
     df_matmul_batch(jobs, 2, n);
-    const int64_t I = f->gate.rows;
-    for (int64_t i = 0; i < (int64_t)n * I; i++) h1[i] = silu(h1[i]) * h2[i];
+    df_act_glu(m, act, h1, h2, (int64_t)n * f->gate.rows);
     df_matmul(&f->down, h1, n, out);
 }
 
 int df_ffn_dense(const df_model *m, df_state *s, const df_layer *L, int n) {
-    (void)m;
-    glu(&L->w.mlp, s->xn, n, s->h1, s->h2, s->ffn_out);
+    glu(m, L->kind.act, &L->w.mlp, s->xn, n, s->h1, s->h2, s->ffn_out);
     return 0;
 }
 
@@ -51,6 +47,8 @@ typedef struct {
     df_state *s;
     const df_layer *L;
     const int *ids; /* experts of this acquire */
+    const float *xin; /* the routed experts' input [n x D]: the normed hidden state, or its latent projection */
+    int D;          /* its width */
     int n;          /* tokens in the batch */
     int npend;      /* decode: experts handed over and not computed yet */
 } moe_ctx;
@@ -61,15 +59,15 @@ typedef struct {
 static void flush_decode(moe_ctx *c) {
     if (!c->npend) return;
     df_state *s = c->s;
-    const int H = c->m->cfg.hidden, I = c->m->cfg.moe_intermediate;
+    const int D = c->D, I = c->m->cfg.moe_intermediate;
     df_mv_job *jobs = s->jobs; /* [2 x topk] */
     for (int j = 0; j < c->npend; j++) {
-        jobs[2 * j] = (df_mv_job){&s->pend_f[j].gate, s->xn, s->ge + (size_t)j * I};
-        jobs[2 * j + 1] = (df_mv_job){&s->pend_f[j].up, s->xn, s->ue + (size_t)j * I};
+        jobs[2 * j] = (df_mv_job){&s->pend_f[j].gate, c->xin, s->ge + (size_t)j * I};
+        jobs[2 * j + 1] = (df_mv_job){&s->pend_f[j].up, c->xin, s->ue + (size_t)j * I};
     }
     df_matmul_batch(jobs, 2 * c->npend, 1);
-    for (int64_t i = 0; i < (int64_t)c->npend * I; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
-    for (int j = 0; j < c->npend; j++) jobs[j] = (df_mv_job){&s->pend_f[j].down, s->ge + (size_t)j * I, s->de_all + (size_t)s->pend_k[j] * H};
+    df_act_glu(c->m, c->L->kind.act, s->ge, s->ue, (int64_t)c->npend * I);
+    for (int j = 0; j < c->npend; j++) jobs[j] = (df_mv_job){&s->pend_f[j].down, s->ge + (size_t)j * I, s->de_all + (size_t)s->pend_k[j] * D};
     df_matmul_batch(jobs, c->npend, 1);
     c->npend = 0;
 }
@@ -82,7 +80,7 @@ static void expert_ready(void *p, int i, const uint8_t *const *parts) {
         if (c->n == 1) flush_decode(c);
         return;
     }
-    const int H = c->m->cfg.hidden, K = c->m->cfg.n_experts_used, e = c->ids[i];
+    const int D = c->D, K = c->m->cfg.n_experts_used, e = c->ids[i];
     df_glu f;
     expert_view(&c->L->experts[e], parts, &f);
     if (c->n == 1) { /* decode: slot k of the one token, batched until the next flush */
@@ -95,9 +93,9 @@ static void expert_ready(void *p, int i, const uint8_t *const *parts) {
     int cnt = 0;
     for (int t = 0; t < c->n; t++)
         for (int k = 0; k < K; k++)
-            if (s->sel[t * K + k] == e) { s->tok_list[cnt] = t * K + k; memcpy(s->xe + (size_t)cnt * H, s->xn + (size_t)t * H, (size_t)H * 4); cnt++; }
-    glu(&f, s->xe, cnt, s->ge, s->ue, s->de);
-    for (int j = 0; j < cnt; j++) memcpy(s->de_all + (size_t)s->tok_list[j] * H, s->de + (size_t)j * H, (size_t)H * 4);
+            if (s->sel[t * K + k] == e) { s->tok_list[cnt] = t * K + k; memcpy(s->xe + (size_t)cnt * D, c->xin + (size_t)t * D, (size_t)D * 4); cnt++; }
+    glu(c->m, c->L->kind.act, &f, s->xe, cnt, s->ge, s->ue, s->de);
+    for (int j = 0; j < cnt; j++) memcpy(s->de_all + (size_t)s->tok_list[j] * D, s->de + (size_t)j * D, (size_t)D * 4);
 }
 
 /* Router lookahead: the next MoE layer's router applied to the current
@@ -131,7 +129,10 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
         if (seen[e]) s->exp_list[ne++] = e;
     df_expert_source *src = s->src ? s->src : m->resident_src;
     int pf_l = n == 1 && src->ops->wants_prediction(src) ? predict_next(m, s, l) : -1;
-    moe_ctx mc = {.m = m, .s = s, .L = L, .n = n};
+    /* latent MoE: the routed experts work on the latent projection of the input */
+    const int D = L->kind.latent ? c->latent_dim : H;
+    if (L->kind.latent) df_matmul(&L->w.lat_down, s->xn, n, s->lat);
+    moe_ctx mc = {.m = m, .s = s, .L = L, .n = n, .xin = L->kind.latent ? s->lat : s->xn, .D = D};
     const int wave = src->ops->capacity(src);
     if (wave <= 0) return df_err(s->err, sizeof s->err, DF_EINTERNAL, "layer %d: the expert source holds no experts", l);
     for (int w0 = 0; w0 < ne; w0 += wave) {
@@ -141,11 +142,17 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
         src->ops->release(src);
         if (rc) return rc;
     }
-    memset(s->ffn_out, 0, (size_t)n * H * sizeof(float));
+    float *y = L->kind.latent ? s->lat : s->ffn_out; /* the latent input is consumed */
+    memset(y, 0, (size_t)n * D * sizeof(float));
     for (int t = 0; t < n; t++)
-        for (int k = 0; k < K; k++) df_axpy(s->ffn_out + (size_t)t * H, s->selw[t * K + k], s->de_all + ((size_t)t * K + k) * H, H);
+        for (int k = 0; k < K; k++) df_axpy(y + (size_t)t * D, s->selw[t * K + k], s->de_all + ((size_t)t * K + k) * D, D);
+    if (L->kind.latent) {
+        if (L->lat_norm)
+            for (int t = 0; t < n; t++) df_rmsnorm(y + (size_t)t * D, y + (size_t)t * D, L->lat_norm, D, (float)c->rms_eps);
+        df_matmul(&L->w.lat_up, y, n, s->ffn_out);
+    }
     if (L->has_shared) {
-        glu(&L->w.shared, s->xn, n, s->h1, s->h2, s->o);
+        glu(m, L->kind.act, &L->w.shared, s->xn, n, s->h1, s->h2, s->o);
         for (int64_t i = 0; i < (int64_t)n * H; i++) s->ffn_out[i] += s->o[i];
     }
     return 0;

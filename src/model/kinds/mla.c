@@ -6,6 +6,9 @@
  * and values o_lat = sum_j p_j c_j, v = W_uv o_lat, which equal transformers'
  * expanded computation up to f32 rounding. The softmax scale includes the
  * YaRN mscale(mscale_all_dim)^2; cos/sin carry attention_factor.
+ * Kimi's variant (kind.nope): no RoPE at all, the "rope" dims of q and the
+ * shared k_rot are plain dims; with kind.out_gate the attention output is
+ * multiplied by sigmoid(g_proj x) before o_proj.
  * Truncatable. */
 #include "model/kinds.h"
 
@@ -30,15 +33,21 @@ static void mla_forward(const df_model *m, df_state *s, int l, int n, int pos0) 
     df_matmul(&L->w.kv_a, s->xn, n, s->k);
     for (int t = 0; t < n; t++) {
         const float *cs = s->rope_cs + (size_t)t * rope;
-        for (int h = 0; h < NH; h++) df_rope(cs, rope, s->q + ((size_t)t * NH + h) * qh + nope, c->rope_interleave);
+        if (!L->kind.nope)
+            for (int h = 0; h < NH; h++) df_rope(cs, rope, s->q + ((size_t)t * NH + h) * qh + nope, c->rope_interleave);
         float *kv = s->k + (size_t)t * cdim;
         float *dst = s->ls[l].cache + (size_t)(pos0 + t) * cdim;
         df_rmsnorm(dst, kv, L->kv_a_norm, R, eps);
         memcpy(dst + R, kv + R, (size_t)rope * sizeof(float));
-        df_rope(cs, rope, dst + R, c->rope_interleave);
+        if (!L->kind.nope) df_rope(cs, rope, dst + R, c->rope_interleave);
     }
     const df_attn_mla_args a = {s->q, s->ls[l].cache, s->att, &L->w.kv_b, &L->w.k_b, &L->w.v_b, n, pos0, NH, nope, rope, R, c->v_head_dim, m->attn_scale};
     df_attn_mla(&a);
+    if (L->kind.out_gate) {
+        const size_t od = (size_t)NH * c->v_head_dim;
+        df_matmul(&L->w.g_proj, s->xn, n, s->ko);
+        for (size_t i = 0; i < (size_t)n * od; i++) s->att[i] *= 1.0f / (1.0f + expf(-s->ko[i]));
+    }
     df_matmul(&L->w.wo, s->att, n, s->o);
 }
 
