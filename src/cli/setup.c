@@ -7,7 +7,7 @@
  * catalog holds every URL, package and path. */
 #include "cli/args.h"
 #include "cli/cli.h"
-#include "model/config.h"
+#include "model/model.h"
 #include "store/store.h"
 #include "util/util.h"
 
@@ -172,7 +172,9 @@ int df_cmd_setup(int argc, char **argv) {
         char err[1024];
         int crc = df_config_load(from, &cfg, err, sizeof err);
         if (crc) { free(dcopy); fprintf(stderr, "deltafin setup: %s\n", err); return df_exit_code(crc); }
-        df_store_opts so = {from, out, pack, nd ? dirs : NULL, nd, isatty(2), spine_int8, {cfg.n_layers, cfg.n_experts, NULL}};
+        char lay_fmt[128];
+        df_store_opts so = {from, out, pack, nd ? dirs : NULL, nd, isatty(2), spine_int8, {0}};
+        df_model_store_layout(&cfg, lay_fmt, sizeof lay_fmt, &so.layout);
         df_config_free(&cfg);
         if (spine_int8) fprintf(stderr, "deltafin setup: --spine int8: the spine's linear weights become row-int8; results will NOT be exact\n");
         double t0 = df_now();

@@ -636,7 +636,9 @@ int df_model_load(const char *dir, const df_load_opts *o, df_model **out, char *
     if (!m->st) { df_model_free(m); return DF_EFORMAT; }
     /* a store: routed experts live in its packs (or the source shards), with checksums */
     uint64_t *store_xxh3 = NULL;
-    df_store_layout lay = {m->cfg.n_layers, m->cfg.n_experts, NULL};
+    df_store_layout lay;
+    char lay_fmt[128];
+    df_model_store_layout(&m->cfg, lay_fmt, sizeof lay_fmt, &lay);
     rc = df_store_attach(dir, m->st, &lay, &store_xxh3, &m->spine_int8, &m->store_spine, err, errlen);
     if (rc < 0) { df_model_free(m); return rc; }
     if (rc == 1 && resident != 2) {

@@ -54,14 +54,19 @@ static float *a_log(ld *c, const char *name) {
     if (c->rc) return NULL;
     const df_st_tensor *t = df_st_find(c->m->st, name);
     if (!t) return ld_need(c, name), NULL;
-    int64_t n = t->n_dims == 1 ? t->shape[0] : -1;
-    if (n != NH && !(n == d && d > NH)) {
-        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected shape [%d] (num_heads) or [%d] (head_dim, zero-padded), got %d dims with %lld entries",
-                       ld_tfile(c, t), name, NH, d, t->n_dims, (long long)(t->n_dims ? t->shape[0] : 0));
+    /* 1-D [n] (K3), or [1, 1, n, 1] as Kimi Linear stores it: every dim 1 but one */
+    int64_t n = 1, big = 0;
+    for (int i = 0; i < t->n_dims; i++) n *= t->shape[i], big += t->shape[i] != 1;
+    if (big > 1 || t->n_dims < 1 || t->n_dims > 4 || (n != NH && !(n == d && d > NH))) {
+        char got[96] = "[";
+        for (int i = 0; i < t->n_dims; i++) snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected %d entries (num_heads) or %d (head_dim, zero-padded), in one dimension, got shape %s]",
+                       ld_tfile(c, t), name, NH, d, got);
         return NULL;
     }
-    const int64_t dims[1] = {n};
-    float *v = small(c, name, 1, dims);
+    int64_t dims[4];
+    for (int i = 0; i < t->n_dims; i++) dims[i] = t->shape[i];
+    float *v = small(c, name, t->n_dims, dims);
     if (!v) return NULL;
     for (int64_t i = NH; i < n; i++)
         if (v[i] != 0.0f) {

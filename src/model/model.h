@@ -18,6 +18,7 @@
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "store/source.h"
+#include "store/store.h"
 #include <stdio.h>
 
 /* ---- layer kinds ------------------------------------------------------ */
@@ -161,6 +162,9 @@ void df_model_foreach_weight(df_model *m, df_weight_fn fn, void *ctx);
 df_expert_loc *df_model_expert_locs(const df_model *m);
 /* Routed experts served from the model's own memory (resident models). */
 df_expert_source *df_model_resident_source(const df_model *m);
+/* How a store finds this family's routed-expert tensors (name format and
+ * projection names); fmt is a buffer of n bytes the layout points into. */
+void df_model_store_layout(const df_config *c, char *fmt, size_t n, df_store_layout *out);
 /* Bytes of all routed experts. */
 int64_t df_model_expert_bytes(const df_model *m);
 

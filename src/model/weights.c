@@ -8,6 +8,7 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 void df_model_foreach_weight(df_model *m, df_weight_fn fn, void *ctx) {
@@ -77,4 +78,14 @@ df_expert_source *df_model_resident_source(const df_model *m) {
     r->base.ops = &resident_ops;
     r->m = m;
     return &r->base;
+}
+
+void df_model_store_layout(const df_config *c, char *fmt, size_t n, df_store_layout *out) {
+    memset(out, 0, sizeof *out);
+    out->n_layers = c->n_layers, out->n_experts = c->n_experts;
+    if (c->family == DF_FAM_KIMI_LINEAR) { /* Moonshot's names: block_sparse_moe.experts.E.{w1,w3,w2} */
+        snprintf(fmt, n, "%smodel.layers.%%d.block_sparse_moe.experts.%%d", c->tensor_prefix);
+        out->expert_fmt = fmt;
+        out->proj[0] = "w1", out->proj[1] = "w3", out->proj[2] = "w2";
+    }
 }

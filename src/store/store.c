@@ -215,9 +215,9 @@ int df_store_attach(const char *dir, df_st_set *st, const df_store_layout *lay, 
             const char *tn = json_string_value(json_object_get(p, "tensor")), *dt = json_string_value(json_object_get(p, "dtype"));
             int pl, pe, rank;
             if (!tn) BAD("%s: experts[%zu].parts[%zu].tensor: expected a string, got %s", mp, i, k, jtype(json_object_get(p, "tensor")));
-            if (!store_expert_part(fmt, tn, &pl, &pe, &rank) || pl != l || pe != e)
-                BAD("%s: experts[%zu].parts[%zu].tensor: expected a routed-expert tensor %s.{gate,up,down}_proj.{weight,...} (layer %lld expert %lld), got \"%.200s\"",
-                    mp, i, k, want, l, e, tn);
+            if (!store_expert_part(lay, tn, &pl, &pe, &rank) || pl != l || pe != e)
+                BAD("%s: experts[%zu].parts[%zu].tensor: expected a routed-expert tensor %s.{%s,%s,%s}.{weight,...} (layer %lld expert %lld), got \"%.200s\"",
+                    mp, i, k, want, lay->proj[0] ? lay->proj[0] : "gate_proj", lay->proj[1] ? lay->proj[1] : "up_proj", lay->proj[2] ? lay->proj[2] : "down_proj", l, e, tn);
             if (rank <= last_rank) BAD("%s: experts[%zu].parts[%zu].tensor: \"%.200s\" is out of order or repeated (gate, up, down; weight before scale)", mp, i, k, tn);
             last_rank = rank;
             int dtype = dt ? df_st_dtype_from_name(dt) : -1;

@@ -31,8 +31,9 @@
 typedef struct {
     int n_layers, n_experts;  /* routed experts: layers 0..n_layers-1, experts 0..n_experts-1 */
     const char *expert_fmt;   /* printf format of a routed expert's tensor-name prefix, %d layer then
-                               * %d expert; each part is PREFIX.{gate,up,down}_proj.{weight,
-                               * weight_packed,weight_scale,weight_scale_inv}. NULL: DF_STORE_EXPERT_FMT */
+                               * %d expert; each part is PREFIX.{proj}.{weight, weight_packed,
+                               * weight_scale,weight_scale_inv}. NULL: DF_STORE_EXPERT_FMT */
+    const char *proj[3];      /* the gate, up and down projections' names; NULL: gate_proj, up_proj, down_proj */
 } df_store_layout;
 #define DF_STORE_EXPERT_FMT "model.layers.%d.mlp.experts.%d"
 

@@ -15,7 +15,7 @@
  * PREFIX being fmt (DF_STORE_EXPERT_FMT) with layer and expert spelled
  * canonically, into layer, expert and the part's rank (proj * 2 + is_scale);
  * 0 if not an expert part. */
-int store_expert_part(const char *fmt, const char *name, int *l, int *e, int *rank);
+int store_expert_part(const df_store_layout *lay, const char *name, int *l, int *e, int *rank);
 
 /* Parses exactly 16 lowercase/uppercase hex digits; -1 if s is not that. */
 static inline int parse_hex16(const char *s, uint64_t *v) {

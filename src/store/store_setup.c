@@ -29,10 +29,12 @@
 
 /* ---- routed-expert tensors ------------------------------------------------ */
 
-int store_expert_part(const char *fmt, const char *name, int *l, int *e, int *rank) {
+int store_expert_part(const df_store_layout *lay, const char *name, int *l, int *e, int *rank) {
     char f[256], pre[256];
     int n = 0;
-    if (!fmt) fmt = DF_STORE_EXPERT_FMT;
+    const char *fmt = lay->expert_fmt ? lay->expert_fmt : DF_STORE_EXPERT_FMT;
+    static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"};
+    const char *const *proj = lay->proj[0] ? lay->proj : hf;
     snprintf(f, sizeof f, "%s.%%n", fmt);
     if (sscanf(name, f, l, e, &n) != 2 || !n) return 0;
     int pl = snprintf(pre, sizeof pre, fmt, *l, *e); /* "+1", " 1", "01" are not this expert */
@@ -40,7 +42,9 @@ int store_expert_part(const char *fmt, const char *name, int *l, int *e, int *ra
     const char *sfx = name + pl + 1, *dot = strchr(sfx, '.');
     if (!dot) return 0;
     size_t plen = (size_t)(dot - sfx);
-    int p = plen == 9 && !strncmp(sfx, "gate_proj", 9) ? 0 : plen == 7 && !strncmp(sfx, "up_proj", 7) ? 1 : plen == 9 && !strncmp(sfx, "down_proj", 9) ? 2 : -1;
+    int p = -1;
+    for (int i = 0; i < 3 && p < 0; i++)
+        if (plen == strlen(proj[i]) && !strncmp(sfx, proj[i], plen)) p = i;
     const char *kind = dot + 1;
     int k = !strcmp(kind, "weight") || !strcmp(kind, "weight_packed") ? 0 : !strcmp(kind, "weight_scale_inv") || !strcmp(kind, "weight_scale") ? 1 : -1;
     if (p < 0 || k < 0) return 0;
@@ -210,14 +214,14 @@ static float quant_row(const df_st_tensor *t, int64_t r, int8_t *q) {
 
 /* Writes spine.safetensors: every tensor except routed-expert parts, bytes as
  * shipped (or row-int8 + weight_row_scale for linear weights with int8). */
-static int write_spine(const df_st_set *st, const char *fmt, const char *out, int int8, df_progress *pg, char *err, size_t errlen) {
+static int write_spine(const df_st_set *st, const df_store_layout *lay, const char *out, int int8, df_progress *pg, char *err, size_t errlen) {
     json_t *h = json_object();
     uint64_t off = 0;
     int n = df_st_count(st);
     for (int i = 0; i < n; i++) {
         const df_st_tensor *t = df_st_at(st, i);
         int l, e, r;
-        if (store_expert_part(fmt, t->name, &l, &e, &r)) continue;
+        if (store_expert_part(lay, t->name, &l, &e, &r)) continue;
         json_t *sh = json_array();
         for (int d = 0; d < t->n_dims; d++) json_array_append_new(sh, json_integer(t->shape[d]));
         if (int8 && int8_candidate(t)) {
@@ -251,7 +255,7 @@ static int write_spine(const df_st_set *st, const char *fmt, const char *out, in
     for (int i = 0; i < n && !rc; i++) {
         const df_st_tensor *t = df_st_at(st, i);
         int l, e, r;
-        if (store_expert_part(fmt, t->name, &l, &e, &r)) continue;
+        if (store_expert_part(lay, t->name, &l, &e, &r)) continue;
         if (int8 && int8_candidate(t)) {
             const int64_t R = t->shape[0], C = t->shape[1];
             int8_t *q = df_xmalloc((size_t)C);
@@ -285,7 +289,6 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
     written_total = 0;
     const char *ab = getenv("DELTAFIN_TEST_ABORT_AFTER_LAYERS"); /* tests: die like a kill after N layers */
     int abort_after = ab ? atoi(ab) : -1;
-    const char *fmt = o->layout.expert_fmt;
     int rc = 0;
     if (o->layout.n_experts <= 0)
         return df_err(err, errlen, DF_EINPUT, "%s: not a mixture-of-experts model (no routed experts to store)", o->from);
@@ -300,7 +303,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
     for (int i = 0; i < df_st_count(st); i++) {
         const df_st_tensor *t = df_st_at(st, i);
         int l, e, r;
-        if (!store_expert_part(fmt, t->name, &l, &e, &r)) { spine_bytes += (int64_t)t->nbytes; continue; }
+        if (!store_expert_part(&o->layout, t->name, &l, &e, &r)) { spine_bytes += (int64_t)t->nbytes; continue; }
         if (l < 0 || l >= L || e < 0 || e >= E) { spine_bytes += (int64_t)t->nbytes; continue; } /* MTP layers stay in the spine */
         expert_rec *x = &ex[(size_t)l * E + e];
         x->t[r] = t;
@@ -369,7 +372,7 @@ int df_store_build(const df_store_opts *o, char *err, size_t errlen) {
     /* 2. spine + config and tokenizer files */
     df_progress_init(&pg, "writing", spine_bytes + expert_bytes, o->progress);
     if (!json_is_true(json_object_get(state, "spine"))) {
-        rc = write_spine(st, fmt, o->out, o->spine_int8, &pg, err, errlen);
+        rc = write_spine(st, &o->layout, o->out, o->spine_int8, &pg, err, errlen);
         static const char *small[] = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tiktoken.model",
                                       "chat_template.jinja", "special_tokens_map.json"};
         for (size_t i = 0; i < sizeof small / sizeof *small && !rc; i++) rc = copy_small(o->from, o->out, small[i], err, errlen);

@@ -35,7 +35,6 @@ def test_every_kimi_model_has_the_four_prompt_lengths():
             assert n == 4 * len(c["ids"]) * g["vocab_size"], (name, c["logits"], n)
 
 
-@pytest.mark.xfail(strict=False, reason="engine support pending")
 @pytest.mark.parametrize("name,case", kimi_cases())
 def test_kimi_case_logits(dfbin, name, case, tmp_path):
     g = json.loads((MODELS / name / "golden.json").read_text())
