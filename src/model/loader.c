@@ -70,6 +70,39 @@ static int scale_dtype(ld *c, const df_st_tensor *t, df_scale_dtype *out) {
     }
 }
 
+/* MXFP4 (compressed-tensors mxfp4-pack-quantized): prefix.weight_packed U8
+ * [rows, cols/2] (tp) + prefix.weight_scale U8 [rows, cols/32] (E8M0). */
+static void mxfp4_linear(ld *c, const char *prefix, const df_st_tensor *tp, int64_t rows, int64_t cols, df_weight *w) {
+    char name[512];
+    if (cols % DF_MXFP4_GROUP) {
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': MXFP4 needs input columns in groups of %d, got %lld columns", tfile(c, tp), tp->name,
+                       DF_MXFP4_GROUP, (long long)cols);
+        return;
+    }
+    if (tp->dtype != DF_ST_U8) {
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype U8, got %s", tfile(c, tp), tp->name, df_st_dtype_name(tp->dtype));
+        return;
+    }
+    const int64_t rb = df_wfmt_row_bytes(DF_W_MXFP4, cols), ng = cols / DF_MXFP4_GROUP;
+    if (check_shape(c, tp, 2, rows, rb)) return;
+    snprintf(name, sizeof name, "%s.weight_scale", prefix);
+    const df_st_tensor *ts = need(c, name);
+    if (!ts) return;
+    if (ts->dtype != DF_ST_U8) {
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype U8 (E8M0 scales), got %s", tfile(c, ts), name, df_st_dtype_name(ts->dtype));
+        return;
+    }
+    if (check_shape(c, ts, 2, rows, ng)) return;
+    w->fmt = DF_W_MXFP4;
+    w->data = tp->data;
+    w->row_bytes = (size_t)rb;
+    w->scale = ts->data;
+    w->scale_dtype = DF_SCALE_E8M0;
+    w->blk_r = 1;
+    w->blk_c = DF_MXFP4_GROUP;
+    w->scale_cols = ng;
+}
+
 /* A linear layer "prefix" (e.g. model.layers.0.self_attn.q_proj) of shape [rows x cols]. */
 static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight *w) {
     if (c->rc) return;
@@ -81,7 +114,7 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
     snprintf(name, sizeof name, "%s.weight_packed", prefix);
     const df_st_tensor *tp = df_st_find(c->m->st, name);
     if (tp) {
-        if (cfg->quant != DF_QUANT_INT4_PACK) {
+        if (cfg->quant != DF_QUANT_INT4_PACK && cfg->quant != DF_QUANT_MXFP4) {
             c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s' is pack-quantized but config.json has no compressed-tensors quantization_config", tfile(c, tp), name);
             return;
         }
@@ -90,6 +123,10 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
             return;
         }
         need(c, name);
+        if (cfg->quant == DF_QUANT_MXFP4) {
+            mxfp4_linear(c, prefix, tp, rows, cols, w);
+            return;
+        }
         if (tp->dtype != DF_ST_I32) {
             c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype I32, got %s", tfile(c, tp), name, df_st_dtype_name(tp->dtype));
             return;
@@ -129,7 +166,7 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
     snprintf(name, sizeof name, "%s.weight", prefix);
     const df_st_tensor *t = need(c, name);
     if (!t || check_shape(c, t, 2, rows, cols)) return;
-    if (cfg->quant == DF_QUANT_INT4_PACK && !df_config_quant_ignored(cfg, prefix) && strstr(prefix, ".experts.")) {
+    if ((cfg->quant == DF_QUANT_INT4_PACK || cfg->quant == DF_QUANT_MXFP4) && !df_config_quant_ignored(cfg, prefix) && strstr(prefix, ".experts.")) {
         c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': module is not in quantization_config.ignore, so '%s.weight_packed' was expected", tfile(c, t), name, prefix);
         return;
     }
@@ -217,7 +254,7 @@ static void ffn(ld *c, const char *prefix, int64_t inter, df_glu *f) {
 }
 
 /* Records where an expert's bytes are (for streaming): each weight's data
- * tensor, then its scale tensor for FP8 / INT4. */
+ * tensor, then its scale tensor for FP8 / INT4 / MXFP4. */
 static void expert_extents(ld *c, const char *prefix, df_ffn *f) {
     df_expert_loc *loc = &f->loc;
     if (c->rc) return;
@@ -226,8 +263,9 @@ static void expert_extents(ld *c, const char *prefix, df_ffn *f) {
     char name[1024];
     loc->n_parts = 0;
     for (int w = 0; w < 3; w++) {
-        const char *dn = ws[w]->fmt == DF_W_INT4 ? "weight_packed" : "weight";
-        const char *sn = ws[w]->fmt == DF_W_FP8 ? "weight_scale_inv" : ws[w]->fmt == DF_W_INT4 ? "weight_scale" : NULL;
+        const int packed = ws[w]->fmt == DF_W_INT4 || ws[w]->fmt == DF_W_MXFP4;
+        const char *dn = packed ? "weight_packed" : "weight";
+        const char *sn = ws[w]->fmt == DF_W_FP8 ? "weight_scale_inv" : packed ? "weight_scale" : NULL;
         for (int k = 0; k < (sn ? 2 : 1); k++) {
             snprintf(name, sizeof name, "%s.%s.%s", prefix, proj[w], k ? sn : dn);
             const df_st_tensor *t = df_st_find(c->m->st, name);
