@@ -156,7 +156,7 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
         if (check_shape(c, tsc, 2, rows, (cols + g - 1) / g) || scale_dtype(c, tsc, &w->scale_dtype)) return;
         w->fmt = DF_W_INT4;
         w->data = tp->data;
-        w->row_bytes = (size_t)((cols + 7) / 8) * 4;
+        w->row_bytes = (size_t)df_wfmt_row_bytes(DF_W_INT4, cols);
         w->scale = tsc->data;
         w->blk_r = 1;
         w->blk_c = g;
@@ -172,9 +172,9 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
     }
     w->data = t->data;
     switch (t->dtype) {
-    case DF_ST_F32: w->fmt = DF_W_F32; w->row_bytes = (size_t)cols * 4; break;
-    case DF_ST_BF16: w->fmt = DF_W_BF16; w->row_bytes = (size_t)cols * 2; break;
-    case DF_ST_F16: w->fmt = DF_W_F16; w->row_bytes = (size_t)cols * 2; break;
+    case DF_ST_F32: w->fmt = DF_W_F32; break;
+    case DF_ST_BF16: w->fmt = DF_W_BF16; break;
+    case DF_ST_F16: w->fmt = DF_W_F16; break;
     case DF_ST_I8: {
         /* row-int8: only in the spine of a store built with --spine int8 (not exact) */
         if (!c->m->spine_int8) {
@@ -187,7 +187,6 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
         if (!ts || check_shape(c, ts, 1, rows, 0)) return;
         if (ts->dtype != DF_ST_F32) { c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype F32", tfile(c, ts), name); return; }
         w->fmt = DF_W_I8ROW;
-        w->row_bytes = (size_t)cols;
         w->scale = ts->data;
         w->scale_dtype = DF_SCALE_F32;
         w->blk_r = 1;
@@ -206,7 +205,6 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
         int br = cfg->fp8_block[0], bc = cfg->fp8_block[1];
         if (check_shape(c, ts, 2, (rows + br - 1) / br, (cols + bc - 1) / bc) || scale_dtype(c, ts, &w->scale_dtype)) return;
         w->fmt = DF_W_FP8;
-        w->row_bytes = (size_t)cols;
         w->scale = ts->data;
         w->blk_r = br;
         w->blk_c = bc;
@@ -217,6 +215,7 @@ static void linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_wei
         c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: tensor '%s': dtype %s is not supported for weights (expected BF16, F16, F32 or F8_E4M3)",
                        tfile(c, t), name, df_st_dtype_name(t->dtype));
     }
+    if (!c->rc) w->row_bytes = (size_t)df_wfmt_row_bytes(w->fmt, cols);
 }
 
 /* A 1-D vector copied to f32. */
