@@ -13,8 +13,10 @@ format of Kimi K3's routed experts): `<module>.weight_packed` U8 [rows, cols/2]
 * A tiny DeepSeek-V3-layout checkpoint whose routed experts are MXFP4 (config
   quantization_config as Kimi K3 publishes it) gives the logits of the same
   model with those experts stored as BF16 (the MXFP4 values are exact in
-  BF16), on every ISA; streamed from the shards and from a packed store
-  (setup --from) the logits are bit-identical to the resident run.
+  BF16), on every ISA, and transformers' float32 logits of that dequantized
+  model (tests/data/mxfp4, tools/make_mxfp4_golden.py); streamed from the
+  shards and from a packed store (setup --from) the logits are bit-identical
+  to the resident run.
 * Hostile checkpoints (scale shape, scale dtype, packed dtype, columns not a
   multiple of 32, unsupported quantization_config variants) fail with one
   line naming the tensor or field, exit 2.
@@ -22,17 +24,22 @@ format of Kimi K3's routed experts): `<module>.weight_packed` U8 [rows, cols/2]
 The backend is reached through tests/tools/mxfp4_driver.c, built here with cc.
 """
 import copy
+import hashlib
 import json
 import os
 import shutil
-import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import MODELS
+from conftest import MODELS, REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+from mxfp4_ckpt import (K3_QUANT, build, is_routed_expert, numpy_decode, read_st, same_bits,  # noqa: E402
+                        write_st)
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "deepseek-v3-bf16"
@@ -43,47 +50,6 @@ SOURCES = ["tests/tools/mxfp4_driver.c", "src/backend/wfmt.c", "src/backend/cpu/
            "src/backend/cpu/kernels_scalar.c", "src/backend/cpu/kernels_avx2.c", "src/backend/cpu/kernels_avx512.c",
            "src/backend/cpu/ggml_quant.c", "src/backend/cpu/ggml_quant_avx2.c", "src/backend/cpu/ggml_quant_avx512.c",
            "src/util/util.c"]
-
-# Kimi K3's quantization_config (config.json of moonshotai/Kimi-K3, text_config.quantization_config), as published
-K3_QUANT = {
-    "config_groups": {"group_0": {
-        "format": "mxfp4-pack-quantized", "input_activations": None, "output_activations": None, "targets": ["Linear"],
-        "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 32, "num_bits": 4,
-                    "observer": "minmax", "observer_kwargs": {}, "scale_dtype": "torch.uint8", "strategy": "group",
-                    "symmetric": True, "type": "float", "zp_dtype": None}}},
-    "format": "mxfp4-pack-quantized",
-    "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*", "re:.*lm_head.*",
-               "re:.*vision_tower.*", "re:.*mm_projector.*"],
-    "kv_cache_scheme": None,
-    "quant_method": "compressed-tensors",
-    "quantization_status": "compressed",
-}
-
-
-# ---- an independent decode, from the definition -----------------------------------------------------------------
-def e2m1(code):
-    """E2M1: bit 3 sign, bits 2-1 exponent (bias 1), bit 0 mantissa; exponent 0 is subnormal (0 or 0.5)."""
-    code = np.asarray(code, np.int64)
-    e, m = (code >> 1) & 3, code & 1
-    mag = np.where(e == 0, 0.5 * m, np.ldexp(1.0 + 0.5 * m, e - 1))
-    return np.where(code & 8, -mag, mag)
-
-
-def numpy_decode(packed, scale):
-    """packed u8 [r, c/2], scale u8 [r, c/32] -> f32 [r, c]: code j = nibble j of byte j/2 (low first), times
-    2^(s-127) (s = 255: NaN). The float64 product is exact; converting it to f32 rounds nothing (an E2M1 value has
-    2 significant bits) except that values beyond FLT_MAX become inf, as in f32 arithmetic."""
-    r = packed.shape[0]
-    codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(r, -1)
-    s = scale.astype(np.int64)
-    mult = np.where(s == 255, np.nan, np.ldexp(1.0, s - 127))
-    with np.errstate(over="ignore", invalid="ignore"):
-        return (e2m1(codes) * np.repeat(mult, 32, axis=1)).astype(np.float32)
-
-
-def same_bits(a, b):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    return (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
 
 
 # ---- compressed-tensors (optional) ---------------------------------------------------------------------------------
@@ -192,88 +158,12 @@ def test_products_decode_and_prefill(driver, tmp_path):
             assert (err <= 1e-5 * mag + 1e-30).all(), f"{isa} n={n}: max error {err.max()} (relative to |W||x|)"
 
 
-# ---- checkpoints ---------------------------------------------------------------------------------------------------
-def read_st(path):
-    raw = Path(path).read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    h = json.loads(raw[8:8 + n])
-    h.pop("__metadata__", None)
-    base = 8 + n
-    return {k: (v["dtype"], v["shape"], raw[base + v["data_offsets"][0]:base + v["data_offsets"][1]]) for k, v in h.items()}
-
-
-def write_st(path, tensors):
-    h, off, blobs = {"__metadata__": {"format": "pt"}}, 0, []
-    for k in sorted(tensors):
-        dt, shape, b = tensors[k]
-        h[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(b)]}
-        off += len(b)
-        blobs.append(b)
-    hb = json.dumps(h).encode()
-    hb += b" " * (-len(hb) % 8)
-    Path(path).write_bytes(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
-
-
-def bf16_to_f32(b, shape):
-    return (np.frombuffer(b, "<u2").astype("<u4") << 16).view("<f4").reshape(shape)
-
-
-def f32_to_bf16_exact(a):
-    u = np.ascontiguousarray(a, np.float32).view("<u4")
-    assert not (u & 0xFFFF).any(), "value not exact in bf16"
-    return (u >> 16).astype("<u2").tobytes()
-
-
-def quantize_mxfp4(w):
-    """Round-to-nearest MXFP4 of f32 [r, c] (scale = 2^(floor(log2(amax)) - 2), as compressed-tensors' MX observer
-    picks it). Returns (packed u8 [r, c/2], scale u8 [r, c/32])."""
-    r, c = w.shape
-    g = w.reshape(r, c // 32, 32).astype(np.float64)
-    amax = np.abs(g).max(-1)
-    s = np.where(amax > 0, 127 + np.floor(np.log2(np.where(amax > 0, amax, 1))) - 2, 127).clip(0, 254).astype(np.int64)
-    x = g / np.ldexp(1.0, s - 127)[..., None]
-    mags = np.abs(e2m1(np.arange(8)))
-    idx = np.abs(np.abs(x)[..., None] - mags).argmin(-1)
-    codes = (idx | (np.signbit(x).astype(np.int64) << 3)).reshape(r, c)
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
-    return packed, s.astype(np.uint8)
-
-
-def is_routed_expert(name):
-    return ".mlp.experts." in name and name.endswith(".weight")
-
-
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     """(MXFP4 checkpoint, BF16 twin with the MXFP4 values) built from the deepseek-v3-bf16 test model."""
-    root = tmp_path_factory.mktemp("mxfp4")
-    src = read_st(MODELS / BASE / "model.safetensors")
-    mx, twin, codes = {}, {}, set()
-    for k, (dt, shape, b) in src.items():
-        if not is_routed_expert(k):
-            mx[k] = twin[k] = (dt, shape, b)
-            continue
-        assert dt == "BF16" and shape[1] % 32 == 0
-        packed, scale = quantize_mxfp4(bf16_to_f32(b, shape))
-        codes |= set(np.unique(packed & 15)) | set(np.unique(packed >> 4))
-        mod = k[: -len(".weight")]
-        mx[mod + ".weight_packed"] = ("U8", packed.shape, packed.tobytes())
-        mx[mod + ".weight_scale"] = ("U8", scale.shape, scale.tobytes())
-        twin[k] = ("BF16", shape, f32_to_bf16_exact(numpy_decode(packed, scale)))
+    mx, twin, codes = build(MODELS / BASE, tmp_path_factory.mktemp("mxfp4"))
     assert codes == set(range(16)), f"the test checkpoint should use every E2M1 code, has {sorted(codes)}"
-    out = {}
-    for name, tensors, quant in (("mx", mx, True), ("twin", twin, False)):
-        d = root / name
-        d.mkdir()
-        for f in ("generation_config.json",):
-            shutil.copy(MODELS / BASE / f, d / f)
-        cfg = json.loads((MODELS / BASE / "config.json").read_text())
-        if quant:
-            cfg["quantization_config"] = copy.deepcopy(K3_QUANT)
-        (d / "config.json").write_text(json.dumps(cfg, indent=1))
-        write_st(d / "model.safetensors", tensors)
-        out[name] = d
-    return out
+    return {"mx": mx, "twin": twin}
 
 
 def run(args, env=None, check=True):
@@ -300,6 +190,22 @@ def test_checkpoint_logits_equal_the_bf16_twin(dfbin, ckpts, tmp_path):
     # and the MXFP4 model is not the BF16 base model (the experts really are the quantized ones)
     base = logits(dfbin, MODELS / BASE, tmp_path / "b.f32")
     assert np.abs(base - ref).max() > 1e-3
+
+
+def test_logits_equal_transformers_on_the_dequantized_model(dfbin, ckpts, tmp_path):
+    """tests/data/mxfp4: transformers' float32 logits of the BF16 twin (tools/make_mxfp4_golden.py), made for
+    exactly this MXFP4 checkpoint (its sha256 is recorded)."""
+    g = json.loads((REPO / "tests" / "data" / "mxfp4" / "golden.json").read_text())
+    sha = hashlib.sha256((ckpts["mx"] / "model.safetensors").read_bytes()).hexdigest()
+    assert sha == g["mxfp4_safetensors_sha256"], "the test checkpoint changed: rerun tools/make_mxfp4_golden.py"
+    n, V = len(g["ids"]), g["vocab_size"]
+    ref = np.fromfile(REPO / "tests" / "data" / "mxfp4" / g["logits"], dtype="<f4").reshape(n, V)
+    out = tmp_path / "g.f32"
+    run([dfbin, "eval", "--model", ckpts["mx"], "--ids", ",".join(map(str, g["ids"])), "--dump-logits", out])
+    got = np.fromfile(out, dtype="<f4").reshape(n, V)
+    rel = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    assert rel.max() <= 1e-4, f"per-position relative L2 error {rel.max():.3g} at position {rel.argmax()}"
+    assert (got.argmax(1) == ref.argmax(1)).all()
 
 
 def test_inspect_names_the_format(dfbin, ckpts):
