@@ -215,11 +215,12 @@ static inline void e2m1x16(const uint8_t *p, __m256 *v0, __m256 *v1) {
 }
 
 /* For the dot product: twice the values of 16 codes by one pshufb over the
- * int8 table {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ...}: 20-30% faster than the
- * vpermps decode in a single-core A/B on the 2-core AMD EPYC dev VM. The group sum is then twice the
- * exact one and the scale is halved (both powers of two: the product is the
- * same real number, rounded once); -0.0 codes become +0, which no sum of
- * products can tell apart. */
+ * int8 table {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ...}, 20-30% faster than the
+ * vpermps decode in a single-core A/B on the 2-core AMD EPYC dev VM. Every
+ * partial sum is then exactly twice the one of the true values (barring
+ * f32 overflow or subnormal underflow) and the scale is halved, so the
+ * result is the same; -0.0 codes become +0, which no sum of products can
+ * tell apart. */
 static inline void e2m1x16_x2(const uint8_t *p, __m256 *v0, __m256 *v1) {
     const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     const __m128i raw = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(15);
