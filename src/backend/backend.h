@@ -18,9 +18,27 @@
 
 /* DF_W_I8ROW: row-int8 (int8 values, one f32 scale per row): the opt-in,
  * NOT exact spine of a store built with --spine int8; never a checkpoint's
- * own format. */
-typedef enum { DF_W_F32, DF_W_F16, DF_W_BF16, DF_W_FP8, DF_W_INT4, DF_W_GGML, DF_W_I8ROW } df_wfmt;
-typedef enum { DF_SCALE_F32, DF_SCALE_BF16, DF_SCALE_F16 } df_scale_dtype;
+ * own format.
+ * DF_W_MXFP4: OCP MX FP4 as compressed-tensors stores it ("mxfp4-pack-
+ * quantized"): data = uint8 [rows][cols/2], element j of a row is nibble j of
+ * byte j/2, low nibble first, an E2M1 code (bits 0-2 the magnitude index into
+ * {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign); scale = uint8 [rows][cols/32],
+ * one E8M0 exponent per 32 consecutive elements of a row, value 2^(s-127)
+ * (s = 0 is 2^-127, an f32 subnormal); s = 255 is NaN (the OCP MX spec's
+ * encoding), so a block with that scale decodes to NaN. Decoded values are
+ * exact in f32 (they overflow to +-inf only where the true value exceeds
+ * FLT_MAX: scales 253, 254). cols must be a multiple of 32 (refused at load). */
+typedef enum { DF_W_F32, DF_W_F16, DF_W_BF16, DF_W_FP8, DF_W_INT4, DF_W_GGML, DF_W_I8ROW, DF_W_MXFP4 } df_wfmt;
+#define DF_W_NFMT (DF_W_MXFP4 + 1)
+/* DF_SCALE_E8M0: one byte, value 2^(s-127), 255 = NaN (MXFP4) */
+typedef enum { DF_SCALE_F32, DF_SCALE_BF16, DF_SCALE_F16, DF_SCALE_E8M0 } df_scale_dtype;
+
+/* Block geometry of the packed formats (the traits table below and the
+ * kernels use these; _Static_asserts in backend/wfmt.c tie them together). */
+#define DF_MXFP4_GROUP 32        /* elements per E8M0 scale */
+#define DF_MXFP4_GROUP_BYTES 16  /* packed bytes of those 32 elements */
+#define DF_INT4_WORD_ELEMS 8     /* INT4 pack-quantized: 8 nibbles per int32 word */
+#define DF_INT4_WORD_BYTES 4
 
 typedef struct {
     df_wfmt fmt;
@@ -29,17 +47,38 @@ typedef struct {
     const uint8_t *data;    /* row r starts at data + r * row_bytes */
     size_t row_bytes;
     /* DF_W_FP8: scale_inv [ceil(rows/blk_r)][ceil(cols/blk_c)]
-     * DF_W_INT4: weight_scale [rows][ceil(cols/group)]; data = int32 words, 8 nibbles each (q - 8) */
+     * DF_W_INT4: weight_scale [rows][ceil(cols/group)]; data = int32 words, 8 nibbles each (q - 8)
+     * DF_W_MXFP4: weight_scale uint8 E8M0 [rows][cols/32] (scale_dtype DF_SCALE_E8M0, blk_c 32) */
     const void *scale;
     df_scale_dtype scale_dtype;
-    int blk_r, blk_c;       /* FP8 block; INT4: blk_c = group size */
+    int blk_r, blk_c;       /* FP8 block; INT4, MXFP4: blk_r = 1, blk_c = group size */
     int64_t scale_cols;     /* scale entries per scale row */
 } df_weight;
+
+/* ---- weight-format traits (backend/wfmt.c) ---------------------------- */
+/* Where a format keeps its scales: none; one per row; one per (row, group of
+ * blk_c columns); one per (blk_r x blk_c) block. */
+typedef enum { DF_SCALES_NONE, DF_SCALES_PER_ROW, DF_SCALES_ROW_GROUPS, DF_SCALES_BLOCKS_2D } df_scale_layout;
+typedef struct {
+    const char *name;       /* short name (df_wfmt_name; GGML: the block type's) */
+    const char *desc;       /* for `inspect` */
+    int block_elems;        /* elements per block along a row; 0: per GGML block type */
+    int block_bytes;        /* data bytes per block; 0: per GGML block type */
+    df_scale_layout scales; /* the scale sidecar (a separate tensor), if any */
+    int scale_bytes;        /* bytes per scale entry; 0: by df_weight.scale_dtype */
+} df_wfmt_traits;
+/* NULL for a value outside df_wfmt. */
+const df_wfmt_traits *df_wfmt_traits_of(df_wfmt f);
+/* Bytes of one stored row of cols elements (partial blocks rounded up), -1 for
+ * DF_W_GGML (its row size comes from the GGML block type) or an unknown format. */
+int64_t df_wfmt_row_bytes(df_wfmt f, int64_t cols);
+/* Bytes of one scale entry of dtype t. */
+int df_scale_dtype_bytes(df_scale_dtype t);
 
 const char *df_wfmt_name(const df_weight *w);
 /* Bytes of the weight (incl. scales). */
 int64_t df_weight_bytes(const df_weight *w);
-/* Bytes of the weight's scale sidecar, a separate tensor (FP8, INT4, row-int8); 0 for formats without one. */
+/* Bytes of the weight's scale sidecar, a separate tensor (FP8, INT4, MXFP4, row-int8); 0 for formats without one. */
 int64_t df_weight_scale_bytes(const df_weight *w);
 
 /* ---- backend ----------------------------------------------------------- */

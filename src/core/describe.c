@@ -89,7 +89,7 @@ char *df_engine_describe(const df_engine *e) {
         df_buf_printf(&b, "; %s\n", e->ecache ? "streamed from disk through the expert cache" : "resident");
     }
     if (c->intermediate && n_moe < c->n_layers) df_buf_printf(&b, "dense mlp    width %d\n", c->intermediate);
-    int64_t by[7] = {0};
+    int64_t by[DF_W_NFMT] = {0};
     df_model_foreach_weight(m, count_fmt, by);
     for (int l = 0; l < c->n_layers; l++) {
         const df_layer *L = &m->layers[l];
@@ -100,11 +100,11 @@ char *df_engine_describe(const df_engine *e) {
                 by[L->experts[x].down.fmt] += df_weight_bytes(&L->experts[x].down);
             }
     }
-    const char *fn[] = {"F32", "F16", "BF16", "FP8_E4M3 (block scales)", "INT4 pack-quantized", "GGML", "I8ROW (not exact)"};
     df_buf_puts(&b, "dtypes      ");
-    for (int i = 0; i < 7; i++) if (by[i]) df_buf_printf(&b, " %s %.1f MB;", fn[i], by[i] / 1e6);
+    for (int i = 0; i < DF_W_NFMT; i++) if (by[i]) df_buf_printf(&b, " %s %.1f MB;", df_wfmt_traits_of((df_wfmt)i)->desc, by[i] / 1e6);
     df_buf_puts(&b, "\n");
     if (c->quant == DF_QUANT_FP8) df_buf_printf(&b, "quantization fp8 e4m3, weight_block_size [%d, %d]\n", c->fp8_block[0], c->fp8_block[1]);
+    if (c->quant == DF_QUANT_MXFP4) df_buf_printf(&b, "quantization compressed-tensors mxfp4-pack-quantized, group 32, E8M0 scales, %d ignore entries\n", c->n_quant_ignore);
     if (c->quant == DF_QUANT_INT4_PACK) df_buf_printf(&b, "quantization compressed-tensors pack-quantized int4, group %d, symmetric, %d ignore entries\n", c->int4_group, c->n_quant_ignore);
     if (m->spine_int8) df_buf_puts(&b, "spine        row-int8 (store built with --spine int8): results are NOT exact\n");
     df_buf_printf(&b, "parameters   %.3f M total, %.3f M active per token\n", m->n_params / 1e6, m->n_params_active / 1e6);

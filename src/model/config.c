@@ -183,8 +183,62 @@ static int parse_rope(ctx *c, df_config *cfg) {
     return c->rc;
 }
 
+/* A text of a compressed-tensors quantization_config: absent/null is allowed
+ * when may_absent; otherwise it must equal want. Names the field, expected vs actual. */
+static int ct_expect_str(ctx *c, json_t *obj, const char *field, const char *key, const char *want, int may_absent) {
+    json_t *v = json_object_get(obj, key);
+    if ((!v || json_is_null(v)) && may_absent) return 0;
+    if (json_is_string(v) && !strcmp(json_string_value(v), want)) return 0;
+    return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: field \"%s.%s\": expected \"%s\", got %s%s%s", c->file, field, key, want,
+                          json_is_string(v) ? "\"" : "", json_is_string(v) ? json_string_value(v) : !v ? "(missing)" : "a non-string",
+                          json_is_string(v) ? "\"" : "");
+}
+static int ct_expect_bool(ctx *c, json_t *obj, const char *field, const char *key, int want) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v) || (json_is_boolean(v) && json_is_true(v) == want)) return 0;
+    return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: field \"%s.%s\": expected %s, got %s", c->file, field, key, want ? "true" : "false",
+                          json_is_boolean(v) ? (json_is_true(v) ? "true" : "false") : "a non-boolean");
+}
+static int ct_expect_int(ctx *c, json_t *obj, const char *field, const char *key, int want) {
+    json_t *v = json_object_get(obj, key);
+    if (json_is_integer(v) && json_integer_value(v) == want) return 0;
+    char got[32];
+    if (json_is_integer(v)) snprintf(got, sizeof got, "%lld", (long long)json_integer_value(v));
+    else snprintf(got, sizeof got, "%s", !v ? "(missing)" : "a non-integer");
+    return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: field \"%s.%s\": expected %d, got %s", c->file, field, key, want, got);
+}
+
+/* compressed-tensors "mxfp4-pack-quantized", as Kimi K3 publishes it: one
+ * config group whose weights are num_bits 4, type "float", strategy "group",
+ * group_size 32, symmetric, scale_dtype "torch.uint8" (E8M0), not dynamic; no
+ * activation quantization. Anything else is refused naming the field. */
+static int parse_mxfp4_group(ctx *c, const char *gk, json_t *g) {
+    char f[256];
+    snprintf(f, sizeof f, "quantization_config.config_groups.%s", gk);
+    if (!json_is_object(g)) return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"%s\": expected an object", c->file, f);
+    if (ct_expect_str(c, g, f, "format", "mxfp4-pack-quantized", 1)) return c->rc;
+    for (int k = 0; k < 2; k++) {
+        const char *key = k ? "output_activations" : "input_activations";
+        json_t *a = json_object_get(g, key);
+        if (a && !json_is_null(a))
+            return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: field \"%s.%s\": expected null (activation quantization is not supported), got an object", c->file, f, key);
+    }
+    json_t *w = json_object_get(g, "weights");
+    if (!json_is_object(w)) return c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: field \"%s.weights\": expected an object", c->file, f);
+    snprintf(f + strlen(f), sizeof f - strlen(f), ".weights");
+    if (ct_expect_int(c, w, f, "num_bits", 4) || ct_expect_str(c, w, f, "type", "float", 0) || ct_expect_str(c, w, f, "strategy", "group", 0) ||
+        ct_expect_int(c, w, f, "group_size", 32) || ct_expect_bool(c, w, f, "symmetric", 1) ||
+        ct_expect_str(c, w, f, "scale_dtype", "torch.uint8", 1) || ct_expect_bool(c, w, f, "dynamic", 0))
+        return c->rc;
+    return 0;
+}
+
 static int parse_quant(ctx *c, df_config *cfg) {
     json_t *q = json_object_get(c->root, "quantization_config");
+    if (!q || json_is_null(q)) { /* Kimi K3 keeps it in text_config */
+        json_t *tc = json_object_get(c->root, "text_config");
+        q = json_is_object(tc) ? json_object_get(tc, "quantization_config") : NULL;
+    }
     if (!q || json_is_null(q)) return 0;
     json_t *m = json_object_get(q, "quant_method");
     const char *method = json_is_string(m) ? json_string_value(m) : "(missing)";
@@ -206,14 +260,19 @@ static int parse_quant(ctx *c, df_config *cfg) {
         cfg->fp8_block[1] = (int)json_integer_value(json_array_get(bs, 1));
     } else if (!strcmp(method, "compressed-tensors")) {
         json_t *fmt = json_object_get(q, "format");
-        if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "pack-quantized"))
-            return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.format %s is not supported (expected \"pack-quantized\")", c->file, json_is_string(fmt) ? json_string_value(fmt) : "(missing)");
+        const int mx = json_is_string(fmt) && !strcmp(json_string_value(fmt), "mxfp4-pack-quantized");
+        if (!mx && (!json_is_string(fmt) || strcmp(json_string_value(fmt), "pack-quantized")))
+            return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.format %s is not supported (expected \"pack-quantized\" or \"mxfp4-pack-quantized\")", c->file, json_is_string(fmt) ? json_string_value(fmt) : "(missing)");
         json_t *groups = json_object_get(q, "config_groups");
         if (!json_is_object(groups) || json_object_size(groups) != 1)
             return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.config_groups: expected exactly one group", c->file);
         const char *gk;
         json_t *g;
         json_object_foreach(groups, gk, g) {
+            if (mx) {
+                if (parse_mxfp4_group(c, gk, g)) return c->rc;
+                continue;
+            }
             json_t *w = json_object_get(g, "weights");
             int bits = get_int_in(c, w, "num_bits", INT32_MIN, 1, 64);
             json_t *ty = json_object_get(w, "type"), *st = json_object_get(w, "strategy"), *sym = json_object_get(w, "symmetric");
@@ -230,7 +289,7 @@ static int parse_quant(ctx *c, df_config *cfg) {
             if (ia && !json_is_null(ia))
                 return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: config_groups.%s.input_activations: activation quantization is not supported", c->file, gk);
         }
-        cfg->quant = DF_QUANT_INT4_PACK;
+        cfg->quant = mx ? DF_QUANT_MXFP4 : DF_QUANT_INT4_PACK;
         json_t *ig = json_object_get(q, "ignore");
         if (json_is_array(ig)) {
             cfg->quant_ignore = df_xcalloc(json_array_size(ig) + 1, sizeof(char *));
@@ -250,7 +309,7 @@ static int parse_quant(ctx *c, df_config *cfg) {
             }
         }
     } else {
-        return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.quant_method \"%s\" is not supported (supported: fp8 with weight_block_size, compressed-tensors pack-quantized int4)", c->file, method);
+        return c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: quantization_config.quant_method \"%s\" is not supported (supported: fp8 with weight_block_size, compressed-tensors pack-quantized int4 or mxfp4-pack-quantized)", c->file, method);
     }
     return 0;
 }

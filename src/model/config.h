@@ -11,7 +11,9 @@
 
 typedef enum { DF_FAM_LLAMA, DF_FAM_QWEN3, DF_FAM_QWEN3_MOE, DF_FAM_DEEPSEEK_V3, DF_FAM_KIMI_LINEAR } df_family;
 typedef enum { DF_ROPE_DEFAULT, DF_ROPE_LINEAR, DF_ROPE_LLAMA3, DF_ROPE_YARN } df_rope_type;
-typedef enum { DF_QUANT_NONE, DF_QUANT_FP8, DF_QUANT_INT4_PACK } df_quant;
+/* DF_QUANT_MXFP4: compressed-tensors "mxfp4-pack-quantized" (E2M1 weights, an
+ * E8M0 uint8 scale per 32 inputs; backend.h DF_W_MXFP4) */
+typedef enum { DF_QUANT_NONE, DF_QUANT_FP8, DF_QUANT_INT4_PACK, DF_QUANT_MXFP4 } df_quant;
 
 #define DF_MAX_LAYERS 512
 #define DF_MAX_EOS 16

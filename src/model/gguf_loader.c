@@ -288,7 +288,7 @@ static void kv_b_from_split(gl *c, int l, df_weight *out, df_weight *k_b, df_wei
     out->rows = rows;
     out->cols = R;
     if (tk->type == tv->type && wk.fmt != DF_W_GGML) {
-        const size_t es = wk.fmt == DF_W_F32 ? 4 : 2;
+        const size_t es = (size_t)df_wfmt_row_bytes(wk.fmt, 1); /* F32, F16 or BF16: bytes per element */
         uint8_t *p = df_aligned_alloc((size_t)rows * (size_t)R * es);
         own_buf(m, p);
         for (int64_t h = 0; h < NH; h++) {

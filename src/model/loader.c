@@ -63,6 +63,39 @@ static int scale_dtype(ld *c, const df_st_tensor *t, df_scale_dtype *out) {
     }
 }
 
+/* MXFP4 (compressed-tensors mxfp4-pack-quantized): prefix.weight_packed U8
+ * [rows, cols/2] (tp) + prefix.weight_scale U8 [rows, cols/32] (E8M0). */
+static void mxfp4_linear(ld *c, const char *prefix, const df_st_tensor *tp, int64_t rows, int64_t cols, df_weight *w) {
+    char name[512];
+    if (cols % DF_MXFP4_GROUP) {
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': MXFP4 needs input columns in groups of %d, got %lld columns", ld_tfile(c, tp), tp->name,
+                       DF_MXFP4_GROUP, (long long)cols);
+        return;
+    }
+    if (tp->dtype != DF_ST_U8) {
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype U8, got %s", ld_tfile(c, tp), tp->name, df_st_dtype_name(tp->dtype));
+        return;
+    }
+    const int64_t rb = df_wfmt_row_bytes(DF_W_MXFP4, cols), ng = cols / DF_MXFP4_GROUP;
+    if (ld_check_shape(c, tp, 2, rows, rb)) return;
+    snprintf(name, sizeof name, "%s.weight_scale", prefix);
+    const df_st_tensor *ts = ld_need(c, name);
+    if (!ts) return;
+    if (ts->dtype != DF_ST_U8) {
+        c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype U8 (E8M0 scales), got %s", ld_tfile(c, ts), name, df_st_dtype_name(ts->dtype));
+        return;
+    }
+    if (ld_check_shape(c, ts, 2, rows, ng)) return;
+    w->fmt = DF_W_MXFP4;
+    w->data = tp->data;
+    w->row_bytes = (size_t)rb;
+    w->scale = ts->data;
+    w->scale_dtype = DF_SCALE_E8M0;
+    w->blk_r = 1;
+    w->blk_c = DF_MXFP4_GROUP;
+    w->scale_cols = ng;
+}
+
 /* A linear layer "prefix" (e.g. model.layers.0.self_attn.q_proj) of shape [rows x cols]. */
 void ld_linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight *w) {
     if (c->rc) return;
@@ -74,7 +107,7 @@ void ld_linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight 
     snprintf(name, sizeof name, "%s.weight_packed", prefix);
     const df_st_tensor *tp = df_st_find(c->m->st, name);
     if (tp) {
-        if (cfg->quant != DF_QUANT_INT4_PACK) {
+        if (cfg->quant != DF_QUANT_INT4_PACK && cfg->quant != DF_QUANT_MXFP4) {
             c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s' is pack-quantized but config.json has no compressed-tensors quantization_config", ld_tfile(c, tp), name);
             return;
         }
@@ -83,6 +116,10 @@ void ld_linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight 
             return;
         }
         ld_need(c, name);
+        if (cfg->quant == DF_QUANT_MXFP4) {
+            mxfp4_linear(c, prefix, tp, rows, cols, w);
+            return;
+        }
         if (tp->dtype != DF_ST_I32) {
             c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype I32, got %s", ld_tfile(c, tp), name, df_st_dtype_name(tp->dtype));
             return;
@@ -112,7 +149,7 @@ void ld_linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight 
         if (ld_check_shape(c, tsc, 2, rows, (cols + g - 1) / g) || scale_dtype(c, tsc, &w->scale_dtype)) return;
         w->fmt = DF_W_INT4;
         w->data = tp->data;
-        w->row_bytes = (size_t)((cols + 7) / 8) * 4;
+        w->row_bytes = (size_t)df_wfmt_row_bytes(DF_W_INT4, cols);
         w->scale = tsc->data;
         w->blk_r = 1;
         w->blk_c = g;
@@ -122,15 +159,15 @@ void ld_linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight 
     snprintf(name, sizeof name, "%s.weight", prefix);
     const df_st_tensor *t = ld_need(c, name);
     if (!t || ld_check_shape(c, t, 2, rows, cols)) return;
-    if (cfg->quant == DF_QUANT_INT4_PACK && !df_config_quant_ignored(cfg, prefix) && strstr(prefix, ".experts.")) {
+    if ((cfg->quant == DF_QUANT_INT4_PACK || cfg->quant == DF_QUANT_MXFP4) && !df_config_quant_ignored(cfg, prefix) && strstr(prefix, ".experts.")) {
         c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': module is not in quantization_config.ignore, so '%s.weight_packed' was expected", ld_tfile(c, t), name, prefix);
         return;
     }
     w->data = t->data;
     switch (t->dtype) {
-    case DF_ST_F32: w->fmt = DF_W_F32; w->row_bytes = (size_t)cols * 4; break;
-    case DF_ST_BF16: w->fmt = DF_W_BF16; w->row_bytes = (size_t)cols * 2; break;
-    case DF_ST_F16: w->fmt = DF_W_F16; w->row_bytes = (size_t)cols * 2; break;
+    case DF_ST_F32: w->fmt = DF_W_F32; break;
+    case DF_ST_BF16: w->fmt = DF_W_BF16; break;
+    case DF_ST_F16: w->fmt = DF_W_F16; break;
     case DF_ST_I8: {
         /* row-int8: only in the spine of a store built with --spine int8 (not exact) */
         if (!c->m->spine_int8) {
@@ -143,7 +180,6 @@ void ld_linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight 
         if (!ts || ld_check_shape(c, ts, 1, rows, 0)) return;
         if (ts->dtype != DF_ST_F32) { c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype F32", ld_tfile(c, ts), name); return; }
         w->fmt = DF_W_I8ROW;
-        w->row_bytes = (size_t)cols;
         w->scale = ts->data;
         w->scale_dtype = DF_SCALE_F32;
         w->blk_r = 1;
@@ -162,7 +198,6 @@ void ld_linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight 
         int br = cfg->fp8_block[0], bc = cfg->fp8_block[1];
         if (ld_check_shape(c, ts, 2, (rows + br - 1) / br, (cols + bc - 1) / bc) || scale_dtype(c, ts, &w->scale_dtype)) return;
         w->fmt = DF_W_FP8;
-        w->row_bytes = (size_t)cols;
         w->scale = ts->data;
         w->blk_r = br;
         w->blk_c = bc;
@@ -173,6 +208,7 @@ void ld_linear(ld *c, const char *prefix, int64_t rows, int64_t cols, df_weight 
         c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: tensor '%s': dtype %s is not supported for weights (expected BF16, F16, F32 or F8_E4M3)",
                        ld_tfile(c, t), name, df_st_dtype_name(t->dtype));
     }
+    if (!c->rc) w->row_bytes = (size_t)df_wfmt_row_bytes(w->fmt, cols);
 }
 
 /* A 1-D vector copied to f32. */
@@ -212,7 +248,7 @@ void ld_ffn_named(ld *c, const char *prefix, const char *const names[3], int64_t
 static void ffn(ld *c, const char *prefix, int64_t inter, df_glu *f) { ld_ffn_named(c, prefix, ld_hf_glu, c->m->cfg.hidden, inter, f); }
 
 /* Records where an expert's bytes are (for streaming): each weight's data
- * tensor, then its scale tensor for FP8 / INT4. */
+ * tensor, then its scale tensor for FP8 / INT4 / MXFP4. */
 void ld_expert_extents(ld *c, const char *prefix, const char *const proj[3], df_ffn *f) {
     df_expert_loc *loc = &f->loc;
     if (c->rc) return;
@@ -220,8 +256,9 @@ void ld_expert_extents(ld *c, const char *prefix, const char *const proj[3], df_
     char name[1024];
     loc->n_parts = 0;
     for (int w = 0; w < 3; w++) {
-        const char *dn = ws[w]->fmt == DF_W_INT4 ? "weight_packed" : "weight";
-        const char *sn = ws[w]->fmt == DF_W_FP8 ? "weight_scale_inv" : ws[w]->fmt == DF_W_INT4 ? "weight_scale" : NULL;
+        const int packed = ws[w]->fmt == DF_W_INT4 || ws[w]->fmt == DF_W_MXFP4;
+        const char *dn = packed ? "weight_packed" : "weight";
+        const char *sn = ws[w]->fmt == DF_W_FP8 ? "weight_scale_inv" : packed ? "weight_scale" : NULL;
         for (int k = 0; k < (sn ? 2 : 1); k++) {
             snprintf(name, sizeof name, "%s.%s.%s", prefix, proj[w], k ? sn : dn);
             const df_st_tensor *t = df_st_find(c->m->st, name);

@@ -22,6 +22,171 @@ static void close_enough(const char *what, int isa, int64_t n, float got, float 
     CHECK(fabsf(got - ref) <= 1e-5f * mag + 1e-6f, "%s isa=%s n=%lld got %.9g ref %.9g", what, df_isa_name(isa), (long long)n, got, ref);
 }
 
+/* ---- MXFP4 ---------------------------------------------------------------
+ * The reference decode is written from the format's definition (OCP MX:
+ * E2M1 = sign, 2 exponent bits (bias 1), 1 mantissa bit; E8M0 = 2^(s-127),
+ * 255 NaN), not from the kernels' tables. */
+static float ref_e2m1(int code) {
+    int e = (code >> 1) & 3, m = code & 1;
+    float v = e == 0 ? 0.5f * (float)m : ldexpf(1.0f + 0.5f * (float)m, e - 1);
+    return (code & 8) ? -v : v;
+}
+static float ref_mx(int code, int s) { return s == 255 ? NAN : ldexpf(ref_e2m1(code), s - 127); }
+static int same_f32(float a, float b) {
+    uint32_t x, y;
+    memcpy(&x, &a, 4), memcpy(&y, &b, 4);
+    return x == y || (isnan(a) && isnan(b));
+}
+static int nib(const uint8_t *p, int64_t i) { return (p[i / 2] >> (4 * (i % 2))) & 15; }
+
+typedef float (*mx_dot_fn)(const uint8_t *, const uint8_t *, const float *, int64_t);
+typedef void (*mx_deq_fn)(const uint8_t *, const uint8_t *, float *, int64_t);
+static const mx_dot_fn mx_dot[3] = {df_k_dot_mxfp4_scalar, df_k_dot_mxfp4_avx2, df_k_dot_mxfp4_avx512};
+static const mx_deq_fn mx_deq[3] = {df_k_deq_mxfp4_scalar, df_k_deq_mxfp4_avx2, df_k_deq_mxfp4_avx512};
+
+static void test_mxfp4(void) {
+    /* the table of values and the E8M0 decode */
+    static const float e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    for (int c = 0; c < 16; c++) {
+        CHECK(same_f32(df_e2m1_lut[c], ref_e2m1(c)), "e2m1 code %d: %g", c, df_e2m1_lut[c]);
+        CHECK(fabsf(ref_e2m1(c)) == e2m1[c & 7] && (signbit(ref_e2m1(c)) != 0) == (c >= 8), "ref e2m1 code %d", c);
+    }
+    CHECK(df_e8m0_to_f32(127) == 1.0f && df_e8m0_to_f32(0) == ldexpf(1, -127) && df_e8m0_to_f32(254) == ldexpf(1, 127) &&
+          df_e8m0_to_f32(1) == ldexpf(1, -126) && isnan(df_e8m0_to_f32(255)), "e8m0");
+    const int best = (df_set_isa(-1), df_isa());
+    /* dequantization: every byte value (so all 16 codes in both nibbles) and
+     * every scale 0..255 (255: NaN), bit-exact to the reference, on every ISA */
+    {
+        enum { G = 257, N = 32 * G };
+        uint8_t *p = malloc(N / 2), sc[G];
+        float *out = malloc(N * sizeof(float));
+        for (int i = 0; i < N / 2; i++) p[i] = (uint8_t)(i < 256 ? (uint32_t)i : rnd());
+        for (int g = 0; g < G; g++) sc[g] = (uint8_t)(g < 256 ? (uint32_t)(255 - g) : rnd() % 255);
+        for (int isa = 0; isa <= best; isa++) {
+            for (int64_t i = 0; i < N; i++) out[i] = 12345.0f;
+            mx_deq[isa](p, sc, out, N);
+            int bad = 0;
+            for (int64_t i = 0; i < N && bad < 5; i++)
+                if (!same_f32(out[i], ref_mx(nib(p, i), sc[i / 32]))) {
+                    bad++;
+                    CHECK(0, "mxfp4 deq isa=%s i=%lld code %d scale %d: got %g want %g", df_isa_name(isa), (long long)i, nib(p, i), sc[i / 32], out[i], ref_mx(nib(p, i), sc[i / 32]));
+                }
+        }
+        free(p), free(out);
+    }
+    /* dot products: every ISA against the scalar kernel and both against a
+     * double sum of the reference values, odd multiples of 32 */
+    const int64_t ns[] = {32, 96, 160, 32 * 33, 32 * 225};
+    for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
+        const int64_t n = ns[k];
+        uint8_t *p = malloc((size_t)n / 2), *sc = malloc((size_t)n / 32);
+        float *x = malloc((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n / 2; i++) p[i] = (uint8_t)rnd();
+        for (int64_t i = 0; i < n; i++) x[i] = frand();
+        for (int lo = 0; lo < 2; lo++) {
+            /* lo: scales 0..239 (tiny and huge blocks mixed, no overflow); else 110..144 */
+            for (int64_t g = 0; g < n / 32; g++) sc[g] = (uint8_t)(lo ? rnd() % 240 : 110 + rnd() % 35);
+            double ref = 0, mag = 0;
+            for (int64_t i = 0; i < n; i++) {
+                double v = (double)ref_mx(nib(p, i), sc[i / 32]) * x[i];
+                ref += v, mag += fabs(v);
+            }
+            const float s0 = mx_dot[0](p, sc, x, n);
+            CHECK(fabs(s0 - ref) <= 1e-5 * mag + 1e-30, "mxfp4 dot scalar n=%lld got %.9g ref %.9g", (long long)n, s0, ref);
+            for (int isa = 1; isa <= best; isa++) {
+                const float s1 = mx_dot[isa](p, sc, x, n);
+                CHECK(fabs(s1 - ref) <= 1e-5 * mag + 1e-30 && fabsf(s1 - s0) <= 1e-5f * (float)mag + 1e-30f, "mxfp4 dot isa=%s n=%lld got %.9g scalar %.9g ref %.9g",
+                      df_isa_name(isa), (long long)n, s1, s0, ref);
+            }
+        }
+        /* scale 255 (NaN) in one block: NaN on every ISA; scale 254 with a large
+         * block: +inf (the true value exceeds FLT_MAX) on every ISA */
+        for (int64_t g = 0; g < n / 32; g++) sc[g] = 127;
+        sc[n / 64] = 255;
+        for (int isa = 0; isa <= best; isa++) CHECK(isnan(mx_dot[isa](p, sc, x, n)), "mxfp4 dot scale 255 isa=%s n=%lld: not NaN", df_isa_name(isa), (long long)n);
+        sc[n / 64] = 254;
+        for (int64_t i = n / 64 * 32; i < n / 64 * 32 + 32; i++) x[i] = 1.0f;
+        for (int64_t i = n / 64 * 16; i < n / 64 * 16 + 16; i++) p[i] = 0x77; /* 6.0, 6.0 */
+        for (int isa = 0; isa <= best; isa++) {
+            float s = mx_dot[isa](p, sc, x, n);
+            CHECK(isinf(s) && s > 0, "mxfp4 dot scale 254 isa=%s n=%lld: got %g, want +inf", df_isa_name(isa), (long long)n, s);
+        }
+        free(p), free(sc), free(x);
+    }
+    /* through df_weight: decode (n = 1: df_dot_row rows), prefill (n = 3, 17:
+     * dequantized tiles), the transposed product, rows x cols odd multiples of 32 */
+    {
+        enum { R = 96, C = 160, NMAX = 17 };
+        uint8_t *p = malloc(R * C / 2), sc[R * C / 32];
+        float *X = malloc(NMAX * C * sizeof(float)), *Y = malloc(NMAX * R * sizeof(float)), row[C], yt[C];
+        for (int i = 0; i < R * C / 2; i++) p[i] = (uint8_t)rnd();
+        for (int i = 0; i < R * C / 32; i++) sc[i] = (uint8_t)(100 + rnd() % 50);
+        for (int i = 0; i < NMAX * C; i++) X[i] = frand();
+        df_weight W = {.fmt = DF_W_MXFP4, .rows = R, .cols = C, .data = p, .row_bytes = C / 2, .scale = sc, .scale_dtype = DF_SCALE_E8M0,
+                       .blk_r = 1, .blk_c = 32, .scale_cols = C / 32};
+        CHECK(df_weight_scale_bytes(&W) == R * C / 32 && df_weight_bytes(&W) == R * C / 2 + R * C / 32, "mxfp4 bytes %lld", (long long)df_weight_bytes(&W));
+        CHECK(!strcmp(df_wfmt_name(&W), "MXFP4"), "mxfp4 name %s", df_wfmt_name(&W));
+        for (int isa = 0; isa <= best; isa++) {
+            df_set_isa(isa);
+            for (int r = 0; r < R; r++) {
+                df_dequant_row(&W, r, row);
+                for (int c = 0; c < C; c++)
+                    if (!same_f32(row[c], ref_mx(nib(p + r * C / 2, c), sc[r * C / 32 + c / 32]))) { CHECK(0, "mxfp4 dequant_row isa=%s r=%d c=%d", df_isa_name(isa), r, c); break; }
+            }
+            const int nt[] = {1, 3, 17};
+            for (int k = 0; k < 3; k++) {
+                df_matmul(&W, X, nt[k], Y);
+                for (int t = 0; t < nt[k]; t++)
+                    for (int r = 0; r < R; r++) {
+                        double ref = 0, mag = 0;
+                        for (int c = 0; c < C; c++) {
+                            double v = (double)ref_mx(nib(p + r * C / 2, c), sc[r * C / 32 + c / 32]) * X[t * C + c];
+                            ref += v, mag += fabs(v);
+                        }
+                        float got = Y[t * R + r];
+                        if (!(fabs(got - ref) <= 1e-5 * mag + 1e-30)) {
+                            CHECK(0, "mxfp4 matmul isa=%s n=%d t=%d r=%d got %.9g ref %.9g", df_isa_name(isa), nt[k], t, r, got, ref);
+                            t = nt[k], r = R;
+                        }
+                    }
+            }
+            df_matvec_t_rows(&W, 5, 7, X, yt);
+            for (int c = 0; c < C; c++) {
+                double ref = 0, mag = 0;
+                for (int r = 0; r < 7; r++) {
+                    double v = (double)ref_mx(nib(p + (5 + r) * C / 2, c), sc[(5 + r) * C / 32 + c / 32]) * X[r];
+                    ref += v, mag += fabs(v);
+                }
+                if (!(fabs(yt[c] - ref) <= 1e-5 * mag + 1e-30)) { CHECK(0, "mxfp4 matvec_t isa=%s c=%d got %g ref %g", df_isa_name(isa), c, yt[c], ref); break; }
+            }
+        }
+        df_set_isa(-1);
+        free(p), free(X), free(Y);
+    }
+}
+
+/* The traits table: an entry per format, and byte counts that agree with the
+ * layouts the loaders build. */
+static void test_traits(void) {
+    for (int f = 0; f < DF_W_NFMT; f++) {
+        const df_wfmt_traits *t = df_wfmt_traits_of((df_wfmt)f);
+        CHECK(t && t->name && t->desc, "traits of format %d", f);
+    }
+    CHECK(!df_wfmt_traits_of((df_wfmt)DF_W_NFMT), "traits past the last format");
+    CHECK(df_wfmt_row_bytes(DF_W_F32, 10) == 40 && df_wfmt_row_bytes(DF_W_BF16, 10) == 20 && df_wfmt_row_bytes(DF_W_F16, 3) == 6 &&
+          df_wfmt_row_bytes(DF_W_FP8, 70) == 70 && df_wfmt_row_bytes(DF_W_I8ROW, 9) == 9, "row bytes of the unpacked formats");
+    CHECK(df_wfmt_row_bytes(DF_W_INT4, 64) == 32 && df_wfmt_row_bytes(DF_W_INT4, 65) == 36, "INT4 row bytes: int32 words of 8");
+    CHECK(df_wfmt_row_bytes(DF_W_MXFP4, 7168) == 3584 && df_wfmt_row_bytes(DF_W_GGML, 256) == -1, "MXFP4 / GGML row bytes");
+    df_weight fp8 = {.fmt = DF_W_FP8, .rows = 300, .cols = 70, .row_bytes = 70, .scale_dtype = DF_SCALE_F32, .blk_r = 128, .blk_c = 32, .scale_cols = 3};
+    CHECK(df_weight_scale_bytes(&fp8) == 3 * 3 * 4 && df_weight_bytes(&fp8) == 300 * 70 + 36, "FP8 scale bytes %lld", (long long)df_weight_scale_bytes(&fp8));
+    df_weight i4 = {.fmt = DF_W_INT4, .rows = 5, .cols = 64, .row_bytes = 32, .scale_dtype = DF_SCALE_BF16, .blk_r = 1, .blk_c = 32, .scale_cols = 2};
+    CHECK(df_weight_scale_bytes(&i4) == 5 * 2 * 2, "INT4 scale bytes");
+    df_weight i8 = {.fmt = DF_W_I8ROW, .rows = 5, .cols = 64, .row_bytes = 64, .scale_dtype = DF_SCALE_F32, .blk_r = 1, .blk_c = 64, .scale_cols = 1};
+    CHECK(df_weight_scale_bytes(&i8) == 20, "I8ROW scale bytes");
+    df_weight bf = {.fmt = DF_W_BF16, .rows = 5, .cols = 64, .row_bytes = 128};
+    CHECK(df_weight_scale_bytes(&bf) == 0 && df_weight_bytes(&bf) == 640, "BF16 bytes");
+}
+
 int main(void) {
     df_kernels_init();
     /* FP8 E4M3FN table: the values of the format's definition */
@@ -145,6 +310,8 @@ int main(void) {
             CHECK(row[40] == df_fp8_lut[w[r * C + 40]] * sc[(r / 3) * 3 + 1], "fp8 block scale index row %d", r);
         }
     }
+    test_mxfp4();
+    test_traits();
     printf("%s: %d failures\n", __FILE__, fails);
     return fails != 0;
 }

@@ -67,37 +67,17 @@ typedef struct {
     void (*dot4_f16)(const uint16_t *, int64_t, const float *, int64_t, float *);
     void (*dot4_fp8s)(const uint8_t *, int64_t, const float *, int64_t, int, const float *const *, float *);
     float (*i8)(const int8_t *, const float *, int64_t);
+    float (*mxfp4)(const uint8_t *, const uint8_t *, const float *, int64_t);
+    void (*deq_mxfp4)(const uint8_t *, const uint8_t *, float *, int64_t);
 } ktab;
 #define KT(isa)                                                                                                       \
     {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_tile_f32_##isa, \
      df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
-     df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa}
+     df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa}
 static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
 static inline const ktab *kt(void) { return &ktabs[df_isa()]; }
 
-/* ---- weights ---------------------------------------------------------- */
-const char *df_wfmt_name(const df_weight *w) {
-    switch (w->fmt) {
-    case DF_W_F32: return "F32";
-    case DF_W_F16: return "F16";
-    case DF_W_BF16: return "BF16";
-    case DF_W_FP8: return "FP8_E4M3";
-    case DF_W_INT4: return "INT4";
-    case DF_W_I8ROW: return "I8ROW";
-    case DF_W_GGML: { const df_ggml_traits *t = df_ggml_traits_of(w->ggml_type); return t ? t->name : "GGML?"; }
-    }
-    return "?";
-}
-static int scale_size(df_scale_dtype t) { return t == DF_SCALE_F32 ? 4 : 2; }
-int64_t df_weight_scale_bytes(const df_weight *w) {
-    switch (w->fmt) {
-    case DF_W_FP8: return ((w->rows + w->blk_r - 1) / w->blk_r) * w->scale_cols * scale_size(w->scale_dtype);
-    case DF_W_INT4: return w->rows * w->scale_cols * scale_size(w->scale_dtype);
-    case DF_W_I8ROW: return w->rows * 4;
-    default: return 0;
-    }
-}
-int64_t df_weight_bytes(const df_weight *w) { return (int64_t)w->row_bytes * w->rows + df_weight_scale_bytes(w); }
+/* ---- weights (names and byte counts: backend/wfmt.c) ----------------- */
 static inline float scale_at(const df_weight *w, int64_t i) {
     switch (w->scale_dtype) {
     case DF_SCALE_F32: { float f; memcpy(&f, (const uint8_t *)w->scale + 4 * i, 4); return f; }
@@ -180,6 +160,11 @@ float df_dot_row(const df_weight *w, int64_t r, const float *x) {
         return df_k_dot_int4_scalar(row, tl_sc, w->blk_c, x, w->cols);
     }
     case DF_W_GGML: return df_ggml_dot(w->ggml_type, row, x, w->cols);
+    case DF_W_MXFP4: {
+        const uint8_t *sc = (const uint8_t *)w->scale + r * w->scale_cols;
+        if (w->cols % DF_MXFP4_GROUP == 0) return k->mxfp4(row, sc, x, w->cols);
+        return df_k_dot_mxfp4_scalar(row, sc, x, w->cols);
+    }
     }
     return 0;
 }
@@ -279,6 +264,12 @@ void df_dequant_row(const df_weight *w, int64_t r, float *out) {
         }
         break;
     case DF_W_GGML: df_ggml_dequant_row(w->ggml_type, row, out, n); break;
+    case DF_W_MXFP4: {
+        const uint8_t *sc = (const uint8_t *)w->scale + r * w->scale_cols;
+        if (n % DF_MXFP4_GROUP == 0) k->deq_mxfp4(row, sc, out, n);
+        else df_k_deq_mxfp4_scalar(row, sc, out, n);
+        break;
+    }
     }
 }
 

@@ -13,6 +13,14 @@ static inline float df_bf16_to_f32(uint16_t h) {
     return v.f;
 }
 float df_f16_to_f32(uint16_t h);
+/* MXFP4 (backend.h, DF_W_MXFP4): E2M1 code -> f32 (index = the nibble: bits
+ * 0-2 magnitude, bit 3 sign, so 8 is -0.0); E8M0 scale byte -> 2^(s-127),
+ * exact (s = 0: the subnormal 2^-127), 255 -> NaN (OCP MX). */
+extern const float df_e2m1_lut[16];
+static inline float df_e8m0_to_f32(uint8_t s) {
+    union { uint32_t u; float f; } v = {s == 0 ? 0x00400000u : s == 255 ? 0x7fc00000u : (uint32_t)s << 23};
+    return v.f;
+}
 extern float df_fp8_lut[256]; /* E4M3FN -> f32, exact; filled by df_kernels_init */
 void df_kernels_init(void);
 /* Per-thread f32 scratch slot (0..3) of at least n floats, grown on first use only, freed at thread exit. */
@@ -31,6 +39,10 @@ float *df_cpu_scratch(int slot, size_t n);
     void df_k_deq_bf16_##isa(const uint16_t *w, float *out, int64_t n);                                           \
     void df_k_deq_f16_##isa(const uint16_t *w, float *out, int64_t n);                                            \
     void df_k_deq_fp8_##isa(const uint8_t *w, float scale, float *out, int64_t n);                                \
+    /* MXFP4 rows: packed [n/2] bytes, one E8M0 scale per 32 elements; SIMD versions need n % 32 == 0. The dot  \
+     * sums each group of 32 products, then adds group sum x scale (as INT4). */                                  \
+    float df_k_dot_mxfp4_##isa(const uint8_t *packed, const uint8_t *scales, const float *x, int64_t n);          \
+    void df_k_deq_mxfp4_##isa(const uint8_t *packed, const uint8_t *scales, float *out, int64_t n);               \
     void df_k_tile_f32_##isa(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n, \
                              float *Y, int64_t ldy);                                                       \
     /* y += a x */                                                                                                \

@@ -198,3 +198,58 @@ void df_k_dot4_fp8s_avx2(const uint8_t *w, int64_t ld, const float *x, int64_t n
     }
     for (int k = 0; k < 4; k++) out[k] = hsum8(a[k]) * 256.0f;
 }
+
+/* ---- MXFP4 ------------------------------------------------------------- */
+/* Dequantization: 8 packed bytes -> codes of elements 0..7 and 8..15 in
+ * 32-bit lanes, then f32 values: vpermps looks the magnitude up by the low 3 bits, bit 3 of
+ * the code (shifted to bit 31) is the sign, so code 8 gives -0.0. */
+static inline void e2m1x16(const uint8_t *p, __m256 *v0, __m256 *v1) {
+    const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    /* 16-bit lane k = byte k: low nibble -> byte 2k, high nibble -> byte 2k+1 (element order) */
+    __m128i e = _mm_or_si128(_mm_and_si128(b, _mm_set1_epi16(0x0f)), _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0xf0)), 4));
+    __m256i i0 = _mm256_cvtepu8_epi32(e), i1 = _mm256_cvtepu8_epi32(_mm_srli_si128(e, 8));
+    *v0 = _mm256_or_ps(_mm256_permutevar8x32_ps(mag, i0), _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(i0, 28), sign)));
+    *v1 = _mm256_or_ps(_mm256_permutevar8x32_ps(mag, i1), _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(i1, 28), sign)));
+}
+
+/* For the dot product: twice the values of 16 codes by one pshufb over the
+ * int8 table {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ...}, 20-30% faster than the
+ * vpermps decode in a single-core A/B on the 2-core AMD EPYC dev VM. Every
+ * partial sum is then exactly twice the one of the true values (barring
+ * f32 overflow or subnormal underflow) and the scale is halved, so the
+ * result is the same; -0.0 codes become +0, which no sum of products can
+ * tell apart. */
+static inline void e2m1x16_x2(const uint8_t *p, __m256 *v0, __m256 *v1) {
+    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i raw = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(15);
+    const __m128i q = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(_mm_and_si128(raw, m), _mm_and_si128(_mm_srli_epi16(raw, 4), m)));
+    *v0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+    *v1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+}
+
+float df_k_dot_mxfp4_avx2(const uint8_t *p, const uint8_t *scales, const float *x, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t g0 = 0; g0 < n; g0 += 32) {
+        __m256 v0, v1, v2, v3;
+        e2m1x16_x2(p + g0 / 2, &v0, &v1);
+        e2m1x16_x2(p + g0 / 2 + 8, &v2, &v3);
+        __m256 gs = _mm256_mul_ps(v0, _mm256_loadu_ps(x + g0));
+        gs = _mm256_fmadd_ps(v1, _mm256_loadu_ps(x + g0 + 8), gs);
+        gs = _mm256_fmadd_ps(v2, _mm256_loadu_ps(x + g0 + 16), gs);
+        gs = _mm256_fmadd_ps(v3, _mm256_loadu_ps(x + g0 + 24), gs);
+        acc = _mm256_fmadd_ps(gs, _mm256_set1_ps(0.5f * df_e8m0_to_f32(scales[g0 / 32])), acc);
+    }
+    return hsum8(acc);
+}
+
+void df_k_deq_mxfp4_avx2(const uint8_t *p, const uint8_t *scales, float *out, int64_t n) {
+    for (int64_t g0 = 0; g0 < n; g0 += 32) {
+        const __m256 s = _mm256_set1_ps(df_e8m0_to_f32(scales[g0 / 32]));
+        __m256 v[4];
+        e2m1x16(p + g0 / 2, &v[0], &v[1]);
+        e2m1x16(p + g0 / 2 + 8, &v[2], &v[3]);
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + g0 + 8 * k, _mm256_mul_ps(v[k], s));
+    }
+}

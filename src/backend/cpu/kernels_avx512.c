@@ -279,3 +279,36 @@ void df_k_deq_fp8_avx512(const uint8_t *w, float scale, float *out, int64_t n) {
         _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(fp8x16(_mm_maskz_loadu_epi8(m, w + i)), s));
     }
 }
+
+/* ---- MXFP4 ------------------------------------------------------------- */
+/* 16 packed bytes -> the 32 codes in element order (two zmm of 32-bit
+ * lanes), then f32 values by vpermps over the 16 signed E2M1 values (its
+ * index is the low 4 bits: the code itself, -0.0 included). */
+static inline void e2m1x32(const uint8_t *p, __m512 *v0, __m512 *v1) {
+    const __m512 kv = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    __m256i e = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi16(0x0f)), _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0xf0)), 4));
+    *v0 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(e)), kv);
+    *v1 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(e, 1)), kv);
+}
+
+float df_k_dot_mxfp4_avx512(const uint8_t *p, const uint8_t *scales, const float *x, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t g0 = 0; g0 < n; g0 += 32) {
+        __m512 v0, v1;
+        e2m1x32(p + g0 / 2, &v0, &v1);
+        __m512 gs = _mm512_fmadd_ps(v1, _mm512_loadu_ps(x + g0 + 16), _mm512_mul_ps(v0, _mm512_loadu_ps(x + g0)));
+        acc = _mm512_fmadd_ps(gs, _mm512_set1_ps(df_e8m0_to_f32(scales[g0 / 32])), acc);
+    }
+    return hsum(acc);
+}
+
+void df_k_deq_mxfp4_avx512(const uint8_t *p, const uint8_t *scales, float *out, int64_t n) {
+    for (int64_t g0 = 0; g0 < n; g0 += 32) {
+        const __m512 s = _mm512_set1_ps(df_e8m0_to_f32(scales[g0 / 32]));
+        __m512 v0, v1;
+        e2m1x32(p + g0 / 2, &v0, &v1);
+        _mm512_storeu_ps(out + g0, _mm512_mul_ps(v0, s));
+        _mm512_storeu_ps(out + g0 + 16, _mm512_mul_ps(v1, s));
+    }
+}

@@ -5,6 +5,7 @@
 #include <string.h>
 
 float df_fp8_lut[256];
+const float df_e2m1_lut[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 float df_f16_to_f32(uint16_t h) {
     int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
@@ -101,4 +102,19 @@ void df_k_dot4_fp8s_scalar(const uint8_t *w, int64_t ld, const float *x, int64_t
             s += sc[k][b] * df_k_dot_fp8_scalar(w + k * ld + c0, x + c0, n - c0 < blk ? n - c0 : blk);
         out[k] = s;
     }
+}
+
+static inline int e2m1_code(const uint8_t *p, int64_t i) { return (p[i >> 1] >> ((i & 1) * 4)) & 15; }
+float df_k_dot_mxfp4_scalar(const uint8_t *p, const uint8_t *scales, const float *x, int64_t n) {
+    float s = 0;
+    for (int64_t g0 = 0; g0 < n; g0 += 32) {
+        float gs = 0;
+        const int64_t g1 = g0 + 32 < n ? g0 + 32 : n;
+        for (int64_t i = g0; i < g1; i++) gs += df_e2m1_lut[e2m1_code(p, i)] * x[i];
+        s += gs * df_e8m0_to_f32(scales[g0 / 32]);
+    }
+    return s;
+}
+void df_k_deq_mxfp4_scalar(const uint8_t *p, const uint8_t *scales, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = df_e2m1_lut[e2m1_code(p, i)] * df_e8m0_to_f32(scales[i / 32]);
 }
