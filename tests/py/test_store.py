@@ -15,7 +15,7 @@ import pytest
 
 from conftest import MODELS
 
-MOE = ["qwen3-moe-bf16", "qwen3-moe-v5cfg", "deepseek-v3-bf16", "deepseek-v3-fp8", "deepseek-v3-noyarn", "kimi-k2-int4", "kimi-k3-tiny", "kimi-linear-tiny"]
+MOE = ["qwen3-moe-bf16", "qwen3-moe-v5cfg", "deepseek-v3-bf16", "deepseek-v3-fp8", "deepseek-v3-noyarn", "kimi-k2-int4", "kimi-k3-tiny", "kimi-k3-mxfp4", "kimi-linear-tiny"]
 
 
 def run(args, env=None, check=True):
