@@ -46,11 +46,17 @@ SLICE, RUN = 400_000, 25_000
 
 @pytest.fixture(scope="module")
 def kimi(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kimi-k3-tok")
+    return d, build_kimi_dir(d)
+
+
+def build_kimi_dir(d):
+    """Writes tiktoken.model + tokenizer_config.json (K3 specials) into d; returns the tiktoken.Encoding
+    that tokenization_kimi.py would build from them."""
     import tiktoken
     import tiktoken.load
     ranks = tiktoken.load.load_tiktoken_bpe(str(FIX / "o200k" / "o200k_base.tiktoken"))
     ranks = {k: v for k, v in ranks.items() if v < RANKS}
-    d = tmp_path_factory.mktemp("kimi-k3-tok")
     with open(d / "tiktoken.model", "w") as f:
         for tok, r in sorted(ranks.items(), key=lambda kv: kv[1]):
             f.write(f"{base64.b64encode(tok).decode()} {r}\n")
@@ -60,8 +66,7 @@ def kimi(tmp_path_factory):
            "pad_token": "[PAD]", "tokenizer_class": "TikTokenTokenizer"}
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
     specials = {K3_SPECIALS.get(i - RANKS, f"<|reserved_token_{i}|>"): i for i in range(RANKS, RANKS + 256)}
-    enc = tiktoken.Encoding("kimi_test", pat_str=KIMI_PAT, mergeable_ranks=ranks, special_tokens=specials)
-    return d, enc
+    return tiktoken.Encoding("kimi_test", pat_str=KIMI_PAT, mergeable_ranks=ranks, special_tokens=specials)
 
 
 def pieces(text):
