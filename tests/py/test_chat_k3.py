@@ -120,3 +120,52 @@ def test_thinking_effort_options(k3, tmp_path):
     assert "thinking_effort" not in chat(d, tmp_path, m, options={"thinking_effort": None}).stdout.decode()
     off = chat(d, tmp_path, m, options={"thinking": False, "thinking_effort": "medium"})  # not checked when off
     assert off.returncode == 0 and off.stdout.decode().endswith("<|open|>response<|sep|>")
+
+
+# ---------------------------------------------------------------- Kimi K2 / K2 Thinking: their Jinja templates
+
+from test_chat_template import CONVS, TOOLS, check, template_dir  # noqa: E402
+
+K2_TEMPLATES = REPO / "tests" / "data" / "tokenizers" / "kimi-k2"  # PROVENANCE.md there
+K2_SPECIAL = {"bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]"}
+K2_CONVS = {
+    **CONVS,
+    "k2_native_ids": [
+        {"role": "system", "content": "You are Kimi."},
+        {"role": "user", "content": "Weather in 北京 and Paris?", "name": "alice"},
+        {"role": "assistant", "content": "Let me check.", "reasoning_content": "Two calls.", "tool_calls": [
+            {"id": "functions.get_weather:0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"北京\"}"}},
+            {"id": "functions.get_weather:1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "晴 25°C"},
+        {"role": "tool", "tool_call_id": "functions.get_weather:1", "content": "rain\n12°C"},
+        {"role": "assistant", "content": "北京 is sunny; Paris rainy.", "reasoning_content": "Summarize both."},
+        {"role": "user", "content": "And tomorrow?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Call again.", "tool_calls": [
+            {"id": "functions.get_weather:2", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "functions.get_weather:2", "content": ""},
+    ],
+    "k2_content_parts": [
+        {"role": "user", "content": [{"type": "text", "text": "What is in "}, {"type": "image_url", "image_url": {"url": "u"}},
+                                     {"type": "text", "text": " this picture?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "A cat."}], "name": "kimi"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def k2_dirs(tmp_path_factory):
+    out = {}
+    for p in sorted(K2_TEMPLATES.glob("*.jinja")):
+        src = p.read_bytes().decode("utf-8")
+        out[p.stem] = (template_dir(tmp_path_factory, p.stem, src, K2_SPECIAL), src)
+    assert set(out) == {"kimi-k2-instruct", "kimi-k2-thinking"}
+    return out
+
+
+@pytest.mark.parametrize("name", ["kimi-k2-instruct", "kimi-k2-thinking"])
+@pytest.mark.parametrize("conv", sorted(K2_CONVS))
+def test_kimi_k2_templates(k2_dirs, name, conv):
+    d, src = k2_dirs[name]
+    for tools in (None, TOOLS):
+        for agp in (False, True):
+            check(d, src, K2_SPECIAL, K2_CONVS[conv], tools=tools, agp=agp)
