@@ -79,7 +79,8 @@ static int k3_chat(const char *dir, const char *messages, const char *tools, int
     }
     int r = df_k3_chat_render(msgs, tools_text, add_gen, opts, &p, err, sizeof err);
     if (r) {
-        rc = fail(df_exit_code(r), "%s: %s", !strncmp(err, "tools", 5) ? tools : messages, err);
+        const char *file = !strncmp(err, "tools", 5) ? tools : !strncmp(err, "messages", 8) ? messages : "--var";
+        rc = fail(df_exit_code(r), "%s: %s", file, err);
         goto out;
     }
     if (mode == 0) {

@@ -95,7 +95,7 @@ def test_long_text_segments_use_slicing(k3, tmp_path):
 
 
 @pytest.mark.parametrize("messages,options,needle", [
-    ([{"role": "user", "content": "hi"}], {"thinking_effort": "medium"}, "thinking_effort: unsupported value 'medium'"),
+    ([{"role": "user", "content": "hi"}], {"thinking_effort": "medium"}, "--var: thinking_effort: unsupported value 'medium'"),
     ([{"role": "tool", "content": "r"}], {}, "messages[0]: a Kimi K3 tool message needs a resolvable tool name"),
     ([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "[1, 2]"}}]}], {},
      "messages[0].tool_calls[0].arguments: Kimi K3 tool call arguments must be a JSON object"),
