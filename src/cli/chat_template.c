@@ -9,7 +9,9 @@
  */
 #include "cli/cli.h"
 #include "deltafin.h"
+#include "tok/kimi_k3_chat.h"
 #include "tok/template.h"
+#include "tok/tokenizer.h"
 #include "util/util.h"
 
 #include <jansson.h>
@@ -34,7 +36,13 @@ static void usage(FILE *f) {
             "bos_token, eos_token, unk_token, pad_token, ... come from tokenizer_config.json.\n"
             "Messages are normalized as transformers does: null fields are dropped, and reasoning\n"
             "(reasoning_content, thinking or reasoning) is offered under both reasoning_content and thinking.\n"
-            "See docs/CHAT_TEMPLATES.md for the supported Jinja subset.\n");
+            "See docs/CHAT_TEMPLATES.md for the supported Jinja subset.\n\n"
+            "Kimi K3 (DIR/config.json has model_type kimi_k3) has no Jinja template: its own chat\n"
+            "format is rendered instead; --var thinking=false, thinking_effort=\"low\"|\"high\"|\"max\"|null,\n"
+            "tool_choice and response_format are its options. Only there:\n"
+            "  --segments                print the prompt's segments, [[text, special], ...], as JSON\n"
+            "  --ids                     print its token ids (each segment encoded alone; needs\n"
+            "                            DIR/tiktoken.model) as JSON\n");
 }
 
 static int fail(int code, const char *fmt, const char *a, const char *b) {
@@ -55,9 +63,57 @@ static int read_input(const char *path, char **out, char *err, size_t errlen) {
     return 0;
 }
 
+/* Kimi K3: its chat format (src/tok/kimi_k3_chat.c); mode 0 the text, 1 the
+ * segments, 2 the token ids. */
+static int k3_chat(const char *dir, const char *messages, const char *tools, int add_gen, json_t *vars, int mode) {
+    char err[1024];
+    char *msgs = NULL, *tools_text = NULL, *opts = json_dumps(vars, JSON_COMPACT);
+    df_k3_prompt p = {0};
+    df_tokenizer *t = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = 2;
+    if (read_input(messages, &msgs, err, sizeof err) || (tools && df_read_file(tools, &tools_text, NULL, err, sizeof err))) {
+        fail(2, "%s%s", err, "");
+        goto out;
+    }
+    int r = df_k3_chat_render(msgs, tools_text, add_gen, opts, &p, err, sizeof err);
+    if (r) {
+        const char *file = !strncmp(err, "tools", 5) ? tools : !strncmp(err, "messages", 8) ? messages : "--var";
+        rc = fail(df_exit_code(r), "%s: %s", file, err);
+        goto out;
+    }
+    if (mode == 0) {
+        if (fwrite(p.text, 1, p.len, stdout) != p.len) { rc = fail(1, "writing the prompt failed%s%s", "", ""); goto out; }
+    } else if (mode == 1) {
+        json_t *a = json_array();
+        for (size_t i = 0; i < p.n_seg; i++)
+            json_array_append_new(a, json_pack("[s#,b]", p.text + p.seg[i].off, (int)p.seg[i].len, p.seg[i].special));
+        char *s = json_dumps(a, JSON_COMPACT | JSON_ENSURE_ASCII);
+        json_decref(a);
+        fputs(s ? s : "null", stdout);
+        free(s);
+    } else {
+        if (!(t = df_tok_load(dir, err, sizeof err))) { fail(2, "%s%s", err, ""); goto out; }
+        if ((r = df_k3_prompt_encode(t, &p, 0, &ids, &n, err, sizeof err))) { rc = fail(df_exit_code(r), "%s%s", err, ""); goto out; }
+        putchar('[');
+        for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", (int)ids[i]);
+        putchar(']');
+    }
+    rc = fflush(stdout) ? 1 : 0;
+out:
+    free(msgs);
+    free(tools_text);
+    free(opts);
+    free(ids);
+    df_k3_prompt_free(&p);
+    df_tok_free(t);
+    return rc;
+}
+
 int df_cmd_chat_template(int argc, char **argv) {
     const char *dir = NULL, *messages = NULL, *tools = NULL;
-    int add_gen = 0;
+    int add_gen = 0, k3_mode = 0;
     json_t *vars = json_object();
     char err[1024];
     int rc = 2;
@@ -73,6 +129,8 @@ int df_cmd_chat_template(int argc, char **argv) {
             goto done;
         }
         if (!strcmp(a, "--add-generation-prompt")) { add_gen = 1; continue; }
+        if (!strcmp(a, "--segments")) { k3_mode = 1; continue; }
+        if (!strcmp(a, "--ids")) { k3_mode = 2; continue; }
         int takes = !strcmp(a, "--tokenizer") || !strcmp(a, "--messages") || !strcmp(a, "--tools") || !strcmp(a, "--var");
         if (!takes) {
             fail(2, "unknown option '%s'%s", a, " (see --help)");
@@ -107,6 +165,14 @@ int df_cmd_chat_template(int argc, char **argv) {
     }
     if (!df_is_dir(dir)) {
         fail(2, "%s: not a directory%s", dir, "");
+        goto done;
+    }
+    if (df_k3_is_model_dir(dir)) {
+        rc = k3_chat(dir, messages, tools, add_gen, vars, k3_mode);
+        goto done;
+    }
+    if (k3_mode) {
+        fail(2, "%s: --segments and --ids need a Kimi K3 directory (config.json model_type kimi_k3)%s", dir, "");
         goto done;
     }
     cfg_path = df_path_join(dir, "tokenizer_config.json");

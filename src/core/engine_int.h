@@ -19,6 +19,7 @@ struct df_engine {
     struct df_template *tpl;
     int add_bos;
     char *special_tokens_json; /* bos_token, eos_token, ... for the chat template */
+    struct df_k3_glue *k3;     /* Kimi K3 (config.json model_type kimi_k3): its chat format, tok_glue.c */
     /* expert residency: the engine is its one owner */
     df_expert_source *src;     /* where sessions get routed experts: the model's memory or the cache */
     df_ecache *ecache;         /* streamed models */

@@ -1,7 +1,15 @@
 /* tok_glue.c - the engine's tokenizer and chat template: loaded from the
  * model directory when present (tokenizer.json or tiktoken.model, and the
  * chat_template of tokenizer_config.json), exposed through deltafin.h. The
- * template is parsed once; the tokenizer's eos token joins the stop ids. */
+ * template is parsed once; the tokenizer's eos token joins the stop ids.
+ *
+ * Kimi K3 (config.json model_type kimi_k3) ships no template: its chat
+ * format is rendered by src/tok/kimi_k3_chat.c as segments (structure and
+ * text), which the vendor tokenizer encodes one by one. deltafin.h renders
+ * (df_chat_render) and tokenizes (df_tokenize) in two calls, and the text
+ * alone cannot tell structure from a user's "<|open|>", so the engine keeps
+ * the segments of its last few K3 renders and df_tokenize uses them when it
+ * is handed exactly one of those texts. */
 #include "core/core.h"
 #include "core/engine_int.h"
 #include "format/gguf.h"
@@ -9,7 +17,10 @@
 #include "tok/tokenizer.h"
 #include "util/util.h"
 
+#include "tok/kimi_k3_chat.h"
+
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +33,52 @@ static int tok_from_gguf(df_engine *e, char *err, size_t errlen) {
     if (!e->tok) return DF_EFORMAT;
     e->add_bos = ab;
     return 0;
+}
+
+#define K3_SLOTS 8
+struct df_k3_glue {
+    pthread_mutex_t mu;
+    df_k3_prompt slot[K3_SLOTS]; /* recent renders, text + segments */
+    uint64_t used[K3_SLOTS], clock;
+};
+
+static void k3_free(struct df_k3_glue *g) {
+    if (!g) return;
+    for (int i = 0; i < K3_SLOTS; i++) df_k3_prompt_free(&g->slot[i]);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+/* Remembers p (taking it over) in the least recently used slot. */
+static void k3_remember(struct df_k3_glue *g, df_k3_prompt *p) {
+    pthread_mutex_lock(&g->mu);
+    int lru = 0;
+    for (int i = 1; i < K3_SLOTS; i++)
+        if (g->used[i] < g->used[lru]) lru = i;
+    df_k3_prompt_free(&g->slot[lru]);
+    g->slot[lru] = *p;
+    g->used[lru] = ++g->clock;
+    memset(p, 0, sizeof *p);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* A copy of the segments of a remembered render whose text is exactly
+ * text[0..len), or NULL. */
+static df_k3_seg *k3_lookup(struct df_k3_glue *g, const char *text, size_t len, size_t *n_seg) {
+    df_k3_seg *segs = NULL;
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; i < K3_SLOTS; i++) {
+        df_k3_prompt *p = &g->slot[i];
+        if (p->text && p->len == len && !memcmp(p->text, text, len)) {
+            segs = df_xmalloc((p->n_seg ? p->n_seg : 1) * sizeof *segs);
+            if (p->n_seg) memcpy(segs, p->seg, p->n_seg * sizeof *segs);
+            *n_seg = p->n_seg;
+            g->used[i] = ++g->clock;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    return segs;
 }
 
 static int load_template(df_engine *e, const char *where, char *err, size_t errlen) {
@@ -63,8 +120,12 @@ int df_engine_tok_load(df_engine *e, const char *dir, char *err, size_t errlen) 
     if (!have) return 0;
     e->tok = df_tok_load(dir, err, errlen);
     if (!e->tok) return DF_EFORMAT;
+    if (df_k3_is_model_dir(dir)) {
+        e->k3 = df_xcalloc(1, sizeof *e->k3);
+        pthread_mutex_init(&e->k3->mu, NULL);
+    }
     char *cfgp = df_path_join(dir, "tokenizer_config.json"), *cfgtext = NULL;
-    if (df_file_exists(cfgp) && df_read_file(cfgp, &cfgtext, NULL, NULL, 0) == 0) {
+    if (!e->k3 && df_file_exists(cfgp) && df_read_file(cfgp, &cfgtext, NULL, NULL, 0) == 0) { /* K3: no template */
         char *src = NULL;
         if (df_chat_config_parse(cfgtext, cfgp, 0, &src, &e->special_tokens_json, err, errlen) != 0) {
             free(cfgtext);
@@ -89,6 +150,7 @@ int df_engine_tok_load(df_engine *e, const char *dir, char *err, size_t errlen) 
 }
 
 void df_engine_tok_free(df_engine *e) {
+    k3_free(e->k3);
     free(e->special_tokens_json);
     df_template_free(e->tpl);
     df_tok_free(e->tok);
@@ -101,11 +163,31 @@ int df_tokenize(df_engine *e, const char *text, size_t len, int32_t **ids, size_
     *ids = NULL;
     *n = 0;
     if (!e->tok) return df_err(df_errbuf(), DF_ERRLEN, DF_EUNSUPPORTED, "this model has no tokenizer");
-    return df_tok_encode_err(e->tok, text, len, 0, 0, ids, n, df_errbuf(), DF_ERRLEN);
+    /* Kimi's encode() matches special tokens by default (allow_special_tokens=True): its chat templates'
+     * <|im_user|> ... and K3's structure tokens are specials */
+    int flags = df_tok_is_kimi(e->tok) ? DF_TOK_ALLOW_SPECIAL : 0;
+    size_t n_seg = 0;
+    df_k3_seg *segs = e->k3 ? k3_lookup(e->k3, text, len, &n_seg) : NULL;
+    if (segs) {
+        df_k3_prompt p = {(char *)text, len, segs, n_seg};
+        int rc = df_k3_prompt_encode(e->tok, &p, 0, ids, n, df_errbuf(), DF_ERRLEN);
+        free(segs);
+        return rc;
+    }
+    return df_tok_encode_err(e->tok, text, len, flags, 0, ids, n, df_errbuf(), DF_ERRLEN);
 }
 
 int df_chat_render(df_engine *e, const char *messages_json, const char *tools_json, int add_gen, char **out) {
     *out = NULL;
+    if (e->k3 && !e->tpl) {
+        df_k3_prompt p;
+        int rc = df_k3_chat_render(messages_json, tools_json, add_gen, NULL, &p, df_errbuf(), DF_ERRLEN);
+        if (rc) return rc;
+        *out = df_xmalloc(p.len + 1);
+        memcpy(*out, p.text, p.len + 1);
+        k3_remember(e->k3, &p);
+        return 0;
+    }
     if (!e->tpl) return df_err(df_errbuf(), DF_ERRLEN, DF_EUNSUPPORTED, "this model has no chat template");
     /* the context as transformers' apply_chat_template builds it: cleaned
      * messages, tools or none, special-token variables */

@@ -131,6 +131,7 @@ static int load_kimi(df_tokenizer *t, const char *dir, char *err, size_t errlen)
     int rc = df_tok_load_tiktoken(t, file, df_kimi_pattern, err, errlen);
     free(file);
     if (rc) return rc;
+    t->kimi_slicing = 1;
     json_t *cfg = NULL;
     if ((rc = load_config(t, dir, &cfg, err, errlen))) return rc;
     json_t *dec = json_object_get(cfg, "added_tokens_decoder");

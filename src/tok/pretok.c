@@ -43,8 +43,9 @@ static uint32_t mask_of_cp(uint32_t cp) {
     return m;
 }
 
-/* Marks \p{Han} from PCRE2's own script table: one JIT scan over a buffer
- * holding every scalar value. */
+/* Marks \p{Han} (the Script property, as tiktoken's regex reads it; not
+ * Script_Extensions) from PCRE2's own script table: one JIT scan over a
+ * buffer holding every scalar value. */
 static void build_han(void) {
     size_t cap = 0x110000 * 4, n = 0;
     uint8_t *buf = malloc(cap);
@@ -66,7 +67,7 @@ static void build_han(void) {
     }
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR) "\\p{Han}+", PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR) "\\p{sc:Han}+", PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
     if (re) {
         pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
         pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
@@ -453,14 +454,44 @@ int df_pretok_fast_id(const char *pattern) {
 
 #define WS_CLASS "\\x{9}-\\x{D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
+/* 1 if name[0..n) is a Unicode script name PCRE2 knows (Han, Latin, ...). */
+static int is_script_name(const char *name, size_t n) {
+    if (n < 2 || n > 64 || memchr(name, ':', n) || memchr(name, '=', n)) return 0;
+    char pat[80];
+    snprintf(pat, sizeof pat, "\\p{sc:%.*s}", (int)n, name);
+    int ec;
+    PCRE2_SIZE eo;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    if (!re) return 0;
+    pcre2_code_free(re);
+    return 1;
+}
+
+/* Copies a property escape \p{X} / \P{X} at p into b; returns the next p, or
+ * NULL if p holds none. A bare script name means the Script property in
+ * Oniguruma and Rust's regex (tiktoken), but Script_Extensions in PCRE2 >=
+ * 10.40 (there U+3002 IDEOGRAPHIC FULL STOP is \p{Han}); it is spelled
+ * \p{sc:X} so PCRE2 matches the Script property too. */
+static const char *put_prop(const char *p, df_buf *b) {
+    if (p[0] != '\\' || (p[1] != 'p' && p[1] != 'P') || p[2] != '{') return NULL;
+    const char *e = strchr(p, '}');
+    if (!e) return NULL;
+    if (is_script_name(p + 3, (size_t)(e - p - 3))) {
+        df_buf_put(b, p, 3);
+        df_buf_puts(b, "sc:");
+        df_buf_put(b, p + 3, (size_t)(e + 1 - (p + 3)));
+    } else {
+        df_buf_put(b, p, (size_t)(e + 1 - p));
+    }
+    return e + 1;
+}
+
 /* Copies one class body item at p (an escape or a character) into b; returns the next p. */
 static const char *class_item(const char *p, df_buf *b) {
     if (p[0] == '\\' && p[1]) {
         if (p[1] == 's') { df_buf_puts(b, WS_CLASS); return p + 2; }
-        if ((p[1] == 'p' || p[1] == 'P') && p[2] == '{') {
-            const char *e = strchr(p, '}');
-            if (e) { df_buf_put(b, p, (size_t)(e + 1 - p)); return e + 1; }
-        }
+        const char *q = put_prop(p, b);
+        if (q) return q;
         df_buf_put(b, p, 2);
         return p + 2;
     }
@@ -517,6 +548,8 @@ char *df_pretok_translate(const char *pattern) {
         if (p[0] == '\\' && p[1]) {
             if (p[1] == 's') { df_buf_puts(&b, "[" WS_CLASS "]"); p += 2; continue; }
             if (p[1] == 'S') { df_buf_puts(&b, "[^" WS_CLASS "]"); p += 2; continue; }
+            const char *q = put_prop(p, &b);
+            if (q) { p = q; continue; }
             df_buf_put(&b, p, 2);
             p += 2;
             continue;

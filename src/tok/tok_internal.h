@@ -169,6 +169,7 @@ static inline size_t df_tok_out_cap(size_t n) {
 struct df_tokenizer {
     char *path;
     int is_tiktoken;
+    int kimi_slicing;             /* Kimi tiktoken.model: tokenization_kimi.py's 400k / 25k cuts, specials by default */
     df_bpe bpe;
     /* normalizer */
     df_norm_step *norm; int n_norm;

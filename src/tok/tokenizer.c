@@ -577,8 +577,8 @@ int df_tok_encode(const df_tokenizer *t, const char *text, size_t len, int flags
     return df_tok_encode_err(t, text, len, flags, n_threads, ids, n, NULL, 0);
 }
 
-int df_tok_encode_err(const df_tokenizer *t, const char *text, size_t len, int flags, int n_threads, int32_t **ids, size_t *n,
-                      char *err, size_t errlen) {
+static int encode_core(const df_tokenizer *t, const char *text, size_t len, int flags, int n_threads, int32_t **ids, size_t *n,
+                       char *err, size_t errlen) {
     const uint8_t *s = (const uint8_t *)text;
     int rc = 0;
     *ids = NULL;
@@ -663,3 +663,91 @@ int df_tok_encode_err(const df_tokenizer *t, const char *text, size_t len, int f
     *n = out.n;
     return DF_OK;
 }
+
+/* ---- Kimi's slicing guards ----------------------------------------------
+ * tokenization_kimi.py does not hand the whole text to tiktoken: it cuts it
+ * into slices of 400,000 characters (code points, Python str indices), and
+ * cuts each slice again wherever a run of whitespace or of non-whitespace
+ * characters (Python's str.isspace) would grow past 25,000; every piece is
+ * encoded on its own, so no token spans a cut (not even a special token).
+ * This reproduces the cuts exactly. A byte that does not start a valid UTF-8
+ * character (Python strings have none) counts as one non-space character. */
+#define KIMI_SLICE_CHARS 400000u
+#define KIMI_RUN_CHARS 25000u
+
+/* Python's str.isspace (bidirectional class WS, B or S, or category Zs). */
+static int py_isspace(uint32_t c) {
+    if (c < 0x80) return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20);
+    return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
+           c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+/* The code point at s[i] (i < n) and its length; an invalid or truncated
+ * sequence is one byte with c = 0xFFFFFFFF. */
+static uint32_t kimi_next(const uint8_t *s, size_t n, size_t i, size_t *len) {
+    uint8_t b = s[i];
+    uint32_t c;
+    size_t need;
+    *len = 1;
+    if (b < 0x80) return b;
+    if (b >= 0xc2 && b <= 0xdf) { need = 1; c = b & 0x1fu; }
+    else if (b >= 0xe0 && b <= 0xef) { need = 2; c = b & 0x0fu; }
+    else if (b >= 0xf0 && b <= 0xf4) { need = 3; c = b & 0x07u; }
+    else return 0xFFFFFFFFu;
+    if (n - i <= need) return 0xFFFFFFFFu;
+    for (size_t k = 1; k <= need; k++) {
+        if ((s[i + k] & 0xc0) != 0x80) return 0xFFFFFFFFu;
+        c = (c << 6) | (s[i + k] & 0x3fu);
+    }
+    if ((need == 2 && (c < 0x800 || (c >= 0xd800 && c <= 0xdfff))) || (need == 3 && (c < 0x10000 || c > 0x10ffff)))
+        return 0xFFFFFFFFu;
+    *len = need + 1;
+    return c;
+}
+
+static int encode_append(const df_tokenizer *t, const char *text, size_t len, int flags, int n_threads, df_ids *out,
+                         char *err, size_t errlen) {
+    int32_t *part = NULL;
+    size_t np = 0;
+    int rc = encode_core(t, text, len, flags, n_threads, &part, &np, err, errlen);
+    if (!rc && np) {
+        if (out->cap - out->n < np) df_ids_grow(out, np);
+        memcpy(out->v + out->n, part, np * sizeof *part);
+        out->n += np;
+    }
+    free(part);
+    return rc;
+}
+
+int df_tok_encode_err(const df_tokenizer *t, const char *text, size_t len, int flags, int n_threads, int32_t **ids, size_t *n,
+                      char *err, size_t errlen) {
+    if (!t->kimi_slicing || len <= KIMI_RUN_CHARS) /* at most as many characters as bytes: no cut */
+        return encode_core(t, text, len, flags, n_threads, ids, n, err, errlen);
+    const uint8_t *s = (const uint8_t *)text;
+    *ids = NULL;
+    *n = 0;
+    df_ids out = {0};
+    size_t start = 0, ci = 0, run = 0;
+    int run_space = 0, rc = 0;
+    for (size_t i = 0; i < len && !rc;) {
+        size_t l;
+        int sp = py_isspace(kimi_next(s, len, i, &l)), cut = 0;
+        if (ci % KIMI_SLICE_CHARS == 0) { cut = ci > 0; run = 1; run_space = sp; } /* a new slice */
+        else if (run_space != sp) { run = 1; run_space = sp; }
+        else if (++run > KIMI_RUN_CHARS) { cut = 1; run = 1; }
+        if (cut) {
+            rc = encode_append(t, text + start, i - start, flags, n_threads, &out, err, errlen);
+            start = i;
+        }
+        ci++;
+        i += l;
+    }
+    if (!rc) rc = encode_append(t, text + start, len - start, flags, n_threads, &out, err, errlen);
+    if (rc) { free(out.v); return rc; }
+    if (!out.v) out.v = df_xmalloc(sizeof *out.v);
+    *ids = out.v;
+    *n = out.n;
+    return DF_OK;
+}
+
+int df_tok_is_kimi(const df_tokenizer *t) { return t->kimi_slicing; }

@@ -55,6 +55,11 @@ int32_t df_tok_token_id(const df_tokenizer *t, const char *token_text);
 const char *df_tok_token_bytes(const df_tokenizer *t, int32_t id, size_t *len);
 /* 1 if id is a special added token. */
 int df_tok_is_special(const df_tokenizer *t, int32_t id);
+/* 1 for a Kimi tokenizer (a directory with tiktoken.model): encoding cuts the
+ * text as tokenization_kimi.py does (400,000-character slices, runs of at most
+ * 25,000 whitespace or non-whitespace characters; each piece encoded alone),
+ * and its encode() matches special tokens by default (allow_special_tokens). */
+int df_tok_is_kimi(const df_tokenizer *t);
 
 /* From tokenizer_config.json (or chat_template.jinja): the chat template
  * (a string, or the "default" entry of a list) and bos/eos tokens (a string or

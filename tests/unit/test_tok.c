@@ -154,8 +154,25 @@ static void test_scanners(void) {
     pcre2_match_data_free(md);
     /* translation of class intersection */
     char *tr = df_pretok_translate("[\\p{L}&&[^\\p{Han}]]+");
-    CHECK(!strcmp(tr, "(?:(?![\\p{Han}])[\\p{L}])+"), "translate: %s", tr);
+    CHECK(!strcmp(tr, "(?:(?![\\p{sc:Han}])[\\p{L}])+"), "translate: %s", tr);
     free(tr);
+    /* a bare script name is the Script property (tiktoken, Oniguruma), not PCRE2's Script_Extensions:
+     * U+3002 IDEOGRAPHIC FULL STOP has scx Han but sc Common; categories and unknown names stay as written */
+    tr = df_pretok_translate("\\p{Han}+|\\P{Latin}|\\p{Lu}|[\\p{N}\\p{Greek}]|\\p{Alphabetic}");
+    CHECK(!strcmp(tr, "\\p{sc:Han}+|\\P{sc:Latin}|\\p{Lu}|[\\p{N}\\p{sc:Greek}]|\\p{Alphabetic}"), "translate: %s", tr);
+    free(tr);
+    {
+        char e2[256];
+        pcre2_code *han = df_pretok_compile("[\\p{Han}]+", e2, sizeof e2);
+        CHECK(han != NULL, "%s", e2);
+        if (han) {
+            pcre2_match_data *m2 = pcre2_match_data_create_from_pattern(han, NULL);
+            CHECK(pcre2_match(han, (PCRE2_SPTR) "\xe3\x80\x82", 3, 0, 0, m2, NULL) < 0, "U+3002 is not \\p{Han}");
+            CHECK(pcre2_match(han, (PCRE2_SPTR) "\xe4\xb8\xad", 3, 0, 0, m2, NULL) >= 0, "U+4E2D is \\p{Han}");
+            pcre2_match_data_free(m2);
+            pcre2_code_free(han);
+        }
+    }
 }
 
 /* ---- BPE: heap vs naive, arrays constructor, stream ---- */
