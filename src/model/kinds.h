@@ -14,12 +14,14 @@ typedef struct {
     /* floats of growing cache per position, and of fixed state, for layer l */
     size_t (*cache_floats)(const df_model *m, int l);
     size_t (*fixed_floats)(const df_model *m, int l);
-    /* s->xn[n x hidden] (normed input) -> s->o[n x hidden], updating layer l's state for positions pos0.. */
+    /* s->xn[n x hidden] (normed input) -> s->o[n x hidden], updating layer l's state for positions pos0..
+     * (backend memory: only through backend.h operations) */
     void (*forward)(const df_model *m, df_state *s, int l, int n, int pos0);
 } df_mixer_ops;
 
-/* Routers: one token's router logits -> K expert ids and weights. tmp: [4 x E] floats of scratch. */
-typedef void (*df_route_fn)(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w, float *tmp);
+/* Routers: n tokens' router logits [n x E] -> K expert ids per token (host, ids [n x K]) and their
+ * weights (backend memory w [n x K], or NULL when only the ids are wanted). */
+typedef void (*df_route_fn)(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w);
 
 extern const df_mixer_ops df_mixer_gqa, df_mixer_mla;
 const df_mixer_ops *df_mixer_of(df_mixer_kind k);
@@ -32,7 +34,7 @@ int df_ffn_dense(const df_model *m, df_state *s, const df_layer *L, int n);
 int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n);
 
 /* Router kinds (kinds/router.c). */
-void df_route_softmax_topk(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w, float *tmp);
-void df_route_sigmoid_groups(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w, float *tmp);
+void df_route_softmax_topk(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w);
+void df_route_sigmoid_groups(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w);
 
 #endif

@@ -14,23 +14,28 @@
 #include "deltafin.h"
 #include "util/util.h"
 
-#include <math.h>
 #include <string.h>
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+/* The backend's gated activation of a layer's act kind. */
+static df_gate_kind gate_of(const df_layer *L) {
+    switch (L->kind.act) {
+    case DF_ACT_SILU_GLU:
+    case DF_ACT_N: break;
+    }
+    return DF_GATE_SILU;
+}
 
-/* out[n x hidden] = down(silu(gate x) * up x) */
-static void glu(const df_glu *f, const float *x, int n, float *h1, float *h2, float *out) {
+/* out[n x hidden] = down(act(gate x) * up x) */
+static void glu(const df_glu *f, df_gate_kind gk, const df_act *x, int n, df_act *h1, df_act *h2, df_act *out) {
     const df_mv_job jobs[2] = {{&f->gate, x, h1}, {&f->up, x, h2}};
     df_matmul_batch(jobs, 2, n);
-    const int64_t I = f->gate.rows;
-    for (int64_t i = 0; i < (int64_t)n * I; i++) h1[i] = silu(h1[i]) * h2[i];
+    df_gate(h1, h1, h2, (size_t)n * (size_t)f->gate.rows, gk);
     df_matmul(&f->down, h1, n, out);
 }
 
 int df_ffn_dense(const df_model *m, df_state *s, const df_layer *L, int n) {
     (void)m;
-    glu(&L->w.mlp, s->xn, n, s->h1, s->h2, s->ffn_out);
+    glu(&L->w.mlp, gate_of(L), s->xn, n, s->h1, s->h2, s->ffn_out);
     return 0;
 }
 
@@ -64,12 +69,12 @@ static void flush_decode(moe_ctx *c) {
     const int H = c->m->cfg.hidden, I = c->m->cfg.moe_intermediate;
     df_mv_job *jobs = s->jobs; /* [2 x topk] */
     for (int j = 0; j < c->npend; j++) {
-        jobs[2 * j] = (df_mv_job){&s->pend_f[j].gate, s->xn, s->ge + (size_t)j * I};
-        jobs[2 * j + 1] = (df_mv_job){&s->pend_f[j].up, s->xn, s->ue + (size_t)j * I};
+        jobs[2 * j] = (df_mv_job){&s->pend_f[j].gate, s->xn, DF_AT(s->ge, (size_t)j * I)};
+        jobs[2 * j + 1] = (df_mv_job){&s->pend_f[j].up, s->xn, DF_AT(s->ue, (size_t)j * I)};
     }
     df_matmul_batch(jobs, 2 * c->npend, 1);
-    for (int64_t i = 0; i < (int64_t)c->npend * I; i++) s->ge[i] = silu(s->ge[i]) * s->ue[i];
-    for (int j = 0; j < c->npend; j++) jobs[j] = (df_mv_job){&s->pend_f[j].down, s->ge + (size_t)j * I, s->de_all + (size_t)s->pend_k[j] * H};
+    df_gate(s->ge, s->ge, s->ue, (size_t)c->npend * I, gate_of(c->L));
+    for (int j = 0; j < c->npend; j++) jobs[j] = (df_mv_job){&s->pend_f[j].down, DF_AT(s->ge, (size_t)j * I), DF_AT(s->de_all, (size_t)s->pend_k[j] * H)};
     df_matmul_batch(jobs, c->npend, 1);
     c->npend = 0;
 }
@@ -92,12 +97,14 @@ static void expert_ready(void *p, int i, const uint8_t *const *parts) {
         s->pend_f[c->npend++] = f;
         return;
     }
+    /* prefill: the tokens routed to e, gathered, through the expert, scattered to their (token, k) rows */
     int cnt = 0;
     for (int t = 0; t < c->n; t++)
         for (int k = 0; k < K; k++)
-            if (s->sel[t * K + k] == e) { s->tok_list[cnt] = t * K + k; memcpy(s->xe + (size_t)cnt * H, s->xn + (size_t)t * H, (size_t)H * 4); cnt++; }
-    glu(&f, s->xe, cnt, s->ge, s->ue, s->de);
-    for (int j = 0; j < cnt; j++) memcpy(s->de_all + (size_t)s->tok_list[j] * H, s->de + (size_t)j * H, (size_t)H * 4);
+            if (s->sel[t * K + k] == e) s->tok_list[cnt] = t * K + k, s->tok_src[cnt++] = t;
+    df_gather(s->xe, s->xn, s->tok_src, cnt, H);
+    glu(&f, gate_of(c->L), s->xe, cnt, s->ge, s->ue, s->de);
+    df_scatter(s->de_all, s->tok_list, s->de, cnt, H);
 }
 
 /* Router lookahead: the next MoE layer's router applied to the current
@@ -110,9 +117,9 @@ static int predict_next(const df_model *m, df_state *s, int l) {
     while (nl < c->n_layers && m->layers[nl].kind.ffn != DF_FFN_MOE) nl++;
     if (nl >= c->n_layers) return -1;
     const df_layer *N = &m->layers[nl];
-    df_rmsnorm(s->xp, s->x, N->ffn_norm, c->hidden, (float)c->rms_eps);
-    df_matvec(&N->w.router, s->xp, s->plog);
-    df_router_of(N->kind.router)(m, N, s->plog, s->pred, s->predw, s->route_tmp);
+    df_rmsnorm_rows(s->xp, c->hidden, s->x, c->hidden, N->ffn_norm, 1, c->hidden, (float)c->rms_eps);
+    df_matmul(&N->w.router, s->xp, 1, s->plog);
+    df_router_of(N->kind.router)(m, N, s->plog, 1, s->pred, NULL);
     return nl;
 }
 
@@ -120,10 +127,9 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
     const df_config *c = &m->cfg;
     const int H = c->hidden, E = c->n_experts, K = c->n_experts_used;
     df_matmul(&L->w.router, s->xn, n, s->router_logits);
-    df_route_fn route = df_router_of(L->kind.router);
-    for (int t = 0; t < n; t++) route(m, L, s->router_logits + (size_t)t * E, s->sel + t * K, s->selw + t * K, s->route_tmp);
+    df_router_of(L->kind.router)(m, L, s->router_logits, n, s->sel, s->selw);
     /* the distinct experts of this batch, in index order */
-    unsigned char *seen = (unsigned char *)s->route_tmp;
+    unsigned char *seen = s->seen;
     memset(seen, 0, (size_t)E);
     for (int i = 0; i < n * K; i++) seen[s->sel[i]] = 1;
     int ne = 0;
@@ -141,12 +147,10 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
         src->ops->release(src);
         if (rc) return rc;
     }
-    memset(s->ffn_out, 0, (size_t)n * H * sizeof(float));
-    for (int t = 0; t < n; t++)
-        for (int k = 0; k < K; k++) df_axpy(s->ffn_out + (size_t)t * H, s->selw[t * K + k], s->de_all + ((size_t)t * K + k) * H, H);
+    df_moe_combine(s->ffn_out, s->de_all, s->selw, n, K, H);
     if (L->has_shared) {
-        glu(&L->w.shared, s->xn, n, s->h1, s->h2, s->o);
-        for (int64_t i = 0; i < (int64_t)n * H; i++) s->ffn_out[i] += s->o[i];
+        glu(&L->w.shared, gate_of(L), s->xn, n, s->h1, s->h2, s->o);
+        df_add(s->ffn_out, s->o, (size_t)n * H);
     }
     return 0;
 }
