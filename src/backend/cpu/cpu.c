@@ -236,6 +236,10 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
                                                                   (int64_t)w->row_bytes / 2, x, w->cols, y + i);
         break;
     case DF_W_FP8:
+        /* the scale rows cached by fp8_scale_row are keyed by the scale pointer,
+         * which a reused buffer (an expert cache slot) keeps for other
+         * contents: the cache lives for one call only */
+        tl_fsc_w = NULL;
         if (w->blk_c % 32 == 0 && w->cols % 32 == 0 && w->blk_r > 0)
             for (; i + 4 <= nr; i += 4) {
                 const float *sc[4];
