@@ -4,7 +4,10 @@
  * logits. It knows kinds, not families (kinds.h). Works on a batch of n
  * consecutive tokens (prefill) or one (decode); all buffers come from
  * df_state, sized once from the config, so the per-token loop does not
- * allocate and no size read from a model file meets a fixed array. */
+ * allocate and no size read from a model file meets a fixed array.
+ * Activations and states are backend memory (df_act) and every step is a
+ * backend operation (backend.h); the host only writes the embedding rows
+ * in and reads the logits (and snapshots) out. */
 #include "model/kinds.h"
 #include "deltafin.h"
 #include "util/util.h"
