@@ -1,15 +1,28 @@
-/* backend.h - the operations the model code uses: products of a weight in
- * its stored format with f32 activations, the attention cores of the mixer
- * kinds, and small f32 ops. (Not yet a table a GPU backend can implement:
- * activations are host pointers and the CPU backend is linked directly;
- * docs/ARCHITECTURE.md, "Not yet done".)
+/* backend.h - the backend contract: what the model asks of a device.
+ *
+ * A backend is a table of operations (df_backend_ops) on
+ *   - weights as stored (df_weight): registered once (df_weight_register;
+ *     the CPU uses the stored bytes in place, a GPU backend uploads them and
+ *     keeps its copy in w->handle),
+ *   - activations and per-session state in backend memory (df_act): opaque
+ *     to the model, which only passes them to operations and copies values
+ *     to or from the host with the backend's write/read,
+ *   - small model constants (norm gains, biases, the router bias, conv
+ *     weights: "params"): host f32 arrays that live as long as the model,
+ *     announced once with param_register (CPU: read in place; a GPU backend
+ *     keeps a device copy found by the host address).
+ * Operations are coarse (a batch of products, an attention core over all
+ * heads, a norm over rows), so a device backend launches few kernels per
+ * layer. The selected backend is df_be (df_backend_select, default "cpu");
+ * the model calls the short inline wrappers at the end of this file.
  *
  * A df_weight describes a matrix [rows x cols] (out x in) exactly as it is
  * stored in the checkpoint: the bytes are never rewritten; kernels
  * dequantize inside the dot product and accumulate in f32. The CPU backend
  * (src/backend/cpu) is the reference; its thread pool and its run-time
  * choice of AVX-512, AVX2 or scalar kernels are private to it
- * (backend/cpu/cpu.h). */
+ * (backend/cpu/cpu.h). tests/unit/test_backend_ops.c runs every operation of
+ * a candidate backend against the CPU reference. */
 #ifndef DF_BACKEND_H
 #define DF_BACKEND_H
 
@@ -44,7 +57,7 @@ typedef struct {
     df_wfmt fmt;
     int ggml_type;          /* DF_W_GGML: GGML block type id */
     int64_t rows, cols;     /* out x in */
-    const uint8_t *data;    /* row r starts at data + r * row_bytes */
+    const uint8_t *data;    /* row r starts at data + r * row_bytes (host memory) */
     size_t row_bytes;
     /* DF_W_FP8: scale_inv [ceil(rows/blk_r)][ceil(cols/blk_c)]
      * DF_W_INT4: weight_scale [rows][ceil(cols/group)]; data = int32 words, 8 nibbles each (q - 8)
@@ -53,6 +66,7 @@ typedef struct {
     df_scale_dtype scale_dtype;
     int blk_r, blk_c;       /* FP8 block; INT4, MXFP4: blk_r = 1, blk_c = group size */
     int64_t scale_cols;     /* scale entries per scale row */
+    void *handle;           /* the backend's copy (NULL: unregistered, or a backend that uses data in place) */
 } df_weight;
 
 /* ---- weight-format traits (backend/wfmt.c) ---------------------------- */
@@ -80,67 +94,261 @@ const char *df_wfmt_name(const df_weight *w);
 int64_t df_weight_bytes(const df_weight *w);
 /* Bytes of the weight's scale sidecar, a separate tensor (FP8, INT4, MXFP4, row-int8); 0 for formats without one. */
 int64_t df_weight_scale_bytes(const df_weight *w);
+/* Host helpers on stored bytes (the loaders' embedding rows and small vectors): W[r,:] -> f32, W[r,:] . x. */
+void df_dequant_row(const df_weight *w, int64_t r, float *out);
+float df_dot_row(const df_weight *w, int64_t r, const float *x);
 
-/* ---- backend ----------------------------------------------------------- */
-/* Starts the backend with n_threads workers (0: all online cores); idempotent. */
-void df_backend_init(int n_threads);
-int df_backend_threads(void);
+/* ---- backend memory ----------------------------------------------------- */
+/* Activations and state live in backend memory, reached only through
+ * df_act pointers. The type is incomplete on purpose: model code cannot
+ * index or dereference one (a stray host loop does not compile); DF_AT
+ * offsets a pointer by a number of f32 elements (backend addresses are
+ * linear, as device pointers are). */
+typedef struct df_act df_act;
+static inline df_act *df_act_at(df_act *p, size_t floats) { return (df_act *)(void *)((char *)p + floats * sizeof(float)); }
+static inline const df_act *df_act_atc(const df_act *p, size_t floats) {
+    return (const df_act *)(const void *)((const char *)p + floats * sizeof(float));
+}
+#define DF_AT(p, floats) _Generic((p), const df_act *: df_act_atc, default: df_act_at)((p), (size_t)(floats))
 
-/* ---- kernels (single-threaded) ---------------------------------------- */
-float df_dot_row(const df_weight *w, int64_t r, const float *x);       /* W[r,:] . x */
-void df_dequant_row(const df_weight *w, int64_t r, float *out);         /* W[r,:] -> f32 */
-
-/* ---- parallel operations ---------------------------------------------- */
-/* Several independent products in one parallel dispatch (rows of all jobs
- * are split across threads together): y_i = W_i x_i for decode, or
- * Y_i[n][rows] = X_i[n][cols] W_i^T when n > 1. Fewer dispatches per token. */
+/* ---- operation arguments ------------------------------------------------ */
+/* One product of a batch: Y[n][w->rows] = X[n][w->cols] W^T (n = 1: y = W x). */
 typedef struct {
     const df_weight *w;
-    const float *x;
-    float *y;
+    const df_act *x;
+    df_act *y;
 } df_mv_job;
-void df_matmul_batch(const df_mv_job *jobs, int n_jobs, int n);
 
-/* y[rows] = W x (decode). */
-void df_matvec(const df_weight *w, const float *x, float *y);
-/* Rows [r0, r0+nr) only: y[nr]. */
-void df_matvec_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y);
-/* Y[n][rows] = X[n][cols] W^T (prefill). */
-void df_matmul(const df_weight *w, const float *X, int n, float *Y);
-/* Transposed product over a row slice: y[cols] = sum_r W[r0+r,:] * x[r], r < nr. Single-threaded. */
-void df_matvec_t_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y);
-
-/* ---- attention cores (the loops over positions and heads of the mixer
- * kinds; the model computes projections, norms, RoPE and writes the state) */
 /* GQA, causal: for each of n queries at positions pos0.. and each head,
  * softmax(q . K[j] * scale) over j <= position, then the weighted sum of
  * V[j]. kv: per position a K row then a V row, [2][n_kv_heads x head_dim]. */
 typedef struct {
-    const float *q;   /* [n][n_heads][head_dim] */
-    const float *kv;  /* [pos0 + n][2][n_kv_heads * head_dim] */
-    float *out;       /* [n][n_heads][head_dim] */
+    const df_act *q;  /* [n][n_heads][head_dim] */
+    const df_act *kv; /* [pos0 + n][2][n_kv_heads * head_dim] */
+    df_act *out;      /* [n][n_heads][head_dim] */
     int n, pos0, n_heads, n_kv_heads, head_dim;
     float scale;
 } df_attn_gqa_args;
-void df_attn_gqa(const df_attn_gqa_args *a);
+
 /* MLA on the latent cache, absorbed form: scores (W_uk^T q_nope) . c_j +
  * q_rope . k_rot_j, values W_uv (sum_j p_j c_j); W_uk/W_uv are rows of
  * kv_b [H*(nope+v) x kv_lora] in its stored format, or of the GGUF split
  * k_b [H*kv_lora x nope] / v_b [H*v x kv_lora] when their data is set. */
 typedef struct {
-    const float *q;      /* [n][n_heads][nope + rope] (rope part rotated) */
-    const float *cache;  /* [pos0 + n][kv_lora + rope] */
-    float *out;          /* [n][n_heads][v_dim] */
+    const df_act *q;     /* [n][n_heads][nope + rope] (rope part rotated) */
+    const df_act *cache; /* [pos0 + n][kv_lora + rope] */
+    df_act *out;         /* [n][n_heads][v_dim] */
     const df_weight *kv_b, *k_b, *v_b;
     int n, pos0, n_heads, nope, rope, kv_lora, v_dim;
     float scale;
 } df_attn_mla_args;
-void df_attn_mla(const df_attn_mla_args *a);
 
-/* ---- small ops (single-threaded, f32) --------------------------------- */
-void df_rmsnorm(float *out, const float *x, const float *g, int n, float eps); /* out = g * x / rms(x), as HF RMSNorm */
-void df_softmax(float *x, int n);
-float df_dot_f32(const float *a, const float *b, int n);
-void df_axpy(float *y, float a, const float *x, int n); /* y += a x */
+/* Gated activations out = act(g) * u, in f32:
+ *   SILU     silu(g) * u                                    (SiLU-GLU)
+ *   SITU     b tanh(g / b) sigmoid(g) * [c tanh(u / c)]    (Moonshot's SiTU: b = p0, c = p1; p1 = 0: u as is)
+ *   SIGMOID  sigmoid(g) * u                                 (output gates) */
+typedef enum { DF_GATE_SILU, DF_GATE_SITU, DF_GATE_SIGMOID, DF_GATE_N } df_gate_kind;
+
+/* Routers: per token, logits [E] -> k expert ids (host) and weights.
+ * SOFTMAX_TOPK (Qwen3-MoE): softmax over all E in f32, top k (ties to the
+ * lower index), renormalised over the k when norm_topk.
+ * SIGMOID_GROUPS (DeepSeek-V3 / Kimi "noaux_tc"): s = sigmoid(logit), choice
+ * = s + bias; groups ranked by the sum of their top-2 choices, topk_group
+ * groups kept, top k experts by choice among them; weights s (unbiased),
+ * / (sum + 1e-20) when norm_topk, times scaling. */
+typedef enum { DF_ROUTE_SOFTMAX_TOPK, DF_ROUTE_SIGMOID_GROUPS, DF_ROUTE_N } df_route_kind;
+typedef struct {
+    df_route_kind kind;
+    const df_act *logits;   /* [n][n_experts] */
+    int *ids;               /* host [n][k]: the experts */
+    df_act *w;              /* [n][k] their weights, or NULL (ids only: a prediction) */
+    int n, n_experts, k;
+    int norm_topk;
+    int n_group, topk_group;  /* SIGMOID_GROUPS: n_experts % n_group == 0, topk_group * E / n_group >= k */
+    float scaling;            /* SIGMOID_GROUPS */
+    const float *bias;        /* param [n_experts], SIGMOID_GROUPS */
+} df_route_args;
+
+/* Depthwise causal convolution over n tokens of C channels, width W (the
+ * short convolution of KDA / Mamba-style mixers): with xx = the W-1 inputs
+ * kept in state followed by x,
+ *   y[t][c] = sum_{j<W} w[c][j] * xx[t + j][c]     (tap W-1 is the current token)
+ * (+ bias[c]), then silu(y) if silu. state [C][W-1] holds each channel's
+ * last W-1 inputs, oldest first (zero at position 0) and is updated to the
+ * last W-1 of xx. y may not alias x. */
+typedef struct {
+    df_act *y;              /* [n][C] */
+    const df_act *x;        /* [n][C] */
+    df_act *state;          /* [C][W-1] */
+    const float *w;         /* param [C][W] */
+    const float *bias;      /* param [C] or NULL */
+    int n, C, W, silu;
+} df_conv1d_args;
+
+/* KDA (Kimi Delta Attention) recurrence, per head h of nh, key dim dk,
+ * value dim dv, state S [dk][dv] (S[i][j]: key channel i, value channel j):
+ * for each token t in order (q first scaled by scale):
+ *   S = diag(exp(g_t)) S;  u = v_t - S^T k_t;  S = S + beta_t k_t u^T;  o_t = S^T q_t
+ * (as fla's naive_recurrent_kda, f32). q, k, g, v, o token-major. */
+typedef struct {
+    df_act *o;              /* [n][nh][dv] */
+    const df_act *q, *k;    /* [n][nh][dk] */
+    const df_act *v;        /* [n][nh][dv] */
+    const df_act *g;        /* [n][nh][dk] log of the per-key-channel decay */
+    const df_act *beta;     /* [n][nh] */
+    df_act *S;              /* [nh][dk][dv], updated in place */
+    int n, nh, dk, dv;
+    float scale;
+} df_kda_args;
+
+/* KDA's forget gate, per token t, head h < nh, channel i < d (c = h*d + i):
+ * x = f[t][c] + dt_bias[c]; A = exp(A_log[h]);
+ *   with a lower bound lb (K3):  g = lb * sigmoid(A x)
+ *   without (Kimi Linear):       g = -A * softplus(x)   (torch's softplus, threshold 20)
+ * g is the log of the decay kda_scan applies. g may alias f. */
+typedef struct {
+    df_act *g;              /* [n][nh * d] */
+    const df_act *f;        /* [n][nh * d] */
+    const float *A_log;     /* param [nh] */
+    const float *dt_bias;   /* param [nh * d] */
+    int n, nh, d;
+    int has_lower_bound;
+    float lower_bound;
+} df_kda_gate_args;
+
+#define DF_ATTN_RES_MAX_BLOCKS 512 /* completed blocks (<= layers; the model's layer limit) */
+/* Block attention residuals (Kimi K3), per token t < n of width h: with
+ * V = [blocks[0][t] .. blocks[nb-1][t], p[t]],
+ *   score_i = sum_d (V_i,d / sqrt(mean_d V_i^2 + eps)) * (norm_w_d * proj_w_d)
+ *   out[t] = sum_i softmax(score)_i V_i
+ * blocks[b] starts at blocks + b * block_stride floats. out may not alias the inputs. */
+typedef struct {
+    df_act *out;            /* [n][h] */
+    const df_act *blocks;   /* nb x [n][h], block_stride apart */
+    size_t block_stride;
+    int nb;
+    const df_act *p;        /* [n][h] the partial sum */
+    const float *norm_w, *proj_w; /* params [h] */
+    int n, h;
+    float eps;
+} df_attn_res_args;
+
+/* ---- the table ---------------------------------------------------------- */
+typedef struct df_backend_ops {
+    const char *name;
+    /* memory: alloc returns zeroed backend memory of n floats (NULL when out of memory) */
+    df_act *(*alloc)(size_t n);
+    void (*free)(df_act *p);
+    void (*write)(df_act *dst, const float *src, size_t n);   /* host -> backend */
+    void (*read)(float *dst, const df_act *src, size_t n);    /* backend -> host */
+    void (*copy)(df_act *dst, const df_act *src, size_t n);   /* within the backend, no overlap */
+    void (*zero)(df_act *dst, size_t n);
+    /* rows of cols floats: dst[r*ds + i] = src[r*ss + i] */
+    void (*copy_rows)(df_act *dst, size_t ds, const df_act *src, size_t ss, int rows, int cols);
+    /* dst[j] = src[idx[j]] (gather) / dst[idx[j]] = src[j] (scatter), rows of cols floats; idx host [n] */
+    void (*gather_rows)(df_act *dst, const df_act *src, const int *idx, int n, int cols);
+    void (*scatter_rows)(df_act *dst, const int *idx, const df_act *src, int n, int cols);
+
+    /* weights and params (0 or a negative DF_E*) */
+    int (*weight_register)(df_weight *w);
+    void (*weight_unregister)(df_weight *w);
+    int (*param_register)(const float *p, size_t n);
+
+    /* products: several independent products in one dispatch (their rows are
+     * shared across the device together). Each output row is computed the
+     * same way whatever the batch, so grouping does not change bits. */
+    void (*matmul_batch)(const df_mv_job *jobs, int n_jobs, int n);
+
+    /* attention cores (all tokens and heads of a batch) */
+    void (*attn_gqa)(const df_attn_gqa_args *a);
+    void (*attn_mla)(const df_attn_mla_args *a);
+
+    /* RMSNorm of rows of cols floats, as HF: out = g * (x / sqrt(mean(x^2) + eps));
+     * row r at x + r*xs, out + r*os (in place allowed). Per-head norms are rows of head_dim. */
+    void (*rmsnorm)(df_act *out, size_t os, const df_act *x, size_t xs, const float *g, int rows, int cols, float eps);
+    /* cs[t][i] = (cos, sin)((pos0 + t) * inv_freq[i]) * scale, t < n, i < half: the rotation of n positions */
+    void (*rope_table)(df_act *cs, int pos0, int n, const float *inv_freq, int half, float scale);
+    /* Rotary embedding in place of dims [0, dim) of the head vectors at
+     * x + t*ts + h*hs (t < n, h < nh) by cs[t] ([dim/2][cos, sin]) of rope_table:
+     * interleaved rotates pairs (2i, 2i+1), otherwise (i, i + dim/2) (rotate-half). */
+    void (*rope)(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_act *cs, int interleaved);
+
+    /* element-wise */
+    void (*add)(df_act *y, const df_act *x, size_t n);                    /* y += x */
+    void (*add_bias)(df_act *y, const float *b, int rows, int cols);      /* y[r][i] += b[i] */
+    void (*axpy)(df_act *y, float a, const df_act *x, size_t n);          /* y += a x */
+    void (*scale)(df_act *y, float a, size_t n);                          /* y *= a */
+    void (*gate)(df_act *out, const df_act *g, const df_act *u, size_t n, df_gate_kind kind, float p0, float p1); /* out = act(g) * u (out may be g or u) */
+    void (*sigmoid)(df_act *x, size_t n);                                 /* x = sigmoid(x) */
+    /* rows of cols floats in place: x = x * scale / sqrt(sum x^2 + eps) (fla's l2norm, then a scale) */
+    void (*l2norm)(df_act *x, int rows, int cols, float eps, float scale);
+    /* block attention residuals (see df_attn_res_args) */
+    void (*attn_res)(const df_attn_res_args *a);
+
+    /* MoE */
+    void (*route)(const df_route_args *a);
+    /* out[t] = sum_k w[t][k] * x[t][k] (k in order), t < n: the weighted sum of
+     * each token's expert outputs; x [n][k][cols], w [n][k], out [n][cols] */
+    void (*moe_combine)(df_act *out, const df_act *x, const df_act *w, int n, int k, int cols);
+
+    /* recurrent mixers */
+    void (*causal_conv1d)(const df_conv1d_args *a);
+    void (*kda_scan)(const df_kda_args *a);
+    void (*kda_gate)(const df_kda_gate_args *a);
+} df_backend_ops;
+
+extern const df_backend_ops df_backend_cpu;        /* best ISA, all threads */
+extern const df_backend_ops df_backend_cpu_scalar; /* scalar kernels, one thread: the reference */
+extern const df_backend_ops *df_be;                /* the selected backend */
+
+/* Starts the default backend with n_threads workers (0: all online cores); idempotent. */
+void df_backend_init(int n_threads);
+int df_backend_threads(void);
+/* The backend called name ("cpu", "cpu-scalar"), or NULL. */
+const df_backend_ops *df_backend_find(const char *name);
+/* Makes name the selected backend; 0 or DF_EINPUT (unknown name). */
+int df_backend_select(const char *name);
+
+/* ---- call-site wrappers (model code) ------------------------------------ */
+static inline df_act *df_alloc(size_t n) { return df_be->alloc(n); }
+static inline void df_free(df_act *p) { if (p) df_be->free(p); }
+static inline void df_write(df_act *dst, const float *src, size_t n) { df_be->write(dst, src, n); }
+static inline void df_read(float *dst, const df_act *src, size_t n) { df_be->read(dst, src, n); }
+static inline void df_copy(df_act *dst, const df_act *src, size_t n) { df_be->copy(dst, src, n); }
+static inline void df_zero(df_act *dst, size_t n) { df_be->zero(dst, n); }
+static inline void df_copy_rows(df_act *dst, size_t ds, const df_act *src, size_t ss, int rows, int cols) { df_be->copy_rows(dst, ds, src, ss, rows, cols); }
+static inline void df_gather(df_act *dst, const df_act *src, const int *idx, int n, int cols) { df_be->gather_rows(dst, src, idx, n, cols); }
+static inline void df_scatter(df_act *dst, const int *idx, const df_act *src, int n, int cols) { df_be->scatter_rows(dst, idx, src, n, cols); }
+static inline int df_weight_register(df_weight *w) { return df_be->weight_register(w); }
+static inline void df_weight_unregister(df_weight *w) { df_be->weight_unregister(w); }
+static inline int df_param_register(const float *p, size_t n) { return df_be->param_register(p, n); }
+static inline void df_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) { df_be->matmul_batch(jobs, n_jobs, n); }
+/* Y[n][rows] = X[n][cols] W^T */
+static inline void df_matmul(const df_weight *w, const df_act *x, int n, df_act *y) {
+    const df_mv_job j = {w, x, y};
+    df_be->matmul_batch(&j, 1, n);
+}
+static inline void df_attn_gqa(const df_attn_gqa_args *a) { df_be->attn_gqa(a); }
+static inline void df_attn_mla(const df_attn_mla_args *a) { df_be->attn_mla(a); }
+static inline void df_rmsnorm_rows(df_act *out, size_t os, const df_act *x, size_t xs, const float *g, int rows, int cols, float eps) {
+    df_be->rmsnorm(out, os, x, xs, g, rows, cols, eps);
+}
+static inline void df_rope_table(df_act *cs, int pos0, int n, const float *inv_freq, int half, float scale) { df_be->rope_table(cs, pos0, n, inv_freq, half, scale); }
+static inline void df_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_act *cs, int interleaved) {
+    df_be->rope(x, n, nh, ts, hs, dim, cs, interleaved);
+}
+static inline void df_add(df_act *y, const df_act *x, size_t n) { df_be->add(y, x, n); }
+static inline void df_add_bias(df_act *y, const float *b, int rows, int cols) { df_be->add_bias(y, b, rows, cols); }
+static inline void df_axpy(df_act *y, float a, const df_act *x, size_t n) { df_be->axpy(y, a, x, n); }
+static inline void df_scale(df_act *y, float a, size_t n) { df_be->scale(y, a, n); }
+static inline void df_gate(df_act *out, const df_act *g, const df_act *u, size_t n, df_gate_kind k, float p0, float p1) { df_be->gate(out, g, u, n, k, p0, p1); }
+static inline void df_sigmoid(df_act *x, size_t n) { df_be->sigmoid(x, n); }
+static inline void df_l2norm(df_act *x, int rows, int cols, float eps, float scale) { df_be->l2norm(x, rows, cols, eps, scale); }
+static inline void df_attn_res(const df_attn_res_args *a) { df_be->attn_res(a); }
+static inline void df_kda_gate(const df_kda_gate_args *a) { df_be->kda_gate(a); }
+static inline void df_route(const df_route_args *a) { df_be->route(a); }
+static inline void df_moe_combine(df_act *out, const df_act *x, const df_act *w, int n, int k, int cols) { df_be->moe_combine(out, x, w, n, k, cols); }
+static inline void df_causal_conv1d(const df_conv1d_args *a) { df_be->causal_conv1d(a); }
+static inline void df_kda_scan(const df_kda_args *a) { df_be->kda_scan(a); }
 
 #endif

@@ -143,7 +143,7 @@ static df_engine *engine_new(df_model *m, const df_options *o, int64_t budget, c
     e->model = m;
     e->opt = *o;
     e->src = m->resident_src;
-    if (m->streamed && start_streaming(e, o, budget, err, errlen)) {
+    if (df_model_backend_attach(m, err, errlen) || (m->streamed && start_streaming(e, o, budget, err, errlen))) {
         df_engine_close(e);
         return NULL;
     }
@@ -165,6 +165,7 @@ void df_engine_close(df_engine *e) {
     df_engine_tok_free(e);
     df_ecache_free(e->ecache);
     if (e->trace) fclose(e->trace);
+    if (e->model) df_model_backend_detach(e->model);
     df_model_free(e->model);
     free(e);
 }

@@ -4,12 +4,14 @@
  * logits. It knows kinds, not families (kinds.h). Works on a batch of n
  * consecutive tokens (prefill) or one (decode); all buffers come from
  * df_state, sized once from the config, so the per-token loop does not
- * allocate and no size read from a model file meets a fixed array. */
+ * allocate and no size read from a model file meets a fixed array.
+ * Activations and states are backend memory (df_act) and every step is a
+ * backend operation (backend.h); the host only writes the embedding rows
+ * in and reads the logits (and snapshots) out. */
 #include "model/kinds.h"
 #include "deltafin.h"
 #include "util/util.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +33,13 @@ int df_state_truncatable(const df_model *m) {
     for (int l = 0; l < m->cfg.n_layers; l++)
         if (!df_mixer_of(m->layers[l].kind.mixer)->truncatable) return 0;
     return 1;
+}
+
+/* backend memory of n floats, zeroed; sets *fail when out of memory */
+static df_act *balloc(size_t n, int *fail) {
+    df_act *p = df_alloc(n ? n : 1);
+    if (!p) *fail = 1;
+    return p;
 }
 
 int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, char *err, size_t errlen) {
@@ -55,15 +64,15 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
         if (m->layers[l].kind.mixer == DF_MIXER_KDA) has_kda = 1;
     }
     s->state_floats = total;
-    s->state_mem = total ? calloc(total, sizeof(float)) : NULL;
+    s->state_mem = total ? df_alloc(total) : NULL;
     if (total && !s->state_mem) {
         df_state_free(s);
         return df_err(err, errlen, DF_ENOMEM, "cannot allocate the session state (%zu MB for %zu positions)", total * sizeof(float) >> 20, T);
     }
-    float *p = s->state_mem;
+    size_t off = 0;
     for (int l = 0; l < c->n_layers; l++) {
-        if (s->ls[l].cache_floats) s->ls[l].cache = p, p += s->ls[l].cache_floats * T;
-        if (s->ls[l].fixed_floats) s->ls[l].fixed = p, p += s->ls[l].fixed_floats;
+        if (s->ls[l].cache_floats) s->ls[l].cache = DF_AT(s->state_mem, off), off += s->ls[l].cache_floats * T;
+        if (s->ls[l].fixed_floats) s->ls[l].fixed = DF_AT(s->state_mem, off), off += s->ls[l].fixed_floats;
     }
     /* scratch, sized for the widest kind any layer uses */
     qdim = max_z((size_t)c->n_heads * (size_t)c->head_dim, has_mla ? (size_t)c->n_heads * (size_t)(c->qk_nope_dim + c->qk_rope_dim) : 0);
@@ -75,61 +84,71 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
     const size_t DH = max_z(H, (size_t)c->latent_dim); /* widest routed-expert input/output */
     size_t inter = max_z(max_z((size_t)c->intermediate, (size_t)c->q_lora_rank), I * max_z(1, (size_t)c->n_shared_experts));
     inter = max_z(inter, has_kda ? (size_t)c->kda_head_dim : 0);
+    int fail = 0;
     const size_t gdim = max_z(KC, has_mla && c->mla_out_gate ? (size_t)c->n_heads * (size_t)c->v_head_dim : 0);
-    if (gdim) s->ko = df_xcalloc(B * gdim, sizeof(float));
+    if (gdim) s->ko = balloc(B * gdim, &fail);
     if (KC) {
-        s->kg = df_xcalloc(B * KC, sizeof(float));
-        s->kb = df_xcalloc(B * (size_t)c->kda_heads, sizeof(float));
+        s->kg = balloc(B * KC, &fail);
+        s->kb = balloc(B * (size_t)c->kda_heads, &fail);
+        s->kc = balloc(3 * B * KC, &fail);
     }
     if (c->attn_res_block) {
         s->max_blocks = 1 + (c->n_layers - 1) / c->attn_res_block;
-        s->blocks = df_xcalloc((size_t)s->max_blocks * B * H, sizeof(float));
+        s->blocks = balloc((size_t)s->max_blocks * B * H, &fail);
     }
-    if (c->latent_dim) s->lat = df_xcalloc(B * (size_t)c->latent_dim, sizeof(float));
-    s->x = df_xcalloc(B * H, sizeof(float));
-    s->xn = df_xcalloc(B * H, sizeof(float));
-    s->o = df_xcalloc(B * H, sizeof(float));
-    s->ffn_out = df_xcalloc(B * H, sizeof(float));
-    s->q = df_xcalloc(B * qdim, sizeof(float));
-    s->k = df_xcalloc(B * kdim, sizeof(float));
-    s->v = df_xcalloc(B * kdim, sizeof(float));
-    s->att = df_xcalloc(B * adim, sizeof(float));
-    s->h1 = df_xcalloc(B * inter, sizeof(float));
-    s->h2 = df_xcalloc(B * inter, sizeof(float));
-    s->rope_cs = df_xcalloc(B * (size_t)max_z(2, (size_t)c->rope_dim), sizeof(float));
+    if (c->latent_dim) s->lat = balloc(B * (size_t)c->latent_dim, &fail);
+    s->x = balloc(B * H, &fail);
+    s->xn = balloc(B * H, &fail);
+    s->o = balloc(B * H, &fail);
+    s->ffn_out = balloc(B * H, &fail);
+    s->q = balloc(B * qdim, &fail);
+    s->k = balloc(B * kdim, &fail);
+    s->v = balloc(B * kdim, &fail);
+    s->att = balloc(B * adim, &fail);
+    s->h1 = balloc(B * inter, &fail);
+    s->h2 = balloc(B * inter, &fail);
+    s->rope_cs = balloc(B * (size_t)max_z(2, (size_t)c->rope_dim), &fail);
+    s->logits = balloc(B * (size_t)c->vocab, &fail);
+    s->emb = df_xcalloc(B * H, sizeof(float));
     if (E) {
-        s->router_logits = df_xcalloc(B * E, sizeof(float));
+        s->router_logits = balloc(B * E, &fail);
+        s->selw = balloc(B * K, &fail);
+        s->xe = balloc(B * DH, &fail);
+        s->ge = balloc(max_z(B, K) * I, &fail);
+        s->ue = balloc(max_z(B, K) * I, &fail);
+        s->de = balloc(B * DH, &fail);
+        s->de_all = balloc(B * K * DH, &fail);
+        s->xp = balloc(H, &fail);
+        s->plog = balloc(E, &fail);
         s->sel = df_xcalloc(B * K, sizeof(int));
-        s->selw = df_xcalloc(B * K, sizeof(float));
         s->tok_list = df_xcalloc(B * K, sizeof(int));
-        s->xe = df_xcalloc(B * DH, sizeof(float));
-        s->ge = df_xcalloc(max_z(B, K) * I, sizeof(float));
-        s->ue = df_xcalloc(max_z(B, K) * I, sizeof(float));
-        s->de = df_xcalloc(B * DH, sizeof(float));
-        s->de_all = df_xcalloc(B * K * DH, sizeof(float));
+        s->tok_src = df_xcalloc(B * K, sizeof(int));
         s->exp_list = df_xcalloc(E, sizeof(int));
-        s->route_tmp = df_xcalloc(4 * E, sizeof(float));
+        s->seen = df_xcalloc(E, 1);
         s->pend_k = df_xcalloc(K, sizeof(int));
         s->pend_f = df_xcalloc(K, sizeof(df_glu));
         s->jobs = df_xcalloc(2 * K, sizeof(df_mv_job));
-        s->xp = df_xcalloc(H, sizeof(float));
-        s->plog = df_xcalloc(E, sizeof(float));
         s->pred = df_xcalloc(K, sizeof(int));
-        s->predw = df_xcalloc(K, sizeof(float));
+    }
+    if (fail) {
+        df_state_free(s);
+        return df_err(err, errlen, DF_ENOMEM, "cannot allocate the session's scratch for a batch of %zu tokens", B);
     }
     return 0;
 }
 
 void df_state_free(df_state *s) {
-    void *bufs[] = {s->state_mem, s->ls, s->x, s->xn, s->q, s->k, s->v, s->att, s->o, s->h1, s->h2, s->ffn_out,
-                    s->router_logits, s->rope_cs, s->kg, s->kb, s->ko, s->blocks, s->lat, s->sel, s->selw, s->tok_list, s->xe, s->ge, s->ue,
-                    s->de, s->de_all, s->exp_list, s->route_tmp, s->pend_k, s->pend_f, s->jobs, s->xp, s->plog, s->pred, s->predw};
+    df_act *acts[] = {s->state_mem, s->x, s->xn, s->q, s->k, s->v, s->att, s->o, s->h1, s->h2, s->ffn_out, s->router_logits,
+                      s->rope_cs, s->logits, s->selw, s->xe, s->ge, s->ue, s->de, s->de_all, s->xp, s->plog,
+                      s->kg, s->kb, s->ko, s->kc, s->blocks, s->lat};
+    for (size_t i = 0; i < sizeof acts / sizeof *acts; i++) df_free(acts[i]);
+    void *bufs[] = {s->ls, s->emb, s->sel, s->tok_list, s->tok_src, s->exp_list, s->seen, s->pend_k, s->pend_f, s->jobs, s->pred};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     memset(s, 0, sizeof *s);
 }
 
 /* Fixed states are laid out after each layer's cache; a snapshot copies them
- * in layer order into one buffer. */
+ * to the host in layer order into one buffer. */
 int df_state_snapshot(const df_state *s, int pos, df_snapshot *out) {
     const int n_layers = s->n_layers;
     memset(out, 0, sizeof *out);
@@ -142,7 +161,7 @@ int df_state_snapshot(const df_state *s, int pos, df_snapshot *out) {
     if (!out->fixed) return DF_ENOMEM;
     float *p = out->fixed;
     for (int l = 0; l < n_layers; l++)
-        if (s->ls[l].fixed_floats) memcpy(p, s->ls[l].fixed, s->ls[l].fixed_floats * sizeof(float)), p += s->ls[l].fixed_floats;
+        if (s->ls[l].fixed_floats) df_read(p, s->ls[l].fixed, s->ls[l].fixed_floats), p += s->ls[l].fixed_floats;
     return 0;
 }
 
@@ -150,34 +169,17 @@ void df_state_restore(df_state *s, const df_snapshot *snap) {
     const int n_layers = s->n_layers;
     const float *p = snap->fixed;
     for (int l = 0; l < n_layers && p; l++)
-        if (s->ls[l].fixed_floats) memcpy(s->ls[l].fixed, p, s->ls[l].fixed_floats * sizeof(float)), p += s->ls[l].fixed_floats;
+        if (s->ls[l].fixed_floats) df_write(s->ls[l].fixed, p, s->ls[l].fixed_floats), p += s->ls[l].fixed_floats;
 }
 
 void df_state_clear_fixed(df_state *s) {
     for (int l = 0; l < s->n_layers; l++)
-        if (s->ls[l].fixed_floats) memset(s->ls[l].fixed, 0, s->ls[l].fixed_floats * sizeof(float));
+        if (s->ls[l].fixed_floats) df_zero(s->ls[l].fixed, s->ls[l].fixed_floats);
 }
 
 void df_snapshot_free(df_snapshot *snap) {
     free(snap->fixed);
     memset(snap, 0, sizeof *snap);
-}
-
-void df_rope(const float *cs, int d, float *v, int interleaved) {
-    int half = d / 2;
-    if (interleaved) {
-        for (int i = 0; i < half; i++) {
-            float c = cs[2 * i], s = cs[2 * i + 1], a = v[2 * i], b = v[2 * i + 1];
-            v[2 * i] = a * c - b * s;
-            v[2 * i + 1] = b * c + a * s;
-        }
-    } else {
-        for (int i = 0; i < half; i++) {
-            float c = cs[2 * i], s = cs[2 * i + 1], a = v[i], b = v[i + half];
-            v[i] = a * c - b * s;
-            v[i + half] = b * c + a * s;
-        }
-    }
 }
 
 int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all) {
@@ -190,14 +192,9 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
     s->err[0] = 0;
     if (s->src) s->src->ops->set_token(s->src, pos0);
     for (int t = 0; t < n; t++)
-        if (df_model_embed_row(m, tokens[t], s->x + (size_t)t * H, s->err, sizeof s->err)) return DF_EIO;
-    const int half = c->rope_dim / 2;
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < half; i++) {
-            float ang = (float)(pos0 + t) * m->inv_freq[i];
-            s->rope_cs[((size_t)t * half + i) * 2] = cosf(ang) * m->rope_scale;
-            s->rope_cs[((size_t)t * half + i) * 2 + 1] = sinf(ang) * m->rope_scale;
-        }
+        if (df_model_embed_row(m, tokens[t], s->emb + (size_t)t * H, s->err, sizeof s->err)) return DF_EIO;
+    df_write(s->x, s->emb, (size_t)n * H);
+    df_rope_table(s->rope_cs, pos0, n, m->inv_freq, c->rope_dim / 2, m->rope_scale);
     const float eps = (float)c->rms_eps;
     double t1 = df_now();
     s->t_other += t1 - t0;
@@ -211,39 +208,46 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
         int restart = 0;
         if (ar) {
             /* the mixer's input mixes the completed blocks and the partial sum; a new block starts every bs layers */
-            const float *in = s->x;
-            if (nb) df_attn_res(m, s->blocks, bstride, nb, s->x, n, L->res_norm[0], L->res_proj[0], s->xn), in = s->xn;
-            if (l % bs == 0 && nb < s->max_blocks) memcpy(s->blocks + (size_t)nb++ * bstride, s->x, NH_ * sizeof(float)), restart = 1;
-            for (int t = 0; t < n; t++) df_rmsnorm(s->xn + (size_t)t * H, in + (size_t)t * H, L->attn_norm, H, eps);
+            const df_act *in = s->x;
+            if (nb) {
+                const df_attn_res_args r = {s->xn, s->blocks, bstride, nb, s->x, L->res_norm[0], L->res_proj[0], n, H, eps};
+                df_attn_res(&r);
+                in = s->xn;
+            }
+            if (l % bs == 0 && nb < s->max_blocks) df_copy(DF_AT(s->blocks, (size_t)nb++ * bstride), s->x, NH_), restart = 1;
+            df_rmsnorm_rows(s->xn, H, in, H, L->attn_norm, n, H, eps);
         } else {
-            for (int t = 0; t < n; t++) df_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->attn_norm, H, eps);
+            df_rmsnorm_rows(s->xn, H, s->x, H, L->attn_norm, n, H, eps);
         }
         df_mixer_of(L->kind.mixer)->forward(m, s, l, n, pos0);
-        if (restart) memcpy(s->x, s->o, NH_ * sizeof(float));
-        else for (size_t i = 0; i < NH_; i++) s->x[i] += s->o[i];
+        if (restart) df_copy(s->x, s->o, NH_);
+        else df_add(s->x, s->o, NH_);
         double a1 = df_now();
         if (ar) {
-            df_attn_res(m, s->blocks, bstride, nb, s->x, n, L->res_norm[1], L->res_proj[1], s->xn);
-            for (int t = 0; t < n; t++) df_rmsnorm(s->xn + (size_t)t * H, s->xn + (size_t)t * H, L->ffn_norm, H, eps);
+            const df_attn_res_args r = {s->xn, s->blocks, bstride, nb, s->x, L->res_norm[1], L->res_proj[1], n, H, eps};
+            df_attn_res(&r);
+            df_rmsnorm_rows(s->xn, H, s->xn, H, L->ffn_norm, n, H, eps);
         } else {
-            for (int t = 0; t < n; t++) df_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, L->ffn_norm, H, eps);
+            df_rmsnorm_rows(s->xn, H, s->x, H, L->ffn_norm, n, H, eps);
         }
         int rc = L->kind.ffn == DF_FFN_MOE ? df_ffn_moe(m, s, L, l, n) : df_ffn_dense(m, s, L, n);
         if (rc) return rc;
-        for (size_t i = 0; i < NH_; i++) s->x[i] += s->ffn_out[i];
+        df_add(s->x, s->ffn_out, NH_);
         double a2 = df_now();
         s->t_attn += a1 - a0;
         s->t_ffn += a2 - a1;
     }
     double t2 = df_now();
     int first = all ? 0 : n - 1, cnt = all ? n : 1;
-    const float *fin = s->x + (size_t)first * H;
+    const df_act *fin = DF_AT(s->x, (size_t)first * H);
     if (m->out_res_norm && nb) { /* the output mixes the blocks and the last partial sum too */
-        df_attn_res(m, s->blocks + (size_t)first * H, bstride, nb, fin, cnt, m->out_res_norm, m->out_res_proj, s->xn);
+        const df_attn_res_args r = {s->xn, DF_AT(s->blocks, (size_t)first * H), bstride, nb, fin, m->out_res_norm, m->out_res_proj, cnt, H, eps};
+        df_attn_res(&r);
         fin = s->xn;
     }
-    for (int t = 0; t < cnt; t++) df_rmsnorm(s->xn + (size_t)t * H, fin + (size_t)t * H, m->final_norm, H, eps);
-    df_matmul(&m->lm_head, s->xn, cnt, logits);
+    df_rmsnorm_rows(s->xn, H, fin, H, m->final_norm, cnt, H, eps);
+    df_matmul(&m->lm_head, s->xn, cnt, s->logits);
+    df_read(logits, s->logits, (size_t)cnt * c->vocab);
     s->t_other += df_now() - t2;
     return 0;
 }

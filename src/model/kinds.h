@@ -14,12 +14,14 @@ typedef struct {
     /* floats of growing cache per position, and of fixed state, for layer l */
     size_t (*cache_floats)(const df_model *m, int l);
     size_t (*fixed_floats)(const df_model *m, int l);
-    /* s->xn[n x hidden] (normed input) -> s->o[n x hidden], updating layer l's state for positions pos0.. */
+    /* s->xn[n x hidden] (normed input) -> s->o[n x hidden], updating layer l's state for positions pos0..
+     * (backend memory: only through backend.h operations) */
     void (*forward)(const df_model *m, df_state *s, int l, int n, int pos0);
 } df_mixer_ops;
 
-/* Routers: one token's router logits -> K expert ids and weights. tmp: [4 x E] floats of scratch. */
-typedef void (*df_route_fn)(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w, float *tmp);
+/* Routers: n tokens' router logits [n x E] -> K expert ids per token (host, ids [n x K]) and their
+ * weights (backend memory w [n x K], or NULL when only the ids are wanted). */
+typedef void (*df_route_fn)(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w);
 
 extern const df_mixer_ops df_mixer_gqa, df_mixer_mla, df_mixer_kda;
 const df_mixer_ops *df_mixer_of(df_mixer_kind k);
@@ -31,14 +33,8 @@ const char *df_kind_name_router(df_router_kind k);
 int df_ffn_dense(const df_model *m, df_state *s, const df_layer *L, int n);
 int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n);
 
-/* Block attention residuals (kinds/attnres.c): out[n x hidden] = the softmax-weighted mix of the completed
- * blocks blocks[b][n x hidden] (b < nb) and the partial sum p[n x hidden], scored by norm_w * proj_w. */
-void df_attn_res(const df_model *m, const float *blocks, size_t block_stride, int nb, const float *p, int n, const float *norm_w, const float *proj_w, float *out);
-/* Gated activations in place: h1[i] = act(h1[i], h2[i]) for i < count (SiLU-GLU: silu(g) u; SiTU). */
-void df_act_glu(const df_model *m, df_act_kind act, float *h1, const float *h2, int64_t count);
-
 /* Router kinds (kinds/router.c). */
-void df_route_softmax_topk(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w, float *tmp);
-void df_route_sigmoid_groups(const df_model *m, const df_layer *L, const float *logits, int *sel, float *w, float *tmp);
+void df_route_softmax_topk(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w);
+void df_route_sigmoid_groups(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w);
 
 #endif

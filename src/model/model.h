@@ -157,6 +157,13 @@ void df_model_free(df_model *m);
  * not spine). fn is called for each weight with data != NULL. */
 typedef void (*df_weight_fn)(void *ctx, df_weight *w);
 void df_model_foreach_weight(df_model *m, df_weight_fn fn, void *ctx);
+/* Registers the spine weights and the small f32 params (norm gains, biases,
+ * router bias, RoPE frequencies) with the selected backend, once per model
+ * (CPU: nothing to do; a device backend uploads them). Routed experts are
+ * not registered: they reach the backend through the expert source.
+ * 0 or DF_E* with a message. detach undoes it (idempotent). */
+int df_model_backend_attach(df_model *m, char *err, size_t errlen);
+void df_model_backend_detach(df_model *m);
 /* Where each routed expert is, [n_layers * n_experts] (entries of dense
  * layers have n_parts 0). Caller frees. */
 df_expert_loc *df_model_expert_locs(const df_model *m);
@@ -175,36 +182,44 @@ int64_t df_model_expert_bytes(const df_model *m);
  * prefix of its state at any later position is truncatable: a session may
  * cut it back; otherwise going back needs a snapshot (df_snapshot). */
 typedef struct {
-    float *cache;      /* [max_ctx][cache_floats] or NULL */
+    df_act *cache;       /* [max_ctx][cache_floats] or NULL (backend memory) */
     size_t cache_floats; /* per position */
-    float *fixed;      /* [fixed_floats] or NULL */
+    df_act *fixed;       /* [fixed_floats] or NULL (backend memory) */
     size_t fixed_floats;
 } df_layer_state;
 
+/* Activations and states are backend memory (df_act, opaque: the model
+ * only passes them to backend operations); the host keeps the expert ids,
+ * the index lists and the embedding rows on their way in. */
 typedef struct {
     int max_ctx, max_batch, n_layers;
     df_layer_state *ls;       /* [n_layers] */
-    float *state_mem;         /* one allocation behind every layer's cache and fixed state */
+    df_act *state_mem;        /* one allocation behind every layer's cache and fixed state */
     size_t state_floats;
-    /* scratch, [max_batch x ...] */
-    float *x, *xn, *q, *k, *v, *att, *o, *h1, *h2, *ffn_out, *router_logits;
-    float *rope_cs;           /* [max_batch][rope_dim/2][2] cos, sin of this batch's positions */
-    float *kg, *kb, *ko;      /* KDA: gates [max_batch x H*d], betas [max_batch x H], output gate [max_batch x H*d] */
-    float *blocks;            /* attention residuals: [max_blocks][max_batch x hidden] completed block outputs */
+    /* backend scratch, [max_batch x ...] */
+    df_act *x, *xn, *q, *k, *v, *att, *o, *h1, *h2, *ffn_out, *router_logits;
+    df_act *rope_cs;          /* [max_batch][rope_dim/2][2] cos, sin of this batch's positions */
+    df_act *kg, *kb, *ko;     /* KDA: gates [max_batch x H*d], betas [max_batch x H]; output gates (KDA, MLA) */
+    df_act *kc;               /* KDA: the three convolutions' outputs [3][max_batch x H*d] */
+    df_act *blocks;           /* attention residuals: [max_blocks][max_batch x hidden] completed block outputs */
     int max_blocks;
-    float *lat;               /* latent MoE: [max_batch x latent] routed input, then the routed sum */
+    df_act *lat;              /* latent MoE: [max_batch x latent] routed input, then the routed sum */
+    df_act *logits;           /* [max_batch x vocab] */
+    df_act *selw;             /* [max_batch x topk] expert weights */
+    df_act *xe, *ge, *ue, *de; /* gathered expert batch: [max_batch x hidden], [max(max_batch, topk) x I] x2, [max_batch x hidden] */
+    df_act *de_all;           /* [max_batch x topk x hidden] each routed expert's output */
+    df_act *xp, *plog;        /* router lookahead: [hidden], [n_experts] */
+    /* host */
+    float *emb;               /* [max_batch x hidden] embedding rows before they are written to x */
     int *sel;                 /* [max_batch x topk] expert ids */
-    float *selw;              /* [max_batch x topk] weights */
-    int *tok_list;            /* [max_batch x topk] tokens routed to an expert */
-    float *xe, *ge, *ue, *de; /* gathered expert batch: [max_batch x hidden], [max(max_batch, topk) x I] x2, [max_batch x hidden] */
-    float *de_all;            /* [max_batch x topk x hidden] each routed expert's output */
+    int *tok_list;            /* [max_batch x topk] (token, k) slots routed to an expert */
+    int *tok_src;             /* [max_batch x topk] their tokens */
     int *exp_list;            /* [n_experts] distinct experts of a batch */
-    float *route_tmp;         /* [4 x n_experts] router scratch */
+    unsigned char *seen;      /* [n_experts] */
     int *pend_k;              /* [topk] decode: slots of experts handed over, not computed yet */
     df_glu *pend_f;           /* [topk] their weights */
     df_mv_job *jobs;          /* [2 x topk] */
     char err[256];            /* message of a failed forward (e.g. expert I/O) */
-    float *xp, *plog, *predw; /* router lookahead: [hidden], [n_experts], [topk] */
     int *pred;                /* [topk] predicted experts of the next layer */
     df_expert_source *src;    /* where routed experts come from (set by the engine) */
     double t_attn, t_ffn, t_other;
@@ -236,8 +251,5 @@ void df_state_clear_fixed(df_state *s);
  * pos0 + n <= max_ctx). Writes logits for the last position into
  * logits[vocab], or for every position into logits[n x vocab] if all. */
 int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all);
-
-/* rotary embedding of one head vector in place; cs = [rope_dim/2][cos, sin] of its position */
-void df_rope(const float *cs, int rope_dim, float *v, int interleaved);
 
 #endif

@@ -22,6 +22,42 @@ void df_model_foreach_weight(df_model *m, df_weight_fn fn, void *ctx) {
     }
 }
 
+/* ---- registration with the backend -------------------------------------- */
+typedef struct { int rc; } reg_ctx;
+static void reg_one(void *p, df_weight *w) {
+    reg_ctx *c = p;
+    if (!c->rc) c->rc = df_weight_register(w);
+}
+static void unreg_one(void *p, df_weight *w) { (void)p; df_weight_unregister(w); }
+
+int df_model_backend_attach(df_model *m, char *err, size_t errlen) {
+    reg_ctx c = {0};
+    df_model_foreach_weight(m, reg_one, &c);
+    if (c.rc) return df_err(err, errlen, c.rc, "%s: the %s backend cannot hold the model's weights", m->dir, df_be->name);
+    const size_t H = (size_t)m->cfg.hidden, hd = (size_t)m->cfg.head_dim, kc = (size_t)m->cfg.kda_heads * (size_t)m->cfg.kda_head_dim;
+    int rc = df_param_register(m->final_norm, H);
+    if (m->out_res_norm && !rc) rc = df_param_register(m->out_res_norm, H);
+    if (m->out_res_proj && !rc) rc = df_param_register(m->out_res_proj, H);
+    if (m->inv_freq && !rc) rc = df_param_register(m->inv_freq, (size_t)m->cfg.rope_dim / 2);
+    for (int l = 0; l < m->cfg.n_layers && !rc; l++) {
+        const df_layer *L = &m->layers[l];
+        const struct { const float *p; size_t n; } ps[] = {
+            {L->attn_norm, H}, {L->ffn_norm, H}, {L->bq, (size_t)L->w.wq.rows}, {L->bk, (size_t)L->w.wk.rows},
+            {L->bv, (size_t)L->w.wv.rows}, {L->bo, H}, {L->q_norm, hd}, {L->k_norm, hd},
+            {L->q_a_norm, (size_t)m->cfg.q_lora_rank}, {L->kv_a_norm, (size_t)m->cfg.kv_lora_rank},
+            {L->router_bias, (size_t)m->cfg.n_experts},
+            {L->conv[0], kc * (size_t)m->cfg.kda_conv}, {L->conv[1], kc * (size_t)m->cfg.kda_conv}, {L->conv[2], kc * (size_t)m->cfg.kda_conv},
+            {L->A_log, (size_t)m->cfg.kda_heads}, {L->dt_bias, kc}, {L->o_norm, (size_t)m->cfg.kda_head_dim},
+            {L->lat_norm, (size_t)m->cfg.latent_dim}, {L->res_norm[0], H}, {L->res_proj[0], H}, {L->res_norm[1], H}, {L->res_proj[1], H}};
+        for (size_t i = 0; i < sizeof ps / sizeof *ps && !rc; i++)
+            if (ps[i].p) rc = df_param_register(ps[i].p, ps[i].n);
+    }
+    if (rc) return df_err(err, errlen, rc, "%s: the %s backend cannot hold the model's parameters", m->dir, df_be->name);
+    return 0;
+}
+
+void df_model_backend_detach(df_model *m) { df_model_foreach_weight(m, unreg_one, NULL); }
+
 df_expert_loc *df_model_expert_locs(const df_model *m) {
     const df_config *c = &m->cfg;
     df_expert_loc *loc = df_xcalloc((size_t)c->n_layers * (size_t)(c->n_experts ? c->n_experts : 1), sizeof *loc);

@@ -46,7 +46,8 @@ BASE = "deepseek-v3-bf16"
 ISAS = ["scalar", "avx2", "avx512"]
 AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni", "-mfma", "-mf16c"]
-SOURCES = ["tests/tools/mxfp4_driver.c", "src/backend/wfmt.c", "src/backend/cpu/cpu.c", "src/backend/cpu/attn.c",
+SOURCES = ["tests/tools/mxfp4_driver.c", "src/backend/backend.c", "src/backend/wfmt.c", "src/backend/cpu/cpu.c",
+           "src/backend/cpu/attn.c", "src/backend/cpu/ops.c",
            "src/backend/cpu/kernels_scalar.c", "src/backend/cpu/kernels_avx2.c", "src/backend/cpu/kernels_avx512.c",
            "src/backend/cpu/ggml_quant.c", "src/backend/cpu/ggml_quant_avx2.c", "src/backend/cpu/ggml_quant_avx512.c",
            "src/util/util.c"]

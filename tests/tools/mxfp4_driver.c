@@ -59,7 +59,12 @@ int main(int argc, char **argv) {
     if (argc == 10) {
         const int n = atoi(argv[8]);
         float *x = slurp(argv[7], (size_t)n * (size_t)C * sizeof(float)), *y = malloc((size_t)n * (size_t)R * sizeof(float));
-        df_matmul(&w, x, n, y);
+        /* through the backend contract: the input and output live in backend memory */
+        df_act *xa = df_alloc((size_t)n * (size_t)C), *ya = df_alloc((size_t)n * (size_t)R);
+        df_write(xa, x, (size_t)n * (size_t)C);
+        df_matmul(&w, xa, n, ya);
+        df_read(y, ya, (size_t)n * (size_t)R);
+        df_free(xa), df_free(ya);
         spill(argv[9], y, (size_t)n * (size_t)R);
         free(x), free(y);
     }

@@ -135,7 +135,8 @@ static void test_mxfp4(void) {
             }
             const int nt[] = {1, 3, 17};
             for (int k = 0; k < 3; k++) {
-                df_matmul(&W, X, nt[k], Y);
+                const df_mv_job j = {&W, (const df_act *)(const void *)X, (df_act *)(void *)Y}; /* CPU backend memory is host memory */
+                df_cpu_matmul_batch(&j, 1, nt[k]);
                 for (int t = 0; t < nt[k]; t++)
                     for (int r = 0; r < R; r++) {
                         double ref = 0, mag = 0;
@@ -150,7 +151,7 @@ static void test_mxfp4(void) {
                         }
                     }
             }
-            df_matvec_t_rows(&W, 5, 7, X, yt);
+            df_cpu_matvec_t_rows(&W, 5, 7, X, yt);
             for (int c = 0; c < C; c++) {
                 double ref = 0, mag = 0;
                 for (int r = 0; r < 7; r++) {

@@ -1,5 +1,5 @@
 /* attn.c - the attention cores of the mixer kinds as backend operations
- * (backend.h: df_attn_gqa, df_attn_mla), on the CPU backend's pool. The
+ * (the table's attn_gqa, attn_mla), on the CPU backend's pool. The
  * model's mixer kinds compute projections, norms and RoPE and write their
  * state; the loops over positions and heads live here, so another backend
  * can implement them next to its own memory. Per-thread scratch (scores,
@@ -19,21 +19,21 @@ static void gqa_task(void *p, int tid, int nth) {
     const df_attn_gqa_args *a = p;
     const int NH = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = NH / KV;
     const size_t kdim = (size_t)KV * hd;
-    const float *kc = a->kv, *vc = a->kv + kdim; /* position j: K at j*2*kdim, V after it */
+    const float *kc = DF_CF(a->kv), *vc = DF_CF(a->kv) + kdim; /* position j: K at j*2*kdim, V after it */
     float *sc = df_cpu_scratch(SC_SCORES, (size_t)(a->pos0 + a->n));
     const int items = a->n * NH;
     for (int it = tid; it < items; it += nth) {
         int t = it / NH, h = it % NH, kvh = h / grp, len = a->pos0 + t + 1;
-        const float *q = a->q + ((size_t)t * NH + h) * hd;
-        for (int j = 0; j < len; j++) sc[j] = df_dot_f32(q, kc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd) * a->scale;
-        df_softmax(sc, len);
-        float *out = a->out + ((size_t)t * NH + h) * hd;
+        const float *q = DF_CF(a->q) + ((size_t)t * NH + h) * hd;
+        for (int j = 0; j < len; j++) sc[j] = df_cpu_dot(q, kc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd) * a->scale;
+        df_cpu_softmax(sc, len);
+        float *out = DF_F(a->out) + ((size_t)t * NH + h) * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < len; j++) df_axpy(out, sc[j], vc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd);
+        for (int j = 0; j < len; j++) df_cpu_axpy(out, sc[j], vc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd);
     }
 }
 
-void df_attn_gqa(const df_attn_gqa_args *a) {
+void df_cpu_attn_gqa(const df_attn_gqa_args *a) {
     if ((int64_t)a->n * a->n_heads * (a->pos0 + a->n) * a->head_dim < 32768) gqa_task((void *)a, 0, 1); /* too little work to share */
     else df_pool_run(gqa_task, (void *)a);
 }
@@ -44,12 +44,12 @@ static void mla_attend(const df_attn_mla_args *a, const float *q, float *qlat, f
     const int nope = a->nope, rope = a->rope, R = a->kv_lora;
     const size_t cdim = (size_t)R + rope;
     for (int j = 0; j < len; j++) {
-        const float *cj = a->cache + (size_t)j * cdim;
-        sc[j] = (df_dot_f32(qlat, cj, R) + df_dot_f32(q + nope, cj + R, rope)) * a->scale;
+        const float *cj = DF_CF(a->cache) + (size_t)j * cdim;
+        sc[j] = (df_cpu_dot(qlat, cj, R) + df_cpu_dot(q + nope, cj + R, rope)) * a->scale;
     }
-    df_softmax(sc, len);
+    df_cpu_softmax(sc, len);
     memset(qlat, 0, (size_t)R * sizeof(float));
-    for (int j = 0; j < len; j++) df_axpy(qlat, sc[j], a->cache + (size_t)j * cdim, R);
+    for (int j = 0; j < len; j++) df_cpu_axpy(qlat, sc[j], DF_CF(a->cache) + (size_t)j * cdim, R);
 }
 
 /* Decode: (token, head) items; the absorbed query q_lat = W_uk^T q_nope is a
@@ -63,14 +63,14 @@ static void mla_task(void *p, int tid, int nth) {
     const int items = a->n * NH;
     for (int it = tid; it < items; it += nth) {
         int t = it / NH, h = it % NH, len = a->pos0 + t + 1;
-        const float *q = a->q + ((size_t)t * NH + h) * qh;
+        const float *q = DF_CF(a->q) + ((size_t)t * NH + h) * qh;
         const int64_t kv_row0 = (int64_t)h * (nope + vd);
         if (a->k_b->data) /* split form: q_lat[c] = W_uk^T[h][c] . q_nope */
             for (int c2 = 0; c2 < R; c2++) qlat[c2] = df_dot_row(a->k_b, (int64_t)h * R + c2, q);
         else
-            df_matvec_t_rows(a->kv_b, kv_row0, nope, q, qlat);
+            df_cpu_matvec_t_rows(a->kv_b, kv_row0, nope, q, qlat);
         mla_attend(a, q, qlat, sc, len);
-        float *out = a->out + ((size_t)t * NH + h) * vd;
+        float *out = DF_F(a->out) + ((size_t)t * NH + h) * vd;
         if (a->v_b->data)
             for (int i = 0; i < vd; i++) out[i] = df_dot_row(a->v_b, (int64_t)h * vd + i, qlat);
         else
@@ -100,18 +100,18 @@ static void mla_prefill_task(void *p, int tid, int nth) {
             df_dequant_row(vb->data ? vb : kvb, vb->data ? (int64_t)h * vd + i : kv_row0 + nope + i, wv + (size_t)i * R);
         for (int t = 0; t < a->n; t++) {
             const int len = a->pos0 + t + 1;
-            const float *q = a->q + ((size_t)t * NH + h) * qh;
+            const float *q = DF_CF(a->q) + ((size_t)t * NH + h) * qh;
             if (kb->data) {
-                for (int r = 0; r < R; r++) qlat[r] = df_dot_f32(wk + (size_t)r * nope, q, nope);
+                for (int r = 0; r < R; r++) qlat[r] = df_cpu_dot(wk + (size_t)r * nope, q, nope);
             } else {
                 memset(qlat, 0, (size_t)R * sizeof(float));
-                for (int d = 0; d < nope; d++) df_axpy(qlat, q[d], wk + (size_t)d * R, R);
+                for (int d = 0; d < nope; d++) df_cpu_axpy(qlat, q[d], wk + (size_t)d * R, R);
             }
             mla_attend(a, q, qlat, sc, len);
-            float *out = a->out + ((size_t)t * NH + h) * vd;
-            for (int i = 0; i < vd; i++) out[i] = df_dot_f32(wv + (size_t)i * R, qlat, R);
+            float *out = DF_F(a->out) + ((size_t)t * NH + h) * vd;
+            for (int i = 0; i < vd; i++) out[i] = df_cpu_dot(wv + (size_t)i * R, qlat, R);
         }
     }
 }
 
-void df_attn_mla(const df_attn_mla_args *a) { df_pool_run(a->n > 1 ? mla_prefill_task : mla_task, (void *)a); }
+void df_cpu_attn_mla(const df_attn_mla_args *a) { df_pool_run(a->n > 1 ? mla_prefill_task : mla_task, (void *)a); }

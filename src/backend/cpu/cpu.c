@@ -1,5 +1,6 @@
-/* cpu.c - the CPU backend: ISA dispatch, thread pool, and the operations of
- * backend.h built on the per-ISA kernels. The thread pool runs one task at
+/* cpu.c - the CPU backend: ISA dispatch, the stored formats (one case per
+ * format in each switch below), thread pool, and the products of the table
+ * (matmul_batch) built on the per-ISA kernels; ops.c has the rest. The thread pool runs one task at
  * a time on all threads (the caller is thread 0); workers spin briefly and
  * then sleep on a condition variable, so an idle engine costs no CPU. */
 #include "backend/cpu/cpu.h"
@@ -220,6 +221,10 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
                                                                   (int64_t)w->row_bytes / 2, x, w->cols, y + i);
         break;
     case DF_W_FP8:
+        /* the scale rows cached by fp8_scale_row are keyed by the scale pointer,
+         * which a reused buffer (an expert cache slot) keeps for other
+         * contents: the cache lives for one call only */
+        tl_fsc_w = NULL;
         if (w->blk_c % 32 == 0 && w->cols % 32 == 0 && w->blk_r > 0)
             for (; i + 4 <= nr; i += 4) {
                 const float *sc[4];
@@ -284,6 +289,7 @@ static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int started;
+    int serial; /* df_pool_serial */
 } P = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static void *worker(void *arg) {
@@ -323,10 +329,11 @@ void df_pool_init(int n) {
     pthread_mutex_unlock(&P.mu);
 }
 int df_pool_size(void) { return P.started ? P.n : 1; }
+void df_pool_serial(int on) { P.serial = on; }
 
 void df_pool_run(df_task_fn fn, void *ctx) {
     if (!P.started) df_pool_init(0);
-    if (P.n == 1) { fn(ctx, 0, 1); return; }
+    if (P.n == 1 || P.serial) { fn(ctx, 0, 1); return; }
     P.fn = fn;
     P.ctx = ctx;
     atomic_store_explicit(&P.done, 0, memory_order_release);
@@ -366,12 +373,11 @@ static void mv_task(void *p, int tid, int nth) {
     if (b < e) dot_rows(c->w, c->r0 + b, e - b, c->x, c->y + b);
 }
 
-void df_matvec_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y) {
-    mv_ctx c = {w, r0, nr, x, y, 1};
-    if (nr * w->cols < 32768) mv_task(&c, 0, 1);
+static void matvec(const df_weight *w, const float *x, float *y) {
+    mv_ctx c = {w, 0, w->rows, x, y, 1};
+    if (w->rows * w->cols < 32768) mv_task(&c, 0, 1);
     else df_pool_run(mv_task, &c);
 }
-void df_matvec(const df_weight *w, const float *x, float *y) { df_matvec_rows(w, 0, w->rows, x, y); }
 
 /* Rows [b, e) of Y = X W^T: a few rows dequantized into an f32 tile at a
  * time, then the 4x4 register-blocked kernel over the tokens. */
@@ -402,8 +408,8 @@ static void mm_task(void *p, int tid, int nth) {
     mm_rows(c, b, e);
 }
 
-void df_matmul(const df_weight *w, const float *X, int n, float *Y) {
-    if (n == 1) { df_matvec(w, X, Y); return; }
+static void matmul(const df_weight *w, const float *X, int n, float *Y) {
+    if (n == 1) { matvec(w, X, Y); return; }
     mv_ctx c = {w, 0, w->rows, X, Y, n};
     df_pool_run(mm_task, &c);
 }
@@ -424,9 +430,9 @@ static void batch_task(void *p, int tid, int nth) {
         int64_t r0 = b > base ? b - base : 0, r1 = e - base < w->rows ? e - base : w->rows;
         if (r0 < r1) {
             if (c->n == 1) {
-                dot_rows(w, r0, r1 - r0, c->jobs[j].x, c->jobs[j].y + r0);
+                dot_rows(w, r0, r1 - r0, DF_CF(c->jobs[j].x), DF_F(c->jobs[j].y) + r0);
             } else {
-                mv_ctx m = {w, 0, w->rows, c->jobs[j].x, c->jobs[j].y, c->n};
+                mv_ctx m = {w, 0, w->rows, DF_CF(c->jobs[j].x), DF_F(c->jobs[j].y), c->n};
                 mm_rows(&m, r0, r1);
             }
         }
@@ -434,7 +440,10 @@ static void batch_task(void *p, int tid, int nth) {
     }
 }
 
-void df_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
+/* One job: the single-product paths (a decode product shares rows across
+ * threads from 32768 weights up); several: one dispatch over all their rows. */
+void df_cpu_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
+    if (n_jobs == 1) { matmul(jobs[0].w, DF_CF(jobs[0].x), n, DF_F(jobs[0].y)); return; }
     batch_ctx c = {jobs, n_jobs, n, 0};
     int64_t work = 0;
     for (int j = 0; j < n_jobs; j++) c.total += (jobs[j].w->rows + 3) / 4 * 4, work += jobs[j].w->rows * jobs[j].w->cols;
@@ -442,19 +451,19 @@ void df_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     else df_pool_run(batch_task, &c);
 }
 
-void df_matvec_t_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y) {
+void df_cpu_matvec_t_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y) {
     memset(y, 0, (size_t)w->cols * sizeof(float));
     float *buf = scratch((size_t)w->cols);
     for (int64_t r = 0; r < nr; r++) {
         df_dequant_row(w, r0 + r, buf);
-        df_axpy(y, x[r], buf, (int)w->cols);
+        df_cpu_axpy(y, x[r], buf, (int)w->cols);
     }
 }
 
 /* ---- small ops ---------------------------------------------------------- */
-float df_dot_f32(const float *a, const float *b, int n) { return kt()->f32(a, b, n); }
-void df_axpy(float *y, float a, const float *x, int n) { kt()->axpy(y, a, x, n); }
-void df_softmax(float *x, int n) {
+float df_cpu_dot(const float *a, const float *b, int n) { return kt()->f32(a, b, n); }
+void df_cpu_axpy(float *y, float a, const float *x, int n) { kt()->axpy(y, a, x, n); }
+void df_cpu_softmax(float *x, int n) {
     float m = -INFINITY;
     for (int i = 0; i < n; i++) if (x[i] > m) m = x[i];
     double s = 0;
@@ -462,12 +471,3 @@ void df_softmax(float *x, int n) {
     float inv = (float)(1.0 / s);
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
-void df_rmsnorm(float *out, const float *x, const float *g, int n, float eps) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float inv = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = g[i] * (x[i] * inv);
-}
-
-void df_backend_init(int n_threads) { df_pool_init(n_threads); }
-int df_backend_threads(void) { return df_pool_size(); }

@@ -11,11 +11,28 @@ typedef void (*df_task_fn)(void *ctx, int tid, int nth);
 void df_pool_init(int n_threads); /* idempotent; 0 = all cores */
 int df_pool_size(void);
 void df_pool_run(df_task_fn fn, void *ctx); /* runs fn on every thread, returns when all are done */
+/* on: df_pool_run runs tasks on the caller alone (the scalar reference backend); off: on every thread */
+void df_pool_serial(int on);
 
 /* ---- ISA ------------------------------------------------------------- */
 enum { DF_ISA_SCALAR = 0, DF_ISA_AVX2 = 1, DF_ISA_AVX512 = 2 };
 int df_isa(void);
 void df_set_isa(int isa); /* -1 = best available */
 const char *df_isa_name(int isa);
+
+/* ---- host helpers of the CPU backend (f32, single-threaded, current ISA) */
+float df_cpu_dot(const float *a, const float *b, int n);
+void df_cpu_axpy(float *y, float a, const float *x, int n); /* y += a x */
+void df_cpu_softmax(float *x, int n);
+/* Transposed product over a row slice: y[cols] = sum_r W[r0+r,:] * x[r], r < nr. */
+void df_cpu_matvec_t_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y);
+/* Backend memory of the CPU backend is host memory: a df_act is a float array. */
+#define DF_F(p) ((float *)(void *)(p))
+#define DF_CF(p) ((const float *)(const void *)(p))
+
+/* ---- the CPU implementations of the table (cpu.c, attn.c, ops.c) ----- */
+void df_cpu_matmul_batch(const df_mv_job *jobs, int n_jobs, int n);
+void df_cpu_attn_gqa(const df_attn_gqa_args *a);
+void df_cpu_attn_mla(const df_attn_mla_args *a);
 
 #endif

@@ -14,19 +14,29 @@
 #include "deltafin.h"
 #include "util/util.h"
 
-#include <math.h>
 #include <string.h>
 
+/* The backend's gated activation of a layer's act kind, with its parameters. */
+typedef struct { df_gate_kind k; float p0, p1; } gate_kind;
+static gate_kind gate_of(const df_model *m, const df_layer *L) {
+    switch (L->kind.act) {
+    case DF_ACT_SITU_GLU: return (gate_kind){DF_GATE_SITU, (float)m->cfg.situ_beta, (float)m->cfg.situ_linear_beta};
+    case DF_ACT_SILU_GLU:
+    case DF_ACT_N: break;
+    }
+    return (gate_kind){DF_GATE_SILU, 0, 0};
+}
+
 /* out[n x rows of down] = down(act(gate x, up x)) */
-static void glu(const df_model *m, df_act_kind act, const df_glu *f, const float *x, int n, float *h1, float *h2, float *out) {
+static void glu(const df_glu *f, gate_kind gk, const df_act *x, int n, df_act *h1, df_act *h2, df_act *out) {
     const df_mv_job jobs[2] = {{&f->gate, x, h1}, {&f->up, x, h2}};
     df_matmul_batch(jobs, 2, n);
-    df_act_glu(m, act, h1, h2, (int64_t)n * f->gate.rows);
+    df_gate(h1, h1, h2, (size_t)n * (size_t)f->gate.rows, gk.k, gk.p0, gk.p1);
     df_matmul(&f->down, h1, n, out);
 }
 
 int df_ffn_dense(const df_model *m, df_state *s, const df_layer *L, int n) {
-    glu(m, L->kind.act, &L->w.mlp, s->xn, n, s->h1, s->h2, s->ffn_out);
+    glu(&L->w.mlp, gate_of(m, L), s->xn, n, s->h1, s->h2, s->ffn_out);
     return 0;
 }
 
@@ -47,7 +57,7 @@ typedef struct {
     df_state *s;
     const df_layer *L;
     const int *ids; /* experts of this acquire */
-    const float *xin; /* the routed experts' input [n x D]: the normed hidden state, or its latent projection */
+    const df_act *xin; /* the routed experts' input [n x D]: the normed hidden state, or its latent projection */
     int D;          /* its width */
     int n;          /* tokens in the batch */
     int npend;      /* decode: experts handed over and not computed yet */
@@ -60,14 +70,15 @@ static void flush_decode(moe_ctx *c) {
     if (!c->npend) return;
     df_state *s = c->s;
     const int D = c->D, I = c->m->cfg.moe_intermediate;
+    const gate_kind gk = gate_of(c->m, c->L);
     df_mv_job *jobs = s->jobs; /* [2 x topk] */
     for (int j = 0; j < c->npend; j++) {
-        jobs[2 * j] = (df_mv_job){&s->pend_f[j].gate, c->xin, s->ge + (size_t)j * I};
-        jobs[2 * j + 1] = (df_mv_job){&s->pend_f[j].up, c->xin, s->ue + (size_t)j * I};
+        jobs[2 * j] = (df_mv_job){&s->pend_f[j].gate, c->xin, DF_AT(s->ge, (size_t)j * I)};
+        jobs[2 * j + 1] = (df_mv_job){&s->pend_f[j].up, c->xin, DF_AT(s->ue, (size_t)j * I)};
     }
     df_matmul_batch(jobs, 2 * c->npend, 1);
-    df_act_glu(c->m, c->L->kind.act, s->ge, s->ue, (int64_t)c->npend * I);
-    for (int j = 0; j < c->npend; j++) jobs[j] = (df_mv_job){&s->pend_f[j].down, s->ge + (size_t)j * I, s->de_all + (size_t)s->pend_k[j] * D};
+    df_gate(s->ge, s->ge, s->ue, (size_t)c->npend * I, gk.k, gk.p0, gk.p1);
+    for (int j = 0; j < c->npend; j++) jobs[j] = (df_mv_job){&s->pend_f[j].down, DF_AT(s->ge, (size_t)j * I), DF_AT(s->de_all, (size_t)s->pend_k[j] * D)};
     df_matmul_batch(jobs, c->npend, 1);
     c->npend = 0;
 }
@@ -90,12 +101,14 @@ static void expert_ready(void *p, int i, const uint8_t *const *parts) {
         s->pend_f[c->npend++] = f;
         return;
     }
+    /* prefill: the tokens routed to e, gathered, through the expert, scattered to their (token, k) rows */
     int cnt = 0;
     for (int t = 0; t < c->n; t++)
         for (int k = 0; k < K; k++)
-            if (s->sel[t * K + k] == e) { s->tok_list[cnt] = t * K + k; memcpy(s->xe + (size_t)cnt * D, c->xin + (size_t)t * D, (size_t)D * 4); cnt++; }
-    glu(c->m, c->L->kind.act, &f, s->xe, cnt, s->ge, s->ue, s->de);
-    for (int j = 0; j < cnt; j++) memcpy(s->de_all + (size_t)s->tok_list[j] * D, s->de + (size_t)j * D, (size_t)D * 4);
+            if (s->sel[t * K + k] == e) s->tok_list[cnt] = t * K + k, s->tok_src[cnt++] = t;
+    df_gather(s->xe, c->xin, s->tok_src, cnt, D);
+    glu(&f, gate_of(c->m, c->L), s->xe, cnt, s->ge, s->ue, s->de);
+    df_scatter(s->de_all, s->tok_list, s->de, cnt, D);
 }
 
 /* Router lookahead: the next MoE layer's router applied to the current
@@ -108,9 +121,9 @@ static int predict_next(const df_model *m, df_state *s, int l) {
     while (nl < c->n_layers && m->layers[nl].kind.ffn != DF_FFN_MOE) nl++;
     if (nl >= c->n_layers) return -1;
     const df_layer *N = &m->layers[nl];
-    df_rmsnorm(s->xp, s->x, N->ffn_norm, c->hidden, (float)c->rms_eps);
-    df_matvec(&N->w.router, s->xp, s->plog);
-    df_router_of(N->kind.router)(m, N, s->plog, s->pred, s->predw, s->route_tmp);
+    df_rmsnorm_rows(s->xp, c->hidden, s->x, c->hidden, N->ffn_norm, 1, c->hidden, (float)c->rms_eps);
+    df_matmul(&N->w.router, s->xp, 1, s->plog);
+    df_router_of(N->kind.router)(m, N, s->plog, 1, s->pred, NULL);
     return nl;
 }
 
@@ -118,10 +131,9 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
     const df_config *c = &m->cfg;
     const int H = c->hidden, E = c->n_experts, K = c->n_experts_used;
     df_matmul(&L->w.router, s->xn, n, s->router_logits);
-    df_route_fn route = df_router_of(L->kind.router);
-    for (int t = 0; t < n; t++) route(m, L, s->router_logits + (size_t)t * E, s->sel + t * K, s->selw + t * K, s->route_tmp);
+    df_router_of(L->kind.router)(m, L, s->router_logits, n, s->sel, s->selw);
     /* the distinct experts of this batch, in index order */
-    unsigned char *seen = (unsigned char *)s->route_tmp;
+    unsigned char *seen = s->seen;
     memset(seen, 0, (size_t)E);
     for (int i = 0; i < n * K; i++) seen[s->sel[i]] = 1;
     int ne = 0;
@@ -142,18 +154,16 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
         src->ops->release(src);
         if (rc) return rc;
     }
-    float *y = L->kind.latent ? s->lat : s->ffn_out; /* the latent input is consumed */
-    memset(y, 0, (size_t)n * D * sizeof(float));
-    for (int t = 0; t < n; t++)
-        for (int k = 0; k < K; k++) df_axpy(y + (size_t)t * D, s->selw[t * K + k], s->de_all + ((size_t)t * K + k) * D, D);
-    if (L->kind.latent) {
-        if (L->lat_norm)
-            for (int t = 0; t < n; t++) df_rmsnorm(y + (size_t)t * D, y + (size_t)t * D, L->lat_norm, D, (float)c->rms_eps);
-        df_matmul(&L->w.lat_up, y, n, s->ffn_out);
+    if (L->kind.latent) { /* sum in the latent width, norm, project back (the latent input is consumed) */
+        df_moe_combine(s->lat, s->de_all, s->selw, n, K, D);
+        if (L->lat_norm) df_rmsnorm_rows(s->lat, D, s->lat, D, L->lat_norm, n, D, (float)c->rms_eps);
+        df_matmul(&L->w.lat_up, s->lat, n, s->ffn_out);
+    } else {
+        df_moe_combine(s->ffn_out, s->de_all, s->selw, n, K, H);
     }
     if (L->has_shared) {
-        glu(m, L->kind.act, &L->w.shared, s->xn, n, s->h1, s->h2, s->o);
-        for (int64_t i = 0; i < (int64_t)n * H; i++) s->ffn_out[i] += s->o[i];
+        glu(&L->w.shared, gate_of(m, L), s->xn, n, s->h1, s->h2, s->o);
+        df_add(s->ffn_out, s->o, (size_t)n * H);
     }
     return 0;
 }

@@ -6,8 +6,6 @@
  * ([2][KV*hd]); truncatable. */
 #include "model/kinds.h"
 
-#include <math.h>
-#include <string.h>
 
 static void gqa_forward(const df_model *m, df_state *s, int l, int n, int pos0) {
     const df_config *c = &m->cfg;
@@ -17,30 +15,21 @@ static void gqa_forward(const df_model *m, df_state *s, int l, int n, int pos0) 
     const df_mv_job jobs[3] = {{&L->w.wq, s->xn, s->q}, {&L->w.wk, s->xn, s->k}, {&L->w.wv, s->xn, s->v}};
     df_matmul_batch(jobs, 3, n);
     const float eps = (float)c->rms_eps;
-    for (int t = 0; t < n; t++) {
-        float *q = s->q + t * qdim, *k = s->k + t * kdim, *v = s->v + t * kdim;
-        if (L->bq) for (size_t i = 0; i < qdim; i++) q[i] += L->bq[i];
-        if (L->bk) for (size_t i = 0; i < kdim; i++) k[i] += L->bk[i];
-        if (L->bv) for (size_t i = 0; i < kdim; i++) v[i] += L->bv[i];
-        const float *cs = s->rope_cs + (size_t)t * c->rope_dim;
-        for (int h = 0; h < NH; h++) {
-            if (L->q_norm) df_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, eps);
-            df_rope(cs, hd, q + h * hd, m->rope_adjacent);
-        }
-        for (int h = 0; h < KV; h++) {
-            if (L->k_norm) df_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, eps);
-            df_rope(cs, hd, k + h * hd, m->rope_adjacent);
-        }
-        float *row = s->ls[l].cache + (size_t)(pos0 + t) * 2 * kdim;
-        memcpy(row, k, kdim * sizeof(float));
-        memcpy(row + kdim, v, kdim * sizeof(float));
-    }
+    if (L->bq) df_add_bias(s->q, L->bq, n, (int)qdim);
+    if (L->bk) df_add_bias(s->k, L->bk, n, (int)kdim);
+    if (L->bv) df_add_bias(s->v, L->bv, n, (int)kdim);
+    if (L->q_norm) df_rmsnorm_rows(s->q, hd, s->q, hd, L->q_norm, n * NH, hd, eps);
+    if (L->k_norm) df_rmsnorm_rows(s->k, hd, s->k, hd, L->k_norm, n * KV, hd, eps);
+    df_rope(s->q, n, NH, qdim, hd, hd, s->rope_cs, m->rope_adjacent);
+    df_rope(s->k, n, KV, kdim, hd, hd, s->rope_cs, m->rope_adjacent);
+    /* the K and V rows of positions pos0.. into the cache */
+    df_act *row = DF_AT(s->ls[l].cache, (size_t)pos0 * 2 * kdim);
+    df_copy_rows(row, 2 * kdim, s->k, kdim, n, (int)kdim);
+    df_copy_rows(DF_AT(row, kdim), 2 * kdim, s->v, kdim, n, (int)kdim);
     const df_attn_gqa_args a = {s->q, s->ls[l].cache, s->att, n, pos0, NH, KV, hd, m->attn_scale};
     df_attn_gqa(&a);
     df_matmul(&L->w.wo, s->att, n, s->o);
-    if (L->bo)
-        for (int t = 0; t < n; t++)
-            for (int i = 0; i < c->hidden; i++) s->o[(size_t)t * c->hidden + i] += L->bo[i];
+    if (L->bo) df_add_bias(s->o, L->bo, n, c->hidden);
 }
 
 static size_t gqa_cache_floats(const df_model *m, int l) {

@@ -12,8 +12,6 @@
  * Truncatable. */
 #include "model/kinds.h"
 
-#include <math.h>
-#include <string.h>
 
 static void mla_forward(const df_model *m, df_state *s, int l, int n, int pos0) {
     const df_config *c = &m->cfg;
@@ -25,28 +23,23 @@ static void mla_forward(const df_model *m, df_state *s, int l, int n, int pos0) 
     const float eps = 1e-6f;
     if (c->q_lora_rank) {
         df_matmul(&L->w.q_a, s->xn, n, s->h1);
-        for (int t = 0; t < n; t++) df_rmsnorm(s->h1 + (size_t)t * c->q_lora_rank, s->h1 + (size_t)t * c->q_lora_rank, L->q_a_norm, c->q_lora_rank, eps);
+        df_rmsnorm_rows(s->h1, c->q_lora_rank, s->h1, c->q_lora_rank, L->q_a_norm, n, c->q_lora_rank, eps);
         df_matmul(&L->w.q_b, s->h1, n, s->q);
     } else {
         df_matmul(&L->w.q_proj, s->xn, n, s->q);
     }
     df_matmul(&L->w.kv_a, s->xn, n, s->k);
-    for (int t = 0; t < n; t++) {
-        const float *cs = s->rope_cs + (size_t)t * rope;
-        if (!L->kind.nope)
-            for (int h = 0; h < NH; h++) df_rope(cs, rope, s->q + ((size_t)t * NH + h) * qh + nope, c->rope_interleave);
-        float *kv = s->k + (size_t)t * cdim;
-        float *dst = s->ls[l].cache + (size_t)(pos0 + t) * cdim;
-        df_rmsnorm(dst, kv, L->kv_a_norm, R, eps);
-        memcpy(dst + R, kv + R, (size_t)rope * sizeof(float));
-        if (!L->kind.nope) df_rope(cs, rope, dst + R, c->rope_interleave);
-    }
+    if (!L->kind.nope) df_rope(DF_AT(s->q, nope), n, NH, (size_t)NH * qh, qh, rope, s->rope_cs, c->rope_interleave);
+    /* positions pos0..: the normalised latent, then the rotated shared key */
+    df_act *dst = DF_AT(s->ls[l].cache, (size_t)pos0 * cdim);
+    df_rmsnorm_rows(dst, cdim, s->k, cdim, L->kv_a_norm, n, R, eps);
+    df_copy_rows(DF_AT(dst, R), cdim, DF_AT(s->k, R), cdim, n, rope);
+    if (!L->kind.nope) df_rope(DF_AT(dst, R), n, 1, cdim, 0, rope, s->rope_cs, c->rope_interleave);
     const df_attn_mla_args a = {s->q, s->ls[l].cache, s->att, &L->w.kv_b, &L->w.k_b, &L->w.v_b, n, pos0, NH, nope, rope, R, c->v_head_dim, m->attn_scale};
     df_attn_mla(&a);
-    if (L->kind.out_gate) {
-        const size_t od = (size_t)NH * c->v_head_dim;
+    if (L->kind.out_gate) { /* Kimi K3: attention * sigmoid(g_proj x) */
         df_matmul(&L->w.g_proj, s->xn, n, s->ko);
-        for (size_t i = 0; i < (size_t)n * od; i++) s->att[i] *= 1.0f / (1.0f + expf(-s->ko[i]));
+        df_gate(s->att, s->ko, s->att, (size_t)n * NH * c->v_head_dim, DF_GATE_SIGMOID, 0, 0);
     }
     df_matmul(&L->w.wo, s->att, n, s->o);
 }
