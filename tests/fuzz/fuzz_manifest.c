@@ -22,7 +22,7 @@
 #include "util/util.h"
 
 static char dir[64];
-static const df_store_layout lay = {3, 8, NULL};
+static const df_store_layout lay = {3, 8, NULL, {NULL, NULL, NULL}};
 
 static void cleanup(void) {
     char cmd[128];
