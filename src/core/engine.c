@@ -97,7 +97,8 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
         struct stat fs;
         int64_t total = stat(path, &fs) == 0 ? fs.st_size : 0;
         int64_t budget = o.ram_bytes > 0 ? o.ram_bytes : df_mem_available() - ((int64_t)2 << 30);
-        df_load_opts lo = {.mode = o.expert_cache_bytes >= 0 || total >= budget ? 2 : 0, .resident_embed = o.resident_embed, .populate = !o.no_populate};
+        df_load_opts lo = {.mode = o.expert_cache_bytes >= 0 || total >= budget ? 2 : 0, .resident_embed = o.resident_embed, .populate = !o.no_populate,
+                           .spine_budget = budget};
         df_model *m = NULL;
         int rc = df_model_load_gguf(path, &lo, &m, err, errlen);
         free(path);
@@ -130,7 +131,7 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
     /* mode: 1 everything resident; 2 routed experts stream through the expert
      * cache (asked for with --expert-cache, or when the weights exceed the budget) */
     df_load_opts lo = {.mode = o.expert_cache_bytes >= 0 || total >= budget || df_is_store(path) ? 2 : o.mmap_weights ? 0 : 1,
-                       .resident_embed = o.resident_embed, .populate = !o.no_populate};
+                       .resident_embed = o.resident_embed, .populate = !o.no_populate, .spine_budget = budget};
     df_model *m = NULL;
     int rc = df_model_load(path, &lo, &m, err, errlen);
     free(path);

@@ -396,8 +396,13 @@ int df_model_own_spine(df_model *m, const df_load_opts *o, char *err, size_t err
         if (it[i].file < 0) it[i].pos = pos, pos += (it[i].nb + 63) & ~(uint64_t)63;
     size_t bytes = (size_t)pg_up(pos);
     size_t map_bytes = (bytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
-    uint8_t *arena = map_bytes ? mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : NULL;
+    /* the spine stays resident (it is not streamed): refuse before reading what cannot fit */
+    const int over = o->spine_budget > 0 && (int64_t)bytes > o->spine_budget;
+    uint8_t *arena = map_bytes && !over ? mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : NULL;
     int rc = 0;
+    if (over)
+        rc = df_err(err, errlen, DF_ENOMEM, "%s: the resident weights (everything but the routed experts) need %.1f MB, more than the memory budget of %.1f MB (--ram); "
+                    "they are kept in memory, only routed experts stream from disk", m->dir, bytes / 1e6, o->spine_budget / 1e6);
     if (arena == MAP_FAILED) {
         rc = df_err(err, errlen, DF_ENOMEM, "cannot allocate %zu bytes for the resident weights", bytes);
         arena = NULL;

@@ -137,6 +137,7 @@ typedef struct {
                           (the spine is read into owned memory, experts keep only their extents) */
     int resident_embed; /* streaming: keep an untied embedding in memory instead of reading rows per token */
     int populate;      /* fault owned memory in ahead of reads, from several threads */
+    int64_t spine_budget; /* streaming: refuse a spine larger than this many bytes (0: no limit) */
 } df_load_opts;
 
 int df_model_load(const char *dir, const df_load_opts *o, df_model **out, char *err, size_t errlen);

@@ -192,3 +192,16 @@ def test_padded_a_log_is_accepted(dfbin, tmp_path):
     a, b = run_model(dfbin, MODELS / "kimi-k3-tiny"), run_model(dfbin, d)
     assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
     assert a.stdout == b.stdout
+
+
+def test_spine_over_the_memory_budget_is_refused_before_reading(dfbin):
+    """Only routed experts stream: a spine larger than the memory budget is refused with one line (before the
+    spine is read), not left to the OOM killer. K3's spine is 113 GB in BF16."""
+    p = subprocess.run([dfbin, "run", "--model", str(MODELS / "kimi-k3-tiny"), "--ram", "200K", *RUN],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr
+    msg = p.stderr.strip()
+    assert msg.count("\n") == 0 and "the resident weights" in msg and "memory budget of 0.2 MB (--ram)" in msg, msg
+    ok = subprocess.run([dfbin, "run", "--model", str(MODELS / "kimi-k3-tiny"), "--ram", "4M", *RUN],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
