@@ -8,9 +8,12 @@ No torch needed. Usage: make_synthetic_dsv3.py OUT [--layers 2] [--experts 128]"
 import argparse
 import json
 import os
-import struct
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from st_writer import Writer  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
@@ -43,63 +46,26 @@ POOL = 64 << 20
 pool_bf16 = (rng.standard_normal(POOL // 2).astype(np.float32) * 0.02).view(np.uint32) >> 16
 pool_bf16 = pool_bf16.astype(np.uint16).tobytes()
 pool_fp8 = (rng.integers(0, 256, POOL, dtype=np.uint8) & 0xB7).tobytes()  # |x| <= 2^-1 * 1.875: no NaN, sane
-
-
-class Writer:
-    """Streams one safetensors shard: the header first (offsets known in advance), then data."""
-
-    def __init__(self, path):
-        self.path, self.tensors = path, []
-
-    def add(self, name, dtype, shape, kind):
-        n = int(np.prod(shape)) * {"BF16": 2, "F32": 4, "F8_E4M3": 1}[dtype]
-        self.tensors.append((name, dtype, shape, n, kind))
-
-    def write(self):
-        hdr, off = {}, 0
-        for name, dt, shape, n, _ in self.tensors:
-            hdr[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + n]}
-            off += n
-        h = json.dumps(hdr).encode()
-        h += b" " * (-len(h) % 8)
-        with open(self.path, "wb") as f:
-            f.write(struct.pack("<Q", len(h)) + h)
-            for i, (name, dt, shape, n, kind) in enumerate(self.tensors):
-                if kind == "ones":
-                    f.write(np.full(n // 2, 0x3F80, dtype=np.uint16).tobytes())
-                elif kind == "scale":
-                    f.write(np.full(n // 4, 1e-2, dtype=np.float32).tobytes())
-                elif kind == "zeros":
-                    f.write(bytes(n))
-                else:
-                    pool = pool_fp8 if dt == "F8_E4M3" else pool_bf16
-                    start = (i * 7919 * 4096) % (POOL // 2)
-                    left = n
-                    while left:
-                        k = min(left, POOL - start)
-                        f.write(pool[start:start + k])
-                        left -= k
-                        start = 0
-        return off
+POOLS = {"rand": pool_bf16, "fp8": pool_fp8}
 
 
 def lin(w, name, rows, cols):
     if a.dtype == "fp8":
-        w.add(name + ".weight", "F8_E4M3", (rows, cols), "rand")
-        w.add(name + ".weight_scale_inv", "F32", ((rows + 127) // 128, (cols + 127) // 128), "scale")
+        w.add(name + ".weight", "F8_E4M3", (rows, cols), "fp8")
+        w.add(name + ".weight_scale_inv", "F32", ((rows + 127) // 128, (cols + 127) // 128), "f32small")
     else:
         w.add(name + ".weight", "BF16", (rows, cols), "rand")
 
 
 weight_map, total = {}, 0
 shards = []
-w = Writer(os.path.join(a.out, "model-00000.safetensors"))
+w = Writer(os.path.join(a.out, "model-00000.safetensors"), POOLS)
 w.add("model.embed_tokens.weight", "BF16", (V, H), "rand")
 w.add("model.norm.weight", "BF16", (H,), "ones")
 w.add("lm_head.weight", "BF16", (V, H), "rand")
 shards.append(w)
 for l in range(a.layers):
-    w = Writer(os.path.join(a.out, f"model-{l + 1:05d}.safetensors"))
+    w = Writer(os.path.join(a.out, f"model-{l + 1:05d}.safetensors"), POOLS)
     p = f"model.layers.{l}."
     w.add(p + "input_layernorm.weight", "BF16", (H,), "ones")
     w.add(p + "post_attention_layernorm.weight", "BF16", (H,), "ones")

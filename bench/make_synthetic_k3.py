@@ -15,9 +15,12 @@ layers). Sizes: ~7.8 GB of spine, ~15.4 GB of experts per MoE layer with 896 exp
 import argparse
 import json
 import os
-import struct
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from st_writer import Writer  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
@@ -69,43 +72,7 @@ POOL = 64 << 20
 pool_bf16 = ((rng.standard_normal(POOL // 2).astype(np.float32) * 0.02).view(np.uint32) >> 16).astype(np.uint16).tobytes()
 pool_u8 = rng.integers(0, 256, POOL, dtype=np.uint8).tobytes()          # any byte is two finite E2M1 values
 pool_e8m0 = rng.integers(119, 123, POOL, dtype=np.uint8).tobytes()     # scales 2^-8 .. 2^-5
-SZ = {"BF16": 2, "F32": 4, "U8": 1}
-
-
-class Writer:
-    """Streams one safetensors shard: the header first (offsets known in advance), then data."""
-
-    def __init__(self, path):
-        self.path, self.tensors = path, []
-
-    def add(self, name, dtype, shape, kind):
-        self.tensors.append((name, dtype, shape, int(np.prod(shape)) * SZ[dtype], kind))
-
-    def write(self):
-        hdr, off = {}, 0
-        for name, dt, shape, n, _ in self.tensors:
-            hdr[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + n]}
-            off += n
-        h = json.dumps(hdr).encode()
-        h += b" " * (-len(h) % 8)
-        with open(self.path, "wb") as f:
-            f.write(struct.pack("<Q", len(h)) + h)
-            for i, (name, dt, shape, n, kind) in enumerate(self.tensors):
-                if kind == "ones":
-                    f.write(np.full(n // 2, 0x3F80, dtype=np.uint16).tobytes())
-                elif kind == "f32small":
-                    f.write(np.full(n // 4, 1e-2, dtype=np.float32).tobytes())
-                elif kind == "zeros":
-                    f.write(bytes(n))
-                else:
-                    pool = {"rand": pool_bf16, "packed": pool_u8, "e8m0": pool_e8m0}[kind]
-                    start, left = (i * 7919 * 4096) % (POOL // 2), n
-                    while left:
-                        k = min(left, POOL - start)
-                        f.write(pool[start:start + k])
-                        left -= k
-                        start = 0
-        return off
+POOLS = {"rand": pool_bf16, "packed": pool_u8, "e8m0": pool_e8m0}
 
 
 def lin(w, name, rows, cols):
@@ -119,7 +86,7 @@ def mxfp4(w, name, rows, cols):
 
 P0 = "language_model."
 weight_map, total, shards = {}, 0, []
-w = Writer(os.path.join(a.out, "model-00000.safetensors"))
+w = Writer(os.path.join(a.out, "model-00000.safetensors"), POOLS)
 w.add(P0 + "model.embed_tokens.weight", "BF16", (V, H), "rand")
 w.add(P0 + "model.norm.weight", "BF16", (H,), "ones")
 w.add(P0 + "model.output_attn_res_norm.weight", "BF16", (H,), "ones")
@@ -127,7 +94,7 @@ w.add(P0 + "model.output_attn_res_proj.weight", "BF16", (1, H), "rand")
 w.add(P0 + "lm_head.weight", "BF16", (V, H), "rand")
 shards.append(w)
 for l in range(L):
-    w = Writer(os.path.join(a.out, f"model-{l + 1:05d}.safetensors"))
+    w = Writer(os.path.join(a.out, f"model-{l + 1:05d}.safetensors"), POOLS)
     p = f"{P0}model.layers.{l}."
     for n_ in ("input_layernorm", "post_attention_layernorm", "self_attention_res_norm", "mlp_res_norm"):
         w.add(p + n_ + ".weight", "BF16", (H,), "ones")
