@@ -17,9 +17,9 @@
  *
  *   test_backend_ops [--backend NAME] [--ref NAME] [-v]
  *
- * Formats: F32, F16, BF16, FP8 (block-scaled), INT4 (grouped), I8ROW and
- * every GGML block type of ggml_quant.h. A new df_wfmt (e.g. DF_W_MXFP4) is
- * one more make_* case in make_weight and one entry in FORMATS. */
+ * Formats: F32, F16, BF16, FP8 (block-scaled), INT4 (grouped), I8ROW,
+ * MXFP4 (compressed-tensors) and every GGML block type of ggml_quant.h. A
+ * new df_wfmt is one more case in make_weight and one entry in FORMATS. */
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
 #include "backend/ggml_quant.h"
@@ -119,7 +119,7 @@ static void side_free(side *s, int k) {
 }
 
 /* ---- weights of every format --------------------------------------------------- */
-typedef enum { F_F32, F_F16, F_BF16, F_FP8, F_FP8_B64, F_INT4, F_I8ROW, F_GGML } fkind;
+typedef enum { F_F32, F_F16, F_BF16, F_FP8, F_FP8_B64, F_INT4, F_I8ROW, F_MXFP4, F_GGML } fkind;
 typedef struct {
     fkind k;
     int ggml;
@@ -132,7 +132,7 @@ static const fmt_case FORMATS[] = {
     {F_GGML, DF_GGML_Q4_0, "Q4_0"}, {F_GGML, DF_GGML_Q4_1, "Q4_1"}, {F_GGML, DF_GGML_Q5_0, "Q5_0"}, {F_GGML, DF_GGML_Q5_1, "Q5_1"},
     {F_GGML, DF_GGML_Q8_0, "Q8_0"}, {F_GGML, DF_GGML_Q2_K, "Q2_K"}, {F_GGML, DF_GGML_Q3_K, "Q3_K"}, {F_GGML, DF_GGML_Q4_K, "Q4_K"},
     {F_GGML, DF_GGML_Q5_K, "Q5_K"}, {F_GGML, DF_GGML_Q6_K, "Q6_K"}, {F_GGML, DF_GGML_MXFP4, "GGML MXFP4"},
-    /* DF_W_MXFP4 (native, compressed-tensors mxfp4-pack): add {F_MXFP4, 0, "MXFP4"} and its make_weight case here */
+    {F_MXFP4, 0, "MXFP4 (compressed-tensors)"},
 };
 #define N_FORMATS (int)(sizeof FORMATS / sizeof FORMATS[0])
 
@@ -170,6 +170,7 @@ static int cols_for(const fmt_case *f, int64_t *out) {
         return 2;
     }
     if (f->k == F_INT4) { out[0] = 64, out[1] = 96, out[2] = 200; return 3; } /* 200: a partial group (scalar path) */
+    if (f->k == F_MXFP4) { out[0] = 32, out[1] = 96, out[2] = 416; return 3; }  /* whole groups of 32 (others are refused at load) */
     if (f->k == F_FP8 || f->k == F_FP8_B64) { out[0] = 256, out[1] = 200, out[2] = 37; return 3; } /* partial blocks */
     out[0] = 37, out[1] = 200, out[2] = 1030;
     return 3;
@@ -235,6 +236,15 @@ static void make_weight(const fmt_case *f, int64_t rows, int64_t cols, wbuf *o) 
         for (int64_t r = 0; r < rows; r++) s[r] = 0.01f * (1 + (float)(next() % 100) / 50);
         w->fmt = DF_W_I8ROW, w->row_bytes = (size_t)cols, w->blk_r = 1, w->blk_c = (int)cols, w->scale_cols = 1, w->scale_dtype = DF_SCALE_F32;
         o->data = d, o->scale = s;
+        break;
+    }
+    case F_MXFP4: {
+        size_t rb = (size_t)(cols / 2);
+        uint8_t *d = malloc(rb * (size_t)rows), *sc = malloc((size_t)(rows * (cols / 32)));
+        for (size_t i = 0; i < rb * (size_t)rows; i++) d[i] = (uint8_t)next();
+        for (int64_t i = 0; i < rows * (cols / 32); i++) sc[i] = (uint8_t)(118 + next() % 12); /* 2^-9 .. 2^2 */
+        w->fmt = DF_W_MXFP4, w->row_bytes = rb, w->blk_r = 1, w->blk_c = 32, w->scale_cols = cols / 32, w->scale_dtype = DF_SCALE_E8M0;
+        o->data = d, o->scale = sc;
         break;
     }
     case F_GGML: {
