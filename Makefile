@@ -60,12 +60,13 @@ UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(UNIT_SRCS:tests/unit/%.c=$(O)/tests/%)
 FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all test unit asan hostile-asan deps demo clean fuzz fuzz-objs bench cuda-check
+.PHONY: all test unit asan hostile-asan deps demo clean fuzz fuzz-objs bench cuda-check deltafin
 all: $(O)/deltafin
 ifeq ($(O),$(if $(filter 1,$(CUDA)),build-cuda,build))
 all: deltafin
+# phony: ./deltafin follows the last build, CPU-only or CUDA=1
 deltafin: $(O)/deltafin
-	ln -sf $(O)/deltafin deltafin
+	@ln -sfn $(O)/deltafin deltafin
 endif
 
 $(O)/deltafin: $(MAIN_OBJ) $(OBJS)
@@ -98,9 +99,11 @@ unit-%: $$(call unit_bins,$$*)
 	@fail=0; for t in $^; do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
 # The whole suite: unit tests, then Python tests (parity, CLI, server), the
+# CUDA backend's compile check (~20 s; skipped without nvcc), the
 # server's ASan build against hostile clients, and a short fuzz run per parser.
 test: all $(UNIT_BINS)
 	O=$(O) ./tests/run_all.sh
+	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory cuda-check; else echo "cuda-check skipped: $(NVCC) not found"; fi
 	$(MAKE) --no-print-directory hostile-asan
 	$(MAKE) --no-print-directory fuzz
 
