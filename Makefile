@@ -80,10 +80,13 @@ $(O)/%.cu.o: %.cu src/backend/cuda/cuda.h src/backend/backend.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
-# Compile-only proof that the CUDA backend builds and links (no GPU needed):
-# the backend object and the op-by-op conformance test linked against it.
+# Proof that the CUDA backend builds and links, with no GPU needed: the
+# backend object, the op-by-op conformance test linked against it (run it
+# with --backend cuda on a GPU), and test_backend_cuda (selection and
+# register-time refusals; runs without a device).
 cuda-check:
-	@$(MAKE) --no-print-directory CUDA=1 O=build-cuda build-cuda/tests/test_backend_ops
+	@$(MAKE) --no-print-directory CUDA=1 O=build-cuda build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda
+	./build-cuda/tests/test_backend_cuda
 
 # unit test binaries: link against the test's module deps (all modules if unlisted)
 .SECONDEXPANSION:

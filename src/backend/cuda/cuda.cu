@@ -234,7 +234,7 @@ static int w_check(const df_weight *w, const char *op) {
     if (w->fmt == DF_W_GGML && !ggml_ok(w->ggml_type)) {
         fprintf(stderr, "deltafin: cuda backend: %s: GGML block type %d (%s) is not decoded by the CUDA kernels "
                         "(supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K MXFP4)\n",
-                op, w->ggml_type, df_wfmt_name(w));
+                op, w->ggml_type, df_gguf_type_name(w->ggml_type));
         return DF_EUNSUPPORTED;
     }
     if ((w->fmt == DF_W_FP8 && (w->blk_r <= 0 || w->blk_c <= 0)) || ((w->fmt == DF_W_INT4 || w->fmt == DF_W_MXFP4) && w->blk_c <= 0)) {
