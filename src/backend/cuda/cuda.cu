@@ -511,13 +511,17 @@ __global__ void __launch_bounds__(MM_TH) k_matmul(DW w, const float *X, float *Y
 static void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     LOCK();
     if (n <= 0) return;
+    const int per = 65535 * MM_TN; /* tokens per launch (grid.y limit) */
     for (int j = 0; j < n_jobs; j++) {
         DW d;
         if (w_get(jobs[j].w, S_WD0, S_WS0, &d, "matmul_batch")) continue;
         if (d.rows <= 0) continue;
-        dim3 grid((unsigned)d.rows, (unsigned)((n + MM_TN - 1) / MM_TN));
-        k_matmul<<<grid, MM_TH>>>(d, DCP(jobs[j].x), DP(jobs[j].y), n);
-        post("matmul_batch");
+        for (int t0 = 0; t0 < n; t0 += per) {
+            const int nt = n - t0 < per ? n - t0 : per;
+            dim3 grid((unsigned)d.rows, (unsigned)((nt + MM_TN - 1) / MM_TN));
+            k_matmul<<<grid, MM_TH>>>(d, DCP(jobs[j].x) + (size_t)t0 * d.cols, DP(jobs[j].y) + (size_t)t0 * d.rows, nt);
+            post("matmul_batch");
+        }
     }
 }
 
@@ -538,6 +542,22 @@ __device__ void block_softmax(float *sc, int len) {
     const float inv = (float)(1.0 / s);
     for (int j = threadIdx.x; j < len; j += blockDim.x) sc[j] *= inv;
     __syncthreads();
+}
+
+/* Tokens per attention launch: the scores scratch (tokens x heads x positions
+ * floats) stays under 64 Mi floats and grid.y under its limit; later chunks
+ * are later positions of the same cache. */
+static int g_chunk = -1; /* DELTAFIN_CUDA_ATTN_CHUNK=N: at most N tokens per launch (a testing aid for the chunked path) */
+static int chunk_tokens(int n, int heads, int pos0) {
+    if (g_chunk < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_ATTN_CHUNK");
+        g_chunk = e ? atoi(e) : 0;
+        if (g_chunk < 0) g_chunk = 0;
+    }
+    const size_t T = (size_t)pos0 + n, cap = ((size_t)64 << 20) / ((size_t)(heads > 0 ? heads : 1) * (T ? T : 1));
+    size_t per = cap < 1 ? 1 : cap > 65535 ? 65535 : cap;
+    if (g_chunk && (size_t)g_chunk < per) per = (size_t)g_chunk;
+    return (int)(per < (size_t)n ? per : (size_t)n);
 }
 
 /* block (h, t) */
@@ -567,11 +587,18 @@ __global__ void __launch_bounds__(AT_TH) k_attn_gqa(df_attn_gqa_args a, float *s
 static void g_attn_gqa(const df_attn_gqa_args *a) {
     LOCK();
     if (a->n <= 0 || a->n_heads <= 0) return;
-    const size_t T = (size_t)a->pos0 + a->n;
-    float *sc = (float *)slot(S_SCORES, (size_t)a->n * a->n_heads * T * sizeof(float), "attn_gqa");
-    if (!sc) return;
-    k_attn_gqa<<<dim3((unsigned)a->n_heads, (unsigned)a->n), AT_TH>>>(*a, sc);
-    post("attn_gqa");
+    const int per = chunk_tokens(a->n, a->n_heads, a->pos0);
+    for (int t0 = 0; t0 < a->n; t0 += per) {
+        df_attn_gqa_args c = *a;
+        c.n = a->n - t0 < per ? a->n - t0 : per, c.pos0 = a->pos0 + t0;
+        c.q = (const df_act *)(DCP(a->q) + (size_t)t0 * a->n_heads * a->head_dim);
+        c.out = (df_act *)(DP(a->out) + (size_t)t0 * a->n_heads * a->head_dim);
+        const size_t T = (size_t)c.pos0 + c.n;
+        float *sc = (float *)slot(S_SCORES, (size_t)c.n * c.n_heads * T * sizeof(float), "attn_gqa");
+        if (!sc) return;
+        k_attn_gqa<<<dim3((unsigned)c.n_heads, (unsigned)c.n), AT_TH>>>(c, sc);
+        post("attn_gqa");
+    }
 }
 
 /* block (h, t); shared: q [nope + rope], qlat [R], olat [R] */
@@ -631,13 +658,20 @@ static void g_attn_mla(const df_attn_mla_args *a) {
     if ((!split_k || !split_v) && w_get(a->kv_b, S_WD0, S_WS0, &kvb, "attn_mla")) return;
     if (split_k && w_get(a->k_b, S_WD1, S_WS1, &kb, "attn_mla")) return;
     if (split_v && w_get(a->v_b, S_WD2, S_WS2, &vb, "attn_mla")) return;
-    const size_t T = (size_t)a->pos0 + a->n;
-    float *sc = (float *)slot(S_SCORES, (size_t)a->n * a->n_heads * T * sizeof(float), "attn_mla");
-    if (!sc) return;
     const size_t shb = ((size_t)a->nope + a->rope + 2 * (size_t)a->kv_lora) * sizeof(float);
     if (shb > 48 * 1024) CK("attn_mla", cudaFuncSetAttribute(k_attn_mla, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shb));
-    k_attn_mla<<<dim3((unsigned)a->n_heads, (unsigned)a->n), AT_TH, shb>>>(*a, kvb, kb, vb, split_k, split_v, sc);
-    post("attn_mla");
+    const int per = chunk_tokens(a->n, a->n_heads, a->pos0);
+    for (int t0 = 0; t0 < a->n; t0 += per) {
+        df_attn_mla_args c = *a;
+        c.n = a->n - t0 < per ? a->n - t0 : per, c.pos0 = a->pos0 + t0;
+        c.q = (const df_act *)(DCP(a->q) + (size_t)t0 * a->n_heads * (a->nope + a->rope));
+        c.out = (df_act *)(DP(a->out) + (size_t)t0 * a->n_heads * a->v_dim);
+        const size_t T = (size_t)c.pos0 + c.n;
+        float *sc = (float *)slot(S_SCORES, (size_t)c.n * c.n_heads * T * sizeof(float), "attn_mla");
+        if (!sc) return;
+        k_attn_mla<<<dim3((unsigned)c.n_heads, (unsigned)c.n), AT_TH, shb>>>(c, kvb, kb, vb, split_k, split_v, sc);
+        post("attn_mla");
+    }
 }
 
 /* ---- rows ------------------------------------------------------------------------------- */
