@@ -51,6 +51,8 @@ typedef struct {
     int no_populate;            /* do not fault fresh memory in ahead of use */
     int resident_embed;         /* keep an untied embedding in memory instead of reading rows from the file */
     int fresh_memory;           /* 0 measure first-touch speed; 1/2 treat fresh memory as slow/fast (tests) */
+    const char *backend;        /* NULL: as selected (CPU by default); "cpu", "cuda" (a CUDA build, make CUDA=1),
+                                   "auto" (CUDA when built and a device is present, else CPU); process-wide */
 } df_options;
 
 void df_options_default(df_options *opt);

@@ -304,10 +304,17 @@ extern const df_backend_ops *df_be;                /* the selected backend */
 /* Starts the default backend with n_threads workers (0: all online cores); idempotent. */
 void df_backend_init(int n_threads);
 int df_backend_threads(void);
-/* The backend called name ("cpu", "cpu-scalar"), or NULL. */
+/* The backend called name ("cpu", "cpu-scalar", and "cuda" in a CUDA build), or NULL. */
 const df_backend_ops *df_backend_find(const char *name);
 /* Makes name the selected backend; 0 or DF_EINPUT (unknown name). */
 int df_backend_select(const char *name);
+/* 1 when this build has the CUDA backend (make CUDA=1). */
+int df_backend_cuda_built(void);
+/* The user's choice (df_options.backend): NULL or "" keeps the selection;
+ * "cpu"; "cuda" (DF_EUNSUPPORTED with one line in err outside a CUDA build
+ * or without a device); "auto" (CUDA when built and a device is present,
+ * else CPU). 0 or a DF_E* code with the message in err. */
+int df_backend_choose(const char *name, char *err, size_t errlen);
 
 /* ---- call-site wrappers (model code) ------------------------------------ */
 static inline df_act *df_alloc(size_t n) { return df_be->alloc(n); }

@@ -95,6 +95,11 @@ int df_args_model_opts(df_args *a, const char *opt, const char **model, df_optio
         else o->ram_bytes = b;
         return 1;
     }
+    if (df_args_opt(a, opt, "--backend", 1)) {
+        if (strcmp(a->val, "cpu") && strcmp(a->val, "cuda") && strcmp(a->val, "auto")) df_args_fail(a, "--backend: expected cpu, cuda or auto, got '%s'", a->val);
+        else o->backend = a->val;
+        return 1;
+    }
     if (df_args_opt(a, opt, "--mmap", 0)) { o->mmap_weights = 1; return 1; }
     if (df_args_opt(a, opt, "--trace", 1)) { o->trace_path = a->val; return 1; }
     if (df_args_opt(a, opt, "--prefetch", 1)) {

@@ -31,7 +31,8 @@ static const char *usage =
     "  --trace FILE        JSONL: per token and MoE layer, the experts chosen and how each was served\n"
     "  --prefetch MODE     router-lookahead prefetch of streamed experts: auto (default: only while at least half of\n"
     "                      the recent predictions were right), always, never\n"
-    "  --mmap              map weights from the files instead of reading them into owned memory\n";
+    "  --mmap              map weights from the files instead of reading them into owned memory\n"
+    "  --backend B         cpu (default), cuda (a build with make CUDA=1), or auto (cuda when a GPU is present)\n";
 
 static void print_stats(df_engine *e) {
     df_stats st;

@@ -91,6 +91,7 @@ static int start_streaming(df_engine *e, const df_options *o, int64_t budget, ch
 df_engine *df_engine_open(const char *model, const df_options *opt, char *err, size_t errlen) {
     df_options o;
     if (opt) o = *opt; else df_options_default(&o);
+    if (df_backend_choose(o.backend, err, errlen)) return NULL;
     char *path = resolve_model(model);
     df_backend_init(o.n_threads);
     if (df_file_exists(path)) {

@@ -1,0 +1,26 @@
+/* cuda.h - the CUDA backend (df_backend_cuda, built with `make CUDA=1`).
+ *
+ * Backend memory is device memory (cudaMalloc); weights are uploaded once
+ * by weight_register (the stored bytes and the scale sidecar, unchanged:
+ * kernels decode every stored format inside the product), params by
+ * param_register (a device copy found by the host address). Operations
+ * run on the default stream in call order; read() waits for them. A CUDA
+ * error is reported on stderr as one line naming the operation. */
+#ifndef DF_BACKEND_CUDA_H
+#define DF_BACKEND_CUDA_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend/backend.h"
+
+extern const df_backend_ops df_backend_cuda;
+/* 1 when a CUDA device can be used (the runtime finds at least one), else 0. */
+int df_cuda_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
