@@ -76,7 +76,7 @@ $(O)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(AVX512_FLAGS),$(if $(findstring _avx2,$<),$(AVX2_FLAGS))) -MMD -MP -c -o $@ $<
 
-$(O)/%.cu.o: %.cu src/backend/cuda/cuda.h src/backend/backend.h
+$(O)/%.cu.o: %.cu src/backend/cuda/cuda.h src/backend/cuda/cuda_int.cuh src/backend/backend.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 

@@ -1,0 +1,260 @@
+/* cuda_int.cuh - what the CUDA backend's files share: error reporting, the
+ * op lock, scratch slots, the device view of a weight (DW) and the device
+ * decoders of every stored format (bit-exact to the CPU decoders), block
+ * reductions, and the operations cuda_ops.cu implements for the table in
+ * cuda.cu. Internal to src/backend/cuda. */
+#ifndef DF_BACKEND_CUDA_INT_CUH
+#define DF_BACKEND_CUDA_INT_CUH
+
+#include "backend/cuda/cuda.h"
+
+extern "C" {
+#include "deltafin.h"
+#include "format/gguf.h"
+}
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void report(const char *op, cudaError_t e);
+#define CK(op, call)                                  \
+    do {                                              \
+        cudaError_t e_ = (call);                      \
+        if (e_ != cudaSuccess) report((op), e_);      \
+    } while (0)
+/* after a kernel launch */
+void post(const char *op);
+
+static inline unsigned blocks_for(size_t n, unsigned th) {
+    size_t b = (n + th - 1) / th;
+    return (unsigned)(b > 65535u * 32u ? 65535u * 32u : (b ? b : 1)); /* grid-stride loops cover the rest */
+}
+
+/* One op at a time: the scratch slots and the param table are shared. Kernels
+ * run on the legacy default stream, so an op's uploads into a slot wait for
+ * the kernels of earlier ops that read it. */
+extern pthread_mutex_t g_mu;
+struct Lock {
+    Lock() { pthread_mutex_lock(&g_mu); }
+    ~Lock() { pthread_mutex_unlock(&g_mu); }
+};
+#define LOCK() Lock lock_
+
+/* scratch: device buffers that grow on demand, one per role */
+enum { S_WD0, S_WS0, S_WD1, S_WS1, S_WD2, S_WS2, S_P0, S_P1, S_SCORES, S_IDX, S_N };
+void *slot(int i, size_t bytes, const char *op);
+
+#define DP(p) ((float *)(void *)(p))
+#define DCP(p) ((const float *)(const void *)(p))
+
+/* The device copy of param p[n]: registered, or uploaded into scratch slot s for this call. */
+const float *param(const float *p, size_t n, int s, const char *op);
+
+/* A weight as the kernels see it (passed by value): df_weight with device pointers. */
+struct DW {
+    int fmt, gt, sdt, blk_r, blk_c;
+    int64_t rows, cols, scale_cols;
+    const uint8_t *data, *scale;
+    size_t row_bytes;
+};
+/* The device view of w: its registered copy, or an upload into scratch slots (sd, ss) for this call. */
+int w_get(const df_weight *w, int sd, int ss, DW *out, const char *op);
+
+/* ---- decoding one stored element (bit-exact to the CPU decoders) ---------------------- */
+static __device__ __forceinline__ float bitsf(uint32_t u) { return __uint_as_float(u); }
+static __device__ __forceinline__ uint32_t ld16(const uint8_t *p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8); }
+static __device__ __forceinline__ float f16f(uint32_t h) {
+    uint32_t sign = (h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
+    if (e == 31) return bitsf(sign | 0x7f800000u | (m << 13));
+    if (e == 0) {
+        if (!m) return bitsf(sign);
+        float f = __fmul_rn((float)m, bitsf(0x33800000u));
+        return sign ? -f : f;
+    }
+    return bitsf(sign | ((e + 112) << 23) | (m << 13));
+}
+static __device__ __forceinline__ float ldh(const uint8_t *p) { return f16f(ld16(p)); }
+static __device__ __forceinline__ float bf16f(uint32_t h) { return bitsf(h << 16); }
+static __device__ __forceinline__ float fp8f(uint32_t b) { /* E4M3FN */
+    int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
+    else if (e == 0) v = ldexpf((float)m, -9);
+    else v = ldexpf((float)(8 + m), e - 10);
+    return s ? -v : v;
+}
+static __device__ __forceinline__ float e8m0f(uint32_t s) { return bitsf(s == 0 ? 0x00400000u : s == 255 ? 0x7fc00000u : s << 23); }
+static __device__ __forceinline__ float e2m1f(uint32_t code) {
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float v = mag[code & 7];
+    return (code & 8) ? -v : v;
+}
+static __device__ __forceinline__ float scale_at(const DW &w, int64_t i) {
+    switch (w.sdt) {
+    case DF_SCALE_F32: return __uint_as_float((uint32_t)w.scale[4 * i] | ((uint32_t)w.scale[4 * i + 1] << 8) | ((uint32_t)w.scale[4 * i + 2] << 16) | ((uint32_t)w.scale[4 * i + 3] << 24));
+    case DF_SCALE_BF16: return bf16f(ld16(w.scale + 2 * i));
+    case DF_SCALE_E8M0: return e8m0f(w.scale[i]);
+    default: return f16f(ld16(w.scale + 2 * i));
+    }
+}
+
+/* GGML element i of a row (as ggml_quant.c's scalar decoders, operation by operation) */
+static __device__ float ggml_elem(int t, const uint8_t *row, int64_t i) {
+    switch (t) {
+    case DF_GGML_F32: { const uint8_t *p = row + 4 * i; return __uint_as_float((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24)); }
+    case DF_GGML_F16: return ldh(row + 2 * i);
+    case DF_GGML_BF16: return bf16f(ld16(row + 2 * i));
+    case DF_GGML_Q4_0: {
+        const uint8_t *b = row + (i / 32) * 18;
+        int l = (int)(i % 32), q = l < 16 ? (b[2 + l] & 15) : (b[2 + l - 16] >> 4);
+        return __fmul_rn(ldh(b), (float)(q - 8));
+    }
+    case DF_GGML_Q4_1: {
+        const uint8_t *b = row + (i / 32) * 20;
+        int l = (int)(i % 32), q = l < 16 ? (b[4 + l] & 15) : (b[4 + l - 16] >> 4);
+        return __fadd_rn(__fmul_rn(ldh(b), (float)q), ldh(b + 2));
+    }
+    case DF_GGML_Q5_0: case DF_GGML_Q5_1: {
+        const int one = t == DF_GGML_Q5_1, bb = one ? 24 : 22, qho = one ? 4 : 2;
+        const uint8_t *b = row + (i / 32) * bb, *qs = b + qho + 4;
+        uint32_t qh = (uint32_t)b[qho] | ((uint32_t)b[qho + 1] << 8) | ((uint32_t)b[qho + 2] << 16) | ((uint32_t)b[qho + 3] << 24);
+        int l = (int)(i % 32), q = (l < 16 ? (qs[l] & 15) : (qs[l - 16] >> 4)) | (int)(((qh >> l) & 1) << 4);
+        if (one) return __fadd_rn(__fmul_rn(ldh(b), (float)q), ldh(b + 2));
+        return __fmul_rn(ldh(b), (float)(q - 16));
+    }
+    case DF_GGML_Q8_0: {
+        const uint8_t *b = row + (i / 32) * 34;
+        return __fmul_rn(ldh(b), (float)(int8_t)b[2 + i % 32]);
+    }
+    case DF_GGML_Q2_K: {
+        const uint8_t *b = row + (i / 256) * 84, *sc = b, *qs = b + 16;
+        int k = (int)(i % 256), h = k / 128, j = (k % 128) / 32, l = k % 32, s = k / 16;
+        float dl = __fmul_rn(ldh(b + 80), (float)(sc[s] & 15)), ml = __fmul_rn(ldh(b + 82), (float)(sc[s] >> 4));
+        float p = __fmul_rn(dl, (float)((qs[h * 32 + l] >> (2 * j)) & 3));
+        return __fsub_rn(p, ml);
+    }
+    case DF_GGML_Q3_K: {
+        const uint8_t *b = row + (i / 256) * 110, *hm = b, *qs = b + 32, *s = b + 96;
+        int k = (int)(i % 256), h = k / 128, j = (k % 128) / 32, l = k % 32, si = k / 16;
+        int lo = (s[si % 8] >> (4 * (si / 8))) & 15, hi = (s[8 + si % 4] >> (2 * (si / 4))) & 3, scv = (lo | (hi << 4)) - 32;
+        int ql = (qs[h * 32 + l] >> (2 * j)) & 3, hb = (hm[l] >> (k / 32)) & 1;
+        float dl = __fmul_rn(ldh(b + 108), (float)scv);
+        return __fmul_rn(dl, (float)(ql - (hb ? 0 : 4)));
+    }
+    case DF_GGML_Q4_K: case DF_GGML_Q5_K: {
+        const int five = t == DF_GGML_Q5_K;
+        const uint8_t *b = row + (i / 256) * (five ? 176 : 144), *s = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
+        int k = (int)(i % 256), sb = k / 32, l = k % 32, scv, mn;
+        if (sb < 4) scv = s[sb] & 63, mn = s[sb + 4] & 63;
+        else scv = (s[sb + 4] & 15) | ((s[sb - 4] >> 6) << 4), mn = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
+        float dl = __fmul_rn(ldh(b), (float)scv), ml = __fmul_rn(ldh(b + 2), (float)mn);
+        int q = (qs[(sb / 2) * 32 + l] >> (4 * (sb % 2))) & 15;
+        if (five) q |= ((qh[l] >> sb) & 1) << 4;
+        return __fsub_rn(__fmul_rn(dl, (float)q), ml);
+    }
+    case DF_GGML_Q6_K: {
+        const uint8_t *b = row + (i / 256) * 210, *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        int k = (int)(i % 256), h = k / 128, r = k % 128;
+        int lo = (ql[h * 64 + r % 64] >> (4 * (r / 64))) & 15, hi = (qh[h * 32 + r % 32] >> (2 * (r / 32))) & 3;
+        float dl = __fmul_rn(ldh(b + 208), (float)sc[k / 16]);
+        return __fmul_rn(dl, (float)((lo | (hi << 4)) - 32));
+    }
+    case DF_GGML_MXFP4: {
+        const int8_t kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+        const uint8_t *b = row + (i / 32) * 17;
+        uint32_t e = b[0];
+        float d = bitsf(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+        int l = (int)(i % 32), q = l < 16 ? (b[1 + l] & 15) : (b[1 + l - 16] >> 4);
+        return __fmul_rn(d, (float)kv[q]);
+    }
+    default: return __int_as_float(0x7fc00000);
+    }
+}
+
+/* W[r][c] as f32 (scaled formats: the element times its scale) */
+static __device__ float wget(const DW &w, int64_t r, int64_t c) {
+    const uint8_t *row = w.data + (size_t)r * w.row_bytes;
+    switch (w.fmt) {
+    case DF_W_F32: return ((const float *)row)[c];
+    case DF_W_F16: return f16f(((const uint16_t *)row)[c]);
+    case DF_W_BF16: return bf16f(((const uint16_t *)row)[c]);
+    case DF_W_FP8: return __fmul_rn(fp8f(row[c]), scale_at(w, (r / w.blk_r) * w.scale_cols + c / w.blk_c));
+    case DF_W_INT4: return __fmul_rn((float)(((row[c >> 1] >> ((c & 1) * 4)) & 15) - 8), scale_at(w, r * w.scale_cols + c / w.blk_c));
+    case DF_W_I8ROW: return __fmul_rn((float)(int8_t)row[c], scale_at(w, r));
+    case DF_W_MXFP4: return __fmul_rn(e2m1f((row[c >> 1] >> ((c & 1) * 4)) & 15), e8m0f(w.scale[r * w.scale_cols + c / DF_MXFP4_GROUP]));
+    case DF_W_GGML: return ggml_elem(w.gt, row, c);
+    default: return __int_as_float(0x7fc00000);
+    }
+}
+
+/* ---- block reductions (blockDim a multiple of 32, <= 1024) ------------------------------ */
+template <typename T> static __device__ T warp_sum(T v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ float warp_max(float v) {
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+template <typename T> static __device__ T block_sum(T v) {
+    __shared__ T part[32];
+    __shared__ T total;
+    v = warp_sum(v);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (!lane) part[wid] = v;
+    __syncthreads();
+    if (!threadIdx.x) {
+        T s = 0;
+        for (int i = 0; i < nw; i++) s += part[i];
+        total = s;
+    }
+    __syncthreads();
+    return total;
+}
+static __device__ float block_max(float v) {
+    __shared__ float part[32];
+    __shared__ float total;
+    v = warp_max(v);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (!lane) part[wid] = v;
+    __syncthreads();
+    if (!threadIdx.x) {
+        float s = -INFINITY;
+        for (int i = 0; i < nw; i++) s = fmaxf(s, part[i]);
+        total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
+
+/* ---- operations (cuda_ops.cu) ---- */
+void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n);
+void g_attn_gqa(const df_attn_gqa_args *a);
+void g_attn_mla(const df_attn_mla_args *a);
+void g_rmsnorm(df_act *out, size_t os, const df_act *x, size_t xs, const float *g, int rows, int cols, float eps);
+void g_rope_table(df_act *cs, int pos0, int n, const float *inv_freq, int half, float scale);
+void g_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_act *cs, int interleaved);
+void g_add(df_act *y, const df_act *x, size_t n);
+void g_add_bias(df_act *y, const float *b, int rows, int cols);
+void g_axpy(df_act *y, float a, const df_act *x, size_t n);
+void g_scale(df_act *y, float a, size_t n);
+void g_sigmoid(df_act *x, size_t n);
+void g_gate(df_act *out, const df_act *g, const df_act *u, size_t n, df_gate_kind kind, float p0, float p1);
+void g_l2norm(df_act *x, int rows, int cols, float eps, float scale);
+void g_attn_res(const df_attn_res_args *a);
+void g_route(const df_route_args *a);
+void g_moe_combine(df_act *out, const df_act *x, const df_act *w, int n, int k, int cols);
+void g_causal_conv1d(const df_conv1d_args *a);
+void g_kda_scan(const df_kda_args *a);
+void g_kda_gate(const df_kda_gate_args *a);
+
+#endif

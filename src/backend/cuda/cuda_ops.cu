@@ -1,0 +1,497 @@
+/* cuda_ops.cu - the CUDA backend's operations: products in every stored
+ * format, attention cores, rows, element-wise ops, MoE, recurrent mixers
+ * (see cuda.cu for memory, params, weights and the table). */
+#include "backend/cuda/cuda_int.cuh"
+
+/* ---- products --------------------------------------------------------------------------- */
+#define MM_TN 8   /* tokens per block */
+#define MM_TH 128 /* threads per block */
+/* Y[t][r] = X[t] . W[r] for the tokens t0.. of block (r, t-tile): each thread
+ * decodes its columns once and uses them for up to MM_TN tokens. */
+__global__ void __launch_bounds__(MM_TH) k_matmul(DW w, const float *X, float *Y, int n) {
+    const int64_t r = blockIdx.x, K = w.cols;
+    const int t0 = blockIdx.y * MM_TN, nt = n - t0 < MM_TN ? n - t0 : MM_TN;
+    float acc[MM_TN];
+#pragma unroll
+    for (int t = 0; t < MM_TN; t++) acc[t] = 0.0f;
+    for (int64_t c = threadIdx.x; c < K; c += MM_TH) {
+        const float wv = wget(w, r, c);
+#pragma unroll
+        for (int t = 0; t < MM_TN; t++)
+            if (t < nt) acc[t] += wv * X[(int64_t)(t0 + t) * K + c];
+    }
+    __shared__ float part[MM_TN][MM_TH / 32];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int t = 0; t < MM_TN; t++) {
+        float v = warp_sum(acc[t]);
+        if (!lane) part[t][wid] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < nt) {
+        float s = 0.0f;
+        for (int i = 0; i < MM_TH / 32; i++) s += part[threadIdx.x][i];
+        Y[(int64_t)(t0 + threadIdx.x) * w.rows + r] = s;
+    }
+}
+void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
+    LOCK();
+    if (n <= 0) return;
+    const int per = 65535 * MM_TN; /* tokens per launch (grid.y limit) */
+    for (int j = 0; j < n_jobs; j++) {
+        DW d;
+        if (w_get(jobs[j].w, S_WD0, S_WS0, &d, "matmul_batch")) continue;
+        if (d.rows <= 0) continue;
+        for (int t0 = 0; t0 < n; t0 += per) {
+            const int nt = n - t0 < per ? n - t0 : per;
+            dim3 grid((unsigned)d.rows, (unsigned)((nt + MM_TN - 1) / MM_TN));
+            k_matmul<<<grid, MM_TH>>>(d, DCP(jobs[j].x) + (size_t)t0 * d.cols, DP(jobs[j].y) + (size_t)t0 * d.rows, nt);
+            post("matmul_batch");
+        }
+    }
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+#define AT_TH 128
+/* In place over sc[0..len): softmax as df_cpu_softmax (max, exp, double sum, times 1/sum). */
+__device__ void block_softmax(float *sc, int len) {
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) m = fmaxf(m, sc[j]);
+    m = block_max(m);
+    double s = 0;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        float e = expf(sc[j] - m);
+        sc[j] = e;
+        s += e;
+    }
+    s = block_sum(s);
+    const float inv = (float)(1.0 / s);
+    for (int j = threadIdx.x; j < len; j += blockDim.x) sc[j] *= inv;
+    __syncthreads();
+}
+
+/* Tokens per attention launch: the scores scratch (tokens x heads x positions
+ * floats) stays under 64 Mi floats and grid.y under its limit; later chunks
+ * are later positions of the same cache. */
+static int g_chunk = -1; /* DELTAFIN_CUDA_ATTN_CHUNK=N: at most N tokens per launch (a testing aid for the chunked path) */
+static int chunk_tokens(int n, int heads, int pos0) {
+    if (g_chunk < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_ATTN_CHUNK");
+        g_chunk = e ? atoi(e) : 0;
+        if (g_chunk < 0) g_chunk = 0;
+    }
+    const size_t T = (size_t)pos0 + n, cap = ((size_t)64 << 20) / ((size_t)(heads > 0 ? heads : 1) * (T ? T : 1));
+    size_t per = cap < 1 ? 1 : cap > 65535 ? 65535 : cap;
+    if (g_chunk && (size_t)g_chunk < per) per = (size_t)g_chunk;
+    return (int)(per < (size_t)n ? per : (size_t)n);
+}
+
+/* block (h, t) */
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa(df_attn_gqa_args a, float *scores) {
+    const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, hd = a.head_dim, kvh = h / (NH / a.n_kv_heads), T = a.pos0 + a.n;
+    const int len = a.pos0 + t + 1;
+    const size_t kdim = (size_t)a.n_kv_heads * hd;
+    const float *q = DCP(a.q) + ((size_t)t * NH + h) * hd, *kc = DCP(a.kv) + (size_t)kvh * hd, *vc = kc + kdim;
+    float *sc = scores + ((size_t)t * NH + h) * T;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int j = wid; j < len; j += nw) {
+        const float *k = kc + (size_t)j * 2 * kdim;
+        float s = 0.0f;
+        for (int d = lane; d < hd; d += 32) s += q[d] * k[d];
+        s = warp_sum(s);
+        if (!lane) sc[j] = s * a.scale;
+    }
+    __syncthreads();
+    block_softmax(sc, len);
+    float *out = DP(a.out) + ((size_t)t * NH + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int j = 0; j < len; j++) o += sc[j] * vc[(size_t)j * 2 * kdim + d];
+        out[d] = o;
+    }
+}
+void g_attn_gqa(const df_attn_gqa_args *a) {
+    LOCK();
+    if (a->n <= 0 || a->n_heads <= 0) return;
+    const int per = chunk_tokens(a->n, a->n_heads, a->pos0);
+    for (int t0 = 0; t0 < a->n; t0 += per) {
+        df_attn_gqa_args c = *a;
+        c.n = a->n - t0 < per ? a->n - t0 : per, c.pos0 = a->pos0 + t0;
+        c.q = (const df_act *)(DCP(a->q) + (size_t)t0 * a->n_heads * a->head_dim);
+        c.out = (df_act *)(DP(a->out) + (size_t)t0 * a->n_heads * a->head_dim);
+        const size_t T = (size_t)c.pos0 + c.n;
+        float *sc = (float *)slot(S_SCORES, (size_t)c.n * c.n_heads * T * sizeof(float), "attn_gqa");
+        if (!sc) return;
+        k_attn_gqa<<<dim3((unsigned)c.n_heads, (unsigned)c.n), AT_TH>>>(c, sc);
+        post("attn_gqa");
+    }
+}
+
+/* block (h, t); shared: q [nope + rope], qlat [R], olat [R] */
+__global__ void __launch_bounds__(AT_TH) k_attn_mla(df_attn_mla_args a, DW kvb, DW kb, DW vb, int split_k, int split_v, float *scores) {
+    extern __shared__ float sh[];
+    const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, nope = a.nope, rope = a.rope, R = a.kv_lora, vd = a.v_dim;
+    const int T = a.pos0 + a.n, len = a.pos0 + t + 1;
+    const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
+    float *qs = sh, *qlat = sh + qh, *olat = qlat + R;
+    const float *q = DCP(a.q) + ((size_t)t * NH + h) * qh;
+    for (int i = threadIdx.x; i < (int)qh; i += blockDim.x) qs[i] = q[i];
+    __syncthreads();
+    const int64_t kv_row0 = (int64_t)h * (nope + vd);
+    for (int c = threadIdx.x; c < R; c += blockDim.x) {
+        float s = 0.0f;
+        if (split_k)
+            for (int d = 0; d < nope; d++) s += wget(kb, (int64_t)h * R + c, d) * qs[d];
+        else
+            for (int d = 0; d < nope; d++) s += qs[d] * wget(kvb, kv_row0 + d, c);
+        qlat[c] = s;
+    }
+    __syncthreads();
+    float *sc = scores + ((size_t)t * NH + h) * T;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int j = wid; j < len; j += nw) {
+        const float *cj = DCP(a.cache) + (size_t)j * cdim;
+        float s1 = 0.0f, s2 = 0.0f;
+        for (int c = lane; c < R; c += 32) s1 += qlat[c] * cj[c];
+        for (int c = lane; c < rope; c += 32) s2 += qs[nope + c] * cj[R + c];
+        s1 = warp_sum(s1), s2 = warp_sum(s2);
+        if (!lane) sc[j] = (s1 + s2) * a.scale;
+    }
+    __syncthreads();
+    block_softmax(sc, len);
+    for (int c = threadIdx.x; c < R; c += blockDim.x) {
+        float o = 0.0f;
+        for (int j = 0; j < len; j++) o += sc[j] * DCP(a.cache)[(size_t)j * cdim + c];
+        olat[c] = o;
+    }
+    __syncthreads();
+    float *out = DP(a.out) + ((size_t)t * NH + h) * vd;
+    for (int i = threadIdx.x; i < vd; i += blockDim.x) {
+        float s = 0.0f;
+        if (split_v)
+            for (int c = 0; c < R; c++) s += wget(vb, (int64_t)h * vd + i, c) * olat[c];
+        else
+            for (int c = 0; c < R; c++) s += wget(kvb, kv_row0 + nope + i, c) * olat[c];
+        out[i] = s;
+    }
+}
+void g_attn_mla(const df_attn_mla_args *a) {
+    LOCK();
+    if (a->n <= 0 || a->n_heads <= 0) return;
+    const int split_k = a->k_b && a->k_b->data, split_v = a->v_b && a->v_b->data;
+    DW kvb, kb, vb;
+    memset(&kvb, 0, sizeof kvb), memset(&kb, 0, sizeof kb), memset(&vb, 0, sizeof vb);
+    if ((!split_k || !split_v) && w_get(a->kv_b, S_WD0, S_WS0, &kvb, "attn_mla")) return;
+    if (split_k && w_get(a->k_b, S_WD1, S_WS1, &kb, "attn_mla")) return;
+    if (split_v && w_get(a->v_b, S_WD2, S_WS2, &vb, "attn_mla")) return;
+    const size_t shb = ((size_t)a->nope + a->rope + 2 * (size_t)a->kv_lora) * sizeof(float);
+    if (shb > 48 * 1024) CK("attn_mla", cudaFuncSetAttribute(k_attn_mla, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shb));
+    const int per = chunk_tokens(a->n, a->n_heads, a->pos0);
+    for (int t0 = 0; t0 < a->n; t0 += per) {
+        df_attn_mla_args c = *a;
+        c.n = a->n - t0 < per ? a->n - t0 : per, c.pos0 = a->pos0 + t0;
+        c.q = (const df_act *)(DCP(a->q) + (size_t)t0 * a->n_heads * (a->nope + a->rope));
+        c.out = (df_act *)(DP(a->out) + (size_t)t0 * a->n_heads * a->v_dim);
+        const size_t T = (size_t)c.pos0 + c.n;
+        float *sc = (float *)slot(S_SCORES, (size_t)c.n * c.n_heads * T * sizeof(float), "attn_mla");
+        if (!sc) return;
+        k_attn_mla<<<dim3((unsigned)c.n_heads, (unsigned)c.n), AT_TH, shb>>>(c, kvb, kb, vb, split_k, split_v, sc);
+        post("attn_mla");
+    }
+}
+
+/* ---- rows ------------------------------------------------------------------------------- */
+__global__ void k_rmsnorm(float *out, size_t os, const float *x, size_t xs, const float *g, int rows, int n, float eps) {
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xr = x + (size_t)r * xs;
+        float *o = out + (size_t)r * os;
+        double ss = 0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
+        ss = block_sum(ss);
+        const float inv = 1.0f / sqrtf((float)(ss / n) + eps);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = g[i] * (xr[i] * inv);
+        __syncthreads();
+    }
+}
+void g_rmsnorm(df_act *out, size_t os, const df_act *x, size_t xs, const float *g, int rows, int cols, float eps) {
+    LOCK();
+    if (rows <= 0 || cols <= 0) return;
+    const float *dg = param(g, (size_t)cols, S_P0, "rmsnorm");
+    if (!dg) return;
+    k_rmsnorm<<<rows < 65535 ? rows : 65535, 128>>>(DP(out), os, DCP(x), xs, dg, rows, cols, eps);
+    post("rmsnorm");
+}
+
+__global__ void k_rope_table(float *p, int pos0, int n, const float *inv_freq, int half, float scale) {
+    const size_t N = (size_t)n * half;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < N; k += (size_t)gridDim.x * blockDim.x) {
+        const int t = (int)(k / half), i = (int)(k % half);
+        const float ang = (float)(pos0 + t) * inv_freq[i];
+        p[k * 2] = cosf(ang) * scale;
+        p[k * 2 + 1] = sinf(ang) * scale;
+    }
+}
+void g_rope_table(df_act *cs, int pos0, int n, const float *inv_freq, int half, float scale) {
+    LOCK();
+    if (n <= 0 || half <= 0) return;
+    const float *di = param(inv_freq, (size_t)half, S_P0, "rope_table");
+    if (!di) return;
+    const size_t N = (size_t)n * half;
+    k_rope_table<<<blocks_for(N, 256), 256>>>(DP(cs), pos0, n, di, half, scale);
+    post("rope_table");
+}
+
+__global__ void k_rope(float *x, int n, int nh, size_t ts, size_t hs, int dim, const float *cs, int interleaved) {
+    const int half = dim / 2;
+    const size_t N = (size_t)n * nh * half;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < N; k += (size_t)gridDim.x * blockDim.x) {
+        const int i = (int)(k % half), h = (int)((k / half) % nh), t = (int)(k / ((size_t)half * nh));
+        const float *c2 = cs + (size_t)t * half * 2;
+        float *v = x + (size_t)t * ts + (size_t)h * hs;
+        const float c = c2[2 * i], s = c2[2 * i + 1];
+        const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+        const float a = v[i0], b = v[i1];
+        v[i0] = a * c - b * s;
+        v[i1] = b * c + a * s;
+    }
+}
+void g_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_act *cs, int interleaved) {
+    if (n <= 0 || nh <= 0 || dim < 2) return;
+    const size_t N = (size_t)n * nh * (dim / 2);
+    k_rope<<<blocks_for(N, 256), 256>>>(DP(x), n, nh, ts, hs, dim, DCP(cs), interleaved);
+    post("rope");
+}
+
+/* ---- element-wise ----------------------------------------------------------------------- */
+#define GRID_LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+__device__ __forceinline__ float d_silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float d_sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__global__ void k_add(float *y, const float *x, size_t n) { GRID_LOOP(i, n) y[i] += x[i]; }
+__global__ void k_add_bias(float *y, const float *b, size_t n, int cols) { GRID_LOOP(i, n) y[i] += b[i % cols]; }
+__global__ void k_axpy(float *y, float a, const float *x, size_t n) { GRID_LOOP(i, n) y[i] += a * x[i]; }
+__global__ void k_scale(float *y, float a, size_t n) { GRID_LOOP(i, n) y[i] *= a; }
+__global__ void k_sigmoid(float *y, size_t n) { GRID_LOOP(i, n) y[i] = d_sigm(y[i]); }
+__global__ void k_gate(float *o, const float *g, const float *u, size_t n, int kind, float p0, float p1) {
+    GRID_LOOP(i, n) {
+        const float x = g[i], b = u[i];
+        float r;
+        if (kind == DF_GATE_SILU) r = d_silu(x) * b;
+        else if (kind == DF_GATE_SIGMOID) r = d_sigm(x) * b;
+        else {
+            const float y = p1 != 0.0f ? p1 * tanhf(b / p1) : b;
+            r = p0 * tanhf(x / p0) * d_sigm(x) * y;
+        }
+        o[i] = r;
+    }
+}
+void g_add(df_act *y, const df_act *x, size_t n) { if (n) k_add<<<blocks_for(n, 256), 256>>>(DP(y), DCP(x), n), post("add"); }
+void g_add_bias(df_act *y, const float *b, int rows, int cols) {
+    LOCK();
+    if (rows <= 0 || cols <= 0) return;
+    const float *db = param(b, (size_t)cols, S_P0, "add_bias");
+    if (!db) return;
+    const size_t n = (size_t)rows * cols;
+    k_add_bias<<<blocks_for(n, 256), 256>>>(DP(y), db, n, cols);
+    post("add_bias");
+}
+void g_axpy(df_act *y, float a, const df_act *x, size_t n) { if (n) k_axpy<<<blocks_for(n, 256), 256>>>(DP(y), a, DCP(x), n), post("axpy"); }
+void g_scale(df_act *y, float a, size_t n) { if (n) k_scale<<<blocks_for(n, 256), 256>>>(DP(y), a, n), post("scale"); }
+void g_sigmoid(df_act *x, size_t n) { if (n) k_sigmoid<<<blocks_for(n, 256), 256>>>(DP(x), n), post("sigmoid"); }
+void g_gate(df_act *out, const df_act *g, const df_act *u, size_t n, df_gate_kind kind, float p0, float p1) {
+    if (!n || kind < 0 || kind >= DF_GATE_N) return;
+    k_gate<<<blocks_for(n, 256), 256>>>(DP(out), DCP(g), DCP(u), n, (int)kind, p0, p1);
+    post("gate");
+}
+
+__global__ void k_l2norm(float *x, int rows, int cols, float eps, float scale) {
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        float *v = x + (size_t)r * cols, ss = 0.0f;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += v[i] * v[i];
+        ss = block_sum(ss);
+        const float k = scale / sqrtf(ss + eps);
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) v[i] *= k;
+        __syncthreads();
+    }
+}
+void g_l2norm(df_act *x, int rows, int cols, float eps, float scale) {
+    if (rows <= 0 || cols <= 0) return;
+    k_l2norm<<<rows < 65535 ? rows : 65535, 128>>>(DP(x), rows, cols, eps, scale);
+    post("l2norm");
+}
+
+/* block per token */
+__global__ void k_attn_res(df_attn_res_args a, const float *nw, const float *pw) {
+    __shared__ float sc[1 + DF_ATTN_RES_MAX_BLOCKS];
+    __shared__ float total;
+    const int h = a.h, nb = a.nb;
+    for (int t = blockIdx.x; t < a.n; t += gridDim.x) {
+        for (int i = 0; i <= nb; i++) {
+            const float *v = i < nb ? DCP(a.blocks) + (size_t)i * a.block_stride + (size_t)t * h : DCP(a.p) + (size_t)t * h;
+            float ss = 0.0f;
+            for (int d = threadIdx.x; d < h; d += blockDim.x) ss += v[d] * v[d];
+            ss = block_sum(ss);
+            const float r = 1.0f / sqrtf(ss / (float)h + a.eps);
+            float s = 0.0f;
+            for (int d = threadIdx.x; d < h; d += blockDim.x) s += (v[d] * r) * (nw[d] * pw[d]);
+            s = block_sum(s);
+            if (!threadIdx.x) sc[i] = s;
+        }
+        __syncthreads();
+        if (!threadIdx.x) {
+            float mx = -INFINITY, sum = 0.0f;
+            for (int i = 0; i <= nb; i++) mx = fmaxf(mx, sc[i]);
+            for (int i = 0; i <= nb; i++) sum += sc[i] = expf(sc[i] - mx);
+            total = sum;
+        }
+        __syncthreads();
+        float *o = DP(a.out) + (size_t)t * h;
+        for (int d = threadIdx.x; d < h; d += blockDim.x) {
+            float acc = 0.0f;
+            for (int i = 0; i <= nb; i++) {
+                const float *v = i < nb ? DCP(a.blocks) + (size_t)i * a.block_stride + (size_t)t * h : DCP(a.p) + (size_t)t * h;
+                acc += (sc[i] / total) * v[d];
+            }
+            o[d] = acc;
+        }
+        __syncthreads();
+    }
+}
+void g_attn_res(const df_attn_res_args *a) {
+    LOCK();
+    if (a->n <= 0 || a->h <= 0) return;
+    if (a->nb < 0 || a->nb > DF_ATTN_RES_MAX_BLOCKS) {
+        fprintf(stderr, "deltafin: cuda backend: attn_res: %d blocks (at most %d)\n", a->nb, DF_ATTN_RES_MAX_BLOCKS);
+        return;
+    }
+    const float *nw = param(a->norm_w, (size_t)a->h, S_P0, "attn_res"), *pw = param(a->proj_w, (size_t)a->h, S_P1, "attn_res");
+    if (!nw || !pw) return;
+    k_attn_res<<<a->n < 65535 ? a->n : 65535, 128>>>(*a, nw, pw);
+    post("attn_res");
+}
+
+/* ---- MoE -------------------------------------------------------------------------------- */
+/* The router on the host with the CPU backend's code (the expert ids are host memory by contract). */
+void g_route(const df_route_args *a) {
+    if (a->n <= 0) return;
+    const size_t nl = (size_t)a->n * a->n_experts, nw = (size_t)a->n * a->k;
+    float *lg = (float *)malloc((nl ? nl : 1) * sizeof(float)), *w = (float *)malloc((nw ? nw : 1) * sizeof(float));
+    if (!lg || !w) {
+        fprintf(stderr, "deltafin: cuda backend: route: out of host memory for %zu logits\n", nl);
+        free(lg), free(w);
+        return;
+    }
+    CK("route", cudaMemcpy(lg, a->logits, nl * sizeof(float), cudaMemcpyDeviceToHost));
+    df_route_args h = *a;
+    h.logits = (const df_act *)lg;
+    h.w = a->w ? (df_act *)w : NULL;
+    df_backend_cpu.route(&h);
+    if (a->w) CK("route", cudaMemcpy(a->w, w, nw * sizeof(float), cudaMemcpyHostToDevice));
+    free(lg), free(w);
+}
+
+__global__ void k_moe_combine(float *out, const float *x, const float *w, int n, int k, int cols) {
+    const size_t N = (size_t)n * cols;
+    GRID_LOOP(i, N) {
+        const size_t t = i / cols, c = i % cols;
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++) acc += w[t * k + j] * x[(t * k + j) * cols + c];
+        out[i] = acc;
+    }
+}
+void g_moe_combine(df_act *out, const df_act *x, const df_act *w, int n, int k, int cols) {
+    if (n <= 0 || cols <= 0) return;
+    const size_t N = (size_t)n * cols;
+    k_moe_combine<<<blocks_for(N, 256), 256>>>(DP(out), DCP(x), DCP(w), n, k, cols);
+    post("moe_combine");
+}
+
+/* ---- recurrent mixers ------------------------------------------------------------------- */
+/* thread per channel, tokens in order (as the CPU loop) */
+__global__ void k_conv1d(df_conv1d_args a, const float *wt, const float *bias) {
+    const int C = a.C, W = a.W, n = a.n, M = W - 1;
+    const float *x = DCP(a.x);
+    float *y = DP(a.y), *st = DP(a.state);
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        const float *wc = wt + (size_t)c * W;
+        float *sc = st + (size_t)c * M;
+        for (int t = 0; t < n; t++) {
+            float acc = 0.0f;
+            for (int j = 0; j < M; j++) {
+                const int src = t + j - M;
+                const float v = src < 0 ? sc[M + src] : x[(size_t)src * C + c];
+                acc += wc[j] * v;
+            }
+            acc += wc[M] * x[(size_t)t * C + c];
+            if (bias) acc += bias[c];
+            y[(size_t)t * C + c] = a.silu ? d_silu(acc) : acc;
+        }
+        if (n >= M) {
+            for (int j = 0; j < M; j++) sc[j] = x[(size_t)(n - M + j) * C + c];
+        } else if (M > 0) {
+            for (int j = 0; j < M - n; j++) sc[j] = sc[j + n];
+            for (int j = 0; j < n; j++) sc[M - n + j] = x[(size_t)j * C + c];
+        }
+    }
+}
+void g_causal_conv1d(const df_conv1d_args *a) {
+    LOCK();
+    if (a->n <= 0 || a->C <= 0 || a->W <= 0) return;
+    const float *wt = param(a->w, (size_t)a->C * a->W, S_P0, "causal_conv1d"), *b = param(a->bias, (size_t)a->C, S_P1, "causal_conv1d");
+    if (!wt || (a->bias && !b)) return;
+    k_conv1d<<<blocks_for((size_t)a->C, 128), 128>>>(*a, wt, b);
+    post("causal_conv1d");
+}
+
+/* block per head; thread j owns column j of S (S[i][j] for every key channel i) */
+__global__ void k_kda_scan(df_kda_args a) {
+    const int h = blockIdx.x, dk = a.dk, dv = a.dv, nh = a.nh;
+    float *S = DP(a.S) + (size_t)h * dk * dv;
+    for (int j = threadIdx.x; j < dv; j += blockDim.x)
+        for (int t = 0; t < a.n; t++) {
+            const size_t qk = ((size_t)t * nh + h) * dk, vo = ((size_t)t * nh + h) * dv;
+            const float *q = DCP(a.q) + qk, *k = DCP(a.k) + qk, *g = DCP(a.g) + qk;
+            const float beta = DCP(a.beta)[(size_t)t * nh + h];
+            float u = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                float s = S[(size_t)i * dv + j] * expf(g[i]);
+                S[(size_t)i * dv + j] = s;
+                u += k[i] * s;
+            }
+            u = DCP(a.v)[vo + j] - u;
+            float o = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                const float s = S[(size_t)i * dv + j] + (beta * k[i]) * u;
+                S[(size_t)i * dv + j] = s;
+                o += (q[i] * a.scale) * s;
+            }
+            DP(a.o)[vo + j] = o;
+        }
+}
+void g_kda_scan(const df_kda_args *a) {
+    if (a->n <= 0 || a->nh <= 0) return;
+    int th = (a->dv + 31) / 32 * 32;
+    if (th > 256) th = 256;
+    k_kda_scan<<<(unsigned)a->nh, th>>>(*a);
+    post("kda_scan");
+}
+
+__device__ __forceinline__ float d_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+__global__ void k_kda_gate(df_kda_gate_args a, const float *A_log, const float *dt_bias) {
+    const size_t N = (size_t)a.n * a.nh * a.d;
+    GRID_LOOP(o, N) {
+        const int h = (int)((o / a.d) % a.nh), i = (int)(o % a.d);
+        const float A = expf(A_log[h]), x = DCP(a.f)[o] + dt_bias[(size_t)h * a.d + i];
+        DP(a.g)[o] = a.has_lower_bound ? a.lower_bound * d_sigm(A * x) : -A * d_softplus(x);
+    }
+}
+void g_kda_gate(const df_kda_gate_args *a) {
+    LOCK();
+    if (a->n <= 0 || a->nh <= 0 || a->d <= 0) return;
+    const float *al = param(a->A_log, (size_t)a->nh, S_P0, "kda_gate"), *dt = param(a->dt_bias, (size_t)a->nh * a->d, S_P1, "kda_gate");
+    if (!al || !dt) return;
+    const size_t N = (size_t)a->n * a->nh * a->d;
+    k_kda_gate<<<blocks_for(N, 256), 256>>>(*a, al, dt);
+    post("kda_gate");
+}
+
