@@ -287,6 +287,10 @@ static int parse_field(int count, const df_oai_limits *lim, const char *k, const
         r->stream = json_is_true(v);
         return 0;
     }
+    if (!strcmp(k, "cache_control")) { /* a caching hint: prefix reuse is automatic here */
+        if (!json_is_object(v)) return bad_type(e, k, "an object", v);
+        return 0;
+    }
     if (!strcmp(k, "metadata")) { /* accepted and ignored: it cannot change the output */
         if (!json_is_object(v)) return bad_type(e, k, "an object", v);
         const char *k2;
