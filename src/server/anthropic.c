@@ -63,7 +63,7 @@ static int bad_type(df_oai_error *e, const char *field, const char *want, const 
 }
 
 static int refuse(df_oai_error *e, const char *field, const char *what) {
-    return afail(e, 400, field, "%s is not supported by this server yet (Deltafin refuses what it cannot honour "
+    return afail(e, 400, field, "not supported by this server yet: %s (Deltafin refuses what it cannot honour "
                  "instead of ignoring it)", what);
 }
 
@@ -107,7 +107,7 @@ static int parse_content(const json_t *c, const char *where, sbuf *b, df_oai_err
             for (size_t k = 0; k < sizeof refused_blocks / sizeof *refused_blocks; k++)
                 if (!strcmp(t, refused_blocks[k])) {
                     char what[80];
-                    pathf(what, sizeof what, "a '%s' content block", t);
+                    pathf(what, sizeof what, "'%s' content blocks", t);
                     return refuse(e, q, what);
                 }
             return afail(e, 400, q, "'%.40s' is not a content block type", t);
@@ -198,7 +198,7 @@ static int parse_messages(const json_t *msgs, json_t *norm, df_oai_error *e) {
         last = r;
     }
     if (last && !strcmp(last, "assistant"))
-        return refuse(e, "messages", "a final assistant turn (prefill: continuing the assistant's text)");
+        return refuse(e, "messages", "a last turn from the assistant (prefill: continuing the assistant's text)");
     return 0;
 }
 
