@@ -345,8 +345,16 @@ int df_anth_parse(int count, const df_oai_limits *lim, const char *body, size_t 
  * Answers
  * ========================================================================= */
 
+/* The error in Anthropic's shape; the message starts with the field (errors
+ * from the shared path, e.g. the context check, are prefixed here). */
 static void anth_error(df_http_req *r, const df_oai_error *e) {
-    char *b = df_http_anth_error_body(e->status, e->message);
+    char msg[sizeof e->param + sizeof e->message + 4];
+    size_t pl = strlen(e->param);
+    if (pl && e->status < 500 && !(strncmp(e->message, e->param, pl) == 0 && e->message[pl] == ':'))
+        snprintf(msg, sizeof msg, "%s: %s", e->param, e->message);
+    else
+        snprintf(msg, sizeof msg, "%s", e->message);
+    char *b = df_http_anth_error_body(e->status, msg);
     if (!b) { df_http_drop(r); return; }
     df_http_respond(r, e->status, "application/json", b, strlen(b), NULL, NULL);
     free(b);

@@ -296,6 +296,41 @@ def test_missing_max_tokens(ac, srv):
         assert_anth_error(b, "invalid_request_error", field)
 
 
+@pytest.mark.parametrize("patch,field", [
+    ({"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": []}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": ["hi"]}]}, "messages.0.content.0"),
+    ({"messages": [{"role": "user", "content": [{"text": "hi"}]}]}, "messages.0.content.0.type"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}, "messages.0.content.0.text"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]}, "messages.0.content.0.x"),
+    ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages.0.content.0.type"),
+    ({"messages": [{"content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": 1, "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user"}]}, "messages.0.content"),
+    ({"messages": ["hi"]}, "messages.0"),
+    ({"messages": {"role": "user"}}, "messages"),
+    ({"system": 3}, "system"),
+    ({"system": [{"type": "image"}]}, "system.0.type"),
+    ({"stop_sequences": "x"}, "stop_sequences"),
+    ({"stop_sequences": [1]}, "stop_sequences.0"),
+    ({"stream": "yes"}, "stream"),
+    ({"metadata": []}, "metadata"),
+    ({"max_tokens": 2.5}, "max_tokens"),
+    ({"top_k": 1.5}, "top_k"),
+    ({"top_p": "1"}, "top_p"),
+    ({"model": 3}, "model"),
+    ({"tools": {}}, "tools"),
+])
+def test_wrong_types_raw(srv, patch, field):
+    body = {"model": MODEL_ID, "max_tokens": 4, "messages": CONV}
+    body.update(patch)
+    st, _, b = raw(srv, "POST", "/v1/messages", body)
+    assert st == 400, b
+    assert_anth_error(b, "invalid_request_error", field)
+
+
 def test_wrong_model_and_malformed_json(ac, srv):
     with pytest.raises(anthropic.NotFoundError) as ei:
         msg(ac, model="claude-nope")
@@ -323,7 +358,7 @@ def test_routes_and_methods(srv):
 def test_context_length_exceeded(ac):
     with pytest.raises(anthropic.BadRequestError) as ei:
         msg(ac, max_tokens=1024, messages=[{"role": "user", "content": "sea " * 1500}])
-    assert_anth_error(ei.value.body, "invalid_request_error")
+    assert_anth_error(ei.value.body, "invalid_request_error", "messages")
     assert "context length" in ei.value.body["error"]["message"]
 
 
