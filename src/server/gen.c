@@ -81,6 +81,7 @@ void gen_free(gen *g) {
     free(g->out.p);
     free(g->off);
     free(g->memo_key);
+    free(g->ids);
     json_decref(g->lp);
     free(g);
 }
@@ -180,6 +181,7 @@ int gen_tokenize(gen *g, df_oai_error *e) {
     }
     const char *param = rq->kind == DF_OAI_CHAT ? "messages" : "prompt";
     if (!g->n_prompt) return df_oai_fail(e, 400, param, "invalid_value", "The prompt is empty.");
+    if (g->count_only) return 0;
     size_t ctx = (size_t)s->ctx;
     if (rq->max_tokens > 0) {
         if (g->n_prompt + (size_t)rq->max_tokens > ctx)
@@ -216,6 +218,7 @@ int gen_prepare(gen *g, df_oai_error *e) {
     if (rq->has_temperature && rq->temperature > 0 && rq->top_p > 0) {
         gc.sampling.temperature = (float)rq->temperature;
         gc.sampling.top_p = (float)rq->top_p;
+        gc.sampling.top_k = rq->top_k;
     }
     uint64_t seed = (uint64_t)rq->seed;
     if (!rq->has_seed && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)g;
@@ -240,6 +243,33 @@ void gen_log(gen *g) {
             g->n_gen ? other * 1e3 / (double)g->n_gen : 0.0, wall > 0 ? 100 * other / wall : 0.0);
 }
 
+/* Which stop string ended the generation: the one that starts where the
+ * final text was cut, in the text of every generated id detokenized again
+ * (the text the generation step cut). -1 if none (an end-of-sequence id). */
+static int find_stop_hit(gen *g) {
+    df_oai_request *rq = &g->rq;
+    if (!g->finish || strcmp(g->finish, "stop") || !rq->n_stop || !g->n_ids) return -1;
+    df_detok *d = df_detok_new(g->srv->e);
+    if (!d) return -1;
+    sbuf all = {0};
+    size_t n;
+    const char *p;
+    for (size_t i = 0; i < g->n_ids; i++) {
+        p = df_detok_push(d, g->ids[i], &n);
+        sb_put(&all, p, n);
+    }
+    p = df_detok_flush(d, &n);
+    sb_put(&all, p, n);
+    df_detok_free(d);
+    int hit = -1;
+    for (int i = 0; !all.oom && hit < 0 && i < rq->n_stop; i++) {
+        size_t sl = strlen(rq->stop[i]);
+        if (all.len >= g->text.len + sl && !memcmp(all.p + g->text.len, rq->stop[i], sl)) hit = i;
+    }
+    free(all.p);
+    return hit;
+}
+
 void gen_step(gen *g) {
     df_oai_server *s = g->srv;
     if (df_turn_stopping(&s->turn)) { gen_fail(g, 503, "The server is shutting down."); return; }
@@ -250,6 +280,16 @@ void gen_step(gen *g) {
         g->last = t.id;
         g->n_gen++;
         if (g->rq.logprobs) add_logprob(g, &t);
+        if (g->want_stop_hit) {
+            if (g->n_ids == g->cap_ids) {
+                size_t cap = g->cap_ids ? 2 * g->cap_ids : 64;
+                int32_t *p = realloc(g->ids, cap * sizeof *p);
+                if (!p) { gen_fail(g, 503, "Out of memory."); return; }
+                g->ids = p;
+                g->cap_ids = cap;
+            }
+            g->ids[g->n_ids++] = t.id;
+        }
     }
     sb_put(&g->text, t.text, t.text_len);
     if (rc < 0) {
@@ -259,7 +299,10 @@ void gen_step(gen *g) {
         return;
     }
     if (g->text.oom) { gen_fail(g, 503, "Out of memory."); return; }
-    if (rc == 0) g->finish = df_gen_finish_reason(g->dg);
+    if (rc == 0) {
+        g->finish = df_gen_finish_reason(g->dg);
+        if (g->want_stop_hit) g->stop_hit = find_stop_hit(g);
+    }
 }
 
 /* ---- the memo ------------------------------------------------------------ */
@@ -278,7 +321,8 @@ static char *lp_dump(const gen *g) {
 void gen_memo_store(gen *g) {
     df_oai_server *s = g->srv;
     if (!s->memo || !g->memo_key || g->memo_hit || g->failed || !g->finish) return;
-    df_memo_answer a = {.tlen = g->text.len, .finish = g->finish, .n_prompt = (long)g->n_prompt, .n_gen = g->n_gen};
+    df_memo_answer a = {.tlen = g->text.len, .finish = g->finish, .n_prompt = (long)g->n_prompt, .n_gen = g->n_gen,
+                        .stop_hit = g->stop_hit};
     a.text = malloc(a.tlen + 1);
     a.logprobs = lp_dump(g);
     if (!a.text || (g->rq.logprobs && !a.logprobs)) { df_memo_answer_free(&a); return; }
@@ -299,6 +343,7 @@ int gen_memo_lookup(gen *g) {
     g->n_prompt = (size_t)a.n_prompt;
     g->cached = g->n_prompt;
     g->n_gen = a.n_gen;
+    g->stop_hit = a.stop_hit;
     if (a.logprobs) {
         json_t *o = json_loads(a.logprobs, 0, NULL), *off = json_object_get(o, "off");
         json_decref(g->lp);
@@ -317,6 +362,7 @@ int gen_memo_lookup(gen *g) {
         g->finish = NULL;
         g->n_prompt = g->cached = 0;
         g->n_gen = 0;
+        g->stop_hit = -1;
         g->n_off = 0;
         if (!g->lp) g->lp = json_array();
         else json_array_clear(g->lp);

@@ -118,6 +118,36 @@ char *df_http_error_body(const char *type, const char *param, const char *code, 
     return s;
 }
 
+const char *df_http_anth_type(int status) {
+    switch (status) {
+    case 400: return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 529: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
+
+char *df_http_anth_error_body(int status, const char *message) {
+    json_t *e = json_object();
+    json_object_set_new(e, "type", json_string(df_http_anth_type(status)));
+    json_object_set_new(e, "message", json_string(message ? message : ""));
+    if (!json_object_get(e, "message")) json_object_set_new(e, "message", json_string("(message not valid UTF-8)"));
+    json_t *root = json_object();
+    json_object_set_new(root, "type", json_string("error"));
+    json_object_set_new(root, "error", e);
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+int df_http_anth_path(const char *path) {
+    return path && !strncmp(path, "/v1/messages", 12) && (!path[12] || path[12] == '/');
+}
+
 /* ---- answers ------------------------------------------------------------ */
 
 static int queue(df_http_req *r, int status, struct MHD_Response *resp) {
@@ -142,7 +172,8 @@ int df_http_respond(df_http_req *r, int status, const char *content_type, const 
 
 int df_http_respond_error(df_http_req *r, int status, const char *type, const char *param, const char *code,
                           const char *message) {
-    char *b = df_http_error_body(type, param, code, message);
+    char *b = df_http_anth_path(r->path) ? df_http_anth_error_body(status, message)
+                                         : df_http_error_body(type, param, code, message);
     if (!b) { df_http_drop(r); return -1; }
     int rc = df_http_respond(r, status, "application/json", b, strlen(b), NULL, NULL);
     free(b);
@@ -362,7 +393,10 @@ static int needs_auth(const df_http_req *r) {
     return r->srv->api_key && strcmp(r->path, "/health") != 0;
 }
 
+/* "Authorization: Bearer KEY" (OpenAI) or "x-api-key: KEY" (Anthropic). */
 static int authorized(const df_http_req *r) {
+    const char *x = df_http_header(r, "x-api-key");
+    if (x && ct_equal(r->srv->api_key, x)) return 1;
     const char *h = df_http_header(r, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
     h += 7;
@@ -433,7 +467,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         }
         if (needs_auth(r) && !authorized(r)) {
             df_http_respond_error(r, 401, "invalid_request_error", NULL, "invalid_api_key",
-                                  "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'.");
+                                  "Incorrect API key provided. Send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'.");
             return r->drop ? MHD_NO : MHD_YES;
         }
         const char *cl = df_http_header(r, "Content-Length");

@@ -6,7 +6,9 @@
  * everything about HTTP and nothing about OpenAI semantics except the error
  * body shape, which every 4xx it produces itself (401, 413)
  * shares with the application:
- *   {"error": {"message", "type", "param", "code"}}.
+ *   {"error": {"message", "type", "param", "code"}},
+ * or on the Anthropic paths (/v1/messages, /v1/messages/...)
+ *   {"type": "error", "error": {"type", "message"}}, the type from the status.
  *
  * Invariants:
  *   - the handler sees a request only once its whole body has arrived and is
@@ -16,7 +18,8 @@
  *     answer), unless Content-Length exceeds the limit by over 64 MiB, which
  *     is answered at once and the connection closed;
  *   - with api_key set, every path but /health needs "Authorization: Bearer
- *     KEY" (compared in constant time) before any body byte is buffered;
+ *     KEY" or "x-api-key: KEY" (compared in constant time) before any body
+ *     byte is buffered;
  *   - request headers larger than header_bytes are refused by the library
  *     (431) before the handler runs;
  *   - framing is unambiguous or refused before any body byte is read: two
@@ -97,8 +100,18 @@ int df_http_respond(df_http_req *r, int status, const char *content_type, const 
  * param and code may be NULL (sent as null). */
 int df_http_respond_error(df_http_req *r, int status, const char *type, const char *param, const char *code,
                           const char *message);
-/* Builds that body (malloc'd, compact JSON). */
+/* Builds that body (malloc'd, compact JSON). On an Anthropic path
+ * (df_http_anth_path) df_http_respond_error sends Anthropic's shape instead. */
 char *df_http_error_body(const char *type, const char *param, const char *code, const char *message);
+/* Anthropic's error body {"type": "error", "error": {"type", "message"}}
+ * (malloc'd), the type from the status (df_http_anth_type: 400
+ * invalid_request_error, 401 authentication_error, 403 permission_error,
+ * 404 not_found_error, 413 request_too_large, 429 rate_limit_error, 529
+ * overloaded_error, other 5xx api_error). */
+char *df_http_anth_error_body(int status, const char *message);
+const char *df_http_anth_type(int status);
+/* 1 for /v1/messages and the paths under it. */
+int df_http_anth_path(const char *path);
 
 /* Fills buf with up to max bytes of the stream. Returns the number of
  * bytes (> 0), 0 at the clean end of the stream, or -1 to abort it (the

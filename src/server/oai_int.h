@@ -7,6 +7,8 @@
  *             generation step (df_gen, src/core/generate.c), logprobs
  *   openai.c  routes, response bodies, SSE streaming, lifetime
  *   request.c validation (pure, fuzzed on its own)
+ *   anthropic.c the Anthropic Messages API (/v1/messages): validation and
+ *             its answers, over the same queue and generation as OpenAI chat
  */
 #ifndef DF_SERVER_OAI_INT_H
 #define DF_SERVER_OAI_INT_H
@@ -60,6 +62,7 @@ typedef struct {
     size_t tlen;
     const char *finish; /* a string constant */
     long n_prompt, n_gen;
+    int stop_hit;       /* the stop string that ended it, or -1 */
     char *logprobs;     /* {"lp": [...], "off": [...]} or NULL */
 } df_memo_answer;
 
@@ -117,9 +120,27 @@ void sb_put(sbuf *b, const void *d, size_t n);
  * become U+FFFD. Never NULL unless out of memory. */
 json_t *jstr(const char *p, size_t n);
 
+typedef struct gen gen;
+
+/* A protocol's answers (OpenAI's or Anthropic's): the error shape, the
+ * "busy" answer, the whole non-streaming body, and the stream's events.
+ * The request's way through the queue and the generation is shared
+ * (df_oai_run). */
 typedef struct {
+    const char *id_prefix;
+    void (*error)(df_http_req *r, const df_oai_error *e);
+    void (*busy)(df_http_req *r, int qmax);   /* the queue is full */
+    char *(*body)(const gen *g);              /* malloc'd JSON, NULL if out of memory */
+    void (*sse_head)(gen *g);                 /* before the first token */
+    void (*sse_more)(gen *g);                 /* text (etc.) not yet sent */
+    void (*sse_tail)(gen *g);                 /* the end */
+    void (*sse_error)(gen *g);                /* g->errmsg after the stream began */
+} df_proto;
+
+struct gen {
     df_oai_server *srv;
     df_http_req *req;
+    const df_proto *proto;
     df_oai_request rq;
     char id[48];
     long long created;
@@ -147,7 +168,12 @@ typedef struct {
     int phase;          /* streaming: 0 head, 1 tokens, 2 done */
     sbuf out;
     size_t out_pos;
-} gen;
+    int want_stop_hit;  /* find which stop string ended it (Anthropic's stop_sequence) */
+    int32_t *ids;       /* want_stop_hit: the generated ids */
+    size_t n_ids, cap_ids;
+    int stop_hit;       /* the index in rq.stop of the stop string that ended it, or -1 */
+    int count_only;     /* tokenize only (count_tokens): no context checks */
+};
 
 /* Renders and tokenizes the prompt and checks it against the context (no
  * session needed: done before the turn). Returns 0, or fills e. */
@@ -168,5 +194,26 @@ int gen_memo_lookup(gen *g);
 void gen_memo_store(gen *g);
 /* The longest token's text in bytes (0 without a tokenizer). */
 int gen_longest_token(df_oai_server *s);
+
+/* ---- openai.c: shared by both protocols ------------------------------------ */
+
+/* Runs a validated request (g->rq, g->proto, g->srv, g->req set; body and
+ * len: the request's bytes, the memo key with tag in front): memo,
+ * tokenizing, the queue, the generation, the answer. Consumes g. */
+void df_oai_run(gen *g, const char *body, size_t len, char tag);
+/* A fresh gen for a request on s (NULL if out of memory). */
+gen *gen_new(df_oai_server *s, df_http_req *r, const df_proto *p);
+void make_id(df_oai_server *s, const char *prefix, char *out, size_t n);
+
+/* ---- anthropic.c ------------------------------------------------------------ */
+
+/* Validates an Anthropic Messages body (count: a count_tokens body) into a
+ * chat request (messages rendered like OpenAI chat). Pure. Returns 0, or -1
+ * with e filled (the message names the field). */
+int df_anth_parse(int count, const df_oai_limits *lim, const char *body, size_t len, df_oai_request *out,
+                  df_oai_error *e);
+/* POST /v1/messages and /v1/messages/count_tokens. */
+void df_anth_messages(df_oai_server *s, df_http_req *r);
+void df_anth_count_tokens(df_oai_server *s, df_http_req *r);
 
 #endif

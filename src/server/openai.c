@@ -169,6 +169,10 @@ static void sse_tail(gen *g) {
     sb_put(&g->out, "data: [DONE]\n\n", 14);
 }
 
+static void sse_head(gen *g) {
+    if (g->rq.kind == DF_OAI_CHAT) sse_chunk(g, NULL, 0, 0, 0, NULL, 1);
+}
+
 /* An error after the stream began: data: {"error": {...}}, then [DONE]. */
 static void sse_error(gen *g) {
     char *b = df_http_error_body("server_error", NULL, NULL, g->errmsg);
@@ -182,7 +186,8 @@ static void sse_error(gen *g) {
 }
 
 /* The http stream callback: hands out pending bytes, making more one token
- * at a time; checks the client before each token. */
+ * at a time through the protocol's events; checks the client before each
+ * token. */
 static ssize_t stream_fn(void *ctx, char *buf, size_t max) {
     gen *g = ctx;
     for (;;) {
@@ -196,15 +201,15 @@ static ssize_t stream_fn(void *ctx, char *buf, size_t max) {
         g->out.len = g->out_pos = 0;
         if (g->phase == 2) return 0;
         if (g->phase == 0) {
-            if (g->rq.kind == DF_OAI_CHAT) sse_chunk(g, NULL, 0, 0, 0, NULL, 1);
+            g->proto->sse_head(g);
             g->phase = 1;
             continue;
         }
-        if (g->failed) { gen_release(g); sse_error(g); g->phase = 2; continue; }
-        if (g->finish) { gen_release(g); sse_tail(g); g->phase = 2; continue; }
+        if (g->failed) { gen_release(g); g->proto->sse_error(g); g->phase = 2; continue; }
+        if (g->finish) { gen_release(g); g->proto->sse_tail(g); g->phase = 2; continue; }
         if (df_http_peer_closed(g->req)) { gen_stopped(g); return -1; }
         gen_step(g);
-        if (!g->failed && !g->finish) sse_pending(g);
+        if (!g->failed && !g->finish) g->proto->sse_more(g);
     }
 }
 
@@ -243,7 +248,7 @@ static json_t *model_json(const df_oai_server *s) {
     return m;
 }
 
-static void make_id(df_oai_server *s, const char *prefix, char *out, size_t n) {
+void make_id(df_oai_server *s, const char *prefix, char *out, size_t n) {
     static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     uint64_t x = (atomic_fetch_add(&s->idctr, 1) + 1) * 0x9e3779b97f4a7c15ull ^ s->salt;
     char tail[25];
@@ -255,23 +260,48 @@ static void make_id(df_oai_server *s, const char *prefix, char *out, size_t n) {
     snprintf(out, n, "%s%s", prefix, tail);
 }
 
-static void complete(df_oai_server *s, df_http_req *r, df_oai_kind kind) {
-    size_t len;
-    const char *body = df_http_body(r, &len);
-    df_oai_limits lim = {s->model_id, s->info.vocab_size, s->cap};
-    df_oai_error e;
+static void oai_busy(df_http_req *r, int qmax) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "The server is busy: one generation is running and %d are waiting (--queue %d). Retry later.", qmax, qmax);
+    char *b = df_http_error_body("requests", NULL, "rate_limit_exceeded", msg);
+    if (b) df_http_respond(r, 429, "application/json", b, strlen(b), "Retry-After", "1");
+    else df_http_drop(r);
+    free(b);
+}
+
+static const df_proto oai_chat = {"chatcmpl-", respond_oai_error, oai_busy, final_body, sse_head, sse_pending, sse_tail, sse_error};
+static const df_proto oai_cmpl = {"cmpl-", respond_oai_error, oai_busy, final_body, sse_head, sse_pending, sse_tail, sse_error};
+
+gen *gen_new(df_oai_server *s, df_http_req *r, const df_proto *p) {
     gen *g = calloc(1, sizeof *g);
-    if (!g) { df_http_respond_error(r, 503, "server_error", NULL, NULL, "Out of memory."); return; }
-    if (df_oai_parse(kind, &lim, body, len, &g->rq, &e)) { respond_oai_error(r, &e); free(g); return; }
+    if (!g) return NULL;
     g->srv = s;
     g->req = r;
+    g->proto = p;
+    g->stop_hit = -1;
     g->lp = json_array();
+    if (!g->lp) { free(g); return NULL; }
     g->created = (long long)time(NULL);
-    make_id(s, kind == DF_OAI_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);
+    make_id(s, p->id_prefix, g->id, sizeof g->id);
+    return g;
+}
+
+static void answer_error(gen *g, int status, const char *msg) {
+    df_oai_error e = {.status = status};
+    snprintf(e.type, sizeof e.type, "server_error");
+    snprintf(e.message, sizeof e.message, "%s", msg);
+    g->proto->error(g->req, &e);
+}
+
+void df_oai_run(gen *g, const char *body, size_t len, char tag) {
+    df_oai_server *s = g->srv;
+    df_http_req *r = g->req;
+    df_oai_error e;
+    memset(&e, 0, sizeof e);
     if (s->memo && df_oai_deterministic(&g->rq) && len <= (1u << 20)) {
         g->memo_key = malloc(len + 1);
         if (g->memo_key) {
-            g->memo_key[0] = (char)kind;
+            g->memo_key[0] = tag;
             memcpy(g->memo_key + 1, body, len);
             g->memo_klen = len + 1;
         }
@@ -282,24 +312,15 @@ static void complete(df_oai_server *s, df_http_req *r, df_oai_kind kind) {
         int gone = df_http_peer_closed(r), rc = gone ? 0 : gen_tokenize(g, &e);
         if (big) pthread_mutex_unlock(&s->pmu);
         if (gone) { df_http_drop(r); gen_free(g); return; } /* the client left while waiting */
-        if (rc) { respond_oai_error(r, &e); gen_free(g); return; }
+        if (rc) { g->proto->error(r, &e); gen_free(g); return; }
         switch (df_turn_acquire(&s->turn, r)) {
-        case TURN_FULL: {
-            char msg[200];
-            snprintf(msg, sizeof msg, "The server is busy: one generation is running and %d are waiting (--queue %d). Retry later.", s->turn.qmax, s->turn.qmax);
-            char *b = df_http_error_body("requests", NULL, "rate_limit_exceeded", msg);
-            if (b) df_http_respond(r, 429, "application/json", b, strlen(b), "Retry-After", "1");
-            else df_http_drop(r);
-            free(b);
-            gen_free(g);
-            return;
-        }
+        case TURN_FULL: g->proto->busy(r, s->turn.qmax); gen_free(g); return;
         case TURN_GONE: df_http_drop(r); gen_free(g); return;
-        case TURN_STOP: df_http_respond_error(r, 503, "server_error", NULL, NULL, "The server is shutting down."); gen_free(g); return;
+        case TURN_STOP: answer_error(g, 503, "The server is shutting down."); gen_free(g); return;
         default: break;
         }
         g->holds_turn = 1;
-        if (gen_prepare(g, &e)) { gen_release(g); respond_oai_error(r, &e); gen_free(g); return; }
+        if (gen_prepare(g, &e)) { gen_release(g); g->proto->error(r, &e); gen_free(g); return; }
     }
     if (g->rq.stream) {
         df_http_respond_stream(r, 200, "text/event-stream", stream_fn, stream_done, g);
@@ -310,18 +331,29 @@ static void complete(df_oai_server *s, df_http_req *r, df_oai_kind kind) {
         gen_step(g);
     }
     gen_release(g);
-    char *out = g->failed ? NULL : final_body(g);
+    char *out = g->failed ? NULL : g->proto->body(g);
     gen_log(g);
     if (g->failed) {
-        df_http_respond_error(r, g->errstatus, "server_error", NULL, NULL, g->errmsg);
+        answer_error(g, g->errstatus, g->errmsg);
         gen_free(g);
         return;
     }
     if (out) df_http_respond(r, 200, "application/json", out, strlen(out), NULL, NULL);
-    else df_http_respond_error(r, 503, "server_error", NULL, NULL, "Out of memory.");
+    else answer_error(g, 503, "Out of memory.");
     free(out);
     if (df_oai_deterministic(&g->rq)) gen_memo_store(g);
     gen_free(g);
+}
+
+static void complete(df_oai_server *s, df_http_req *r, df_oai_kind kind) {
+    size_t len;
+    const char *body = df_http_body(r, &len);
+    df_oai_limits lim = {s->model_id, s->info.vocab_size, s->cap};
+    df_oai_error e;
+    gen *g = gen_new(s, r, kind == DF_OAI_CHAT ? &oai_chat : &oai_cmpl);
+    if (!g) { df_http_respond_error(r, 503, "server_error", NULL, NULL, "Out of memory."); return; }
+    if (df_oai_parse(kind, &lim, body, len, &g->rq, &e)) { respond_oai_error(r, &e); gen_free(g); return; }
+    df_oai_run(g, body, len, (char)kind);
 }
 
 void df_oai_handle(void *app, df_http_req *r) {
@@ -355,6 +387,12 @@ void df_oai_handle(void *app, df_http_req *r) {
     } else if (!strcmp(p, "/v1/completions")) {
         if (!post) goto method;
         complete(s, r, DF_OAI_COMPLETIONS);
+    } else if (!strcmp(p, "/v1/messages")) {
+        if (!post) goto method;
+        df_anth_messages(s, r);
+    } else if (!strcmp(p, "/v1/messages/count_tokens")) {
+        if (!post) goto method;
+        df_anth_count_tokens(s, r);
     } else {
         char msg[300];
         snprintf(msg, sizeof msg, "Unknown request URL: %s %.200s. Please check the URL for typos.", m, p);

@@ -61,6 +61,7 @@ typedef struct {
     int has_temperature;
     double temperature;    /* [0, 2] */
     double top_p;          /* [0, 1]; 1 when not given */
+    int top_k;             /* 0: off (Anthropic's top_k; OpenAI has none) */
     int has_seed;
     int64_t seed;
     char *stop[DF_OAI_MAX_STOP];
