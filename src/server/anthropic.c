@@ -71,13 +71,6 @@ static int unknown(df_oai_error *e, const char *field) {
     return afail(e, 400, field, "Extra inputs are not permitted");
 }
 
-static void pathf(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void pathf(char *buf, size_t n, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, n, fmt, ap);
-    va_end(ap);
-}
 
 /* Block types of Anthropic's API that the server knows but cannot honour. */
 static const char *const refused_blocks[] = {
@@ -96,10 +89,10 @@ static int parse_content(const json_t *c, const char *where, sbuf *b, df_oai_err
     json_t *blk;
     json_array_foreach(c, i, blk) {
         char p[96], q[160];
-        pathf(p, sizeof p, "%s.%zu", where, i);
+        df_oai_pathf(p, sizeof p, "%s.%zu", where, i);
         if (!json_is_object(blk)) return bad_type(e, p, "an object", blk);
         json_t *type = json_object_get(blk, "type");
-        pathf(q, sizeof q, "%s.type", p);
+        df_oai_pathf(q, sizeof q, "%s.type", p);
         if (!type) return afail(e, 400, q, "Field required");
         if (!json_is_string(type)) return bad_type(e, q, "a string", type);
         const char *t = json_string_value(type);
@@ -107,7 +100,7 @@ static int parse_content(const json_t *c, const char *where, sbuf *b, df_oai_err
             for (size_t k = 0; k < sizeof refused_blocks / sizeof *refused_blocks; k++)
                 if (!strcmp(t, refused_blocks[k])) {
                     char what[80];
-                    pathf(what, sizeof what, "'%s' content blocks", t);
+                    df_oai_pathf(what, sizeof what, "'%s' content blocks", t);
                     return refuse(e, q, what);
                 }
             return afail(e, 400, q, "'%.40s' is not a content block type", t);
@@ -115,7 +108,7 @@ static int parse_content(const json_t *c, const char *where, sbuf *b, df_oai_err
         const char *k;
         json_t *v;
         json_object_foreach(blk, k, v) {
-            pathf(q, sizeof q, "%s.%.40s", p, k);
+            df_oai_pathf(q, sizeof q, "%s.%.40s", p, k);
             if (!strcmp(k, "type")) continue;
             if (!strcmp(k, "text")) { if (!json_is_string(v)) return bad_type(e, q, "a string", v); continue; }
             if (!strcmp(k, "cache_control")) { if (!json_is_null(v) && !json_is_object(v)) return bad_type(e, q, "an object", v); continue; }
@@ -126,7 +119,7 @@ static int parse_content(const json_t *c, const char *where, sbuf *b, df_oai_err
             return unknown(e, q);
         }
         json_t *text = json_object_get(blk, "text");
-        pathf(q, sizeof q, "%s.text", p);
+        df_oai_pathf(q, sizeof q, "%s.text", p);
         if (!text) return afail(e, 400, q, "Field required");
         if (i) sb_put(b, "\n", 1);
         sb_put(b, json_string_value(text), json_string_length(text));
@@ -175,22 +168,22 @@ static int parse_messages(const json_t *msgs, json_t *norm, df_oai_error *e) {
     const char *last = NULL;
     json_array_foreach(msgs, i, m) {
         char p[48], q[96];
-        pathf(p, sizeof p, "messages.%zu", i);
+        df_oai_pathf(p, sizeof p, "messages.%zu", i);
         if (!json_is_object(m)) return bad_type(e, p, "an object", m);
         json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
         const char *k;
         json_t *v;
         json_object_foreach(m, k, v) {
-            pathf(q, sizeof q, "%s.%.40s", p, k);
+            df_oai_pathf(q, sizeof q, "%s.%.40s", p, k);
             if (strcmp(k, "role") && strcmp(k, "content")) return unknown(e, q);
         }
-        pathf(q, sizeof q, "%s.role", p);
+        df_oai_pathf(q, sizeof q, "%s.role", p);
         if (!role) return afail(e, 400, q, "Field required");
         if (!json_is_string(role)) return bad_type(e, q, "a string", role);
         const char *r = json_string_value(role);
         if (strcmp(r, "user") && strcmp(r, "assistant"))
             return afail(e, 400, q, "Input should be 'user' or 'assistant', got '%.40s'", r);
-        pathf(q, sizeof q, "%s.content", p);
+        df_oai_pathf(q, sizeof q, "%s.content", p);
         if (!content) return afail(e, 400, q, "Field required");
         sbuf text = {0};
         if (parse_content(content, q, &text, e)) { free(text.p); return -1; }
@@ -211,7 +204,7 @@ static int parse_stop(const json_t *v, df_oai_request *r, df_oai_error *e) {
     json_t *s;
     json_array_foreach(v, i, s) {
         char p[40];
-        pathf(p, sizeof p, "stop_sequences.%zu", i);
+        df_oai_pathf(p, sizeof p, "stop_sequences.%zu", i);
         if (!json_is_string(s)) return bad_type(e, p, "a string", s);
         if (!json_string_length(s)) return afail(e, 400, p, "an empty stop sequence");
         if (!(r->stop[r->n_stop] = strndup(json_string_value(s), json_string_length(s)))) return afail(e, 503, NULL, "Out of memory.");
@@ -297,7 +290,7 @@ static int parse_field(int count, const df_oai_limits *lim, const char *k, const
         json_t *v2;
         json_object_foreach((json_t *)v, k2, v2) {
             char p[64];
-            pathf(p, sizeof p, "metadata.%.40s", k2);
+            df_oai_pathf(p, sizeof p, "metadata.%.40s", k2);
             if (strcmp(k2, "user_id")) return unknown(e, p);
             if (!json_is_null(v2) && !json_is_string(v2)) return bad_type(e, p, "a string", v2);
         }

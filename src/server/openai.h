@@ -44,6 +44,8 @@ typedef struct {
 
 /* Fills e as an invalid_request_error with status, param and code (NULL for
  * none) and a formatted message; returns -1. */
+/* snprintf for parameter paths ("messages[3].content[0].type"); a path longer than the buffer is cut. */
+void df_oai_pathf(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int df_oai_fail(df_oai_error *e, int status, const char *param, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 

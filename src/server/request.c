@@ -64,8 +64,7 @@ static int unsupported(df_oai_error *e, const char *param, const char *why) {
 
 /* snprintf for parameter paths ("messages[3].content[0].type"): a path
  * longer than the buffer is cut, which only shortens an error message. */
-static void pathf(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void pathf(char *buf, size_t n, const char *fmt, ...) {
+void df_oai_pathf(char *buf, size_t n, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, n, fmt, ap);
@@ -117,7 +116,7 @@ static int parse_stop(const json_t *v, df_oai_request *r, df_oai_error *e) {
     json_t *s;
     json_array_foreach(v, i, s) {
         char p[32];
-        pathf(p, sizeof p, "stop[%zu]", i);
+        df_oai_pathf(p, sizeof p, "stop[%zu]", i);
         if (!json_is_string(s)) return bad_type(e, p, "a string", s);
         if (!json_string_length(s)) return df_oai_fail(e, 400, p, "invalid_value", "Invalid value for '%s': an empty string.", p);
         r->stop[r->n_stop++] = strndup(json_string_value(s), json_string_length(s));
@@ -137,16 +136,16 @@ static int parse_content(const json_t *c, const char *where, char **out, df_oai_
     json_t *part;
     json_array_foreach(c, i, part) {
         char p[96], q[112];
-        pathf(p, sizeof p, "%s[%zu]", where, i);
+        df_oai_pathf(p, sizeof p, "%s[%zu]", where, i);
         if (!json_is_object(part)) return bad_type(e, p, "an object", part);
         json_t *type = json_object_get(part, "type");
-        pathf(q, sizeof q, "%s.type", p);
+        df_oai_pathf(q, sizeof q, "%s.type", p);
         if (!type) return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
         if (!json_is_string(type)) return bad_type(e, q, "a string", type);
         const char *t = json_string_value(type);
         if (!strcmp(t, "image_url") || !strcmp(t, "input_audio") || !strcmp(t, "file") || !strcmp(t, "refusal")) {
             char why[96];
-            pathf(why, sizeof why, "'%s' content parts are not supported (text-only models)", t);
+            df_oai_pathf(why, sizeof why, "'%s' content parts are not supported (text-only models)", t);
             return unsupported(e, q, why);
         }
         if (strcmp(t, "text"))
@@ -154,13 +153,13 @@ static int parse_content(const json_t *c, const char *where, char **out, df_oai_
         const char *k;
         json_t *v;
         json_object_foreach(part, k, v) {
-            pathf(q, sizeof q, "%s.%.40s", p, k);
+            df_oai_pathf(q, sizeof q, "%s.%.40s", p, k);
             if (!strcmp(k, "type")) continue;
             if (!strcmp(k, "text")) { if (get_string(v, q, e)) return -1; continue; }
             return df_oai_fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
         }
         json_t *text = json_object_get(part, "text");
-        pathf(q, sizeof q, "%s.text", p);
+        df_oai_pathf(q, sizeof q, "%s.text", p);
         if (!text) return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
         total += json_string_length(text) + 1;
     }
@@ -185,12 +184,12 @@ static int check_tool_calls(const json_t *tc, const char *where, df_oai_error *e
     json_t *c;
     json_array_foreach(tc, i, c) {
         char p[96], q[128];
-        pathf(p, sizeof p, "%s[%zu]", where, i);
+        df_oai_pathf(p, sizeof p, "%s[%zu]", where, i);
         if (!json_is_object(c)) return bad_type(e, p, "an object", c);
         const char *k;
         json_t *v;
         json_object_foreach(c, k, v) {
-            pathf(q, sizeof q, "%s.%.40s", p, k);
+            df_oai_pathf(q, sizeof q, "%s.%.40s", p, k);
             if (!strcmp(k, "id")) { if (get_string(v, q, e)) return -1; }
             else if (!strcmp(k, "type")) {
                 if (get_string(v, q, e)) return -1;
@@ -201,18 +200,18 @@ static int check_tool_calls(const json_t *tc, const char *where, df_oai_error *e
                 json_t *v2;
                 json_object_foreach(v, k2, v2) {
                     char r[160];
-                    pathf(r, sizeof r, "%s.%.40s", q, k2);
+                    df_oai_pathf(r, sizeof r, "%s.%.40s", q, k2);
                     if (!strcmp(k2, "name") || !strcmp(k2, "arguments")) { if (get_string(v2, r, e)) return -1; }
                     else return df_oai_fail(e, 400, r, "unknown_parameter", "Unrecognized request argument supplied: %s", r);
                 }
                 if (!json_object_get(v, "name")) {
-                    pathf(q, sizeof q, "%s.function.name", p);
+                    df_oai_pathf(q, sizeof q, "%s.function.name", p);
                     return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
                 }
             } else return df_oai_fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
         }
         if (!json_object_get(c, "function")) {
-            pathf(q, sizeof q, "%s.function", p);
+            df_oai_pathf(q, sizeof q, "%s.function", p);
             return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
         }
     }
@@ -230,10 +229,10 @@ static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
     json_t *m;
     json_array_foreach(msgs, i, m) {
         char p[48], q[96];
-        pathf(p, sizeof p, "messages[%zu]", i);
+        df_oai_pathf(p, sizeof p, "messages[%zu]", i);
         if (!json_is_object(m)) { json_decref(norm); return bad_type(e, p, "an object", m); }
         json_t *role = json_object_get(m, "role");
-        pathf(q, sizeof q, "%s.role", p);
+        df_oai_pathf(q, sizeof q, "%s.role", p);
         if (!role) { json_decref(norm); return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q); }
         if (!json_is_string(role)) { json_decref(norm); return bad_type(e, q, "a string", role); }
         const char *r = json_string_value(role);
@@ -251,7 +250,7 @@ static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
         json_t *v;
         int has_content = 0, has_tc = 0;
         json_object_foreach(m, k, v) {
-            pathf(q, sizeof q, "%s.%.40s", p, k);
+            df_oai_pathf(q, sizeof q, "%s.%.40s", p, k);
             if (!strcmp(k, "role")) continue;
             if (!strcmp(k, "content")) {
                 if (json_is_null(v) && asst) continue;
@@ -283,13 +282,13 @@ static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
             }
         }
         if (!has_content && !(asst && has_tc)) {
-            pathf(q, sizeof q, "%s.content", p);
+            df_oai_pathf(q, sizeof q, "%s.content", p);
             json_decref(norm);
             return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
         }
         if (!has_content) json_object_set_new(o, "content", json_string(""));
         if (tool && !json_object_get(o, "tool_call_id")) {
-            pathf(q, sizeof q, "%s.tool_call_id", p);
+            df_oai_pathf(q, sizeof q, "%s.tool_call_id", p);
             json_decref(norm);
             return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
         }
@@ -319,7 +318,7 @@ static int parse_prompt(const json_t *v, const df_oai_limits *lim, df_oai_reques
     json_t *t;
     json_array_foreach(v, i, t) {
         char p[40];
-        pathf(p, sizeof p, "prompt[%zu]", i);
+        df_oai_pathf(p, sizeof p, "prompt[%zu]", i);
         long long id;
         if (get_int(t, p, 0, lim->vocab_size - 1, &id, e)) return -1;
         r->prompt_ids[i] = (int32_t)id;
