@@ -75,6 +75,8 @@ typedef struct {
     const int32_t *eos_ids; /* stop ids from config.json + generation_config.json */
     int64_t n_params, n_params_active; /* active = per token */
     int64_t weight_bytes, weight_bytes_active;
+    const char *backend;    /* where the weights, activations and session state live: "cpu", "cuda" */
+    int backend_threads;    /* CPU worker threads (the CPU backend's products; a GPU backend's host side) */
 } df_model_info;
 void df_engine_info(const df_engine *e, df_model_info *out);
 /* A multi-line human description (inspect). Caller frees. */

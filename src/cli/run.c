@@ -48,6 +48,11 @@ static void print_stats(df_engine *e) {
                 100 * st.t_experts / tot, 100 * st.t_other / tot);
     fprintf(stderr, "[stats] peak RSS %.1f MB; session state %lld B per token + %lld B fixed (per snapshot)\n", st.peak_rss_bytes / 1e6,
             (long long)st.state_bytes_per_token, (long long)st.state_bytes_fixed);
+    {
+        df_model_info mi;
+        df_engine_info(e, &mi);
+        fprintf(stderr, "[stats] backend %s (%d CPU threads)\n", mi.backend, mi.backend_threads);
+    }
     if (st.spine_int8) fprintf(stderr, "[stats] spine: row-int8 (store built with --spine int8): results are NOT exact\n");
     if (st.streaming) {
         int64_t req = st.expert_hits + st.expert_prefetch_hits + st.expert_misses;

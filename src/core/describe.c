@@ -43,6 +43,11 @@ char *df_engine_describe(const df_engine *e) {
     df_buf_printf(&b, "model        %s\n", m->dir);
     df_buf_printf(&b, "family       %s (model_type %s)\n", c->family_name, c->model_type);
     df_buf_printf(&b, "layers       %d, hidden %d, vocab %d, max positions %d\n", c->n_layers, c->hidden, c->vocab, c->max_pos);
+    if (!strcmp(df_be->name, "cpu"))
+        df_buf_printf(&b, "backend      cpu, %d threads: weights, activations and session state in host memory\n", df_backend_threads());
+    else
+        df_buf_printf(&b, "backend      %s: spine weights, activations and session state in device memory; routed experts are copied "
+                      "to the device for each product from %s\n", df_be->name, e->ecache ? "the host expert cache (streamed from disk)" : "host memory");
     /* runs of layers with the same kinds */
     for (int l0 = 0; l0 < c->n_layers;) {
         const df_layer_kind *k = &m->layers[l0].kind;

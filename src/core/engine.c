@@ -191,6 +191,8 @@ void df_engine_info(const df_engine *e, df_model_info *out) {
     out->eos_ids = e->stop;
     out->n_params = e->model->n_params;
     out->n_params_active = e->model->n_params_active;
+    out->backend = df_be->name;
+    out->backend_threads = df_backend_threads();
     out->weight_bytes = e->model->bytes;
     out->weight_bytes_active = e->model->bytes_active;
 }

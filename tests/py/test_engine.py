@@ -320,3 +320,6 @@ def test_state_bytes_in_stats_and_inspect(dfbin, name):
     assert f"session state {want} B per token + 0 B fixed" in p.stderr, p.stderr
     out = run([dfbin, "inspect", "--model", str(MODELS / name)]).stdout
     assert f"state        {want} B per token" in out and "prefix reuse by truncation" in out, out
+    # where things live: the CPU backend unless --backend says otherwise
+    assert "[stats] backend cpu (" in p.stderr, p.stderr
+    assert "backend      cpu, " in out and "host memory" in out, out
