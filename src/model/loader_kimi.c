@@ -10,6 +10,7 @@
 #include "deltafin.h"
 #include "util/util.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +40,11 @@ static float *small(ld *c, const char *name, int nd, const int64_t *dims) {
         default:
             free(v);
             c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': expected dtype F32, BF16 or F16, got %s", ld_tfile(c, t), name, df_st_dtype_name(t->dtype));
+            return NULL;
+        }
+        if (!isfinite(v[i])) { /* exp(A_log), the gates and norms would turn it into NaN logits */
+            c->rc = df_err(c->err, c->errlen, DF_EFORMAT, "%s: tensor '%s': entry %lld is %g; expected a finite value", ld_tfile(c, t), name, (long long)i, (double)v[i]);
+            free(v);
             return NULL;
         }
     }

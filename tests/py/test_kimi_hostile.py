@@ -148,6 +148,15 @@ def resize_f32(suffix, n):
     return edit
 
 
+def inf_f32(suffix, n):
+    def edit(t):
+        k = find(t, suffix)
+        if k:
+            t[k] = ("F32", [n], f32([float("inf")] + [0.0] * (n - 1)))
+        return k
+    return edit
+
+
 def a_log(values):
     def edit(t):
         k = find(t, "layers.0.self_attn.A_log")
@@ -167,6 +176,9 @@ TENSOR_CASES = [
      ["layers.0.self_attn.A_log", "expected 4 entries (num_heads) or 16 (head_dim, zero-padded)", "got shape [5]"]),
     ("kimi-k3-tiny", a_log([0.1, 0.2, 0.3, 0.4] + [0.0] * 11 + [0.7]),
      ["layers.0.self_attn.A_log", "entry 15 is 0.7", "must be zero padding"]),
+    ("kimi-k3-tiny", a_log([0.1, float("nan"), 0.3, 0.4] + [0.0] * 12), ["layers.0.self_attn.A_log", "entry 1 is nan", "expected a finite value"]),
+    ("kimi-linear-tiny", inf_f32("layers.0.self_attn.dt_bias", 64),
+     ["layers.0.self_attn.dt_bias", "entry 0 is inf", "expected a finite value"]),
     ("kimi-linear-tiny", drop("layers.0.self_attn.g_a_proj.weight"), ["missing tensor", "layers.0.self_attn.g_a_proj.weight"]),
     ("kimi-linear-tiny", resize_f32("layers.0.self_attn.dt_bias", 63), ["layers.0.self_attn.dt_bias", "expected shape [64]", "got [63]"]),
 ]
