@@ -43,7 +43,14 @@ def test_run_chat_and_stats(dfbin, k3_dir):
     p = subprocess.run([dfbin, "run", "--model", str(k3_dir), "--prompt", "Hello K3", "--max-new", "8", "--stats"],
                        capture_output=True, text=True, errors="replace", timeout=300)
     assert p.returncode == 0, p.stderr
-    assert "session state 480 B per token + 25600 B fixed" in p.stderr, p.stderr
+    # from config.json: MLA layers keep latent + rope floats per token; KDA layers keep 3 conv windows of
+    # (width - 1) x heads*dim floats and heads x dim x dim matrix state, whatever the position
+    t = json.loads((k3_dir / "config.json").read_text())["text_config"]
+    la = t["linear_attn_config"]
+    per_tok = len(la["full_attn_layers"]) * (t["kv_lora_rank"] + t["qk_rope_head_dim"]) * 4
+    C, d = la["num_heads"] * la["head_dim"], la["head_dim"]
+    fixed = len(la["kda_layers"]) * (3 * (la["short_conv_kernel_size"] - 1) * C + la["num_heads"] * d * d) * 4
+    assert f"session state {per_tok} B per token + {fixed} B fixed" in p.stderr, p.stderr
     r = subprocess.run([dfbin, "chat-template", "--tokenizer", str(k3_dir), "--messages", "-"], input=json.dumps(
         [{"role": "user", "content": "Hello K3"}]), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "<|open|>" in r.stdout and "Hello K3" in r.stdout, r.stdout + r.stderr
