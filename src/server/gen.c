@@ -83,6 +83,7 @@ void gen_free(gen *g) {
     free(g->memo_key);
     free(g->ids);
     json_decref(g->lp);
+    json_decref(g->ext);
     free(g);
 }
 
