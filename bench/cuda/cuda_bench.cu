@@ -10,9 +10,10 @@
  *     768 x 2048) and DeepSeek-V3 (FP8 128x128 blocks: MLA q_a/q_b/kv_a/o,
  *     8 of 32 registered routed experts, 2048 x 7168), each step on experts
  *     not read in the step before, in weight bytes per second;
- *   prefill: products of 2,048 tokens on the same matrices, in TFLOP/s, with
- *     the rel L2 error of ours and of a plain BF16 GEMM (x rounded to bf16)
- *     against a double-precision reference on sampled rows.
+ *   prefill: products of 2,048 tokens on the same matrices, in TFLOP/s, ours
+ *     in both forms (exact f32: dequantize + SGEMM; split-bf16 on tensor
+ *     cores), with the rel L2 error of each and of a plain BF16 GEMM (x
+ *     rounded to bf16) against a double-precision reference on sampled rows.
  * Timing: CUDA events on the default stream, warm-up, then the median of
  * repeats. Random weights (valid values; the content does not matter for
  * speed). */
@@ -217,11 +218,16 @@ static void prefill_row(const char *name, W &wt, cublasHandle_t h, int n) {
     for (auto &v : xh) v = frand();
     df_act *x = B->alloc(xh.size()), *y = B->alloc((size_t)n * R);
     B->write(x, xh.data(), xh.size());
-    /* ours */
+    /* ours: exact f32 (SGEMM on the dequantized slab), then split-bf16 (tensor cores) */
     df_mv_job j = {&wt.w, x, y};
+    setenv("DELTAFIN_CUDA_SPLIT_MIN_N", "0", 1);
     const double t_ours = time_ms([&](int) { B->matmul_batch(&j, 1, n); }, 2, g_quick ? 5 : 10);
-    std::vector<float> yo((size_t)n * R);
+    std::vector<float> yo((size_t)n * R), ys((size_t)n * R);
     B->read(yo.data(), y, yo.size());
+    setenv("DELTAFIN_CUDA_SPLIT_MIN_N", "1", 1);
+    const double t_split = time_ms([&](int) { B->matmul_batch(&j, 1, n); }, 2, g_quick ? 5 : 10);
+    B->read(ys.data(), y, ys.size());
+    unsetenv("DELTAFIN_CUDA_SPLIT_MIN_N");
     /* cuBLAS SGEMM on the f32 weight (no dequantization) */
     float *dW, *dX, *dY;
     __nv_bfloat16 *bW, *bX;
@@ -247,20 +253,21 @@ static void prefill_row(const char *name, W &wt, cublasHandle_t h, int n) {
     /* double reference on sampled rows (every token) */
     const int NR = 48;
     std::vector<double> ref;
-    std::vector<float> go, gb;
+    std::vector<float> go, gb, gs;
     for (int k = 0; k < NR; k++) {
         const int64_t r = (int64_t)(rnd64() % (uint64_t)R);
         for (int t = 0; t < n; t++) {
             double s = 0;
             const float *wr = wf.data() + (size_t)r * C, *xr = xh.data() + (size_t)t * C;
             for (int64_t c = 0; c < C; c++) s += (double)wr[c] * xr[c];
-            ref.push_back(s), go.push_back(yo[(size_t)t * R + r]), gb.push_back(yb[(size_t)t * R + r]);
+            ref.push_back(s), go.push_back(yo[(size_t)t * R + r]), gb.push_back(yb[(size_t)t * R + r]), gs.push_back(ys[(size_t)t * R + r]);
         }
     }
-    printf("prefill %-34s [%lld x %lld] n=%d  ours (exact dequant + SGEMM): %6.1f TFLOP/s, rel L2 %.2e | cuBLAS SGEMM: %6.1f TFLOP/s (ours %5.1f%%) | "
-           "cuBLAS BF16: %6.1f TFLOP/s (ours %5.1f%%), rel L2 %.2e\n",
-           name, (long long)R, (long long)C, n, flop / t_ours / 1e9, rel_l2(go, ref), flop / t_sg / 1e9, 100.0 * t_sg / t_ours, flop / t_bf / 1e9,
-           100.0 * t_bf / t_ours, rel_l2(gb, ref));
+    const double sg = flop / t_sg / 1e9, bf = flop / t_bf / 1e9, f32 = flop / t_ours / 1e9, sp = flop / t_split / 1e9;
+    printf("prefill %-32s [%5lld x %5lld] n=%4d | cuBLAS SGEMM %5.1f TFLOP/s, BF16 %5.1f (rel L2 %.1e) | ours f32 (dequant+SGEMM) %5.1f = %3.0f%% of SGEMM "
+           "(rel L2 %.1e) | ours split-bf16 %5.1f = %3.0f%% of BF16, %3.0f%% of SGEMM (rel L2 %.1e)\n",
+           name, (long long)R, (long long)C, n, sg, bf, rel_l2(gb, ref), f32, 100.0 * f32 / sg, rel_l2(go, ref), sp, 100.0 * sp / bf, 100.0 * sp / sg,
+           rel_l2(gs, ref));
     cudaFree(dW), cudaFree(dY), cudaFree(bW), cudaFree(bX);
     B->free(x), B->free(y);
     B->weight_unregister(&wt.w);

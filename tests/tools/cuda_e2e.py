@@ -5,8 +5,10 @@ golden.json), with --backend cpu and with --backend cuda:
   - two teacher-forced `deltafin eval` passes: over the golden ids (24
     positions: the products take the decode kernels), and over the golden ids
     repeated to LONG positions (prefill products of >= 32 tokens take the
-    dequantize + SGEMM path); the logits must agree per position (rel L2 <=
-    1e-3) and have the same argmax;
+    dequantize + SGEMM path), and that again with DELTAFIN_CUDA_SPLIT_MIN_N=32
+    (the split-bf16 tensor-core form, which otherwise starts at 256 tokens);
+    the logits must agree per position (rel L2 <= 1e-3) and have the same
+    argmax;
   - `deltafin run` of GREEDY new tokens from the golden ids (--temperature 0,
     --ignore-eos, --print-ids): the tokens must be identical.
 
@@ -30,9 +32,10 @@ LONG = 72
 GREEDY = 32
 
 
-def eval_logits(binary, model, ids, backend, out):
+def eval_logits(binary, model, ids, backend, out, env=None):
     p = subprocess.run([binary, "eval", "--backend", backend, "--model", str(model), "--ids", ",".join(map(str, ids)),
-                        "--dump-logits", str(out)], capture_output=True, text=True, timeout=600)
+                        "--dump-logits", str(out)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, **(env or {})})
     if p.returncode:
         return None, p.stderr.strip()
     return np.fromfile(out, dtype="<f4"), p.stderr.strip()
@@ -72,9 +75,10 @@ def main():
             g = json.loads((m / "golden.json").read_text())
             V = g["vocab_size"]
             long_ids = (g["ids"] * (LONG // len(g["ids"]) + 1))[:LONG]
-            for tag, ids in (("", g["ids"]), (f" (prefill {LONG})", long_ids)):
+            for tag, ids, env in (("", g["ids"], None), (f" (prefill {LONG})", long_ids, None),
+                                  (f" (prefill {LONG}, split-bf16)", long_ids, {"DELTAFIN_CUDA_SPLIT_MIN_N": "32"})):
                 cpu, err_c = eval_logits(binary, m, ids, "cpu", pathlib.Path(tmp) / "cpu.f32")
-                gpu, err_g = eval_logits(binary, m, ids, "cuda", pathlib.Path(tmp) / "cuda.f32")
+                gpu, err_g = eval_logits(binary, m, ids, "cuda", pathlib.Path(tmp) / "cuda.f32", env)
                 if cpu is None or gpu is None:
                     if gpu is None and ("without CUDA" in err_g or "no CUDA device" in err_g):
                         print("cuda_e2e: skipped: " + err_g.splitlines()[-1])

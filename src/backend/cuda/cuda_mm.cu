@@ -1,34 +1,40 @@
 /* cuda_mm.cu - the CUDA backend's products (matmul_batch), in two regimes.
  *
- * Decode (n < MM_GEMM_MIN_N tokens): a warp per output row, 8 rows per
- * block, and the jobs of a batch in ONE launch per weight decoder (the job
+ * Decode (n < MM_GEMM_MIN_N tokens): a warp per MM_R output rows, 8 warps
+ * per block, and the jobs of a batch in ONE launch per weight decoder (the job
  * table travels as a kernel parameter, no copy; a MoE batch is one format). Each lane reads the stored row with 16-byte
  * loads, decodes the 8..32 elements of a load exactly (as the CPU decoders:
- * BF16/F16/F32 are exact conversions, FP8 E4M3 and E2M1 by bit assembly,
+ * BF16/F16/F32/FP8 E4M3 are exact conversions, E2M1 by bit assembly,
  * INT4/I8 as integers, times the stored scale), and uses them for up to
- * MM_TN tokens (x is read through L1, shared by the block's warps), then the
- * warp reduces. Weights whose rows are not 16-byte aligned, GGML block types
+ * MM_TN tokens and MM_R rows (x is read through L1, shared by the block's
+ * warps), then the warp reduces. Weights whose rows are not 16-byte aligned, GGML block types
  * and partial scale groups take the generic path: the same warp-per-row
  * kernel decoding element by element (wget). f32 accumulation throughout.
  *
  * Prefill (n >= MM_GEMM_MIN_N): the weight is dequantized exactly to an f32
- * slab (rows in chunks of at most MM_SLAB_FLOATS floats) and multiplied by
- * cuBLAS SGEMM in f32 (the default math mode: no TF32), so the result is
- * an f32 product of exactly the stored values (docs/PERFORMANCE.md gives
- * the measured error and rates). Without cuBLAS (handle creation failed)
- * the decode kernel runs over tiles of MM_TN tokens instead.
+ * slab (rows in chunks of at most MM_SLAB_FLOATS floats' bytes) and
+ * multiplied by cuBLAS SGEMM in f32 (pedantic math: no TF32), so the result
+ * is an f32 product of exactly the stored values; from MM_SPLIT_MIN_N
+ * tokens, in the error-bounded split-bf16 form on tensor cores instead (see
+ * mm_gemm; docs/PERFORMANCE.md gives the measured error and rates). Without
+ * cuBLAS (handle creation failed) the decode kernel runs over tiles of
+ * tokens instead.
  *
  * Either way each output row is computed the same way whatever the batch,
  * so grouping jobs does not change bits. */
 #include "backend/cuda/cuda_int.cuh"
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #define MM_TN 8            /* tokens per warp pass */
-#define MM_WARPS 8         /* rows (warps) per block */
+#define MM_WARPS 8         /* warps per block */
+#define MM_R 4             /* rows per warp */
 #define MM_MAXJ 24         /* jobs per launch (the table is a kernel parameter, < 4 KiB) */
 #define MM_GEMM_MIN_N 32   /* from this many tokens: dequantize + SGEMM */
+#define MM_SPLIT_MIN_N 256 /* from this many: split-bf16 tensor-core products (DELTAFIN_CUDA_SPLIT_MIN_N) */
 #define MM_SLAB_FLOATS ((size_t)64 << 20) /* 256 MiB of f32 weight per SGEMM chunk */
 
 enum { V_GENERIC, V_F32, V_F16, V_BF16, V_FP8, V_INT4, V_I8ROW, V_MXFP4 };
@@ -38,6 +44,7 @@ struct MmJob {
     const float *x;
     float *y;
     int vec;           /* V_*: the decoder of the 16-byte path, or V_GENERIC */
+    int wk;            /* warps that split a row group's columns (1, 2, 4 or 8; from the job's own shape) */
     unsigned blk0;     /* first block of this job in the launch */
 };
 struct MmBatch {
@@ -47,126 +54,174 @@ struct MmBatch {
 };
 
 /* ---- exact decoders of 16 stored bytes ---------------------------------------------- */
-static __device__ __forceinline__ float fp8_fast(uint32_t b) { /* E4M3FN, as fp8f */
-    const uint32_t em = b & 0x7f, s = (b & 0x80) << 24;
-    float v;
-    if (em == 0x7f) v = __int_as_float(0x7fc00000);
-    else if (em >= 8) v = __uint_as_float((em + (120u << 3)) << 20);
-    else v = (float)em * 0.001953125f; /* m * 2^-9, exact */
-    return __uint_as_float(__float_as_uint(v) | s);
-}
 static __device__ __forceinline__ float e2m1_fast(uint32_t code) { /* as e2m1f */
     const uint32_t e = (code >> 1) & 3, m = code & 1, s = (code & 8) << 28;
     const uint32_t bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
     return __uint_as_float(bits | s);
 }
+/* E4M3FN pair (low byte first) -> f32: the hardware conversion to f16 is exact
+ * (every E4M3 value, subnormals and NaN included, is an f16), as is f16 -> f32. */
+static __device__ __forceinline__ float2 fp8x2_f32(uint32_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffff), __NV_E4M3);
+    return __half22float2(__half2(h));
+}
 
-/* acc[t] += sum_i w_i * x[t][c0 + i] over the E elements in wv */
-template <int NT, int E> static __device__ __forceinline__ void fma_tokens(float (&acc)[NT], const float (&wv)[E], const float *x, int64_t K,
-                                                                           int64_t c0, int nt) {
+/* elements per 16-byte load, and per decoded chunk */
+template <int V> struct Fmt {
+    static constexpr int E = V == V_F32 ? 4 : V == V_F16 || V == V_BF16 ? 8 : V == V_FP8 || V == V_I8ROW ? 16 : 32;
+    static constexpr int C = V == V_F32 ? 4 : 8;
+};
+
+/* the scale that applies to the 16 bytes at column c0 of row r (1 where none) */
+template <int V> static __device__ __forceinline__ float load_scale(const DW &w, int64_t r, int64_t c0) {
+    if (V == V_FP8) return scale_at(w, (r / w.blk_r) * w.scale_cols + c0 / w.blk_c);
+    if (V == V_INT4) return scale_at(w, r * w.scale_cols + c0 / w.blk_c);
+    if (V == V_MXFP4) return e8m0f(w.scale[r * w.scale_cols + c0 / DF_MXFP4_GROUP]);
+    if (V == V_I8ROW) return scale_at(w, r);
+    return 1.0f;
+}
+
+/* chunk h (C elements) of the 16 stored bytes q, times the scale s, as the CPU decodes them */
+template <int V> static __device__ __forceinline__ void decode(const uint4 &u, int h, float s, float (&wv)[Fmt<V>::C]) {
+    const uint32_t q[4] = {u.x, u.y, u.z, u.w};
+    if (V == V_F32) {
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t < nt) {
-            const float4 *xp = (const float4 *)(x + (int64_t)t * K + c0);
-            float s = acc[t];
+        for (int i = 0; i < 4; i++) wv[i] = __uint_as_float(q[i]);
+    } else if (V == V_BF16) {
 #pragma unroll
-            for (int q = 0; q < E / 4; q++) {
-                const float4 xv = __ldg(xp + q);
-                s = fmaf(wv[4 * q], xv.x, s);
-                s = fmaf(wv[4 * q + 1], xv.y, s);
-                s = fmaf(wv[4 * q + 2], xv.z, s);
-                s = fmaf(wv[4 * q + 3], xv.w, s);
-            }
-            acc[t] = s;
+        for (int i = 0; i < 4; i++) wv[2 * i] = __uint_as_float(q[i] << 16), wv[2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
+    } else if (V == V_F16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 f = __half22float2(__halves2half2(__ushort_as_half((unsigned short)(q[i] & 0xffff)), __ushort_as_half((unsigned short)(q[i] >> 16))));
+            wv[2 * i] = f.x, wv[2 * i + 1] = f.y;
         }
+    } else if (V == V_FP8) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const uint32_t word = q[2 * h + i];
+            const float2 lo = fp8x2_f32(word), hi = fp8x2_f32(word >> 16);
+            wv[4 * i] = __fmul_rn(lo.x, s), wv[4 * i + 1] = __fmul_rn(lo.y, s), wv[4 * i + 2] = __fmul_rn(hi.x, s), wv[4 * i + 3] = __fmul_rn(hi.y, s);
+        }
+    } else if (V == V_I8ROW) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) wv[i] = __fmul_rn((float)(int8_t)((q[2 * h + i / 4] >> (8 * (i % 4))) & 0xff), s);
+    } else if (V == V_INT4) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) wv[i] = __fmul_rn((float)((int)((q[h] >> (4 * i)) & 15) - 8), s);
+    } else { /* V_MXFP4 */
+#pragma unroll
+        for (int i = 0; i < 8; i++) wv[i] = __fmul_rn(e2m1_fast((q[h] >> (4 * i)) & 15), s);
     }
 }
 
-/* One row r of job J for tokens [0, nt) of x (already offset to the tile). */
-template <int V, int NT> static __device__ __forceinline__ void row_dot(const MmJob &J, int64_t r, const float *x, int nt, float (&acc)[NT]) {
-    const DW &w = J.w;
-    const int lane = threadIdx.x & 31;
-    const int64_t K = w.cols;
-    const uint4 *row = (const uint4 *)(w.data + (size_t)r * w.row_bytes);
-    if (V == V_GENERIC) {
-        for (int64_t c = lane; c < K; c += 32) {
-            const float wv[4] = {wget(w, r, c), 0, 0, 0};
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-                if (t < nt) acc[t] = fmaf(wv[0], __ldg(x + (int64_t)t * K + c), acc[t]);
-        }
-        return;
-    }
-    constexpr int E = V == V_F32 ? 4 : V == V_F16 || V == V_BF16 ? 8 : V == V_FP8 || V == V_I8ROW ? 16 : 32; /* elements per 16 bytes */
-    const int64_t nv = K / E;
-    float rs = 0.0f;
-    if (V == V_I8ROW) rs = scale_at(w, r);
-    for (int64_t v = lane; v < nv; v += 32) {
-        const uint4 u = __ldg(row + v);
-        const uint32_t q[4] = {u.x, u.y, u.z, u.w};
-        const int64_t c0 = v * E;
-        if (V == V_F32) {
-            const float wv[4] = {__uint_as_float(q[0]), __uint_as_float(q[1]), __uint_as_float(q[2]), __uint_as_float(q[3])};
-            fma_tokens<NT, 4>(acc, wv, x, K, c0, nt);
-        } else if (V == V_BF16 || V == V_F16) {
-            float wv[8];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                if (V == V_BF16) wv[2 * i] = __uint_as_float(q[i] << 16), wv[2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
-                else
-                    wv[2 * i] = __half2float(__ushort_as_half((unsigned short)(q[i] & 0xffff))),
-                    wv[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(q[i] >> 16)));
-            }
-            fma_tokens<NT, 8>(acc, wv, x, K, c0, nt);
-        } else if (V == V_FP8 || V == V_I8ROW) {
-            const float s = V == V_FP8 ? scale_at(w, (r / w.blk_r) * w.scale_cols + c0 / w.blk_c) : rs;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float wv[8];
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const uint32_t b8 = (q[2 * h + i / 4] >> (8 * (i % 4))) & 0xff;
-                    wv[i] = __fmul_rn(V == V_FP8 ? fp8_fast(b8) : (float)(int8_t)b8, s);
-                }
-                fma_tokens<NT, 8>(acc, wv, x, K, c0 + 8 * h, nt);
-            }
-        } else { /* INT4, MXFP4 (one group of 32 per load) */
-            const float s = V == V_INT4 ? scale_at(w, r * w.scale_cols + c0 / w.blk_c) : e8m0f(w.scale[r * w.scale_cols + c0 / DF_MXFP4_GROUP]);
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float wv[8];
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const uint32_t c4 = (q[h] >> (4 * i)) & 15;
-                    wv[i] = __fmul_rn(V == V_INT4 ? (float)((int)c4 - 8) : e2m1_fast(c4), s);
-                }
-                fma_tokens<NT, 8>(acc, wv, x, K, c0 + 8 * h, nt);
-            }
-        }
-    }
-}
-
-/* V: the decoder; NT: tokens per pass (1, 2, 4 or MM_TN: few registers for few tokens) */
-template <int V, int NT> __global__ void __launch_bounds__(MM_WARPS * 32, (V == V_INT4 || V == V_MXFP4) && NT > 2 ? 2 : 3) k_mm(const __grid_constant__ MmBatch b) {
+/* V: the decoder; NT: tokens per pass (1, 2, 4 or MM_TN: few registers for few tokens).
+ * A row group is MM_R consecutive rows, read by J.wk warps of the block that
+ * split its columns (32-lane strides interleaved); each lane loads 16 bytes
+ * of every row of the group per step (MM_R loads in flight), and each
+ * activation chunk it loads serves the MM_R rows. The wk partial sums are
+ * added in warp order (shared memory), so a row's bits depend only on its
+ * job's shape. */
+template <int V, int NT> __global__ void __launch_bounds__(MM_WARPS * 32, NT > 2 ? 2 : 3) k_mm(const __grid_constant__ MmBatch b) {
     int j = 0;
     while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
     const MmJob &J = b.j[j];
-    const int64_t r = (int64_t)(blockIdx.x - J.blk0) * MM_WARPS + (threadIdx.x >> 5);
-    if (r >= J.w.rows) return;
+    const DW &w = J.w;
+    const int wk = J.wk, warp = threadIdx.x >> 5, ks = warp % wk;
+    const int64_t r0 = ((int64_t)(blockIdx.x - J.blk0) * (MM_WARPS / wk) + warp / wk) * MM_R;
+    const int nr = r0 >= w.rows ? 0 : w.rows - r0 < MM_R ? (int)(w.rows - r0) : MM_R; /* 0: an idle warp (it still meets the barrier) */
     const int t0 = b.t0 + blockIdx.y * NT, nt = b.n - (int)blockIdx.y * NT < NT ? b.n - (int)blockIdx.y * NT : NT;
-    const float *x = J.x + (int64_t)t0 * J.w.cols;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    row_dot<V, NT>(J, r, x, nt, acc);
+    const int64_t K = w.cols;
+    const float *x = J.x + (int64_t)t0 * K;
     const int lane = threadIdx.x & 31;
-    float mine = 0.0f;
+    float acc[MM_R][NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float s = warp_sum(acc[t]);
-        if (lane == t) mine = s;
+    for (int i = 0; i < MM_R; i++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[i][t] = 0.0f;
+    if (V == V_GENERIC) {
+        for (int i = 0; i < nr; i++)
+            for (int64_t c = ks * 32 + lane; c < K; c += 32 * wk) {
+                const float wv = wget(w, r0 + i, c);
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (t < nt) acc[i][t] = fmaf(wv, __ldg(x + (int64_t)t * K + c), acc[i][t]);
+            }
+    } else if (nr) {
+        constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
+        const int64_t nv = K / E;
+        const uint4 *rows[MM_R];
+#pragma unroll
+        for (int i = 0; i < MM_R; i++) rows[i] = (const uint4 *)(w.data + (size_t)(r0 + (i < nr ? i : 0)) * w.row_bytes);
+        for (int64_t v = ks * 32 + lane; v < nv; v += 32 * wk) {
+            const int64_t c0 = v * E;
+            uint4 u[MM_R];
+            float s[MM_R];
+#pragma unroll
+            for (int i = 0; i < MM_R; i++) u[i] = __ldg(rows[i] + v), s[i] = load_scale<V>(w, r0 + (i < nr ? i : 0), c0);
+#pragma unroll
+            for (int h = 0; h < E / C; h++) {
+                float wv[MM_R][C];
+#pragma unroll
+                for (int i = 0; i < MM_R; i++) decode<V>(u[i], h, s[i], wv[i]);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t < nt) {
+                        const float4 *xp = (const float4 *)(x + (int64_t)t * K + c0 + h * C);
+                        float xv[C];
+#pragma unroll
+                        for (int q = 0; q < C / 4; q++) {
+                            const float4 f = __ldg(xp + q);
+                            xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
+                        }
+#pragma unroll
+                        for (int i = 0; i < MM_R; i++)
+#pragma unroll
+                            for (int k = 0; k < C; k++) acc[i][t] = fmaf(wv[i][k], xv[k], acc[i][t]);
+                    }
+                }
+            }
+        }
     }
-    if (lane < nt) J.y[(int64_t)(t0 + lane) * J.w.rows + r] = mine;
+    float mine[MM_R];
+#pragma unroll
+    for (int i = 0; i < MM_R; i++) {
+        mine[i] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float sum = warp_sum(acc[i][t]);
+            if (lane == t) mine[i] = sum;
+        }
+    }
+    if (wk > 1) { /* block-uniform */
+        __shared__ float part[MM_WARPS][MM_R][NT];
+        if (lane < NT)
+#pragma unroll
+            for (int i = 0; i < MM_R; i++) part[warp][i][lane] = mine[i];
+        __syncthreads();
+        if (ks) return;
+#pragma unroll
+        for (int i = 0; i < MM_R; i++) {
+            float sum = 0.0f;
+            if (lane < NT)
+                for (int k = 0; k < wk; k++) sum += part[warp + k][i][lane];
+            mine[i] = sum;
+        }
+    }
+    if (lane < nt)
+#pragma unroll
+        for (int i = 0; i < MM_R; i++)
+            if (i < nr) J.y[(int64_t)(t0 + lane) * w.rows + r0 + i] = mine[i];
+}
+
+/* Warps per row group: as many as keep at least 2 16-byte steps per lane (more
+ * blocks for matrices of few rows); from the weight's own shape only. */
+static int split_of(const DW &d, int vec) {
+    const int64_t E = vec == V_F32 ? 4 : vec == V_F16 || vec == V_BF16 ? 8 : vec == V_FP8 || vec == V_I8ROW ? 16 : vec == V_GENERIC ? 1 : 32;
+    const int64_t steps = d.cols / E / 32;
+    int wk = 1;
+    while (wk < MM_WARPS && steps >= 4 * wk) wk *= 2;
+    return wk;
 }
 
 /* Which 16-byte decoder fits weight d read with activations x (V_GENERIC when none does). */
@@ -213,11 +268,25 @@ static void mm_flush(MmBatch *b, unsigned blocks, int n) {
     b->nj = 0;
 }
 
-/* ---- prefill: exact f32 slab + SGEMM ----------------------------------------------------- */
+/* ---- prefill: exact f32 slab + SGEMM, or split-bf16 on tensor cores ---------------------- */
 __global__ void k_dequant(DW w, int64_t r0, int64_t nr, float *out) {
     const size_t N = (size_t)nr * w.cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x)
         out[i] = wget(w, r0 + (int64_t)(i / w.cols), (int64_t)(i % w.cols));
+}
+/* v = hi + lo + e: hi = bf16(v), lo = bf16(v - hi) (v - hi is exact in f32), |e| <= 2^-17 |v| */
+static __device__ __forceinline__ void split_bf16(float v, __nv_bfloat16 *hi, __nv_bfloat16 *lo) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    *hi = h;
+    if (lo) *lo = __float2bfloat16_rn(v - __bfloat162float(h));
+}
+__global__ void k_dequant_split(DW w, int64_t r0, int64_t nr, __nv_bfloat16 *hi, __nv_bfloat16 *lo) {
+    const size_t N = (size_t)nr * w.cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x)
+        split_bf16(wget(w, r0 + (int64_t)(i / w.cols), (int64_t)(i % w.cols)), hi + i, lo ? lo + i : NULL);
+}
+__global__ void k_split(const float *x, size_t N, __nv_bfloat16 *hi, __nv_bfloat16 *lo) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x) split_bf16(x[i], hi + i, lo + i);
 }
 
 static cublasHandle_t g_blas;
@@ -225,7 +294,6 @@ static int g_blas_state; /* 0 untried, 1 ready, -1 unavailable */
 static cublasHandle_t blas(void) {
     if (!g_blas_state) {
         cublasStatus_t s = cublasCreate(&g_blas);
-        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(g_blas, CUBLAS_PEDANTIC_MATH); /* f32 as stated: no TF32 */
         g_blas_state = s == CUBLAS_STATUS_SUCCESS ? 1 : -1;
         if (g_blas_state < 0)
             fprintf(stderr, "deltafin: cuda backend: matmul_batch: cuBLAS unavailable (status %d); prefill products use the decode kernel\n", (int)s);
@@ -233,27 +301,70 @@ static cublasHandle_t blas(void) {
     return g_blas_state > 0 ? g_blas : NULL;
 }
 
-/* Y[n][rows] = X[n][cols] W^T through the slab; 0, or -1 to fall back to the kernel. */
+/* From how many tokens the split-bf16 form runs (DELTAFIN_CUDA_SPLIT_MIN_N, default
+ * MM_SPLIT_MIN_N; 0: never, every prefill product in SGEMM). Read per call: the
+ * benchmark and the parity test switch it. */
+static int split_min_n(void) {
+    const char *e = getenv("DELTAFIN_CUDA_SPLIT_MIN_N");
+    if (!e || !*e) return MM_SPLIT_MIN_N;
+    const long v = strtol(e, NULL, 10);
+    return v <= 0 ? INT32_MAX : v > INT32_MAX ? INT32_MAX : (int)v;
+}
+/* formats whose every value is a bf16 (their low half is zero: one product fewer) */
+static int bf16_exact(const DW &d) { return d.fmt == DF_W_BF16 || d.fmt == DF_W_MXFP4 || (d.fmt == DF_W_GGML && d.gt == DF_GGML_BF16); }
+
+static int blas_fail(const char *what, const DW &d, int64_t nr, int n, cublasStatus_t s) {
+    fprintf(stderr, "deltafin: cuda backend: matmul_batch: %s [%lld x %lld] n=%d failed (status %d); the product kernel runs instead\n", what, (long long)nr, (long long)d.cols, n, (int)s);
+    return -1;
+}
+
+/* Y[n][rows] = X[n][cols] W^T through slabs of rows; 0, or -1 (reported) to fall back to
+ * the kernel, which then computes every row.
+ * SGEMM: the exact f32 weight times x in f32 (pedantic math: no TF32).
+ * split-bf16 (n >= split_min_n()): W = Wh + Wl, x = xh + xl (bf16 halves), and
+ * Y = Wh xh + Wh xl + Wl xh in BF16 GEMMs with f32 accumulation (Wl xh only
+ * where W is not already bf16); the dropped terms are below 2^-16 of |W||x|
+ * per product (docs/PERFORMANCE.md gives the measured error). */
 static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
     cublasHandle_t h = blas();
     if (!h || d.cols > INT32_MAX || d.rows > INT32_MAX) return -1;
-    int64_t chunk = (int64_t)(MM_SLAB_FLOATS / (size_t)d.cols);
+    const int split = n >= split_min_n(), wlo = split && !bf16_exact(d);
+    const size_t esz = split ? 2 : 4;
+    int64_t chunk = (int64_t)(MM_SLAB_FLOATS * 4 / esz / (size_t)d.cols);
     if (chunk < 1) chunk = 1;
     if (chunk > d.rows) chunk = d.rows;
-    float *slab = (float *)slot(S_SLAB, (size_t)chunk * d.cols * sizeof(float), "matmul_batch");
-    if (!slab) return -1;
+    void *slab = slot(S_SLAB, (size_t)chunk * d.cols * esz, "matmul_batch"), *slab2 = wlo ? slot(S_SLAB2, (size_t)chunk * d.cols * esz, "matmul_batch") : NULL;
+    __nv_bfloat16 *xh = NULL, *xl = NULL;
+    if (split) {
+        const size_t N = (size_t)n * d.cols;
+        xh = (__nv_bfloat16 *)slot(S_XHI, N * 2, "matmul_batch"), xl = (__nv_bfloat16 *)slot(S_XLO, N * 2, "matmul_batch");
+        if (!xh || !xl) return -1;
+        k_split<<<blocks_for(N, 256), 256>>>(X, N, xh, xl);
+        post("matmul_batch");
+    }
+    if (!slab || (wlo && !slab2)) return -1;
     const float one = 1.0f, zero = 0.0f;
+    const int K = (int)d.cols, ldc = (int)d.rows;
     for (int64_t r0 = 0; r0 < d.rows; r0 += chunk) {
         const int64_t nr = d.rows - r0 < chunk ? d.rows - r0 : chunk;
-        k_dequant<<<blocks_for((size_t)nr * d.cols, 256), 256>>>(d, r0, nr, slab);
+        const unsigned g = blocks_for((size_t)nr * d.cols, 256);
+        /* column-major view: Y^T[rows x n] (ld rows) = (W chunk, ld cols)^T . X^T[cols x n] (ld cols) */
+        if (!split) {
+            k_dequant<<<g, 256>>>(d, r0, nr, (float *)slab);
+            post("matmul_batch");
+            cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
+            cublasStatus_t s = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, K, &one, (const float *)slab, K, X, K, &zero, Y + r0, ldc);
+            if (s != CUBLAS_STATUS_SUCCESS) return blas_fail("cublasSgemm", d, nr, n, s);
+            continue;
+        }
+        k_dequant_split<<<g, 256>>>(d, r0, nr, (__nv_bfloat16 *)slab, (__nv_bfloat16 *)slab2);
         post("matmul_batch");
-        /* column-major view: Y^T[rows x n] (ld rows) = slab^T' (W chunk, ld cols) . X^T[cols x n] (ld cols) */
-        cublasStatus_t s = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, (int)d.cols, &one, slab, (int)d.cols, X, (int)d.cols, &zero,
-                                       Y + r0, (int)d.rows);
-        if (s != CUBLAS_STATUS_SUCCESS) {
-            fprintf(stderr, "deltafin: cuda backend: matmul_batch: cublasSgemm [%lld x %lld] n=%d failed (status %d)\n", (long long)nr,
-                    (long long)d.cols, n, (int)s);
-            return r0 ? 0 : -1; /* a failure after the first chunk leaves its rows unset: reported */
+        cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+        const void *A[3] = {slab, slab, slab2}, *B[3] = {xh, xl, xh};
+        for (int p = 0; p < (wlo ? 3 : 2); p++) {
+            cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, K, &one, A[p], CUDA_R_16BF, K, B[p], CUDA_R_16BF, K, p ? &one : &zero,
+                                            Y + r0, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            if (s != CUBLAS_STATUS_SUCCESS) return blas_fail("cublasGemmEx (split-bf16)", d, nr, n, s);
         }
     }
     return 0;
@@ -273,12 +384,12 @@ void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
         if (w_get(jobs[j].w, S_WD0, S_WS0, &d, "matmul_batch")) continue;
         if (d.rows <= 0) continue;
         if (n >= MM_GEMM_MIN_N && !mm_gemm(d, DCP(jobs[j].x), DP(jobs[j].y), n)) continue;
-        const unsigned nb = (unsigned)((d.rows + MM_WARPS - 1) / MM_WARPS);
-        const int vec = vec_kind(d, DCP(jobs[j].x));
+        const int vec = vec_kind(d, DCP(jobs[j].x)), wk = split_of(d, vec), per_block = MM_WARPS / wk * MM_R;
+        const unsigned nb = (unsigned)((d.rows + per_block - 1) / per_block);
         /* a launch holds jobs of one decoder (the kernel is compiled per decoder) */
         if (b.nj == MM_MAXJ || (b.nj && b.j[0].vec != vec) || (uint64_t)blocks + nb > 0x7fffffffu) mm_flush(&b, blocks, n), blocks = 0;
         MmJob &J = b.j[b.nj++];
-        J.w = d, J.x = DCP(jobs[j].x), J.y = DP(jobs[j].y), J.vec = vec, J.blk0 = blocks;
+        J.w = d, J.x = DCP(jobs[j].x), J.y = DP(jobs[j].y), J.vec = vec, J.wk = wk, J.blk0 = blocks;
         blocks += nb;
         if (scratch) mm_flush(&b, blocks, n), blocks = 0;
     }
