@@ -11,7 +11,7 @@
  *   max_i |cand_i - ref_i| <= tol * max_i |ref_i|
  * with tol stated per op: 0 for copies, 1e-6 for element-wise ops, 2e-5
  * for reductions (products, norms, attention, scans), 1e-4 for products of
- * >= 256 tokens (prefill: a GPU backend may run them in an error-bounded
+ * >= 512 tokens (prefill: a GPU backend may run them in an error-bounded
  * tensor-core form, as CUDA's split-bf16); router ids must be equal. Products, the causal convolution and the KDA scan are also checked
  * against plain double-precision loops written here (so the reference
  * itself is checked, not only the candidate's agreement with it).
@@ -353,12 +353,13 @@ static void test_matmul(void) {
     }
 }
 
-/* Prefill products (n = 300 tokens): the CUDA backend takes its split-bf16
- * tensor-core form there (n >= 32 below that: dequantize + SGEMM, covered by
- * n = 33 above); formats with bf16-exact values (BF16, MXFP4) and others. */
+/* Prefill products (n = 600 tokens): the CUDA backend takes its split-bf16
+ * tensor-core form there (from 512 tokens; from 32: dequantize + SGEMM,
+ * covered by n = 33 above); formats with bf16-exact values (BF16, MXFP4)
+ * and others. */
 static void test_matmul_prefill(void) {
     const int fis[] = {0, 2, 3, 5, 17, N_FORMATS - 1}; /* F32, BF16, FP8 128x128, INT4 g32, Q4_K, MXFP4 */
-    const int n = 300;
+    const int n = 600;
     for (size_t k = 0; k < sizeof fis / sizeof fis[0]; k++) {
         const fmt_case *f = &FORMATS[fis[k]];
         int64_t cols[4];

@@ -34,7 +34,7 @@
 #define MM_R 4             /* rows per warp */
 #define MM_MAXJ 24         /* jobs per launch (the table is a kernel parameter, < 4 KiB) */
 #define MM_GEMM_MIN_N 32   /* from this many tokens: dequantize + SGEMM */
-#define MM_SPLIT_MIN_N 256 /* from this many: split-bf16 tensor-core products (DELTAFIN_CUDA_SPLIT_MIN_N) */
+#define MM_SPLIT_MIN_N 512 /* from this many: split-bf16 tensor-core products (DELTAFIN_CUDA_SPLIT_MIN_N) */
 #define MM_SLAB_FLOATS ((size_t)64 << 20) /* 256 MiB of f32 weight per SGEMM chunk */
 
 enum { V_GENERIC, V_F32, V_F16, V_BF16, V_FP8, V_INT4, V_I8ROW, V_MXFP4 };
@@ -71,15 +71,6 @@ template <int V> struct Fmt {
     static constexpr int E = V == V_F32 ? 4 : V == V_F16 || V == V_BF16 ? 8 : V == V_FP8 || V == V_I8ROW ? 16 : 32;
     static constexpr int C = V == V_F32 ? 4 : 8;
 };
-
-/* the scale that applies to the 16 bytes at column c0 of row r (1 where none) */
-template <int V> static __device__ __forceinline__ float load_scale(const DW &w, int64_t r, int64_t c0) {
-    if (V == V_FP8) return scale_at(w, (r / w.blk_r) * w.scale_cols + c0 / w.blk_c);
-    if (V == V_INT4) return scale_at(w, r * w.scale_cols + c0 / w.blk_c);
-    if (V == V_MXFP4) return e8m0f(w.scale[r * w.scale_cols + c0 / DF_MXFP4_GROUP]);
-    if (V == V_I8ROW) return scale_at(w, r);
-    return 1.0f;
-}
 
 /* chunk h (C elements) of the 16 stored bytes q, times the scale s, as the CPU decodes them */
 template <int V> static __device__ __forceinline__ void decode(const uint4 &u, int h, float s, float (&wv)[Fmt<V>::C]) {
@@ -151,14 +142,27 @@ template <int V, int NT> __global__ void __launch_bounds__(MM_WARPS * 32, NT > 2
         constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
         const int64_t nv = K / E;
         const uint4 *rows[MM_R];
+        int64_t srow[MM_R]; /* the row's first scale entry (FP8: its block row's) */
+        float rs[MM_R];     /* I8ROW: the row's scale */
+        /* 16-byte steps per scale entry along a row (V_FP8: blk_c % 16 == 0, V_INT4: blk_c % 32 == 0; MXFP4: one) */
+        const uint32_t vps = V == V_FP8 ? (uint32_t)w.blk_c / 16 : V == V_INT4 ? (uint32_t)w.blk_c / 32 : 1;
 #pragma unroll
-        for (int i = 0; i < MM_R; i++) rows[i] = (const uint4 *)(w.data + (size_t)(r0 + (i < nr ? i : 0)) * w.row_bytes);
+        for (int i = 0; i < MM_R; i++) {
+            const int64_t ri = r0 + (i < nr ? i : 0);
+            rows[i] = (const uint4 *)(w.data + (size_t)ri * w.row_bytes);
+            srow[i] = V == V_FP8 ? (ri / w.blk_r) * w.scale_cols : ri * w.scale_cols;
+            rs[i] = V == V_I8ROW ? scale_at(w, ri) : 1.0f;
+        }
         for (int64_t v = ks * 32 + lane; v < nv; v += 32 * wk) {
             const int64_t c0 = v * E;
+            const int64_t sc = V == V_FP8 || V == V_INT4 ? (int64_t)((uint32_t)v / vps) : v; /* rows are < 2^32 steps */
             uint4 u[MM_R];
             float s[MM_R];
 #pragma unroll
-            for (int i = 0; i < MM_R; i++) u[i] = __ldg(rows[i] + v), s[i] = load_scale<V>(w, r0 + (i < nr ? i : 0), c0);
+            for (int i = 0; i < MM_R; i++) {
+                u[i] = __ldg(rows[i] + v);
+                s[i] = V == V_FP8 || V == V_INT4 ? scale_at(w, srow[i] + sc) : V == V_MXFP4 ? e8m0f(__ldg(w.scale + srow[i] + sc)) : rs[i];
+            }
 #pragma unroll
             for (int h = 0; h < E / C; h++) {
                 float wv[MM_R][C];
@@ -214,13 +218,15 @@ template <int V, int NT> __global__ void __launch_bounds__(MM_WARPS * 32, NT > 2
             if (i < nr) J.y[(int64_t)(t0 + lane) * w.rows + r0 + i] = mine[i];
 }
 
-/* Warps per row group: as many as keep at least 2 16-byte steps per lane (more
- * blocks for matrices of few rows); from the weight's own shape only. */
+/* Warps per row group: as many as keep at least 8 16-byte steps per lane (long
+ * rows: more blocks, and a lane's loop stays long enough to keep its loads in
+ * flight; measured: splitting rows of 8 steps lost 10-15% on the MoE experts);
+ * from the weight's own shape only. */
 static int split_of(const DW &d, int vec) {
     const int64_t E = vec == V_F32 ? 4 : vec == V_F16 || vec == V_BF16 ? 8 : vec == V_FP8 || vec == V_I8ROW ? 16 : vec == V_GENERIC ? 1 : 32;
     const int64_t steps = d.cols / E / 32;
     int wk = 1;
-    while (wk < MM_WARPS && steps >= 4 * wk) wk *= 2;
+    while (wk < MM_WARPS && steps >= 16 * wk) wk *= 2;
     return wk;
 }
 
@@ -274,19 +280,26 @@ __global__ void k_dequant(DW w, int64_t r0, int64_t nr, float *out) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x)
         out[i] = wget(w, r0 + (int64_t)(i / w.cols), (int64_t)(i % w.cols));
 }
-/* v = hi + lo + e: hi = bf16(v), lo = bf16(v - hi) (v - hi is exact in f32), |e| <= 2^-17 |v| */
-static __device__ __forceinline__ void split_bf16(float v, __nv_bfloat16 *hi, __nv_bfloat16 *lo) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(v);
-    *hi = h;
-    if (lo) *lo = __float2bfloat16_rn(v - __bfloat162float(h));
+/* v = p0 + p1 + p2 + e in bf16 pieces: p0 = bf16(v), p1 = bf16(v - p0), p2 = bf16(v - p0 - p1)
+ * (each difference is exact in f32); |e| <= 2^-24 |v| about: f32's own precision.
+ * p[1], p[2] NULL: only p0 (a value that is a bf16 already). */
+static __device__ __forceinline__ void split3(float v, size_t i, __nv_bfloat16 *const *p) {
+    const __nv_bfloat16 a = __float2bfloat16_rn(v);
+    p[0][i] = a;
+    if (!p[1]) return;
+    const float r1 = v - __bfloat162float(a);
+    const __nv_bfloat16 b = __float2bfloat16_rn(r1);
+    p[1][i] = b;
+    p[2][i] = __float2bfloat16_rn(r1 - __bfloat162float(b));
 }
-__global__ void k_dequant_split(DW w, int64_t r0, int64_t nr, __nv_bfloat16 *hi, __nv_bfloat16 *lo) {
+struct Pieces { __nv_bfloat16 *p[3]; };
+__global__ void k_dequant_split(DW w, int64_t r0, int64_t nr, Pieces o) {
     const size_t N = (size_t)nr * w.cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x)
-        split_bf16(wget(w, r0 + (int64_t)(i / w.cols), (int64_t)(i % w.cols)), hi + i, lo ? lo + i : NULL);
+        split3(wget(w, r0 + (int64_t)(i / w.cols), (int64_t)(i % w.cols)), i, o.p);
 }
-__global__ void k_split(const float *x, size_t N, __nv_bfloat16 *hi, __nv_bfloat16 *lo) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x) split_bf16(x[i], hi + i, lo + i);
+__global__ void k_split(const float *x, size_t N, Pieces o) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x) split3(x[i], i, o.p);
 }
 
 static cublasHandle_t g_blas;
@@ -310,7 +323,7 @@ static int split_min_n(void) {
     const long v = strtol(e, NULL, 10);
     return v <= 0 ? INT32_MAX : v > INT32_MAX ? INT32_MAX : (int)v;
 }
-/* formats whose every value is a bf16 (their low half is zero: one product fewer) */
+/* formats whose every value is a bf16 (one weight piece: 3 products instead of 6) */
 static int bf16_exact(const DW &d) { return d.fmt == DF_W_BF16 || d.fmt == DF_W_MXFP4 || (d.fmt == DF_W_GGML && d.gt == DF_GGML_BF16); }
 
 static int blas_fail(const char *what, const DW &d, int64_t nr, int n, cublasStatus_t s) {
@@ -321,28 +334,29 @@ static int blas_fail(const char *what, const DW &d, int64_t nr, int n, cublasSta
 /* Y[n][rows] = X[n][cols] W^T through slabs of rows; 0, or -1 (reported) to fall back to
  * the kernel, which then computes every row.
  * SGEMM: the exact f32 weight times x in f32 (pedantic math: no TF32).
- * split-bf16 (n >= split_min_n()): W = Wh + Wl, x = xh + xl (bf16 halves), and
- * Y = Wh xh + Wh xl + Wl xh in BF16 GEMMs with f32 accumulation (Wl xh only
- * where W is not already bf16); the dropped terms are below 2^-16 of |W||x|
- * per product (docs/PERFORMANCE.md gives the measured error). */
+ * split-bf16 (n >= split_min_n()): x = x0 + x1 + x2 and W = W0 + W1 + W2 in bf16
+ * pieces (W = W0 where W is a bf16 already), Y = sum of Wi xj over i + j <= 2 in
+ * BF16 GEMMs with f32 accumulation (3 GEMMs for bf16 weights, 6 for others); the
+ * dropped terms are about 2^-24 of |W||x| per product, f32's own rounding
+ * (docs/PERFORMANCE.md gives the measured error and rates). */
 static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
     cublasHandle_t h = blas();
     if (!h || d.cols > INT32_MAX || d.rows > INT32_MAX) return -1;
-    const int split = n >= split_min_n(), wlo = split && !bf16_exact(d);
+    const int split = n >= split_min_n(), wparts = split && !bf16_exact(d) ? 3 : 1;
     const size_t esz = split ? 2 : 4;
     int64_t chunk = (int64_t)(MM_SLAB_FLOATS * 4 / esz / (size_t)d.cols);
     if (chunk < 1) chunk = 1;
     if (chunk > d.rows) chunk = d.rows;
-    void *slab = slot(S_SLAB, (size_t)chunk * d.cols * esz, "matmul_batch"), *slab2 = wlo ? slot(S_SLAB2, (size_t)chunk * d.cols * esz, "matmul_batch") : NULL;
-    __nv_bfloat16 *xh = NULL, *xl = NULL;
+    Pieces wp = {{NULL, NULL, NULL}}, xp = {{NULL, NULL, NULL}};
+    for (int i = 0; i < wparts; i++)
+        if (!(wp.p[i] = (__nv_bfloat16 *)slot(S_SLAB0 + i, (size_t)chunk * d.cols * esz, "matmul_batch"))) return -1;
     if (split) {
         const size_t N = (size_t)n * d.cols;
-        xh = (__nv_bfloat16 *)slot(S_XHI, N * 2, "matmul_batch"), xl = (__nv_bfloat16 *)slot(S_XLO, N * 2, "matmul_batch");
-        if (!xh || !xl) return -1;
-        k_split<<<blocks_for(N, 256), 256>>>(X, N, xh, xl);
+        for (int i = 0; i < 3; i++)
+            if (!(xp.p[i] = (__nv_bfloat16 *)slot(S_X0 + i, N * 2, "matmul_batch"))) return -1;
+        k_split<<<blocks_for(N, 256), 256>>>(X, N, xp);
         post("matmul_batch");
     }
-    if (!slab || (wlo && !slab2)) return -1;
     const float one = 1.0f, zero = 0.0f;
     const int K = (int)d.cols, ldc = (int)d.rows;
     for (int64_t r0 = 0; r0 < d.rows; r0 += chunk) {
@@ -350,22 +364,24 @@ static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
         const unsigned g = blocks_for((size_t)nr * d.cols, 256);
         /* column-major view: Y^T[rows x n] (ld rows) = (W chunk, ld cols)^T . X^T[cols x n] (ld cols) */
         if (!split) {
-            k_dequant<<<g, 256>>>(d, r0, nr, (float *)slab);
+            k_dequant<<<g, 256>>>(d, r0, nr, (float *)(void *)wp.p[0]);
             post("matmul_batch");
             cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
-            cublasStatus_t s = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, K, &one, (const float *)slab, K, X, K, &zero, Y + r0, ldc);
+            cublasStatus_t s = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, K, &one, (const float *)(void *)wp.p[0], K, X, K, &zero, Y + r0, ldc);
             if (s != CUBLAS_STATUS_SUCCESS) return blas_fail("cublasSgemm", d, nr, n, s);
             continue;
         }
-        k_dequant_split<<<g, 256>>>(d, r0, nr, (__nv_bfloat16 *)slab, (__nv_bfloat16 *)slab2);
+        k_dequant_split<<<g, 256>>>(d, r0, nr, wp);
         post("matmul_batch");
         cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
-        const void *A[3] = {slab, slab, slab2}, *B[3] = {xh, xl, xh};
-        for (int p = 0; p < (wlo ? 3 : 2); p++) {
-            cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, K, &one, A[p], CUDA_R_16BF, K, B[p], CUDA_R_16BF, K, p ? &one : &zero,
-                                            Y + r0, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-            if (s != CUBLAS_STATUS_SUCCESS) return blas_fail("cublasGemmEx (split-bf16)", d, nr, n, s);
-        }
+        int first = 1;
+        for (int i = 0; i < wparts; i++)
+            for (int j = 0; i + j <= 2; j++) {
+                cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, K, &one, wp.p[i], CUDA_R_16BF, K, xp.p[j], CUDA_R_16BF, K,
+                                                first ? &zero : &one, Y + r0, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                if (s != CUBLAS_STATUS_SUCCESS) return blas_fail("cublasGemmEx (split-bf16)", d, nr, n, s);
+                first = 0;
+            }
     }
     return 0;
 }
