@@ -51,7 +51,7 @@ CU_SRCS    = $(wildcard src/backend/cuda/*.cu)
 CU_OBJS    = $(CU_SRCS:%.cu=$(O)/%.cu.o)
 ifeq ($(CUDA),1)
 CFLAGS    += -DDF_CUDA=1
-LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+LDLIBS    += -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
 OBJS      += $(CU_OBJS)
 cu_objs_of = $(if $(filter backend,$(1)),$(CU_OBJS))
 endif
@@ -87,6 +87,12 @@ $(O)/%.cu.o: %.cu src/backend/cuda/cuda.h src/backend/cuda/cuda_int.cuh src/back
 cuda-check:
 	@$(MAKE) --no-print-directory CUDA=1 O=build-cuda build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda
 	./build-cuda/tests/test_backend_cuda
+
+# bench/cuda: the CUDA backend's speed against floors measured in the same run
+# (HBM read, cuBLAS SGEMM / BF16 GEMM); run on a GPU (tools/cuda_device.sh).
+$(O)/bench/cuda_bench: $(O)/bench/cuda/cuda_bench.cu.o $(call objs_of,backend format util)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # unit test binaries: link against the test's module deps (all modules if unlisted)
 .SECONDEXPANSION:

@@ -10,8 +10,9 @@
  * Outputs (and states updated in place) are compared normwise:
  *   max_i |cand_i - ref_i| <= tol * max_i |ref_i|
  * with tol stated per op: 0 for copies, 1e-6 for element-wise ops, 2e-5
- * for reductions (products, norms, attention, scans); router ids must be
- * equal. Products, the causal convolution and the KDA scan are also checked
+ * for reductions (products, norms, attention, scans), 1e-4 for products of
+ * >= 512 tokens (prefill: a GPU backend may run them in an error-bounded
+ * tensor-core form, as CUDA's split-bf16); router ids must be equal. Products, the causal convolution and the KDA scan are also checked
  * against plain double-precision loops written here (so the reference
  * itself is checked, not only the candidate's agreement with it).
  *
@@ -36,6 +37,7 @@ static const df_backend_ops *CAND, *REF;
 #define TOL_EXACT 0.0
 #define TOL_ELEM 1e-6
 #define TOL_RED 2e-5
+#define TOL_PREFILL 1e-4
 
 /* ---- random data ----------------------------------------------------------- */
 static uint64_t rng = 0x243F6A8885A308D3ull;
@@ -348,6 +350,44 @@ static void test_matmul(void) {
         }
         side_free(&c, 2 * NJ), side_free(&r, 2 * NJ);
         for (int j = 0; j < NJ; j++) free(h[2 * j]), free(h[2 * j + 1]), free_weight(&wb[j]);
+    }
+}
+
+/* Prefill products (n = 600 tokens): the CUDA backend takes its split-bf16
+ * tensor-core form there (from 512 tokens; from 32: dequantize + SGEMM,
+ * covered by n = 33 above); formats with bf16-exact values (BF16, MXFP4)
+ * and others. */
+static void test_matmul_prefill(void) {
+    const int fis[] = {0, 2, 3, 5, 17, N_FORMATS - 1}; /* F32, BF16, FP8 128x128, INT4 g32, Q4_K, MXFP4 */
+    const int n = 600;
+    for (size_t k = 0; k < sizeof fis / sizeof fis[0]; k++) {
+        const fmt_case *f = &FORMATS[fis[k]];
+        int64_t cols[4];
+        cols_for(f, cols);
+        const int64_t R = 70, C = cols[1];
+        wbuf wb;
+        make_weight(f, R, C, &wb);
+        CAND->weight_register(&wb.w);
+        float *x = rnd((size_t)n * C, 1), *yz = calloc((size_t)n * R, sizeof(float));
+        float *h[2] = {x, yz};
+        size_t sz[2] = {(size_t)n * C, (size_t)n * R};
+        side c, r;
+        side_up(&c, CAND, h, sz, 2), side_up(&r, REF, h, sz, 2);
+        df_mv_job jc = {&wb.w, c.p[0], c.p[1]}, jr = {&wb.w, r.p[0], r.p[1]};
+        CAND->matmul_batch(&jc, 1, n);
+        REF->matmul_batch(&jr, 1, n);
+        char what[128];
+        snprintf(what, sizeof what, "matmul %s [%lld x %lld] n=%d (prefill)", f->name, (long long)R, (long long)C, n);
+        side_cmp(what, &c, &r, 1, sz[1], TOL_PREFILL);
+        double *yd = matmul_double(&wb.w, x, n);
+        float *yc = down(CAND, c.p[1], sz[1]);
+        snprintf(what, sizeof what, "matmul %s [%lld x %lld] n=%d (prefill, candidate vs double)", f->name, (long long)R, (long long)C, n);
+        compare_d(what, yc, yd, sz[1], TOL_PREFILL);
+        free(yd), free(yc);
+        side_free(&c, 2), side_free(&r, 2);
+        CAND->weight_unregister(&wb.w);
+        free(x), free(yz);
+        free_weight(&wb);
     }
 }
 
@@ -796,6 +836,7 @@ int main(int argc, char **argv) {
     printf("candidate %s (%s, %d threads), reference %s\n", CAND->name, df_isa_name(df_isa()), df_pool_size(), REF->name);
     test_memory();
     test_matmul();
+    test_matmul_prefill();
     test_attn_gqa();
     test_attn_mla();
     test_rows();

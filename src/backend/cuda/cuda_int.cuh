@@ -46,7 +46,8 @@ struct Lock {
 #define LOCK() Lock lock_
 
 /* scratch: device buffers that grow on demand, one per role */
-enum { S_WD0, S_WS0, S_WD1, S_WS1, S_WD2, S_WS2, S_P0, S_P1, S_SCORES, S_IDX, S_N };
+/* S_SLAB0..2, S_X0..2: the prefill products' weight slabs and split activations (cuda_mm.cu) */
+enum { S_WD0, S_WS0, S_WD1, S_WS1, S_WD2, S_WS2, S_P0, S_P1, S_SCORES, S_IDX, S_SLAB0, S_SLAB1, S_SLAB2, S_X0, S_X1, S_X2, S_N };
 void *slot(int i, size_t bytes, const char *op);
 
 #define DP(p) ((float *)(void *)(p))
@@ -236,7 +237,7 @@ static __device__ float block_max(float v) {
 }
 
 
-/* ---- operations (cuda_ops.cu) ---- */
+/* ---- operations (cuda_ops.cu; products: cuda_mm.cu) ---- */
 void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n);
 void g_attn_gqa(const df_attn_gqa_args *a);
 void g_attn_mla(const df_attn_mla_args *a);

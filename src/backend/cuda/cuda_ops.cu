@@ -1,55 +1,9 @@
 /* cuda_ops.cu - the CUDA backend's operations: products in every stored
- * format, attention cores, rows, element-wise ops, MoE, recurrent mixers
+ * format (cuda_mm.cu), attention cores, rows, element-wise ops, MoE, recurrent mixers
  * (see cuda.cu for memory, params, weights and the table). */
 #include "backend/cuda/cuda_int.cuh"
 
-/* ---- products --------------------------------------------------------------------------- */
-#define MM_TN 8   /* tokens per block */
-#define MM_TH 128 /* threads per block */
-/* Y[t][r] = X[t] . W[r] for the tokens t0.. of block (r, t-tile): each thread
- * decodes its columns once and uses them for up to MM_TN tokens. */
-__global__ void __launch_bounds__(MM_TH) k_matmul(DW w, const float *X, float *Y, int n) {
-    const int64_t r = blockIdx.x, K = w.cols;
-    const int t0 = blockIdx.y * MM_TN, nt = n - t0 < MM_TN ? n - t0 : MM_TN;
-    float acc[MM_TN];
-#pragma unroll
-    for (int t = 0; t < MM_TN; t++) acc[t] = 0.0f;
-    for (int64_t c = threadIdx.x; c < K; c += MM_TH) {
-        const float wv = wget(w, r, c);
-#pragma unroll
-        for (int t = 0; t < MM_TN; t++)
-            if (t < nt) acc[t] += wv * X[(int64_t)(t0 + t) * K + c];
-    }
-    __shared__ float part[MM_TN][MM_TH / 32];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int t = 0; t < MM_TN; t++) {
-        float v = warp_sum(acc[t]);
-        if (!lane) part[t][wid] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x < nt) {
-        float s = 0.0f;
-        for (int i = 0; i < MM_TH / 32; i++) s += part[threadIdx.x][i];
-        Y[(int64_t)(t0 + threadIdx.x) * w.rows + r] = s;
-    }
-}
-void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
-    LOCK();
-    if (n <= 0) return;
-    const int per = 65535 * MM_TN; /* tokens per launch (grid.y limit) */
-    for (int j = 0; j < n_jobs; j++) {
-        DW d;
-        if (w_get(jobs[j].w, S_WD0, S_WS0, &d, "matmul_batch")) continue;
-        if (d.rows <= 0) continue;
-        for (int t0 = 0; t0 < n; t0 += per) {
-            const int nt = n - t0 < per ? n - t0 : per;
-            dim3 grid((unsigned)d.rows, (unsigned)((nt + MM_TN - 1) / MM_TN));
-            k_matmul<<<grid, MM_TH>>>(d, DCP(jobs[j].x) + (size_t)t0 * d.cols, DP(jobs[j].y) + (size_t)t0 * d.rows, nt);
-            post("matmul_batch");
-        }
-    }
-}
+/* products: cuda_mm.cu */
 
 /* ---- attention -------------------------------------------------------------------------- */
 #define AT_TH 128

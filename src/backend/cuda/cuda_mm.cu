@@ -1,0 +1,413 @@
+/* cuda_mm.cu - the CUDA backend's products (matmul_batch), in two regimes.
+ *
+ * Decode (n < MM_GEMM_MIN_N tokens): a warp per MM_R output rows, 8 warps
+ * per block, and the jobs of a batch in ONE launch per weight decoder (the job
+ * table travels as a kernel parameter, no copy; a MoE batch is one format). Each lane reads the stored row with 16-byte
+ * loads, decodes the 8..32 elements of a load exactly (as the CPU decoders:
+ * BF16/F16/F32/FP8 E4M3 are exact conversions, E2M1 by bit assembly,
+ * INT4/I8 as integers, times the stored scale), and uses them for up to
+ * MM_TN tokens and MM_R rows (x is read through L1, shared by the block's
+ * warps), then the warp reduces. Weights whose rows are not 16-byte aligned, GGML block types
+ * and partial scale groups take the generic path: the same warp-per-row
+ * kernel decoding element by element (wget). f32 accumulation throughout.
+ *
+ * Prefill (n >= MM_GEMM_MIN_N): the weight is dequantized exactly to an f32
+ * slab (rows in chunks of at most MM_SLAB_FLOATS floats' bytes) and
+ * multiplied by cuBLAS SGEMM in f32 (pedantic math: no TF32), so the result
+ * is an f32 product of exactly the stored values; from MM_SPLIT_MIN_N
+ * tokens, in the error-bounded split-bf16 form on tensor cores instead (see
+ * mm_gemm; docs/PERFORMANCE.md gives the measured error and rates). Without
+ * cuBLAS (handle creation failed) the decode kernel runs over tiles of
+ * tokens instead.
+ *
+ * Either way each output row is computed the same way whatever the batch,
+ * so grouping jobs does not change bits. */
+#include "backend/cuda/cuda_int.cuh"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#define MM_TN 8            /* tokens per warp pass */
+#define MM_WARPS 8         /* warps per block */
+#define MM_R 4             /* rows per warp */
+#define MM_MAXJ 24         /* jobs per launch (the table is a kernel parameter, < 4 KiB) */
+#define MM_GEMM_MIN_N 32   /* from this many tokens: dequantize + SGEMM */
+#define MM_SPLIT_MIN_N 512 /* from this many: split-bf16 tensor-core products (DELTAFIN_CUDA_SPLIT_MIN_N) */
+#define MM_SLAB_FLOATS ((size_t)64 << 20) /* 256 MiB of f32 weight per SGEMM chunk */
+
+enum { V_GENERIC, V_F32, V_F16, V_BF16, V_FP8, V_INT4, V_I8ROW, V_MXFP4 };
+
+struct MmJob {
+    DW w;
+    const float *x;
+    float *y;
+    int vec;           /* V_*: the decoder of the 16-byte path, or V_GENERIC */
+    int wk;            /* warps that split a row group's columns (1, 2, 4 or 8; from the job's own shape) */
+    unsigned blk0;     /* first block of this job in the launch */
+};
+struct MmBatch {
+    MmJob j[MM_MAXJ];
+    int nj, n;         /* jobs, tokens of this launch (<= MM_TN) */
+    int t0;            /* first token of this launch (grid.y tiles add to it) */
+};
+
+/* ---- exact decoders of 16 stored bytes ---------------------------------------------- */
+static __device__ __forceinline__ float e2m1_fast(uint32_t code) { /* as e2m1f */
+    const uint32_t e = (code >> 1) & 3, m = code & 1, s = (code & 8) << 28;
+    const uint32_t bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
+    return __uint_as_float(bits | s);
+}
+/* E4M3FN pair (low byte first) -> f32: the hardware conversion to f16 is exact
+ * (every E4M3 value, subnormals and NaN included, is an f16), as is f16 -> f32. */
+static __device__ __forceinline__ float2 fp8x2_f32(uint32_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffff), __NV_E4M3);
+    return __half22float2(__half2(h));
+}
+
+/* elements per 16-byte load, and per decoded chunk */
+template <int V> struct Fmt {
+    static constexpr int E = V == V_F32 ? 4 : V == V_F16 || V == V_BF16 ? 8 : V == V_FP8 || V == V_I8ROW ? 16 : 32;
+    static constexpr int C = V == V_F32 ? 4 : 8;
+};
+
+/* chunk h (C elements) of the 16 stored bytes q, times the scale s, as the CPU decodes them */
+template <int V> static __device__ __forceinline__ void decode(const uint4 &u, int h, float s, float (&wv)[Fmt<V>::C]) {
+    const uint32_t q[4] = {u.x, u.y, u.z, u.w};
+    if (V == V_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) wv[i] = __uint_as_float(q[i]);
+    } else if (V == V_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) wv[2 * i] = __uint_as_float(q[i] << 16), wv[2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
+    } else if (V == V_F16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 f = __half22float2(__halves2half2(__ushort_as_half((unsigned short)(q[i] & 0xffff)), __ushort_as_half((unsigned short)(q[i] >> 16))));
+            wv[2 * i] = f.x, wv[2 * i + 1] = f.y;
+        }
+    } else if (V == V_FP8) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const uint32_t word = q[2 * h + i];
+            const float2 lo = fp8x2_f32(word), hi = fp8x2_f32(word >> 16);
+            wv[4 * i] = __fmul_rn(lo.x, s), wv[4 * i + 1] = __fmul_rn(lo.y, s), wv[4 * i + 2] = __fmul_rn(hi.x, s), wv[4 * i + 3] = __fmul_rn(hi.y, s);
+        }
+    } else if (V == V_I8ROW) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) wv[i] = __fmul_rn((float)(int8_t)((q[2 * h + i / 4] >> (8 * (i % 4))) & 0xff), s);
+    } else if (V == V_INT4) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) wv[i] = __fmul_rn((float)((int)((q[h] >> (4 * i)) & 15) - 8), s);
+    } else { /* V_MXFP4 */
+#pragma unroll
+        for (int i = 0; i < 8; i++) wv[i] = __fmul_rn(e2m1_fast((q[h] >> (4 * i)) & 15), s);
+    }
+}
+
+/* V: the decoder; NT: tokens per pass (1, 2, 4 or MM_TN: few registers for few tokens).
+ * A row group is MM_R consecutive rows, read by J.wk warps of the block that
+ * split its columns (32-lane strides interleaved); each lane loads 16 bytes
+ * of every row of the group per step (MM_R loads in flight), and each
+ * activation chunk it loads serves the MM_R rows. The wk partial sums are
+ * added in warp order (shared memory), so a row's bits depend only on its
+ * job's shape. */
+template <int V, int NT> __global__ void __launch_bounds__(MM_WARPS * 32, NT > 2 ? 2 : 3) k_mm(const __grid_constant__ MmBatch b) {
+    int j = 0;
+    while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
+    const MmJob &J = b.j[j];
+    const DW &w = J.w;
+    const int wk = J.wk, warp = threadIdx.x >> 5, ks = warp % wk;
+    const int64_t r0 = ((int64_t)(blockIdx.x - J.blk0) * (MM_WARPS / wk) + warp / wk) * MM_R;
+    const int nr = r0 >= w.rows ? 0 : w.rows - r0 < MM_R ? (int)(w.rows - r0) : MM_R; /* 0: an idle warp (it still meets the barrier) */
+    const int t0 = b.t0 + blockIdx.y * NT, nt = b.n - (int)blockIdx.y * NT < NT ? b.n - (int)blockIdx.y * NT : NT;
+    const int64_t K = w.cols;
+    const float *x = J.x + (int64_t)t0 * K;
+    const int lane = threadIdx.x & 31;
+    float acc[MM_R][NT];
+#pragma unroll
+    for (int i = 0; i < MM_R; i++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[i][t] = 0.0f;
+    if (V == V_GENERIC) {
+        for (int i = 0; i < nr; i++)
+            for (int64_t c = ks * 32 + lane; c < K; c += 32 * wk) {
+                const float wv = wget(w, r0 + i, c);
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (t < nt) acc[i][t] = fmaf(wv, __ldg(x + (int64_t)t * K + c), acc[i][t]);
+            }
+    } else if (nr) {
+        constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
+        const int64_t nv = K / E;
+        const uint4 *rows[MM_R];
+        int64_t srow[MM_R]; /* the row's first scale entry (FP8: its block row's) */
+        float rs[MM_R];     /* I8ROW: the row's scale */
+        /* 16-byte steps per scale entry along a row (V_FP8: blk_c % 16 == 0, V_INT4: blk_c % 32 == 0; MXFP4: one) */
+        const uint32_t vps = V == V_FP8 ? (uint32_t)w.blk_c / 16 : V == V_INT4 ? (uint32_t)w.blk_c / 32 : 1;
+#pragma unroll
+        for (int i = 0; i < MM_R; i++) {
+            const int64_t ri = r0 + (i < nr ? i : 0);
+            rows[i] = (const uint4 *)(w.data + (size_t)ri * w.row_bytes);
+            srow[i] = V == V_FP8 ? (ri / w.blk_r) * w.scale_cols : ri * w.scale_cols;
+            rs[i] = V == V_I8ROW ? scale_at(w, ri) : 1.0f;
+        }
+        for (int64_t v = ks * 32 + lane; v < nv; v += 32 * wk) {
+            const int64_t c0 = v * E;
+            const int64_t sc = V == V_FP8 || V == V_INT4 ? (int64_t)((uint32_t)v / vps) : v; /* rows are < 2^32 steps */
+            uint4 u[MM_R];
+            float s[MM_R];
+#pragma unroll
+            for (int i = 0; i < MM_R; i++) {
+                u[i] = __ldg(rows[i] + v);
+                s[i] = V == V_FP8 || V == V_INT4 ? scale_at(w, srow[i] + sc) : V == V_MXFP4 ? e8m0f(__ldg(w.scale + srow[i] + sc)) : rs[i];
+            }
+#pragma unroll
+            for (int h = 0; h < E / C; h++) {
+                float wv[MM_R][C];
+#pragma unroll
+                for (int i = 0; i < MM_R; i++) decode<V>(u[i], h, s[i], wv[i]);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t < nt) {
+                        const float4 *xp = (const float4 *)(x + (int64_t)t * K + c0 + h * C);
+                        float xv[C];
+#pragma unroll
+                        for (int q = 0; q < C / 4; q++) {
+                            const float4 f = __ldg(xp + q);
+                            xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
+                        }
+#pragma unroll
+                        for (int i = 0; i < MM_R; i++)
+#pragma unroll
+                            for (int k = 0; k < C; k++) acc[i][t] = fmaf(wv[i][k], xv[k], acc[i][t]);
+                    }
+                }
+            }
+        }
+    }
+    float mine[MM_R];
+#pragma unroll
+    for (int i = 0; i < MM_R; i++) {
+        mine[i] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float sum = warp_sum(acc[i][t]);
+            if (lane == t) mine[i] = sum;
+        }
+    }
+    if (wk > 1) { /* block-uniform */
+        __shared__ float part[MM_WARPS][MM_R][NT];
+        if (lane < NT)
+#pragma unroll
+            for (int i = 0; i < MM_R; i++) part[warp][i][lane] = mine[i];
+        __syncthreads();
+        if (ks) return;
+#pragma unroll
+        for (int i = 0; i < MM_R; i++) {
+            float sum = 0.0f;
+            if (lane < NT)
+                for (int k = 0; k < wk; k++) sum += part[warp + k][i][lane];
+            mine[i] = sum;
+        }
+    }
+    if (lane < nt)
+#pragma unroll
+        for (int i = 0; i < MM_R; i++)
+            if (i < nr) J.y[(int64_t)(t0 + lane) * w.rows + r0 + i] = mine[i];
+}
+
+/* Warps per row group: as many as keep at least 8 16-byte steps per lane (long
+ * rows: more blocks, and a lane's loop stays long enough to keep its loads in
+ * flight; measured: splitting rows of 8 steps lost 10-15% on the MoE experts);
+ * from the weight's own shape only. */
+static int split_of(const DW &d, int vec) {
+    const int64_t E = vec == V_F32 ? 4 : vec == V_F16 || vec == V_BF16 ? 8 : vec == V_FP8 || vec == V_I8ROW ? 16 : vec == V_GENERIC ? 1 : 32;
+    const int64_t steps = d.cols / E / 32;
+    int wk = 1;
+    while (wk < MM_WARPS && steps >= 16 * wk) wk *= 2;
+    return wk;
+}
+
+/* Which 16-byte decoder fits weight d read with activations x (V_GENERIC when none does). */
+static int vec_kind(const DW &d, const float *x) {
+    if (((uintptr_t)d.data & 15) || (d.row_bytes & 15) || ((uintptr_t)x & 15)) return V_GENERIC;
+    const int64_t K = d.cols;
+    switch (d.fmt) {
+    case DF_W_F32: return K % 4 == 0 ? V_F32 : V_GENERIC;
+    case DF_W_F16: return K % 8 == 0 ? V_F16 : V_GENERIC;
+    case DF_W_BF16: return K % 8 == 0 ? V_BF16 : V_GENERIC;
+    case DF_W_FP8: return K % 16 == 0 && d.blk_c % 16 == 0 ? V_FP8 : V_GENERIC;
+    case DF_W_I8ROW: return K % 16 == 0 ? V_I8ROW : V_GENERIC;
+    case DF_W_INT4: return K % 32 == 0 && d.blk_c % 32 == 0 && d.row_bytes == (size_t)K / 2 ? V_INT4 : V_GENERIC;
+    case DF_W_MXFP4: return K % 32 == 0 && d.row_bytes == (size_t)K / 2 ? V_MXFP4 : V_GENERIC;
+    default: return V_GENERIC;
+    }
+}
+
+template <int NT> static void mm_launch(const MmBatch *b, unsigned blocks) {
+    const dim3 grid(blocks, (unsigned)((b->n + NT - 1) / NT)), th(MM_WARPS * 32);
+    switch (b->j[0].vec) {
+    case V_F32: k_mm<V_F32, NT><<<grid, th>>>(*b); break;
+    case V_F16: k_mm<V_F16, NT><<<grid, th>>>(*b); break;
+    case V_BF16: k_mm<V_BF16, NT><<<grid, th>>>(*b); break;
+    case V_FP8: k_mm<V_FP8, NT><<<grid, th>>>(*b); break;
+    case V_INT4: k_mm<V_INT4, NT><<<grid, th>>>(*b); break;
+    case V_I8ROW: k_mm<V_I8ROW, NT><<<grid, th>>>(*b); break;
+    case V_MXFP4: k_mm<V_MXFP4, NT><<<grid, th>>>(*b); break;
+    default: k_mm<V_GENERIC, NT><<<grid, th>>>(*b); break;
+    }
+}
+static void mm_flush(MmBatch *b, unsigned blocks, int n) {
+    if (!b->nj) return;
+    const int per = 65535 * MM_TN;
+    for (int t0 = 0; t0 < n; t0 += per) {
+        b->t0 = t0;
+        b->n = n - t0 < per ? n - t0 : per;
+        if (b->n == 1) mm_launch<1>(b, blocks);
+        else if (b->n == 2) mm_launch<2>(b, blocks);
+        else if (b->n <= 4) mm_launch<4>(b, blocks);
+        else mm_launch<MM_TN>(b, blocks);
+        post("matmul_batch");
+    }
+    b->nj = 0;
+}
+
+/* ---- prefill: exact f32 slab + SGEMM, or split-bf16 on tensor cores ---------------------- */
+__global__ void k_dequant(DW w, int64_t r0, int64_t nr, float *out) {
+    const size_t N = (size_t)nr * w.cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = wget(w, r0 + (int64_t)(i / w.cols), (int64_t)(i % w.cols));
+}
+/* v = p0 + p1 + p2 + e in bf16 pieces: p0 = bf16(v), p1 = bf16(v - p0), p2 = bf16(v - p0 - p1)
+ * (each difference is exact in f32); |e| <= 2^-24 |v| about: f32's own precision.
+ * p[1], p[2] NULL: only p0 (a value that is a bf16 already). */
+static __device__ __forceinline__ void split3(float v, size_t i, __nv_bfloat16 *const *p) {
+    const __nv_bfloat16 a = __float2bfloat16_rn(v);
+    p[0][i] = a;
+    if (!p[1]) return;
+    const float r1 = v - __bfloat162float(a);
+    const __nv_bfloat16 b = __float2bfloat16_rn(r1);
+    p[1][i] = b;
+    p[2][i] = __float2bfloat16_rn(r1 - __bfloat162float(b));
+}
+struct Pieces { __nv_bfloat16 *p[3]; };
+__global__ void k_dequant_split(DW w, int64_t r0, int64_t nr, Pieces o) {
+    const size_t N = (size_t)nr * w.cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x)
+        split3(wget(w, r0 + (int64_t)(i / w.cols), (int64_t)(i % w.cols)), i, o.p);
+}
+__global__ void k_split(const float *x, size_t N, Pieces o) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x) split3(x[i], i, o.p);
+}
+
+static cublasHandle_t g_blas;
+static int g_blas_state; /* 0 untried, 1 ready, -1 unavailable */
+static cublasHandle_t blas(void) {
+    if (!g_blas_state) {
+        cublasStatus_t s = cublasCreate(&g_blas);
+        g_blas_state = s == CUBLAS_STATUS_SUCCESS ? 1 : -1;
+        if (g_blas_state < 0)
+            fprintf(stderr, "deltafin: cuda backend: matmul_batch: cuBLAS unavailable (status %d); prefill products use the decode kernel\n", (int)s);
+    }
+    return g_blas_state > 0 ? g_blas : NULL;
+}
+
+/* From how many tokens the split-bf16 form runs (DELTAFIN_CUDA_SPLIT_MIN_N, default
+ * MM_SPLIT_MIN_N; 0: never, every prefill product in SGEMM). Read per call: the
+ * benchmark and the parity test switch it. */
+static int split_min_n(void) {
+    const char *e = getenv("DELTAFIN_CUDA_SPLIT_MIN_N");
+    if (!e || !*e) return MM_SPLIT_MIN_N;
+    const long v = strtol(e, NULL, 10);
+    return v <= 0 ? INT32_MAX : v > INT32_MAX ? INT32_MAX : (int)v;
+}
+/* formats whose every value is a bf16 (one weight piece: 3 products instead of 6) */
+static int bf16_exact(const DW &d) { return d.fmt == DF_W_BF16 || d.fmt == DF_W_MXFP4 || (d.fmt == DF_W_GGML && d.gt == DF_GGML_BF16); }
+
+static int blas_fail(const char *what, const DW &d, int64_t nr, int n, cublasStatus_t s) {
+    fprintf(stderr, "deltafin: cuda backend: matmul_batch: %s [%lld x %lld] n=%d failed (status %d); the product kernel runs instead\n", what, (long long)nr, (long long)d.cols, n, (int)s);
+    return -1;
+}
+
+/* Y[n][rows] = X[n][cols] W^T through slabs of rows; 0, or -1 (reported) to fall back to
+ * the kernel, which then computes every row.
+ * SGEMM: the exact f32 weight times x in f32 (pedantic math: no TF32).
+ * split-bf16 (n >= split_min_n()): x = x0 + x1 + x2 and W = W0 + W1 + W2 in bf16
+ * pieces (W = W0 where W is a bf16 already), Y = sum of Wi xj over i + j <= 2 in
+ * BF16 GEMMs with f32 accumulation (3 GEMMs for bf16 weights, 6 for others); the
+ * dropped terms are about 2^-24 of |W||x| per product, f32's own rounding
+ * (docs/PERFORMANCE.md gives the measured error and rates). */
+static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
+    cublasHandle_t h = blas();
+    if (!h || d.cols > INT32_MAX || d.rows > INT32_MAX) return -1;
+    const int split = n >= split_min_n(), wparts = split && !bf16_exact(d) ? 3 : 1;
+    const size_t esz = split ? 2 : 4;
+    int64_t chunk = (int64_t)(MM_SLAB_FLOATS * 4 / esz / (size_t)d.cols);
+    if (chunk < 1) chunk = 1;
+    if (chunk > d.rows) chunk = d.rows;
+    Pieces wp = {{NULL, NULL, NULL}}, xp = {{NULL, NULL, NULL}};
+    for (int i = 0; i < wparts; i++)
+        if (!(wp.p[i] = (__nv_bfloat16 *)slot(S_SLAB0 + i, (size_t)chunk * d.cols * esz, "matmul_batch"))) return -1;
+    if (split) {
+        const size_t N = (size_t)n * d.cols;
+        for (int i = 0; i < 3; i++)
+            if (!(xp.p[i] = (__nv_bfloat16 *)slot(S_X0 + i, N * 2, "matmul_batch"))) return -1;
+        k_split<<<blocks_for(N, 256), 256>>>(X, N, xp);
+        post("matmul_batch");
+    }
+    const float one = 1.0f, zero = 0.0f;
+    const int K = (int)d.cols, ldc = (int)d.rows;
+    for (int64_t r0 = 0; r0 < d.rows; r0 += chunk) {
+        const int64_t nr = d.rows - r0 < chunk ? d.rows - r0 : chunk;
+        const unsigned g = blocks_for((size_t)nr * d.cols, 256);
+        /* column-major view: Y^T[rows x n] (ld rows) = (W chunk, ld cols)^T . X^T[cols x n] (ld cols) */
+        if (!split) {
+            k_dequant<<<g, 256>>>(d, r0, nr, (float *)(void *)wp.p[0]);
+            post("matmul_batch");
+            cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
+            cublasStatus_t s = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, K, &one, (const float *)(void *)wp.p[0], K, X, K, &zero, Y + r0, ldc);
+            if (s != CUBLAS_STATUS_SUCCESS) return blas_fail("cublasSgemm", d, nr, n, s);
+            continue;
+        }
+        k_dequant_split<<<g, 256>>>(d, r0, nr, wp);
+        post("matmul_batch");
+        cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+        int first = 1;
+        for (int i = 0; i < wparts; i++)
+            for (int j = 0; i + j <= 2; j++) {
+                cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, K, &one, wp.p[i], CUDA_R_16BF, K, xp.p[j], CUDA_R_16BF, K,
+                                                first ? &zero : &one, Y + r0, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                if (s != CUBLAS_STATUS_SUCCESS) return blas_fail("cublasGemmEx (split-bf16)", d, nr, n, s);
+                first = 0;
+            }
+    }
+    return 0;
+}
+
+void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
+    LOCK();
+    if (n <= 0) return;
+    MmBatch b;
+    b.nj = 0;
+    unsigned blocks = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        DW d;
+        /* an unregistered weight is uploaded into scratch shared by every such job: it runs alone */
+        const int scratch = !jobs[j].w->handle;
+        if (scratch) mm_flush(&b, blocks, n), blocks = 0;
+        if (w_get(jobs[j].w, S_WD0, S_WS0, &d, "matmul_batch")) continue;
+        if (d.rows <= 0) continue;
+        if (n >= MM_GEMM_MIN_N && !mm_gemm(d, DCP(jobs[j].x), DP(jobs[j].y), n)) continue;
+        const int vec = vec_kind(d, DCP(jobs[j].x)), wk = split_of(d, vec), per_block = MM_WARPS / wk * MM_R;
+        const unsigned nb = (unsigned)((d.rows + per_block - 1) / per_block);
+        /* a launch holds jobs of one decoder (the kernel is compiled per decoder) */
+        if (b.nj == MM_MAXJ || (b.nj && b.j[0].vec != vec) || (uint64_t)blocks + nb > 0x7fffffffu) mm_flush(&b, blocks, n), blocks = 0;
+        MmJob &J = b.j[b.nj++];
+        J.w = d, J.x = DCP(jobs[j].x), J.y = DP(jobs[j].y), J.vec = vec, J.wk = wk, J.blk0 = blocks;
+        blocks += nb;
+        if (scratch) mm_flush(&b, blocks, n), blocks = 0;
+    }
+    mm_flush(&b, blocks, n);
+}

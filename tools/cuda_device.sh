@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# cuda_device.sh - builds what must travel to the GPU machine, stages it, and
+# prints the `run` call to give the device tool (an agent makes that call).
+#
+#   tools/cuda_device.sh [STAGE]
+#
+# STAGE (default /work/main/.whl/ckern): a git-ignored folder of the checkout
+# that the device tool ships (`run` sends that checkout, plus the ignored
+# paths named in `carry`). Builds here with `make CUDA=1` (nvcc; sm_90 + PTX):
+# deltafin, the conformance test, test_backend_cuda and the benchmark; copies
+# them to STAGE/bin, the shared libraries they need that are not glibc's,
+# the C++ runtime's or CUDA's (libmicrohttpd, liburing, libjansson, ...) to
+# STAGE/lib, and bench/cuda/device_run.sh + tests/tools/cuda_e2e.py beside
+# them. The device has CUDA 13 and cuBLAS; device_run.sh finds libcublas
+# there. Delete STAGE when done.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+STAGE=${1:-/work/main/.whl/ckern}
+cd "$ROOT"
+make --no-print-directory CUDA=1 O=build-cuda -j2 build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda \
+    build-cuda/bench/cuda_bench >/dev/null
+rm -rf "$STAGE"
+mkdir -p "$STAGE/bin" "$STAGE/lib"
+cp build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda build-cuda/bench/cuda_bench "$STAGE/bin/"
+strip --strip-debug "$STAGE"/bin/*
+cp bench/cuda/device_run.sh tests/tools/cuda_e2e.py "$STAGE/"
+# the libraries the binaries load, minus those every Linux (and the CUDA image) has
+for b in "$STAGE"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | while read -r so; do
+    case "$(basename "$so")" in
+    libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | libresolv.so* | libnss_* | libanl.so* | libutil.so* | ld-linux* | libgcc_s.so* | libstdc++.so* | libcublas* | libcudart*) ;; # glibc's own: never mix versions
+    *) cp -L "$so" "$STAGE/lib/" ;;
+    esac
+done
+REL=${STAGE#/work/main/}
+echo "staged $(du -sh "$STAGE" | cut -f1) in $STAGE:" >&2
+ls "$STAGE" "$STAGE/bin" "$STAGE/lib" >&2
+echo "give the device tool (from the session whose checkout is /work/main):"
+echo "  run(command=\"OUT=\$OUT bash $REL/device_run.sh\", carry=[\"$REL\"], timeout_s=600)"
+echo "optional: E2E=0 skips the synthetic DeepSeek-V3 decode; BENCH_ARGS=--quick shortens the benchmark"
