@@ -38,6 +38,14 @@ int df_backend_cuda_built(void) {
 #endif
 }
 
+void df_backend_set_memory(int64_t budget, int64_t reserve, int64_t expert_bytes) {
+#ifdef DF_CUDA
+    if (df_be == &df_backend_cuda) df_cuda_set_memory(budget, reserve, expert_bytes);
+#else
+    (void)budget, (void)reserve, (void)expert_bytes;
+#endif
+}
+
 int df_backend_choose(const char *name, char *err, size_t errlen) {
     if (!name || !*name) return 0;
     if (!strcmp(name, "auto")) {
