@@ -7,7 +7,9 @@
 # measured in the same run (bench/cuda/h2d_bw.cu). Then the same with LFU
 # eviction, a run with a host cache smaller than the model (SSD -> pinned RAM
 # -> VRAM), runs with --gpu-memory 600M (the cache holds ~1/9 of the
-# experts: transfer-bound), and a run with the whole model in VRAM: all must
+# experts), with the experts in pageable host memory (no --expert-cache),
+# and runs with the whole model in VRAM (from host memory, and through the
+# host expert cache): all must
 # give the same token ids. With TRACE=1 also writes an expert trace to OUTDIR
 # (for bench/cuda/vcache_replay.c).
 #
@@ -34,7 +36,10 @@ DELTAFIN_CUDA_EVICT=lfu run tight-lfu --gpu-memory 600M --expert-cache 8G
 run tight-nopf --gpu-memory 600M --expert-cache 8G --prefetch never
 run ssd --gpu-memory 1G --expert-cache 1500M
 run resident --gpu-memory 20G
+run streamed-all --gpu-memory 20G --expert-cache 8G
+run tight-pageable --gpu-memory 600M
+run tight-again --gpu-memory 600M --expert-cache 8G
 [ -n "${TRACE:-}" ] && run trace --gpu-memory 2500M --expert-cache 8G --trace "$OUT/trace_lru.jsonl"
-for n in lfu tight tight-lfu tight-nopf ssd resident; do
+for n in lfu tight tight-lfu tight-nopf ssd resident streamed-all tight-pageable tight-again; do
     cmp -s "$W/ids_lru.txt" "$W/ids_$n.txt" && echo "ids $n: same as lru" || echo "ids $n: DIFFER from lru"
 done

@@ -9,6 +9,7 @@
 #include <string.h>
 
 const df_backend_ops *df_be = &df_backend_cpu;
+_Thread_local int df_be_layer = -1;
 
 static const df_backend_ops *const backends[] = {
     &df_backend_cpu, &df_backend_cpu_scalar,

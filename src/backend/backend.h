@@ -337,6 +337,13 @@ typedef struct df_backend_ops {
 extern const df_backend_ops df_backend_cpu;        /* best ISA, all threads */
 extern const df_backend_ops df_backend_cpu_scalar; /* scalar kernels, one thread: the reference */
 extern const df_backend_ops *df_be;                /* the selected backend */
+/* The layer the calling thread's forward pass is in (-1 outside one): a
+ * device backend names it in its error messages. */
+#ifdef __cplusplus
+extern thread_local int df_be_layer;
+#else
+extern _Thread_local int df_be_layer;
+#endif
 
 /* Starts the default backend with n_threads workers (0: all online cores); idempotent. */
 void df_backend_init(int n_threads);

@@ -48,7 +48,9 @@ static int g_sync = -1; /* DELTAFIN_CUDA_SYNC=1: wait after every op (an async e
 static int g_reported;
 
 void report(const char *op, cudaError_t e) {
-    if (g_reported++ < 32) fprintf(stderr, "deltafin: cuda backend: %s: %s (%s)\n", op, cudaGetErrorString(e), cudaGetErrorName(e));
+    if (g_reported++ >= 32) return;
+    if (df_be_layer >= 0) fprintf(stderr, "deltafin: cuda backend: layer %d: %s: %s (%s)\n", df_be_layer, op, cudaGetErrorString(e), cudaGetErrorName(e));
+    else fprintf(stderr, "deltafin: cuda backend: %s: %s (%s)\n", op, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 void post(const char *op) {
     CK(op, cudaGetLastError());
