@@ -543,20 +543,60 @@ extern "C" void df_cuda_set_memory(int64_t budget, int64_t reserve, int64_t expe
     g_expert_total = expert_bytes;
 }
 
+/* Per-op scratch for the weights a tier copies for one product (a spine
+ * weight left in host memory, an expert that bypasses the cache): each copy
+ * of one op gets a buffer of its own, so an op that launches several jobs
+ * at once never finds one job's weight overwritten by the next one's. A
+ * buffer is reused by a later op only: the synchronous copy into it waits
+ * for the kernels already queued. */
+unsigned long g_op;
+typedef struct { void *p; size_t cap; } pbuf;
+static pbuf *g_pb;
+static int g_pb_n, g_pb_next;
+static unsigned long g_pb_op;
+static void *op_scratch(size_t bytes, const char *op) {
+    if (g_pb_op != g_op) g_pb_op = g_op, g_pb_next = 0;
+    if (g_pb_next == g_pb_n) {
+        pbuf *nb = (pbuf *)realloc(g_pb, (size_t)(g_pb_n + 1) * sizeof *nb);
+        if (!nb) return NULL;
+        g_pb = nb, g_pb[g_pb_n].p = NULL, g_pb[g_pb_n++].cap = 0;
+    }
+    pbuf *b = &g_pb[g_pb_next];
+    if (b->cap < bytes) {
+        dfree(b->p, NULL, op);
+        b->p = NULL, b->cap = 0;
+        if (dmalloc(&b->p, bytes + bytes / 8, NULL, op) != cudaSuccess) return NULL;
+        b->cap = bytes + bytes / 8;
+    }
+    g_pb_next++;
+    return b->p;
+}
+
 int w_get(const df_weight *w, int sd, int ss, DW *out, const char *op) {
     const size_t db = (size_t)w->rows * w->row_bytes, sb = (size_t)df_weight_scale_bytes(w);
+    int tier = 0; /* copied by a tier: into per-op scratch, not the caller's slots */
     if (w->handle) {
         const cw *h = (const cw *)w->handle;
         if (!h->host) { *out = h->d; return 0; }
         g_h2d_spine += (int64_t)(db + sb);
+        tier = 1;
     } else if (w->ident) {
         int rc = w_check(w, op);
         if (rc) return rc;
         if ((rc = vc_get(w, db, sb, out, op)) <= 0) return rc;
         g_h2d_expert += (int64_t)(db + sb); /* a bypass */
         if (is_pinned(w->data)) g_h2d_expert_pinned += (int64_t)(db + sb);
+        tier = 1;
     }
     int rc = w_check(w, op);
+    if (rc) return rc;
+    if (tier) {
+        uint8_t *b = (uint8_t *)op_scratch(up256(db) + sb, op);
+        if (!b) return DF_ENOMEM;
+        if ((rc = w_upload(w, b, sb ? b + up256(db) : NULL, op))) return rc;
+        *out = dw_of(w, b, sb ? b + up256(db) : NULL);
+        return 0;
+    }
     if (rc) return rc;
     void *d = slot(sd, db ? db : 1, op), *s = sb ? slot(ss, sb, op) : NULL;
     if (!d || (sb && !s)) return DF_ENOMEM;
