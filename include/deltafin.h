@@ -53,6 +53,7 @@ typedef struct {
     int fresh_memory;           /* 0 measure first-touch speed; 1/2 treat fresh memory as slow/fast (tests) */
     const char *backend;        /* NULL: as selected (CPU by default); "cpu", "cuda" (a CUDA build, make CUDA=1),
                                    "auto" (CUDA when built and a device is present, else CPU); process-wide */
+    int64_t gpu_memory_bytes;   /* a GPU backend's device memory budget (--gpu-memory); 0: free memory minus a margin */
 } df_options;
 
 void df_options_default(df_options *opt);
@@ -244,6 +245,17 @@ typedef struct {
     int64_t peak_rss_bytes;                 /* the process's peak resident memory (VmHWM) */
     int64_t state_bytes_per_token;          /* session state that grows with each position (KV, latent), all layers */
     int64_t state_bytes_fixed;              /* session state of fixed size (recurrent layers): also one snapshot's size */
+    /* a GPU backend's memory tiers since the engine opened (gpu_budget_bytes 0: a backend without them) */
+    int64_t gpu_budget_bytes, gpu_used_bytes;   /* --gpu-memory (or the default), device memory in use */
+    int64_t gpu_spine_bytes;                    /* spine weights resident in device memory */
+    int64_t gpu_spine_host_bytes;               /* spine weights over the budget, in host memory, copied per product */
+    int gpu_spine_host_weights;
+    int64_t gpu_cache_bytes;                    /* the device expert cache */
+    int gpu_cache_slots, gpu_evict_lfu;
+    int64_t gpu_cache_hits, gpu_cache_misses, gpu_cache_evictions, gpu_cache_bypasses; /* expert parts (gate, up, down) */
+    int64_t gpu_pinned_bytes;                   /* host expert-cache memory page-locked for asynchronous copies */
+    int64_t gpu_h2d_expert_bytes, gpu_h2d_expert_pinned_bytes, gpu_h2d_spine_bytes; /* copied host -> device */
+    int64_t gpu_decode_h2d_expert_bytes;        /* ... experts copied during decode steps */
 } df_stats;
 void df_stats_get(df_engine *e, df_stats *out);
 void df_stats_reset(df_engine *e);

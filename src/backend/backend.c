@@ -9,6 +9,7 @@
 #include <string.h>
 
 const df_backend_ops *df_be = &df_backend_cpu;
+_Thread_local int df_be_layer = -1;
 
 static const df_backend_ops *const backends[] = {
     &df_backend_cpu, &df_backend_cpu_scalar,
@@ -35,6 +36,14 @@ int df_backend_cuda_built(void) {
     return 1;
 #else
     return 0;
+#endif
+}
+
+void df_backend_set_memory(int64_t budget, int64_t reserve, int64_t expert_bytes) {
+#ifdef DF_CUDA
+    if (df_be == &df_backend_cuda) df_cuda_set_memory(budget, reserve, expert_bytes);
+#else
+    (void)budget, (void)reserve, (void)expert_bytes;
 #endif
 }
 

@@ -28,6 +28,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* DF_W_I8ROW: row-int8 (int8 values, one f32 scale per row): the opt-in,
  * NOT exact spine of a store built with --spine int8; never a checkpoint's
@@ -67,7 +68,15 @@ typedef struct {
     int blk_r, blk_c;       /* FP8 block; INT4, MXFP4: blk_r = 1, blk_c = group size */
     int64_t scale_cols;     /* scale entries per scale row */
     void *handle;           /* the backend's copy (NULL: unregistered, or a backend that uses data in place) */
+    uint64_t ident;         /* a routed expert's part: df_expert_ident (a device backend caches it under this key); 0: none */
 } df_weight;
+
+/* The identity of part (0 gate, 1 up, 2 down) of routed expert e of layer l:
+ * the same bytes for as long as the model is open, wherever they sit on the
+ * host (host expert-cache slots are reused, so addresses are no key). Never 0. */
+static inline uint64_t df_expert_ident(int l, int e, int part) {
+    return ((uint64_t)(uint32_t)(l + 1) << 40) | ((uint64_t)(uint32_t)e << 8) | (uint64_t)(part & 0xff);
+}
 
 /* ---- weight-format traits (backend/wfmt.c) ---------------------------- */
 /* Where a format keeps its scales: none; one per row; one per (row, group of
@@ -233,6 +242,23 @@ typedef struct {
     float eps;
 } df_attn_res_args;
 
+/* What a backend with memory tiers keeps where (tier_stats); bytes. */
+typedef struct {
+    int64_t budget;                 /* device memory budget (--gpu-memory, or free memory minus a margin at start) */
+    int64_t used;                   /* device memory in use now, every kind */
+    int64_t spine_dev_bytes;        /* registered weights resident on the device */
+    int64_t spine_host_bytes;       /* registered weights left in host memory (over budget), copied per product */
+    int spine_host_weights;
+    int64_t cache_bytes;            /* the device expert cache: slots x slot bytes (0 until the first routed expert) */
+    int cache_slots;
+    int64_t cache_hits, cache_misses, cache_evictions, cache_bypasses; /* expert parts */
+    int64_t pinned_bytes;           /* host memory page-locked through host_pin */
+    int64_t h2d_expert_bytes;       /* routed experts copied host -> device */
+    int64_t h2d_expert_pinned_bytes;/* ... of which from pinned memory */
+    int64_t h2d_spine_bytes;        /* host-side spine weights copied per product */
+    int eviction_lfu;               /* the cache's policy: 0 LRU, 1 LFU */
+} df_tier_stats;
+
 /* ---- the table ---------------------------------------------------------- */
 typedef struct df_backend_ops {
     const char *name;
@@ -295,11 +321,29 @@ typedef struct df_backend_ops {
     void (*causal_conv1d)(const df_conv1d_args *a);
     void (*kda_scan)(const df_kda_args *a);
     void (*kda_gate)(const df_kda_gate_args *a);
+
+    /* memory tiers (optional: NULL in a backend that reads host memory in
+     * place, like the CPU; the wrappers below then do nothing) */
+    int (*host_pin)(void *p, size_t bytes); /* page-locks host memory that products read often (expert-cache slots); 0 or DF_E* */
+    void (*host_unpin)(void *p);
+    void (*host_fence)(void);               /* returns once no copy still reads host memory handed to a product (the
+                                               host expert cache calls it before it rewrites a slot) */
+    void (*experts_done)(void);             /* the products of the experts handed over so far are all issued (the MoE
+                                               code calls it after each acquire): a device cache may reuse their slots */
+    void (*tier_reset)(void);               /* forgets cached experts (their model is closed) */
+    void (*tier_stats)(df_tier_stats *out);
 } df_backend_ops;
 
 extern const df_backend_ops df_backend_cpu;        /* best ISA, all threads */
 extern const df_backend_ops df_backend_cpu_scalar; /* scalar kernels, one thread: the reference */
 extern const df_backend_ops *df_be;                /* the selected backend */
+/* The layer the calling thread's forward pass is in (-1 outside one): a
+ * device backend names it in its error messages. */
+#ifdef __cplusplus
+extern thread_local int df_be_layer;
+#else
+extern _Thread_local int df_be_layer;
+#endif
 
 /* Starts the default backend with n_threads workers (0: all online cores); idempotent. */
 void df_backend_init(int n_threads);
@@ -315,6 +359,12 @@ int df_backend_cuda_built(void);
  * or without a device); "auto" (CUDA when built and a device is present,
  * else CPU). 0 or a DF_E* code with the message in err. */
 int df_backend_choose(const char *name, char *err, size_t errlen);
+/* The device memory budget of the selected backend (--gpu-memory) before a
+ * model is attached: budget bytes (0: free device memory minus a margin),
+ * reserve = the share kept from the spine for activations, session state and
+ * scratch, expert_bytes = the model's routed experts (a device expert cache
+ * is never larger). Nothing on the CPU. */
+void df_backend_set_memory(int64_t budget, int64_t reserve, int64_t expert_bytes);
 
 /* ---- call-site wrappers (model code) ------------------------------------ */
 static inline df_act *df_alloc(size_t n) { return df_be->alloc(n); }
@@ -357,5 +407,17 @@ static inline void df_route(const df_route_args *a) { df_be->route(a); }
 static inline void df_moe_combine(df_act *out, const df_act *x, const df_act *w, int n, int k, int cols) { df_be->moe_combine(out, x, w, n, k, cols); }
 static inline void df_causal_conv1d(const df_conv1d_args *a) { df_be->causal_conv1d(a); }
 static inline void df_kda_scan(const df_kda_args *a) { df_be->kda_scan(a); }
+static inline int df_host_pin(void *p, size_t bytes) { return df_be->host_pin ? df_be->host_pin(p, bytes) : 0; }
+static inline void df_host_unpin(void *p) { if (df_be->host_unpin) df_be->host_unpin(p); }
+static inline void df_host_fence(void) { if (df_be->host_fence) df_be->host_fence(); }
+static inline void df_experts_done(void) { if (df_be->experts_done) df_be->experts_done(); }
+static inline void df_tier_reset(void) { if (df_be->tier_reset) df_be->tier_reset(); }
+/* 0 with *out filled, or -1 (a backend without tiers; *out zeroed). */
+static inline int df_tier_stats_get(df_tier_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!df_be->tier_stats) return -1;
+    df_be->tier_stats(out);
+    return 0;
+}
 
 #endif

@@ -100,6 +100,12 @@ int df_args_model_opts(df_args *a, const char *opt, const char **model, df_optio
         else o->backend = a->val;
         return 1;
     }
+    if (df_args_opt(a, opt, "--gpu-memory", 1)) {
+        int64_t b = df_parse_size(a->val);
+        if (b <= 0) df_args_fail(a, "--gpu-memory: expected a size like 24G, got '%s'", a->val);
+        else o->gpu_memory_bytes = b;
+        return 1;
+    }
     if (df_args_opt(a, opt, "--mmap", 0)) { o->mmap_weights = 1; return 1; }
     if (df_args_opt(a, opt, "--trace", 1)) { o->trace_path = a->val; return 1; }
     if (df_args_opt(a, opt, "--prefetch", 1)) {

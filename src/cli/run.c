@@ -32,7 +32,8 @@ static const char *usage =
     "  --prefetch MODE     router-lookahead prefetch of streamed experts: auto (default: only while at least half of\n"
     "                      the recent predictions were right), always, never\n"
     "  --mmap              map weights from the files instead of reading them into owned memory\n"
-    "  --backend B         cpu (default), cuda (a build with make CUDA=1), or auto (cuda when a GPU is present)\n";
+    "  --backend B         cpu (default), cuda (a build with make CUDA=1), or auto (cuda when a GPU is present)\n"
+    "  --gpu-memory SIZE   VRAM budget of the cuda backend (default: free VRAM minus max(512M, 5%)); spine first, routed experts cached in the rest\n";
 
 static void print_stats(df_engine *e) {
     df_stats st;
@@ -52,6 +53,22 @@ static void print_stats(df_engine *e) {
         df_model_info mi;
         df_engine_info(e, &mi);
         fprintf(stderr, "[stats] backend %s (%d CPU threads)\n", mi.backend, mi.backend_threads);
+    }
+    if (st.gpu_budget_bytes) {
+        const int64_t req = st.gpu_cache_hits + st.gpu_cache_misses;
+        const double secs = st.prefill_seconds + st.decode_seconds;
+        fprintf(stderr, "[stats] vram: budget %.1f MB, in use %.1f MB (%lld B); spine %.1f MB in VRAM, %.1f MB (%d weights) in host memory copied per product\n",
+                st.gpu_budget_bytes / 1e6, st.gpu_used_bytes / 1e6, (long long)st.gpu_used_bytes, st.gpu_spine_bytes / 1e6, st.gpu_spine_host_bytes / 1e6, st.gpu_spine_host_weights);
+        fprintf(stderr, "[stats] vram expert cache: %d slots (%lld B, %s), hit rate %.1f%% (%lld hits, %lld misses of %lld expert parts), %lld evictions, %lld bypasses\n",
+                st.gpu_cache_slots, (long long)st.gpu_cache_bytes, st.gpu_evict_lfu ? "LFU" : "LRU", req ? 100.0 * st.gpu_cache_hits / req : 0,
+                (long long)st.gpu_cache_hits, (long long)st.gpu_cache_misses, (long long)req, (long long)st.gpu_cache_evictions,
+                (long long)st.gpu_cache_bypasses);
+        fprintf(stderr, "[stats] host -> vram: experts %.1f MB (%.1f MB from pinned memory, %.2f GB/s over the run), spine %.1f MB; pinned host memory %.1f MB\n",
+                st.gpu_h2d_expert_bytes / 1e6, st.gpu_h2d_expert_pinned_bytes / 1e6, secs > 0 ? st.gpu_h2d_expert_bytes / secs / 1e9 : 0,
+                st.gpu_h2d_spine_bytes / 1e6, st.gpu_pinned_bytes / 1e6);
+        if (st.decode_tokens)
+            fprintf(stderr, "[stats] decode: %.1f MB of experts host -> vram per token, %.2f GB/s of decode time\n",
+                    st.gpu_decode_h2d_expert_bytes / 1e6 / st.decode_tokens, st.decode_seconds > 0 ? st.gpu_decode_h2d_expert_bytes / st.decode_seconds / 1e9 : 0);
     }
     if (st.spine_int8) fprintf(stderr, "[stats] spine: row-int8 (store built with --spine int8): results are NOT exact\n");
     if (st.streaming) {

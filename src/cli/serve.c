@@ -38,7 +38,7 @@ static const char *usage =
     "  --no-memo                 do not answer repeated deterministic requests from memory\n"
     "  --served-model-name ID    the model id clients send and see (default: the --model name's last part)\n"
     "  --quiet                   no per-request log lines on stderr\n"
-    "  --threads N --ram SIZE --expert-cache SIZE --prefetch MODE --backend B   as for deltafin run\n";
+    "  --threads N --ram SIZE --expert-cache SIZE --prefetch MODE --backend B --gpu-memory SIZE   as for deltafin run\n";
 
 /* The last path component of a model path or name, without trailing '/'. */
 static char *default_id(const char *model) {

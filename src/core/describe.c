@@ -45,9 +45,21 @@ char *df_engine_describe(const df_engine *e) {
     df_buf_printf(&b, "layers       %d, hidden %d, vocab %d, max positions %d\n", c->n_layers, c->hidden, c->vocab, c->max_pos);
     if (!strcmp(df_be->name, "cpu"))
         df_buf_printf(&b, "backend      cpu, %d threads: weights, activations and session state in host memory\n", df_backend_threads());
-    else
-        df_buf_printf(&b, "backend      %s: spine weights, activations and session state in device memory; routed experts are copied "
-                      "to the device for each product from %s\n", df_be->name, e->ecache ? "the host expert cache (streamed from disk)" : "host memory");
+    else {
+        df_tier_stats ts;
+        df_tier_stats_get(&ts);
+        df_buf_printf(&b, "backend      %s: activations and session state in device memory; VRAM budget %.1f MB (--gpu-memory), %.1f MB in use\n",
+                      df_be->name, ts.budget / 1e6, ts.used / 1e6);
+        df_buf_printf(&b, "tiers        spine %.1f MB in VRAM", ts.spine_dev_bytes / 1e6);
+        if (ts.spine_host_weights)
+            df_buf_printf(&b, ", %.1f MB (%d weights) over the budget in host memory, copied for each product", ts.spine_host_bytes / 1e6, ts.spine_host_weights);
+        if (c->n_experts)
+            df_buf_printf(&b, "; routed experts: a VRAM cache (%s) over %s%s", ts.cache_slots ? "sized" : "sized at the first token from what the budget leaves",
+                          e->ecache ? "the host expert cache (streamed from disk)" : "host memory",
+                          ts.pinned_bytes ? ", whose slots are pinned" : "");
+        if (ts.cache_slots) df_buf_printf(&b, ", %d slots, %.1f MB", ts.cache_slots, ts.cache_bytes / 1e6);
+        df_buf_puts(&b, "\n");
+    }
     /* runs of layers with the same kinds */
     for (int l0 = 0; l0 < c->n_layers;) {
         const df_layer_kind *k = &m->layers[l0].kind;

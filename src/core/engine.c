@@ -50,6 +50,9 @@ static char *resolve_model(const char *model) {
 
 static df_engine *engine_new(df_model *m, const df_options *o, int64_t budget, char *err, size_t errlen);
 
+/* The expert cache's hook before it rewrites a slot: the backend's copies out of it are done. */
+static void host_fence(void) { df_host_fence(); }
+
 /* Creates the expert cache of a streamed model: the engine is the one owner
  * of expert residency (budget, eviction, prefetch, trace); the model only
  * says where each expert is. Its budget is --expert-cache when given (0 =
@@ -65,7 +68,8 @@ static int start_streaming(df_engine *e, const df_options *o, int64_t budget, ch
     int64_t kv = (int64_t)df_state_bytes_per_token(m) * (c->max_pos < 4096 ? c->max_pos : 4096) + (int64_t)df_state_fixed_bytes(m);
     if (cache < 0) cache = budget - (m->bytes - expert_bytes) - kv - ((int64_t)48 << 20);
     df_ecache_opts eo = {.budget = cache > 0 ? cache : 0, .min_slots = c->n_experts_used, .policy = o->evict_lfu ? DF_EVICT_LFU : DF_EVICT_LRU,
-                         .use_io_uring = !o->no_io_uring, .populate = !o->no_populate, .fresh_memory = o->fresh_memory};
+                         .use_io_uring = !o->no_io_uring, .populate = !o->no_populate, .fresh_memory = o->fresh_memory,
+                         .before_reuse = host_fence};
     df_expert_loc *locs = df_model_expert_locs(m);
     e->ecache = df_ecache_new((const char *const *)m->files, m->n_files, c->n_layers, c->n_experts, locs, &eo, err, errlen);
     free(locs);
@@ -145,9 +149,22 @@ static df_engine *engine_new(df_model *m, const df_options *o, int64_t budget, c
     e->model = m;
     e->opt = *o;
     e->src = m->resident_src;
+    /* the device budget: the spine's share leaves room for a session's state at
+     * the default context and activations (the same estimate as the host budget's) */
+    {
+        const df_config *c = &m->cfg;
+        int64_t kv = (int64_t)df_state_bytes_per_token(m) * (c->max_pos < 4096 ? c->max_pos : 4096) + (int64_t)df_state_fixed_bytes(m);
+        df_backend_set_memory(o->gpu_memory_bytes, kv + ((int64_t)8 << 20), df_model_expert_bytes(m));
+    }
     if (df_model_backend_attach(m, err, errlen) || (m->streamed && start_streaming(e, o, budget, err, errlen))) {
         df_engine_close(e);
         return NULL;
+    }
+    if (e->ecache) { /* a device backend copies experts out of the host cache's slots: page-lock them */
+        void *p;
+        size_t n;
+        df_ecache_memory(e->ecache, &p, &n);
+        if (n && !df_host_pin(p, n)) e->pinned = p;
     }
     for (int i = 0; i < m->cfg.n_eos; i++) df_engine_add_stop(e, m->cfg.eos[i]);
     if (df_engine_tok_load(e, m->dir, err, errlen)) {
@@ -165,6 +182,8 @@ void df_engine_add_stop(df_engine *e, int32_t id) {
 void df_engine_close(df_engine *e) {
     if (!e) return;
     df_engine_tok_free(e);
+    if (e->pinned) df_host_unpin(e->pinned);
+    df_tier_reset();
     df_ecache_free(e->ecache);
     if (e->trace) fclose(e->trace);
     if (e->model) df_model_backend_detach(e->model);
@@ -223,6 +242,17 @@ void df_stats_get(df_engine *e, df_stats *out) {
         out->spine_load_bytes = e->model->spine_load_bytes;
         out->expert_cache_bytes = (int64_t)es.n_slots * es.slot_bytes;
         out->expert_cache_slots = es.n_slots;
+    }
+    df_tier_stats ts;
+    if (!df_tier_stats_get(&ts)) {
+        out->gpu_budget_bytes = ts.budget, out->gpu_used_bytes = ts.used;
+        out->gpu_spine_bytes = ts.spine_dev_bytes, out->gpu_spine_host_bytes = ts.spine_host_bytes, out->gpu_spine_host_weights = ts.spine_host_weights;
+        out->gpu_cache_bytes = ts.cache_bytes, out->gpu_cache_slots = ts.cache_slots, out->gpu_evict_lfu = ts.eviction_lfu;
+        out->gpu_cache_hits = ts.cache_hits, out->gpu_cache_misses = ts.cache_misses;
+        out->gpu_cache_evictions = ts.cache_evictions, out->gpu_cache_bypasses = ts.cache_bypasses;
+        out->gpu_pinned_bytes = ts.pinned_bytes;
+        out->gpu_h2d_expert_bytes = ts.h2d_expert_bytes, out->gpu_h2d_expert_pinned_bytes = ts.h2d_expert_pinned_bytes;
+        out->gpu_h2d_spine_bytes = ts.h2d_spine_bytes;
     }
 }
 void df_stats_reset(df_engine *e) { memset(&e->stats, 0, sizeof e->stats); }

@@ -22,6 +22,7 @@ struct df_engine {
     struct df_k3_glue *k3;     /* Kimi K3 (config.json model_type kimi_k3): its chat format, tok_glue.c */
     /* expert residency: the engine is its one owner */
     df_expert_source *src;     /* where sessions get routed experts: the model's memory or the cache */
+    void *pinned;              /* the expert cache's memory, page-locked by the backend (host_pin), or NULL */
     df_ecache *ecache;         /* streamed models */
     FILE *trace;               /* --trace */
     int prefetch_mode;         /* as df_options.prefetch, in effect */

@@ -101,6 +101,8 @@ static int run_tokens(df_session *s, const int32_t *ids, size_t from, size_t n) 
     size_t todo = n - from;
     df_ecache_stats es0 = {0}, es1 = {0};
     if (e->ecache) df_ecache_stats_get(e->ecache, &es0);
+    df_tier_stats ts0, ts1;
+    const int tiers = !df_tier_stats_get(&ts0);
     for (size_t p = from; p < n; p += DF_MAX_BATCH) {
         int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
         int rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, s->logits, 0);
@@ -113,6 +115,7 @@ static int run_tokens(df_session *s, const int32_t *ids, size_t from, size_t n) 
     if (todo == 1) {
         e->stats.decode_bytes_read += es1.bytes_read - es0.bytes_read;
         e->stats.decode_io_wait_seconds += es1.io_wait_s - es0.io_wait_s;
+        if (tiers && !df_tier_stats_get(&ts1)) e->stats.gpu_decode_h2d_expert_bytes += ts1.h2d_expert_bytes - ts0.h2d_expert_bytes;
         e->stats.decode_tokens++;
         e->stats.decode_seconds += dt;
         e->stats.weight_bytes_touched += e->model->bytes_active;

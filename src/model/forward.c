@@ -204,6 +204,7 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
     for (int l = 0; l < c->n_layers; l++) {
         const df_layer *L = &m->layers[l];
         const int ar = L->kind.resid == DF_RESID_ATTNRES;
+        df_be_layer = l; /* named in a device backend's error messages */
         double a0 = df_now();
         int restart = 0;
         if (ar) {
@@ -231,12 +232,16 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
             df_rmsnorm_rows(s->xn, H, s->x, H, L->ffn_norm, n, H, eps);
         }
         int rc = L->kind.ffn == DF_FFN_MOE ? df_ffn_moe(m, s, L, l, n) : df_ffn_dense(m, s, L, n);
-        if (rc) return rc;
+        if (rc) {
+            df_be_layer = -1;
+            return rc;
+        }
         df_add(s->x, s->ffn_out, NH_);
         double a2 = df_now();
         s->t_attn += a1 - a0;
         s->t_ffn += a2 - a1;
     }
+    df_be_layer = -1;
     double t2 = df_now();
     int first = all ? 0 : n - 1, cnt = all ? n : 1;
     const df_act *fin = DF_AT(s->x, (size_t)first * H);

@@ -53,6 +53,11 @@ int df_model_backend_attach(df_model *m, char *err, size_t errlen) {
             if (ps[i].p) rc = df_param_register(ps[i].p, ps[i].n);
     }
     if (rc) return df_err(err, errlen, rc, "%s: the %s backend cannot hold the model's parameters", m->dir, df_be->name);
+    df_tier_stats ts;
+    if (!df_tier_stats_get(&ts) && ts.spine_host_weights)
+        fprintf(stderr, "deltafin: %s backend: %d spine weights (%.1f MB) do not fit the VRAM budget (%.1f MB, part kept for activations and state) "
+                        "and stay in host memory, copied to the device for each product (slower; raise --gpu-memory)\n",
+                df_be->name, ts.spine_host_weights, ts.spine_host_bytes / 1e6, ts.budget / 1e6);
     return 0;
 }
 

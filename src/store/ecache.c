@@ -64,6 +64,7 @@ struct df_ecache {
     uint8_t *arena;
     size_t arena_bytes;
     df_evict_policy policy;
+    void (*before_reuse)(void);
     uint64_t clock;
     struct io_uring ring;
     int have_ring;
@@ -193,7 +194,7 @@ df_ecache *df_ecache_new(const char *const *paths, int n_files, int n_layers, in
     c->a_sl = df_xcalloc((size_t)c->max_k, sizeof(int));
     c->a_done = df_xcalloc((size_t)c->max_k, sizeof(int));
     c->a_waited = df_xcalloc((size_t)c->max_k, sizeof(double));
-    c->n_files = n_files, c->n_layers = n_layers, c->n_experts = n_experts, c->policy = o->policy;
+    c->n_files = n_files, c->n_layers = n_layers, c->n_experts = n_experts, c->policy = o->policy, c->before_reuse = o->before_reuse;
     c->fd = df_xmalloc((size_t)n_files * sizeof(int));
     c->path = df_xcalloc((size_t)n_files, sizeof(char *));
     for (int i = 0; i < n_files; i++) {
@@ -366,6 +367,7 @@ static int pick_victim(df_ecache *c) {
 static int start_load(df_ecache *c, int key) {
     int v = pick_victim(c);
     if (v < 0) return -1;
+    if (c->before_reuse && v < atomic_load(&c->high_water)) c->before_reuse(); /* the slot's bytes may still be copied out */
     if (v + 1 > atomic_load(&c->high_water)) {
         atomic_store(&c->high_water, v + 1);
         if (c->populating) note_fresh_slot(c);
@@ -608,6 +610,7 @@ void df_ecache_stats_get(const df_ecache *c, df_ecache_stats *s) {
 }
 int df_ecache_slots(const df_ecache *c) { return c->n_slots; }
 void df_ecache_set_policy(df_ecache *c, df_evict_policy p) { c->policy = p; }
+void df_ecache_memory(const df_ecache *c, void **p, size_t *bytes) { *p = c->arena, *bytes = c->arena ? c->arena_bytes : 0; }
 void df_ecache_set_trace(df_ecache *c, FILE *f) { c->trace = f; }
 void df_ecache_set_prefetch(df_ecache *c, df_prefetch_mode m) { c->pf_mode = m; }
 void df_ecache_set_token(df_ecache *c, int64_t t) { c->token = t; }

@@ -38,6 +38,8 @@ typedef struct {
     int use_io_uring;    /* 0: synchronous pread */
     int populate;        /* fault the slot memory in ahead of use, in a background thread */
     int fresh_memory;    /* 0: measure how fast fresh memory is faulted in; 1/2: treat it as slow/fast (tests) */
+    void (*before_reuse)(void); /* called before a read rewrites slot memory that held an expert (a device backend
+                                   waits there for its copies out of the slots), or NULL */
 } df_ecache_opts;
 
 /* paths: the files the extents refer to (opened by the cache with O_DIRECT
@@ -81,6 +83,8 @@ typedef struct {
 } df_ecache_stats;
 void df_ecache_stats_get(const df_ecache *c, df_ecache_stats *s);
 int df_ecache_slots(const df_ecache *c);
+/* The slot memory (one mapping): what a device backend page-locks (host_pin) so its copies out of the slots are asynchronous. */
+void df_ecache_memory(const df_ecache *c, void **p, size_t *bytes);
 void df_ecache_set_policy(df_ecache *c, df_evict_policy p);
 void df_ecache_set_prefetch(df_ecache *c, df_prefetch_mode m);
 

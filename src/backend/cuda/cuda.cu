@@ -1,16 +1,35 @@
 /* cuda.cu - the CUDA backend: df_backend_cuda (see cuda.h and backend.h).
  *
- * First step (issue 13): every operation of the contract, with simple and
- * correct kernels (one block per output row, per (token, head) or per
- * channel; f32 activations and accumulation; reductions of norms and
- * softmax sums in double as the CPU reference does). No tensor cores, no
- * expert tiers.
+ * Every operation of the contract, with simple and correct kernels (one
+ * block per output row, per (token, head) or per channel; f32 activations
+ * and accumulation; reductions of norms and softmax sums in double as the
+ * CPU reference does), in cuda_ops.cu; this file holds memory, params,
+ * weights and the tiers.
  *
- * Weights: weight_register uploads the stored bytes and the scale sidecar
- * once into device memory (handle: struct cw below); the product kernels
- * decode each element from the stored format (wget). A weight that was not
- * registered (an expert in a host cache slot, a test's weight) is uploaded
- * into scratch for the one call. Params: param_register keeps a device copy
+ * VRAM budget (df_cuda_set_memory, --gpu-memory; default: free memory at
+ * the first allocation minus max(512 MiB, 5%)): every device allocation is
+ * counted (g_used). Activations and state beyond the budget are refused
+ * with the numbers (alloc returns NULL, the caller reports). The spine
+ * (registered weights) is uploaded while it fits the budget minus the
+ * reserve the engine names for activations and state; a weight that does
+ * not fit stays in host memory (handle with host = 1) and is copied into
+ * scratch for each product: slower, never wrong, and counted in the stats.
+ *
+ * Routed experts (weights with an ident, never registered): a VRAM expert
+ * cache keyed by (layer, expert, part) (bookkeeping in backend/vcache.c),
+ * sized at the first routed product, once activations and state exist:
+ * what the budget leaves after them and a scratch reserve, at most every
+ * expert of the model. A miss copies the host bytes (pinned when they lie in
+ * memory given to host_pin: the host expert cache's slots) into its slot on
+ * a copy stream of its own, asynchronously; the compute stream waits for that
+ * copy through an event, so copies overlap the compute queued before them.
+ * A slot is reused only when the work that read it has run: slots used since
+ * the last experts_done (called once per acquire of the MoE code) are never
+ * evicted, and a copy into an older slot waits for the event recorded at the
+ * experts_done that closed its last use. host_fence waits for the copies
+ * issued so far; the host expert cache calls it before it rewrites a slot,
+ * so a copy never reads bytes being overwritten, and nothing else waits. A weight that finds every slot in use in this layer, or is larger
+ * than a slot, is copied into scratch for its product (a bypass). Params: param_register keeps a device copy
  * keyed by the host address (an open-addressing table); registering an
  * address again uploads it again. An op given a param that was never
  * registered uploads it into scratch for that call.
@@ -20,12 +39,18 @@
  * back), so expert choices are the reference's exactly. */
 #include "backend/cuda/cuda_int.cuh"
 
+extern "C" {
+#include "backend/vcache.h"
+}
+
 /* ---- errors ------------------------------------------------------------------- */
 static int g_sync = -1; /* DELTAFIN_CUDA_SYNC=1: wait after every op (an async error then names its op) */
 static int g_reported;
 
 void report(const char *op, cudaError_t e) {
-    if (g_reported++ < 32) fprintf(stderr, "deltafin: cuda backend: %s: %s (%s)\n", op, cudaGetErrorString(e), cudaGetErrorName(e));
+    if (g_reported++ >= 32) return;
+    if (df_be_layer >= 0) fprintf(stderr, "deltafin: cuda backend: layer %d: %s: %s (%s)\n", df_be_layer, op, cudaGetErrorString(e), cudaGetErrorName(e));
+    else fprintf(stderr, "deltafin: cuda backend: %s: %s (%s)\n", op, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 void post(const char *op) {
     CK(op, cudaGetLastError());
@@ -38,16 +63,98 @@ void post(const char *op) {
 
 pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* ---- device memory accounting: every allocation, by address ------------------- */
+typedef struct { void *p; size_t n; } aent;
+static aent *g_atab;
+static size_t g_acap, g_acount;
+static int64_t g_used;              /* bytes allocated now */
+static int64_t g_budget = -1;       /* -1: not decided yet (default at the first allocation) */
+static int64_t g_reserve;           /* kept from the spine for activations, state, scratch */
+static int64_t g_expert_total;      /* bytes of the model's routed experts (caps the cache), 0: unknown */
+static int64_t g_act_used, g_spine_used, g_cache_used; /* parts of g_used */
+static size_t ahash(const void *p, size_t cap) {
+    uint64_t h = (uint64_t)(uintptr_t)p;
+    h ^= h >> 33, h *= 0xff51afd7ed558ccdull, h ^= h >> 33;
+    return (size_t)h & (cap - 1);
+}
+static int aput(void *p, size_t n) {
+    if ((g_acount + 1) * 2 > g_acap) {
+        size_t ncap = g_acap ? g_acap * 2 : 1024;
+        aent *nt = (aent *)calloc(ncap, sizeof *nt);
+        if (!nt) return DF_ENOMEM;
+        for (size_t i = 0; i < g_acap; i++)
+            if (g_atab[i].p) {
+                size_t j = ahash(g_atab[i].p, ncap);
+                while (nt[j].p) j = (j + 1) & (ncap - 1);
+                nt[j] = g_atab[i];
+            }
+        free(g_atab);
+        g_atab = nt, g_acap = ncap;
+    }
+    size_t i = ahash(p, g_acap);
+    while (g_atab[i].p) i = (i + 1) & (g_acap - 1);
+    g_atab[i].p = p, g_atab[i].n = n, g_acount++;
+    return 0;
+}
+/* Removes p's entry (backward-shift deletion); returns its size, 0 if unknown. */
+static size_t adel(void *p) {
+    if (!g_acap) return 0;
+    const size_t m = g_acap - 1;
+    size_t i = ahash(p, g_acap);
+    while (g_atab[i].p && g_atab[i].p != p) i = (i + 1) & m;
+    if (!g_atab[i].p) return 0;
+    const size_t n = g_atab[i].n;
+    g_atab[i].p = NULL, g_acount--;
+    for (size_t j = (i + 1) & m; g_atab[j].p; j = (j + 1) & m) {
+        size_t h = ahash(g_atab[j].p, g_acap);
+        if (((j - h) & m) >= ((j - i) & m)) g_atab[i] = g_atab[j], g_atab[j].p = NULL, i = j;
+    }
+    return n;
+}
+static void budget_default(void) {
+    if (g_budget >= 0) return;
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) { cudaGetLastError(); fr = tot = 0; }
+    int64_t margin = (int64_t)tot / 20 > ((int64_t)512 << 20) ? (int64_t)tot / 20 : ((int64_t)512 << 20);
+    g_budget = (int64_t)fr > margin ? (int64_t)fr - margin : 0;
+}
+/* cudaMalloc, counted (*part: the share it counts into, or NULL). A device
+ * refusal is reported with the device's free and total memory. */
+static cudaError_t dmalloc(void **p, size_t n, int64_t *part, const char *op) {
+    budget_default();
+    cudaError_t e = cudaMalloc(p, n ? n : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure is not sticky */
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) cudaGetLastError();
+        fprintf(stderr, "deltafin: cuda backend: %s: out of VRAM: asked %.2f MB, the device has %.2f MB free of %.2f MB "
+                        "(deltafin uses %.2f MB of its %.2f MB budget); lower --gpu-memory to leave room for other programs, or use a smaller context\n",
+                op, n / 1e6, fr / 1e6, tot / 1e6, g_used / 1e6, g_budget / 1e6);
+        *p = NULL;
+        return e;
+    }
+    if (aput(*p, n)) { cudaFree(*p); *p = NULL; return cudaErrorMemoryAllocation; }
+    g_used += (int64_t)n;
+    if (part) *part += (int64_t)n;
+    return cudaSuccess;
+}
+static void dfree(void *p, int64_t *part, const char *op) {
+    if (!p) return;
+    size_t n = adel(p);
+    g_used -= (int64_t)n;
+    if (part) *part -= (int64_t)n;
+    CK(op, cudaFree(p));
+}
+
 /* ---- scratch: device buffers that grow on demand, one per role ----------------- */
 static void *g_slot[S_N];
 static size_t g_slot_cap[S_N];
 void *slot(int i, size_t bytes, const char *op) {
     if (bytes > g_slot_cap[i]) {
-        if (g_slot[i]) CK(op, cudaFree(g_slot[i])); /* waits for the kernels that used it */
+        dfree(g_slot[i], NULL, op); /* waits for the kernels that used it */
         g_slot[i] = NULL, g_slot_cap[i] = 0;
         size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 4;
-        cudaError_t e = cudaMalloc(&g_slot[i], cap);
-        if (e != cudaSuccess) { report(op, e); g_slot[i] = NULL; return NULL; }
+        if (dmalloc(&g_slot[i], cap, NULL, op) != cudaSuccess) return NULL;
         g_slot_cap[i] = cap;
     }
     return g_slot[i];
@@ -56,17 +163,26 @@ void *slot(int i, size_t bytes, const char *op) {
 /* ---- memory ------------------------------------------------------------------- */
 
 static df_act *g_alloc(size_t n) {
+    LOCK();
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, (n ? n : 1) * sizeof(float));
-    if (e != cudaSuccess) {
-        report("alloc", e);
-        cudaGetLastError(); /* an allocation failure is not sticky */
+    const size_t bytes = (n ? n : 1) * sizeof(float);
+    budget_default();
+    if (g_used + (int64_t)bytes > g_budget) {
+        fprintf(stderr, "deltafin: cuda backend: out of VRAM budget: asked %.2f MB for activations or session state, available %.2f MB of the "
+                        "%.2f MB budget (spine %.2f MB, activations and state %.2f MB, expert cache %.2f MB, scratch %.2f MB in use); "
+                        "raise --gpu-memory or use a smaller context\n",
+                bytes / 1e6, (g_budget > g_used ? g_budget - g_used : 0) / 1e6, g_budget / 1e6, g_spine_used / 1e6, g_act_used / 1e6,
+                g_cache_used / 1e6, (g_used - g_spine_used - g_act_used - g_cache_used) / 1e6);
         return NULL;
     }
-    CK("alloc", cudaMemset(p, 0, (n ? n : 1) * sizeof(float)));
+    if (dmalloc(&p, bytes, &g_act_used, "alloc") != cudaSuccess) return NULL;
+    CK("alloc", cudaMemset(p, 0, bytes));
     return (df_act *)p;
 }
-static void g_free(df_act *p) { if (p) CK("free", cudaFree(p)); }
+static void g_free(df_act *p) {
+    LOCK();
+    dfree(p, &g_act_used, "free");
+}
 static void g_write(df_act *dst, const float *src, size_t n) { if (n) CK("write", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice)); }
 static void g_read(float *dst, const df_act *src, size_t n) { if (n) CK("read", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost)); }
 static void g_copy(df_act *dst, const df_act *src, size_t n) { if (n) CK("copy", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice)); }
@@ -145,15 +261,11 @@ static int g_param_register(const float *p, size_t n) {
         g_pcount++;
     }
     if (n > e->n) {
-        if (e->dev) CK("param_register", cudaFree(e->dev));
+        dfree(e->dev, &g_spine_used, "param_register");
         e->dev = NULL, e->n = 0;
-        cudaError_t err = cudaMalloc(&e->dev, (n ? n : 1) * sizeof(float));
-        if (err != cudaSuccess) {
-            cudaGetLastError();
-            fprintf(stderr, "deltafin: cuda backend: param_register: cannot allocate %zu floats on the device (%s)\n", n, cudaGetErrorString(err));
-            e->dev = NULL;
-            return DF_ENOMEM;
-        }
+        void *d = NULL;
+        if (dmalloc(&d, (n ? n : 1) * sizeof(float), &g_spine_used, "param_register") != cudaSuccess) return DF_ENOMEM;
+        e->dev = (float *)d;
         e->n = n;
     }
     if (n) {
@@ -172,7 +284,10 @@ const float *param(const float *p, size_t n, int s, const char *op) {
 }
 
 /* ---- weights ------------------------------------------------------------------------ */
-struct cw { DW d; void *data, *scale; };
+/* A registered weight: its device copy, or (host = 1) none: over the budget, copied for each product. */
+struct cw { DW d; void *data, *scale; int host; int64_t bytes; };
+static int64_t g_spine_host_bytes, g_h2d_spine, g_h2d_expert, g_h2d_expert_pinned;
+static int g_spine_host_n;
 
 static int ggml_ok(int t) {
     switch (t) {
@@ -219,8 +334,9 @@ static void g_weight_unregister(df_weight *w) {
     LOCK();
     cw *h = (cw *)w->handle;
     if (!h) return;
-    CK("weight_unregister", cudaFree(h->data));
-    if (h->scale) CK("weight_unregister", cudaFree(h->scale));
+    if (h->host) g_spine_host_bytes -= h->bytes, g_spine_host_n--;
+    dfree(h->data, &g_spine_used, "weight_unregister");
+    dfree(h->scale, &g_spine_used, "weight_unregister");
     free(h);
     w->handle = NULL;
 }
@@ -233,29 +349,255 @@ static int g_weight_register(df_weight *w) {
     const size_t db = (size_t)w->rows * w->row_bytes, sb = (size_t)df_weight_scale_bytes(w);
     cw *h = (cw *)calloc(1, sizeof *h);
     if (!h) return DF_ENOMEM;
-    cudaError_t e = cudaMalloc(&h->data, db ? db : 1);
-    if (e == cudaSuccess && sb) e = cudaMalloc(&h->scale, sb);
+    h->bytes = (int64_t)(db + sb);
+    budget_default();
+    if (g_used + h->bytes > g_budget - g_reserve) { /* over the spine's share: stays in host memory */
+        h->host = 1, g_spine_host_bytes += h->bytes, g_spine_host_n++;
+        w->handle = h;
+        return 0;
+    }
+    cudaError_t e = dmalloc(&h->data, db ? db : 1, &g_spine_used, "weight_register");
+    if (e == cudaSuccess && sb) e = dmalloc(&h->scale, sb, &g_spine_used, "weight_register");
     if (e != cudaSuccess) {
-        cudaGetLastError();
-        fprintf(stderr, "deltafin: cuda backend: weight_register: cannot allocate %zu + %zu bytes for a %s [%lld x %lld] weight on the device (%s)\n",
-                db, sb, df_wfmt_name(w), (long long)w->rows, (long long)w->cols, cudaGetErrorString(e));
-        if (h->data) cudaFree(h->data);
+        fprintf(stderr, "deltafin: cuda backend: weight_register: cannot allocate %zu + %zu bytes for a %s [%lld x %lld] weight on the device\n",
+                db, sb, df_wfmt_name(w), (long long)w->rows, (long long)w->cols);
+        dfree(h->data, &g_spine_used, "weight_register");
         free(h);
         return DF_ENOMEM;
     }
     if ((rc = w_upload(w, h->data, h->scale, "weight_register"))) {
-        cudaFree(h->data), cudaFree(h->scale), free(h);
+        dfree(h->data, &g_spine_used, "weight_register"), dfree(h->scale, &g_spine_used, "weight_register"), free(h);
         return rc;
     }
     h->d = dw_of(w, h->data, h->scale);
     w->handle = h;
     return 0;
 }
+/* ---- the VRAM expert cache ------------------------------------------------------------ */
+#define EV_RING 64                  /* events of the last closed epochs */
+static df_vcache g_vc;
+static int g_vc_state;              /* 0 not sized yet, 1 ready, -1 off (no room: every expert bypasses) */
+static uint8_t *g_vc_mem;
+static int64_t g_vc_slot_bytes;
+static cudaStream_t g_cs;           /* the copy stream */
+static cudaEvent_t g_ev_copy;       /* the last copy issued on g_cs */
+static cudaEvent_t g_ev_epoch[EV_RING]; /* [epoch % EV_RING]: recorded on the compute stream when that epoch closed */
+static int g_copies;                /* copies issued since the last fence */
+static int g_lfu;                   /* DELTAFIN_CUDA_EVICT=lfu (measurement aid; LRU by default, docs/PERFORMANCE.md) */
+/* host ranges given to host_pin */
+typedef struct { uint8_t *p; size_t n; } prange;
+static prange g_pin[64];
+static int g_npin;
+static int64_t g_pinned;
+
+static int is_pinned(const void *p) {
+    for (int i = 0; i < g_npin; i++)
+        if ((const uint8_t *)p >= g_pin[i].p && (const uint8_t *)p < g_pin[i].p + g_pin[i].n) return 1;
+    return 0;
+}
+static size_t up256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* Sizes the cache for parts of about part_bytes: slots with room for the
+ * rounding differences between an expert's projections, as many as the
+ * budget leaves after what is allocated now and a scratch reserve, at most
+ * the model's experts. Off (with one line saying why) when not one fits. */
+static void vc_init(size_t part_bytes) {
+    g_vc_state = -1;
+    budget_default();
+    const char *ev = getenv("DELTAFIN_CUDA_EVICT");
+    g_lfu = ev && !strcmp(ev, "lfu");
+    g_vc_slot_bytes = (int64_t)((up256(part_bytes) + 256 + part_bytes / 16 + 4095) & ~(size_t)4095);
+    const int64_t reserve = ((int64_t)16 << 20) + 2 * g_vc_slot_bytes;
+    char err[512];
+    int64_t n = df_vc_plan(g_budget, g_used, reserve, g_vc_slot_bytes, 1, err, sizeof err);
+    if (n <= 0) {
+        fprintf(stderr, "deltafin: cuda backend: %s; routed experts are copied for each product instead\n", err);
+        return;
+    }
+    if (g_expert_total > 0 && n > g_expert_total / (int64_t)part_bytes + 1) n = g_expert_total / (int64_t)part_bytes + 1;
+    if (n > (1 << 26)) n = 1 << 26;
+    void *mem = NULL;
+    while (n >= 1 && dmalloc(&mem, (size_t)(n * g_vc_slot_bytes), &g_cache_used, "expert cache") != cudaSuccess) n /= 2;
+    if (!mem) return;
+    if (df_vc_init(&g_vc, (int)n, g_lfu ? DF_VC_LFU : DF_VC_LRU)) { dfree(mem, &g_cache_used, "expert cache"); return; }
+    cudaError_t e = cudaStreamCreateWithFlags(&g_cs, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g_ev_copy, cudaEventDisableTiming);
+    for (int i = 0; i < EV_RING && e == cudaSuccess; i++) e = cudaEventCreateWithFlags(&g_ev_epoch[i], cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        report("expert cache: streams and events", e);
+        df_vc_free(&g_vc), dfree(mem, &g_cache_used, "expert cache");
+        return;
+    }
+    g_vc_mem = (uint8_t *)mem;
+    g_vc_state = 1;
+}
+
+/* The device view of routed expert part w from the cache: 0 (hit, or a miss
+ * whose copy is queued), 1 (bypass: the caller copies it into scratch), or
+ * a negative DF_E* code. */
+static int vc_get(const df_weight *w, size_t db, size_t sb, DW *out, const char *op) {
+    if (!g_vc_state) vc_init(db + sb);
+    if (g_vc_state < 0) return 1;
+    if ((int64_t)(up256(db) + sb) > g_vc_slot_bytes) { g_vc.bypasses++; return 1; }
+    int i = df_vc_lookup(&g_vc, w->ident);
+    if (i >= 0) {
+        uint8_t *base = g_vc_mem + (size_t)i * (size_t)g_vc_slot_bytes;
+        *out = dw_of(w, base, sb ? base + up256(db) : NULL);
+        return 0;
+    }
+    uint64_t old;
+    int64_t ve;
+    i = df_vc_insert(&g_vc, w->ident, &old, &ve);
+    if (i < 0) return 1;
+    uint8_t *base = g_vc_mem + (size_t)i * (size_t)g_vc_slot_bytes;
+    const int layer = (int)(w->ident >> 40) - 1, expert = (int)((w->ident >> 8) & 0xffffffffu);
+    cudaError_t e = cudaSuccess;
+    if (ve >= 0) e = cudaStreamWaitEvent(g_cs, g_ev_epoch[ve % EV_RING], 0); /* the slot's last readers have run */
+    if (e == cudaSuccess) e = cudaMemcpyAsync(base, w->data, db, cudaMemcpyHostToDevice, g_cs);
+    if (e == cudaSuccess && sb) e = cudaMemcpyAsync(base + up256(db), w->scale, sb, cudaMemcpyHostToDevice, g_cs);
+    if (e == cudaSuccess) e = cudaEventRecord(g_ev_copy, g_cs);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(0, g_ev_copy, 0); /* the product waits for its bytes */
+    if (e != cudaSuccess) {
+        fprintf(stderr, "deltafin: cuda backend: %s: copying layer %d expert %d part %d (%zu bytes) to the device: %s (%s)\n", op, layer, expert,
+                (int)(w->ident & 0xff), db + sb, cudaGetErrorString(e), cudaGetErrorName(e));
+        df_vc_clear(&g_vc); /* the slot's contents are unknown */
+        return DF_EINTERNAL;
+    }
+    g_copies++;
+    g_h2d_expert += (int64_t)(db + sb);
+    if (is_pinned(w->data)) g_h2d_expert_pinned += (int64_t)(db + sb);
+    *out = dw_of(w, base, sb ? base + up256(db) : NULL);
+    return 0;
+}
+
+static int g_host_pin(void *p, size_t bytes) {
+    LOCK();
+    if (!p || !bytes) return 0;
+    if (g_npin == (int)(sizeof g_pin / sizeof *g_pin)) return DF_EUNSUPPORTED;
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        fprintf(stderr, "deltafin: cuda backend: host_pin: cannot page-lock %.2f MB of host memory (%s); copies from it stay synchronous\n",
+                bytes / 1e6, cudaGetErrorString(e));
+        return DF_EUNSUPPORTED;
+    }
+    g_pin[g_npin].p = (uint8_t *)p, g_pin[g_npin++].n = bytes;
+    g_pinned += (int64_t)bytes;
+    return 0;
+}
+static void g_host_unpin(void *p) {
+    LOCK();
+    for (int i = 0; i < g_npin; i++)
+        if (g_pin[i].p == (uint8_t *)p) {
+            CK("host_unpin", cudaDeviceSynchronize());
+            CK("host_unpin", cudaHostUnregister(p));
+            g_pinned -= (int64_t)g_pin[i].n;
+            g_pin[i] = g_pin[--g_npin];
+            return;
+        }
+}
+static void g_host_fence(void) {
+    LOCK();
+    if (g_vc_state <= 0 || !g_copies) return;
+    CK("host_fence", cudaEventSynchronize(g_ev_copy));
+    g_copies = 0;
+}
+static void g_experts_done(void) {
+    LOCK();
+    if (g_vc_state <= 0) return;
+    CK("experts_done", cudaEventRecord(g_ev_epoch[g_vc.epoch % EV_RING], 0));
+    df_vc_fence(&g_vc);
+}
+/* Releases the expert cache (its model is closed): the next model sizes its own. */
+static void g_tier_reset(void) {
+    LOCK();
+    if (g_vc_state > 0) {
+        CK("tier_reset", cudaDeviceSynchronize());
+        df_vc_free(&g_vc);
+        dfree(g_vc_mem, &g_cache_used, "tier_reset");
+        g_vc_mem = NULL;
+        CK("tier_reset", cudaStreamDestroy(g_cs));
+        CK("tier_reset", cudaEventDestroy(g_ev_copy));
+        for (int i = 0; i < EV_RING; i++) CK("tier_reset", cudaEventDestroy(g_ev_epoch[i]));
+    }
+    g_vc_state = 0, g_copies = 0;
+}
+static void g_tier_stats(df_tier_stats *o) {
+    LOCK();
+    budget_default();
+    memset(o, 0, sizeof *o);
+    o->budget = g_budget, o->used = g_used;
+    o->spine_dev_bytes = g_spine_used, o->spine_host_bytes = g_spine_host_bytes, o->spine_host_weights = g_spine_host_n;
+    o->cache_bytes = g_vc_state > 0 ? g_vc.n_slots * g_vc_slot_bytes : 0, o->cache_slots = g_vc_state > 0 ? g_vc.n_slots : 0;
+    o->cache_hits = g_vc.hits, o->cache_misses = g_vc.misses, o->cache_evictions = g_vc.evictions, o->cache_bypasses = g_vc.bypasses;
+    o->pinned_bytes = g_pinned;
+    o->h2d_expert_bytes = g_h2d_expert, o->h2d_expert_pinned_bytes = g_h2d_expert_pinned, o->h2d_spine_bytes = g_h2d_spine;
+    o->eviction_lfu = g_lfu;
+}
+extern "C" void df_cuda_set_memory(int64_t budget, int64_t reserve, int64_t expert_bytes) {
+    LOCK();
+    g_budget = -1;
+    if (budget > 0) g_budget = budget;
+    else budget_default();
+    g_reserve = reserve > 0 ? reserve : 0;
+    g_expert_total = expert_bytes;
+}
+
+/* Per-op scratch for the weights a tier copies for one product (a spine
+ * weight left in host memory, an expert that bypasses the cache): each copy
+ * of one op gets a buffer of its own, so an op that launches several jobs
+ * at once never finds one job's weight overwritten by the next one's. A
+ * buffer is reused by a later op only: the synchronous copy into it waits
+ * for the kernels already queued. */
+unsigned long g_op;
+typedef struct { void *p; size_t cap; } pbuf;
+static pbuf *g_pb;
+static int g_pb_n, g_pb_next;
+static unsigned long g_pb_op;
+static void *op_scratch(size_t bytes, const char *op) {
+    if (g_pb_op != g_op) g_pb_op = g_op, g_pb_next = 0;
+    if (g_pb_next == g_pb_n) {
+        pbuf *nb = (pbuf *)realloc(g_pb, (size_t)(g_pb_n + 1) * sizeof *nb);
+        if (!nb) return NULL;
+        g_pb = nb, g_pb[g_pb_n].p = NULL, g_pb[g_pb_n++].cap = 0;
+    }
+    pbuf *b = &g_pb[g_pb_next];
+    if (b->cap < bytes) {
+        dfree(b->p, NULL, op);
+        b->p = NULL, b->cap = 0;
+        if (dmalloc(&b->p, bytes + bytes / 8, NULL, op) != cudaSuccess) return NULL;
+        b->cap = bytes + bytes / 8;
+    }
+    g_pb_next++;
+    return b->p;
+}
+
 int w_get(const df_weight *w, int sd, int ss, DW *out, const char *op) {
-    if (w->handle) { *out = ((const cw *)w->handle)->d; return 0; }
+    const size_t db = (size_t)w->rows * w->row_bytes, sb = (size_t)df_weight_scale_bytes(w);
+    int tier = 0; /* copied by a tier: into per-op scratch, not the caller's slots */
+    if (w->handle) {
+        const cw *h = (const cw *)w->handle;
+        if (!h->host) { *out = h->d; return 0; }
+        g_h2d_spine += (int64_t)(db + sb);
+        tier = 1;
+    } else if (w->ident) {
+        int rc = w_check(w, op);
+        if (rc) return rc;
+        if ((rc = vc_get(w, db, sb, out, op)) <= 0) return rc;
+        g_h2d_expert += (int64_t)(db + sb); /* a bypass */
+        if (is_pinned(w->data)) g_h2d_expert_pinned += (int64_t)(db + sb);
+        tier = 1;
+    }
     int rc = w_check(w, op);
     if (rc) return rc;
-    const size_t db = (size_t)w->rows * w->row_bytes, sb = (size_t)df_weight_scale_bytes(w);
+    if (tier) {
+        uint8_t *b = (uint8_t *)op_scratch(up256(db) + sb, op);
+        if (!b) return DF_ENOMEM;
+        if ((rc = w_upload(w, b, sb ? b + up256(db) : NULL, op))) return rc;
+        *out = dw_of(w, b, sb ? b + up256(db) : NULL);
+        return 0;
+    }
+    if (rc) return rc;
     void *d = slot(sd, db ? db : 1, op), *s = sb ? slot(ss, sb, op) : NULL;
     if (!d || (sb && !s)) return DF_ENOMEM;
     if ((rc = w_upload(w, d, s, op))) return rc;
@@ -286,5 +628,6 @@ extern "C" const df_backend_ops df_backend_cuda = {
     g_add, g_add_bias, g_axpy, g_scale, g_gate, g_sigmoid, g_l2norm, g_attn_res,
     g_route, g_moe_combine,
     g_causal_conv1d, g_kda_scan, g_kda_gate,
+    g_host_pin, g_host_unpin, g_host_fence, g_experts_done, g_tier_reset, g_tier_stats,
 };
 

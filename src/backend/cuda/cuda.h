@@ -18,6 +18,8 @@ extern "C" {
 extern const df_backend_ops df_backend_cuda;
 /* 1 when a CUDA device can be used (the runtime finds at least one), else 0. */
 int df_cuda_available(void);
+/* The VRAM budget (df_backend_set_memory): budget 0 = free memory minus a margin. */
+void df_cuda_set_memory(int64_t budget, int64_t reserve, int64_t expert_bytes);
 
 #ifdef __cplusplus
 }

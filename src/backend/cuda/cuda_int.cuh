@@ -39,8 +39,9 @@ static inline unsigned blocks_for(size_t n, unsigned th) {
  * run on the legacy default stream, so an op's uploads into a slot wait for
  * the kernels of earlier ops that read it. */
 extern pthread_mutex_t g_mu;
+extern unsigned long g_op; /* ops begun: cuda.cu's per-op scratch (w_get) never hands one op the same buffer twice */
 struct Lock {
-    Lock() { pthread_mutex_lock(&g_mu); }
+    Lock() { pthread_mutex_lock(&g_mu), g_op++; }
     ~Lock() { pthread_mutex_unlock(&g_mu); }
 };
 #define LOCK() Lock lock_

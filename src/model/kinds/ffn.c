@@ -40,15 +40,17 @@ int df_ffn_dense(const df_model *m, df_state *s, const df_layer *L, int n) {
     return 0;
 }
 
-/* The weights of expert template t at the bytes parts[] (data, then the
- * scale sidecar where the format has one, for gate, up, down). */
-static void expert_view(const df_ffn *t, const uint8_t *const *parts, df_glu *out) {
+/* The weights of expert e of layer l (template t) at the bytes parts[]
+ * (data, then the scale sidecar where the format has one, for gate, up,
+ * down), each tagged with its identity so a device backend can cache it. */
+static void expert_view(const df_ffn *t, int l, int e, const uint8_t *const *parts, df_glu *out) {
     out->gate = t->gate, out->up = t->up, out->down = t->down;
     df_weight *ws[3] = {&out->gate, &out->up, &out->down};
     int p = 0;
     for (int w = 0; w < 3; w++) {
         ws[w]->data = parts[p++];
         if (df_weight_scale_bytes(ws[w])) ws[w]->scale = parts[p++];
+        ws[w]->ident = df_expert_ident(l, e, w);
     }
 }
 
@@ -56,6 +58,7 @@ typedef struct {
     const df_model *m;
     df_state *s;
     const df_layer *L;
+    int l;          /* the layer's index */
     const int *ids; /* experts of this acquire */
     const df_act *xin; /* the routed experts' input [n x D]: the normed hidden state, or its latent projection */
     int D;          /* its width */
@@ -93,7 +96,7 @@ static void expert_ready(void *p, int i, const uint8_t *const *parts) {
     }
     const int D = c->D, K = c->m->cfg.n_experts_used, e = c->ids[i];
     df_glu f;
-    expert_view(&c->L->experts[e], parts, &f);
+    expert_view(&c->L->experts[e], c->l, e, parts, &f);
     if (c->n == 1) { /* decode: slot k of the one token, batched until the next flush */
         int k = 0;
         while (s->sel[k] != e) k++;
@@ -144,13 +147,14 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
     /* latent MoE: the routed experts work on the latent projection of the input */
     const int D = L->kind.latent ? c->latent_dim : H;
     if (L->kind.latent) df_matmul(&L->w.lat_down, s->xn, n, s->lat);
-    moe_ctx mc = {.m = m, .s = s, .L = L, .n = n, .xin = L->kind.latent ? s->lat : s->xn, .D = D};
+    moe_ctx mc = {.m = m, .s = s, .L = L, .l = l, .n = n, .xin = L->kind.latent ? s->lat : s->xn, .D = D};
     const int wave = src->ops->capacity(src);
     if (wave <= 0) return df_err(s->err, sizeof s->err, DF_EINTERNAL, "layer %d: the expert source holds no experts", l);
     for (int w0 = 0; w0 < ne; w0 += wave) {
         int cnt = ne - w0 < wave ? ne - w0 : wave;
         mc.ids = s->exp_list + w0;
         int rc = src->ops->acquire(src, l, mc.ids, cnt, pf_l, s->pred, w0 == 0 && pf_l >= 0 ? K : 0, expert_ready, &mc, s->err, sizeof s->err);
+        df_experts_done(); /* a device backend's expert cache may reuse these experts' slots from here on */
         src->ops->release(src);
         if (rc) return rc;
     }
