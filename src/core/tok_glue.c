@@ -178,10 +178,21 @@ int df_tokenize(df_engine *e, const char *text, size_t len, int32_t **ids, size_
 }
 
 int df_chat_render(df_engine *e, const char *messages_json, const char *tools_json, int add_gen, char **out) {
+    return df_chat_render_vars(e, messages_json, tools_json, add_gen, NULL, out);
+}
+
+const char *df_chat_template_source(const df_engine *e) {
+    return e->tok && e->tpl ? df_tok_chat_template(e->tok) : NULL;
+}
+
+int df_chat_is_k3(const df_engine *e) { return e->k3 && !e->tpl; }
+
+int df_chat_render_vars(df_engine *e, const char *messages_json, const char *tools_json, int add_gen, const char *vars_json,
+                        char **out) {
     *out = NULL;
     if (e->k3 && !e->tpl) {
         df_k3_prompt p;
-        int rc = df_k3_chat_render(messages_json, tools_json, add_gen, NULL, &p, df_errbuf(), DF_ERRLEN);
+        int rc = df_k3_chat_render(messages_json, tools_json, add_gen, vars_json, &p, df_errbuf(), DF_ERRLEN);
         if (rc) return rc;
         *out = df_xmalloc(p.len + 1);
         memcpy(*out, p.text, p.len + 1);
@@ -192,7 +203,7 @@ int df_chat_render(df_engine *e, const char *messages_json, const char *tools_js
     /* the context as transformers' apply_chat_template builds it: cleaned
      * messages, tools or none, special-token variables */
     char *ctx = NULL;
-    int rc = df_chat_context_build(messages_json, tools_json, add_gen, e->special_tokens_json, NULL, &ctx, df_errbuf(), DF_ERRLEN);
+    int rc = df_chat_context_build(messages_json, tools_json, add_gen, e->special_tokens_json, vars_json, &ctx, df_errbuf(), DF_ERRLEN);
     if (rc) return rc;
     size_t len;
     rc = df_template_render(e->tpl, ctx, out, &len, df_errbuf(), DF_ERRLEN);

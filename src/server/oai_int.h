@@ -14,6 +14,7 @@
 #define DF_SERVER_OAI_INT_H
 
 #include "server/openai.h"
+#include "server/toolcall.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -64,6 +65,7 @@ typedef struct {
     long n_prompt, n_gen;
     int stop_hit;       /* the stop string that ended it, or -1 */
     char *logprobs;     /* {"lp": [...], "off": [...]} or NULL */
+    int think_open;     /* the prompt opened a think block (the output starts as reasoning) */
 } df_memo_answer;
 
 df_memo *df_memo_new(int max_entries, size_t max_bytes);
@@ -94,6 +96,12 @@ struct df_oai_server {
 
 
     df_memo *memo;       /* NULL: --no-memo */
+
+    /* the chat format (toolcall.h): decided once from the template */
+    const char *tpl_src; /* the chat template's text (NULL: none, or K3) */
+    int is_k3;
+    df_tc_family tc_fam;
+    int has_think;       /* the template writes think blocks */
 
     atomic_uint_least64_t idctr;
     uint64_t salt;
@@ -173,7 +181,19 @@ struct gen {
     size_t n_ids, cap_ids;
     int stop_hit;       /* the index in rq.stop of the stop string that ended it, or -1 */
     int count_only;     /* tokenize only (count_tokens): no context checks */
+    /* chat output split into content, reasoning and tool calls (toolcall.h) */
+    df_tc *tc;
+    size_t tc_fed;      /* text[0..tc_fed) has been fed to tc */
+    int think_open;     /* the prompt opened a think block */
+    size_t sent_r;      /* streaming: reasoning sent */
+    size_t calls_sent;  /* streaming: tool calls sent */
 };
+
+/* Feeds the text generated so far to g's output parser (made on first use;
+ * finished once g->finish is set) and returns it (NULL if out of memory). */
+df_tc *gen_tc(gen *g);
+/* The finish reason to report: "tool_calls" when the answer has calls. */
+const char *gen_finish(gen *g);
 
 /* Renders and tokenizes the prompt and checks it against the context (no
  * session needed: done before the turn). Returns 0, or fills e. */

@@ -71,7 +71,17 @@ typedef struct {
     int stream, include_usage;
     int logprobs;          /* 1: report the chosen tokens' log-probabilities */
     int top_logprobs;      /* alternatives per token, 0..20 (completions: 0..5) */
+    /* chat: tool calling and reasoning (SERVER.md) */
+    char *tools_json;      /* the tools array as the template gets it (OpenAI shape), or NULL: none */
+    int tool_choice;       /* DF_OAI_TOOLS_AUTO (default), _NONE, _REQUIRED, _NAMED */
+    char *tool_choice_name;/* _NAMED: the function */
+    int parallel_tool_calls; /* 1 (default): several calls allowed; 0: generation ends after the first */
+    char *template_kwargs_json; /* chat_template_kwargs (an object), or NULL */
+    char *reasoning_effort;     /* or NULL */
+    int anthropic;         /* the request came through /v1/messages */
 } df_oai_request;
+
+enum { DF_OAI_TOOLS_AUTO = 0, DF_OAI_TOOLS_NONE, DF_OAI_TOOLS_REQUIRED, DF_OAI_TOOLS_NAMED };
 
 /* Validates body (len bytes, need not be NUL-terminated) as a request of the
  * given kind. Returns 0 and fills *out (free with df_oai_request_free), or
