@@ -182,6 +182,14 @@ static int template_vars(gen *g, char **vars, df_oai_error *e) {
             json_object_set_new(v, "reasoning_effort", json_string(r));
         }
     }
+    if (!rc && rq->thinking) { /* Anthropic's thinking: the template's switch */
+        int on = rq->thinking == 1;
+        if (s->is_k3) json_object_set_new(v, "thinking", json_boolean(on));
+        else if (df_tc_template_reads(s->tpl_src, "enable_thinking")) json_object_set_new(v, "enable_thinking", json_boolean(on));
+        else if (on && !s->has_think)
+            rc = df_oai_fail(e, 400, "thinking", "unsupported_parameter",
+                             "this model's chat template has no thinking switch (enable_thinking) and writes no think blocks, so thinking cannot be enabled");
+    }
     if (!rc && json_object_size(v)) {
         *vars = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
         if (!*vars) rc = df_oai_fail(e, 503, NULL, NULL, "Out of memory.");

@@ -187,6 +187,7 @@ struct gen {
     int think_open;     /* the prompt opened a think block */
     size_t sent_r;      /* streaming: reasoning sent */
     size_t calls_sent;  /* streaming: tool calls sent */
+    int ablk, aidx, aping; /* Anthropic streaming: the open block (0 none, 1 thinking, 2 text), its index, ping sent */
 };
 
 /* Feeds the text generated so far to g's output parser (made on first use;

@@ -78,7 +78,7 @@ typedef struct {
     int parallel_tool_calls; /* 1 (default): several calls allowed; 0: generation ends after the first */
     char *template_kwargs_json; /* chat_template_kwargs (an object), or NULL */
     char *reasoning_effort;     /* or NULL */
-    int anthropic;         /* the request came through /v1/messages */
+    int thinking;          /* Anthropic's thinking: 0 not given, 1 enabled, 2 disabled */
 } df_oai_request;
 
 enum { DF_OAI_TOOLS_AUTO = 0, DF_OAI_TOOLS_NONE, DF_OAI_TOOLS_REQUIRED, DF_OAI_TOOLS_NAMED };
