@@ -24,7 +24,9 @@ once a tool result is in the context, the answer ANSWER_TEXT then
 <|im_end|>. That is what the engine computes from these weights; the server
 parses it like any model's output.
 
-Usage: make_scripted_chat_model.py OUT_DIR   (or import build(out_dir))
+With think=True the call is preceded by a think block, <think>THINK_TEXT</think>.
+
+Usage: make_scripted_chat_model.py OUT_DIR   (or import build(out_dir, think=False))
 """
 import json
 import os
@@ -42,6 +44,7 @@ import make_tiny_chat_model as tiny  # noqa: E402
 CALL_TEXT = '<tool_call>{"name":"get_weather","arguments":{"city": "Paris"}}</tool_call>'
 CALL_ARGS = {"city": "Paris"}
 ANSWER_TEXT = "Sunny in Paris."
+THINK_TEXT = "Weather lookup needed"  # build(think=True): the call comes after <think>THINK_TEXT</think>
 NEWLINE, IM_END, TOOL_RESPONSE = 198, 151645, 151665
 W_FLAG, W_ANSWER = 1000.0, 1000.0
 
@@ -50,12 +53,14 @@ def _ids(tok, text):
     return tok.encode(text, add_special_tokens=False).ids
 
 
-def build(out_dir):
+def build(out_dir, think=False):
     from tokenizers import Tokenizer
 
     tiny.build(out_dir)
     tok = Tokenizer.from_file(os.path.join(out_dir, "tokenizer.json"))
     call, answer = _ids(tok, CALL_TEXT), _ids(tok, ANSWER_TEXT)
+    if think:
+        call = _ids(tok, "<think>" + THINK_TEXT + "</think>") + call
     # the script: "\n" (the end of the generation prompt) -> the call -> <|im_end|>;
     # a tool result in the context -> the answer -> <|im_end|>
     succ = {}
