@@ -143,7 +143,8 @@ static int template_vars(gen *g, char **vars, df_oai_error *e) {
     df_oai_server *s = g->srv;
     df_oai_request *rq = &g->rq;
     *vars = NULL;
-    if (rq->tools_json && !s->is_k3 && !df_tc_template_reads(s->tpl_src, "tools"))
+    const char *src = rq->tools_json ? s->tpl_src_tools : s->tpl_src; /* the template this request renders with */
+    if (rq->tools_json && !s->is_k3 && !df_tc_template_reads(src, "tools"))
         return df_oai_fail(e, 400, "tools", "unsupported_parameter",
                            "Unsupported value for 'tools': this model's chat template does not support tools (it never reads 'tools').");
     if (rq->tools_json && rq->tool_choice != DF_OAI_TOOLS_NONE && s->tc_fam == DF_TC_NONE)
@@ -161,7 +162,7 @@ static int template_vars(gen *g, char **vars, df_oai_error *e) {
             rc = df_oai_fail(e, 400, p, "invalid_value", "Invalid value for '%s': '%.60s' is set by the request itself.", p, k);
             break;
         }
-        int reads = s->is_k3 ? !strcmp(k, "thinking") || !strcmp(k, "thinking_effort") : df_tc_template_reads(s->tpl_src, k);
+        int reads = s->is_k3 ? !strcmp(k, "thinking") || !strcmp(k, "thinking_effort") : df_tc_template_reads(src, k);
         if (!reads) {
             rc = df_oai_fail(e, 400, p, "unsupported_parameter",
                              "Unsupported value for '%s': this model's chat template does not read '%.60s', so it would have no effect.", p, k);
@@ -175,7 +176,7 @@ static int template_vars(gen *g, char **vars, df_oai_error *e) {
                 rc = df_oai_fail(e, 400, "reasoning_effort", "unsupported_parameter",
                                  "Unsupported value for 'reasoning_effort': Kimi K3's thinking effort is 'low', 'high' or 'max' (the default); '%s' has no equivalent.", r);
             else json_object_set_new(v, "thinking_effort", json_string(r));
-        } else if (!df_tc_template_reads(s->tpl_src, "reasoning_effort")) {
+        } else if (!df_tc_template_reads(src, "reasoning_effort")) {
             rc = df_oai_fail(e, 400, "reasoning_effort", "unsupported_parameter",
                              "Unsupported value for 'reasoning_effort': this model's chat template does not read 'reasoning_effort', so it would have no effect.");
         } else {
@@ -185,7 +186,7 @@ static int template_vars(gen *g, char **vars, df_oai_error *e) {
     if (!rc && rq->thinking) { /* Anthropic's thinking: the template's switch */
         int on = rq->thinking == 1;
         if (s->is_k3) json_object_set_new(v, "thinking", json_boolean(on));
-        else if (df_tc_template_reads(s->tpl_src, "enable_thinking")) json_object_set_new(v, "enable_thinking", json_boolean(on));
+        else if (df_tc_template_reads(src, "enable_thinking")) json_object_set_new(v, "enable_thinking", json_boolean(on));
         else if (on && !s->has_think)
             rc = df_oai_fail(e, 400, "thinking", "unsupported_parameter",
                              "this model's chat template has no thinking switch (enable_thinking) and writes no think blocks, so thinking cannot be enabled");

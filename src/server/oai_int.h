@@ -99,6 +99,7 @@ struct df_oai_server {
 
     /* the chat format (toolcall.h): decided once from the template */
     const char *tpl_src; /* the chat template's text (NULL: none, or K3) */
+    const char *tpl_src_tools; /* the one for requests with tools ("tool_use", else tpl_src) */
     int is_k3;
     df_tc_family tc_fam;
     int has_think;       /* the template writes think blocks */

@@ -512,10 +512,11 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
     df_turn_init(&s->turn, o->queue);
     pthread_mutex_init(&s->pmu, NULL);
     s->max_tok_bytes = gen_longest_token(s);
-    s->tpl_src = df_chat_template_source(e);
+    s->tpl_src = df_chat_template_source(e, 0);
+    s->tpl_src_tools = df_chat_template_source(e, 1);
     s->is_k3 = df_chat_is_k3(e);
-    s->tc_fam = df_tc_detect(s->tpl_src, s->is_k3);
-    s->has_think = df_tc_has_think(s->tpl_src, s->is_k3);
+    s->tc_fam = df_tc_detect(s->tpl_src_tools, s->is_k3); /* calls come from the template that declares tools */
+    s->has_think = df_tc_has_think(s->tpl_src, s->is_k3) || df_tc_has_think(s->tpl_src_tools, 0);
     return s;
 }
 

@@ -57,6 +57,23 @@ def srv_notools(sdir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def srv_tool_use(sdir, tmp_path_factory):
+    """chat_template as a list: a "default" without tools, and Qwen3's own as "tool_use"."""
+    d = tmp_path_factory.mktemp("tool_use")
+    for f in os.listdir(sdir):
+        shutil.copy(os.path.join(sdir, f), d / f)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = [
+        {"name": "default", "template": "DEFAULT TEMPLATE {% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                                        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"},
+        {"name": "tool_use", "template": cfg["chat_template"]}]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    s = Server(str(d), str(tmp_path_factory.mktemp("log") / "tool_use.log"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
 def client(srv):
     return srv.client()
 
@@ -234,3 +251,17 @@ def test_langgraph_react_agent(srv):
     assert msgs[1].tool_calls[0]["name"] == "get_weather"
     assert msgs[2].content == "sunny, 24C"
     assert msgs[-1].content == scripted.ANSWER_TEXT
+
+
+def test_tool_use_template_variant(srv, srv_tool_use):
+    """With tools the "tool_use" template renders (it reads tools, and the model's call is parsed);
+    without tools the "default" one does (as transformers picks them)."""
+    c = srv_tool_use.client()
+    r = c.chat.completions.create(model=MODEL_ID, messages=ASK, tools=[WEATHER], max_tokens=64)
+    assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+    ref = srv.client().chat.completions.create(model=MODEL_ID, messages=ASK, tools=[WEATHER], max_tokens=64)
+    assert r.usage.prompt_tokens == ref.usage.prompt_tokens  # the same template as the plain Qwen3 model
+    st, _, plain = raw(srv_tool_use, "POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": ASK, "max_tokens": 1})
+    st2, _, ref2 = raw(srv, "POST", "/v1/chat/completions", {"model": MODEL_ID, "messages": ASK, "max_tokens": 1})
+    assert st == 200 and st2 == 200
+    assert plain["usage"]["prompt_tokens"] > ref2["usage"]["prompt_tokens"]  # "DEFAULT TEMPLATE " in front
