@@ -96,6 +96,7 @@ struct df_tc {
     int state, in_section;
     int lead;            /* content: leading whitespace after a think block is dropped */
     int started;         /* any non-space output seen (Llama 3: a call must be the whole output) */
+    size_t scan;         /* CALL: pend[0..scan) holds no complete call end (searched already) */
     df_buf pend;         /* undecided text */
     df_buf content, reasoning, rsp; /* rsp: reasoning whitespace held back */
     df_tc_call *calls;
@@ -517,16 +518,20 @@ static void run(df_tc *p, int final) {
             continue;
         }
         if (p->state == ST_CALL) { /* pend starts with call_open */
-            size_t co = strlen(p->sp->call_open);
-            const char *m = find(s + co, n - co, p->sp->call_close);
+            size_t co = strlen(p->sp->call_open), cc = strlen(p->sp->call_close);
+            size_t from = p->scan > co + cc ? p->scan - cc + 1 : co; /* a long call is not searched again from its start */
+            const char *m = find(s + from, n - from, p->sp->call_close);
             if (!m) {
+                p->scan = n;
                 if (!final) return;
                 put_content(p, s, n); /* unfinished: content as it is */
                 buf_take(b, n);
+                p->scan = 0;
                 p->state = ST_TEXT;
                 continue;
             }
-            size_t end = (size_t)(m - s) + strlen(p->sp->call_close);
+            p->scan = 0;
+            size_t end = (size_t)(m - s) + cc;
             if (parse_call(p, s + co, (size_t)(m - s) - co)) put_content(p, s, end); /* malformed: content */
             buf_take(b, end);
             p->state = p->in_section ? ST_SECTION : ST_TEXT;
