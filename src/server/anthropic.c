@@ -8,9 +8,12 @@
  * generation (df_oai_run); only the answers differ (the df_proto below).
  *
  * Invariants:
- *   - what the engine cannot honour (tools, non-text blocks, thinking, an
- *     assistant prefill, unknown fields) is refused with a 400 whose message
- *     starts with the offending field, never ignored;
+ *   - what the engine cannot honour (a forced tool call, server tools,
+ *     images and documents, an assistant prefill, unknown fields) is refused
+ *     with a 400 whose message starts with the offending field, never
+ *     ignored; tool_use / tool_result / thinking blocks become the messages
+ *     the OpenAI route renders (assistant tool_calls and reasoning_content,
+ *     tool messages);
  *   - every error has Anthropic's shape {"type": "error", "error": {"type",
  *     "message"}}, the type from the HTTP status (df_http_anth_type);
  *   - stop_sequence is the stop string that ended the text (gen.c finds it),

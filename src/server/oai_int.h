@@ -9,6 +9,8 @@
  *   request.c validation (pure, fuzzed on its own)
  *   anthropic.c the Anthropic Messages API (/v1/messages): validation and
  *             its answers, over the same queue and generation as OpenAI chat
+ *   toolcall.c the model's output split into content, reasoning and tool
+ *             calls (its own header, toolcall.h), shared by both protocols
  */
 #ifndef DF_SERVER_OAI_INT_H
 #define DF_SERVER_OAI_INT_H

@@ -7,8 +7,10 @@
  *   - df_oai_parse touches no global state and no engine: JSON text in, a
  *     validated request or an OpenAI-shaped 4xx error out, for any bytes;
  *   - a validated request is one the engine can execute exactly; anything it
- *     cannot (n > 1, tools, logit_bias, penalties, non-text parts, ...) has
- *     been refused with the offending field in param;
+ *     cannot (n > 1, a forced tool call, logit_bias, penalties, non-text
+ *     parts, ...) has been refused with the offending field in param (what
+ *     depends on the chat template - tools, chat_template_kwargs,
+ *     reasoning_effort - is checked against it before rendering, gen.c);
  *   - at most one generation touches the engine at a time; waiting requests
  *     are served in arrival order; at most `queue` wait, more get 429;
  *   - df_session_sync does the prefix reuse and says how many prompt tokens it
