@@ -105,6 +105,7 @@ struct df_tc {
 };
 
 static void buf_take(df_buf *b, size_t n) { /* drops the first n bytes */
+    if (!n) return;
     memmove(b->p, b->p + n, b->len - n);
     b->len -= n;
 }
@@ -183,7 +184,7 @@ static size_t partial(const char *s, size_t n, const char *m) {
     return 0;
 }
 
-static const char *find(const char *s, size_t n, const char *m) { return m ? memmem(s, n, m, strlen(m)) : NULL; }
+static const char *find(const char *s, size_t n, const char *m) { return m && n ? memmem(s, n, m, strlen(m)) : NULL; }
 
 static char *dupn(const char *s, size_t n) {
     char *d = malloc(n + 1);
@@ -445,7 +446,7 @@ static const char *text_marker(const df_tc *p, const char *s, size_t n, size_t *
 static void run(df_tc *p, int final) {
     df_buf *b = &p->pend;
     for (;;) {
-        const char *s = b->p;
+        const char *s = b->p ? b->p : ""; /* nothing fed yet: no buffer */
         size_t n = b->len;
         if (p->state == ST_TEXT) {
             /* Llama 3: a call is the whole output, starting with '{' */

@@ -147,6 +147,24 @@ static void test_no_tools(void) {
     df_tc_free(p);
 }
 
+/* An empty output (nothing fed, then the end), in every family, inside a
+ * think block or not: nothing, and no null buffer handed to memmem/memmove
+ * (found by fuzz_toolcall under UBSan). */
+static void test_empty(void) {
+    for (int f = DF_TC_NONE; f <= DF_TC_MISTRAL; f++)
+        for (int in = 0; in < 2; in++) {
+            df_tc_config c = {.fam = (df_tc_family)f, .think = 1, .in_think = in, .tools = 1};
+            df_tc *p = df_tc_new(&c);
+            df_tc_feed(p, "", 0);
+            df_tc_finish(p);
+            size_t cl, rl;
+            df_tc_content(p, &cl);
+            df_tc_reasoning(p, &rl);
+            CHECK(!cl && !rl && !df_tc_n_calls(p), "empty output, family %d", f);
+            df_tc_free(p);
+        }
+}
+
 static void test_detect(void) {
     CHECK(df_tc_detect("{{ '" DCB "' }}", 0) == DF_TC_DEEPSEEK, "deepseek");
     CHECK(df_tc_detect("<|tool_calls_section_begin|>", 0) == DF_TC_KIMI_K2, "k2");
@@ -208,6 +226,7 @@ int main(void) {
     test_families();
     test_malformed();
     test_no_tools();
+    test_empty();
     test_detect();
     test_grammar();
     if (fails) { fprintf(stderr, "test_server_toolcall: %d failures\n", fails); return 1; }
