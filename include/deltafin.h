@@ -140,6 +140,17 @@ int df_tokenize(df_engine *e, const char *text, size_t len, int32_t **ids, size_
  * model's chat template. *out is malloc'd. */
 int df_chat_render(df_engine *e, const char *messages_json, const char *tools_json,
                    int add_generation_prompt, char **out);
+/* df_chat_render with extra template variables (a JSON object, or NULL):
+ * a chat template's kwargs (enable_thinking, reasoning_effort, ...), or
+ * Kimi K3's render options (thinking, thinking_effort, tool_choice). */
+int df_chat_render_vars(df_engine *e, const char *messages_json, const char *tools_json,
+                        int add_generation_prompt, const char *vars_json, char **out);
+/* The chat template's text (NULL: none, or Kimi K3's built-in format);
+ * want_tools: the one that renders requests with tools (the "tool_use"
+ * template when the model has one). */
+const char *df_chat_template_source(const df_engine *e, int want_tools);
+/* 1 if the chat format is Kimi K3's own (no Jinja template). */
+int df_chat_is_k3(const df_engine *e);
 int df_has_tokenizer(const df_engine *e);
 /* Whether plain-text prompts get the BOS id prepended (tokenizer_config add_bos_token). */
 int df_engine_adds_bos(const df_engine *e);

@@ -17,6 +17,7 @@ struct df_engine {
     int n_stop;
     struct df_tokenizer *tok;
     struct df_template *tpl;
+    struct df_template *tpl_tools; /* the "tool_use" template for requests with tools, or NULL */
     int add_bos;
     char *special_tokens_json; /* bos_token, eos_token, ... for the chat template */
     struct df_k3_glue *k3;     /* Kimi K3 (config.json model_type kimi_k3): its chat format, tok_glue.c */

@@ -95,6 +95,11 @@ static int load_template(df_engine *e, const char *where, char *err, size_t errl
     char terr[512];
     e->tpl = df_template_parse(tpl, terr, sizeof terr);
     if (!e->tpl) return df_err(err, errlen, DF_EUNSUPPORTED, "%s: chat_template: %s", where, terr);
+    const char *tt = df_tok_chat_template_tools(e->tok);
+    if (tt) {
+        e->tpl_tools = df_template_parse(tt, terr, sizeof terr);
+        if (!e->tpl_tools) return df_err(err, errlen, DF_EUNSUPPORTED, "%s: chat_template \"tool_use\": %s", where, terr);
+    }
     return 0;
 }
 
@@ -153,6 +158,7 @@ void df_engine_tok_free(df_engine *e) {
     k3_free(e->k3);
     free(e->special_tokens_json);
     df_template_free(e->tpl);
+    df_template_free(e->tpl_tools);
     df_tok_free(e->tok);
 }
 
@@ -178,10 +184,22 @@ int df_tokenize(df_engine *e, const char *text, size_t len, int32_t **ids, size_
 }
 
 int df_chat_render(df_engine *e, const char *messages_json, const char *tools_json, int add_gen, char **out) {
+    return df_chat_render_vars(e, messages_json, tools_json, add_gen, NULL, out);
+}
+
+const char *df_chat_template_source(const df_engine *e, int want_tools) {
+    if (!e->tok || !e->tpl) return NULL;
+    return want_tools && e->tpl_tools ? df_tok_chat_template_tools(e->tok) : df_tok_chat_template(e->tok);
+}
+
+int df_chat_is_k3(const df_engine *e) { return e->k3 && !e->tpl; }
+
+int df_chat_render_vars(df_engine *e, const char *messages_json, const char *tools_json, int add_gen, const char *vars_json,
+                        char **out) {
     *out = NULL;
     if (e->k3 && !e->tpl) {
         df_k3_prompt p;
-        int rc = df_k3_chat_render(messages_json, tools_json, add_gen, NULL, &p, df_errbuf(), DF_ERRLEN);
+        int rc = df_k3_chat_render(messages_json, tools_json, add_gen, vars_json, &p, df_errbuf(), DF_ERRLEN);
         if (rc) return rc;
         *out = df_xmalloc(p.len + 1);
         memcpy(*out, p.text, p.len + 1);
@@ -192,10 +210,11 @@ int df_chat_render(df_engine *e, const char *messages_json, const char *tools_js
     /* the context as transformers' apply_chat_template builds it: cleaned
      * messages, tools or none, special-token variables */
     char *ctx = NULL;
-    int rc = df_chat_context_build(messages_json, tools_json, add_gen, e->special_tokens_json, NULL, &ctx, df_errbuf(), DF_ERRLEN);
+    int rc = df_chat_context_build(messages_json, tools_json, add_gen, e->special_tokens_json, vars_json, &ctx, df_errbuf(), DF_ERRLEN);
     if (rc) return rc;
     size_t len;
-    rc = df_template_render(e->tpl, ctx, out, &len, df_errbuf(), DF_ERRLEN);
+    /* a "tool_use" template, when the model has one, renders requests with tools (as transformers picks it) */
+    rc = df_template_render(tools_json && e->tpl_tools ? e->tpl_tools : e->tpl, ctx, out, &len, df_errbuf(), DF_ERRLEN);
     free(ctx);
     return rc;
 }

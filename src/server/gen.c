@@ -84,7 +84,120 @@ void gen_free(gen *g) {
     free(g->ids);
     json_decref(g->lp);
     json_decref(g->ext);
+    df_tc_free(g->tc);
     free(g);
+}
+
+df_tc *gen_tc(gen *g) {
+    df_oai_server *s = g->srv;
+    if (!g->tc) {
+        const df_oai_request *rq = &g->rq;
+        df_tc_config c = {.fam = s->tc_fam, .think = s->has_think, .in_think = g->think_open,
+                          .tools = rq->tools_json && rq->tool_choice != DF_OAI_TOOLS_NONE, .tools_json = rq->tools_json,
+                          .id_seed = s->salt ^ ((uint64_t)atomic_fetch_add(&s->idctr, 1) << 20) ^ (uint64_t)g->created};
+        g->tc = df_tc_new(&c);
+        if (!g->tc) return NULL;
+    }
+    if (g->text.len > g->tc_fed) {
+        df_tc_feed(g->tc, g->text.p + g->tc_fed, g->text.len - g->tc_fed);
+        g->tc_fed = g->text.len;
+    }
+    if (g->finish && g->tc_fed != (size_t)-1) {
+        df_tc_finish(g->tc);
+        g->tc_fed = (size_t)-1; /* finished: nothing more is fed */
+    }
+    return g->tc;
+}
+
+const char *gen_finish(gen *g) {
+    if (g->rq.kind != DF_OAI_CHAT || !g->finish) return g->finish;
+    df_tc *tc = gen_tc(g);
+    return tc && df_tc_n_calls(tc) && strcmp(g->finish, "length") ? "tool_calls" : g->finish;
+}
+
+/* An assistant message's "content": null reaches the template as None
+ * (issue 14; DeepSeek-V3 tests `content is none`). Some templates fail on
+ * None where they handle "" (Qwen3: `'</think>' in message.content`), so a
+ * render that failed is tried once more with "" for those contents, the
+ * value every template handles; "" and None both mean "no text". Returns
+ * the messages with that change (malloc'd), or NULL if there is no null
+ * content. */
+static char *null_content_as_empty(const char *messages_json) {
+    if (!strstr(messages_json, "\"content\":null")) return NULL;
+    json_t *m = json_loads(messages_json, 0, NULL), *x;
+    size_t i;
+    int changed = 0;
+    json_array_foreach(m, i, x) {
+        json_t *c = json_object_get(x, "content");
+        if (c && json_is_null(c)) { json_object_set_new(x, "content", json_string("")); changed = 1; }
+    }
+    char *out = changed ? json_dumps(m, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(m);
+    return out;
+}
+
+/* The extra template variables of a chat request (chat_template_kwargs,
+ * reasoning_effort), each checked against what the template reads: a
+ * variable the template never uses would be silently ignored, so it is
+ * refused. *vars: malloc'd JSON object text or NULL. Returns 0 or fills e. */
+static int template_vars(gen *g, char **vars, df_oai_error *e) {
+    df_oai_server *s = g->srv;
+    df_oai_request *rq = &g->rq;
+    *vars = NULL;
+    const char *src = rq->tools_json ? s->tpl_src_tools : s->tpl_src; /* the template this request renders with */
+    if (rq->tools_json && !s->is_k3 && !df_tc_template_reads(src, "tools"))
+        return df_oai_fail(e, 400, "tools", "unsupported_parameter",
+                           "Unsupported value for 'tools': this model's chat template does not support tools (it never reads 'tools').");
+    if (rq->tools_json && rq->tool_choice != DF_OAI_TOOLS_NONE && s->tc_fam == DF_TC_NONE)
+        return df_oai_fail(e, 400, "tools", "unsupported_parameter",
+                           "Unsupported value for 'tools': Deltafin cannot parse this model's tool call format (docs/SERVER.md lists the families it parses); use tool_choice 'none' to render the tools without parsing calls.");
+    json_t *v = rq->template_kwargs_json ? json_loads(rq->template_kwargs_json, 0, NULL) : json_object();
+    if (!v) return df_oai_fail(e, 503, NULL, NULL, "Out of memory.");
+    const char *k;
+    json_t *x;
+    int rc = 0;
+    json_object_foreach(v, k, x) {
+        char p[96];
+        df_oai_pathf(p, sizeof p, "chat_template_kwargs.%.60s", k);
+        if (!strcmp(k, "messages") || !strcmp(k, "tools") || !strcmp(k, "add_generation_prompt") || !strcmp(k, "documents")) {
+            rc = df_oai_fail(e, 400, p, "invalid_value", "Invalid value for '%s': '%.60s' is set by the request itself.", p, k);
+            break;
+        }
+        int reads = s->is_k3 ? !strcmp(k, "thinking") || !strcmp(k, "thinking_effort") : df_tc_template_reads(src, k);
+        if (!reads) {
+            rc = df_oai_fail(e, 400, p, "unsupported_parameter",
+                             "Unsupported value for '%s': this model's chat template does not read '%.60s', so it would have no effect.", p, k);
+            break;
+        }
+    }
+    if (!rc && rq->reasoning_effort) {
+        const char *r = rq->reasoning_effort;
+        if (s->is_k3) {
+            if (strcmp(r, "low") && strcmp(r, "high"))
+                rc = df_oai_fail(e, 400, "reasoning_effort", "unsupported_parameter",
+                                 "Unsupported value for 'reasoning_effort': Kimi K3's thinking effort is 'low', 'high' or 'max' (the default); '%s' has no equivalent.", r);
+            else json_object_set_new(v, "thinking_effort", json_string(r));
+        } else if (!df_tc_template_reads(src, "reasoning_effort")) {
+            rc = df_oai_fail(e, 400, "reasoning_effort", "unsupported_parameter",
+                             "Unsupported value for 'reasoning_effort': this model's chat template does not read 'reasoning_effort', so it would have no effect.");
+        } else {
+            json_object_set_new(v, "reasoning_effort", json_string(r));
+        }
+    }
+    if (!rc && rq->thinking) { /* Anthropic's thinking: the template's switch */
+        int on = rq->thinking == 1;
+        if (s->is_k3) json_object_set_new(v, "thinking", json_boolean(on));
+        else if (df_tc_template_reads(src, "enable_thinking")) json_object_set_new(v, "enable_thinking", json_boolean(on));
+        else if (on && !s->has_think)
+            rc = df_oai_fail(e, 400, "thinking", "unsupported_parameter",
+                             "this model's chat template has no thinking switch (enable_thinking) and writes no think blocks, so thinking cannot be enabled");
+    }
+    if (!rc && json_object_size(v)) {
+        *vars = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        if (!*vars) rc = df_oai_fail(e, 503, NULL, NULL, "Out of memory.");
+    }
+    json_decref(v);
+    return rc;
 }
 
 static json_t *lp_item(df_oai_server *s, int32_t id, double lp) {
@@ -154,7 +267,18 @@ int gen_tokenize(gen *g, df_oai_error *e) {
             return df_oai_fail(e, 400, param, "unsupported_parameter", "This model has no tokenizer: send token ids as 'prompt' to /v1/completions.");
         char *text = NULL;
         if (rq->kind == DF_OAI_CHAT) {
-            rc = df_chat_render(s->e, rq->messages_json, NULL, 1, &text);
+            char *vars = NULL;
+            if (template_vars(g, &vars, e)) return -1;
+            rc = df_chat_render_vars(s->e, rq->messages_json, rq->tools_json, 1, vars, &text);
+            char *alt = rc == DF_EINPUT ? null_content_as_empty(rq->messages_json) : NULL;
+            if (alt) { /* see null_content_as_empty */
+                free(text);
+                text = NULL;
+                rc = df_chat_render_vars(s->e, alt, rq->tools_json, 1, vars, &text);
+                free(alt);
+            }
+            free(vars);
+            if (!rc && text) g->think_open = s->has_think && df_tc_prompt_opens_think(s->tc_fam, text, strlen(text));
             if (rc) {
                 int st = rc == DF_ENOMEM || rc == DF_EIO || rc == DF_EINTERNAL ? 500 : 400;
                 free(text);
@@ -303,6 +427,12 @@ void gen_step(gen *g) {
     if (rc == 0) {
         g->finish = df_gen_finish_reason(g->dg);
         if (g->want_stop_hit) g->stop_hit = find_stop_hit(g);
+        return;
+    }
+    /* parallel_tool_calls false: the answer is the first call, generation ends with it */
+    if (g->rq.kind == DF_OAI_CHAT && !g->rq.parallel_tool_calls && g->rq.tools_json) {
+        df_tc *tc = gen_tc(g);
+        if (tc && df_tc_n_calls(tc)) g->finish = "stop";
     }
 }
 
@@ -323,7 +453,7 @@ void gen_memo_store(gen *g) {
     df_oai_server *s = g->srv;
     if (!s->memo || !g->memo_key || g->memo_hit || g->failed || !g->finish) return;
     df_memo_answer a = {.tlen = g->text.len, .finish = g->finish, .n_prompt = (long)g->n_prompt, .n_gen = g->n_gen,
-                        .stop_hit = g->stop_hit};
+                        .stop_hit = g->stop_hit, .think_open = g->think_open};
     a.text = malloc(a.tlen + 1);
     a.logprobs = lp_dump(g);
     if (!a.text || (g->rq.logprobs && !a.logprobs)) { df_memo_answer_free(&a); return; }
@@ -345,6 +475,7 @@ int gen_memo_lookup(gen *g) {
     g->cached = g->n_prompt;
     g->n_gen = a.n_gen;
     g->stop_hit = a.stop_hit;
+    g->think_open = a.think_open;
     if (a.logprobs) {
         json_t *o = json_loads(a.logprobs, 0, NULL), *off = json_object_get(o, "off");
         json_decref(g->lp);

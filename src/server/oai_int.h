@@ -10,11 +10,14 @@
  *   anthropic.c the Anthropic Messages API (/v1/messages): validation and
  *             its answers, over the same queue and generation as OpenAI chat
  *   responses.c the OpenAI Responses API (/v1/responses), likewise
+ *   toolcall.c the model's output split into content, reasoning and tool
+ *             calls (its own header, toolcall.h), shared by both protocols
  */
 #ifndef DF_SERVER_OAI_INT_H
 #define DF_SERVER_OAI_INT_H
 
 #include "server/openai.h"
+#include "server/toolcall.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -65,6 +68,7 @@ typedef struct {
     long n_prompt, n_gen;
     int stop_hit;       /* the stop string that ended it, or -1 */
     char *logprobs;     /* {"lp": [...], "off": [...]} or NULL */
+    int think_open;     /* the prompt opened a think block (the output starts as reasoning) */
 } df_memo_answer;
 
 df_memo *df_memo_new(int max_entries, size_t max_bytes);
@@ -95,6 +99,13 @@ struct df_oai_server {
 
 
     df_memo *memo;       /* NULL: --no-memo */
+
+    /* the chat format (toolcall.h): decided once from the template */
+    const char *tpl_src; /* the chat template's text (NULL: none, or K3) */
+    const char *tpl_src_tools; /* the one for requests with tools ("tool_use", else tpl_src) */
+    int is_k3;
+    df_tc_family tc_fam;
+    int has_think;       /* the template writes think blocks */
 
     atomic_uint_least64_t idctr;
     uint64_t salt;
@@ -176,7 +187,20 @@ struct gen {
     int count_only;     /* tokenize only (count_tokens): no context checks */
     int seq;            /* Responses API stream: the next event's sequence_number */
     json_t *ext;        /* a protocol's own data (Responses: the request fields the answer repeats); freed with the gen */
+    /* chat output split into content, reasoning and tool calls (toolcall.h) */
+    df_tc *tc;
+    size_t tc_fed;      /* text[0..tc_fed) has been fed to tc */
+    int think_open;     /* the prompt opened a think block */
+    size_t sent_r;      /* streaming: reasoning sent */
+    size_t calls_sent;  /* streaming: tool calls sent */
+    int ablk, aidx, aping; /* Anthropic streaming: the open block (0 none, 1 thinking, 2 text), its index, ping sent */
 };
+
+/* Feeds the text generated so far to g's output parser (made on first use;
+ * finished once g->finish is set) and returns it (NULL if out of memory). */
+df_tc *gen_tc(gen *g);
+/* The finish reason to report: "tool_calls" when the answer has calls. */
+const char *gen_finish(gen *g);
 
 /* Renders and tokenizes the prompt and checks it against the context (no
  * session needed: done before the turn). Returns 0, or fills e. */

@@ -79,24 +79,53 @@ static json_t *head_json(const gen *g, const char *object) {
     return o;
 }
 
+/* A tool call in OpenAI's shape; with_head: id, type and name (the first
+ * delta of a streamed call, or the whole call), args: the arguments. */
+static json_t *call_json(const df_tc_call *c, size_t index, int stream, int with_head, const char *args) {
+    json_t *o = json_object(), *f = json_object();
+    if (stream) json_object_set_new(o, "index", json_integer((json_int_t)index));
+    if (with_head) {
+        json_object_set_new(o, "id", json_string(c->id));
+        json_object_set_new(o, "type", json_string("function"));
+        json_object_set_new(f, "name", jstr(c->name, strlen(c->name)));
+    }
+    json_object_set_new(f, "arguments", jstr(args, strlen(args)));
+    json_object_set_new(o, "function", f);
+    return o;
+}
+
 /* The whole non-streaming answer. */
-static char *final_body(const gen *g) {
+static char *final_body(const gen *cg) {
+    gen *g = (gen *)cg; /* the output parser is fed here */
     const int chat = g->rq.kind == DF_OAI_CHAT;
     json_t *o = head_json(g, chat ? "chat.completion" : "text_completion");
-    json_t *ch = json_object(), *text = jstr(g->text.p ? g->text.p : "", g->text.len);
+    json_t *ch = json_object();
     json_object_set_new(ch, "index", json_integer(0));
     if (chat) {
+        df_tc *tc = gen_tc(g);
+        if (!tc) { json_decref(ch); json_decref(o); return NULL; }
+        size_t cl, rl, nc = df_tc_n_calls(tc);
+        const char *c = df_tc_content(tc, &cl), *r = df_tc_reasoning(tc, &rl);
         json_t *m = json_object();
         json_object_set_new(m, "role", json_string("assistant"));
-        json_object_set_new(m, "content", text);
+        json_object_set_new(m, "content", !cl && nc ? json_null() : jstr(c, cl));
+        if (rl) json_object_set_new(m, "reasoning_content", jstr(r, rl));
+        if (nc) {
+            json_t *calls = json_array();
+            for (size_t i = 0; i < nc; i++) {
+                const df_tc_call *k = df_tc_call_at(tc, i);
+                json_array_append_new(calls, call_json(k, i, 0, 1, k->args));
+            }
+            json_object_set_new(m, "tool_calls", calls);
+        }
         json_object_set_new(m, "refusal", json_null());
         json_object_set_new(m, "annotations", json_array());
         json_object_set_new(ch, "message", m);
     } else {
-        json_object_set_new(ch, "text", text);
+        json_object_set_new(ch, "text", jstr(g->text.p ? g->text.p : "", g->text.len));
     }
     json_object_set_new(ch, "logprobs", logprobs_json(g, 0, (size_t)-1));
-    json_object_set_new(ch, "finish_reason", json_string(g->finish));
+    json_object_set_new(ch, "finish_reason", json_string(gen_finish(g)));
     json_t *chs = json_array();
     json_array_append_new(chs, ch);
     json_object_set_new(o, "choices", chs);
@@ -146,8 +175,57 @@ static void sse_chunk(gen *g, const char *text, size_t n, size_t a, size_t b, co
     sse(g, o);
 }
 
+/* A chat chunk with one delta (consumed). */
+static void sse_delta(gen *g, json_t *d, size_t a, size_t b) {
+    json_t *o = head_json(g, "chat.completion.chunk");
+    json_t *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(0));
+    json_object_set_new(ch, "delta", d);
+    json_object_set_new(ch, "logprobs", a < b ? logprobs_json(g, a, b) : json_null());
+    json_object_set_new(ch, "finish_reason", json_null());
+    json_t *chs = json_array();
+    json_array_append_new(chs, ch);
+    json_object_set_new(o, "choices", chs);
+    if (g->rq.include_usage) json_object_set_new(o, "usage", json_null());
+    sse(g, o);
+}
+
+/* Chat: what the output parser has decided since the last chunk - new
+ * reasoning (delta.reasoning_content), new content (delta.content, with the
+ * pending log-probabilities), new tool calls (delta.tool_calls: index, id
+ * and name, then the arguments). */
+static void sse_pending_chat(gen *g) {
+    df_tc *tc = gen_tc(g);
+    if (!tc) { g->out.oom = 1; return; }
+    size_t cl, rl, nlp = g->lp ? json_array_size(g->lp) : 0;
+    const char *c = df_tc_content(tc, &cl), *r = df_tc_reasoning(tc, &rl);
+    if (rl > g->sent_r) {
+        json_t *d = json_object();
+        json_object_set_new(d, "reasoning_content", jstr(r + g->sent_r, rl - g->sent_r));
+        sse_delta(g, d, 0, 0);
+        g->sent_r = rl;
+    }
+    if (cl > g->sent || (g->rq.logprobs && nlp > g->lp_sent)) {
+        json_t *d = json_object();
+        json_object_set_new(d, "content", jstr(c + g->sent, cl - g->sent));
+        sse_delta(g, d, g->lp_sent, nlp);
+        g->sent = cl;
+        g->lp_sent = nlp;
+    }
+    for (; g->calls_sent < df_tc_n_calls(tc); g->calls_sent++) {
+        const df_tc_call *k = df_tc_call_at(tc, g->calls_sent);
+        for (int part = 0; part < 2; part++) {
+            json_t *d = json_object(), *calls = json_array();
+            json_array_append_new(calls, call_json(k, g->calls_sent, 1, part == 0, part ? k->args : ""));
+            json_object_set_new(d, "tool_calls", calls);
+            sse_delta(g, d, 0, 0);
+        }
+    }
+}
+
 /* Pending text and log-probabilities as one chunk, if there are any. */
 static void sse_pending(gen *g) {
+    if (g->rq.kind == DF_OAI_CHAT) { sse_pending_chat(g); return; }
     size_t nlp = g->lp ? json_array_size(g->lp) : 0;
     if (g->text.len > g->sent || (g->rq.logprobs && nlp > g->lp_sent)) {
         sse_chunk(g, g->text.p + g->sent, g->text.len - g->sent, g->lp_sent, nlp, NULL, 0);
@@ -159,7 +237,7 @@ static void sse_pending(gen *g) {
 /* The end of a stream: finish chunk, usage chunk, [DONE]. */
 static void sse_tail(gen *g) {
     sse_pending(g);
-    sse_chunk(g, NULL, 0, 0, 0, g->finish, 0);
+    sse_chunk(g, NULL, 0, 0, 0, gen_finish(g), 0);
     if (g->rq.include_usage) {
         json_t *o = head_json(g, g->rq.kind == DF_OAI_CHAT ? "chat.completion.chunk" : "text_completion");
         json_object_set_new(o, "choices", json_array());
@@ -437,6 +515,11 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
     df_turn_init(&s->turn, o->queue);
     pthread_mutex_init(&s->pmu, NULL);
     s->max_tok_bytes = gen_longest_token(s);
+    s->tpl_src = df_chat_template_source(e, 0);
+    s->tpl_src_tools = df_chat_template_source(e, 1);
+    s->is_k3 = df_chat_is_k3(e);
+    s->tc_fam = df_tc_detect(s->tpl_src_tools, s->is_k3); /* calls come from the template that declares tools */
+    s->has_think = df_tc_has_think(s->tpl_src, s->is_k3) || df_tc_has_think(s->tpl_src_tools, 0);
     return s;
 }
 

@@ -7,8 +7,10 @@
  *   - df_oai_parse touches no global state and no engine: JSON text in, a
  *     validated request or an OpenAI-shaped 4xx error out, for any bytes;
  *   - a validated request is one the engine can execute exactly; anything it
- *     cannot (n > 1, tools, logit_bias, penalties, non-text parts, ...) has
- *     been refused with the offending field in param;
+ *     cannot (n > 1, a forced tool call, logit_bias, penalties, non-text
+ *     parts, ...) has been refused with the offending field in param (what
+ *     depends on the chat template - tools, chat_template_kwargs,
+ *     reasoning_effort - is checked against it before rendering, gen.c);
  *   - at most one generation touches the engine at a time; waiting requests
  *     are served in arrival order; at most `queue` wait, more get 429;
  *   - df_session_sync does the prefix reuse and says how many prompt tokens it
@@ -71,7 +73,17 @@ typedef struct {
     int stream, include_usage;
     int logprobs;          /* 1: report the chosen tokens' log-probabilities */
     int top_logprobs;      /* alternatives per token, 0..20 (completions: 0..5) */
+    /* chat: tool calling and reasoning (SERVER.md) */
+    char *tools_json;      /* the tools array as the template gets it (OpenAI shape), or NULL: none */
+    int tool_choice;       /* DF_OAI_TOOLS_AUTO (default), _NONE, _REQUIRED, _NAMED */
+    char *tool_choice_name;/* _NAMED: the function */
+    int parallel_tool_calls; /* 1 (default): several calls allowed; 0: generation ends after the first */
+    char *template_kwargs_json; /* chat_template_kwargs (an object), or NULL */
+    char *reasoning_effort;     /* or NULL */
+    int thinking;          /* Anthropic's thinking: 0 not given, 1 enabled, 2 disabled */
 } df_oai_request;
+
+enum { DF_OAI_TOOLS_AUTO = 0, DF_OAI_TOOLS_NONE, DF_OAI_TOOLS_REQUIRED, DF_OAI_TOOLS_NAMED };
 
 /* Validates body (len bytes, need not be NUL-terminated) as a request of the
  * given kind. Returns 0 and fills *out (free with df_oai_request_free), or

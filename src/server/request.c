@@ -253,7 +253,7 @@ static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
             df_oai_pathf(q, sizeof q, "%s.%.40s", p, k);
             if (!strcmp(k, "role")) continue;
             if (!strcmp(k, "content")) {
-                if (json_is_null(v) && asst) continue;
+                if (json_is_null(v) && asst) { json_object_set_new(o, "content", json_null()); continue; } /* None for the template */
                 char *c;
                 if (parse_content(v, q, &c, e)) { json_decref(norm); return -1; }
                 json_object_set_new(o, "content", json_string(c));
@@ -263,6 +263,10 @@ static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
             } else if (!strcmp(k, "name")) {
                 if (tool || get_string(v, q, e)) { json_decref(norm); return tool ? df_oai_fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q) : -1; }
                 json_object_set(o, "name", v);
+            } else if (asst && !strcmp(k, "reasoning_content")) {
+                if (json_is_null(v)) continue;
+                if (get_string(v, q, e)) { json_decref(norm); return -1; }
+                json_object_set(o, "reasoning_content", v);
             } else if (asst && !strcmp(k, "tool_calls")) {
                 if (json_is_null(v)) continue;
                 if (check_tool_calls(v, q, e)) { json_decref(norm); return -1; }
@@ -286,7 +290,7 @@ static int parse_messages(const json_t *msgs, char **out, df_oai_error *e) {
             json_decref(norm);
             return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q);
         }
-        if (!has_content) json_object_set_new(o, "content", json_string(""));
+        if (!has_content && !json_object_get(o, "content")) json_object_set_new(o, "content", json_null());
         if (tool && !json_object_get(o, "tool_call_id")) {
             df_oai_pathf(q, sizeof q, "%s.tool_call_id", p);
             json_decref(norm);
@@ -332,11 +336,133 @@ void df_oai_request_free(df_oai_request *r) {
     free(r->prompt);
     free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->tools_json);
+    free(r->tool_choice_name);
+    free(r->template_kwargs_json);
+    free(r->reasoning_effort);
     memset(r, 0, sizeof *r);
 }
 
 int df_oai_deterministic(const df_oai_request *r) {
     return !r->has_temperature || r->temperature == 0 || r->top_p == 0 || r->has_seed;
+}
+
+/* tools: [{type: "function", function: {name, description?, parameters?,
+ * strict?}}], names matching ^[a-zA-Z0-9_-]{1,64}$ and unique. Kept as
+ * given (the template renders them). */
+static int parse_tools(const json_t *v, df_oai_request *r, df_oai_error *e) {
+    if (!json_is_array(v)) return bad_type(e, "tools", "an array", v);
+    if (json_array_size(v) > 128)
+        return df_oai_fail(e, 400, "tools", "invalid_value", "Invalid 'tools': array too long. Expected an array with maximum length 128, but got an array with length %zu instead.", json_array_size(v));
+    size_t i;
+    json_t *t;
+    json_t *seen = json_object();
+    json_array_foreach(v, i, t) {
+        char p[48], q[96];
+        df_oai_pathf(p, sizeof p, "tools[%zu]", i);
+        if (!json_is_object(t)) { json_decref(seen); return bad_type(e, p, "an object", t); }
+        json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+        df_oai_pathf(q, sizeof q, "%s.type", p);
+        if (!type) { json_decref(seen); return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q); }
+        if (!json_is_string(type)) { json_decref(seen); return bad_type(e, q, "a string", type); }
+        if (strcmp(json_string_value(type), "function")) {
+            json_decref(seen);
+            if (!strcmp(json_string_value(type), "custom")) return unsupported(e, q, "custom (free-form) tools are not supported; only 'function' tools");
+            return df_oai_fail(e, 400, q, "invalid_value", "Invalid value: '%.40s'. Supported values are: 'function'.", json_string_value(type));
+        }
+        const char *k;
+        json_t *x;
+        json_object_foreach(t, k, x) {
+            if (strcmp(k, "type") && strcmp(k, "function")) {
+                df_oai_pathf(q, sizeof q, "%s.%.40s", p, k);
+                json_decref(seen);
+                return df_oai_fail(e, 400, q, "unknown_parameter", "Unrecognized request argument supplied: %s", q);
+            }
+        }
+        df_oai_pathf(q, sizeof q, "%s.function", p);
+        if (!fn) { json_decref(seen); return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q); }
+        if (!json_is_object(fn)) { json_decref(seen); return bad_type(e, q, "an object", fn); }
+        json_object_foreach(fn, k, x) {
+            char f[128];
+            df_oai_pathf(f, sizeof f, "%s.function.%.40s", p, k);
+            int bad = 0;
+            if (!strcmp(k, "name") || !strcmp(k, "description")) bad = get_string(x, f, e);
+            else if (!strcmp(k, "parameters")) bad = json_is_object(x) ? 0 : bad_type(e, f, "an object", x);
+            else if (!strcmp(k, "strict")) bad = json_is_null(x) ? 0 : get_bool(x, f, &(int){0}, e);
+            else bad = df_oai_fail(e, 400, f, "unknown_parameter", "Unrecognized request argument supplied: %s", f);
+            if (bad) { json_decref(seen); return -1; }
+        }
+        json_t *name = json_object_get(fn, "name");
+        df_oai_pathf(q, sizeof q, "%s.function.name", p);
+        if (!name) { json_decref(seen); return df_oai_fail(e, 400, q, "missing_required_parameter", "Missing required parameter: '%s'.", q); }
+        const char *nm = json_string_value(name);
+        size_t nl = json_string_length(name);
+        int ok = nl >= 1 && nl <= 64;
+        for (size_t j = 0; ok && j < nl; j++)
+            ok = (nm[j] >= 'a' && nm[j] <= 'z') || (nm[j] >= 'A' && nm[j] <= 'Z') || (nm[j] >= '0' && nm[j] <= '9') || nm[j] == '_' || nm[j] == '-';
+        if (!ok) { json_decref(seen); return df_oai_fail(e, 400, q, "invalid_value", "Invalid '%s': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.", q); }
+        if (json_object_get(seen, nm)) { json_decref(seen); return df_oai_fail(e, 400, "tools", "invalid_value", "Invalid 'tools': two tools are named '%.64s'; tool names must be unique.", nm); }
+        json_object_set_new(seen, nm, json_true());
+    }
+    json_decref(seen);
+    free(r->tools_json);
+    r->tools_json = NULL;
+    if (!json_array_size(v)) return 0; /* [] is no tools */
+    r->tools_json = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    return r->tools_json ? 0 : df_oai_fail(e, 503, "tools", NULL, "Out of memory.");
+}
+
+/* tool_choice: "none" | "auto" | "required" | {type: "function", function: {name}}. */
+static int parse_tool_choice(const json_t *v, df_oai_request *r, df_oai_error *e) {
+    if (json_is_string(v)) {
+        const char *x = json_string_value(v);
+        if (!strcmp(x, "none")) r->tool_choice = DF_OAI_TOOLS_NONE;
+        else if (!strcmp(x, "auto")) r->tool_choice = DF_OAI_TOOLS_AUTO;
+        else if (!strcmp(x, "required")) r->tool_choice = DF_OAI_TOOLS_REQUIRED;
+        else return df_oai_fail(e, 400, "tool_choice", "invalid_value", "Invalid value: '%.40s'. Supported values are: 'none', 'auto', and 'required'.", x);
+        return 0;
+    }
+    if (!json_is_object(v)) return bad_type(e, "tool_choice", "a string or an object", v);
+    json_t *type = json_object_get(v, "type"), *fn = json_object_get(v, "function");
+    const char *k;
+    json_t *x;
+    json_object_foreach((json_t *)v, k, x) {
+        char p[80];
+        df_oai_pathf(p, sizeof p, "tool_choice.%.40s", k);
+        if (strcmp(k, "type") && strcmp(k, "function")) return df_oai_fail(e, 400, p, "unknown_parameter", "Unrecognized request argument supplied: %s", p);
+    }
+    if (!json_is_string(type)) return df_oai_fail(e, 400, "tool_choice.type", "missing_required_parameter", "Missing required parameter: 'tool_choice.type'.");
+    if (strcmp(json_string_value(type), "function"))
+        return unsupported(e, "tool_choice.type", "only {\"type\": \"function\", \"function\": {\"name\": ...}} names a tool here");
+    json_t *name = json_object_get(fn, "name");
+    if (!json_is_object(fn) || !json_is_string(name) || json_object_size(fn) != 1)
+        return df_oai_fail(e, 400, "tool_choice.function.name", "missing_required_parameter", "Missing required parameter: 'tool_choice.function.name'.");
+    r->tool_choice = DF_OAI_TOOLS_NAMED;
+    free(r->tool_choice_name);
+    r->tool_choice_name = strndup(json_string_value(name), json_string_length(name));
+    return r->tool_choice_name ? 0 : df_oai_fail(e, 503, "tool_choice", NULL, "Out of memory.");
+}
+
+/* After every field: tool_choice against tools; what needs constrained
+ * decoding is refused until the sampler has it. */
+static int check_tool_choice(df_oai_request *r, df_oai_error *e) {
+    if (r->tool_choice == DF_OAI_TOOLS_REQUIRED || r->tool_choice == DF_OAI_TOOLS_NAMED) {
+        if (!r->tools_json)
+            return df_oai_fail(e, 400, "tool_choice", "invalid_value", "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.");
+        if (r->tool_choice == DF_OAI_TOOLS_NAMED) {
+            json_t *t = json_loads(r->tools_json, 0, NULL), *x;
+            size_t i;
+            int found = 0;
+            json_array_foreach(t, i, x) found |= !strcmp(json_string_value(json_object_get(json_object_get(x, "function"), "name")), r->tool_choice_name);
+            json_decref(t);
+            if (!found)
+                return df_oai_fail(e, 400, "tool_choice", "invalid_value", "Invalid value for 'tool_choice': no function named '%.64s' was specified in the 'tools' parameter.", r->tool_choice_name);
+        }
+        return unsupported(e, "tool_choice", r->tool_choice == DF_OAI_TOOLS_REQUIRED
+                               ? "'required' needs constrained decoding, which is not available yet; use 'auto'"
+                               : "naming a function needs constrained decoding, which is not available yet; use 'auto'");
+    }
+    return 0;
 }
 
 /* One top-level field. Returns 0 if accepted, -1 with *e filled. */
@@ -421,7 +547,7 @@ static int parse_field(df_oai_kind kind, const df_oai_limits *lim, const char *k
     if (!strcmp(k, "user") || (chat && (!strcmp(k, "prompt_cache_key") || !strcmp(k, "safety_identifier") || !strcmp(k, "service_tier"))))
         return get_string(v, k, e);
     if (chat && !strcmp(k, "store")) { int b; return get_bool(v, k, &b, e); }
-    if (chat && !strcmp(k, "parallel_tool_calls")) { int b; return get_bool(v, k, &b, e); }
+    if (chat && !strcmp(k, "parallel_tool_calls")) return get_bool(v, k, &r->parallel_tool_calls, e);
     if (chat && !strcmp(k, "metadata")) {
         if (!json_is_object(v)) return bad_type(e, k, "an object", v);
         if (json_object_size(v) > 16) return df_oai_fail(e, 400, k, "invalid_value", "Invalid 'metadata': at most 16 keys.");
@@ -435,18 +561,29 @@ static int parse_field(df_oai_kind kind, const df_oai_limits *lim, const char *k
         return 0;
     }
     if (chat && !strcmp(k, "prediction")) return json_is_object(v) ? 0 : bad_type(e, k, "an object", v);
-    if (chat && !strcmp(k, "tools")) {
-        if (!json_is_array(v)) return bad_type(e, k, "an array", v);
-        return json_array_size(v) ? unsupported(e, k, "tool calling is not implemented yet") : 0;
-    }
+    if (chat && !strcmp(k, "tools")) return parse_tools(v, r, e);
     if (chat && !strcmp(k, "functions")) {
         if (!json_is_array(v)) return bad_type(e, k, "an array", v);
         return json_array_size(v) ? unsupported(e, k, "function calling is not implemented yet") : 0;
     }
-    if (chat && (!strcmp(k, "tool_choice") || !strcmp(k, "function_call"))) {
+    if (chat && !strcmp(k, "tool_choice")) return parse_tool_choice(v, r, e);
+    if (chat && !strcmp(k, "function_call")) {
         if (json_is_string(v) && (!strcmp(json_string_value(v), "none") || !strcmp(json_string_value(v), "auto"))) return 0;
         if (!json_is_string(v) && !json_is_object(v)) return bad_type(e, k, "a string or an object", v);
-        return unsupported(e, k, "tool calling is not implemented yet; only 'none' and 'auto' (with no tools) are accepted");
+        return unsupported(e, k, "the deprecated function_call is not supported; use tools and tool_choice");
+    }
+    if (chat && !strcmp(k, "chat_template_kwargs")) {
+        if (!json_is_object(v)) return bad_type(e, k, "an object", v);
+        r->template_kwargs_json = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        return r->template_kwargs_json ? 0 : df_oai_fail(e, 503, k, NULL, "Out of memory.");
+    }
+    if (chat && !strcmp(k, "reasoning_effort")) {
+        if (get_string(v, k, e)) return -1;
+        const char *x = json_string_value(v);
+        if (strcmp(x, "none") && strcmp(x, "minimal") && strcmp(x, "low") && strcmp(x, "medium") && strcmp(x, "high"))
+            return df_oai_fail(e, 400, k, "invalid_value", "Invalid value for 'reasoning_effort': expected one of 'none', 'minimal', 'low', 'medium' and 'high', but got '%.40s'.", x);
+        r->reasoning_effort = strdup(x);
+        return r->reasoning_effort ? 0 : df_oai_fail(e, 503, k, NULL, "Out of memory.");
     }
     if (chat && !strcmp(k, "response_format")) {
         if (!json_is_object(v)) return bad_type(e, k, "an object", v);
@@ -466,7 +603,7 @@ static int parse_field(df_oai_kind kind, const df_oai_limits *lim, const char *k
         }
         return 0;
     }
-    if (chat && (!strcmp(k, "audio") || !strcmp(k, "reasoning_effort") || !strcmp(k, "verbosity") || !strcmp(k, "web_search_options")))
+    if (chat && (!strcmp(k, "audio") || !strcmp(k, "verbosity") || !strcmp(k, "web_search_options")))
         return unsupported(e, k, "this option would change the output in ways Deltafin does not implement");
     if (!chat && !strcmp(k, "echo")) {
         int b;
@@ -487,6 +624,7 @@ int df_oai_parse(df_oai_kind kind, const df_oai_limits *lim, const char *body, s
     out->kind = kind;
     out->max_tokens = -1;
     out->top_p = 1;
+    out->parallel_tool_calls = 1;
     json_error_t je;
     json_t *root = json_loadb(body, len, 0, &je);
     if (!root)
@@ -510,6 +648,8 @@ int df_oai_parse(df_oai_kind kind, const df_oai_limits *lim, const char *body, s
             rc = df_oai_fail(err, 400, "top_logprobs", "invalid_value", "Invalid value for 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is given.");
         else if (json_object_get(root, "stream_options") && !json_is_null(json_object_get(root, "stream_options")) && !out->stream)
             rc = df_oai_fail(err, 400, "stream_options", "invalid_value", "The 'stream_options' parameter is only allowed when 'stream' is enabled.");
+        else if (kind == DF_OAI_CHAT)
+            rc = check_tool_choice(out, err);
     }
     if (!rc && kind == DF_OAI_COMPLETIONS && out->max_tokens < 0) out->max_tokens = lim->max_tokens < 16 ? lim->max_tokens : 16;
     json_decref(root);

@@ -74,6 +74,7 @@ int32_t df_tok_token_id(const df_tokenizer *t, const char *tok) {
 }
 
 const char *df_tok_chat_template(const df_tokenizer *t) { return t->chat_template; }
+const char *df_tok_chat_template_tools(const df_tokenizer *t) { return t->chat_template_tools; }
 const char *df_tok_bos_token(const df_tokenizer *t) { return t->bos; }
 const char *df_tok_eos_token(const df_tokenizer *t) { return t->eos; }
 

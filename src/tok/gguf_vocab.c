@@ -21,7 +21,7 @@
 #include "util/util.h"
 
 df_tokenizer *df_tok_load_gguf(const struct df_gguf *g, const char *name, int *add_bos, char *err, size_t errlen) {
-    const char *kind = NULL, *pre = NULL, *tpl = NULL, *arch = NULL;
+    const char *kind = NULL, *pre = NULL, *tpl = NULL, *tpl_tools = NULL, *arch = NULL;
     const char *path = name ? name : df_gguf_path(g, 0);
     char gerr[512];
     int r = df_gguf_get_str(g, "tokenizer.ggml.model", &kind, gerr, sizeof gerr);
@@ -29,6 +29,7 @@ df_tokenizer *df_tok_load_gguf(const struct df_gguf *g, const char *name, int *a
     if (r < 0) { df_err(err, errlen, DF_EFORMAT, "%s", gerr); return NULL; }
     if (df_gguf_get_str(g, "tokenizer.ggml.pre", &pre, gerr, sizeof gerr) < 0 ||
         df_gguf_get_str(g, "tokenizer.chat_template", &tpl, gerr, sizeof gerr) < 0 ||
+        df_gguf_get_str(g, "tokenizer.chat_template.tool_use", &tpl_tools, gerr, sizeof gerr) < 0 ||
         df_gguf_get_str(g, "general.architecture", &arch, gerr, sizeof gerr) < 0) {
         df_err(err, errlen, DF_EFORMAT, "%s", gerr);
         return NULL;
@@ -92,7 +93,7 @@ df_tokenizer *df_tok_load_gguf(const struct df_gguf *g, const char *name, int *a
     df_tok_arrays a = {
         .kind = spm ? DF_TOK_ARRAYS_SPM : DF_TOK_ARRAYS_GPT2,
         .n_tokens = nt, .tokens = tp, .types = types, .scores = scores, .n_merges = nm, .merges = nm ? mp : NULL, .pre = pre,
-        .chat_template = tpl, .bos = sp_ids[0] >= 0 ? tp[sp_ids[0]] : NULL, .eos = sp_ids[1] >= 0 ? tp[sp_ids[1]] : NULL,
+        .chat_template = tpl, .chat_template_tools = tpl_tools, .bos = sp_ids[0] >= 0 ? tp[sp_ids[0]] : NULL, .eos = sp_ids[1] >= 0 ? tp[sp_ids[1]] : NULL,
         .spm_prepend = spm && arch && !strcmp(arch, "phi3"),
         .special_ids = special_ids, .n_special_ids = n_special,
     };

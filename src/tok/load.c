@@ -46,7 +46,8 @@ static int load_config(df_tokenizer *t, const char *dir, json_t **cfg_out, char 
             json_array_foreach(ct, i, e) {
                 const char *name = json_string_value(json_object_get(e, "name"));
                 const char *tpl = json_string_value(json_object_get(e, "template"));
-                if (name && tpl && !strcmp(name, "default")) t->chat_template = df_xstrdup(tpl);
+                if (name && tpl && !strcmp(name, "default") && !t->chat_template) t->chat_template = df_xstrdup(tpl);
+                if (name && tpl && !strcmp(name, "tool_use") && !t->chat_template_tools) t->chat_template_tools = df_xstrdup(tpl);
             }
         }
         const char *b = str_or_content(json_object_get(c, "bos_token"));
@@ -234,6 +235,7 @@ void df_tok_free(df_tokenizer *t) {
     free(t->dec);
     free(t->dec_blob);
     free(t->chat_template);
+    free(t->chat_template_tools);
     free(t->bos);
     free(t->eos);
     free(t);
@@ -524,6 +526,7 @@ df_tokenizer *df_tok_from_arrays(const df_tok_arrays *a, char *err, size_t errle
         /* SPM models see each piece between added tokens as one word (no split) */
     }
     if (a->chat_template) t->chat_template = df_xstrdup(a->chat_template);
+    if (a->chat_template_tools) t->chat_template_tools = df_xstrdup(a->chat_template_tools);
     if (a->bos) t->bos = df_xstrdup(a->bos);
     if (a->eos) t->eos = df_xstrdup(a->eos);
     rc = df_tok_finish(t, err, errlen);

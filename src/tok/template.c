@@ -276,7 +276,8 @@ done:
     return rc;
 }
 
-/* Applies transformers' message normalization to one message (a new ref). */
+/* Applies transformers' reasoning aliasing to one message (a new ref):
+ * every key kept, null ones as null. */
 static json_t *normalize_message(json_t *m) {
     json_t *o = json_object();
     /* reasoning under any of its names (first non-null wins) */
@@ -287,9 +288,11 @@ static json_t *normalize_message(json_t *m) {
         if (v && !json_is_null(v)) reasoning = v;
     }
     if (reasoning) json_object_set(o, "thinking", reasoning);
+    /* JSON null stays None (issue 14): {"content": null, "tool_calls": [...]}
+     * must reach the template as content None, as the renderer transformers
+     * uses gives it when handed the message unchanged */
     for (void *it = json_object_iter(m); it; it = json_object_iter_next(m, it)) {
         json_t *v = json_object_iter_value(it);
-        if (json_is_null(v)) continue;
         json_object_setn(o, json_object_iter_key(it), json_object_iter_key_len(it), v);
     }
     if (reasoning) json_object_set(o, "reasoning_content", reasoning);

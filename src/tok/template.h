@@ -63,8 +63,8 @@ int df_chat_config_parse(const char *config_json, const char *name, int want_too
                          char **special_tokens_json, char *err, size_t errlen);
 
 /* Builds the render context the way apply_chat_template does: messages
- * (a JSON array of objects; keys whose value is null are dropped, and
- * reasoning given as reasoning_content, thinking or reasoning is copied
+ * (a JSON array of objects; null values stay null, i.e. None in the
+ * template, and reasoning given as reasoning_content, thinking or reasoning is copied
  * under "thinking" and "reasoning_content"), tools (JSON array or NULL for
  * none), documents (none), add_generation_prompt, the special-token
  * variables (JSON object or NULL) and extra variables (JSON object or NULL;

@@ -192,6 +192,7 @@ struct df_tokenizer {
     int metaspace_first;          /* SPM pre-tokenizer: ' ' -> U+2581, one U+2581 prepended at text start */
     /* config */
     char *chat_template, *bos, *eos;
+    char *chat_template_tools; /* the "tool_use" template when the config names one, else NULL */
 };
 
 /* Describes normalizer step i for messages ("Replace \"a\" -> \"b\"", quoted and shortened). */

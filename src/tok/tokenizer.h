@@ -65,6 +65,10 @@ int df_tok_is_kimi(const df_tokenizer *t);
  * (a string, or the "default" entry of a list) and bos/eos tokens (a string or
  * {"content": ...}); NULL if none. */
 const char *df_tok_chat_template(const df_tokenizer *t);
+/* The template named "tool_use" (tokenizer_config.json's list of templates,
+ * or GGUF tokenizer.chat_template.tool_use), for requests with tools; NULL
+ * when there is none (the default one serves them too). */
+const char *df_tok_chat_template_tools(const df_tokenizer *t);
 const char *df_tok_bos_token(const df_tokenizer *t);
 const char *df_tok_eos_token(const df_tokenizer *t);
 
@@ -98,6 +102,7 @@ typedef struct {
     const char *const *merges;
     const char *pre;
     const char *chat_template, *bos, *eos;
+    const char *chat_template_tools; /* or NULL */
     /* SPM only: 0 (default) splits nothing and spells spaces as U+2581, adding
      * one U+2581 at the very start of the text unless it starts with a space
      * (transformers' Metaspace, prepend_scheme "first"); 1 prepends U+2581 to

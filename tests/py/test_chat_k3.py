@@ -124,12 +124,13 @@ def test_thinking_effort_options(k3, tmp_path):
 
 # ---------------------------------------------------------------- Kimi K2 / K2 Thinking: their Jinja templates
 
-from test_chat_template import CONVS, TOOLS, check, template_dir  # noqa: E402
+from test_chat_template import CONVS, TOOL_HISTORIES, TOOLS, check, template_dir  # noqa: E402
 
 K2_TEMPLATES = REPO / "tests" / "data" / "tokenizers" / "kimi-k2"  # PROVENANCE.md there
 K2_SPECIAL = {"bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]", "pad_token": "[PAD]"}
 K2_CONVS = {
     **CONVS,
+    **TOOL_HISTORIES,  # content null next to tool_calls (issue 14)
     "k2_native_ids": [
         {"role": "system", "content": "You are Kimi."},
         {"role": "user", "content": "Weather in 北京 and Paris?", "name": "alice"},

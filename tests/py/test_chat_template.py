@@ -1,6 +1,7 @@
 """Parity of `deltafin chat-template` with transformers' apply_chat_template.
 
 The reference is transformers' `apply_chat_template(..., tokenize=False)`
+(with JSON null kept as None: see the import below)
 when transformers is importable, otherwise jinja2 configured exactly as
 transformers configures it (ImmutableSandboxedEnvironment, trim_blocks,
 lstrip_blocks, loopcontrols, its tojson / raise_exception / strftime_now /
@@ -29,7 +30,17 @@ if not os.path.exists(BIN):
 
 try:
     import transformers  # noqa: F401
+    import transformers.tokenization_utils_base as _tub
     from transformers import AutoTokenizer
+    from transformers.utils.chat_template_utils import _message_objects_to_dicts
+
+    # JSON null reaches templates as None (issue 14): transformers 5.x's
+    # apply_chat_template drops null-valued keys before rendering (so
+    # {"content": null, "tool_calls": [...]} makes content undefined and the
+    # DeepSeek-V3 template fails), 4.x handed messages over as given. The
+    # reference is transformers' own apply_chat_template and renderer with the
+    # messages as given: its normalization minus the null dropping.
+    _tub._normalize_chat_messages = lambda conv: _message_objects_to_dicts(getattr(conv, "messages", conv))
 
     HAVE_TF = True
 except Exception:  # pragma: no cover - depends on the environment
@@ -68,7 +79,6 @@ def _jinja_env():
 def _normalize(messages):
     out = []
     for m in messages:
-        m = {k: v for k, v in m.items() if v is not None}
         r = next((m[k] for k in ("reasoning_content", "thinking", "reasoning") if m.get(k) is not None), None)
         if r is not None:
             m = {"thinking": r, **m, "reasoning_content": r}
@@ -295,11 +305,79 @@ def test_qwen3_tools_without_system():
 def test_deepseek_tool_calls():
     path = os.path.join(FIX, "deepseek-v3")
     tpl, sp = _load_fixture_template("deepseek-v3")
-    # content None is dropped by transformers' normalization, so this template
-    # then fails on `'<｜Assistant｜>' + undefined`; deltafin must fail alike
-    check(path, tpl, sp, DEEPSEEK_TOOLS, agp=True, fixture=path)
+    # content None reaches the template as None (issue 14): it renders
+    assert check(path, tpl, sp, DEEPSEEK_TOOLS, agp=True, fixture=path) == "ok"
     msgs = copy.deepcopy(DEEPSEEK_TOOLS)
     check(path, tpl, sp, msgs[:1] + msgs[2:], agp=True, fixture=path)
+
+
+def test_deepseek_null_content_issue14():
+    """The issue's reproducer: an assistant turn with content null and
+    tool_calls, as OpenAI clients send it, renders (it used to exit 2 with
+    "'dict object' has no attribute 'content'")."""
+    path = os.path.join(FIX, "deepseek-v3")
+    rc, out, err = run_deltafin(path, TOOL_HISTORIES["null_content_one_call"], add_generation_prompt=True)
+    assert rc == 0, err
+    text = out.decode("utf-8")
+    assert "<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather" in text
+    assert "None" not in text
+
+
+# Tool histories as OpenAI clients send them: content null next to tool_calls
+# (arguments as the JSON string OpenAI uses, and as objects), tool results,
+# several calls, reasoning_content.
+TOOL_HISTORIES = {
+    "null_content_one_call": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "22C"},
+        {"role": "assistant", "content": "It is 22C."},
+        {"role": "user", "content": "And Rome?"},
+    ],
+    "null_content_several_calls": [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+            {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\", \"days\": 2}"}}]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "rainy"},
+    ],
+    "null_content_reasoning": [
+        {"role": "user", "content": "Search news"},
+        {"role": "assistant", "content": None, "reasoning_content": "I should search.", "tool_calls": [
+            {"id": "call_s", "type": "function", "function": {"name": "search", "arguments": "{\"q\": \"news\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_s", "content": "result"},
+        {"role": "assistant", "content": "Here it is.", "reasoning_content": "Summarize.", "tool_calls": None},
+        {"role": "user", "content": "More", "name": None},
+    ],
+    "null_content_dict_args": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_d", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}}]},
+        {"role": "tool", "tool_call_id": "call_d", "content": "cold"},
+    ],
+}
+
+
+@pytest.mark.parametrize("fixture", ["qwen3", "deepseek-v3"])
+@pytest.mark.parametrize("conv", sorted(TOOL_HISTORIES))
+@pytest.mark.parametrize("tools", [False, True])
+def test_fixture_tool_histories_null(fixture, conv, tools):
+    """Parity on every fixture tokenizer with a chat template (o200k has none)."""
+    path = os.path.join(FIX, fixture)
+    tpl, sp = _load_fixture_template(fixture)
+    for agp in (False, True):
+        check(path, tpl, sp, TOOL_HISTORIES[conv], tools=TOOLS if tools else None, agp=agp, fixture=path)
+
+
+@pytest.mark.parametrize("name", ["llama3", "smollm2", "kimi_k2", "gpt_oss"])
+@pytest.mark.parametrize("conv", sorted(TOOL_HISTORIES))
+def test_style_tool_histories_null(style_dirs, name, conv):
+    d, src, sp = style_dirs[name]
+    for agp in (False, True):
+        check(d, src, sp, TOOL_HISTORIES[conv], tools=TOOLS, agp=agp, variables=STYLE_VARS[name][0])
 
 
 def test_fixture_exact_known_output():

@@ -57,8 +57,13 @@ def test_run_chat_and_stats(dfbin, k3_dir):
 
 
 def ask(client, messages, n=12):
+    """The answer's text (K3's generation prompt opens its think part, so the
+    output is reasoning until the model closes it: both are compared), the
+    prompt tokens and the cached ones."""
     r = client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=n, temperature=0)
-    return r.choices[0].message.content, r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens
+    m = r.choices[0].message
+    text = (m.model_extra.get("reasoning_content") or "") + "\x00" + (m.content or "")
+    return text, r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens
 
 
 def test_serve_reuses_recurrent_state_exactly(k3_dir, tmp_path):
@@ -68,7 +73,10 @@ def test_serve_reuses_recurrent_state_exactly(k3_dir, tmp_path):
         c = a.client()
         text1, _, cached1 = ask(c, first)
         assert cached1 == 0
-        second = first + [{"role": "assistant", "content": text1}, {"role": "user", "content": "And a follow-up."}]
+        r1, c1 = text1.split("\x00")
+        assert r1 or c1
+        second = first + [{"role": "assistant", "content": c1, "reasoning_content": r1},
+                          {"role": "user", "content": "And a follow-up."}]
         text2, n2, cached2 = ask(c, second)
         assert 0 < cached2 < n2, (cached2, n2)
         diverged = [{"role": "user", "content": "The first question, but another ending."}]
@@ -83,3 +91,40 @@ def test_serve_reuses_recurrent_state_exactly(k3_dir, tmp_path):
             b.stop()
         assert cached == 0
         assert got == want
+
+
+def test_serve_k3_tools_and_reasoning_options(k3_dir, tmp_path):
+    """K3 through serve (issue 14): tools and past reasoning reach its renderer, thinking and
+    reasoning_effort map onto its options; the output starts in the think part (reasoning_content)."""
+    from test_server import raw
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    ask1 = [{"role": "user", "content": "Weather?"}]
+    a = Server(str(k3_dir), str(tmp_path / "a.log"), "--ctx", "1024")
+    try:
+        def post(**kw):
+            return raw(a, "POST", "/v1/chat/completions", {"model": "tiny-chat", "messages": ask1, "max_tokens": 4, **kw})
+        st, _, plain = post()
+        assert st == 200, plain
+        assert plain["choices"][0]["message"]["content"] is None or plain["choices"][0]["message"]["content"] == ""
+        assert plain["choices"][0]["message"].get("reasoning_content")
+        st, _, withtools = post(tools=[tool])
+        assert st == 200, withtools
+        assert withtools["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"] + 10
+        st, _, low = post(reasoning_effort="high")  # the note says "high" instead of "max"
+        assert st == 200, low
+        assert low["usage"]["prompt_tokens"] != plain["usage"]["prompt_tokens"]
+        st, _, bad = post(reasoning_effort="medium")
+        assert st == 400 and bad["error"]["param"] == "reasoning_effort", bad
+        st, _, off = post(chat_template_kwargs={"thinking": False})
+        assert st == 200, off
+        assert not off["choices"][0]["message"].get("reasoning_content")  # the prompt opens the response part
+        st, _, bad = post(chat_template_kwargs={"enable_thinking": False})
+        assert st == 400 and bad["error"]["param"] == "chat_template_kwargs.enable_thinking", bad
+        hist = ask1 + [{"role": "assistant", "content": None, "reasoning_content": "Think.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+        st, _, h = raw(a, "POST", "/v1/chat/completions", {"model": "tiny-chat", "messages": hist, "tools": [tool],
+                                                            "max_tokens": 4})
+        assert st == 200, h
+    finally:
+        a.stop()

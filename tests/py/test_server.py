@@ -173,7 +173,12 @@ REFUSALS = [
     ({"foo": 1}, "foo"),
     ({"n": 2}, "n"),
     ({"n": 0}, "n"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    # tools are accepted (test_server_tools.py); what cannot be honoured is refused
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     "tool_choice"),
+    ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
+    ({"chat_template_kwargs": {"not_a_template_variable": True}}, "chat_template_kwargs.not_a_template_variable"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": {"name": "f"}}, "function_call"),

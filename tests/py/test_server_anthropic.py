@@ -236,10 +236,17 @@ def test_count_tokens_refusals(srv):
     st, _, b = raw(srv, "POST", "/v1/messages/count_tokens", {"model": MODEL_ID, "messages": CONV, "max_tokens": 5})
     assert st == 400
     assert_anth_error(b, "invalid_request_error", "max_tokens")
+    # tools are rendered by the template, so they count
+    st, _, a = raw(srv, "POST", "/v1/messages/count_tokens", {"model": MODEL_ID, "messages": CONV})
+    st2, _, b = raw(srv, "POST", "/v1/messages/count_tokens", {"model": MODEL_ID, "messages": CONV,
+                                                                "tools": [{"name": "f", "input_schema": {"type": "object"}}]})
+    assert st == 200 and st2 == 200, (a, b)
+    assert b["input_tokens"] > a["input_tokens"] + 20
     st, _, b = raw(srv, "POST", "/v1/messages/count_tokens", {"model": MODEL_ID, "messages": CONV,
-                                                               "tools": [{"name": "f", "input_schema": {"type": "object"}}]})
+                                                               "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                                                               "tool_choice": {"type": "any"}})
     assert st == 400
-    assert_anth_error(b, "invalid_request_error", "tools")
+    assert_anth_error(b, "invalid_request_error", "tool_choice.type")
 
 
 # ---- refusals in Anthropic's shape --------------------------------------------
@@ -248,22 +255,41 @@ TOOL = {"name": "get_weather", "description": "w", "input_schema": {"type": "obj
 
 
 @pytest.mark.parametrize("kw,field", [
-    ({"tools": [TOOL]}, "tools"),
-    ({"tool_choice": {"type": "auto"}}, "tool_choice"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    # tools, tool_choice auto/none, thinking and tool_use / tool_result / thinking blocks are accepted
+    # (test_server_anthropic_tools.py); what cannot be honoured is refused
+    ({"tools": [TOOL], "tool_choice": {"type": "any"}}, "tool_choice.type"),
+    ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_weather"}}, "tool_choice.type"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
+    ({"tools": [{"name": "f"}]}, "tools.0.input_schema"),
+    ({"tools": [TOOL, TOOL]}, "tools"),
+    ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 10}}, "thinking.budget_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]},
+                   {"role": "user", "content": "go"}]}, "messages.1.content.0.type"),
+    ({"messages": [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]},
+                   {"role": "user", "content": "go"}]}, "messages.1.content.0.type"),
     ({"messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]},
      "messages.0.content.0.type"),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}]},
      "messages.0.content.0.type"),
+    # tools, tool_choice auto/none, thinking and tool_use / tool_result / thinking blocks are accepted
+    # (test_server_anthropic_tools.py); what cannot be honoured is refused
+    ({"tools": [TOOL], "tool_choice": {"type": "any"}}, "tool_choice.type"),
+    ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_weather"}}, "tool_choice.type"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
+    ({"tools": [{"name": "f"}]}, "tools.0.input_schema"),
+    ({"tools": [TOOL, TOOL]}, "tools"),
+    ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 10}}, "thinking.budget_tokens"),
     ({"messages": [{"role": "user", "content": "hi"},
-                   {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
-                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}]},
-     "messages.1.content.0.type"),
-    ({"messages": [{"role": "user", "content": "hi"},
-                   {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"}]},
+                   {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]},
                    {"role": "user", "content": "go"}]}, "messages.1.content.0.type"),
-    ({"messages": [{"role": "system", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]},
+                   {"role": "user", "content": "go"}]}, "messages.1.content.0.type"),    ({"messages": [{"role": "system", "content": "hi"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The"}]}, "messages"),
     ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages.0.name"),
     ({"messages": []}, "messages"),
