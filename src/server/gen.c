@@ -84,6 +84,7 @@ void gen_free(gen *g) {
     free(g->ids);
     json_decref(g->lp);
     df_tc_free(g->tc);
+    json_decref(g->ext);
     free(g);
 }
 

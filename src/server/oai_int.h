@@ -9,6 +9,7 @@
  *   request.c validation (pure, fuzzed on its own)
  *   anthropic.c the Anthropic Messages API (/v1/messages): validation and
  *             its answers, over the same queue and generation as OpenAI chat
+ *   responses.c the OpenAI Responses API (/v1/responses), likewise
  */
 #ifndef DF_SERVER_OAI_INT_H
 #define DF_SERVER_OAI_INT_H
@@ -188,6 +189,8 @@ struct gen {
     size_t sent_r;      /* streaming: reasoning sent */
     size_t calls_sent;  /* streaming: tool calls sent */
     int ablk, aidx, aping; /* Anthropic streaming: the open block (0 none, 1 thinking, 2 text), its index, ping sent */
+    int seq;            /* Responses API stream: the next event's sequence_number */
+    json_t *ext;        /* a protocol's own data (Responses: the request fields the answer repeats); freed with the gen */
 };
 
 /* Feeds the text generated so far to g's output parser (made on first use;
@@ -225,6 +228,10 @@ void df_oai_run(gen *g, const char *body, size_t len, char tag);
 /* A fresh gen for a request on s (NULL if out of memory). */
 gen *gen_new(df_oai_server *s, df_http_req *r, const df_proto *p);
 void make_id(df_oai_server *s, const char *prefix, char *out, size_t n);
+/* OpenAI-shaped answers shared by the OpenAI routes: an error, and the
+ * queue-full 429. */
+void df_oai_respond_error(df_http_req *r, const df_oai_error *e);
+void df_oai_busy(df_http_req *r, int qmax);
 
 /* ---- anthropic.c ------------------------------------------------------------ */
 
@@ -236,5 +243,16 @@ int df_anth_parse(int count, const df_oai_limits *lim, const char *body, size_t 
 /* POST /v1/messages and /v1/messages/count_tokens. */
 void df_anth_messages(df_oai_server *s, df_http_req *r);
 void df_anth_count_tokens(df_oai_server *s, df_http_req *r);
+
+/* ---- responses.c ------------------------------------------------------------ */
+
+/* Validates a Responses API body into a chat request (instructions and input
+ * items rendered like OpenAI chat messages). echo (may be NULL) receives the
+ * request fields the response object repeats (instructions, metadata,
+ * temperature, ...), a new reference. Pure. Returns 0, or -1 with e filled. */
+int df_resp_parse(const df_oai_limits *lim, const char *body, size_t len, df_oai_request *out, json_t **echo,
+                  df_oai_error *e);
+/* POST /v1/responses. */
+void df_resp_create(df_oai_server *s, df_http_req *r);
 
 #endif

@@ -311,7 +311,7 @@ static void respond_json(df_http_req *r, int status, json_t *o) {
     free(s);
 }
 
-static void respond_oai_error(df_http_req *r, const df_oai_error *e) {
+void df_oai_respond_error(df_http_req *r, const df_oai_error *e) {
     df_http_respond_error(r, e->status, e->status >= 500 ? "server_error" : e->type[0] ? e->type : "invalid_request_error",
                           e->param[0] ? e->param : NULL, e->code[0] ? e->code : NULL, e->message);
 }
@@ -338,7 +338,7 @@ void make_id(df_oai_server *s, const char *prefix, char *out, size_t n) {
     snprintf(out, n, "%s%s", prefix, tail);
 }
 
-static void oai_busy(df_http_req *r, int qmax) {
+void df_oai_busy(df_http_req *r, int qmax) {
     char msg[200];
     snprintf(msg, sizeof msg, "The server is busy: one generation is running and %d are waiting (--queue %d). Retry later.", qmax, qmax);
     char *b = df_http_error_body("requests", NULL, "rate_limit_exceeded", msg);
@@ -347,8 +347,8 @@ static void oai_busy(df_http_req *r, int qmax) {
     free(b);
 }
 
-static const df_proto oai_chat = {"chatcmpl-", respond_oai_error, oai_busy, final_body, sse_head, sse_pending, sse_tail, sse_error};
-static const df_proto oai_cmpl = {"cmpl-", respond_oai_error, oai_busy, final_body, sse_head, sse_pending, sse_tail, sse_error};
+static const df_proto oai_chat = {"chatcmpl-", df_oai_respond_error, df_oai_busy, final_body, sse_head, sse_pending, sse_tail, sse_error};
+static const df_proto oai_cmpl = {"cmpl-", df_oai_respond_error, df_oai_busy, final_body, sse_head, sse_pending, sse_tail, sse_error};
 
 gen *gen_new(df_oai_server *s, df_http_req *r, const df_proto *p) {
     gen *g = calloc(1, sizeof *g);
@@ -430,7 +430,7 @@ static void complete(df_oai_server *s, df_http_req *r, df_oai_kind kind) {
     df_oai_error e;
     gen *g = gen_new(s, r, kind == DF_OAI_CHAT ? &oai_chat : &oai_cmpl);
     if (!g) { df_http_respond_error(r, 503, "server_error", NULL, NULL, "Out of memory."); return; }
-    if (df_oai_parse(kind, &lim, body, len, &g->rq, &e)) { respond_oai_error(r, &e); gen_free(g); return; }
+    if (df_oai_parse(kind, &lim, body, len, &g->rq, &e)) { df_oai_respond_error(r, &e); gen_free(g); return; }
     df_oai_run(g, body, len, (char)kind);
 }
 
@@ -471,6 +471,9 @@ void df_oai_handle(void *app, df_http_req *r) {
     } else if (!strcmp(p, "/v1/messages/count_tokens")) {
         if (!post) goto method;
         df_anth_count_tokens(s, r);
+    } else if (!strcmp(p, "/v1/responses")) {
+        if (!post) goto method;
+        df_resp_create(s, r);
     } else {
         char msg[300];
         snprintf(msg, sizeof msg, "Unknown request URL: %s %.200s. Please check the URL for typos.", m, p);
