@@ -83,8 +83,8 @@ void gen_free(gen *g) {
     free(g->memo_key);
     free(g->ids);
     json_decref(g->lp);
-    json_decref(g->ext);
     df_tc_free(g->tc);
+    json_decref(g->ext);
     free(g);
 }
 

@@ -185,8 +185,6 @@ struct gen {
     size_t n_ids, cap_ids;
     int stop_hit;       /* the index in rq.stop of the stop string that ended it, or -1 */
     int count_only;     /* tokenize only (count_tokens): no context checks */
-    int seq;            /* Responses API stream: the next event's sequence_number */
-    json_t *ext;        /* a protocol's own data (Responses: the request fields the answer repeats); freed with the gen */
     /* chat output split into content, reasoning and tool calls (toolcall.h) */
     df_tc *tc;
     size_t tc_fed;      /* text[0..tc_fed) has been fed to tc */
@@ -194,6 +192,9 @@ struct gen {
     size_t sent_r;      /* streaming: reasoning sent */
     size_t calls_sent;  /* streaming: tool calls sent */
     int ablk, aidx, aping; /* Anthropic streaming: the open block (0 none, 1 thinking, 2 text), its index, ping sent */
+    int seq;            /* Responses API stream: the next event's sequence_number */
+    int ropen, rnext;   /* Responses API stream: the open output item (0 none, 1 reasoning, 2 message), the next output_index */
+    json_t *ext;        /* a protocol's own data (Responses: the request fields the answer repeats); freed with the gen */
 };
 
 /* Feeds the text generated so far to g's output parser (made on first use;
@@ -246,6 +247,14 @@ int df_anth_parse(int count, const df_oai_limits *lim, const char *body, size_t 
 /* POST /v1/messages and /v1/messages/count_tokens. */
 void df_anth_messages(df_oai_server *s, df_http_req *r);
 void df_anth_count_tokens(df_oai_server *s, df_http_req *r);
+
+/* ---- request.c: shared with the routes that build chat requests ----------- */
+
+/* Checks a tools array in OpenAI chat shape ([{type: "function", function:
+ * {name, description?, parameters?, strict?}}]) and keeps it in r->tools_json;
+ * checks r->tool_choice against r->tools_json. 0, or -1 with e filled. */
+int df_oai_parse_tools(const json_t *tools, df_oai_request *r, df_oai_error *e);
+int df_oai_check_tool_choice(df_oai_request *r, df_oai_error *e);
 
 /* ---- responses.c ------------------------------------------------------------ */
 

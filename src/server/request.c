@@ -657,3 +657,9 @@ int df_oai_parse(df_oai_kind kind, const df_oai_limits *lim, const char *body, s
     return rc;
 }
 
+
+/* For the routes that turn their bodies into chat requests (responses.c):
+ * the chat route's own checks of a tools array in OpenAI chat shape, and of
+ * tool_choice against the tools. */
+int df_oai_parse_tools(const json_t *tools, df_oai_request *r, df_oai_error *e) { return parse_tools(tools, r, e); }
+int df_oai_check_tool_choice(df_oai_request *r, df_oai_error *e) { return check_tool_choice(r, e); }

@@ -140,12 +140,12 @@ def test_raw_stream_is_sse_with_event_lines(srv):
 @pytest.mark.parametrize("extra, param, code", [
     ({"store": True}, "store", "unsupported_parameter"),
     ({"previous_response_id": "resp_x"}, "previous_response_id", "unsupported_parameter"),
-    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tools", "unsupported_parameter"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_parameter"),
     ({"text": {"format": {"type": "json_object"}}}, "text.format.type", "unsupported_parameter"),
     ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
     ({"background": True}, "background", "unsupported_parameter"),
     ({"include": ["message.output_text.logprobs"]}, "include[0]", "unsupported_parameter"),
-    ({"reasoning": {"effort": "high"}}, "reasoning.effort", "unsupported_parameter"),
+    ({"reasoning": {"effort": "high"}}, "reasoning.effort", "unsupported_parameter"),  # the template never reads it
     ({"temperature": 3}, "temperature", "invalid_value"),
     ({"max_output_tokens": 0}, "max_output_tokens", "integer_below_min_value"),
     ({"max_output_tokens": 5000}, "max_output_tokens", "integer_above_max_value"),
@@ -161,7 +161,7 @@ def test_refusals(oc, extra, param, code):
 
 
 @pytest.mark.parametrize("items, param", [
-    ([{"type": "function_call_output", "call_id": "c", "output": "x"}], "input[0].type"),
+    ([{"type": "item_reference", "id": "x"}], "input[0].type"),
     ([{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}], "input[0].content[0].type"),
     ([{"role": "user", "content": [{"type": "output_text", "text": "x"}]}], "input[0].content[0].type"),
     ([{"role": "wizard", "content": "x"}], "input[0].role"),
