@@ -683,8 +683,10 @@ static json_t *text_part(const char *type, const char *t, size_t n) {
     return p;
 }
 
+/* An item closed while the generation goes on (a think block ended) is
+ * complete; one closed at the end is incomplete when max_output_tokens cut it. */
 static const char *item_status(const gen *g, int done) {
-    return !done ? "in_progress" : !strcmp(g->finish, "length") ? "incomplete" : "completed";
+    return !done ? "in_progress" : g->finish && !strcmp(g->finish, "length") ? "incomplete" : "completed";
 }
 
 /* The assistant message item; done: with its text t. */

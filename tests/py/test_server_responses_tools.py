@@ -174,3 +174,41 @@ def test_refusals(srv, extra, param, needle):
     assert st == 400, resp
     assert resp["error"]["param"] == param, resp
     assert needle in resp["error"]["message"], resp
+
+
+@pytest.fixture(scope="module")
+def srv_think(tmp_path_factory):
+    d = scripted.build(str(tmp_path_factory.mktemp("scripted-resp-think")), think=True)
+    s = Server(d, str(tmp_path_factory.mktemp("log") / "resp-think.log"), "--ctx", "2048")
+    yield s
+    s.stop()
+
+
+def test_reasoning_item_then_call(srv_think):
+    """A model that thinks before its call: a reasoning item (its think block,
+    as the chat route's reasoning_content), then the function_call; streamed
+    as a reasoning item's events, then the call's."""
+    client = srv_think.client()
+    chat = client.chat.completions.create(model=MODEL_ID, messages=ASK, tools=[CHAT_WEATHER], max_tokens=64)
+    want_r = chat.choices[0].message.model_extra.get("reasoning_content")
+    assert want_r and scripted.THINK_TEXT in want_r
+    r = client.responses.create(model=MODEL_ID, input=QUESTION, tools=[WEATHER], max_output_tokens=64)
+    assert [o.type for o in r.output] == ["reasoning", "function_call"]
+    assert r.output[0].content[0].type == "reasoning_text" and r.output[0].content[0].text == want_r
+    assert r.output[1].name == "get_weather"
+    types, rtext = [], ""
+    with client.responses.stream(model=MODEL_ID, input=QUESTION, tools=[WEATHER], max_output_tokens=64) as st:
+        for ev in st:
+            types.append(ev.type)
+            if ev.type == "response.reasoning_text.delta":
+                rtext += ev.delta
+        final = st.get_final_response()
+    assert rtext == want_r
+    assert types.index("response.reasoning_text.done") < types.index("response.function_call_arguments.delta")
+    assert [o.type for o in final.output] == ["reasoning", "function_call"]
+    assert final.output[0].content[0].text == want_r
+    # sent back as history (reasoning item, call, output): the answer, as on the chat route
+    items = [{"role": "user", "content": QUESTION}] + [o.model_dump(exclude_none=True) for o in final.output] + \
+            [{"type": "function_call_output", "call_id": final.output[1].call_id, "output": "sunny, 24C"}]
+    r2 = client.responses.create(model=MODEL_ID, input=items, tools=[WEATHER], max_output_tokens=64)
+    assert r2.output_text == scripted.ANSWER_TEXT
