@@ -210,6 +210,7 @@ __global__ void k_rope(float *x, int n, int nh, size_t ts, size_t hs, int dim, c
     }
 }
 void g_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_act *cs, int interleaved) {
+    PROF_SCOPE();
     if (n <= 0 || nh <= 0 || dim < 2) return;
     const size_t N = (size_t)n * nh * (dim / 2);
     k_rope<<<blocks_for(N, 256), 256>>>(DP(x), n, nh, ts, hs, dim, DCP(cs), interleaved);
@@ -239,7 +240,7 @@ __global__ void k_gate(float *o, const float *g, const float *u, size_t n, int k
         o[i] = r;
     }
 }
-void g_add(df_act *y, const df_act *x, size_t n) { if (n) k_add<<<blocks_for(n, 256), 256>>>(DP(y), DCP(x), n), post("add"); }
+void g_add(df_act *y, const df_act *x, size_t n) { PROF_SCOPE(); if (n) k_add<<<blocks_for(n, 256), 256>>>(DP(y), DCP(x), n), post("add"); }
 void g_add_bias(df_act *y, const float *b, int rows, int cols) {
     LOCK();
     if (rows <= 0 || cols <= 0) return;
@@ -325,23 +326,42 @@ void g_attn_res(const df_attn_res_args *a) {
 }
 
 /* ---- MoE -------------------------------------------------------------------------------- */
-/* The router on the host with the CPU backend's code (the expert ids are host memory by contract). */
+/* The router on the host with the CPU backend's code (the expert ids are host memory by contract), through
+ * page-locked staging: the logits come back in one direct copy (the one wait of a MoE layer: the ids decide
+ * what the host does next), the weights go out asynchronously on the compute stream (the staging buffer is
+ * rewritten only by the next route, after its read-back, so after that copy has run). Pageable staging when
+ * page-locked memory cannot be had. */
+static float *g_rt_pin;
+static size_t g_rt_cap; /* floats */
+static int g_rt_pageable;
 void g_route(const df_route_args *a) {
+    PROF_SCOPE();
     if (a->n <= 0) return;
-    const size_t nl = (size_t)a->n * a->n_experts, nw = (size_t)a->n * a->k;
-    float *lg = (float *)malloc((nl ? nl : 1) * sizeof(float)), *w = (float *)malloc((nw ? nw : 1) * sizeof(float));
-    if (!lg || !w) {
-        fprintf(stderr, "deltafin: cuda backend: route: out of host memory for %zu logits\n", nl);
-        free(lg), free(w);
-        return;
+    const size_t nl = (size_t)a->n * a->n_experts, nw = (size_t)a->n * a->k, need = nl + nw + 64;
+    if (g_rt_cap < need) {
+        if (g_rt_pin) {
+            cudaDeviceSynchronize(); /* the last weights copy may still read it */
+            if (g_rt_pageable) free(g_rt_pin);
+            else cudaFreeHost(g_rt_pin);
+        }
+        g_rt_pin = NULL, g_rt_cap = 0, g_rt_pageable = 0;
+        if (cudaHostAlloc((void **)&g_rt_pin, need * sizeof(float), cudaHostAllocDefault) != cudaSuccess) {
+            cudaGetLastError();
+            g_rt_pin = (float *)malloc(need * sizeof(float)), g_rt_pageable = 1;
+        }
+        if (!g_rt_pin) {
+            fprintf(stderr, "deltafin: cuda backend: route: out of host memory for %zu logits\n", nl);
+            return;
+        }
+        g_rt_cap = need;
     }
+    float *lg = g_rt_pin, *w = g_rt_pin + nl;
     CK("route", cudaMemcpy(lg, a->logits, nl * sizeof(float), cudaMemcpyDeviceToHost));
     df_route_args h = *a;
     h.logits = (const df_act *)lg;
     h.w = a->w ? (df_act *)w : NULL;
     df_backend_cpu.route(&h);
-    if (a->w) CK("route", cudaMemcpy(a->w, w, nw * sizeof(float), cudaMemcpyHostToDevice));
-    free(lg), free(w);
+    if (a->w) CK("route", cudaMemcpyAsync(a->w, w, nw * sizeof(float), cudaMemcpyHostToDevice, 0));
 }
 
 __global__ void k_moe_combine(float *out, const float *x, const float *w, int n, int k, int cols) {
@@ -354,6 +374,7 @@ __global__ void k_moe_combine(float *out, const float *x, const float *w, int n,
     }
 }
 void g_moe_combine(df_act *out, const df_act *x, const df_act *w, int n, int k, int cols) {
+    PROF_SCOPE();
     if (n <= 0 || cols <= 0) return;
     const size_t N = (size_t)n * cols;
     k_moe_combine<<<blocks_for(N, 256), 256>>>(DP(out), DCP(x), DCP(w), n, k, cols);
