@@ -8,20 +8,21 @@
 #      op-by-op conformance test (test_backend_ops --backend cuda --ref cpu-scalar);
 #   2. model parity (cuda_e2e.py: every tiny model in tests/data/models, CUDA vs CPU);
 #   3. the tier checks (cuda_tiers.py: tiny MoE models under a tiny VRAM budget);
-#   4. the product benchmark (cuda_bench ${BENCH_ARGS:---quick});
+#   4. (last) the product benchmark (cuda_bench ${BENCH_ARGS:---quick});
 #   5. END TO END, on a synthetic Qwen3-30B-A3B-shape BF16 MoE written here
 #      (make_moe.py, ${MOE_LAYERS:-4} layers): the HBM read floor (cuda_bench
 #      --floor) and the pinned H2D floor (h2d_bw) of this call, then
 #      a. resident: `deltafin run --backend cuda --gpu-memory 100G` (every expert
 #         cached in VRAM by a 512-token prompt), 128 decode tokens: weight bytes
 #         per token x tok/s against the HBM floor (e2e_pct.py); with
-#         DELTAFIN_CUDA_PROF=1 and =2 (time per backend op) after it;
-#      b. pinned tier: --gpu-memory 2500M and 600M with --expert-cache 8G (every
-#         expert in the pinned host cache, warmed by the same 512-token
-#         prompt before decode is timed): expert bytes host->VRAM per second of
-#         decode against the H2D floor;
+#         DELTAFIN_CUDA_PROF=1 and =2 (time per backend op over the decode
+#         steps) after it; then sampled (--temperature 1: each token routes anew);
+#      b. pinned tier: --gpu-memory 2500M, 600M and 400M with --expert-cache 8G
+#         (every expert in the pinned host cache, warmed by the same 512-token
+#         prompt before decode is timed), sampled tokens: expert bytes
+#         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
-# Logs go to $OUT; a summary to stdout. Exit status: the number of failed steps.
+# Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
 # Steps: STEPS="unit conf e2e tiers bench moe" (default all).
 set -u
 S=$(cd "$(dirname "$0")" && pwd)
@@ -63,10 +64,6 @@ if has tiers; then
     step "tiers (cuda_tiers.py)" 240 tiers.log python3 "$S/cuda_tiers.py" "$BIN" tests/data/models/qwen3-moe-bf16 tests/data/models/deepseek-v3-bf16
     tail -12 "$OUT/tiers.log"
 fi
-if has bench; then
-    step "benchmark (cuda_bench ${BENCH_ARGS:---quick})" 300 bench.log "$S/bin/cuda_bench" ${BENCH_ARGS:---quick}
-    cat "$OUT/bench.log"
-fi
 if has moe; then
     W=${WORK:-/tmp/moebench}
     M=$W/moe${MOE_LAYERS:-4}
@@ -84,19 +81,31 @@ if has moe; then
         python3 "$S/e2e_pct.py" "$OUT/moe_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
     }
     moe resident --gpu-memory 100G
-    DELTAFIN_CUDA_PROF=1 moe resident-prof1 --gpu-memory 100G
-    DELTAFIN_CUDA_PROF=2 moe resident-prof2 --gpu-memory 100G
-    moe pinned-2500M --gpu-memory 2500M --expert-cache 8G
-    moe pinned-600M --gpu-memory 600M --expert-cache 8G
-    DELTAFIN_CUDA_PROF=1 moe pinned-600M-prof1 --gpu-memory 600M --expert-cache 8G
-    for n in resident-prof1 pinned-2500M pinned-600M; do
+    DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
+    DELTAFIN_CUDA_PROF=2 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof2 --gpu-memory 100G
+    # sampled tokens (--temperature 1): each decode token routes anew, as text does (greedy repeats one token here)
+    moe resident-sampled --gpu-memory 100G --temperature 1 --seed 1
+    moe pinned-2500M --gpu-memory 2500M --expert-cache 8G --temperature 1 --seed 1
+    moe pinned-600M --gpu-memory 600M --expert-cache 8G --temperature 1 --seed 1
+    moe pinned-400M --gpu-memory 400M --expert-cache 8G --temperature 1 --seed 1
+    DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe pinned-400M-prof1 --gpu-memory 400M --expert-cache 8G --temperature 1 --seed 1
+    for n in resident-prof1 resident-prof2; do
         cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+    done
+    for n in pinned-2500M pinned-600M pinned-400M pinned-400M-prof1; do
+        cmp -s <(grep -v '^\[' "$OUT/moe_resident-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident-sampled" || echo "ids $n: DIFFER from resident-sampled"
     done
     if [ "${TIER_BENCH:-0}" = 1 ]; then
         step "tier benchmark (tier_bench.sh)" 500 tier_bench.log bash "$S/tier_bench.sh" "$BIN" "$S/bin/h2d_bw" "$W" "$OUT"
         tail -40 "$OUT/tier_bench.log"
     fi
 fi
+if has bench; then
+    step "benchmark (cuda_bench ${BENCH_ARGS:---quick})" 300 bench.log "$S/bin/cuda_bench" ${BENCH_ARGS:---quick}
+    cat "$OUT/bench.log"
+fi
 date -u
+# one file back (the device tool returns a few files only)
+tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz . 2>/dev/null && find "$OUT" -type f ! -name logs.tgz -delete
 echo "device_run: $fail failed steps"
 exit $fail

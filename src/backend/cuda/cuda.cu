@@ -70,14 +70,15 @@ int g_prof = -1;
 typedef struct { const char *op; double s; int64_t n; } prof_ent;
 static prof_ent g_pt[64];
 static int g_npt;
+static int64_t g_prof_l0; /* launches when the table restarted */
 static void prof_print(void) {
     double tot = 0;
     for (int i = 0; i < g_npt; i++) tot += g_pt[i].s;
     fprintf(stderr, "[cuda prof] %s: %.3f s in backend ops\n", g_prof > 1 ? "host + GPU time (synchronized per op)" : "host time (asynchronous)", tot);
     for (int i = 0; i < g_npt; i++)
-        fprintf(stderr, "[cuda prof] %-20s %9lld calls %9.3f ms %8.2f us/call %5.1f%%\n", g_pt[i].op, (long long)g_pt[i].n, g_pt[i].s * 1e3,
+        if (g_pt[i].n) fprintf(stderr, "[cuda prof] %-20s %9lld calls %9.3f ms %8.2f us/call %5.1f%%\n", g_pt[i].op, (long long)g_pt[i].n, g_pt[i].s * 1e3,
                 g_pt[i].n ? g_pt[i].s * 1e6 / g_pt[i].n : 0, tot > 0 ? 100 * g_pt[i].s / tot : 0);
-    fprintf(stderr, "[cuda prof] matmul_batch launches: %lld\n", (long long)g_mm_launches);
+    fprintf(stderr, "[cuda prof] matmul_batch launches: %lld\n", (long long)(g_mm_launches - g_prof_l0));
 }
 int prof_on(void) {
     if (g_prof < 0) {
@@ -91,6 +92,18 @@ double prof_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+/* DELTAFIN_CUDA_PROF_DECODE=1: the table restarts at every product of more than one token, so what is printed
+ * is the decode steps after the last prefill product */
+void prof_restart(void) {
+    static int dec = -1;
+    if (dec < 0) {
+        const char *v = getenv("DELTAFIN_CUDA_PROF_DECODE");
+        dec = v && *v && strcmp(v, "0");
+    }
+    if (!dec) return;
+    for (int i = 0; i < g_npt; i++) g_pt[i].s = 0, g_pt[i].n = 0;
+    g_prof_l0 = g_mm_launches;
 }
 void prof_add(const char *op, double s) {
     int i = 0;

@@ -46,6 +46,7 @@ extern unsigned long g_op; /* ops begun: cuda.cu's per-op scratch (w_get) never 
 extern int g_prof; /* -1: not read yet */
 int prof_on(void);
 void prof_add(const char *op, double seconds);
+void prof_restart(void); /* DELTAFIN_CUDA_PROF_DECODE: forget what was timed so far (a prefill product calls it) */
 double prof_now(void);
 struct Lock {
     const char *op;

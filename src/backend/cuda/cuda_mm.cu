@@ -390,6 +390,7 @@ static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
 void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     LOCK();
     if (n <= 0) return;
+    if (n > 1 && g_prof > 0) prof_restart();
     MmBatch b;
     b.nj = 0;
     unsigned blocks = 0;

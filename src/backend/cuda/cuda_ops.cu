@@ -48,20 +48,51 @@ __global__ void __launch_bounds__(AT_TH) k_attn_gqa(df_attn_gqa_args a, float *s
     const float *q = DCP(a.q) + ((size_t)t * NH + h) * hd, *kc = DCP(a.kv) + (size_t)kvh * hd, *vc = kc + kdim;
     float *sc = scores + ((size_t)t * NH + h) * T;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int j = wid; j < len; j += nw) {
-        const float *k = kc + (size_t)j * 2 * kdim;
-        float s = 0.0f;
-        for (int d = lane; d < hd; d += 32) s += q[d] * k[d];
-        s = warp_sum(s);
-        if (!lane) sc[j] = s * a.scale;
+    /* scores: a warp per position (lane-strided dot, then the warp sum), 4 positions in flight per warp */
+    for (int j0 = wid; j0 < len; j0 += 4 * nw) {
+        float s[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int j = j0 + u * nw;
+            s[u] = 0.0f;
+            if (j < len) {
+                const float *k = kc + (size_t)j * 2 * kdim;
+                for (int d = lane; d < hd; d += 32) s[u] += q[d] * k[d];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) s[u] = warp_sum(s[u]);
+        if (!lane) {
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (j0 + u * nw < len) sc[j0 + u * nw] = s[u] * a.scale;
+        }
     }
     __syncthreads();
     block_softmax(sc, len);
+    /* out = sum_j p_j v_j: the positions split over the warps (a lane holds 4 columns of a 128-column chunk),
+     * the warps' partial sums added in warp order: a decode step's chain is len / 4 loads long, not len */
+    __shared__ float red[AT_TH / 32][128];
     float *out = DP(a.out) + ((size_t)t * NH + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int j = 0; j < len; j++) o += sc[j] * vc[(size_t)j * 2 * kdim + d];
-        out[d] = o;
+    for (int d0 = 0; d0 < hd; d0 += 128) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+        for (int j = wid; j < len; j += nw) {
+            const float p = sc[j];
+            const float *v = vc + (size_t)j * 2 * kdim + d0;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (d0 + lane + 32 * i < hd) acc[i] += p * v[lane + 32 * i];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[wid][lane + 32 * i] = acc[i];
+        __syncthreads();
+        for (int d = threadIdx.x; d < 128 && d0 + d < hd; d += blockDim.x) {
+            float o = 0.0f;
+            for (int w = 0; w < nw; w++) o += red[w][d];
+            out[d0 + d] = o;
+        }
+        __syncthreads();
     }
 }
 void g_attn_gqa(const df_attn_gqa_args *a) {
