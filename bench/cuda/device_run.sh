@@ -55,6 +55,9 @@ fi
 if has conf; then
     step "conformance (test_backend_ops --backend cuda --ref cpu-scalar)" 240 conformance.log "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
     grep -E "FAIL|failures" "$OUT/conformance.log" | tail -15
+    DELTAFIN_CUDA_ATTN_SPLIT=0 step "conformance, decode attention without the position split" 240 conformance_nosplit.log \
+        "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
+    grep -E "FAIL|failures" "$OUT/conformance_nosplit.log" | tail -5
 fi
 if has e2e; then
     step "model parity (cuda_e2e.py, every tiny model)" 300 parity.log python3 "$S/cuda_e2e.py" "$BIN"
@@ -81,6 +84,7 @@ if has moe; then
         python3 "$S/e2e_pct.py" "$OUT/moe_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
     }
     moe resident --gpu-memory 100G
+    DELTAFIN_CUDA_ATTN_SPLIT=0 moe resident-nosplit --gpu-memory 100G
     DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
     DELTAFIN_CUDA_PROF=2 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof2 --gpu-memory 100G
     # sampled tokens (--temperature 1): each decode token routes anew, as text does (greedy repeats one token here)
@@ -89,7 +93,7 @@ if has moe; then
     moe pinned-600M --gpu-memory 600M --expert-cache 8G --temperature 1 --seed 1
     moe pinned-400M --gpu-memory 400M --expert-cache 8G --temperature 1 --seed 1
     DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe pinned-400M-prof1 --gpu-memory 400M --expert-cache 8G --temperature 1 --seed 1
-    for n in resident-prof1 resident-prof2; do
+    for n in resident-nosplit resident-prof1 resident-prof2; do
         cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
     done
     for n in pinned-2500M pinned-600M pinned-400M pinned-400M-prof1; do
