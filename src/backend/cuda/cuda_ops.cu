@@ -42,7 +42,7 @@ static int chunk_tokens(int n, int heads, int pos0) {
 
 /* block (h, t) of TH threads. vec (head_dim % 4 == 0, 16-byte aligned q and cache): 16-byte loads. A decode
  * step has few blocks (one per head), so it runs 512 threads per block: the loads in flight per SM, not the
- * bandwidth, bound it (a 128-thread block read its head's cache at about 8 GB/s). */
+ * bandwidth, bound it (a 128-thread block read its head's cache at about 2.5 GB/s). */
 template <int TH>
 __global__ void __launch_bounds__(TH) k_attn_gqa(df_attn_gqa_args a, float *scores, int vec) {
     const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, hd = a.head_dim, kvh = h / (NH / a.n_kv_heads), T = a.pos0 + a.n;
