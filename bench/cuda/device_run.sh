@@ -110,6 +110,6 @@ if has bench; then
 fi
 date -u
 # one file back (the device tool returns a few files only)
-tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz . 2>/dev/null && find "$OUT" -type f ! -name logs.tgz -delete
+tar czf /tmp/device_run_logs.tgz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/device_run_logs.tgz "$OUT/logs.tgz"
 echo "device_run: $fail failed steps"
 exit $fail
