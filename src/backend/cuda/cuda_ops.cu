@@ -501,7 +501,7 @@ static float *g_rt_pin;
 static size_t g_rt_cap; /* floats */
 static int g_rt_pageable;
 void g_route(const df_route_args *a) {
-    PROF_SCOPE();
+    LOCK(); /* the staging buffer is shared: one route at a time, like every op that keeps state */
     if (a->n <= 0) return;
     const size_t nl = (size_t)a->n * a->n_experts, nw = (size_t)a->n * a->k, need = nl + nw + 64;
     if (g_rt_cap < need) {
