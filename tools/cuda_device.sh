@@ -7,11 +7,12 @@
 # STAGE (default /work/main/.whl/ckern): a git-ignored folder of the checkout
 # that the device tool ships (`run` sends that checkout, plus the ignored
 # paths named in `carry`). Builds here with `make CUDA=1` (nvcc; sm_90 + PTX):
-# deltafin, the conformance test, test_backend_cuda and the benchmark; copies
+# deltafin, the conformance test, test_backend_cuda, the benchmark and h2d_bw; copies
 # them to STAGE/bin, the shared libraries they need that are not glibc's,
 # the C++ runtime's or CUDA's (libmicrohttpd, liburing, libjansson, ...) to
-# STAGE/lib, and bench/cuda/device_run.sh + tests/tools/cuda_e2e.py beside
-# them. The device has CUDA 13 and cuBLAS; device_run.sh finds libcublas
+# STAGE/lib, and bench/cuda/device_run.sh (the one device script) with the
+# scripts it runs (cuda_e2e.py, cuda_tiers.py, make_moe.py, e2e_pct.py,
+# tier_bench.sh) beside them. The device has CUDA 13 and cuBLAS; device_run.sh finds libcublas
 # there. Delete STAGE when done.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,11 +20,13 @@ STAGE=${1:-/work/main/.whl/ckern}
 cd "$ROOT"
 make --no-print-directory CUDA=1 O=build-cuda -j2 build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda \
     build-cuda/bench/cuda_bench >/dev/null
+mkdir -p build-cuda/bench
+[ build-cuda/bench/h2d_bw -nt bench/cuda/h2d_bw.cu ] || ${NVCC:-nvcc} -O2 -arch=sm_90 -o build-cuda/bench/h2d_bw bench/cuda/h2d_bw.cu
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/lib"
-cp build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda build-cuda/bench/cuda_bench "$STAGE/bin/"
+cp build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda build-cuda/bench/cuda_bench build-cuda/bench/h2d_bw "$STAGE/bin/"
 strip --strip-debug "$STAGE"/bin/*
-cp bench/cuda/device_run.sh tests/tools/cuda_e2e.py "$STAGE/"
+cp bench/cuda/device_run.sh bench/cuda/e2e_pct.py bench/cuda/make_moe.py bench/cuda/tier_bench.sh tests/tools/cuda_e2e.py tests/tools/cuda_tiers.py "$STAGE/"
 # the libraries the binaries load, minus those every Linux (and the CUDA image) has
 for b in "$STAGE"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | while read -r so; do
     case "$(basename "$so")" in
@@ -36,4 +39,4 @@ echo "staged $(du -sh "$STAGE" | cut -f1) in $STAGE:" >&2
 ls "$STAGE" "$STAGE/bin" "$STAGE/lib" >&2
 echo "give the device tool (from the session whose checkout is /work/main):"
 echo "  run(command=\"OUT=\$OUT bash $REL/device_run.sh\", carry=[\"$REL\"], timeout_s=600)"
-echo "optional: E2E=0 skips the synthetic DeepSeek-V3 decode; BENCH_ARGS=--quick shortens the benchmark"
+echo "optional: STEPS='unit conf e2e tiers bench moe' picks steps; BENCH_ARGS='' runs the full product benchmark; TIER_BENCH=1 adds tier_bench.sh"

@@ -1,6 +1,6 @@
 /* cuda_bench.cu - the CUDA backend's speed against floors measured in the same run.
  *
- *   cuda_bench [--quick]
+ *   cuda_bench [--quick] [--floor]   (--floor: the HBM read floor only)
  *
  * Floors: HBM read bandwidth (a plain 16-byte-load read kernel over 4 GiB),
  * cuBLAS SGEMM (f32) and cuBLAS BF16 GEMM (bf16 inputs, f32 accumulate) on
@@ -32,7 +32,7 @@
 #include <vector>
 
 static const df_backend_ops *B = &df_backend_cuda;
-static int g_quick;
+static int g_quick, g_floor_only;
 
 #define CKB(x)                                                                                   \
     do {                                                                                         \
@@ -276,8 +276,9 @@ static void prefill_row(const char *name, W &wt, cublasHandle_t h, int n) {
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
+        else if (!strcmp(argv[i], "--floor")) g_floor_only = 1;
         else {
-            fprintf(stderr, "usage: cuda_bench [--quick]\n");
+            fprintf(stderr, "usage: cuda_bench [--quick] [--floor]\n");
             return 2;
         }
     if (!df_cuda_available()) {
@@ -291,6 +292,7 @@ int main(int argc, char **argv) {
     printf("device: %s, %d SMs, %.0f GiB, memory bus %d bits\n", p.name, p.multiProcessorCount, p.totalGlobalMem / 1073741824.0, bus);
     const double floor_gbs = hbm_read_gbs();
     printf("floor: HBM read %.1f GB/s (16-byte loads over 4 GiB, median of 10)\n", floor_gbs);
+    if (g_floor_only) return 0;
 
     /* Qwen3-30B-A3B, BF16 */
     {

@@ -1,23 +1,38 @@
 #!/usr/bin/env bash
-# device_run.sh - runs ON the GPU machine (the `run` tool of the device
-# library), from the repository root there, out of the folder that
-# tools/cuda_device.sh staged (bin/, lib/, this script, cuda_e2e.py):
-#   1. test_backend_cuda, then the op-by-op conformance test against the CPU
-#      reference (test_backend_ops --backend cuda --ref cpu-scalar);
-#   2. the model parity test (cuda_e2e.py: every tiny model in
-#      tests/data/models, logits per position and 32 greedy tokens, CUDA vs CPU);
-#   3. the benchmark (cuda_bench: floors and our rates);
-#   4. with E2E=1 (the default; E2E=0 skips it): a synthetic DeepSeek-V3
-#      checkpoint of E2E_LAYERS layers (bench/make_synthetic_dsv3.py, written
-#      on the device's disk) decoded by `deltafin run --backend cuda --stats`.
-# Logs go to $OUT (machine.txt, conformance.log, parity.log, bench.log,
-# e2e.log); a summary to stdout. Exit status: the number of failed steps.
+# device_run.sh - the ONE script that runs ON the GPU machine (the `run` tool
+# of the device library), from the repository root there, out of the folder
+# that tools/cuda_device.sh staged (bin/: deltafin, test_backend_ops,
+# test_backend_cuda, cuda_bench, h2d_bw; lib/; this script, cuda_e2e.py,
+# cuda_tiers.py, make_moe.py, tier_bench.sh, e2e_pct.py):
+#   1. test_backend_cuda (incl. the batching of cached experts), then the
+#      op-by-op conformance test (test_backend_ops --backend cuda --ref cpu-scalar);
+#   2. model parity (cuda_e2e.py: every tiny model in tests/data/models, CUDA vs CPU);
+#   3. the tier checks (cuda_tiers.py: tiny MoE models under a tiny VRAM budget);
+#   4. (last) the product benchmark (cuda_bench ${BENCH_ARGS:---quick});
+#   5. END TO END, on a synthetic Qwen3-30B-A3B-shape BF16 MoE written here
+#      (make_moe.py, ${MOE_LAYERS:-4} layers): the HBM read floor (cuda_bench
+#      --floor) and the pinned H2D floor (h2d_bw) of this call, then
+#      a. resident: `deltafin run --backend cuda --gpu-memory 100G` (every expert
+#         cached in VRAM by a 512-token prompt), 128 decode tokens: weight bytes
+#         per token x tok/s against the HBM floor (e2e_pct.py); with
+#         DELTAFIN_CUDA_PROF=1 and =2 (time per backend op over the decode
+#         steps) after it; then sampled (--temperature 1: each token routes anew);
+#      b. pinned tier: --gpu-memory 2500M, 600M and 400M with --expert-cache 8G
+#         (every expert in the pinned host cache, warmed by the same 512-token
+#         prompt before decode is timed), sampled tokens: expert bytes
+#         host->VRAM per second of decode against the H2D floor;
+#   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
+# Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
+# Steps: STEPS="unit conf e2e tiers bench moe" (default all).
 set -u
 S=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/cuda_out}
 mkdir -p "$OUT"
+STEPS=${STEPS:-unit conf e2e tiers bench moe}
+has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 CUBLAS_DIR=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="$S/lib:/usr/local/cuda/lib64:${CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+BIN=$S/bin/deltafin
 fail=0
 step() { # name timeout log cmd...
     local name=$1 to=$2 log=$3
@@ -29,24 +44,72 @@ step() { # name timeout log cmd...
     [ "$rc" -eq 0 ] || fail=$((fail + 1))
     return $rc
 }
-{ date -u; nvidia-smi; nvcc --version 2>/dev/null | tail -1; uname -a; nproc; ldd "$S/bin/deltafin"; } >"$OUT/machine.txt" 2>&1
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
+{ date -u; nvidia-smi; uname -a; nproc; free -g; df -h /tmp; ldd "$BIN"; which nsys; } >"$OUT/machine.txt" 2>&1
+date -u
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
 
-step "test_backend_cuda" 60 cuda_unit.log "$S/bin/test_backend_cuda"
-tail -2 "$OUT/cuda_unit.log"
-step "conformance (test_backend_ops --backend cuda --ref cpu-scalar)" 240 conformance.log "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
-grep -E "FAIL|failures" "$OUT/conformance.log" | tail -15
-step "model parity (cuda_e2e.py)" 300 parity.log python3 "$S/cuda_e2e.py" "$S/bin/deltafin"
-cat "$OUT/parity.log" | cut -c1-200
-step "benchmark (cuda_bench)" 300 bench.log "$S/bin/cuda_bench" ${BENCH_ARGS:-}
-cat "$OUT/bench.log"
-if [ "${E2E:-1}" = 1 ]; then
-    M=/tmp/dsv3-synth
-    L=${E2E_LAYERS:-3}
-    step "synthetic DeepSeek-V3 ($L layers) written" 240 e2e_gen.log python3 bench/make_synthetic_dsv3.py "$M" --layers "$L" --experts "${E2E_EXPERTS:-64}" &&
-        step "deltafin run --backend cuda (synthetic DeepSeek-V3)" 240 e2e.log \
-            "$S/bin/deltafin" run --backend cuda --model "$M" --ids 1,2,3,4,5,6,7,8 --max-new 32 --ignore-eos --print-ids --stats
-    tail -5 "$OUT/e2e_gen.log" "$OUT/e2e.log" 2>/dev/null
+if has unit; then
+    step "test_backend_cuda" 60 cuda_unit.log "$S/bin/test_backend_cuda"
+    tail -3 "$OUT/cuda_unit.log"
 fi
+if has conf; then
+    step "conformance (test_backend_ops --backend cuda --ref cpu-scalar)" 240 conformance.log "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
+    grep -E "FAIL|failures" "$OUT/conformance.log" | tail -15
+    DELTAFIN_CUDA_ATTN_SPLIT=0 step "conformance, decode attention without the position split" 240 conformance_nosplit.log \
+        "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
+    grep -E "FAIL|failures" "$OUT/conformance_nosplit.log" | tail -5
+fi
+if has e2e; then
+    step "model parity (cuda_e2e.py, every tiny model)" 300 parity.log python3 "$S/cuda_e2e.py" "$BIN"
+    cut -c1-200 "$OUT/parity.log" | tail -25
+fi
+if has tiers; then
+    step "tiers (cuda_tiers.py)" 240 tiers.log python3 "$S/cuda_tiers.py" "$BIN" tests/data/models/qwen3-moe-bf16 tests/data/models/deepseek-v3-bf16
+    tail -12 "$OUT/tiers.log"
+fi
+if has moe; then
+    W=${WORK:-/tmp/moebench}
+    M=$W/moe${MOE_LAYERS:-4}
+    mkdir -p "$W"
+    [ -f "$M/model.safetensors" ] || step "synthetic Qwen3-30B-A3B-shape MoE written" 240 moe_gen.log python3 "$S/make_moe.py" "$M" --layers "${MOE_LAYERS:-4}"
+    step "HBM floor (cuda_bench --floor)" 60 floor.log "$S/bin/cuda_bench" --floor
+    step "pinned H2D floor (h2d_bw)" 60 h2d.log "$S/bin/h2d_bw" 2048
+    cat "$OUT/floor.log" "$OUT/h2d.log"
+    IDS=$(python3 -c 'print(",".join(str(3 + i * 37 % 8000) for i in range(512)))')
+    moe() { # name, then options
+        local name=$1
+        shift
+        step "moe $name: $*" 300 "moe_$name.log" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${MAX_NEW:-128}" --ignore-eos --print-ids --stats "$@"
+        grep -E "^\[stats\] (prefill|vram|host|decode|time split)|^\[cuda prof\]|out of VRAM|stay in host" "$OUT/moe_$name.log" | head -40
+        python3 "$S/e2e_pct.py" "$OUT/moe_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
+    }
+    moe resident --gpu-memory 100G
+    DELTAFIN_CUDA_ATTN_SPLIT=0 moe resident-nosplit --gpu-memory 100G
+    DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
+    DELTAFIN_CUDA_PROF=2 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof2 --gpu-memory 100G
+    # sampled tokens (--temperature 1): each decode token routes anew, as text does (greedy repeats one token here)
+    moe resident-sampled --gpu-memory 100G --temperature 1 --seed 1
+    moe pinned-2500M --gpu-memory 2500M --expert-cache 8G --temperature 1 --seed 1
+    moe pinned-600M --gpu-memory 600M --expert-cache 8G --temperature 1 --seed 1
+    moe pinned-400M --gpu-memory 400M --expert-cache 8G --temperature 1 --seed 1
+    DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe pinned-400M-prof1 --gpu-memory 400M --expert-cache 8G --temperature 1 --seed 1
+    for n in resident-nosplit resident-prof1 resident-prof2; do
+        cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+    done
+    for n in pinned-2500M pinned-600M pinned-400M pinned-400M-prof1; do
+        cmp -s <(grep -v '^\[' "$OUT/moe_resident-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident-sampled" || echo "ids $n: DIFFER from resident-sampled"
+    done
+    if [ "${TIER_BENCH:-0}" = 1 ]; then
+        step "tier benchmark (tier_bench.sh)" 500 tier_bench.log bash "$S/tier_bench.sh" "$BIN" "$S/bin/h2d_bw" "$W" "$OUT"
+        tail -40 "$OUT/tier_bench.log"
+    fi
+fi
+if has bench; then
+    step "benchmark (cuda_bench ${BENCH_ARGS:---quick})" 300 bench.log "$S/bin/cuda_bench" ${BENCH_ARGS:---quick}
+    cat "$OUT/bench.log"
+fi
+date -u
+# one file back (the device tool returns a few files only)
+tar czf /tmp/device_run_logs.tgz -C "$OUT" . && find "$OUT" -type f -delete && mv /tmp/device_run_logs.tgz "$OUT/logs.tgz"
 echo "device_run: $fail failed steps"
 exit $fail

@@ -52,6 +52,47 @@ int main(void) {
     memset(&bad, 0, sizeof bad);
     bad.fmt = DF_W_FP8, bad.rows = 1, bad.cols = 16, bad.data = bytes, bad.row_bytes = 16; /* no block shape */
     CHECK(df_backend_cuda.weight_register(&bad) == DF_EUNSUPPORTED && !bad.handle, "FP8 without a block shape");
+    /* On a device: the 8 routed experts of a MoE product (weights with an ident, never registered: the VRAM
+     * expert cache serves them) go out in ONE launch of the product kernel, with the CPU's results. Before the
+     * cached experts joined the batching each ran in a launch of its own (8 here). */
+    if (dev) {
+        df_backend_select("cuda");
+        df_cuda_set_memory((int64_t)256 << 20, 0, (int64_t)8 * 96 * 256 * 4); /* a cache of these 8 experts, not all of VRAM */
+        enum { NE = 8, R = 96, C = 256 };
+        static float wv[NE][R * C], xv[C], yv[NE][R], yc[R];
+        df_weight ew[NE];
+        df_mv_job jobs[NE];
+        df_act *x = df_backend_cuda.alloc(C), *y[NE];
+        for (int c = 0; c < C; c++) xv[c] = (float)((c * 37 % 101) - 50) / 64.0f;
+        df_backend_cuda.write(x, xv, C);
+        for (int e = 0; e < NE; e++) {
+            for (int i = 0; i < R * C; i++) wv[e][i] = (float)(((i + 13 * e) * 29 % 97) - 48) / 128.0f;
+            memset(&ew[e], 0, sizeof ew[e]);
+            ew[e].fmt = DF_W_F32, ew[e].rows = R, ew[e].cols = C, ew[e].data = (const uint8_t *)wv[e], ew[e].row_bytes = C * sizeof(float);
+            ew[e].ident = df_expert_ident(0, e, 0);
+            y[e] = df_backend_cuda.alloc(R);
+            jobs[e].w = &ew[e], jobs[e].x = x, jobs[e].y = y[e];
+        }
+        for (int pass = 0; pass < 2; pass++) { /* misses (copies queued), then hits */
+            const int64_t l0 = df_cuda_mm_launches();
+            df_backend_cuda.matmul_batch(jobs, NE, 1);
+            const int64_t launches = df_cuda_mm_launches() - l0;
+            CHECK(launches == 1, "pass %d: 8 cached experts in %lld launches, expected 1", pass, (long long)launches);
+            if (df_backend_cuda.experts_done) df_backend_cuda.experts_done();
+            for (int e = 0; e < NE; e++) {
+                df_backend_cuda.read(yv[e], y[e], R);
+                for (int r = 0; r < R; r++) yc[r] = df_dot_row(&ew[e], r, xv);
+                double d = 0, n2 = 0;
+                for (int r = 0; r < R; r++) d += (double)(yv[e][r] - yc[r]) * (yv[e][r] - yc[r]), n2 += (double)yc[r] * yc[r];
+                CHECK(d <= 1e-10 * n2, "pass %d expert %d: rel L2^2 %g against the CPU", pass, e, n2 > 0 ? d / n2 : d);
+            }
+        }
+        for (int e = 0; e < NE; e++) df_backend_cuda.free(y[e]);
+        df_backend_cuda.free(x);
+        if (df_backend_cuda.tier_reset) df_backend_cuda.tier_reset();
+        df_backend_select("cpu");
+    } else
+        printf("test_backend_cuda: no CUDA device: the batching check of cached experts is SKIPPED\n");
 #endif
     printf("test_backend_cuda: %s build, %d failures\n", df_backend_cuda_built() ? "CUDA" : "CPU-only", failures);
     return failures ? 1 : 0;

@@ -393,10 +393,11 @@ static void test_matmul_prefill(void) {
 
 /* ---- attention ------------------------------------------------------------------ */
 static void test_attn_gqa(void) {
-    static const int P0[] = {0, 5, 40};
+    /* pos0 300: a decode step over a long cache (the CUDA backend splits its positions over blocks), head_dim 128 */
+    static const int P0[] = {0, 5, 40, 300};
     for (int ni = 0; ni < 4; ni++)
-        for (int pi = 0; pi < 3; pi++) {
-            const int n = NS[ni], pos0 = P0[pi], NH = 6, KV = 2, hd = 36, T = pos0 + n;
+        for (int pi = 0; pi < 4; pi++) {
+            const int n = NS[ni], pos0 = P0[pi], NH = 6, KV = 2, hd = pi == 3 ? 128 : 36, T = pos0 + n;
             float *q = rnd((size_t)n * NH * hd, 1), *kv = rnd((size_t)T * 2 * KV * hd, 1), *o = calloc((size_t)n * NH * hd, 4);
             float *h[3] = {q, kv, o};
             size_t sz[3] = {(size_t)n * NH * hd, (size_t)T * 2 * KV * hd, (size_t)n * NH * hd};

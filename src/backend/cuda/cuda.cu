@@ -62,6 +62,58 @@ void post(const char *op) {
 }
 
 pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+int64_t g_mm_launches;
+extern "C" int64_t df_cuda_mm_launches(void) { return g_mm_launches; }
+
+/* ---- DELTAFIN_CUDA_PROF: time and calls per op (a measurement aid) ------------ */
+int g_prof = -1;
+typedef struct { const char *op; double s; int64_t n; } prof_ent;
+static prof_ent g_pt[64];
+static int g_npt;
+static int64_t g_prof_l0; /* launches when the table restarted */
+static void prof_print(void) {
+    double tot = 0;
+    for (int i = 0; i < g_npt; i++) tot += g_pt[i].s;
+    fprintf(stderr, "[cuda prof] %s: %.3f s in backend ops\n", g_prof > 1 ? "host + GPU time (synchronized per op)" : "host time (asynchronous)", tot);
+    for (int i = 0; i < g_npt; i++)
+        if (g_pt[i].n) fprintf(stderr, "[cuda prof] %-20s %9lld calls %9.3f ms %8.2f us/call %5.1f%%\n", g_pt[i].op, (long long)g_pt[i].n, g_pt[i].s * 1e3,
+                g_pt[i].n ? g_pt[i].s * 1e6 / g_pt[i].n : 0, tot > 0 ? 100 * g_pt[i].s / tot : 0);
+    fprintf(stderr, "[cuda prof] matmul_batch launches: %lld\n", (long long)(g_mm_launches - g_prof_l0));
+}
+int prof_on(void) {
+    if (g_prof < 0) {
+        const char *v = getenv("DELTAFIN_CUDA_PROF");
+        g_prof = v && *v ? atoi(v) : 0;
+        if (g_prof > 0) atexit(prof_print);
+    }
+    return g_prof > 0;
+}
+double prof_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+/* DELTAFIN_CUDA_PROF_DECODE=1: the table restarts at every product of more than one token, so what is printed
+ * is the decode steps after the last prefill product */
+void prof_restart(void) {
+    static int dec = -1;
+    if (dec < 0) {
+        const char *v = getenv("DELTAFIN_CUDA_PROF_DECODE");
+        dec = v && *v && strcmp(v, "0");
+    }
+    if (!dec) return;
+    for (int i = 0; i < g_npt; i++) g_pt[i].s = 0, g_pt[i].n = 0;
+    g_prof_l0 = g_mm_launches;
+}
+void prof_add(const char *op, double s) {
+    int i = 0;
+    while (i < g_npt && g_pt[i].op != op) i++;
+    if (i == g_npt) {
+        if (g_npt == 64) return;
+        g_pt[g_npt++].op = op;
+    }
+    g_pt[i].s += s, g_pt[i].n++;
+}
 
 /* ---- device memory accounting: every allocation, by address ------------------- */
 typedef struct { void *p; size_t n; } aent;
@@ -183,8 +235,8 @@ static void g_free(df_act *p) {
     LOCK();
     dfree(p, &g_act_used, "free");
 }
-static void g_write(df_act *dst, const float *src, size_t n) { if (n) CK("write", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice)); }
-static void g_read(float *dst, const df_act *src, size_t n) { if (n) CK("read", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost)); }
+static void g_write(df_act *dst, const float *src, size_t n) { PROF_SCOPE(); if (n) CK("write", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice)); }
+static void g_read(float *dst, const df_act *src, size_t n) { PROF_SCOPE(); if (n) CK("read", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost)); }
 static void g_copy(df_act *dst, const df_act *src, size_t n) { if (n) CK("copy", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice)); }
 static void g_zero(df_act *dst, size_t n) { if (n) CK("zero", cudaMemset(dst, 0, n * sizeof(float))); }
 static void g_copy_rows(df_act *dst, size_t ds, const df_act *src, size_t ss, int rows, int cols) {

@@ -20,6 +20,8 @@ extern const df_backend_ops df_backend_cuda;
 int df_cuda_available(void);
 /* The VRAM budget (df_backend_set_memory): budget 0 = free memory minus a margin. */
 void df_cuda_set_memory(int64_t budget, int64_t reserve, int64_t expert_bytes);
+/* Launches of the decode product kernel so far (matmul_batch batches its jobs into few launches; tests check it). */
+int64_t df_cuda_mm_launches(void);
 
 #ifdef __cplusplus
 }

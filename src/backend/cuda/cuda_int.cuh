@@ -20,6 +20,7 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 void report(const char *op, cudaError_t e);
 #define CK(op, call)                                  \
@@ -40,11 +41,44 @@ static inline unsigned blocks_for(size_t n, unsigned th) {
  * the kernels of earlier ops that read it. */
 extern pthread_mutex_t g_mu;
 extern unsigned long g_op; /* ops begun: cuda.cu's per-op scratch (w_get) never hands one op the same buffer twice */
+/* DELTAFIN_CUDA_PROF=1: host time and calls per op, printed at exit (stderr);
+ * =2: each op also waits for its kernels, so the time includes the GPU's. */
+extern int g_prof; /* -1: not read yet */
+int prof_on(void);
+void prof_add(const char *op, double seconds);
+void prof_restart(void); /* DELTAFIN_CUDA_PROF_DECODE: forget what was timed so far (a prefill product calls it) */
+double prof_now(void);
 struct Lock {
-    Lock() { pthread_mutex_lock(&g_mu), g_op++; }
-    ~Lock() { pthread_mutex_unlock(&g_mu); }
+    const char *op;
+    double t0;
+    Lock(const char *f) : op(f), t0(0) {
+        pthread_mutex_lock(&g_mu), g_op++;
+        if (prof_on()) t0 = prof_now();
+    }
+    ~Lock() {
+        if (g_prof > 0) {
+            if (g_prof > 1) cudaDeviceSynchronize();
+            prof_add(op, prof_now() - t0);
+        }
+        pthread_mutex_unlock(&g_mu);
+    }
 };
-#define LOCK() Lock lock_
+#define LOCK() Lock lock_(__func__)
+/* the timing of Lock for ops that take no lock */
+struct ProfScope {
+    const char *op;
+    double t0;
+    ProfScope(const char *f) : op(f), t0(prof_on() ? prof_now() : 0) {}
+    ~ProfScope() {
+        if (g_prof > 0) {
+            if (g_prof > 1) cudaDeviceSynchronize();
+            prof_add(op, prof_now() - t0);
+        }
+    }
+};
+#define PROF_SCOPE() ProfScope prof_(__func__)
+/* kernel launches of matmul_batch (the decode kernel) since the start: tests check the batching */
+extern int64_t g_mm_launches;
 
 /* scratch: device buffers that grow on demand, one per role */
 /* S_SLAB0..2, S_X0..2: the prefill products' weight slabs and split activations (cuda_mm.cu) */

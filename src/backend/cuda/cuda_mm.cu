@@ -270,6 +270,7 @@ static void mm_flush(MmBatch *b, unsigned blocks, int n) {
         else if (b->n <= 4) mm_launch<4>(b, blocks);
         else mm_launch<MM_TN>(b, blocks);
         post("matmul_batch");
+        g_mm_launches++;
     }
     b->nj = 0;
 }
@@ -389,13 +390,17 @@ static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
 void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     LOCK();
     if (n <= 0) return;
+    if (n > 1 && g_prof > 0) prof_restart();
     MmBatch b;
     b.nj = 0;
     unsigned blocks = 0;
     for (int j = 0; j < n_jobs; j++) {
         DW d;
-        /* an unregistered weight is uploaded into scratch shared by every such job: it runs alone */
-        const int scratch = !jobs[j].w->handle;
+        /* an unregistered weight without an identity is uploaded into scratch slots shared by every such job:
+         * it runs alone. Routed experts (ident) come from the VRAM cache (slots in use this layer are never
+         * evicted) or per-op scratch (a buffer per copy), spine weights left in host memory from per-op
+         * scratch: they batch with the rest. */
+        const int scratch = !jobs[j].w->handle && !jobs[j].w->ident;
         if (scratch) mm_flush(&b, blocks, n), blocks = 0;
         if (w_get(jobs[j].w, S_WD0, S_WS0, &d, "matmul_batch")) continue;
         if (d.rows <= 0) continue;

@@ -40,30 +40,182 @@ static int chunk_tokens(int n, int heads, int pos0) {
     return (int)(per < (size_t)n ? per : (size_t)n);
 }
 
-/* block (h, t) */
-__global__ void __launch_bounds__(AT_TH) k_attn_gqa(df_attn_gqa_args a, float *scores) {
+/* block (h, t) of TH threads. vec (head_dim % 4 == 0, 16-byte aligned q and cache): 16-byte loads. A decode
+ * step has few blocks (one per head), so it runs 512 threads per block: the loads in flight per SM, not the
+ * bandwidth, bound it (a 128-thread block read its head's cache at about 2.5 GB/s). */
+template <int TH>
+__global__ void __launch_bounds__(TH) k_attn_gqa(df_attn_gqa_args a, float *scores, int vec) {
     const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, hd = a.head_dim, kvh = h / (NH / a.n_kv_heads), T = a.pos0 + a.n;
     const int len = a.pos0 + t + 1;
     const size_t kdim = (size_t)a.n_kv_heads * hd;
     const float *q = DCP(a.q) + ((size_t)t * NH + h) * hd, *kc = DCP(a.kv) + (size_t)kvh * hd, *vc = kc + kdim;
     float *sc = scores + ((size_t)t * NH + h) * T;
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int j = wid; j < len; j += nw) {
-        const float *k = kc + (size_t)j * 2 * kdim;
-        float s = 0.0f;
-        for (int d = lane; d < hd; d += 32) s += q[d] * k[d];
-        s = warp_sum(s);
-        if (!lane) sc[j] = s * a.scale;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = TH / 32;
+    /* scores: a warp per position (lane-strided dot, then the warp sum), 4 positions in flight per warp */
+    for (int j0 = wid; j0 < len; j0 += 4 * nw) {
+        float s[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int j = j0 + u * nw;
+            s[u] = 0.0f;
+            if (j < len) {
+                const float *k = kc + (size_t)j * 2 * kdim;
+                if (vec)
+                    for (int d = 4 * lane; d < hd; d += 128) {
+                        const float4 kv = *(const float4 *)(k + d), qv = *(const float4 *)(q + d);
+                        s[u] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+                    }
+                else
+                    for (int d = lane; d < hd; d += 32) s[u] += q[d] * k[d];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) s[u] = warp_sum(s[u]);
+        if (!lane) {
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (j0 + u * nw < len) sc[j0 + u * nw] = s[u] * a.scale;
+        }
     }
     __syncthreads();
     block_softmax(sc, len);
+    /* out = sum_j p_j v_j: the positions split over the warps (a lane holds 4 columns of a 128-column chunk),
+     * the warps' partial sums added in warp order: a decode step's chain is len / nw loads long, not len */
+    __shared__ float red[TH / 32][128];
     float *out = DP(a.out) + ((size_t)t * NH + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int j = 0; j < len; j++) o += sc[j] * vc[(size_t)j * 2 * kdim + d];
-        out[d] = o;
+    for (int d0 = 0; d0 < hd; d0 += 128) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (vec) { /* columns d0 + 4 lane .. + 3 */
+            const bool in = d0 + 4 * lane < hd;
+#pragma unroll 4
+            for (int j = wid; j < len; j += nw) {
+                const float p = sc[j];
+                if (in) {
+                    const float4 v = *(const float4 *)(vc + (size_t)j * 2 * kdim + d0 + 4 * lane);
+                    acc[0] += p * v.x, acc[1] += p * v.y, acc[2] += p * v.z, acc[3] += p * v.w;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[wid][4 * lane + i] = acc[i];
+        } else { /* columns d0 + lane + 32 i */
+#pragma unroll 4
+            for (int j = wid; j < len; j += nw) {
+                const float p = sc[j];
+                const float *v = vc + (size_t)j * 2 * kdim + d0;
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (d0 + lane + 32 * i < hd) acc[i] += p * v[lane + 32 * i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[wid][lane + 32 * i] = acc[i];
+        }
+        __syncthreads();
+        for (int d = threadIdx.x; d < 128 && d0 + d < hd; d += TH) {
+            float o = 0.0f;
+            for (int w = 0; w < nw; w++) o += red[w][d];
+            out[d0 + d] = o;
+        }
+        __syncthreads();
     }
 }
+/* Decode (few blocks): the positions split into chunks of AS_CH, a block per (head, token, chunk) with the
+ * chunk's max m, sum l (double) of exp(s - m) and o = sum exp(s - m) v into part; k_attn_gqa_combine rescales
+ * by exp(m - M) and divides by L: softmax(s) v as the CPU's (one max, double sum), rounded differently. */
+#define AS_CH 64
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, float *part, int S, int vec) {
+    const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z, NH = a.n_heads, hd = a.head_dim, kvh = h / (NH / a.n_kv_heads);
+    const int len = a.pos0 + t + 1, j0 = z * AS_CH, cnt = len - j0 < AS_CH ? len - j0 : AS_CH;
+    const size_t kdim = (size_t)a.n_kv_heads * hd;
+    const float *q = DCP(a.q) + ((size_t)t * NH + h) * hd, *kc = DCP(a.kv) + (size_t)kvh * hd + (size_t)j0 * 2 * kdim, *vc = kc + kdim;
+    float *P = part + (((size_t)t * NH + h) * S + z) * (size_t)(hd + 2);
+    if (cnt <= 0) { /* past this token's positions */
+        for (int d = threadIdx.x; d < hd + 2; d += AT_TH) P[d] = d ? 0.0f : -INFINITY;
+        return;
+    }
+    __shared__ float sc[AS_CH];
+    __shared__ float red[AT_TH / 32][128];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = AT_TH / 32;
+    for (int i0 = wid; i0 < cnt; i0 += 4 * nw) {
+        float s[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int i = i0 + u * nw;
+            s[u] = 0.0f;
+            if (i < cnt) {
+                const float *k = kc + (size_t)i * 2 * kdim;
+                if (vec)
+                    for (int d = 4 * lane; d < hd; d += 128) {
+                        const float4 kv = *(const float4 *)(k + d), qv = *(const float4 *)(q + d);
+                        s[u] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+                    }
+                else
+                    for (int d = lane; d < hd; d += 32) s[u] += q[d] * k[d];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) s[u] = warp_sum(s[u]);
+        if (!lane) {
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (i0 + u * nw < cnt) sc[i0 + u * nw] = s[u] * a.scale;
+        }
+    }
+    __syncthreads();
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < cnt; i += AT_TH) m = fmaxf(m, sc[i]);
+    m = block_max(m);
+    double l = 0;
+    for (int i = threadIdx.x; i < cnt; i += AT_TH) {
+        const float e = expf(sc[i] - m);
+        sc[i] = e;
+        l += e;
+    }
+    l = block_sum(l); /* its barriers order the writes of sc before the reads below */
+    for (int d0 = 0; d0 < hd; d0 += 128) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int i = wid; i < cnt; i += nw) {
+            const float p = sc[i];
+            const float *v = vc + (size_t)i * 2 * kdim + d0;
+            if (vec) {
+                if (d0 + 4 * lane < hd) {
+                    const float4 x = *(const float4 *)(v + 4 * lane);
+                    acc[0] += p * x.x, acc[1] += p * x.y, acc[2] += p * x.z, acc[3] += p * x.w;
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    if (d0 + lane + 32 * r < hd) acc[r] += p * v[lane + 32 * r];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) red[wid][vec ? 4 * lane + r : lane + 32 * r] = acc[r];
+        __syncthreads();
+        for (int d = threadIdx.x; d < 128 && d0 + d < hd; d += AT_TH) {
+            float o = 0.0f;
+            for (int w = 0; w < nw; w++) o += red[w][d];
+            P[2 + d0 + d] = o;
+        }
+        __syncthreads();
+    }
+    if (!threadIdx.x) P[0] = m, P[1] = (float)l;
+}
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_combine(df_attn_gqa_args a, const float *part, int S) {
+    const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, hd = a.head_dim, len = a.pos0 + t + 1;
+    const int ns = (len + AS_CH - 1) / AS_CH;
+    const float *P = part + ((size_t)t * NH + h) * S * (size_t)(hd + 2);
+    float M = -INFINITY;
+    for (int z = 0; z < ns; z++) M = fmaxf(M, P[(size_t)z * (hd + 2)]);
+    double L = 0;
+    for (int z = 0; z < ns; z++) L += (double)P[(size_t)z * (hd + 2) + 1] * exp((double)P[(size_t)z * (hd + 2)] - M);
+    const float inv = (float)(1.0 / L);
+    float *out = DP(a.out) + ((size_t)t * NH + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += AT_TH) {
+        float o = 0.0f;
+        for (int z = 0; z < ns; z++) o += P[(size_t)z * (hd + 2) + 2 + d] * expf(P[(size_t)z * (hd + 2)] - M);
+        out[d] = o * inv;
+    }
+}
+static int g_attn_split = -1; /* DELTAFIN_CUDA_ATTN_SPLIT=0: decode attention without the position split */
 void g_attn_gqa(const df_attn_gqa_args *a) {
     LOCK();
     if (a->n <= 0 || a->n_heads <= 0) return;
@@ -76,7 +228,21 @@ void g_attn_gqa(const df_attn_gqa_args *a) {
         const size_t T = (size_t)c.pos0 + c.n;
         float *sc = (float *)slot(S_SCORES, (size_t)c.n * c.n_heads * T * sizeof(float), "attn_gqa");
         if (!sc) return;
-        k_attn_gqa<<<dim3((unsigned)c.n_heads, (unsigned)c.n), AT_TH>>>(c, sc);
+        const int vec = c.head_dim % 4 == 0 && !(((uintptr_t)c.q | (uintptr_t)c.kv) & 15);
+        const dim3 grid((unsigned)c.n_heads, (unsigned)c.n);
+        if (g_attn_split < 0) {
+            const char *e = getenv("DELTAFIN_CUDA_ATTN_SPLIT");
+            g_attn_split = !(e && !strcmp(e, "0"));
+        }
+        const int S = (int)((T + AS_CH - 1) / AS_CH);
+        if (g_attn_split && (size_t)c.n * c.n_heads < 512 && T >= 2 * AS_CH && S <= 65535) {
+            float *part = (float *)slot(S_SCORES, (size_t)c.n * c.n_heads * S * (size_t)(c.head_dim + 2) * sizeof(float), "attn_gqa");
+            if (!part) return;
+            k_attn_gqa_split<<<dim3((unsigned)c.n_heads, (unsigned)c.n, (unsigned)S), AT_TH>>>(c, part, S, vec);
+            post("attn_gqa");
+            k_attn_gqa_combine<<<grid, AT_TH>>>(c, part, S);
+        } else if ((size_t)c.n * c.n_heads < 512) k_attn_gqa<512><<<grid, 512>>>(c, sc, vec);
+        else k_attn_gqa<AT_TH><<<grid, AT_TH>>>(c, sc, vec);
         post("attn_gqa");
     }
 }
@@ -210,6 +376,7 @@ __global__ void k_rope(float *x, int n, int nh, size_t ts, size_t hs, int dim, c
     }
 }
 void g_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_act *cs, int interleaved) {
+    PROF_SCOPE();
     if (n <= 0 || nh <= 0 || dim < 2) return;
     const size_t N = (size_t)n * nh * (dim / 2);
     k_rope<<<blocks_for(N, 256), 256>>>(DP(x), n, nh, ts, hs, dim, DCP(cs), interleaved);
@@ -239,7 +406,7 @@ __global__ void k_gate(float *o, const float *g, const float *u, size_t n, int k
         o[i] = r;
     }
 }
-void g_add(df_act *y, const df_act *x, size_t n) { if (n) k_add<<<blocks_for(n, 256), 256>>>(DP(y), DCP(x), n), post("add"); }
+void g_add(df_act *y, const df_act *x, size_t n) { PROF_SCOPE(); if (n) k_add<<<blocks_for(n, 256), 256>>>(DP(y), DCP(x), n), post("add"); }
 void g_add_bias(df_act *y, const float *b, int rows, int cols) {
     LOCK();
     if (rows <= 0 || cols <= 0) return;
@@ -325,23 +492,42 @@ void g_attn_res(const df_attn_res_args *a) {
 }
 
 /* ---- MoE -------------------------------------------------------------------------------- */
-/* The router on the host with the CPU backend's code (the expert ids are host memory by contract). */
+/* The router on the host with the CPU backend's code (the expert ids are host memory by contract), through
+ * page-locked staging: the logits come back in one direct copy (the one wait of a MoE layer: the ids decide
+ * what the host does next), the weights go out asynchronously on the compute stream (the staging buffer is
+ * rewritten only by the next route, after its read-back, so after that copy has run). Pageable staging when
+ * page-locked memory cannot be had. */
+static float *g_rt_pin;
+static size_t g_rt_cap; /* floats */
+static int g_rt_pageable;
 void g_route(const df_route_args *a) {
+    LOCK(); /* the staging buffer is shared: one route at a time, like every op that keeps state */
     if (a->n <= 0) return;
-    const size_t nl = (size_t)a->n * a->n_experts, nw = (size_t)a->n * a->k;
-    float *lg = (float *)malloc((nl ? nl : 1) * sizeof(float)), *w = (float *)malloc((nw ? nw : 1) * sizeof(float));
-    if (!lg || !w) {
-        fprintf(stderr, "deltafin: cuda backend: route: out of host memory for %zu logits\n", nl);
-        free(lg), free(w);
-        return;
+    const size_t nl = (size_t)a->n * a->n_experts, nw = (size_t)a->n * a->k, need = nl + nw + 64;
+    if (g_rt_cap < need) {
+        if (g_rt_pin) {
+            cudaDeviceSynchronize(); /* the last weights copy may still read it */
+            if (g_rt_pageable) free(g_rt_pin);
+            else cudaFreeHost(g_rt_pin);
+        }
+        g_rt_pin = NULL, g_rt_cap = 0, g_rt_pageable = 0;
+        if (cudaHostAlloc((void **)&g_rt_pin, need * sizeof(float), cudaHostAllocDefault) != cudaSuccess) {
+            cudaGetLastError();
+            g_rt_pin = (float *)malloc(need * sizeof(float)), g_rt_pageable = 1;
+        }
+        if (!g_rt_pin) {
+            fprintf(stderr, "deltafin: cuda backend: route: out of host memory for %zu logits\n", nl);
+            return;
+        }
+        g_rt_cap = need;
     }
+    float *lg = g_rt_pin, *w = g_rt_pin + nl;
     CK("route", cudaMemcpy(lg, a->logits, nl * sizeof(float), cudaMemcpyDeviceToHost));
     df_route_args h = *a;
     h.logits = (const df_act *)lg;
     h.w = a->w ? (df_act *)w : NULL;
     df_backend_cpu.route(&h);
-    if (a->w) CK("route", cudaMemcpy(a->w, w, nw * sizeof(float), cudaMemcpyHostToDevice));
-    free(lg), free(w);
+    if (a->w) CK("route", cudaMemcpyAsync(a->w, w, nw * sizeof(float), cudaMemcpyHostToDevice, 0));
 }
 
 __global__ void k_moe_combine(float *out, const float *x, const float *w, int n, int k, int cols) {
@@ -354,6 +540,7 @@ __global__ void k_moe_combine(float *out, const float *x, const float *w, int n,
     }
 }
 void g_moe_combine(df_act *out, const df_act *x, const df_act *w, int n, int k, int cols) {
+    PROF_SCOPE();
     if (n <= 0 || cols <= 0) return;
     const size_t N = (size_t)n * cols;
     k_moe_combine<<<blocks_for(N, 256), 256>>>(DP(out), DCP(x), DCP(w), n, k, cols);
