@@ -71,6 +71,7 @@ typedef struct {
     int stream, include_usage;
     int logprobs;          /* 1: report the chosen tokens' log-probabilities */
     int top_logprobs;      /* alternatives per token, 0..20 (completions: 0..5) */
+    df_grammar *grammar;   /* chat response_format json_object / json_schema: the compiled constraint, or NULL */
 } df_oai_request;
 
 /* Validates body (len bytes, need not be NUL-terminated) as a request of the
