@@ -856,7 +856,7 @@ int df_grammar_compile(const char *text, size_t len, const char *root, df_gramma
     for (int i = 0; i < rs.n; i++)
         if (!g->rname[i]) g->rname[i] = strdup("?");
     if (b.over) {
-        rc = b.over == 1 ? df_err(err, errlen, DF_EINPUT, "grammar: more than %d automaton nodes (repetitions expand), expected fewer", DF_GRAMMAR_MAX_NODES)
+        rc = b.over == 1 ? df_err(err, errlen, DF_EINPUT, "grammar too large: more than %d automaton nodes (repetitions and inlined rules expand), expected fewer", DF_GRAMMAR_MAX_NODES)
                          : df_err(err, errlen, DF_ENOMEM, "grammar: out of memory");
         goto done;
     }

@@ -8,6 +8,7 @@
  *
  * Helper modes for tests/py/test_grammar.py:
  *   test_grammar --check SCHEMA_FILE DOCS_JSON   one line per document: 1 accepted, 0 rejected
+ *   test_grammar --prefix SCHEMA_FILE DOCS_JSON  one line per text: 1 a valid prefix of some document, 0 not
  *   test_grammar --gen SCHEMA_FILE SEED N        N random documents the grammar allows, as a JSON array
  *   test_grammar --schema SCHEMA_FILE            the grammar text (or the error, exit 2) */
 #include "grammar/grammar.h"
@@ -134,7 +135,7 @@ static void test_errors(void) {
     /* the node limit: nested repetitions expand */
     char err[256] = "";
     df_grammar *g = compile("root ::= ((\"ab\"){10000}){10000}", err, sizeof err);
-    CHECK(!g && strstr(err, "automaton nodes"), "node limit: %s", err);
+    CHECK(!g && strstr(err, "grammar too large: more than"), "node limit: %s", err);
     df_grammar_free(g);
 }
 
@@ -365,13 +366,19 @@ static df_grammar *schema_grammar(const char *path) {
     return g;
 }
 
-static int mode_check(const char *schema, const char *docs) {
+static int mode_check(const char *schema, const char *docs, int prefix) {
     df_grammar *g = schema_grammar(schema);
     df_gvocab *v = byte_vocab();
     json_error_t je;
     json_t *a = json_load_file(docs, 0, &je);
     if (!a) { fprintf(stderr, "%s: %s\n", docs, je.text); return 2; }
-    for (size_t i = 0; i < json_array_size(a); i++) printf("%d\n", judge(g, v, json_string_value(json_array_get(a, i))) == 1);
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        json_t *d = json_array_get(a, i);
+        char *txt = strndup(json_string_value(d), json_string_length(d));
+        int r = judge(g, v, txt);
+        printf("%d\n", prefix ? r >= 0 : r == 1);
+        free(txt);
+    }
     json_decref(a);
     df_gvocab_free(v);
     df_grammar_free(g);
@@ -425,7 +432,8 @@ static int mode_gen(const char *schema, uint64_t seed, int count) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 4 && !strcmp(argv[1], "--check")) return mode_check(argv[2], argv[3]);
+    if (argc == 4 && !strcmp(argv[1], "--check")) return mode_check(argv[2], argv[3], 0);
+    if (argc == 4 && !strcmp(argv[1], "--prefix")) return mode_check(argv[2], argv[3], 1);
     if (argc == 5 && !strcmp(argv[1], "--gen")) return mode_gen(argv[2], strtoull(argv[3], NULL, 10), atoi(argv[4]));
     if (argc == 3 && !strcmp(argv[1], "--schema")) {
         size_t n;
