@@ -95,6 +95,11 @@ $(O)/tests/test_%: tests/unit/test_%.c $$(call objs_of,$$(or $$(DEPS_$$(firstwor
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# bench/grammar_bench: constrained decoding's mask cost per token (docs/PERFORMANCE.md)
+$(O)/bench/grammar_bench: bench/grammar_bench.c $(call objs_of,grammar tok format util)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 unit: $(UNIT_BINS)
 	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 

@@ -204,7 +204,7 @@ static int cmp_u32pair(const void *a, const void *b) {
 
 /* Sorts and merges ranges; complements over the scalar values if neg. */
 static int class_normalize(ast *a, int neg) {
-    qsort(a->rng, (size_t)a->nrng, 2 * sizeof(uint32_t), cmp_u32pair);
+    if (a->nrng) qsort(a->rng, (size_t)a->nrng, 2 * sizeof(uint32_t), cmp_u32pair);
     int m = 0;
     for (int i = 0; i < a->nrng; i++) {
         uint32_t lo = a->rng[2 * i], hi = a->rng[2 * i + 1];

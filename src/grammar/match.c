@@ -461,8 +461,10 @@ static int commit(df_gmatch *m, int d, int complete) {
         m->cs = b;
         m->ccap = (int)k;
     }
-    memcpy(m->cn, m->hn + m->hoff[d], sizeof *m->cn * k);
-    memcpy(m->cs, m->hs + m->hoff[d], sizeof *m->cs * k);
+    if (k) { /* no heads (a finished document): cn may still be NULL */
+        memcpy(m->cn, m->hn + m->hoff[d], sizeof *m->cn * k);
+        memcpy(m->cs, m->hs + m->hoff[d], sizeof *m->cs * k);
+    }
     m->ncur = (int)k;
     m->complete = complete;
     m->fperm = m->ftop[d];
