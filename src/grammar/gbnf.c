@@ -734,6 +734,7 @@ static double ast_cost(const ast *a, const double *rc, const uint8_t *inl) {
 }
 static int plan_inline(const rules *rs, builder *b) {
     int R = rs->n;
+    size_t nr = R > 0 ? (size_t)R : 0;
     uint8_t *direct = calloc((size_t)R * (size_t)R + 1, 1), *rec = calloc((size_t)R + 1, 1), *inl = calloc((size_t)R + 1, 1),
             *done = calloc((size_t)R + 1, 1);
     double *cost = calloc((size_t)R + 1, sizeof *cost);
@@ -749,7 +750,7 @@ static int plan_inline(const rules *rs, builder *b) {
     }
     for (int r = 0; r < R; r++) { /* r is recursive if it reaches itself */
         uint8_t *seen = done;
-        memset(seen, 0, (size_t)R);
+        memset(seen, 0, nr);
         int sp = 0;
         for (int j = 0; j < R; j++)
             if (direct[(size_t)r * R + j]) { seen[j] = 1; stk[sp++] = j; }
@@ -761,7 +762,7 @@ static int plan_inline(const rules *rs, builder *b) {
         rec[r] = seen[r];
     }
     /* costs in dependency order: repeat until stable (non-recursive rules form a DAG) */
-    memset(done, 0, (size_t)R);
+    memset(done, 0, nr);
     for (int pass = 0, changed = 1; changed && pass <= R; pass++) {
         changed = 0;
         for (int r = 0; r < R; r++) {
