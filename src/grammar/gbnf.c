@@ -579,7 +579,7 @@ static int resolve(parser *p, const rules *rs, ast *a) {
 }
 
 void df_grammar_free(df_grammar *g) {
-    if (!g) return;
+    if (!g || atomic_fetch_sub(&g->refs, 1) > 1) return;
     if (g->cache) df_gcache_free(g);
     free(g->eoff);
     free(g->edges);
@@ -836,6 +836,7 @@ int df_grammar_compile(const char *text, size_t len, const char *root, df_gramma
     g = calloc(1, sizeof *g);
     if (!g) { rc = df_err(err, errlen, DF_ENOMEM, "grammar: out of memory"); goto done; }
     pthread_mutex_init(&g->mu, NULL);
+    atomic_init(&g->refs, 1);
     g->n_rules = rs.n;
     g->root = ri;
     g->rstart = malloc(sizeof *g->rstart * (size_t)rs.n);

@@ -36,7 +36,13 @@ typedef struct df_gmatch df_gmatch;
 /* Compiles grammar text (len bytes) with start rule root. 0, or a negative
  * DF_E* code and a message naming the line:column and the rule. */
 int df_grammar_compile(const char *text, size_t len, const char *root, df_grammar **out, char *err, size_t errlen);
+/* Drops a reference (the last one frees). */
 void df_grammar_free(df_grammar *g);
+/* Same as df_grammar_compile, through a process-wide cache of the 8 grammars
+ * used last (keyed by root and text): equal texts share one compiled grammar
+ * and its warm mask caches. Free the result with df_grammar_free. */
+int df_grammar_compile_cached(const char *text, size_t len, const char *root, df_grammar **out, char *err,
+                              size_t errlen);
 int df_grammar_n_nodes(const df_grammar *g);
 
 /* Appends to *out the rules of a grammar for the JSON documents valid under
@@ -64,6 +70,8 @@ size_t df_gvocab_mask_words(const df_gvocab *v);
  * The grammar and vocabulary must outlive the matcher. NULL + err on failure. */
 df_gmatch *df_gmatch_new(df_grammar *g, const df_gvocab *v, char *err, size_t errlen);
 void df_gmatch_free(df_gmatch *m);
+/* Back to the empty document (keeps the memory). 0 or a negative code. */
+int df_gmatch_reset(df_gmatch *m);
 /* bits (df_gvocab_mask_words words): bit i set iff token i may come next.
  * 0, or a negative code (DF_EUNSUPPORTED: the grammar is too ambiguous, more
  * than DF_GRAMMAR_MAX_HEADS live positions). */

@@ -14,6 +14,7 @@
 #include "grammar/grammar.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 enum { GE_RANGE = 0, GE_EPS = 1, GE_CALL = 2 };
 
@@ -36,6 +37,7 @@ struct df_grammar {
     int32_t *rstart, *rend; /* [n_rules] */
     char **rname;
     int root;
+    atomic_int refs; /* df_grammar_free drops one; the last frees (cache.c shares grammars) */
     /* mask cache, bound to one vocabulary (the first matcher's) */
     pthread_mutex_t mu;
     const df_gvocab *cv;

@@ -471,6 +471,28 @@ static int commit(df_gmatch *m, int d, int complete) {
     return 0;
 }
 
+int df_gmatch_reset(df_gmatch *m) {
+    const df_grammar *g = m->g;
+    m->over = 0;
+    m->fn = m->fperm = 0;
+    m->hoff[0] = 0;
+    m->ftop[0] = 0;
+    new_level(m);
+    size_t wn = 0, hlen = 0;
+    work(m, &wn, g->rstart[g->root], ROOT);
+    int fl = closure(m, wn, &hlen);
+    if (m->over || hlen > DF_GRAMMAR_MAX_HEADS) {
+        if (!m->over) m->over = 1;
+        int rc = fail_over(m);
+        m->ncur = 0;
+        m->complete = 0;
+        return rc;
+    }
+    m->hoff[1] = hlen;
+    m->ftop[0] = m->fn;
+    return commit(m, 0, (fl & 2) != 0);
+}
+
 df_gmatch *df_gmatch_new(df_grammar *g, const df_gvocab *v, char *err, size_t errlen) {
     df_gmatch *m = calloc(1, sizeof *m);
     if (!m) goto oom;
@@ -495,23 +517,13 @@ df_gmatch *df_gmatch_new(df_grammar *g, const df_gvocab *v, char *err, size_t er
         m->own_cache = 1;
         if (!(m->cache = calloc((size_t)g->n_nodes, sizeof *m->cache))) goto oom;
     }
-    /* the start: closure of the root rule's start */
-    m->hoff[0] = 0;
-    m->ftop[0] = 0;
-    new_level(m);
-    size_t wn = 0, hlen = 0;
-    work(m, &wn, g->rstart[g->root], ROOT);
-    int fl = closure(m, wn, &hlen);
-    if (m->over || hlen > DF_GRAMMAR_MAX_HEADS) {
-        if (!m->over) m->over = 1;
-        int rc = fail_over(m);
+    int rc = df_gmatch_reset(m);
+    if (rc == DF_ENOMEM) goto oom;
+    if (rc) {
         df_err(err, errlen, rc, "%s", m->err);
         df_gmatch_free(m);
         return NULL;
     }
-    m->hoff[1] = hlen;
-    m->ftop[0] = m->fn;
-    if (commit(m, 0, (fl & 2) != 0)) goto oom;
     return m;
 oom:
     df_gmatch_free(m);

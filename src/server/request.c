@@ -120,7 +120,7 @@ static int parse_response_format(const json_t *v, df_oai_request *r, df_oai_erro
     if (!rc) {
         df_grammar_free(r->grammar);
         r->grammar = NULL;
-        rc = df_grammar_compile(gb.p, gb.len, "root", &r->grammar, err, sizeof err);
+        rc = df_grammar_compile_cached(gb.p, gb.len, "root", &r->grammar, err, sizeof err);
     }
     df_buf_free(&gb);
     if (rc == DF_ENOMEM) return df_oai_fail(e, 503, NULL, NULL, "Out of memory.");

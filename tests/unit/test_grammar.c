@@ -147,6 +147,7 @@ static void check_walks(df_grammar *g, const df_gvocab *v, const char *const *tb
     size_t W = df_gvocab_mask_words(v);
     uint32_t *bits = malloc(W * 4);
     char *prefix = malloc(1 << 16);
+    df_gmatch *b = df_gmatch_new(g, v, err, sizeof err); /* the brute force, reset for each probe */
     for (int w = 0; w < walks; w++) {
         df_gmatch *m = df_gmatch_new(g, v, err, sizeof err);
         size_t plen = 0;
@@ -161,9 +162,7 @@ static void check_walks(df_grammar *g, const df_gvocab *v, const char *const *tb
                 int want = 0;
                 if (tl[t] && plen + tl[t] < (1 << 16)) {
                     memcpy(prefix + plen, tb[t], tl[t]);
-                    df_gmatch *b = df_gmatch_new(g, v, err, sizeof err);
-                    want = b && !df_gmatch_accept_bytes(b, prefix, plen + tl[t]);
-                    df_gmatch_free(b);
+                    want = b && !df_gmatch_reset(b) && !df_gmatch_accept_bytes(b, prefix, plen + tl[t]);
                 }
                 if (allowed != want && bad++ < 3)
                     CHECK(0, "%s walk %d step %d: token %d '%.*s' mask %d, brute force %d (prefix '%.*s')", what, w, s, t,
@@ -181,6 +180,7 @@ static void check_walks(df_grammar *g, const df_gvocab *v, const char *const *tb
         }
         df_gmatch_free(m);
     }
+    df_gmatch_free(b);
     free(bits);
     free(prefix);
 }
@@ -338,6 +338,30 @@ static void test_schema_refusals(void) {
     df_buf_free(&r);
 }
 
+/* The process-wide cache: equal texts share one grammar; a grammar evicted
+ * while in use stays alive for its holder. */
+static void test_compile_cached(void) {
+    char err[256], text[64];
+    df_grammar *a = NULL, *b = NULL, *c = NULL;
+    CHECK(!df_grammar_compile_cached("root ::= \"x\"+", 13, "root", &a, err, sizeof err), "cached: %s", err);
+    CHECK(!df_grammar_compile_cached("root ::= \"x\"+", 13, "root", &b, err, sizeof err), "cached: %s", err);
+    CHECK(a && a == b, "equal texts must share one grammar");
+    CHECK(!df_grammar_compile_cached("root ::= \"y\"+", 13, "root", &c, err, sizeof err) && c != a, "other text, other grammar");
+    df_grammar_free(b);
+    df_grammar_free(c);
+    for (int i = 0; i < 10; i++) { /* evict a */
+        df_grammar *t = NULL;
+        snprintf(text, sizeof text, "root ::= \"%d\"", i);
+        CHECK(!df_grammar_compile_cached(text, strlen(text), "root", &t, err, sizeof err), "cached %d: %s", i, err);
+        df_grammar_free(t);
+    }
+    df_gvocab *v = byte_vocab();
+    CHECK(a && judge(a, v, "xxx") == 1, "a grammar evicted from the cache must stay usable by its holder");
+    df_gvocab_free(v);
+    df_grammar_free(a);
+    CHECK(df_grammar_compile_cached("root ::= (", 10, "root", &a, err, sizeof err) < 0 && !a, "errors are not cached");
+}
+
 /* ---- helper modes --------------------------------------------------------- */
 
 static char *slurp(const char *path, size_t *n) {
@@ -447,6 +471,7 @@ int main(int argc, char **argv) {
     test_accept_reject();
     test_errors();
     test_schema_refusals();
+    test_compile_cached();
     test_masks_small();
     test_masks_qwen3();
     if (failures) { fprintf(stderr, "%d failures\n", failures); return 1; }
