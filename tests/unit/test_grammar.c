@@ -338,6 +338,24 @@ static void test_schema_refusals(void) {
     df_buf_free(&r);
 }
 
+/* A grammar whose live positions double with each byte is refused while
+ * matching (never an unbounded set of stacks). */
+static void test_ambiguity_limit(void) {
+    char err[256];
+    df_grammar *g = compile("root ::= r\nr ::= \"a\" r \"b\" | \"a\" r \"c\" | \"\"", err, sizeof err);
+    CHECK(g, "ambiguous grammar: %s", err);
+    df_gvocab *v = byte_vocab();
+    df_gmatch *m = g && v ? df_gmatch_new(g, v, err, sizeof err) : NULL;
+    int rc = 0, i;
+    for (i = 0; m && i < 40 && !rc; i++) rc = df_gmatch_accept_bytes(m, "a", 1);
+    CHECK(rc == DF_EUNSUPPORTED && m && strstr(df_gmatch_error(m), "too ambiguous"), "rc %d after %d bytes: %s", rc, i,
+          m ? df_gmatch_error(m) : err);
+    CHECK(i > 8, "the limit hit too early (%d bytes)", i);
+    df_gmatch_free(m);
+    df_gvocab_free(v);
+    df_grammar_free(g);
+}
+
 /* The process-wide cache: equal texts share one grammar; a grammar evicted
  * while in use stays alive for its holder. */
 static void test_compile_cached(void) {
@@ -472,6 +490,7 @@ int main(int argc, char **argv) {
     test_errors();
     test_schema_refusals();
     test_compile_cached();
+    test_ambiguity_limit();
     test_masks_small();
     test_masks_qwen3();
     if (failures) { fprintf(stderr, "%d failures\n", failures); return 1; }
