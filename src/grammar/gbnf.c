@@ -595,27 +595,81 @@ void df_grammar_free(df_grammar *g) {
 
 int df_grammar_n_nodes(const df_grammar *g) { return g->n_nodes; }
 
-/* Nullable rules (fixpoint), then the graph "rule A can call rule B before
- * consuming a byte": a cycle in it is left recursion, which is refused. And
+/* Strongly connected components (Tarjan, iterative) of a graph of n
+ * vertices in CSR form; comp[v] = component id, in completion order (a
+ * component is numbered after every component it reaches). Returns the
+ * number of components, -1 out of memory. */
+static int scc(int n, const int32_t *off, const int32_t *adj, int32_t *comp) {
+    int32_t *idx = malloc(sizeof *idx * (size_t)(n + 1)), *low = malloc(sizeof *low * (size_t)(n + 1)),
+            *stk = malloc(sizeof *stk * (size_t)(n + 1)), *cs = malloc(sizeof *cs * (size_t)(n + 1)),
+            *ce = malloc(sizeof *ce * (size_t)(n + 1));
+    uint8_t *on = calloc((size_t)n + 1, 1);
+    int nc = -1;
+    if (!idx || !low || !stk || !cs || !ce || !on) goto out;
+    for (int v = 0; v < n; v++) idx[v] = -1;
+    int counter = 0, sp = 0;
+    nc = 0;
+    for (int r = 0; r < n; r++) {
+        if (idx[r] >= 0) continue;
+        int cp = 0; /* call stack: vertex cs[], next edge ce[] */
+        cs[cp] = r; ce[cp] = off[r]; cp++;
+        idx[r] = low[r] = counter++; stk[sp++] = r; on[r] = 1;
+        while (cp) {
+            int v = cs[cp - 1];
+            if (ce[cp - 1] < off[v + 1]) {
+                int w = adj[ce[cp - 1]++];
+                if (idx[w] < 0) {
+                    idx[w] = low[w] = counter++; stk[sp++] = w; on[w] = 1;
+                    cs[cp] = w; ce[cp] = off[w]; cp++;
+                } else if (on[w] && idx[w] < low[v]) low[v] = idx[w];
+                continue;
+            }
+            if (low[v] == idx[v]) {
+                int w;
+                do { w = stk[--sp]; on[w] = 0; comp[w] = nc; } while (w != v);
+                nc++;
+            }
+            cp--;
+            if (cp && low[v] < low[cs[cp - 1]]) low[cs[cp - 1]] = low[v];
+        }
+    }
+out:
+    free(idx); free(low); free(stk); free(cs); free(ce); free(on);
+    return nc;
+}
+
+/* 1 if vertex v lies on a cycle: its component has several vertices, or a self-edge. */
+static int on_cycle(int v, const int32_t *off, const int32_t *adj, const int32_t *comp, const int32_t *csize) {
+    if (csize[comp[v]] > 1) return 1;
+    for (int k = off[v]; k < off[v + 1]; k++)
+        if (adj[k] == v) return 1;
+    return 0;
+}
+
+/* Nullable and productive rules (fixpoints over each rule's own nodes; a
+ * stamp per node instead of clearing), then the graph "rule A can call rule
+ * B before consuming a byte": a cycle in it is left recursion, refused. And
  * every rule reachable from the root must derive a finite string. */
 static int check_rules(df_grammar *g, char *err, size_t errlen) {
     int R = g->n_rules, N = g->n_nodes;
-    uint8_t *nullable = calloc((size_t)R, 1), *prod = calloc((size_t)R, 1), *seen = malloc((size_t)N);
-    int32_t *stk = malloc(sizeof *stk * (size_t)N * 2);
-    uint8_t *calls = calloc((size_t)R * (size_t)R > 0 ? (size_t)R * (size_t)R : 1, 1);
+    uint8_t *nullable = calloc((size_t)R + 1, 1), *prod = calloc((size_t)R + 1, 1), *rr = calloc((size_t)R + 1, 1);
+    uint32_t *stamp = calloc((size_t)N + 1, sizeof *stamp), st = 0;
+    int32_t *stk = malloc(sizeof *stk * ((size_t)N + 1)), *q = malloc(sizeof *q * ((size_t)R + 1));
+    int32_t *off = calloc((size_t)R + 2, sizeof *off), *adj = NULL, *comp = malloc(sizeof *comp * ((size_t)R + 1)),
+            *csize = calloc((size_t)R + 1, sizeof *csize);
+    size_t nadj = 0, capadj = 0;
     int rc = 0;
-    if (!nullable || !prod || !seen || !stk || !calls) { rc = df_err(err, errlen, DF_ENOMEM, "grammar: out of memory"); goto out; }
-    /* reach(r, mode): mode 0 nullable (eps + calls of nullable rules), 1 productive (any edge, calls of productive rules) */
-    for (int mode = 0; mode < 2; mode++) {
+    if (!nullable || !prod || !rr || !stamp || !stk || !q || !off || !comp || !csize) goto oom;
+    for (int mode = 0; mode < 2; mode++) { /* 0 nullable (eps + calls of nullable rules), 1 productive */
         uint8_t *flag = mode ? prod : nullable;
         for (int changed = 1; changed;) {
             changed = 0;
             for (int r = 0; r < R; r++) {
                 if (flag[r]) continue;
-                memset(seen, 0, (size_t)N);
+                st++;
                 int sp = 0, ok = 0;
                 stk[sp++] = g->rstart[r];
-                seen[g->rstart[r]] = 1;
+                stamp[g->rstart[r]] = st;
                 while (sp && !ok) {
                     int n = stk[--sp];
                     if (n == g->rend[r]) { ok = 1; break; }
@@ -625,19 +679,20 @@ static int check_rules(df_grammar *g, char *err, size_t errlen) {
                         if (e->kind == GE_EPS) to = e->to;
                         else if (e->kind == GE_RANGE) to = mode ? e->to : -1;
                         else if (flag[e->rule]) to = e->to;
-                        if (to >= 0 && !seen[to]) { seen[to] = 1; stk[sp++] = to; }
+                        if (to >= 0 && stamp[to] != st) { stamp[to] = st; stk[sp++] = to; }
                     }
                 }
                 if (ok) { flag[r] = 1; changed = 1; }
             }
         }
     }
-    /* left calls */
+    /* left calls, as adjacency lists */
     for (int r = 0; r < R; r++) {
-        memset(seen, 0, (size_t)N);
+        off[r] = (int32_t)nadj;
+        st++;
         int sp = 0;
         stk[sp++] = g->rstart[r];
-        seen[g->rstart[r]] = 1;
+        stamp[g->rstart[r]] = st;
         while (sp) {
             int n = stk[--sp];
             for (int k = g->eoff[n]; k < g->eoff[n + 1]; k++) {
@@ -645,67 +700,57 @@ static int check_rules(df_grammar *g, char *err, size_t errlen) {
                 int to = -1;
                 if (e->kind == GE_EPS) to = e->to;
                 else if (e->kind == GE_CALL) {
-                    calls[(size_t)r * R + e->rule] = 1;
+                    if (nadj == capadj) {
+                        capadj = capadj ? capadj * 2 : 256;
+                        int32_t *t = realloc(adj, sizeof *t * capadj);
+                        if (!t) goto oom;
+                        adj = t;
+                    }
+                    adj[nadj++] = e->rule;
                     if (nullable[e->rule]) to = e->to;
                 }
-                if (to >= 0 && !seen[to]) { seen[to] = 1; stk[sp++] = to; }
+                if (to >= 0 && stamp[to] != st) { stamp[to] = st; stk[sp++] = to; }
             }
         }
     }
-    /* transitive closure (Warshall) on the small rule graph: a self-loop is left recursion */
-    if (R <= 4096) {
-        for (int k = 0; k < R; k++)
-            for (int i = 0; i < R; i++)
-                if (calls[(size_t)i * R + k])
-                    for (int j = 0; j < R; j++) calls[(size_t)i * R + j] |= calls[(size_t)k * R + j];
-        for (int r = 0; r < R; r++)
-            if (calls[(size_t)r * R + r]) {
-                rc = df_err(err, errlen, DF_EUNSUPPORTED,
-                            "grammar rule '%s': left recursion (the rule can reach itself before any byte) is not supported",
-                            g->rname[r]);
-                goto out;
-            }
-    } else {
-        rc = df_err(err, errlen, DF_EUNSUPPORTED, "grammar: %d rules, expected at most 4096", R);
-        goto out;
-    }
+    off[R] = (int32_t)nadj;
+    if (scc(R, off, adj ? adj : off, comp) < 0) goto oom;
+    for (int r = 0; r < R; r++) csize[comp[r]]++;
+    for (int r = 0; r < R; r++)
+        if (on_cycle(r, off, adj ? adj : off, comp, csize)) {
+            rc = df_err(err, errlen, DF_EUNSUPPORTED,
+                        "grammar rule '%s': left recursion (the rule can reach itself before any byte) is not supported",
+                        g->rname[r]);
+            goto out;
+        }
     /* rules reachable from the root must be productive */
-    memset(seen, 0, (size_t)N);
-    {
-        uint8_t *rr = calloc((size_t)R, 1);
-        int32_t *q = malloc(sizeof *q * (size_t)R);
-        if (!rr || !q) { free(rr); free(q); rc = df_err(err, errlen, DF_ENOMEM, "grammar: out of memory"); goto out; }
-        int qn = 0;
-        rr[g->root] = 1;
-        q[qn++] = g->root;
-        for (int qi = 0; qi < qn; qi++) {
-            int r = q[qi];
-            if (!prod[r]) {
-                rc = df_err(err, errlen, DF_EINPUT, "grammar rule '%s': it matches no finite text (every alternative recurses forever)", g->rname[r]);
-                break;
-            }
-            /* calls made anywhere in rule r: scan its nodes by a walk */
-            int sp = 0;
-            stk[sp++] = g->rstart[r];
-            seen[g->rstart[r]] = 1;
-            while (sp) {
-                int n = stk[--sp];
-                for (int k = g->eoff[n]; k < g->eoff[n + 1]; k++) {
-                    const df_gedge *e = &g->edges[k];
-                    if (e->kind == GE_CALL && !rr[e->rule]) { rr[e->rule] = 1; q[qn++] = e->rule; }
-                    if (!seen[e->to]) { seen[e->to] = 1; stk[sp++] = e->to; }
-                }
+    st++;
+    int qn = 0;
+    rr[g->root] = 1;
+    q[qn++] = g->root;
+    for (int qi = 0; qi < qn; qi++) {
+        int r = q[qi];
+        if (!prod[r]) {
+            rc = df_err(err, errlen, DF_EINPUT, "grammar rule '%s': it matches no finite text (every alternative recurses forever)", g->rname[r]);
+            goto out;
+        }
+        int sp = 0;
+        stk[sp++] = g->rstart[r];
+        stamp[g->rstart[r]] = st;
+        while (sp) {
+            int n = stk[--sp];
+            for (int k = g->eoff[n]; k < g->eoff[n + 1]; k++) {
+                const df_gedge *e = &g->edges[k];
+                if (e->kind == GE_CALL && !rr[e->rule]) { rr[e->rule] = 1; q[qn++] = e->rule; }
+                if (stamp[e->to] != st) { stamp[e->to] = st; stk[sp++] = e->to; }
             }
         }
-        free(rr);
-        free(q);
     }
+    goto out;
+oom:
+    rc = df_err(err, errlen, DF_ENOMEM, "grammar: out of memory");
 out:
-    free(nullable);
-    free(prod);
-    free(seen);
-    free(stk);
-    free(calls);
+    free(nullable); free(prod); free(rr); free(stamp); free(stk); free(q); free(off); free(adj); free(comp); free(csize);
     return rc;
 }
 
@@ -716,10 +761,6 @@ out:
  * the end of a small rule (which would leave most tokens context-dependent).
  * Only recursive rules (nesting) remain calls. */
 #define INLINE_MAX 20000
-static void refs_of(const ast *a, uint8_t *seen) {
-    if (a->kind == A_REF) seen[a->rule] = 1;
-    for (int i = 0; i < a->nkid; i++) refs_of(a->kid[i], seen);
-}
 static double ast_cost(const ast *a, const double *rc, const uint8_t *inl) {
     double c = 0;
     switch (a->kind) {
@@ -732,54 +773,49 @@ static double ast_cost(const ast *a, const double *rc, const uint8_t *inl) {
         return c + 1;
     }
 }
+static int count_refs(const ast *a) {
+    int n = a->kind == A_REF;
+    for (int i = 0; i < a->nkid; i++) n += count_refs(a->kid[i]);
+    return n;
+}
+static void list_refs(const ast *a, int32_t *adj, int32_t *k) {
+    if (a->kind == A_REF) adj[(*k)++] = a->rule;
+    for (int i = 0; i < a->nkid; i++) list_refs(a->kid[i], adj, k);
+}
 static int plan_inline(const rules *rs, builder *b) {
-    int R = rs->n;
-    size_t nr = R > 0 ? (size_t)R : 0;
-    uint8_t *direct = calloc((size_t)R * (size_t)R + 1, 1), *rec = calloc((size_t)R + 1, 1), *inl = calloc((size_t)R + 1, 1),
-            *done = calloc((size_t)R + 1, 1);
+    int R = rs->n, rc = -1;
+    int32_t *off = calloc((size_t)R + 2, sizeof *off), *adj = NULL, *comp = malloc(sizeof *comp * ((size_t)R + 1)),
+            *csize = calloc((size_t)R + 1, sizeof *csize), *order = malloc(sizeof *order * ((size_t)R + 1));
+    uint8_t *inl = calloc((size_t)R + 1, 1);
     double *cost = calloc((size_t)R + 1, sizeof *cost);
-    int32_t *stk = malloc(sizeof *stk * ((size_t)R + 1));
     b->bodies = malloc(sizeof *b->bodies * ((size_t)R + 1));
-    if (!direct || !rec || !inl || !done || !cost || !stk || !b->bodies) {
-        free(direct); free(rec); free(inl); free(done); free(cost); free(stk);
-        return -1;
+    if (!off || !comp || !csize || !order || !inl || !cost || !b->bodies) goto out;
+    int32_t total = 0;
+    for (int r = 0; r < R; r++) { off[r] = total; total += count_refs(rs->r[r].body); b->bodies[r] = rs->r[r].body; }
+    off[R] = total;
+    if (!(adj = malloc(sizeof *adj * ((size_t)total + 1)))) goto out;
+    for (int r = 0; r < R; r++) { int32_t k = off[r]; list_refs(rs->r[r].body, adj, &k); }
+    int nc = scc(R, off, adj, comp);
+    if (nc < 0) goto out;
+    for (int r = 0; r < R; r++) csize[comp[r]]++;
+    /* components complete in reverse topological order: a rule's references are costed before it */
+    int32_t *start = calloc((size_t)nc + 1, sizeof *start);
+    if (!start) goto out;
+    for (int r = 0; r < R; r++) start[comp[r] + 1]++;
+    for (int c = 0; c < nc; c++) start[c + 1] += start[c];
+    for (int r = 0; r < R; r++) order[start[comp[r]]++] = r;
+    free(start);
+    for (int i = 0; i < R; i++) {
+        int r = order[i];
+        if (on_cycle(r, off, adj, comp, csize)) continue; /* recursive: always a call */
+        cost[r] = ast_cost(rs->r[r].body, cost, inl);
+        inl[r] = cost[r] <= INLINE_MAX;
     }
-    for (int r = 0; r < R; r++) {
-        refs_of(rs->r[r].body, direct + (size_t)r * R);
-        b->bodies[r] = rs->r[r].body;
-    }
-    for (int r = 0; r < R; r++) { /* r is recursive if it reaches itself */
-        uint8_t *seen = done;
-        memset(seen, 0, nr);
-        int sp = 0;
-        for (int j = 0; j < R; j++)
-            if (direct[(size_t)r * R + j]) { seen[j] = 1; stk[sp++] = j; }
-        while (sp && !seen[r]) {
-            int x = stk[--sp];
-            for (int j = 0; j < R; j++)
-                if (direct[(size_t)x * R + j] && !seen[j]) { seen[j] = 1; stk[sp++] = j; }
-        }
-        rec[r] = seen[r];
-    }
-    /* costs in dependency order: repeat until stable (non-recursive rules form a DAG) */
-    memset(done, 0, nr);
-    for (int pass = 0, changed = 1; changed && pass <= R; pass++) {
-        changed = 0;
-        for (int r = 0; r < R; r++) {
-            if (done[r] || rec[r]) continue;
-            int ready = 1;
-            for (int j = 0; j < R && ready; j++)
-                if (direct[(size_t)r * R + j] && !rec[j] && !done[j]) ready = 0;
-            if (!ready) continue;
-            cost[r] = ast_cost(rs->r[r].body, cost, inl);
-            inl[r] = cost[r] <= INLINE_MAX;
-            done[r] = 1;
-            changed = 1;
-        }
-    }
+    rc = 0;
+out:
     b->inl = inl;
-    free(direct); free(rec); free(done); free(cost); free(stk);
-    return 0;
+    free(off); free(adj); free(comp); free(csize); free(order); free(cost);
+    return rc;
 }
 
 int df_grammar_compile(const char *text, size_t len, const char *root, df_grammar **out, char *err, size_t errlen) {
@@ -851,9 +887,10 @@ int df_grammar_compile(const char *text, size_t len, const char *root, df_gramma
     for (int i = 0; i < rs.n && !b.over; i++) {
         g->rname[i] = rs.r[i].name;
         rs.r[i].name = NULL;
+        if (!b.over) b.is_end[g->rend[i]] = 1;
+        if (i != ri && b.inl[i]) continue; /* only ever built in place of its references */
         int e = build(&b, rs.r[i].body, g->rstart[i]);
         edge(&b, e, GE_EPS, 0, 0, g->rend[i], -1);
-        if (!b.over) b.is_end[g->rend[i]] = 1;
     }
     for (int i = 0; i < rs.n; i++)
         if (!g->rname[i]) g->rname[i] = strdup("?");
