@@ -580,7 +580,7 @@ static int resolve(parser *p, const rules *rs, ast *a) {
 
 void df_grammar_free(df_grammar *g) {
     if (!g || atomic_fetch_sub(&g->refs, 1) > 1) return;
-    if (g->cache) df_gcache_free(g);
+    df_gcache_free(g);
     free(g->eoff);
     free(g->edges);
     free(g->is_end);

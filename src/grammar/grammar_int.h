@@ -27,6 +27,20 @@ typedef struct {
 /* Per-node cache of the context-independent part of the mask (match.c). */
 typedef struct df_gnode_cache df_gnode_cache;
 
+/* A lazily built DFA over sets of parse positions whose stacks are all
+ * BOTTOM (match.c): the per-node cache walks step through it by table lookup
+ * instead of running closures, and states are shared across nodes (the
+ * positions of a bounded string reach the same states). Under df_grammar.mu. */
+typedef struct {
+    int32_t n, cap;
+    int32_t *trans;  /* [cap * 256]: -1 unknown, -2 not a DFA step, else next state | ctx << 30 */
+    int32_t *noff;   /* [cap + 1]: state s is the nodes[noff[s] .. noff[s+1]) */
+    int32_t *nodes;
+    size_t nn, ncap;
+    int32_t *slot;   /* hash of states: id + 1, 0 empty; hcap slots */
+    uint32_t hcap;
+} df_gdfa;
+
 struct df_grammar {
     int n_nodes;
     int32_t *eoff;    /* [n_nodes + 1]: node i's edges are edges[eoff[i] .. eoff[i+1]) */
@@ -42,6 +56,7 @@ struct df_grammar {
     pthread_mutex_t mu;
     const df_gvocab *cv;
     df_gnode_cache **cache; /* [n_nodes], lazily built */
+    df_gdfa dfa;
 };
 
 /* Frees the per-node mask cache (match.c). */

@@ -70,6 +70,7 @@ struct df_gmatch {
     size_t hcap;
     size_t *hoff, *ftop;
     uint8_t *ctxf;
+    int32_t *sd;            /* cache walks: the DFA state of each level, or -1 */
     /* visited (node, stack) at the level being built */
     uint64_t *vk;
     uint32_t *vg;
@@ -341,9 +342,77 @@ static void cache_free(df_gnode_cache *c) {
 }
 
 void df_gcache_free(df_grammar *g) {
-    for (int i = 0; i < g->n_nodes; i++) cache_free(g->cache[i]);
+    for (int i = 0; g->cache && i < g->n_nodes; i++) cache_free(g->cache[i]);
     free(g->cache);
     g->cache = NULL;
+    free(g->dfa.trans);
+    free(g->dfa.noff);
+    free(g->dfa.nodes);
+    free(g->dfa.slot);
+    memset(&g->dfa, 0, sizeof g->dfa);
+}
+
+#define DFA_MAX 16384 /* states per grammar (1 KiB of transitions each) */
+
+static uint32_t hash_nodes(const int32_t *x, int k) {
+    uint32_t h = 2166136261u ^ (uint32_t)k;
+    for (int i = 0; i < k; i++) h = (h ^ (uint32_t)x[i]) * 16777619u;
+    return h;
+}
+
+/* The state of the sorted node set x[0..k); -1 when the DFA is full or out of memory. */
+static int32_t dfa_intern(df_gdfa *a, const int32_t *x, int k) {
+    if (!a->slot) {
+        a->hcap = 2 * DFA_MAX;
+        if (!(a->slot = calloc(a->hcap, sizeof *a->slot)) || !(a->noff = malloc(sizeof *a->noff * (DFA_MAX + 1)))) return -1;
+        a->noff[0] = 0;
+    }
+    uint32_t i = hash_nodes(x, k) & (a->hcap - 1);
+    for (; a->slot[i]; i = (i + 1) & (a->hcap - 1)) {
+        int32_t s = a->slot[i] - 1, n = a->noff[s + 1] - a->noff[s];
+        if (n == k && !memcmp(a->nodes + a->noff[s], x, sizeof *x * (size_t)k)) return s;
+    }
+    if (a->n >= DFA_MAX) return -1;
+    if (a->n == a->cap) {
+        int32_t c = a->cap ? a->cap * 2 : 64;
+        int32_t *t = realloc(a->trans, sizeof *t * 256 * (size_t)c);
+        if (!t) return -1;
+        memset(t + (size_t)a->cap * 256, 0xff, sizeof *t * 256 * (size_t)(c - a->cap));
+        a->trans = t;
+        a->cap = c;
+    }
+    if (a->nn + (size_t)k > a->ncap) {
+        size_t c = a->ncap ? a->ncap : 1024;
+        while (c < a->nn + (size_t)k) c *= 2;
+        int32_t *t = realloc(a->nodes, sizeof *t * c);
+        if (!t) return -1;
+        a->nodes = t;
+        a->ncap = c;
+    }
+    memcpy(a->nodes + a->nn, x, sizeof *x * (size_t)k);
+    a->nn += (size_t)k;
+    int32_t s = a->n++;
+    a->noff[s + 1] = (int32_t)a->nn;
+    a->slot[i] = s + 1;
+    return s;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Level d's heads written out from DFA state s (stacks BOTTOM). */
+static int materialize(df_gmatch *m, int d, int32_t s) {
+    const df_gdfa *a = &m->g->dfa;
+    int32_t k = a->noff[s + 1] - a->noff[s];
+    if (grow((void **)&m->hn, &m->hcap, m->hoff[d] + (size_t)k + 1, sizeof(int32_t), 2, (void **)&m->hs)) return -1;
+    for (int32_t j = 0; j < k; j++) {
+        m->hn[m->hoff[d] + (size_t)j] = a->nodes[a->noff[s] + j];
+        m->hs[m->hoff[d] + (size_t)j] = BOTTOM;
+    }
+    m->hoff[d + 1] = m->hoff[d] + (size_t)k;
+    return 0;
 }
 
 /* Builds node x's cache by walking the whole trie from (x, BOTTOM). */
@@ -355,12 +424,38 @@ static df_gnode_cache *cache_build(df_gmatch *m, int32_t x) {
     if (!c || !mark || !(c->acc = calloc(m->v->words, sizeof *c->acc))) goto oom;
     if (level0(m, 1, x, BOTTOM)) goto oom;
     m->ctxf[0] = 0;
+    df_gdfa *a = &m->g->dfa;
+    int32_t *sd = m->sd, tmp[64];
+    sd[0] = dfa_intern(a, &x, 1);
     int nunc = 0;
     for (int32_t i = 0; i < t->n;) {
-        int d = t->depth[i];
-        int fl = advance(m, d - 1, t->byte[i]);
-        if (fl < 0) goto fail;
-        int nonempty = m->hoff[d + 1] > m->hoff[d];
+        int d = t->depth[i], fl, nonempty;
+        int32_t p = sd[d - 1], tr = p >= 0 ? a->trans[(size_t)p * 256 + t->byte[i]] : -2;
+        if (tr >= 0) { /* a known step: no closure to run */
+            sd[d] = tr & 0x3fffffff;
+            fl = (tr >> 30) & 1;
+            nonempty = a->noff[sd[d] + 1] > a->noff[sd[d]];
+            m->hoff[d + 1] = m->hoff[d];
+            m->ftop[d] = m->ftop[d - 1];
+        } else {
+            if (p >= 0 && materialize(m, d - 1, p)) goto oom;
+            fl = advance(m, d - 1, t->byte[i]);
+            if (fl < 0) goto fail;
+            size_t h0 = m->hoff[d], k = m->hoff[d + 1] - h0;
+            nonempty = k > 0;
+            sd[d] = -1;
+            if (tr == -1) { /* p is a state: is the new level one too (every stack BOTTOM, few positions)? */
+                int ok = k <= 64;
+                for (size_t j = 0; ok && j < k; j++) { ok = m->hs[h0 + j] == BOTTOM; tmp[j] = m->hn[h0 + j]; }
+                int32_t s2 = -1;
+                if (ok) {
+                    qsort(tmp, k, sizeof *tmp, cmp_i32);
+                    s2 = dfa_intern(a, tmp, (int)k);
+                }
+                a->trans[(size_t)p * 256 + t->byte[i]] = s2 >= 0 ? (s2 | (fl & 1) << 30) : -2;
+                sd[d] = s2;
+            }
+        }
         m->ctxf[d] = m->ctxf[d - 1] | (fl & 1);
         if (t->tn[i]) {
             if (nonempty || (fl & 1))
@@ -423,10 +518,10 @@ fail:
 
 static df_gnode_cache *cache_get(df_gmatch *m, int32_t x) {
     df_gnode_cache *c;
-    if (!m->own_cache) pthread_mutex_lock(&m->g->mu);
+    pthread_mutex_lock(&m->g->mu); /* the shared cache and the grammar's DFA */
     c = m->cache[x];
     if (!c) c = m->cache[x] = cache_build(m, x);
-    if (!m->own_cache) pthread_mutex_unlock(&m->g->mu);
+    pthread_mutex_unlock(&m->g->mu);
     return c;
 }
 
@@ -441,7 +536,7 @@ void df_gmatch_free(df_gmatch *m) {
     free(m->fret); free(m->fpar);
     free(m->cn); free(m->cs);
     free(m->hn); free(m->hs);
-    free(m->hoff); free(m->ftop); free(m->ctxf);
+    free(m->hoff); free(m->ftop); free(m->ctxf); free(m->sd);
     free(m->vk); free(m->vg);
     free(m->wn); free(m->ws);
     free(m);
@@ -502,9 +597,10 @@ df_gmatch *df_gmatch_new(df_grammar *g, const df_gvocab *v, char *err, size_t er
     m->hoff = calloc(L, sizeof *m->hoff);
     m->ftop = calloc(L, sizeof *m->ftop);
     m->ctxf = calloc(L, 1);
+    m->sd = calloc(L, sizeof *m->sd);
     m->vk = malloc(sizeof *m->vk << VBITS);
     m->vg = calloc((size_t)1 << VBITS, sizeof *m->vg);
-    if (!m->hoff || !m->ftop || !m->ctxf || !m->vk || !m->vg) goto oom;
+    if (!m->hoff || !m->ftop || !m->ctxf || !m->sd || !m->vk || !m->vg) goto oom;
     if (grow((void **)&m->hn, &m->hcap, 1024, sizeof(int32_t), 2, (void **)&m->hs)) goto oom;
     pthread_mutex_lock(&g->mu);
     if (!g->cv) {
