@@ -29,6 +29,9 @@ static const struct { const char *name, *schema, *doc; } cases[] = {
      "{\n  \"name\": \"Alice Johnson, the quick brown fox jumps over the lazy dog\",\n  \"age\": 42,\n  \"email\": null,\n"
      "  \"tags\": [\"engineer\", \"amateur astronomer\", \"coffee \\\"snob\\\"\", \"d\\u00e9j\\u00e0 vu\"],\n"
      "  \"address\": {\"street\": \"12 Rue de la Paix\", \"city\": \"Paris\"}\n}"},
+    {"bounded string (maxLength 200)", "{\"type\":\"string\",\"maxLength\":200}",
+     "\"The quick brown fox jumps over the lazy dog, and then it keeps on running through the forest until the night "
+     "falls and the stars come out over the hills.\""},
     {"json_object (any object)", "{\"type\":\"object\"}",
      "{\"results\": [{\"id\": 1, \"score\": 0.93, \"text\": \"The mitochondria is the powerhouse of the cell.\"},"
      " {\"id\": 2, \"score\": -1.5e3, \"ok\": true, \"none\": null, \"nested\": {\"a\": [1, 2, [3, {}]]}}],"
