@@ -26,7 +26,7 @@ LDFLAGS  += $(SAN)
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c
 
-MODULES  = util format tok model backend store core server cli
+MODULES  = util format tok grammar model backend store core server cli
 src_of   = $(wildcard src/$(1)/*.c) $(wildcard src/$(1)/*/*.c)
 SRCS     = $(foreach m,$(MODULES),$(call src_of,$(m)))
 OBJS     = $(SRCS:%.c=$(O)/%.o)
@@ -39,6 +39,7 @@ DEPS_tok     = tok format util
 DEPS_backend = backend format util
 DEPS_model   = model backend format util
 DEPS_store   = store format util
+DEPS_grammar = grammar tok format util
 objs_of  = $(foreach m,$(1),$(patsubst %.c,$(O)/%.o,$(call src_of,$(m)))) $(call cu_objs_of,$(1))
 
 # The CUDA backend: sm_90 machine code (H100/H200) plus compute_90 PTX that the
@@ -97,6 +98,11 @@ $(O)/bench/cuda_bench: $(O)/bench/cuda/cuda_bench.cu.o $(call objs_of,backend fo
 # unit test binaries: link against the test's module deps (all modules if unlisted)
 .SECONDEXPANSION:
 $(O)/tests/test_%: tests/unit/test_%.c $$(call objs_of,$$(or $$(DEPS_$$(firstword $$(subst _, ,$$*))),$(MODULES)))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# bench/grammar_bench: constrained decoding's mask cost per token (docs/PERFORMANCE.md)
+$(O)/bench/grammar_bench: bench/grammar_bench.c $(call objs_of,grammar tok format util)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 

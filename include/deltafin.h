@@ -107,6 +107,9 @@ typedef struct {
     int top_k;         /* 0: off */
     float min_p;       /* 0: off */
     uint64_t seed;
+    const uint32_t *allow; /* NULL: every token; else a bitset over the vocabulary ((vocab_size + 31) / 32 words):
+                              the logits of the others are -inf before temperature, top-k, top-p and min-p, the
+                              allowed ones untouched (greedy: the best allowed token); none allowed: DF_EINPUT */
 } df_sampling;
 void df_sampling_default(df_sampling *s); /* greedy */
 
@@ -181,6 +184,9 @@ const char *df_detok_flush(df_detok *d, size_t *n);
 
 typedef struct { int32_t id; double logprob; } df_logprob;
 
+/* A compiled grammar (src/grammar/grammar.h: df_grammar_compile, df_json_schema_to_grammar). */
+typedef struct df_grammar df_grammar;
+
 typedef struct {
     df_sampling sampling;    /* df_gen_new seeds the session with sampling.seed */
     long max_new;            /* most tokens to choose (0: none) */
@@ -191,6 +197,11 @@ typedef struct {
     int n_stop;
     int logprobs;            /* 1: report each token's log-probability ... */
     int top_logprobs;        /* ... and this many most likely tokens, 0..DF_GEN_MAX_TOP */
+    df_grammar *grammar;     /* NULL, or constrained decoding (docs/GRAMMAR.md): each step only tokens whose bytes keep
+                                the text a valid prefix of the grammar may be chosen (the others' logits are -inf, the
+                                rest untouched), end-of-sequence only once the document is complete, and generation
+                                ends ("stop") when the document is complete and nothing can follow it. Needs the
+                                model's tokenizer. Log-probabilities stay the model's own (unmasked). */
 } df_gen_config;
 
 typedef struct {
@@ -205,8 +216,9 @@ typedef struct {
 } df_gen_token;
 
 /* NULL if out of memory or the config is invalid (max_new < 0,
- * top_logprobs outside 0..DF_GEN_MAX_TOP, an empty stop string). The
- * engine and session must outlive the gen. */
+ * top_logprobs outside 0..DF_GEN_MAX_TOP, an empty stop string, a grammar
+ * without a tokenizer); the message is df_engine_error(). The engine, the
+ * session and the grammar must outlive the gen. */
 typedef struct df_gen df_gen;
 df_gen *df_gen_new(df_engine *e, df_session *s, const df_gen_config *cfg);
 void df_gen_free(df_gen *g);

@@ -4,6 +4,7 @@
  * ids. --stats prints speed and the time split to stderr. */
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "grammar/grammar.h"
 #include "util/util.h"
 
 #include <errno.h>
@@ -25,6 +26,9 @@ static const char *usage =
     "  --seed S            sampler seed (same seed, same tokens; default 0)\n"
     "  --print-ids         print generated token ids instead of text\n"
     "  --ignore-eos        do not stop at end-of-sequence tokens\n"
+    "  --json-schema FILE  constrained decoding: the output is a JSON document valid under the schema in FILE\n"
+    "                      (docs/GRAMMAR.md: supported keywords; others are refused)\n"
+    "  --grammar FILE      constrained decoding: the output matches the grammar in FILE (docs/GRAMMAR.md), rule 'root'\n"
     "  --ctx N             context length of the session (default: min(model, 4096))\n"
     "  --stats             print prefill/decode tokens/s, weight GB/s and the time split to stderr\n"
     "  --threads N --ram SIZE --expert-cache SIZE   budget; --expert-cache streams routed experts from disk (0 = minimum)\n"
@@ -124,7 +128,7 @@ int df_cmd_run(int argc, char **argv) {
     df_cli_options_default(&o);
     df_sampling sp;
     df_sampling_default(&sp);
-    const char *model = NULL, *prompt = NULL, *ids_s = NULL, *system = NULL, *opt;
+    const char *model = NULL, *prompt = NULL, *ids_s = NULL, *system = NULL, *opt, *schema_f = NULL, *grammar_f = NULL;
     long max_new = 256, ctx = 0, v;
     double f;
     int chat = 0, stats = 0, print_ids = 0, ignore_eos = 0;
@@ -138,6 +142,8 @@ int df_cmd_run(int argc, char **argv) {
         else if (df_args_opt(&a, opt, "--stats", 0)) stats = 1;
         else if (df_args_opt(&a, opt, "--print-ids", 0)) print_ids = 1;
         else if (df_args_opt(&a, opt, "--ignore-eos", 0)) ignore_eos = 1;
+        else if (df_args_opt(&a, opt, "--json-schema", 1)) schema_f = a.val;
+        else if (df_args_opt(&a, opt, "--grammar", 1)) grammar_f = a.val;
         else if (df_args_opt(&a, opt, "--max-new", 1)) { if (df_parse_int(a.val, 0, 1 << 24, &max_new)) df_args_fail(&a, "--max-new: expected a count, got '%s'", a.val); }
         else if (df_args_opt(&a, opt, "--ctx", 1)) { if (df_parse_int(a.val, 1, 1 << 24, &ctx)) df_args_fail(&a, "--ctx: expected a positive count, got '%s'", a.val); }
         else if (df_args_opt(&a, opt, "--temperature", 1)) { if (df_parse_float(a.val, &f) || f < 0) df_args_fail(&a, "--temperature: expected a number >= 0, got '%s'", a.val); else sp.temperature = (float)f; }
@@ -152,9 +158,26 @@ int df_cmd_run(int argc, char **argv) {
     if (!!prompt == !!ids_s) return df_args_fail(&a, "give exactly one of --prompt and --ids");
     if (chat && !prompt) return df_args_fail(&a, "--chat needs --prompt");
     char err[1024];
-    if (o.trace_path && df_trace_probe(o.trace_path, err, sizeof err)) { fprintf(stderr, "deltafin run: %s\n", err); return 1; }
+    if (schema_f && grammar_f) return df_args_fail(&a, "give at most one of --json-schema and --grammar");
+    df_grammar *grammar = NULL;
+    if (schema_f || grammar_f) { /* compiled before the model loads: a bad file costs no load */
+        char *txt = NULL;
+        size_t tl = 0;
+        df_buf gb = {0};
+        const char *fn = schema_f ? schema_f : grammar_f;
+        int rc = df_read_file(fn, &txt, &tl, err, sizeof err);
+        if (!rc && schema_f) rc = df_json_schema_to_grammar(txt, tl, "", &gb, err, sizeof err);
+        if (!rc) rc = df_grammar_compile(schema_f ? gb.p : txt, schema_f ? gb.len : tl, "root", &grammar, err, sizeof err);
+        free(txt);
+        df_buf_free(&gb);
+        if (rc) {
+            fprintf(stderr, "deltafin run: %s %s: %s\n", schema_f ? "--json-schema" : "--grammar", fn, err);
+            return rc == DF_EIO ? 1 : 2;
+        }
+    }
+    if (o.trace_path && df_trace_probe(o.trace_path, err, sizeof err)) { fprintf(stderr, "deltafin run: %s\n", err); df_grammar_free(grammar); return 1; }
     df_engine *e = df_engine_open(model, &o, err, sizeof err);
-    if (!e) { fprintf(stderr, "deltafin run: %s\n", err); return 2; }
+    if (!e) { fprintf(stderr, "deltafin run: %s\n", err); df_grammar_free(grammar); return 2; }
     df_model_info info;
     df_engine_info(e, &info);
     int code = 0;
@@ -197,9 +220,13 @@ int df_cmd_run(int argc, char **argv) {
     int rc = df_session_sync(s, ids, n);
     if (rc) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = df_exit_code(rc); goto done; }
     df_gen_config gc = {.sampling = sp, .max_new = max_new, .max_context = (size_t)ctx, .ignore_eos = ignore_eos,
-                        .text = text_out};
+                        .text = text_out, .grammar = grammar};
     gen = df_gen_new(e, s, &gc);
-    if (!gen) { fprintf(stderr, "deltafin run: out of memory\n"); code = 1; goto done; }
+    if (!gen) {
+        fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)[0] ? df_engine_error(e) : "out of memory");
+        code = grammar ? 2 : 1;
+        goto done;
+    }
     long printed = 0;
     for (;;) {
         df_gen_token t;
@@ -220,6 +247,7 @@ done:
     df_gen_free(gen);
     df_session_free(s);
     df_engine_close(e);
+    df_grammar_free(grammar);
     free(ids);
     return code;
 }

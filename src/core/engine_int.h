@@ -27,6 +27,7 @@ struct df_engine {
     df_ecache *ecache;         /* streamed models */
     FILE *trace;               /* --trace */
     int prefetch_mode;         /* as df_options.prefetch, in effect */
+    struct df_gvocab *gvocab;  /* constrained decoding's vocabulary index (tok_glue.c), built on first use */
 };
 
 /* The message of the last failed engine or session call, per thread: the
@@ -36,6 +37,10 @@ struct df_engine {
 char *df_errbuf(void);
 
 void df_engine_add_stop(df_engine *e, int32_t id);
+/* The grammar module's index of the tokenizer's vocabulary (token bytes;
+ * special tokens and stop ids never inside a document), built on first use
+ * and kept with the engine. NULL + df_errbuf() message without a tokenizer. */
+struct df_gvocab *df_engine_gvocab(df_engine *e);
 int df_engine_tok_load(df_engine *e, const char *dir, char *err, size_t errlen);
 void df_engine_tok_free(df_engine *e);
 

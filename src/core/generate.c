@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/engine_int.h"
+#include "grammar/grammar.h"
 #include "util/util.h"
 
 struct df_gen {
@@ -35,6 +37,8 @@ struct df_gen {
     int has_pending, over;
     const char *finish;
     double t_engine;
+    df_gmatch *gm;        /* constrained decoding: the document so far */
+    uint32_t *allow;      /* its mask, (vocab + 31) / 32 words */
     char err[256];
 };
 
@@ -116,6 +120,14 @@ df_gen *df_gen_new(df_engine *e, df_session *s, const df_gen_config *cfg) {
             if (!cfg->stop[i][0] || !(g->stop[i] = strdup(cfg->stop[i]))) { df_gen_free(g); return NULL; }
     }
     if (cfg->text && df_has_tokenizer(e) && !(g->dt = df_detok_new(e))) { df_gen_free(g); return NULL; }
+    if (cfg->grammar) {
+        df_gvocab *v = df_engine_gvocab(e);
+        if (!v || !(g->gm = df_gmatch_new(cfg->grammar, v, df_errbuf(), DF_ERRLEN)) ||
+            !(g->allow = calloc(df_gvocab_mask_words(v), sizeof *g->allow))) {
+            df_gen_free(g);
+            return NULL;
+        }
+    }
     df_session_seed(s, cfg->sampling.seed);
     return g;
 }
@@ -123,6 +135,8 @@ df_gen *df_gen_new(df_engine *e, df_session *s, const df_gen_config *cfg) {
 void df_gen_free(df_gen *g) {
     if (!g) return;
     df_detok_free(g->dt);
+    df_gmatch_free(g->gm);
+    free(g->allow);
     for (int i = 0; g->stop && i < g->cfg.n_stop; i++) free(g->stop[i]);
     free(g->stop);
     free(g->text);
@@ -209,12 +223,35 @@ int df_gen_step(df_gen *g, df_gen_token *out) {
     }
     const float *logits = g->cfg.logprobs ? df_session_logits(g->s) : NULL;
     int32_t id;
+    df_sampling sp = g->cfg.sampling;
+    if (g->gm) { /* the tokens that keep the document a valid prefix; end-of-sequence once it is complete */
+        t = df_now();
+        rc = df_gmatch_mask(g->gm, g->allow);
+        g->t_engine += df_now() - t;
+        if (rc) return fail(g, out, rc, df_gmatch_error(g->gm));
+        int any = 0;
+        for (int i = 0; i < g->info.n_eos && df_gmatch_complete(g->gm); i++)
+            if (g->info.eos_ids[i] >= 0 && g->info.eos_ids[i] < g->info.vocab_size) {
+                g->allow[g->info.eos_ids[i] >> 5] |= 1u << (g->info.eos_ids[i] & 31);
+                any = 1;
+            }
+        for (size_t w = 0; !any && w < ((size_t)g->info.vocab_size + 31) / 32; w++) any = g->allow[w] != 0;
+        if (!any) {
+            if (df_gmatch_complete(g->gm)) { /* complete, and the model has no end-of-sequence id */
+                if ((rc = finish(g, "stop"))) return fail(g, out, rc, "out of memory");
+                hand_out(g, out);
+                return 0;
+            }
+            return fail(g, out, DF_EUNSUPPORTED, "grammar: no token of the vocabulary can continue the document");
+        }
+        sp.allow = g->allow;
+    }
     t = df_now();
-    rc = df_session_sample(g->s, &g->cfg.sampling, &id);
+    rc = df_session_sample(g->s, &sp, &id);
     g->t_engine += df_now() - t;
     if (rc) return fail(g, out, rc, df_engine_error(g->e));
     int eos = 0;
-    for (int i = 0; !g->cfg.ignore_eos && i < g->info.n_eos; i++) eos |= g->info.eos_ids[i] == id;
+    for (int i = 0; (!g->cfg.ignore_eos || g->gm) && i < g->info.n_eos; i++) eos |= g->info.eos_ids[i] == id;
     if (eos) {
         if ((rc = finish(g, "stop"))) return fail(g, out, rc, "out of memory");
         hand_out(g, out);
@@ -230,9 +267,12 @@ int df_gen_step(df_gen *g, df_gen_token *out) {
         const char *p = df_detok_push(g->dt, id, &n);
         if (put(g, p, n)) return fail(g, out, DF_ENOMEM, "out of memory");
     }
+    if (g->gm && (rc = df_gmatch_accept(g->gm, id))) return fail(g, out, rc, df_gmatch_error(g->gm));
     if (stops(g, 0)) {
         g->over = 1;
         g->finish = "stop";
+    } else if (g->gm && df_gmatch_done(g->gm)) { /* the document is complete and nothing can follow: EOS forced */
+        if ((rc = finish(g, "stop"))) return fail(g, out, rc, "out of memory");
     } else if (g->n >= g->cfg.max_new || (g->cfg.max_context && df_session_len(g->s) >= g->cfg.max_context)) {
         if ((rc = finish(g, "length"))) return fail(g, out, rc, "out of memory");
     } else {

@@ -45,6 +45,24 @@ int df_argmax(const float *x, int n) {
     return 0;
 }
 
+/* Lowest index of the maximum among the allowed tokens (bitset); -1 if none
+ * is allowed. NaNs are skipped. */
+static int argmax_allowed(const float *x, int n, const uint32_t *allow) {
+    int best = -1;
+    float mx = 0;
+    for (int w = 0; w * 32 < n; w++) {
+        uint32_t m = allow[w];
+        while (m) {
+            int i = w * 32 + __builtin_ctz(m);
+            m &= m - 1;
+            if (i >= n) break;
+            if (x[i] != x[i]) { if (best < 0) best = i; continue; }
+            if (best < 0 || x[best] != x[best] || x[i] > mx) { best = i; mx = x[i]; }
+        }
+    }
+    return best;
+}
+
 typedef struct { float p; int id; } cand;
 static int cmp_cand(const void *a, const void *b) {
     const cand *x = a, *y = b;
@@ -71,17 +89,21 @@ int df_sampling_check(const df_sampling *sp, char *err, size_t errlen) {
 int df_sample(const float *logits, int n, const df_sampling *sp, df_rng *rng, void *work) {
     if (sp && df_sampling_check(sp, NULL, 0)) return DF_EINPUT;
     if (sp && sp->seed && sp->seed != rng->seed) df_rng_seed(rng, sp->seed);
-    if (!sp || sp->temperature <= 0) return df_argmax(logits, n);
+    const uint32_t *al = sp ? sp->allow : NULL;
+    if (al && argmax_allowed(logits, n, al) < 0) return DF_EINPUT; /* no token allowed */
+    if (!sp || sp->temperature <= 0) return al ? argmax_allowed(logits, n, al) : df_argmax(logits, n);
     cand *c = work; /* n entries */
     float mx = -INFINITY;
     for (int i = 0; i < n; i++) {
-        c[i].p = isnan(logits[i]) ? -INFINITY : logits[i] / sp->temperature;
+        int ok = !al || (al[i >> 5] >> (i & 31) & 1);
+        c[i].p = !ok || isnan(logits[i]) ? -INFINITY : logits[i] / sp->temperature;
         c[i].id = i;
         if (c[i].p > mx) mx = c[i].p;
     }
-    if (!isfinite(mx)) return df_argmax(logits, n);
+    if (!isfinite(mx)) return al ? argmax_allowed(logits, n, al) : df_argmax(logits, n);
     int m = n;
     qsort(c, (size_t)n, sizeof *c, cmp_cand);
+    while (m > 1 && c[m - 1].p == -INFINITY) m--; /* masked and NaN logits are never drawn */
     if (sp->top_k > 0 && sp->top_k < m) m = sp->top_k;
     double sum = 0;
     for (int i = 0; i < m; i++) { c[i].p = expf(c[i].p - mx); sum += c[i].p; }

@@ -13,6 +13,7 @@
 #include "core/core.h"
 #include "core/engine_int.h"
 #include "format/gguf.h"
+#include "grammar/grammar.h"
 #include "tok/template.h"
 #include "tok/tokenizer.h"
 #include "util/util.h"
@@ -154,7 +155,38 @@ int df_engine_tok_load(df_engine *e, const char *dir, char *err, size_t errlen) 
     return 0;
 }
 
+static pthread_mutex_t gvocab_mu = PTHREAD_MUTEX_INITIALIZER;
+
+df_gvocab *df_engine_gvocab(df_engine *e) {
+    pthread_mutex_lock(&gvocab_mu);
+    df_gvocab *v = e->gvocab;
+    if (!v && !e->tok) df_err(df_errbuf(), DF_ERRLEN, DF_EUNSUPPORTED, "constrained decoding needs the model's tokenizer, and this model has none");
+    if (!v && e->tok) {
+        int n = e->model->cfg.vocab;
+        const char **b = calloc((size_t)n, sizeof *b);
+        size_t *l = calloc((size_t)n, sizeof *l);
+        uint8_t *ex = calloc((size_t)n, 1);
+        if (b && l && ex) {
+            for (int i = 0; i < n; i++) {
+                b[i] = df_tok_token_bytes(e->tok, i, &l[i]);
+                if (!b[i]) l[i] = 0;
+                ex[i] = df_tok_is_special(e->tok, i) != 0;
+            }
+            for (int i = 0; i < e->n_stop; i++)
+                if (e->stop[i] >= 0 && e->stop[i] < n) ex[e->stop[i]] = 1;
+            v = e->gvocab = df_gvocab_new(n, b, l, ex, df_errbuf(), DF_ERRLEN);
+        } else df_err(df_errbuf(), DF_ERRLEN, DF_ENOMEM, "constrained decoding: out of memory (vocabulary index)");
+        free(b);
+        free(l);
+        free(ex);
+    }
+    pthread_mutex_unlock(&gvocab_mu);
+    return v;
+}
+
 void df_engine_tok_free(df_engine *e) {
+    df_gvocab_free(e->gvocab);
+    e->gvocab = NULL;
     k3_free(e->k3);
     free(e->special_tokens_json);
     df_template_free(e->tpl);

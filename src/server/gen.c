@@ -338,7 +338,7 @@ int gen_prepare(gen *g, df_oai_error *e) {
     if (g->cached >= g->n_prompt) g->cached = g->n_prompt - 1; /* as reported before: the last prompt position counts as computed */
     df_gen_config gc = {.max_new = g->max_new, .max_context = (size_t)s->ctx, .text = s->has_tok,
                         .stop = (const char *const *)rq->stop, .n_stop = rq->n_stop, .logprobs = rq->logprobs,
-                        .top_logprobs = rq->top_logprobs};
+                        .top_logprobs = rq->top_logprobs, .grammar = rq->grammar};
     df_sampling_default(&gc.sampling);
     if (rq->has_temperature && rq->temperature > 0 && rq->top_p > 0) {
         gc.sampling.temperature = (float)rq->temperature;
@@ -349,6 +349,7 @@ int gen_prepare(gen *g, df_oai_error *e) {
     if (!rq->has_seed && getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) seed = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)g;
     gc.sampling.seed = seed;
     g->dg = df_gen_new(s->e, s->s, &gc);
+    if (!g->dg && rq->grammar) return df_oai_fail(e, 400, "response_format", NULL, "%s", df_engine_error(s->e));
     if (!g->dg) return df_oai_fail(e, 503, NULL, NULL, "Out of memory.");
     g->t0 = df_now();
     return 0;

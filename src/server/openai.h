@@ -81,6 +81,7 @@ typedef struct {
     char *template_kwargs_json; /* chat_template_kwargs (an object), or NULL */
     char *reasoning_effort;     /* or NULL */
     int thinking;          /* Anthropic's thinking: 0 not given, 1 enabled, 2 disabled */
+    df_grammar *grammar;   /* chat response_format json_object / json_schema: the compiled constraint, or NULL */
 } df_oai_request;
 
 enum { DF_OAI_TOOLS_AUTO = 0, DF_OAI_TOOLS_NONE, DF_OAI_TOOLS_REQUIRED, DF_OAI_TOOLS_NAMED };

@@ -9,6 +9,8 @@
  * names the offending field in OpenAI's dotted/indexed form.
  */
 #include "server/openai.h"
+#include "grammar/grammar.h"
+#include "util/util.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -60,6 +62,71 @@ static int unsupported(df_oai_error *e, const char *param, const char *why) {
     return df_oai_fail(e, 400, param, "unsupported_parameter",
                 "Unsupported value for '%s': %s. Deltafin refuses what it cannot execute exactly instead of ignoring it.",
                 param, why);
+}
+
+/* response_format (OpenAI's shape): text; json_object (any JSON object);
+ * json_schema {name, schema, strict, description}. The schema is turned into
+ * a grammar and compiled here, so that an unsupported keyword, a schema too
+ * large or one that matches nothing is a 400 naming it before the request
+ * waits for the engine (docs/SERVER.md, docs/GRAMMAR.md). */
+static int parse_response_format(const json_t *v, df_oai_request *r, df_oai_error *e) {
+    if (!json_is_object(v)) return bad_type(e, "response_format", "an object", v);
+    json_t *t = json_object_get(v, "type");
+    if (!json_is_string(t)) return df_oai_fail(e, 400, "response_format.type", "missing_required_parameter", "Missing required parameter: 'response_format.type'.");
+    const char *type = json_string_value(t), *k;
+    json_t *x;
+    int is_schema = !strcmp(type, "json_schema");
+    if (strcmp(type, "text") && strcmp(type, "json_object") && !is_schema)
+        return df_oai_fail(e, 400, "response_format.type", "invalid_value",
+                           "Invalid value for 'response_format.type': expected 'text', 'json_object' or 'json_schema', got '%.60s'.", type);
+    json_object_foreach((json_t *)v, k, x)
+        if (strcmp(k, "type") && !(is_schema && !strcmp(k, "json_schema")))
+            return df_oai_fail(e, 400, "response_format", "unknown_parameter", "Unrecognized request argument supplied: response_format.%.60s", k);
+    if (!strcmp(type, "text")) return 0;
+    const char *schema = "{\"type\":\"object\"}";
+    char *dumped = NULL;
+    if (is_schema) {
+        json_t *js = json_object_get(v, "json_schema");
+        if (!js) return df_oai_fail(e, 400, "response_format.json_schema", "missing_required_parameter", "Missing required parameter: 'response_format.json_schema'.");
+        if (!json_is_object(js)) return bad_type(e, "response_format.json_schema", "an object", js);
+        json_t *name = json_object_get(js, "name");
+        if (!name) return df_oai_fail(e, 400, "response_format.json_schema.name", "missing_required_parameter", "Missing required parameter: 'response_format.json_schema.name'.");
+        if (!json_is_string(name)) return bad_type(e, "response_format.json_schema.name", "a string", name);
+        const char *nm = json_string_value(name);
+        size_t nl = strlen(nm);
+        int okn = nl >= 1 && nl <= 64;
+        for (size_t i = 0; okn && i < nl; i++)
+            okn = (nm[i] >= 'a' && nm[i] <= 'z') || (nm[i] >= 'A' && nm[i] <= 'Z') || (nm[i] >= '0' && nm[i] <= '9') || nm[i] == '_' || nm[i] == '-';
+        if (!okn) return df_oai_fail(e, 400, "response_format.json_schema.name", "invalid_value", "Invalid 'response_format.json_schema.name': expected 1 to 64 of a-z, A-Z, 0-9, _ and -.");
+        json_object_foreach(js, k, x) {
+            char p[96];
+            df_oai_pathf(p, sizeof p, "response_format.json_schema.%.40s", k);
+            if (!strcmp(k, "name")) continue;
+            else if (!strcmp(k, "description")) { if (!json_is_string(x)) return bad_type(e, p, "a string", x); }
+            else if (!strcmp(k, "strict")) { if (!json_is_boolean(x) && !json_is_null(x)) return bad_type(e, p, "a boolean", x); }
+            else if (!strcmp(k, "schema")) { if (!json_is_object(x)) return bad_type(e, p, "an object", x); }
+            else return df_oai_fail(e, 400, p, "unknown_parameter", "Unrecognized request argument supplied: %s", p);
+        }
+        json_t *sc = json_object_get(js, "schema");
+        if (sc) {
+            if (!(dumped = json_dumps(sc, JSON_COMPACT | JSON_PRESERVE_ORDER))) return df_oai_fail(e, 503, NULL, NULL, "Out of memory.");
+            schema = dumped;
+        } else schema = "{}";
+    }
+    char err[512];
+    df_buf gb = {0};
+    int rc = df_json_schema_to_grammar(schema, strlen(schema), "", &gb, err, sizeof err);
+    free(dumped);
+    if (!rc) {
+        df_grammar_free(r->grammar);
+        r->grammar = NULL;
+        rc = df_grammar_compile_cached(gb.p, gb.len, "root", &r->grammar, err, sizeof err);
+    }
+    df_buf_free(&gb);
+    if (rc == DF_ENOMEM) return df_oai_fail(e, 503, NULL, NULL, "Out of memory.");
+    if (rc) return df_oai_fail(e, 400, "response_format.json_schema.schema", rc == DF_EUNSUPPORTED ? "unsupported_parameter" : "invalid_value",
+                               "Invalid 'response_format.json_schema.schema': %s", err);
+    return 0;
 }
 
 /* snprintf for parameter paths ("messages[3].content[0].type"): a path
@@ -340,6 +407,7 @@ void df_oai_request_free(df_oai_request *r) {
     free(r->tool_choice_name);
     free(r->template_kwargs_json);
     free(r->reasoning_effort);
+    df_grammar_free(r->grammar);
     memset(r, 0, sizeof *r);
 }
 
@@ -585,14 +653,7 @@ static int parse_field(df_oai_kind kind, const df_oai_limits *lim, const char *k
         r->reasoning_effort = strdup(x);
         return r->reasoning_effort ? 0 : df_oai_fail(e, 503, k, NULL, "Out of memory.");
     }
-    if (chat && !strcmp(k, "response_format")) {
-        if (!json_is_object(v)) return bad_type(e, k, "an object", v);
-        json_t *t = json_object_get(v, "type");
-        if (!json_is_string(t)) return df_oai_fail(e, 400, "response_format.type", "missing_required_parameter", "Missing required parameter: 'response_format.type'.");
-        if (strcmp(json_string_value(t), "text")) return unsupported(e, "response_format", "only {\"type\": \"text\"} is supported (no constrained decoding)");
-        if (json_object_size(v) != 1) return df_oai_fail(e, 400, "response_format", "unknown_parameter", "Unrecognized request argument supplied: response_format (only 'type')");
-        return 0;
-    }
+    if (chat && !strcmp(k, "response_format")) return parse_response_format(v, r, e);
     if (chat && !strcmp(k, "modalities")) {
         if (!json_is_array(v)) return bad_type(e, k, "an array", v);
         size_t i;

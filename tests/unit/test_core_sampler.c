@@ -99,7 +99,40 @@ static void test_nan_and_tiny_temperature(void) {
     }
 }
 
+/* df_sampling.allow: greedy takes the best allowed token, sampling never
+ * draws a disallowed one (whatever its logit), none allowed is DF_EINPUT. */
+static void test_allow_mask(void) {
+    uint32_t allow[(V + 31) / 32];
+    memset(allow, 0, sizeof allow);
+    int ok[] = {5, 200, 633, 999};
+    for (int k = 0; k < 4; k++) allow[ok[k] >> 5] |= 1u << (ok[k] & 31);
+    logits[5] = 1.0f, logits[200] = 0.5f, logits[633] = 2.0f, logits[999] = 1.5f; /* every other logit is higher */
+    for (int i = 0; i < V; i++) if (i != 5 && i != 200 && i != 633 && i != 999) logits[i] = 3.0f + (float)(i % 7);
+    df_rng rng;
+    df_rng_seed(&rng, 1);
+    df_sampling sp = sampling(0);
+    sp.allow = allow;
+    int id = df_sample(logits, V, &sp, &rng, work);
+    CHECK(id == 633, "greedy with a mask: got %d, want 633 (logit %g, the best allowed)", id, (double)logits[633]);
+    sp = sampling(1.0f);
+    sp.allow = allow;
+    sp.top_k = 2;
+    int seen[V] = {0};
+    for (int r = 0; r < 2000; r++) {
+        id = df_sample(logits, V, &sp, &rng, work);
+        CHECK(id >= 0 && id < V && (allow[id >> 5] >> (id & 31) & 1), "sampled a disallowed token %d", id);
+        if (id >= 0 && id < V) seen[id]++;
+    }
+    CHECK(seen[633] && seen[999] && !seen[5] && !seen[200], "top-k 2 among allowed: 633 %d, 999 %d, 5 %d, 200 %d",
+          seen[633], seen[999], seen[5], seen[200]);
+    memset(allow, 0, sizeof allow);
+    CHECK(df_sample(logits, V, &sp, &rng, work) == DF_EINPUT, "no token allowed must be DF_EINPUT");
+    sp.temperature = 0;
+    CHECK(df_sample(logits, V, &sp, &rng, work) == DF_EINPUT, "no token allowed (greedy) must be DF_EINPUT");
+}
+
 int main(void) {
+    test_allow_mask();
     test_bad_options();
     test_seed();
     test_nan_and_tiny_temperature();
