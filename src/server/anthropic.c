@@ -429,10 +429,13 @@ static int parse_tool_choice(const json_t *v, df_oai_request *r, df_oai_error *e
     }
     if (!strcmp(ty, "auto")) r->tool_choice = DF_OAI_TOOLS_AUTO;
     else if (!strcmp(ty, "none")) r->tool_choice = DF_OAI_TOOLS_NONE;
-    else if (!strcmp(ty, "any") || !strcmp(ty, "tool")) {
-        if (!strcmp(ty, "tool") && !json_is_string(json_object_get(v, "name"))) return afail(e, 400, "tool_choice.name", "Field required");
-        return refuse(e, "tool_choice.type", !strcmp(ty, "any") ? "'any' (it needs constrained decoding, which is not available yet; use 'auto')"
-                                                                : "'tool' (it needs constrained decoding, which is not available yet; use 'auto')");
+    else if (!strcmp(ty, "any")) r->tool_choice = DF_OAI_TOOLS_REQUIRED; /* enforced by constrained decoding */
+    else if (!strcmp(ty, "tool")) {
+        json_t *nm = json_object_get(v, "name");
+        if (!json_is_string(nm)) return afail(e, 400, "tool_choice.name", "Field required");
+        r->tool_choice = DF_OAI_TOOLS_NAMED;
+        free(r->tool_choice_name);
+        if (!(r->tool_choice_name = strndup(json_string_value(nm), json_string_length(nm)))) return afail(e, 503, NULL, "Out of memory.");
     } else return afail(e, 400, "tool_choice.type", "Input should be 'auto', 'any', 'tool' or 'none', got '%.40s'", ty);
     return 0;
 }
@@ -550,6 +553,15 @@ int df_anth_parse(int count, const df_oai_limits *lim, const char *body, size_t 
         if (!json_is_string(json_object_get(root, "model"))) rc = afail(e, 400, "model", "Field required");
         else if (!json_array_size(turns)) rc = afail(e, 400, "messages", "Field required");
         else if (!count && out->max_tokens < 0) rc = afail(e, 400, "max_tokens", "Field required");
+        else if (df_oai_check_tool_choice(out, e)) {
+            /* the chat route's checks, named in this API's terms */
+            size_t i;
+            char p[sizeof e->param], m[sizeof e->message];
+            snprintf(m, sizeof m, "%s", e->message);
+            if (sscanf(e->param, "tools[%zu].function.parameters", &i) == 1) snprintf(p, sizeof p, "tools.%zu.input_schema", i);
+            else snprintf(p, sizeof p, "%s", e->param);
+            rc = afail(e, e->status, p, "%s", m);
+        }
     }
     if (!rc) {
         json_array_extend(sys, turns);

@@ -18,6 +18,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "grammar/grammar.h"
 #include "util/util.h"
 
 void sb_put(sbuf *b, const void *d, size_t n) {
@@ -134,6 +135,44 @@ static char *null_content_as_empty(const char *messages_json) {
     char *out = changed ? json_dumps(m, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(m);
     return out;
+}
+
+/* tool_choice required / a named function: the grammar of one call (several
+ * when parallel_tool_calls) in the model's own call syntax, the arguments
+ * constrained by each tool's parameters schema, compiled into rq->grammar.
+ * The answer starts with the call: a prompt that opens a think block (the
+ * output would start inside it) is refused, since the grammar cannot let the
+ * model think first without also accepting text that closes the block in
+ * the middle. */
+static int tool_grammar(gen *g, df_oai_error *e) {
+    df_oai_server *s = g->srv;
+    df_oai_request *rq = &g->rq;
+    if (rq->kind != DF_OAI_CHAT || !rq->tools_json || rq->grammar ||
+        (rq->tool_choice != DF_OAI_TOOLS_REQUIRED && rq->tool_choice != DF_OAI_TOOLS_NAMED))
+        return 0;
+    if (g->think_open)
+        return df_oai_fail(e, 400, "tool_choice", "unsupported_parameter",
+                           "Unsupported value for 'tool_choice': this prompt opens a think block, so the answer cannot start with the required call; use 'auto', or turn thinking off (e.g. chat_template_kwargs {\"enable_thinking\": false}) where the template allows.");
+    df_buf gb = {0};
+    char err[400];
+    const char *named = rq->tool_choice == DF_OAI_TOOLS_NAMED ? rq->tool_choice_name : NULL;
+    int rc = df_toolcall_grammar(s->tc_fam, rq->tools_json, named, rq->parallel_tool_calls, "tc-", &gb, err, sizeof err);
+    json_t *t = rc ? NULL : json_loads(rq->tools_json, 0, NULL), *x;
+    size_t i;
+    json_array_foreach(t, i, x) {
+        const char *nm = json_string_value(json_object_get(json_object_get(x, "function"), "name"));
+        if (rc || (named && strcmp(nm, named))) continue;
+        char *schema = df_oai_tool_schema(rq->tools_json, i), pre[48];
+        snprintf(pre, sizeof pre, "tc-t%zu-", i);
+        rc = schema ? df_json_schema_to_grammar(schema, strlen(schema), pre, &gb, err, sizeof err) : DF_ENOMEM;
+        free(schema);
+    }
+    json_decref(t);
+    if (!rc) rc = df_grammar_compile_cached(gb.p, gb.len, "root", &rq->grammar, err, sizeof err);
+    df_buf_free(&gb);
+    if (rc == DF_ENOMEM) return df_oai_fail(e, 503, NULL, NULL, "Out of memory.");
+    if (rc) return df_oai_fail(e, 400, "tool_choice", "unsupported_parameter", "Unsupported value for 'tool_choice': %s", err);
+    return 0;
 }
 
 /* The extra template variables of a chat request (chat_template_kwargs,
@@ -279,6 +318,7 @@ int gen_tokenize(gen *g, df_oai_error *e) {
             }
             free(vars);
             if (!rc && text) g->think_open = s->has_think && df_tc_prompt_opens_think(s->tc_fam, text, strlen(text));
+            if (!rc && tool_grammar(g, e)) { free(text); return -1; }
             if (rc) {
                 int st = rc == DF_ENOMEM || rc == DF_EIO || rc == DF_EINTERNAL ? 500 : 400;
                 free(text);

@@ -511,26 +511,53 @@ static int parse_tool_choice(const json_t *v, df_oai_request *r, df_oai_error *e
     return r->tool_choice_name ? 0 : df_oai_fail(e, 503, "tool_choice", NULL, "Out of memory.");
 }
 
-/* After every field: tool_choice against tools; what needs constrained
- * decoding is refused until the sampler has it. */
+/* The parameters schema of tool i of a tools array (chat shape), as JSON
+ * text (malloc'd); a tool without one takes any object. */
+char *df_oai_tool_schema(const char *tools_json, size_t i) {
+    json_t *t = json_loads(tools_json, 0, NULL);
+    json_t *p = json_object_get(json_object_get(json_array_get(t, i), "function"), "parameters");
+    char *out = p ? json_dumps(p, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup("{\"type\":\"object\"}");
+    json_decref(t);
+    return out;
+}
+
+/* After every field: tool_choice against tools. required / a named function
+ * are enforced by constrained decoding (the grammar of a call in the model's
+ * own syntax is made once the model's family is known, gen.c); here the
+ * schemas of the tools it may call are checked, so an unsupported keyword is
+ * a 400 naming the tool, and the combination with response_format, two
+ * constraints on one answer, is refused. */
 static int check_tool_choice(df_oai_request *r, df_oai_error *e) {
-    if (r->tool_choice == DF_OAI_TOOLS_REQUIRED || r->tool_choice == DF_OAI_TOOLS_NAMED) {
-        if (!r->tools_json)
-            return df_oai_fail(e, 400, "tool_choice", "invalid_value", "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.");
-        if (r->tool_choice == DF_OAI_TOOLS_NAMED) {
-            json_t *t = json_loads(r->tools_json, 0, NULL), *x;
-            size_t i;
-            int found = 0;
-            json_array_foreach(t, i, x) found |= !strcmp(json_string_value(json_object_get(json_object_get(x, "function"), "name")), r->tool_choice_name);
-            json_decref(t);
-            if (!found)
-                return df_oai_fail(e, 400, "tool_choice", "invalid_value", "Invalid value for 'tool_choice': no function named '%.64s' was specified in the 'tools' parameter.", r->tool_choice_name);
+    if (r->tool_choice != DF_OAI_TOOLS_REQUIRED && r->tool_choice != DF_OAI_TOOLS_NAMED) return 0;
+    if (!r->tools_json)
+        return df_oai_fail(e, 400, "tool_choice", "invalid_value", "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.");
+    if (r->grammar)
+        return unsupported(e, "response_format", "a response_format together with tool_choice 'required' or a named function (the answer is a tool call)");
+    json_t *t = json_loads(r->tools_json, 0, NULL), *x;
+    size_t i;
+    int found = 0, rc = 0;
+    json_array_foreach(t, i, x) {
+        const char *nm = json_string_value(json_object_get(json_object_get(x, "function"), "name"));
+        if (r->tool_choice == DF_OAI_TOOLS_NAMED && strcmp(nm, r->tool_choice_name)) continue;
+        found = 1;
+        char *schema = df_oai_tool_schema(r->tools_json, i), err[400];
+        df_buf gb = {0};
+        int grc = schema ? df_json_schema_to_grammar(schema, strlen(schema), "t-", &gb, err, sizeof err) : DF_ENOMEM;
+        free(schema);
+        df_buf_free(&gb);
+        if (grc) {
+            char p[80];
+            df_oai_pathf(p, sizeof p, "tools[%zu].function.parameters", i);
+            rc = grc == DF_ENOMEM ? df_oai_fail(e, 503, NULL, NULL, "Out of memory.")
+                                  : df_oai_fail(e, 400, p, grc == DF_EUNSUPPORTED ? "unsupported_parameter" : "invalid_value",
+                                                "Invalid '%s' (tool_choice makes the call constrained by this schema): %s", p, err);
+            break;
         }
-        return unsupported(e, "tool_choice", r->tool_choice == DF_OAI_TOOLS_REQUIRED
-                               ? "'required' needs constrained decoding, which is not available yet; use 'auto'"
-                               : "naming a function needs constrained decoding, which is not available yet; use 'auto'");
     }
-    return 0;
+    json_decref(t);
+    if (!rc && !found)
+        return df_oai_fail(e, 400, "tool_choice", "invalid_value", "Invalid value for 'tool_choice': no function named '%.64s' was specified in the 'tools' parameter.", r->tool_choice_name);
+    return rc;
 }
 
 /* One top-level field. Returns 0 if accepted, -1 with *e filled. */

@@ -245,8 +245,12 @@ def test_count_tokens_refusals(srv):
     st, _, b = raw(srv, "POST", "/v1/messages/count_tokens", {"model": MODEL_ID, "messages": CONV,
                                                                "tools": [{"name": "f", "input_schema": {"type": "object"}}],
                                                                "tool_choice": {"type": "any"}})
+    assert st == 200, b  # tool_choice any is enforced by constrained decoding; counting is unaffected
+    st, _, b = raw(srv, "POST", "/v1/messages/count_tokens", {"model": MODEL_ID, "messages": CONV,
+                                                               "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                                                               "tool_choice": {"type": "tool", "name": "nope"}})
     assert st == 400
-    assert_anth_error(b, "invalid_request_error", "tool_choice.type")
+    assert_anth_error(b, "invalid_request_error", "tool_choice")
 
 
 # ---- refusals in Anthropic's shape --------------------------------------------
@@ -257,8 +261,9 @@ TOOL = {"name": "get_weather", "description": "w", "input_schema": {"type": "obj
 @pytest.mark.parametrize("kw,field", [
     # tools, tool_choice auto/none, thinking and tool_use / tool_result / thinking blocks are accepted
     # (test_server_anthropic_tools.py); what cannot be honoured is refused
-    ({"tools": [TOOL], "tool_choice": {"type": "any"}}, "tool_choice.type"),
-    ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_weather"}}, "tool_choice.type"),
+    ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}}],
+      "tool_choice": {"type": "any"}}, "tools.0.input_schema"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
     ({"tools": [{"name": "f"}]}, "tools.0.input_schema"),
     ({"tools": [TOOL, TOOL]}, "tools"),
@@ -277,8 +282,9 @@ TOOL = {"name": "get_weather", "description": "w", "input_schema": {"type": "obj
      "messages.0.content.0.type"),
     # tools, tool_choice auto/none, thinking and tool_use / tool_result / thinking blocks are accepted
     # (test_server_anthropic_tools.py); what cannot be honoured is refused
-    ({"tools": [TOOL], "tool_choice": {"type": "any"}}, "tool_choice.type"),
-    ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_weather"}}, "tool_choice.type"),
+    ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}}],
+      "tool_choice": {"type": "any"}}, "tools.0.input_schema"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
     ({"tools": [{"name": "f"}]}, "tools.0.input_schema"),
     ({"tools": [TOOL, TOOL]}, "tools"),

@@ -178,9 +178,11 @@ def test_chat_template_kwargs(srv):
 
 
 REFUSALS = [
-    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "constrained decoding"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
-     "constrained decoding"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}}}], "tool_choice": "required"},
+     "tools[0].function.parameters", "pattern"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
+     "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
     ({"tool_choice": "required"}, "tool_choice", "only allowed when 'tools'"),
     ({"tools": [WEATHER, WEATHER]}, "tools", "unique"),
