@@ -12,7 +12,9 @@
  *     with acceptance a per drafted token, a pass yields (1 - a^(k+1)) /
  *     (1 - a) tokens. k is the one with the best expected tokens per unit
  *     of time; when no k beats a plain step, drafting is off and is retried
- *     with k = 2 every DF_SPEC_RETRY plain steps.
+ *     with k = 2 after DF_SPEC_RETRY plain steps, doubling the wait after
+ *     each retry that still loses (up to DF_SPEC_RETRY_MAX), so a prompt
+ *     where drafting fails pays a few probe passes per thousand tokens.
  * Which tokens are chosen never depends on any of this (generate.c samples
  * every position as a plain step would), only how many forward passes it
  * takes. */
@@ -26,6 +28,7 @@
 #include <string.h>
 
 #define DF_SPEC_RETRY 32
+#define DF_SPEC_RETRY_MAX 1024
 #define DF_NGRAM_MAX 3
 
 /* ---- n-gram index --------------------------------------------------------- */
@@ -133,7 +136,7 @@ struct df_spec {
     int32_t *dtmp;
     /* auto */
     double t1, beta, acc; /* plain step seconds; verify cost per drafted token / t1; acceptance */
-    int n_plain, n_verify, off_steps;
+    int n_plain, n_verify, off_steps, off_wait;
 };
 
 df_spec *df_spec_new(int mode, int k_max, df_engine *draft) {
@@ -141,7 +144,8 @@ df_spec *df_spec_new(int mode, int k_max, df_engine *draft) {
     if (!sp) return NULL;
     sp->mode = mode;
     sp->k_max = k_max;
-    sp->k = mode == DF_SPEC_AUTO ? (k_max < 4 ? k_max : 4) : k_max;
+    sp->k = mode == DF_SPEC_AUTO ? (k_max < 2 ? k_max : 2) : k_max; /* auto probes with 2 */
+    sp->off_wait = DF_SPEC_RETRY;
     sp->acc = 0.5;
     sp->beta = 0.1;
     if (!(sp->ng = df_ngram_new())) { free(sp); return NULL; }
@@ -180,7 +184,13 @@ static void choose_k(df_spec *sp) {
         if (gk > g) g = gk, best = k;
     }
     sp->k = best;
-    sp->off_steps = g < 1.0 ? DF_SPEC_RETRY : 0;
+    if (g < 1.0) {
+        sp->off_steps = sp->off_wait;
+        if (sp->off_wait < DF_SPEC_RETRY_MAX) sp->off_wait *= 2;
+    } else {
+        sp->off_steps = 0;
+        sp->off_wait = DF_SPEC_RETRY;
+    }
 }
 
 int df_spec_want(df_spec *sp, int room) {
