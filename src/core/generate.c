@@ -8,8 +8,14 @@
  *   - the token chosen by a step is pushed at the start of the next step,
  *     so a step returns as soon as its token is chosen (a stream can send
  *     it before the next forward pass) and the last token is never pushed;
- *   - only the session calls of deltafin.h are used: this file knows
- *     nothing of the engine's insides.
+ *   - only session calls are used (deltafin.h, and for speculation the
+ *     verify / cut / sample-from helpers of core.h): this file knows
+ *     nothing of the engine's insides;
+ *   - speculation never changes which tokens are chosen: every position of
+ *     a verify pass is sampled with the same call and RNG as a plain step,
+ *     in the same order, and the tokens it decides are handed out one per
+ *     step through the same path; when generation ends, the session is cut
+ *     back to what it would hold without speculation (settle).
  */
 #include "core/generate.h"
 #include "core/core.h"
