@@ -232,3 +232,16 @@ def test_draft_vocabulary_bytes_differ(text_model, tmp_path):
     p = run(text_model, "--prompt", "hi", "--spec", "draft", "--draft", str(other), check=False)
     assert p.returncode == 2
     assert f"the vocabularies differ first at id {victim}" in p.stderr.decode(), p.stderr.decode()
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--spec", "mtp"], "--spec mtp: drafting with the MTP layer (DeepSeek-V3/R1, Kimi K2) is not built yet"),
+    (["--spec-max", "40"], "--spec-max: expected 1..32 drafted tokens per pass, got '40'"),
+    (["--spec", "draft", "--draft", str(MODELS / "llama-bf16")],
+     "--draft: the draft model's vocabulary has 640 ids, the model's 768"),
+])
+def test_serve_refusals(args, msg):
+    p = subprocess.run([deltafin_bin(), "serve", "--model", str(MODELS / "qwen3-f16"), "--port", "0", *args],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 2
+    assert msg in p.stderr.decode() and p.stderr.decode().count("\n") == 1, p.stderr.decode()
