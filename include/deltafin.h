@@ -202,7 +202,38 @@ typedef struct {
                                 rest untouched), end-of-sequence only once the document is complete, and generation
                                 ends ("stop") when the document is complete and nothing can follow it. Needs the
                                 model's tokenizer. Log-probabilities stay the model's own (unmasked). */
+    /* Speculative decoding (src/core/spec.c): drafts checked by one batched
+     * verify pass; the chosen tokens are exactly those of DF_SPEC_NONE (the
+     * same draws of the same seeded RNG). 0 (DF_SPEC_NONE) when zeroed. */
+    int spec;                /* DF_SPEC_* */
+    int spec_max;            /* most drafted tokens per pass, 1..DF_SPEC_MAX_K (0: DF_SPEC_DEFAULT_K) */
+    df_engine *draft;        /* DF_SPEC_DRAFT: the draft model (same tokenizer; df_spec_check_draft) */
+    int constrained;         /* 1: a constraint decides tokens (grammar): speculation is off, said in the stats */
 } df_gen_config;
+
+enum { DF_SPEC_NONE = 0, DF_SPEC_NGRAM, DF_SPEC_DRAFT, DF_SPEC_MTP, DF_SPEC_AUTO };
+#define DF_SPEC_MAX_K 32
+#define DF_SPEC_DEFAULT_K 8
+/* "none" | "ngram" | "draft" | "mtp" | "auto" -> DF_SPEC_*, or -1. */
+int df_spec_parse(const char *name);
+const char *df_spec_name(int mode);
+/* 0 if the draft engine can draft for the target (same vocabulary size and
+ * the same bytes for every id), else DF_EINPUT with a message naming the
+ * first differing id. */
+int df_spec_check_draft(df_engine *target, df_engine *draft, char *err, size_t errlen);
+
+typedef struct {
+    int mode;                /* DF_SPEC_* asked for */
+    char off_reason[160];    /* non-empty: speculation was off (or turned off) and why */
+    long drafted, accepted;  /* draft tokens proposed to verify passes, and accepted */
+    long passes;             /* verify passes */
+    long pass_tokens;        /* tokens chosen by verify passes (accepted + one each) */
+    long plain_steps;        /* plain one-token steps */
+    double t_draft, t_verify, t_plain; /* seconds */
+    int k_now;               /* auto: the draft length in use at the end (0: drafting off) */
+} df_spec_stats;
+typedef struct df_gen df_gen;
+void df_gen_spec_stats(const df_gen *g, df_spec_stats *out);
 
 typedef struct {
     int has_token;           /* a token was chosen (an end-of-sequence id that ends generation is not one) */

@@ -123,3 +123,54 @@ int df_args_model_opts(df_args *a, const char *opt, const char **model, df_optio
     }
     return 0;
 }
+
+void df_spec_opts_default(df_spec_opts *s) {
+    s->mode = DF_SPEC_NONE; /* off by default: see docs/CLI.md (speculative decoding) for why */
+    s->k = DF_SPEC_DEFAULT_K;
+    s->draft = NULL;
+}
+
+int df_args_spec_opts(df_args *a, const char *opt, df_spec_opts *s) {
+    long v;
+    if (df_args_opt(a, opt, "--spec", 1)) {
+        int m = df_spec_parse(a->val);
+        if (m < 0) df_args_fail(a, "--spec: expected none, ngram, draft, mtp or auto, got '%s'", a->val);
+        else s->mode = m;
+        return 1;
+    }
+    if (df_args_opt(a, opt, "--spec-max", 1)) {
+        if (df_parse_int(a->val, 1, DF_SPEC_MAX_K, &v)) df_args_fail(a, "--spec-max: expected 1..%d drafted tokens per pass, got '%s'", DF_SPEC_MAX_K, a->val);
+        else s->k = (int)v;
+        return 1;
+    }
+    if (df_args_opt(a, opt, "--draft", 1)) { s->draft = a->val; return 1; }
+    return 0;
+}
+
+int df_spec_opts_check(df_args *a, const df_spec_opts *s) {
+    if (s->mode == DF_SPEC_MTP)
+        return df_args_fail(a, "--spec mtp: drafting with the MTP layer (DeepSeek-V3/R1, Kimi K2) is not built yet; use --spec ngram, draft or auto");
+    if (s->mode == DF_SPEC_DRAFT && !s->draft) return df_args_fail(a, "--spec draft needs --draft MODEL (a model with the same tokenizer)");
+    if (s->draft && s->mode != DF_SPEC_DRAFT) return df_args_fail(a, "--draft MODEL is used by --spec draft only (got --spec %s)", df_spec_name(s->mode));
+    return 0;
+}
+
+df_engine *df_spec_open_draft(const df_spec_opts *s, df_engine *e, const df_options *o, int *failed, char *err, size_t errlen) {
+    *failed = 0;
+    if (s->mode != DF_SPEC_DRAFT || !s->draft) return NULL;
+    char e2[768];
+    df_options d = *o;
+    d.trace_path = NULL;
+    df_engine *de = df_engine_open(s->draft, &d, e2, sizeof e2);
+    if (!de) {
+        *failed = 1;
+        df_err(err, errlen, DF_EINPUT, "--draft %s: %s", s->draft, e2);
+        return NULL;
+    }
+    if (df_spec_check_draft(e, de, err, errlen)) {
+        *failed = 1;
+        df_engine_close(de);
+        return NULL;
+    }
+    return de;
+}

@@ -20,6 +20,18 @@ const char *df_args_next(df_args *a);
 int df_args_opt(df_args *a, const char *opt, const char *name, int takes_value);
 /* Common model options (--model, --threads, --ram, --expert-cache). Returns 1 if consumed. */
 int df_args_model_opts(df_args *a, const char *opt, const char **model, df_options *o);
+/* Speculative decoding options of run and serve: --spec MODE, --spec-max K,
+ * --draft MODEL. Returns 1 if consumed. */
+typedef struct { int mode, k; const char *draft; } df_spec_opts;
+void df_spec_opts_default(df_spec_opts *s); /* auto, K 8, no draft model */
+int df_args_spec_opts(df_args *a, const char *opt, df_spec_opts *s);
+/* After parsing: refusals of combinations (mtp, draft without --draft, ...);
+ * 0 or 2 (the message printed). */
+int df_spec_opts_check(df_args *a, const df_spec_opts *s);
+/* Opens the --draft model (NULL when none) and checks its vocabulary
+ * against e's; on failure *err holds one line and it returns NULL with
+ * *failed set. */
+df_engine *df_spec_open_draft(const df_spec_opts *s, df_engine *e, const df_options *o, int *failed, char *err, size_t errlen);
 int df_args_fail(df_args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int df_parse_int(const char *s, long lo, long hi, long *out);
 /* A whole-string decimal that is finite and within float range (the options

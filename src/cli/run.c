@@ -37,7 +37,31 @@ static const char *usage =
     "                      the recent predictions were right), always, never\n"
     "  --mmap              map weights from the files instead of reading them into owned memory\n"
     "  --backend B         cpu (default), cuda (a build with make CUDA=1), or auto (cuda when a GPU is present)\n"
-    "  --gpu-memory SIZE   VRAM budget of the cuda backend (default: free VRAM minus max(512M, 5%)); spine first, routed experts cached in the rest\n";
+    "  --gpu-memory SIZE   VRAM budget of the cuda backend (default: free VRAM minus max(512M, 5%)); spine first, routed experts cached in the rest\n"
+    "  --spec MODE         speculative decoding: none (default), auto (prompt lookup while it pays), ngram (prompt\n"
+    "                      lookup always), draft (--draft MODEL drafts), mtp (not built yet). The tokens are the same\n"
+    "                      as with none, for every temperature and seed (docs/CLI.md says where rounding could differ)\n"
+    "  --spec-max K        most drafted tokens per verify pass, 1..32 (default 8)\n"
+    "  --draft MODEL       the draft model of --spec draft (same tokenizer: same size and bytes for every id)\n";
+
+static void print_spec_stats(const df_gen *g, const df_stats *st) {
+    df_spec_stats ss;
+    df_gen_spec_stats(g, &ss);
+    if (ss.mode == DF_SPEC_NONE) return;
+    fprintf(stderr, "[stats] spec %s: ", df_spec_name(ss.mode));
+    if (ss.off_reason[0]) fprintf(stderr, "%s; ", ss.off_reason);
+    fprintf(stderr, "%ld verify passes, %ld drafted, %ld accepted (%.1f%%), %.2f tokens per pass; %ld plain steps; "
+            "time: drafting %.3f s, verifying %.3f s, plain steps %.3f s",
+            ss.passes, ss.drafted, ss.accepted, ss.drafted ? 100.0 * ss.accepted / ss.drafted : 0,
+            ss.passes ? (double)ss.pass_tokens / ss.passes : 0, ss.plain_steps, ss.t_draft, ss.t_verify, ss.t_plain);
+    if (ss.mode == DF_SPEC_AUTO && !ss.off_reason[0]) fprintf(stderr, "; draft length now %d%s", ss.k_now, ss.k_now ? "" : " (off: drafting would lose)");
+    fputc('\n', stderr);
+    if (st->streaming) {
+        long toks = (long)df_gen_count(g);
+        fprintf(stderr, "[stats] spec: expert bytes read per generated token %.1f MB (%lld MB in decode passes for %ld tokens)\n",
+                toks ? st->decode_bytes_read / 1e6 / toks : 0, (long long)(st->decode_bytes_read / 1000000), toks);
+    }
+}
 
 static void print_stats(df_engine *e) {
     df_stats st;
@@ -132,9 +156,12 @@ int df_cmd_run(int argc, char **argv) {
     long max_new = 256, ctx = 0, v;
     double f;
     int chat = 0, stats = 0, print_ids = 0, ignore_eos = 0;
+    df_spec_opts so;
+    df_spec_opts_default(&so);
     while ((opt = df_args_next(&a))) {
         if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) { fputs(usage, stdout); return 0; }
         if (df_args_model_opts(&a, opt, &model, &o)) continue;
+        if (df_args_spec_opts(&a, opt, &so)) continue;
         if (df_args_opt(&a, opt, "--prompt", 1)) prompt = a.val;
         else if (df_args_opt(&a, opt, "--ids", 1)) ids_s = a.val;
         else if (df_args_opt(&a, opt, "--system", 1)) system = a.val;
@@ -154,6 +181,7 @@ int df_cmd_run(int argc, char **argv) {
         else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
     }
     if (a.bad) return 2;
+    if (df_spec_opts_check(&a, &so)) return 2;
     if (!model) model = DF_DEFAULT_MODEL;
     if (!!prompt == !!ids_s) return df_args_fail(&a, "give exactly one of --prompt and --ids");
     if (chat && !prompt) return df_args_fail(&a, "--chat needs --prompt");
@@ -180,7 +208,9 @@ int df_cmd_run(int argc, char **argv) {
     if (!e) { fprintf(stderr, "deltafin run: %s\n", err); df_grammar_free(grammar); return 2; }
     df_model_info info;
     df_engine_info(e, &info);
-    int code = 0;
+    int code = 0, dfail;
+    df_engine *draft = df_spec_open_draft(&so, e, &o, &dfail, err, sizeof err);
+    if (dfail) { fprintf(stderr, "deltafin run: %s\n", err); df_engine_close(e); df_grammar_free(grammar); return 2; }
     int32_t *ids = NULL;
     size_t n = 0;
     df_session *s = NULL;
@@ -220,7 +250,7 @@ int df_cmd_run(int argc, char **argv) {
     int rc = df_session_sync(s, ids, n);
     if (rc) { fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)); code = df_exit_code(rc); goto done; }
     df_gen_config gc = {.sampling = sp, .max_new = max_new, .max_context = (size_t)ctx, .ignore_eos = ignore_eos,
-                        .text = text_out, .grammar = grammar};
+                        .text = text_out, .grammar = grammar, .spec = so.mode, .spec_max = so.k, .draft = draft};
     gen = df_gen_new(e, s, &gc);
     if (!gen) {
         fprintf(stderr, "deltafin run: %s\n", df_engine_error(e)[0] ? df_engine_error(e) : "out of memory");
@@ -241,6 +271,11 @@ int df_cmd_run(int argc, char **argv) {
     if (rc < 0) { fprintf(stderr, "deltafin run: %s\n", df_gen_error(gen)); code = df_exit_code(rc); }
     if (stats) {
         print_stats(e);
+        {
+            df_stats st;
+            df_stats_get(e, &st);
+            print_spec_stats(gen, &st);
+        }
         if (t_first > 0) fprintf(stderr, "[stats] time to first token %.3f s (from the start of the command, model load included)\n", t_first - t_start);
     }
 done:
@@ -248,6 +283,7 @@ done:
     df_session_free(s);
     df_engine_close(e);
     df_grammar_free(grammar);
+    df_engine_close(draft);
     free(ids);
     return code;
 }

@@ -30,6 +30,8 @@ static const char *usage =
     "  --max-connections-per-client N  open connections per client address (default 32; 0: no limit)\n"
     "  --header-timeout SECS     request headers must arrive within this (default 10)\n"
     "  --idle-timeout SECS       keep-alive connections idle longer are closed (default 30; 2 when busy)\n"
+    "  --spec MODE --spec-max K --draft MODEL   speculative decoding as in `deltafin run` (default none): the tokens\n"
+    "                            are the same as without it; only the speed differs\n"
     "  --body-min-rate SIZE      request bodies slower than SIZE bytes/s after the header timeout are cut\n"
     "                            (default 32KiB; 0: off)\n"
     "  --max-tokens N            most completion tokens one request may ask for (default: the context)\n"
@@ -61,6 +63,8 @@ int df_cmd_serve(int argc, char **argv) {
     df_args_init(&a, argc, argv);
     df_options o;
     df_cli_options_default(&o);
+    df_spec_opts spo;
+    df_spec_opts_default(&spo);
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("DELTAFIN_API_KEY"), *name = NULL, *opt;
     long port = 8000, max_tokens = 0, queue = 16, ctx = 0;
     int64_t max_body = (int64_t)16 << 20, min_rate = (int64_t)32 << 10;
@@ -70,6 +74,7 @@ int df_cmd_serve(int argc, char **argv) {
     while ((opt = df_args_next(&a))) {
         if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) { fputs(usage, stdout); return 0; }
         if (df_args_model_opts(&a, opt, &model, &o)) continue;
+        if (df_args_spec_opts(&a, opt, &spo)) continue;
         if (df_args_opt(&a, opt, "--host", 1)) host = a.val;
         else if (df_args_opt(&a, opt, "--api-key", 1)) api_key = a.val;
         else if (df_args_opt(&a, opt, "--served-model-name", 1)) name = a.val;
@@ -93,6 +98,7 @@ int df_cmd_serve(int argc, char **argv) {
         else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
     }
     if (a.bad) return 2;
+    if (df_spec_opts_check(&a, &spo)) return 2;
     if (!model) return df_args_fail(&a, "--model is required");
     if (api_key && !*api_key) api_key = NULL;
 
@@ -109,11 +115,14 @@ int df_cmd_serve(int argc, char **argv) {
     if (o.trace_path && df_trace_probe(o.trace_path, err, sizeof err)) { fprintf(stderr, "deltafin serve: %s\n", err); return 1; }
     df_engine *e = df_engine_open(model, &o, err, sizeof err);
     if (!e) { fprintf(stderr, "deltafin serve: %s\n", err); return 2; }
+    int dfail;
+    df_engine *draft = df_spec_open_draft(&spo, e, &o, &dfail, err, sizeof err);
+    if (dfail) { fprintf(stderr, "deltafin serve: %s\n", err); df_engine_close(e); return 2; }
     char *id = name ? df_xstrdup(name) : default_id(model);
     df_oai_options so = {.model_id = id, .max_tokens = max_tokens, .ctx = (int)ctx, .queue = (int)queue, .memo = memo,
-                         .quiet = quiet};
+                         .quiet = quiet, .spec = spo.mode, .spec_max = spo.k, .draft = draft};
     df_oai_server *srv = df_oai_new(e, &so, err, sizeof err);
-    if (!srv) { fprintf(stderr, "deltafin serve: %s\n", err); free(id); df_engine_close(e); return 1; }
+    if (!srv) { fprintf(stderr, "deltafin serve: %s\n", err); free(id); df_engine_close(e); df_engine_close(draft); return 1; }
     if (!df_has_tokenizer(e))
         fprintf(stderr, "deltafin serve: warning: %s has no tokenizer: only token-id prompts on /v1/completions will work\n", model);
 
@@ -128,6 +137,7 @@ int df_cmd_serve(int argc, char **argv) {
         df_oai_free(srv);
         free(id);
         df_engine_close(e);
+        df_engine_close(draft);
         return 1;
     }
     if (!is_loopback(host) && !api_key)
@@ -145,5 +155,6 @@ int df_cmd_serve(int argc, char **argv) {
     df_oai_free(srv);
     free(id);
     df_engine_close(e);
+    df_engine_close(draft);
     return 0;
 }

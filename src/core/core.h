@@ -23,4 +23,20 @@ int df_sampling_check(const df_sampling *sp, char *err, size_t errlen);
  * reseeded with it first. work: scratch of n * 8 bytes. */
 int df_sample(const float *logits, int n, const df_sampling *sp, df_rng *rng, void *work);
 
+/* Speculative decoding (session.c; used by spec.c and generate.c). */
+int df_session_truncatable(const df_session *s); /* every layer allows going back by truncation */
+const int32_t *df_session_tokens(const df_session *s); /* the timeline, df_session_len ids */
+size_t df_session_max_ctx(const df_session *s);
+/* Samples from logits (not the session's own) with the session's RNG: the
+ * same draw df_session_sample makes. */
+int df_session_sample_logits(df_session *s, const float *logits, const df_sampling *sp, int32_t *out_id);
+/* Appends ids[0..n) (n <= 64) in one batched forward and writes the logits
+ * after each into out (n * vocab); truncatable models only. Its time and
+ * expert bytes count as decode; tokens are credited by df_session_cut. */
+int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out);
+/* Back to len (<= the length; truncation) with logits the distribution
+ * there (NULL: unknown, recomputed when needed); credits `credited` decode
+ * tokens to the engine's stats. */
+int df_session_cut(df_session *s, size_t len, const float *logits, long credited);
+
 #endif

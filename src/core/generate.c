@@ -8,10 +8,18 @@
  *   - the token chosen by a step is pushed at the start of the next step,
  *     so a step returns as soon as its token is chosen (a stream can send
  *     it before the next forward pass) and the last token is never pushed;
- *   - only the session calls of deltafin.h are used: this file knows
- *     nothing of the engine's insides.
+ *   - only session calls are used (deltafin.h, and for speculation the
+ *     verify / cut / sample-from helpers of core.h): this file knows
+ *     nothing of the engine's insides;
+ *   - speculation never changes which tokens are chosen: every position of
+ *     a verify pass is sampled with the same call and RNG as a plain step,
+ *     in the same order, and the tokens it decides are handed out one per
+ *     step through the same path; when generation ends, the session is cut
+ *     back to what it would hold without speculation (settle).
  */
 #include "core/generate.h"
+#include "core/core.h"
+#include "core/spec.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -40,6 +48,16 @@ struct df_gen {
     df_gmatch *gm;        /* constrained decoding: the document so far */
     uint32_t *allow;      /* its mask, (vocab + 31) / 32 words */
     char err[256];
+    /* speculative decoding: a verify pass decides up to k+1 tokens at once;
+     * they wait in q[] and are handed out one per step through the same
+     * path as a sampled token. q[0..qn-1) are already in the session. */
+    df_spec *spec;
+    df_spec_stats ss;
+    int pending_in_session;
+    size_t prompt_len, qbase;  /* qbase: the session length before the verify pass */
+    int32_t q[DF_SPEC_MAX_K + 1], draft[DF_SPEC_MAX_K + 1];
+    int qn, qi;
+    float *ql;                 /* (k+1) * vocab logits of the verify pass */
 };
 
 int df_stop_scan(const char *text, size_t len, size_t final, const char *const *stop, int n_stop, int at_end,
@@ -102,7 +120,35 @@ char *df_token_text(df_engine *e, int32_t id, size_t *n) {
     return o2;
 }
 
+/* Speculation on or off for this generation (off: the reason in the stats). */
+static int spec_setup(df_gen *g) {
+    const df_gen_config *c = &g->cfg;
+    g->ss.mode = c->spec;
+    g->cfg.spec_max = c->spec_max ? c->spec_max : DF_SPEC_DEFAULT_K;
+    const char *off = NULL;
+    if (c->spec == DF_SPEC_NONE) return 0;
+    if (c->spec == DF_SPEC_MTP) off = "--spec mtp is not built yet";
+    else if (c->constrained || c->grammar) off = "a constraint (grammar) chooses the tokens of this request";
+    else if (!df_session_truncatable(g->s)) off = "the model has recurrent layers (Kimi Linear KDA): speculation is not built for them yet";
+    else if (c->spec == DF_SPEC_DRAFT && !c->draft) off = "--spec draft without a draft model";
+    if (off) {
+        snprintf(g->ss.off_reason, sizeof g->ss.off_reason, "%s", off);
+        return 0;
+    }
+    g->spec = df_spec_new(c->spec, g->cfg.spec_max, c->draft);
+    g->ql = malloc((size_t)(g->cfg.spec_max + 1) * (size_t)g->info.vocab_size * sizeof(float));
+    if (!g->spec || !g->ql) return -1;
+    if (g->prompt_len && df_spec_append(g->spec, df_session_tokens(g->s), g->prompt_len)) return -1;
+    return 0;
+}
+
+void df_gen_spec_stats(const df_gen *g, df_spec_stats *out) {
+    *out = g->ss;
+    out->k_now = g->spec ? df_spec_k_now(g->spec) : 0;
+}
+
 df_gen *df_gen_new(df_engine *e, df_session *s, const df_gen_config *cfg) {
+    if (cfg->spec < DF_SPEC_NONE || cfg->spec > DF_SPEC_AUTO || cfg->spec_max < 0 || cfg->spec_max > DF_SPEC_MAX_K) return NULL;
     if (cfg->n_stop < 0 || cfg->top_logprobs < 0 || cfg->top_logprobs > DF_GEN_MAX_TOP || cfg->max_new < 0) return NULL;
     df_gen *g = calloc(1, sizeof *g);
     if (!g) return NULL;
@@ -129,6 +175,8 @@ df_gen *df_gen_new(df_engine *e, df_session *s, const df_gen_config *cfg) {
         }
     }
     df_session_seed(s, cfg->sampling.seed);
+    g->prompt_len = df_session_len(s);
+    if (spec_setup(g)) { df_gen_free(g); return NULL; }
     return g;
 }
 
@@ -140,6 +188,8 @@ void df_gen_free(df_gen *g) {
     for (int i = 0; g->stop && i < g->cfg.n_stop; i++) free(g->stop[i]);
     free(g->stop);
     free(g->text);
+    df_spec_free(g->spec);
+    free(g->ql);
     free(g);
 }
 
@@ -202,57 +252,152 @@ static int fail(df_gen *g, df_gen_token *out, int rc, const char *msg) {
     return rc;
 }
 
+static int is_eos(const df_gen *g, int32_t id) {
+    for (int i = 0; !g->cfg.ignore_eos && i < g->info.n_eos; i++)
+        if (g->info.eos_ids[i] == id) return 1;
+    return 0;
+}
+
+/* One verify pass: the pending token and k drafts in one batched forward;
+ * every position is sampled exactly as a plain step would sample it (same
+ * logits rule, same RNG draw), and a draft counts as accepted while it
+ * equals that choice. With temperature > 0 this is speculative sampling
+ * with a deterministic draft x: accepted with probability p(x), else the
+ * token comes from p without x, renormalised (the draw was not x). The
+ * session is cut back to the accepted prefix. Returns 0 or DF_E*. */
+static int verify(df_gen *g, int k) {
+    const size_t V = (size_t)g->info.vocab_size;
+    g->draft[0] = g->pending;
+    size_t base = df_session_len(g->s);
+    double t0 = df_now();
+    int rc = df_session_verify(g->s, g->draft, (size_t)k + 1, g->ql);
+    if (rc) return rc;
+    int acc = 0;
+    g->qn = g->qi = 0;
+    g->qbase = base;
+    for (int i = 0; i <= k; i++) {
+        int32_t y;
+        if ((rc = df_session_sample_logits(g->s, g->ql + (size_t)i * V, &g->cfg.sampling, &y))) return rc;
+        g->q[g->qn++] = y;
+        if (i == k || y != g->draft[i + 1] || is_eos(g, y)) break;
+        acc++;
+    }
+    if ((rc = df_session_cut(g->s, base + 1 + (size_t)acc, g->ql + (size_t)acc * V, acc + 1))) return rc;
+    double dt = df_now() - t0;
+    df_spec_note_verify(g->spec, k, acc, dt);
+    g->ss.passes++;
+    g->ss.drafted += k;
+    g->ss.accepted += acc;
+    g->ss.pass_tokens += g->qn;
+    g->ss.t_verify += dt;
+    return 0;
+}
+
+/* The pending token into the session: already there (an accepted draft),
+ * a verify pass with drafts after it, or a plain step. */
+static int push_pending(df_gen *g) {
+    g->has_pending = 0;
+    if (g->pending_in_session) { g->pushed++; return 0; }
+    int k = 0, rc;
+    double t = df_now();
+    if (g->spec) {
+        size_t len = df_session_len(g->s), lim = df_session_max_ctx(g->s);
+        if (g->cfg.max_context && g->cfg.max_context < lim) lim = g->cfg.max_context;
+        long room = lim > len + 1 ? (long)(lim - len - 1) : 0;
+        if (g->cfg.max_new - g->n - 1 < room) room = g->cfg.max_new - g->n - 1;
+        k = df_spec_want(g->spec, room > DF_SPEC_MAX_K ? DF_SPEC_MAX_K : (int)room);
+        if (k > 0) {
+            k = df_spec_draft(g->spec, k, g->draft + 1, g->err, sizeof g->err);
+            if (k < 0) {
+                snprintf(g->ss.off_reason, sizeof g->ss.off_reason, "the drafter failed (%.120s): speculation off", g->err);
+                df_spec_free(g->spec);
+                g->spec = NULL;
+                k = 0;
+            }
+            g->ss.t_draft += df_now() - t;
+        }
+    }
+    if (k > 0) {
+        rc = verify(g, k);
+    } else {
+        double t1 = df_now();
+        rc = df_session_push(g->s, g->pending);
+        double dt = df_now() - t1;
+        if (g->spec) { df_spec_note_plain(g->spec, dt); g->ss.plain_steps++; g->ss.t_plain += dt; }
+        else if (g->cfg.spec) { g->ss.plain_steps++; g->ss.t_plain += dt; }
+    }
+    g->t_engine += df_now() - t;
+    if (!rc) g->pushed++;
+    return rc;
+}
+
+/* Generation is over: the session holds the prompt and every chosen token
+ * but the last, as without speculation (accepted drafts past it go). */
+static void settle(df_gen *g) {
+    size_t want = g->prompt_len + g->pushed, len = df_session_len(g->s);
+    if (len <= want) return;
+    const size_t V = (size_t)g->info.vocab_size;
+    size_t i = want - g->qbase - 1; /* q position whose logits follow `want` tokens */
+    df_session_cut(g->s, want, want > g->qbase && i < (size_t)g->qn ? g->ql + i * V : NULL, 0);
+}
+
 int df_gen_step(df_gen *g, df_gen_token *out) {
     memset(out, 0, sizeof *out);
     out->text = "";
     if (g->over) return fail(g, out, DF_EINPUT, "the generation is over");
     int rc;
-    double t;
     if (g->has_pending) {
-        t = df_now();
-        rc = df_session_push(g->s, g->pending);
-        g->t_engine += df_now() - t;
-        g->has_pending = 0;
-        if (rc) return fail(g, out, rc, df_engine_error(g->e));
-        g->pushed++;
+        rc = push_pending(g);
+        if (rc) { settle(g); return fail(g, out, rc, df_engine_error(g->e)); }
     }
     if (g->n >= g->cfg.max_new) { /* max_new 0 */
         if ((rc = finish(g, "length"))) return fail(g, out, rc, "out of memory");
         hand_out(g, out);
         return 0;
     }
-    const float *logits = g->cfg.logprobs ? df_session_logits(g->s) : NULL;
+    const float *logits = NULL;
     int32_t id;
-    df_sampling sp = g->cfg.sampling;
-    if (g->gm) { /* the tokens that keep the document a valid prefix; end-of-sequence once it is complete */
-        t = df_now();
-        rc = df_gmatch_mask(g->gm, g->allow);
-        g->t_engine += df_now() - t;
-        if (rc) return fail(g, out, rc, df_gmatch_error(g->gm));
-        int any = 0;
-        for (int i = 0; i < g->info.n_eos && df_gmatch_complete(g->gm); i++)
-            if (g->info.eos_ids[i] >= 0 && g->info.eos_ids[i] < g->info.vocab_size) {
-                g->allow[g->info.eos_ids[i] >> 5] |= 1u << (g->info.eos_ids[i] & 31);
-                any = 1;
+    int in_session = 0;
+    if (g->qi < g->qn) { /* decided by the last verify pass (never with a grammar: speculation is off then) */
+        logits = g->ql + (size_t)g->qi * (size_t)g->info.vocab_size;
+        id = g->q[g->qi++];
+        in_session = g->qi < g->qn;
+    } else {
+        g->qi = g->qn = 0;
+        logits = g->cfg.logprobs ? df_session_logits(g->s) : NULL;
+        df_sampling sp = g->cfg.sampling;
+        double t;
+        if (g->gm) { /* the tokens that keep the document a valid prefix; end-of-sequence once it is complete */
+            t = df_now();
+            rc = df_gmatch_mask(g->gm, g->allow);
+            g->t_engine += df_now() - t;
+            if (rc) return fail(g, out, rc, df_gmatch_error(g->gm));
+            int any = 0;
+            for (int i = 0; i < g->info.n_eos && df_gmatch_complete(g->gm); i++)
+                if (g->info.eos_ids[i] >= 0 && g->info.eos_ids[i] < g->info.vocab_size) {
+                    g->allow[g->info.eos_ids[i] >> 5] |= 1u << (g->info.eos_ids[i] & 31);
+                    any = 1;
+                }
+            for (size_t w = 0; !any && w < ((size_t)g->info.vocab_size + 31) / 32; w++) any = g->allow[w] != 0;
+            if (!any) {
+                if (df_gmatch_complete(g->gm)) { /* complete, and the model has no end-of-sequence id */
+                    if ((rc = finish(g, "stop"))) return fail(g, out, rc, "out of memory");
+                    hand_out(g, out);
+                    return 0;
+                }
+                return fail(g, out, DF_EUNSUPPORTED, "grammar: no token of the vocabulary can continue the document");
             }
-        for (size_t w = 0; !any && w < ((size_t)g->info.vocab_size + 31) / 32; w++) any = g->allow[w] != 0;
-        if (!any) {
-            if (df_gmatch_complete(g->gm)) { /* complete, and the model has no end-of-sequence id */
-                if ((rc = finish(g, "stop"))) return fail(g, out, rc, "out of memory");
-                hand_out(g, out);
-                return 0;
-            }
-            return fail(g, out, DF_EUNSUPPORTED, "grammar: no token of the vocabulary can continue the document");
+            sp.allow = g->allow;
         }
-        sp.allow = g->allow;
+        t = df_now();
+        rc = df_session_sample(g->s, &sp, &id);
+        g->t_engine += df_now() - t;
+        if (rc) return fail(g, out, rc, df_engine_error(g->e));
     }
-    t = df_now();
-    rc = df_session_sample(g->s, &sp, &id);
-    g->t_engine += df_now() - t;
-    if (rc) return fail(g, out, rc, df_engine_error(g->e));
-    int eos = 0;
-    for (int i = 0; (!g->cfg.ignore_eos || g->gm) && i < g->info.n_eos; i++) eos |= g->info.eos_ids[i] == id;
+    int eos = is_eos(g, id);
+    for (int i = 0; g->gm && i < g->info.n_eos; i++) eos |= g->info.eos_ids[i] == id; /* a grammar's end even with ignore_eos */
     if (eos) {
+        settle(g);
         if ((rc = finish(g, "stop"))) return fail(g, out, rc, "out of memory");
         hand_out(g, out);
         return 0;
@@ -261,24 +406,27 @@ int df_gen_step(df_gen *g, df_gen_token *out) {
     out->has_token = 1;
     out->id = id;
     out->text_offset = g->len;
-    if (logits) out->n_top = df_logprobs(logits, g->info.vocab_size, id, g->cfg.top_logprobs, &out->logprob, out->top);
+    if (logits && g->cfg.logprobs) out->n_top = df_logprobs(logits, g->info.vocab_size, id, g->cfg.top_logprobs, &out->logprob, out->top);
     if (g->dt) {
         size_t n;
         const char *p = df_detok_push(g->dt, id, &n);
         if (put(g, p, n)) return fail(g, out, DF_ENOMEM, "out of memory");
     }
     if (g->gm && (rc = df_gmatch_accept(g->gm, id))) return fail(g, out, rc, df_gmatch_error(g->gm));
+    if (g->spec && df_spec_append(g->spec, &id, 1)) return fail(g, out, DF_ENOMEM, "out of memory");
     if (stops(g, 0)) {
         g->over = 1;
         g->finish = "stop";
     } else if (g->gm && df_gmatch_done(g->gm)) { /* the document is complete and nothing can follow: EOS forced */
         if ((rc = finish(g, "stop"))) return fail(g, out, rc, "out of memory");
-    } else if (g->n >= g->cfg.max_new || (g->cfg.max_context && df_session_len(g->s) >= g->cfg.max_context)) {
+    } else if (g->n >= g->cfg.max_new || (g->cfg.max_context && g->prompt_len + g->pushed >= g->cfg.max_context)) {
         if ((rc = finish(g, "length"))) return fail(g, out, rc, "out of memory");
     } else {
         g->pending = id;
         g->has_pending = 1;
+        g->pending_in_session = in_session;
     }
+    if (g->over) settle(g);
     hand_out(g, out);
     return g->over ? 0 : 1;
 }

@@ -272,3 +272,66 @@ int df_session_eval_all(df_session *s, const int32_t *ids, size_t n, float *out)
     return 0;
 }
 
+
+/* ---- speculative decoding helpers (core.h; used by spec.c/generate.c) ---- */
+
+int df_session_truncatable(const df_session *s) { return df_state_truncatable(s->e->model); }
+const int32_t *df_session_tokens(const df_session *s) { return s->tokens; }
+size_t df_session_max_ctx(const df_session *s) { return (size_t)s->st.max_ctx; }
+
+int df_session_sample_logits(df_session *s, const float *logits, const df_sampling *sp, int32_t *out_id) {
+    int rc = df_sampling_check(sp, df_errbuf(), DF_ERRLEN);
+    if (rc) return rc;
+    int id = df_sample(logits, s->e->model->cfg.vocab, sp, &s->rng, s->work);
+    if (id < 0) return df_err(df_errbuf(), DF_ERRLEN, id, "sampling failed");
+    *out_id = id;
+    return 0;
+}
+
+int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out) {
+    if (!df_state_truncatable(s->e->model))
+        return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "verify: the model has recurrent layers (no truncation)");
+    if (n == 0 || n > DF_MAX_BATCH)
+        return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "verify: %zu positions, expected 1..%d", n, DF_MAX_BATCH);
+    if (s->len + n > (size_t)s->st.max_ctx)
+        return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "context full (%d tokens)", s->st.max_ctx);
+    int rc = check_ids(s, ids, n);
+    if (rc) return rc;
+    df_engine *e = s->e;
+    for (int i = 0; i < DF_MAX_SNAPSHOTS; i++)
+        if (s->snaps[i].used && (size_t)s->snaps[i].st.pos > s->len) snap_drop(&s->snaps[i]);
+    df_ecache_stats es0 = {0}, es1 = {0};
+    if (e->ecache) df_ecache_stats_get(e->ecache, &es0);
+    double t0 = df_now();
+    rc = df_forward(e->model, &s->st, ids, (int)n, (int)s->len, out, 1);
+    if (rc) return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", s->len, s->st.err[0] ? s->st.err : "bad input");
+    memcpy(s->tokens + s->len, ids, n * sizeof(int32_t));
+    s->len += n;
+    const size_t V = (size_t)e->model->cfg.vocab;
+    memcpy(s->logits, out + (n - 1) * V, V * sizeof(float));
+    s->logits_valid = 1;
+    double dt = df_now() - t0;
+    if (e->ecache) df_ecache_stats_get(e->ecache, &es1);
+    e->stats.decode_bytes_read += es1.bytes_read - es0.bytes_read;
+    e->stats.decode_io_wait_seconds += es1.io_wait_s - es0.io_wait_s;
+    e->stats.decode_seconds += dt;
+    e->stats.weight_bytes_touched += e->model->bytes_active;
+    e->stats.t_attention = s->st.t_attn;
+    e->stats.t_experts = s->st.t_ffn;
+    e->stats.t_other = s->st.t_other;
+    return 0;
+}
+
+int df_session_cut(df_session *s, size_t len, const float *logits, long credited) {
+    if (len > s->len || (len < s->len && !df_state_truncatable(s->e->model)))
+        return df_err(df_errbuf(), DF_ERRLEN, DF_EINTERNAL, "cut: length %zu of a session of %zu", len, s->len);
+    for (int i = 0; i < DF_MAX_SNAPSHOTS; i++)
+        if (s->snaps[i].used && (size_t)s->snaps[i].st.pos > len) snap_drop(&s->snaps[i]);
+    if (len < s->len || logits) {
+        s->len = len;
+        s->logits_valid = logits != NULL;
+        if (logits && logits != s->logits) memcpy(s->logits, logits, (size_t)s->e->model->cfg.vocab * sizeof(float));
+    }
+    s->e->stats.decode_tokens += credited;
+    return 0;
+}

@@ -378,7 +378,7 @@ int gen_prepare(gen *g, df_oai_error *e) {
     if (g->cached >= g->n_prompt) g->cached = g->n_prompt - 1; /* as reported before: the last prompt position counts as computed */
     df_gen_config gc = {.max_new = g->max_new, .max_context = (size_t)s->ctx, .text = s->has_tok,
                         .stop = (const char *const *)rq->stop, .n_stop = rq->n_stop, .logprobs = rq->logprobs,
-                        .top_logprobs = rq->top_logprobs, .grammar = rq->grammar};
+                        .top_logprobs = rq->top_logprobs, .grammar = rq->grammar, .spec = s->spec, .spec_max = s->spec_max, .draft = s->draft};
     df_sampling_default(&gc.sampling);
     if (rq->has_temperature && rq->temperature > 0 && rq->top_p > 0) {
         gc.sampling.temperature = (float)rq->temperature;
@@ -407,6 +407,12 @@ void gen_log(gen *g) {
                     "server %.3f ms/token (%.2f%%)\n",
             g->id, g->n_prompt, g->cached, g->n_gen, g->failed ? "failed" : g->finish, wall * 1e3, g->t_fwd * 1e3,
             g->n_gen ? other * 1e3 / (double)g->n_gen : 0.0, wall > 0 ? 100 * other / wall : 0.0);
+    df_spec_stats ss;
+    if (g->dg && (df_gen_spec_stats(g->dg, &ss), ss.mode != DF_SPEC_NONE))
+        fprintf(stderr, "deltafin serve: %s: spec %s%s%s: %ld passes, %ld drafted, %ld accepted, %.2f tokens per pass; "
+                        "drafting %.1f ms, verifying %.1f ms, plain steps %.1f ms\n",
+                g->id, df_spec_name(ss.mode), ss.off_reason[0] ? ": " : "", ss.off_reason, ss.passes, ss.drafted, ss.accepted,
+                ss.passes ? (double)ss.pass_tokens / ss.passes : 0.0, ss.t_draft * 1e3, ss.t_verify * 1e3, ss.t_plain * 1e3);
 }
 
 /* Which stop string ended the generation: the one that starts where the

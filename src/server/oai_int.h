@@ -91,6 +91,8 @@ struct df_oai_server {
     long cap;
     char *model_id;
     int has_tok, quiet;
+    int spec, spec_max;    /* df_oai_options */
+    df_engine *draft;
     long long created;
 
     df_turn turn;

@@ -499,6 +499,7 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
     s->model_id = strdup(o->model_id ? o->model_id : "model");
     s->has_tok = df_has_tokenizer(e);
     s->quiet = o->quiet;
+    s->spec = o->spec, s->spec_max = o->spec_max, s->draft = o->draft;
     s->created = (long long)time(NULL);
     if (o->memo)
         s->memo = df_memo_new(o->memo_entries > 0 ? o->memo_entries : 256, o->memo_bytes > 0 ? o->memo_bytes : (size_t)64 << 20);

@@ -106,6 +106,8 @@ typedef struct {
     int memo_entries;      /* 0: 256 */
     size_t memo_bytes;     /* 0: 64 MiB */
     int quiet;             /* 1: no log lines on stderr */
+    int spec, spec_max;    /* speculative decoding (df_gen_config): DF_SPEC_*, drafts per pass */
+    df_engine *draft;      /* the draft model of DF_SPEC_DRAFT (owned by the caller) */
 } df_oai_options;
 
 typedef struct df_oai_server df_oai_server;

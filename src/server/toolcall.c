@@ -590,15 +590,53 @@ static void lit(df_buf *b, const char *s) {
     df_buf_put(b, "\"", 1);
 }
 
+/* The JSON object of a call, {"name": "NAME", "<key>": ARGS}, with the
+ * whitespace JSON allows between its tokens (rule <prefix>ws): the layout is
+ * the model's choice, as the parser accepts any (a model pushed into one
+ * layout it would not write is pushed off its own distribution). */
+static void json_call(df_buf *b, const char *name, const char *key, const char *args, const char *prefix) {
+    char ws[80], q[160];
+    snprintf(ws, sizeof ws, " %sws ", prefix);
+    lit(b, "{");
+    df_buf_puts(b, ws);
+    lit(b, "\"name\"");
+    df_buf_puts(b, ws);
+    lit(b, ":");
+    df_buf_puts(b, ws);
+    snprintf(q, sizeof q, "\"%s\"", name);
+    lit(b, q);
+    df_buf_puts(b, ws);
+    lit(b, ",");
+    df_buf_puts(b, ws);
+    snprintf(q, sizeof q, "\"%s\"", key);
+    lit(b, q);
+    df_buf_puts(b, ws);
+    lit(b, ":");
+    df_buf_puts(b, ws);
+    df_buf_puts(b, args);
+    df_buf_puts(b, ws);
+    lit(b, "}");
+}
+
 /* One alternative of <prefix>call: tool i named name, in the family's syntax. */
 static void call_alt(df_buf *b, df_tc_family fam, const char *name, size_t i, const char *prefix) {
-    char args[160], pre[256], post[256];
+    char args[160], pre[256], post[256], ws[80];
     snprintf(args, sizeof args, " %st%zu-root ", prefix, i);
+    snprintf(ws, sizeof ws, " %sws ", prefix);
     switch (fam) {
-    case DF_TC_HERMES:
-        snprintf(pre, sizeof pre, "<tool_call>\n{\"name\": \"%s\", \"arguments\": ", name);
-        snprintf(post, sizeof post, "}\n</tool_call>");
-        break;
+    case DF_TC_HERMES: /* <tool_call>\n{...}\n</tool_call>, as Qwen3's template writes it, any JSON whitespace */
+        lit(b, "<tool_call>");
+        df_buf_puts(b, ws);
+        json_call(b, name, "arguments", args, prefix);
+        df_buf_puts(b, ws);
+        lit(b, "</tool_call>");
+        return;
+    case DF_TC_LLAMA3:
+        json_call(b, name, "parameters", args, prefix);
+        return;
+    case DF_TC_MISTRAL:
+        json_call(b, name, "arguments", args, prefix);
+        return;
     case DF_TC_DEEPSEEK:
         snprintf(pre, sizeof pre, DS_CALL_OPEN "function" DS_SEP "%s\n```json\n", name);
         snprintf(post, sizeof post, "\n```" DS_CALL_CLOSE);
@@ -607,17 +645,9 @@ static void call_alt(df_buf *b, df_tc_family fam, const char *name, size_t i, co
         snprintf(pre, sizeof pre, "<|tool_call_begin|>functions.%s:", name);
         snprintf(post, sizeof post, "<|tool_call_end|>");
         break;
-    case DF_TC_KIMI_K3:
+    default: /* KIMI_K3 */
         snprintf(pre, sizeof pre, "<|open|>call tool=\"%s\" index=\"", name);
         snprintf(post, sizeof post, "<|close|>json<|sep|><|close|>call<|sep|>");
-        break;
-    case DF_TC_LLAMA3:
-        snprintf(pre, sizeof pre, "{\"name\": \"%s\", \"parameters\": ", name);
-        snprintf(post, sizeof post, "}");
-        break;
-    default: /* MISTRAL */
-        snprintf(pre, sizeof pre, "{\"name\": \"%s\", \"arguments\": ", name);
-        snprintf(post, sizeof post, "}");
         break;
     }
     lit(b, pre);
@@ -693,6 +723,8 @@ int df_toolcall_grammar(df_tc_family fam, const char *tools_json, const char *na
     df_buf_printf(out, "%s ::= ", call);
     df_buf_put(out, alts.p, alts.len);
     df_buf_puts(out, "\n");
+    /* JSON whitespace between a call's tokens, bounded so that a model cannot loop on it */
+    df_buf_printf(out, "%sws ::= [ \\t\\n\\r]{0,8}\n", prefix);
     df_buf_free(&alts);
     return 0;
 }

@@ -117,7 +117,7 @@ def test_anthropic_any_and_tool(srv):
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in TOOLS]
     for tc, only in (({"type": "any", "disable_parallel_tool_use": True}, None),
-                     ({"type": "tool", "name": "get_time"}, "get_time")):
+                     ({"type": "tool", "name": "get_time", "disable_parallel_tool_use": True}, "get_time")):
         m = ac.messages.create(model=MODEL_ID, max_tokens=400, messages=ASK, tools=tools, tool_choice=tc,
                                extra_body={"temperature": 0})
         assert m.stop_reason == "tool_use"

@@ -2,8 +2,10 @@
  * family (with its real special-token strings) split into content,
  * reasoning and tool calls; fed whole and one byte at a time (streaming
  * must give the same result, and never pass on part of a marker); malformed
- * calls kept as content; family detection; the grammar text of a call. */
+ * calls kept as content; family detection; the grammar of a call, compiled:
+ * what it accepts and rejects, and that the parser reads what it accepts. */
 #include "server/toolcall.h"
+#include "grammar/grammar.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,39 +183,81 @@ static void test_detect(void) {
     CHECK(df_tc_prompt_opens_think(DF_TC_KIMI_K3, "<|open|>think<|sep|>", 20), "k3 opens");
 }
 
-static void grammar(df_tc_family f, const char *named, int parallel, const char *want_text) {
+/* The grammar of a call (df_toolcall_grammar + the schema rules), compiled
+ * by the grammar module: each text is accepted as a whole document (ok = 1)
+ * or not (ok = 0); an accepted text is also parsed into exactly one call per
+ * call in it, so the grammar never admits what the parser would not read. */
+static void grammar(df_tc_family f, const char *named, int parallel, const char *text, int ok, int ncalls) {
     df_buf b = {0};
-    char err[200] = "";
+    char err[300] = "";
     int rc = df_toolcall_grammar(f, TOOLS, named, parallel, "tc-", &b, err, sizeof err);
     CHECK(rc == 0, "%s: %s", df_tc_family_name(f), err);
-    CHECK(b.p && !strcmp(b.p, want_text), "%s grammar:\n%s\nwant:\n%s", df_tc_family_name(f), b.p ? b.p : "", want_text);
+    /* tool 0 takes objects with a string city; tool 1 has no parameters: any object */
+    static const char *const schemas[2] = {"{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+                                           "\"required\":[\"city\"],\"additionalProperties\":false}", "{\"type\":\"object\"}"};
+    for (int i = 0; i < 2 && !rc; i++) {
+        char pre[16];
+        snprintf(pre, sizeof pre, "tc-t%d-", i);
+        rc = df_json_schema_to_grammar(schemas[i], strlen(schemas[i]), pre, &b, err, sizeof err);
+        CHECK(rc == 0, "schema %d: %s", i, err);
+    }
+    df_grammar *g = NULL;
+    if (!rc) rc = df_grammar_compile(b.p, b.len, "root", &g, err, sizeof err);
+    CHECK(rc == 0, "%s grammar does not compile: %s\n%s", df_tc_family_name(f), err, b.p ? b.p : "");
+    if (!rc) {
+        /* a one-token vocabulary is enough: accept_bytes walks the automaton by bytes */
+        const char *tok[1] = {"x"};
+        size_t len[1] = {1};
+        df_gvocab *v = df_gvocab_new(1, tok, len, NULL, err, sizeof err);
+        df_gmatch *m = v ? df_gmatch_new(g, v, err, sizeof err) : NULL;
+        CHECK(m != NULL, "matcher: %s", err);
+        int acc = m && df_gmatch_accept_bytes(m, text, strlen(text)) == 0 && df_gmatch_complete(m);
+        CHECK(acc == ok, "%s grammar (named %s, parallel %d) %s:\n%s\ngrammar:\n%s", df_tc_family_name(f), named ? named : "-",
+              parallel, ok ? "rejects a valid call" : "accepts an invalid call", text, b.p);
+        if (acc) {
+            df_tc *p = parse(f, 0, 0, text, 0);
+            CHECK((int)df_tc_n_calls(p) == ncalls, "%s: the grammar accepts text the parser reads as %zu calls, not %d:\n%s",
+                  df_tc_family_name(f), df_tc_n_calls(p), ncalls, text);
+            df_tc_free(p);
+        }
+        df_gmatch_free(m);
+        df_gvocab_free(v);
+        df_grammar_free(g);
+    }
     df_buf_free(&b);
 }
 
 static void test_grammar(void) {
-    grammar(DF_TC_HERMES, NULL, 0,
-            "root ::= tc-call\n"
-            "tc-call ::= \"<tool_call>\\n{\\\"name\\\": \\\"get_weather\\\", \\\"arguments\\\": \" tc-t0-root \"}\\n</tool_call>\"\n"
-            "    | \"<tool_call>\\n{\\\"name\\\": \\\"search\\\", \\\"arguments\\\": \" tc-t1-root \"}\\n</tool_call>\"\n");
-    grammar(DF_TC_HERMES, "search", 1,
-            "root ::= tc-call (\"\\n\" tc-call)*\n"
-            "tc-call ::= \"<tool_call>\\n{\\\"name\\\": \\\"search\\\", \\\"arguments\\\": \" tc-t1-root \"}\\n</tool_call>\"\n");
+    /* Qwen3 / Hermes: the layout its template writes, the compact one, any JSON whitespace */
+    const char *h1 = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    const char *h2 = "<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}</tool_call>";
+    grammar(DF_TC_HERMES, NULL, 0, h1, 1, 1);
+    grammar(DF_TC_HERMES, NULL, 0, h2, 1, 1);
+    grammar(DF_TC_HERMES, "search", 0, h1, 0, 0);                     /* named: only search */
+    grammar(DF_TC_HERMES, "search", 0, "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": [1, 2]}}\n</tool_call>", 1, 1);
+    grammar(DF_TC_HERMES, NULL, 0, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Paris\"}}\n</tool_call>", 0, 0);
+    grammar(DF_TC_HERMES, NULL, 0, "<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>", 0, 0);
+    grammar(DF_TC_HERMES, NULL, 0, "Sure. <tool_call>\n{\"name\": \"search\", \"arguments\": {}}\n</tool_call>", 0, 0);
+    {
+        char two[512];
+        snprintf(two, sizeof two, "%s\n%s", h1, h2);
+        grammar(DF_TC_HERMES, NULL, 1, two, 1, 2);
+        grammar(DF_TC_HERMES, NULL, 0, two, 0, 0);                     /* parallel off: one call */
+    }
     grammar(DF_TC_DEEPSEEK, "get_weather", 0,
-            "root ::= \"" DSB "\" tc-call \"" DSE "\"\n"
-            "tc-call ::= \"" DCB "function" DSEP "get_weather\\n```json\\n\" tc-t0-root \"\\n```" DCE "\"\n");
+            DSB DCB "function" DSEP "get_weather\n```json\n{\"city\": \"Paris\"}\n```" DCE DSE, 1, 1);
+    grammar(DF_TC_DEEPSEEK, "search", 0,
+            DSB DCB "function" DSEP "get_weather\n```json\n{\"city\": \"Paris\"}\n```" DCE DSE, 0, 0);
     grammar(DF_TC_KIMI_K2, "search", 1,
-            "root ::= \"<|tool_calls_section_begin|>\" tc-call+ \"<|tool_calls_section_end|>\"\n"
-            "tc-call ::= \"<|tool_call_begin|>functions.search:\" [0-9]+ \"<|tool_call_argument_begin|>\" tc-t1-root \"<|tool_call_end|>\"\n");
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>{\"q\": 1}"
+            "<|tool_call_end|><|tool_call_begin|>functions.search:1<|tool_call_argument_begin|>{}<|tool_call_end|>"
+            "<|tool_calls_section_end|>", 1, 2);
     grammar(DF_TC_KIMI_K3, "search", 0,
-            "root ::= \"<|open|>tools<|sep|>\" tc-call \"<|close|>tools<|sep|>\"\n"
-            "tc-call ::= \"<|open|>call tool=\\\"search\\\" index=\\\"\" [1-9] [0-9]* \"\\\"<|sep|><|open|>json type=\\\"object\\\"<|sep|>\" "
-            "tc-t1-root \"<|close|>json<|sep|><|close|>call<|sep|>\"\n");
-    grammar(DF_TC_LLAMA3, "search", 1,
-            "root ::= tc-call\n"
-            "tc-call ::= \"{\\\"name\\\": \\\"search\\\", \\\"parameters\\\": \" tc-t1-root \"}\"\n");
-    grammar(DF_TC_MISTRAL, "search", 1,
-            "root ::= \"[TOOL_CALLS][\" tc-call (\",\" tc-call)* \"]\"\n"
-            "tc-call ::= \"{\\\"name\\\": \\\"search\\\", \\\"arguments\\\": \" tc-t1-root \"}\"\n");
+            "<|open|>tools<|sep|><|open|>call tool=\"search\" index=\"1\"<|sep|><|open|>json type=\"object\"<|sep|>{}"
+            "<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|>", 1, 1);
+    grammar(DF_TC_LLAMA3, "search", 1, "{\"name\": \"search\", \"parameters\": {\"q\": \"x\"}}", 1, 1);
+    grammar(DF_TC_MISTRAL, NULL, 1,
+            "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {}},{\"name\":\"get_weather\",\"arguments\":{\"city\":\"x\"}}]", 1, 2);
     df_buf b = {0};
     char err[200] = "";
     CHECK(df_toolcall_grammar(DF_TC_HERMES, TOOLS, "nope", 0, "", &b, err, sizeof err) < 0 && strstr(err, "nope"), "unknown named: %s", err);

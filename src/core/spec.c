@@ -1,0 +1,282 @@
+/* spec.c - drafters for speculative decoding and when drafting pays.
+ *
+ *   - ngram (prompt lookup): the last 3, else 2, else 1 tokens of the
+ *     timeline are looked up in a hash index of every earlier n-gram (its
+ *     most recent end position); the tokens that followed it are the draft.
+ *     The index grows with the timeline: O(1) amortised per token.
+ *   - draft: a second engine with the same vocabulary drafts greedily in
+ *     its own session, synced to the timeline before each draft (the common
+ *     prefix is kept, so only the new tokens are computed).
+ *   - auto: prompt lookup with a cost model measured as it runs: a plain
+ *     step costs t1, a verify pass of k drafts about t1 * (1 + beta * k);
+ *     with acceptance a per drafted token, a pass yields (1 - a^(k+1)) /
+ *     (1 - a) tokens. k is the one with the best expected tokens per unit
+ *     of time; when no k beats a plain step, drafting is off and is retried
+ *     with k = 2 after DF_SPEC_RETRY plain steps, doubling the wait after
+ *     each retry that still loses (up to DF_SPEC_RETRY_MAX), so a prompt
+ *     where drafting fails pays a few probe passes per thousand tokens.
+ * Which tokens are chosen never depends on any of this (generate.c samples
+ * every position as a plain step would), only how many forward passes it
+ * takes. */
+#include "core/spec.h"
+#include "core/core.h"
+#include "util/util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DF_SPEC_RETRY 32
+#define DF_SPEC_RETRY_MAX 1024
+#define DF_NGRAM_MAX 3
+
+/* ---- n-gram index --------------------------------------------------------- */
+
+typedef struct { uint64_t h; int64_t end; } ng_slot; /* end < 0: empty */
+
+struct df_ngram {
+    int32_t *hist;
+    size_t len, cap, indexed; /* n-grams ending before `indexed` are in the tables */
+    ng_slot *tab[DF_NGRAM_MAX];
+    size_t tcap[DF_NGRAM_MAX], tused[DF_NGRAM_MAX];
+};
+
+static uint64_t ng_hash(const int32_t *t, int n) {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        h ^= (uint32_t)t[i];
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 33;
+    }
+    return h | 1; /* never 0 */
+}
+
+df_ngram *df_ngram_new(void) { return calloc(1, sizeof(df_ngram)); }
+
+void df_ngram_free(df_ngram *ng) {
+    if (!ng) return;
+    for (int i = 0; i < DF_NGRAM_MAX; i++) free(ng->tab[i]);
+    free(ng->hist);
+    free(ng);
+}
+
+/* The slot of the n-gram hist[end-n+1..end]: its own or the empty one where it goes. */
+static ng_slot *ng_find(const df_ngram *ng, int n, const int32_t *key, uint64_t h) {
+    ng_slot *t = ng->tab[n - 1];
+    size_t mask = ng->tcap[n - 1] - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        if (t[i].end < 0) return &t[i];
+        if (t[i].h == h && !memcmp(ng->hist + t[i].end - n + 1, key, (size_t)n * sizeof *key)) return &t[i];
+    }
+}
+
+static int ng_grow(df_ngram *ng, int n) {
+    size_t ocap = ng->tcap[n - 1], ncap = ocap ? ocap * 2 : 1024;
+    ng_slot *old = ng->tab[n - 1], *t = malloc(ncap * sizeof *t);
+    if (!t) return DF_ENOMEM;
+    for (size_t i = 0; i < ncap; i++) t[i].end = -1;
+    ng->tab[n - 1] = t;
+    ng->tcap[n - 1] = ncap;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i].end >= 0) *ng_find(ng, n, ng->hist + old[i].end - n + 1, old[i].h) = old[i];
+    free(old);
+    return 0;
+}
+
+int df_ngram_append(df_ngram *ng, const int32_t *ids, size_t n) {
+    if (ng->len + n > ng->cap) {
+        size_t cap = ng->cap ? ng->cap : 1024;
+        while (cap < ng->len + n) cap *= 2;
+        int32_t *h = realloc(ng->hist, cap * sizeof *h);
+        if (!h) return DF_ENOMEM;
+        ng->hist = h, ng->cap = cap;
+    }
+    memcpy(ng->hist + ng->len, ids, n * sizeof *ids);
+    ng->len += n;
+    /* index every n-gram ending before the last token: a lookup of the
+     * timeline's suffix then finds earlier occurrences only */
+    for (; ng->indexed + 1 < ng->len; ng->indexed++) {
+        size_t e = ng->indexed;
+        for (int k = 1; k <= DF_NGRAM_MAX && (size_t)k <= e + 1; k++) {
+            if ((ng->tused[k - 1] + 1) * 2 > ng->tcap[k - 1] && ng_grow(ng, k)) return DF_ENOMEM;
+            const int32_t *key = ng->hist + e - k + 1;
+            uint64_t h = ng_hash(key, k);
+            ng_slot *s = ng_find(ng, k, key, h);
+            if (s->end < 0) ng->tused[k - 1]++;
+            s->h = h, s->end = (int64_t)e; /* the most recent occurrence wins */
+        }
+    }
+    return 0;
+}
+
+int df_ngram_draft(const df_ngram *ng, int k, int32_t *out) {
+    for (int n = DF_NGRAM_MAX; n >= 1; n--) {
+        if ((size_t)n > ng->len || !ng->tcap[n - 1]) continue;
+        const int32_t *key = ng->hist + ng->len - n;
+        ng_slot *s = ng_find(ng, n, key, ng_hash(key, n));
+        if (s->end < 0) continue;
+        /* what followed it; past the end of the timeline the match repeats
+         * with period len - (end + 1): continue it periodically */
+        size_t from = (size_t)s->end + 1, period = ng->len - from;
+        int m = 0;
+        for (; m < k; m++) out[m] = (size_t)m < period ? ng->hist[from + (size_t)m] : out[(size_t)m - period];
+        return m;
+    }
+    return 0;
+}
+
+/* ---- the drafter and its economics ---------------------------------------- */
+
+struct df_spec {
+    int mode, k_max, k;
+    df_ngram *ng;
+    df_engine *draft;
+    df_session *ds;      /* the draft model's session */
+    int32_t *dtmp;
+    /* auto */
+    double t1, beta, acc; /* plain step seconds; verify cost per drafted token / t1; acceptance */
+    int n_plain, n_verify, off_steps, off_wait;
+};
+
+df_spec *df_spec_new(int mode, int k_max, df_engine *draft) {
+    df_spec *sp = calloc(1, sizeof *sp);
+    if (!sp) return NULL;
+    sp->mode = mode;
+    sp->k_max = k_max;
+    sp->k = mode == DF_SPEC_AUTO ? (k_max < 2 ? k_max : 2) : k_max; /* auto probes with 2 */
+    sp->off_wait = DF_SPEC_RETRY;
+    sp->acc = 0.5;
+    sp->beta = 0.1;
+    if (!(sp->ng = df_ngram_new())) { free(sp); return NULL; }
+    if (mode == DF_SPEC_DRAFT) {
+        sp->draft = draft;
+        sp->ds = draft ? df_session_new(draft, 0) : NULL;
+        if (!sp->ds) { df_spec_free(sp); return NULL; }
+    }
+    return sp;
+}
+
+void df_spec_free(df_spec *sp) {
+    if (!sp) return;
+    df_ngram_free(sp->ng);
+    df_session_free(sp->ds);
+    free(sp->dtmp);
+    free(sp);
+}
+
+int df_spec_append(df_spec *sp, const int32_t *ids, size_t n) { return df_ngram_append(sp->ng, ids, n); }
+
+int df_spec_k_now(const df_spec *sp) { return sp->mode == DF_SPEC_AUTO && sp->off_steps ? 0 : sp->k; }
+
+/* Expected tokens per unit of time (a plain step = 1) of passes of k drafts. */
+static double gain(const df_spec *sp, int k) {
+    double a = sp->acc < 0.999 ? sp->acc : 0.999;
+    double toks = (1 - pow(a, k + 1)) / (1 - a);
+    return toks / (1 + sp->beta * k);
+}
+
+static void choose_k(df_spec *sp) {
+    int best = 1;
+    double g = gain(sp, 1);
+    for (int k = 2; k <= sp->k_max; k++) {
+        double gk = gain(sp, k);
+        if (gk > g) g = gk, best = k;
+    }
+    sp->k = best;
+    if (g < 1.0) {
+        sp->off_steps = sp->off_wait;
+        if (sp->off_wait < DF_SPEC_RETRY_MAX) sp->off_wait *= 2;
+    } else {
+        sp->off_steps = 0;
+        sp->off_wait = DF_SPEC_RETRY;
+    }
+}
+
+int df_spec_want(df_spec *sp, int room) {
+    if (room <= 0) return 0;
+    int k = sp->k;
+    if (sp->mode == DF_SPEC_AUTO) {
+        if (!sp->n_plain) return 0; /* a plain step first: its time is the unit */
+        if (sp->off_steps) return 0;
+    }
+    return k < room ? k : room;
+}
+
+void df_spec_note_plain(df_spec *sp, double secs) {
+    sp->t1 = sp->n_plain++ ? 0.8 * sp->t1 + 0.2 * secs : secs;
+    if (sp->mode == DF_SPEC_AUTO && sp->off_steps && --sp->off_steps == 0) sp->k = 2; /* retry */
+}
+
+void df_spec_note_verify(df_spec *sp, int k, int accepted, double secs) {
+    sp->n_verify++;
+    if (sp->mode != DF_SPEC_AUTO || k <= 0) return;
+    double a = (double)accepted / k;
+    sp->acc = 0.7 * sp->acc + 0.3 * a;
+    if (sp->t1 > 0) {
+        double b = (secs / sp->t1 - 1) / k;
+        if (b < 0) b = 0;
+        sp->beta = sp->n_verify == 1 ? b : 0.7 * sp->beta + 0.3 * b;
+    }
+    choose_k(sp);
+}
+
+int df_spec_draft(df_spec *sp, int k, int32_t *out, char *err, size_t errlen) {
+    if (k <= 0) return 0;
+    if (sp->mode != DF_SPEC_DRAFT) return df_ngram_draft(sp->ng, k, out);
+    /* the draft model: sync its session to the timeline, then k greedy steps */
+    const df_ngram *ng = sp->ng;
+    size_t max = df_session_max_ctx(sp->ds);
+    if (ng->len + (size_t)k > max) {
+        if (ng->len + 1 > max) return 0; /* the draft session is full: no drafts */
+        k = (int)(max - ng->len);
+    }
+    int rc = df_session_sync(sp->ds, ng->hist, ng->len);
+    if (rc) return df_err(err, errlen, rc, "draft model: %s", df_engine_error(sp->draft));
+    for (int i = 0; i < k; i++) {
+        int32_t id;
+        if ((rc = df_session_sample(sp->ds, NULL, &id))) return df_err(err, errlen, rc, "draft model: %s", df_engine_error(sp->draft));
+        out[i] = id;
+        if (i + 1 < k && (rc = df_session_push(sp->ds, id))) return df_err(err, errlen, rc, "draft model: %s", df_engine_error(sp->draft));
+    }
+    return k;
+}
+
+/* ---- names and the vocabulary check ---------------------------------------- */
+
+static const char *const spec_names[] = {"none", "ngram", "draft", "mtp", "auto"};
+
+int df_spec_parse(const char *name) {
+    for (int i = 0; i < 5; i++)
+        if (name && !strcmp(name, spec_names[i])) return i;
+    return -1;
+}
+
+const char *df_spec_name(int mode) { return mode >= 0 && mode < 5 ? spec_names[mode] : "?"; }
+
+int df_spec_check_draft(df_engine *target, df_engine *draft, char *err, size_t errlen) {
+    df_model_info a, b;
+    df_engine_info(target, &a);
+    df_engine_info(draft, &b);
+    if (a.vocab_size != b.vocab_size)
+        return df_err(err, errlen, DF_EINPUT, "--draft: the draft model's vocabulary has %d ids, the model's %d: it cannot draft for it "
+                      "(drafting across tokenizers is not built yet)", b.vocab_size, a.vocab_size);
+    /* without tokenizers ids are all both models know (test checkpoints):
+     * the same vocabulary size is all there is to check; a wrong pairing
+     * costs speed only, since every token is verified */
+    if (!df_has_tokenizer(target) && !df_has_tokenizer(draft)) return 0;
+    if (!df_has_tokenizer(target) || !df_has_tokenizer(draft))
+        return df_err(err, errlen, DF_EINPUT, "--draft: %s has no tokenizer: the vocabularies cannot be compared",
+                      df_has_tokenizer(target) ? "the draft model" : "the model");
+    for (int id = 0; id < a.vocab_size; id++) {
+        size_t na, nb;
+        char *ta = df_token_text(target, id, &na), *tb = df_token_text(draft, id, &nb);
+        int same = ta && tb && na == nb && !memcmp(ta, tb, na);
+        free(ta);
+        free(tb);
+        if (!same)
+            return df_err(err, errlen, DF_EINPUT, "--draft: the vocabularies differ first at id %d (its bytes differ): the draft model "
+                          "cannot draft for this model (drafting across tokenizers is not built yet)", id);
+    }
+    return 0;
+}

@@ -1,0 +1,43 @@
+/* spec.h - drafters and the economics of speculative decoding (spec.c);
+ * the verify pass itself is in generate.c (it shares the emission path).
+ *
+ * A drafter sees the whole timeline (prompt + every chosen token, the one
+ * not yet pushed included) through df_spec_append and proposes up to k
+ * tokens that would follow it. */
+#ifndef DF_CORE_SPEC_H
+#define DF_CORE_SPEC_H
+
+#include "deltafin.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct df_spec df_spec;
+/* NULL on out of memory. mode: DF_SPEC_NGRAM, DF_SPEC_DRAFT or DF_SPEC_AUTO
+ * (prompt lookup with the economics below). */
+df_spec *df_spec_new(int mode, int k_max, df_engine *draft);
+void df_spec_free(df_spec *sp);
+/* The timeline grew by ids[0..n). */
+int df_spec_append(df_spec *sp, const int32_t *ids, size_t n);
+/* How many tokens to draft now (0: take a plain step); `room`: the most the
+ * context and the token limit allow. */
+int df_spec_want(df_spec *sp, int room);
+/* Up to k proposed tokens after the timeline into out; returns how many
+ * (0: no proposal), or a DF_E* code (message in err). */
+int df_spec_draft(df_spec *sp, int k, int32_t *out, char *err, size_t errlen);
+/* Measurements: a verify pass of k drafts (accepted of them) took secs; a
+ * plain step took secs. */
+void df_spec_note_verify(df_spec *sp, int k, int accepted, double secs);
+void df_spec_note_plain(df_spec *sp, double secs);
+int df_spec_k_now(const df_spec *sp);
+
+/* The longest-suffix n-gram lookup, exposed for tests: proposes up to k
+ * tokens that followed the most recent earlier occurrence of the last n
+ * (3, then 2, then 1) tokens of hist[0..len). */
+typedef struct df_ngram df_ngram;
+df_ngram *df_ngram_new(void);
+void df_ngram_free(df_ngram *ng);
+int df_ngram_append(df_ngram *ng, const int32_t *ids, size_t n);
+int df_ngram_draft(const df_ngram *ng, int k, int32_t *out);
+
+#endif
