@@ -257,6 +257,8 @@ void df_anth_count_tokens(df_oai_server *s, df_http_req *r);
  * checks r->tool_choice against r->tools_json. 0, or -1 with e filled. */
 int df_oai_parse_tools(const json_t *tools, df_oai_request *r, df_oai_error *e);
 int df_oai_check_tool_choice(df_oai_request *r, df_oai_error *e);
+/* The chat route's response_format (text, json_object, json_schema), compiled into r->grammar. */
+int df_oai_parse_response_format(const json_t *v, df_oai_request *r, df_oai_error *e);
 /* The parameters schema of tool i of a chat-shaped tools array, as JSON text
  * (malloc'd; {"type":"object"} when the tool has none), NULL if out of memory. */
 char *df_oai_tool_schema(const char *tools_json, size_t i);

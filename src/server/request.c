@@ -751,3 +751,4 @@ int df_oai_parse(df_oai_kind kind, const df_oai_limits *lim, const char *body, s
  * tool_choice against the tools. */
 int df_oai_parse_tools(const json_t *tools, df_oai_request *r, df_oai_error *e) { return parse_tools(tools, r, e); }
 int df_oai_check_tool_choice(df_oai_request *r, df_oai_error *e) { return check_tool_choice(r, e); }
+int df_oai_parse_response_format(const json_t *v, df_oai_request *r, df_oai_error *e) { return parse_response_format(v, r, e); }

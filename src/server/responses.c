@@ -452,8 +452,11 @@ static int get_number(const json_t *v, const char *name, double lo, double hi, d
     return 0;
 }
 
-/* `text`: {format: {type: "text"}, verbosity: null}: plain text only. */
-static int parse_text(const json_t *v, df_oai_error *e) {
+/* `text`: {format: {type: "text" | "json_object" | "json_schema", name?,
+ * schema?, strict?, description?}}: the chat route's response_format (the
+ * Responses API puts the json_schema fields beside type), enforced the same
+ * way by constrained decoding. */
+static int parse_text(const json_t *v, df_oai_request *r, df_oai_error *e) {
     if (!json_is_object(v)) return bad_type(e, "text", "an object", v);
     const char *k;
     json_t *x;
@@ -463,9 +466,45 @@ static int parse_text(const json_t *v, df_oai_error *e) {
             if (!json_is_object(x)) return bad_type(e, "text.format", "an object", x);
             json_t *t = json_object_get(x, "type");
             if (!json_is_string(t)) return missing(e, "text.format.type");
-            if (strcmp(json_string_value(t), "text"))
-                return refuse(e, "text.format.type", "only 'text' (structured outputs are not available on this route yet)");
-            if (json_object_size(x) != 1) return unknown(e, "text.format");
+            const char *ty = json_string_value(t);
+            json_t *rf = json_object(), *js = json_object();
+            json_object_set(rf, "type", t);
+            const char *k2;
+            json_t *x2;
+            int rc = 0;
+            json_object_foreach(x, k2, x2) {
+                if (!strcmp(k2, "type")) continue;
+                if (!strcmp(ty, "json_schema") &&
+                    (!strcmp(k2, "name") || !strcmp(k2, "schema") || !strcmp(k2, "strict") || !strcmp(k2, "description"))) {
+                    json_object_set(js, k2, x2);
+                    continue;
+                }
+                char p[64];
+                df_oai_pathf(p, sizeof p, "text.format.%.40s", k2);
+                rc = unknown(e, p);
+                break;
+            }
+            if (!rc && !strcmp(ty, "json_schema")) json_object_set(rf, "json_schema", js);
+            if (!rc && (rc = df_oai_parse_response_format(rf, r, e))) {
+                /* the chat checks name response_format.json_schema.x: here it is text.format.x */
+                char p[sizeof e->param];
+                const char *tail = !strncmp(e->param, "response_format.json_schema", 27) ? e->param + 27
+                                 : !strncmp(e->param, "response_format", 15) ? e->param + 15 : NULL;
+                if (tail) {
+                    snprintf(p, sizeof p, "text.format%s", tail);
+                    snprintf(e->param, sizeof e->param, "%s", p);
+                }
+                char *at = strstr(e->message, "response_format.json_schema");
+                size_t cut = 27;
+                if (!at && (at = strstr(e->message, "response_format"))) cut = 15;
+                if (at) { /* the same renaming in the message, in place (it only gets shorter) */
+                    memmove(at + 11, at + cut, strlen(at + cut) + 1);
+                    memcpy(at, "text.format", 11);
+                }
+            }
+            json_decref(js);
+            json_decref(rf);
+            if (rc) return rc;
             continue;
         }
         if (!strcmp(k, "verbosity")) return refuse(e, "text.verbosity", "verbosity (it would change the prompt)");
@@ -542,7 +581,7 @@ static int parse_field(const df_oai_limits *lim, const char *k, const json_t *v,
         r->parallel_tool_calls = json_is_true(v);
         return 0;
     }
-    if (!strcmp(k, "text")) return parse_text(v, e);
+    if (!strcmp(k, "text")) return parse_text(v, r, e);
     if (!strcmp(k, "truncation")) {
         if (!json_is_string(v)) return bad_type(e, k, "a string", v);
         if (!strcmp(json_string_value(v), "disabled")) return 0;

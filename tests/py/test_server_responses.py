@@ -141,7 +141,9 @@ def test_raw_stream_is_sse_with_event_lines(srv):
     ({"store": True}, "store", "unsupported_parameter"),
     ({"previous_response_id": "resp_x"}, "previous_response_id", "unsupported_parameter"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_parameter"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format.type", "unsupported_parameter"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "string", "pattern": "a+"}}}},
+     "text.format.schema", "unsupported_parameter"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "frob": 1}}}, "text.format.frob", "unknown_parameter"),
     ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
     ({"background": True}, "background", "unsupported_parameter"),
     ({"include": ["message.output_text.logprobs"]}, "include[0]", "unsupported_parameter"),
@@ -185,3 +187,25 @@ def test_missing_fields_and_wrong_model(srv):
     assert st == 400 and "JSON" in data["error"]["message"]
     st, _, _ = raw(srv, "GET", "/v1/responses")
     assert st == 405
+
+
+def test_structured_output(oc):
+    """text.format json_schema / json_object: the chat route's response_format, by constrained decoding."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    r = oc.responses.create(model=MODEL_ID, input="Describe a person.", max_output_tokens=200, temperature=0,
+                            text={"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}})
+    assert r.status == "completed", r
+    jsonschema.validate(json.loads(r.output_text), schema)
+    assert r.text.format.type == "json_schema"
+    chat = oc.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Describe a person."}],
+                                      max_tokens=200, temperature=0,
+                                      response_format={"type": "json_schema",
+                                                       "json_schema": {"name": "person", "schema": schema, "strict": True}})
+    assert r.output_text == chat.choices[0].message.content
+    r = oc.responses.create(model=MODEL_ID, input="Describe a person.", max_output_tokens=200, temperature=0,
+                            text={"format": {"type": "json_object"}})
+    if r.status == "completed":
+        assert isinstance(json.loads(r.output_text), dict)
