@@ -23,7 +23,9 @@
 #         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
-# Steps: STEPS="unit conf e2e tiers bench moe" (default all).
+# Steps: STEPS="unit conf e2e tiers bench moe" (default all). MOE_SET=lean: conformance without the unsplit
+# rerun, and step 5 runs only resident decode with the decode-step savings on and off (DELTAFIN_CUDA_LEAN=0),
+# alternated, profiled (PROF=1 both ways, PROF=2 on), the ids compared.
 set -u
 S=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/cuda_out}
@@ -55,9 +57,11 @@ fi
 if has conf; then
     step "conformance (test_backend_ops --backend cuda --ref cpu-scalar)" 240 conformance.log "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
     grep -E "FAIL|failures" "$OUT/conformance.log" | tail -15
-    DELTAFIN_CUDA_ATTN_SPLIT=0 step "conformance, decode attention without the position split" 240 conformance_nosplit.log \
-        "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
-    grep -E "FAIL|failures" "$OUT/conformance_nosplit.log" | tail -5
+    if [ "${MOE_SET:-all}" != lean ]; then
+        DELTAFIN_CUDA_ATTN_SPLIT=0 step "conformance, decode attention without the position split" 240 conformance_nosplit.log \
+            "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
+        grep -E "FAIL|failures" "$OUT/conformance_nosplit.log" | tail -5
+    fi
 fi
 if has e2e; then
     step "model parity (cuda_e2e.py, every tiny model)" 300 parity.log python3 "$S/cuda_e2e.py" "$BIN"
@@ -84,6 +88,17 @@ if has moe; then
         python3 "$S/e2e_pct.py" "$OUT/moe_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
     }
     moe resident --gpu-memory 100G
+    if [ "${MOE_SET:-all}" = lean ]; then # the decode-step savings (DELTAFIN_CUDA_LEAN, default on) against none, same call
+        DELTAFIN_CUDA_LEAN=0 moe resident-nolean --gpu-memory 100G
+        DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
+        DELTAFIN_CUDA_LEAN=0 DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-nolean-prof1 --gpu-memory 100G
+        DELTAFIN_CUDA_PROF=2 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof2 --gpu-memory 100G
+        DELTAFIN_CUDA_LEAN=0 moe resident-nolean-again --gpu-memory 100G
+        moe resident-again --gpu-memory 100G
+        for n in resident-nolean resident-prof1 resident-nolean-prof1 resident-prof2 resident-nolean-again resident-again; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+        done
+    else
     DELTAFIN_CUDA_ATTN_SPLIT=0 moe resident-nosplit --gpu-memory 100G
     DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
     DELTAFIN_CUDA_PROF=2 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof2 --gpu-memory 100G
@@ -99,6 +114,7 @@ if has moe; then
     for n in pinned-2500M pinned-600M pinned-400M pinned-400M-prof1; do
         cmp -s <(grep -v '^\[' "$OUT/moe_resident-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident-sampled" || echo "ids $n: DIFFER from resident-sampled"
     done
+    fi
     if [ "${TIER_BENCH:-0}" = 1 ]; then
         step "tier benchmark (tier_bench.sh)" 500 tier_bench.log bash "$S/tier_bench.sh" "$BIN" "$S/bin/h2d_bw" "$W" "$OUT"
         tail -40 "$OUT/tier_bench.log"
