@@ -77,6 +77,8 @@ struct ProfScope {
     }
 };
 #define PROF_SCOPE() ProfScope prof_(__func__)
+/* DELTAFIN_CUDA_LEAN: the mask of the decode-step savings in force (cuda_mm.cu: 1 products, 2 attention) */
+int lean_mask(void);
 /* kernel launches of matmul_batch (the decode kernel) since the start: tests check the batching */
 extern int64_t g_mm_launches;
 

@@ -264,10 +264,18 @@ template <int NT, int WP, int MJ> static void mm_launch(const MmBatchT<MJ> &b, u
     default: k_mm<V_GENERIC, NT, WP, MJ><<<grid, th>>>(b); break;
     }
 }
-/* DELTAFIN_CUDA_LEAN=0 (or df_cuda_set_lean(0)): every decode launch as before (8-warp blocks, the full job
- * table); a measurement aid. */
-static int g_lean = -1;
-extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 1 : 0; }
+/* DELTAFIN_CUDA_LEAN (a measurement aid): a mask of the decode-step savings, default 3 (all): 1 the product
+ * launches below (4-warp blocks, small job tables), 2 the one-launch split attention (cuda_ops.cu); 0: none,
+ * every launch as before them. df_cuda_set_lean(on) sets 3 or 0. */
+int g_lean = -1;
+int lean_mask(void) {
+    if (g_lean < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_LEAN");
+        g_lean = e && *e ? atoi(e) & 3 : 3;
+    }
+    return g_lean;
+}
+extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 3 : 0; }
 static int64_t g_mm_narrow;
 extern "C" int64_t df_cuda_mm_narrow_launches(void) { return g_mm_narrow; }
 static int g_sms;
@@ -276,18 +284,15 @@ static int g_sms;
  * same split of each row over warps, so the same bits) spread them twice as finely. The job table shrinks
  * to MM_SMALLJ entries when the jobs fit. */
 static void mm_flush_one(MmBatch *b, unsigned blocks) {
-    if (g_lean < 0) {
-        const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = !(e && !strcmp(e, "0"));
-    }
-    if (g_lean && !g_sms) {
+    const int lean = lean_mask() & 1;
+    if (lean && !g_sms) {
         int dev = 0, v = 0;
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
             cudaGetLastError(), v = 1 << 20; /* unknown: never narrow */
         g_sms = v;
     }
     int narrow = 0;
-    if (g_lean && (uint64_t)blocks < 2 * (uint64_t)g_sms) {
+    if (lean && (uint64_t)blocks < 2 * (uint64_t)g_sms) {
         narrow = 1;
         for (int i = 0; i < b->nj; i++)
             if (b->j[i].wk > MM_WARPS / 2) narrow = 0;
@@ -302,7 +307,7 @@ static void mm_flush_one(MmBatch *b, unsigned blocks) {
         blocks = nb;
         g_mm_narrow++;
     }
-    if (g_lean && b->nj <= MM_SMALLJ) {
+    if (lean && b->nj <= MM_SMALLJ) {
         MmBatchT<MM_SMALLJ> s;
         memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
         s.nj = b->nj, s.n = b->n, s.t0 = b->t0;

@@ -236,7 +236,6 @@ __global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, fl
 }
 static unsigned *g_att_cnt; /* zeroed counters of k_attn_gqa_fused, g_att_cnt_n of them */
 static size_t g_att_cnt_n;
-static int g_att_fuse = -1; /* DELTAFIN_CUDA_LEAN=0: split and combine in two launches */
 static int g_attn_split = -1; /* DELTAFIN_CUDA_ATTN_SPLIT=0: decode attention without the position split */
 void g_attn_gqa(const df_attn_gqa_args *a) {
     LOCK();
@@ -260,13 +259,9 @@ void g_attn_gqa(const df_attn_gqa_args *a) {
         if (g_attn_split && (size_t)c.n * c.n_heads < 512 && T >= 2 * AS_CH && S <= 65535) {
             float *part = (float *)slot(S_SCORES, (size_t)c.n * c.n_heads * S * (size_t)(c.head_dim + 2) * sizeof(float), "attn_gqa");
             if (!part) return;
-            if (g_att_fuse < 0) {
-                const char *e = getenv("DELTAFIN_CUDA_LEAN");
-                g_att_fuse = !(e && !strcmp(e, "0"));
-            }
             const size_t pairs = (size_t)c.n * c.n_heads;
             unsigned *cnt = NULL;
-            if (g_att_fuse) {
+            if (lean_mask() & 2) {
                 cnt = (unsigned *)slot(S_CNT, pairs * sizeof(unsigned), "attn_gqa");
                 if (cnt && (cnt != g_att_cnt || pairs > g_att_cnt_n)) { /* a new buffer: zero it once */
                     CK("attn_gqa", cudaMemsetAsync(cnt, 0, pairs * sizeof(unsigned), 0));
