@@ -264,14 +264,15 @@ template <int NT, int WP, int MJ> static void mm_launch(const MmBatchT<MJ> &b, u
     default: k_mm<V_GENERIC, NT, WP, MJ><<<grid, th>>>(b); break;
     }
 }
-/* DELTAFIN_CUDA_LEAN (a measurement aid): a mask of the decode-step savings, default 3 (all): 1 the product
- * launches below (4-warp blocks, small job tables), 2 the one-launch split attention (cuda_ops.cu); 0: none,
- * every launch as before them. df_cuda_set_lean(on) sets 3 or 0. */
+/* DELTAFIN_CUDA_LEAN (a measurement aid): a mask of the decode-step savings: 1 the product launches below
+ * (4-warp blocks, small job tables), 2 the one-launch split attention (cuda_ops.cu); 0: none, every launch as
+ * before them. Default 2: bit 1 measured no change end to end on the H200 (docs/PERFORMANCE.md, CUDA round 3),
+ * so it stays opt-in (DELTAFIN_CUDA_LEAN=3). df_cuda_set_lean(on) sets 3 or 0 (the test of both paths). */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 3 : 3;
+        g_lean = e && *e ? atoi(e) & 3 : 2;
     }
     return g_lean;
 }
