@@ -23,7 +23,9 @@
 #         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
-# Steps: STEPS="unit conf e2e tiers bench moe" (default all).
+# Steps: STEPS="unit conf e2e tiers bench moe" (default all). MOE_SET=lean: conformance without the unsplit
+# rerun, and step 5 runs only resident decode with each mask of the decode-step savings (DELTAFIN_CUDA_LEAN=0..3),
+# alternated twice, 512 tokens with 0 and 3, profiled (PROF=1) with 0 and 3, the ids compared.
 set -u
 S=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/cuda_out}
@@ -55,9 +57,11 @@ fi
 if has conf; then
     step "conformance (test_backend_ops --backend cuda --ref cpu-scalar)" 240 conformance.log "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
     grep -E "FAIL|failures" "$OUT/conformance.log" | tail -15
-    DELTAFIN_CUDA_ATTN_SPLIT=0 step "conformance, decode attention without the position split" 240 conformance_nosplit.log \
-        "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
-    grep -E "FAIL|failures" "$OUT/conformance_nosplit.log" | tail -5
+    if [ "${MOE_SET:-all}" != lean ]; then
+        DELTAFIN_CUDA_ATTN_SPLIT=0 step "conformance, decode attention without the position split" 240 conformance_nosplit.log \
+            "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
+        grep -E "FAIL|failures" "$OUT/conformance_nosplit.log" | tail -5
+    fi
 fi
 if has e2e; then
     step "model parity (cuda_e2e.py, every tiny model)" 300 parity.log python3 "$S/cuda_e2e.py" "$BIN"
@@ -84,6 +88,19 @@ if has moe; then
         python3 "$S/e2e_pct.py" "$OUT/moe_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
     }
     moe resident --gpu-memory 100G
+    if [ "${MOE_SET:-all}" = lean ]; then # the decode-step savings (DELTAFIN_CUDA_LEAN mask, default 3) on and off, alternated
+        for r in 1 2; do
+            for L in 0 1 2 3; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done
+        done
+        for L in 0 3; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512" --gpu-memory 100G; done
+        DELTAFIN_CUDA_LEAN=0 DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-lean0-prof1 --gpu-memory 100G
+        DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
+        for n in resident-lean0-r1 resident-lean1-r1 resident-lean2-r1 resident-lean3-r2 resident-lean0-prof1 resident-prof1; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+        done
+        cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean0-512.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean3-512.log" | head -1) && echo "ids 512: lean 0 and 3 the same" || echo "ids 512: lean 0 and 3 DIFFER"
+        echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    else
     DELTAFIN_CUDA_ATTN_SPLIT=0 moe resident-nosplit --gpu-memory 100G
     DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
     DELTAFIN_CUDA_PROF=2 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof2 --gpu-memory 100G
@@ -99,6 +116,7 @@ if has moe; then
     for n in pinned-2500M pinned-600M pinned-400M pinned-400M-prof1; do
         cmp -s <(grep -v '^\[' "$OUT/moe_resident-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident-sampled" || echo "ids $n: DIFFER from resident-sampled"
     done
+    fi
     if [ "${TIER_BENCH:-0}" = 1 ]; then
         step "tier benchmark (tier_bench.sh)" 500 tier_bench.log bash "$S/tier_bench.sh" "$BIN" "$S/bin/h2d_bw" "$W" "$OUT"
         tail -40 "$OUT/tier_bench.log"

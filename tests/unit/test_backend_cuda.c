@@ -87,6 +87,48 @@ int main(void) {
                 CHECK(d <= 1e-10 * n2, "pass %d expert %d: rel L2^2 %g against the CPU", pass, e, n2 > 0 ? d / n2 : d);
             }
         }
+        /* One-token dense products of few blocks (q/k/v, o, router, lm_head of a decode step) run in 4-warp
+         * blocks with a small job table (df_cuda_set_lean(1), the default): the same bits as the 8-warp launch
+         * with the full table (lean off), jobs whose rows split over 1 and 2 warps, in one launch each way. */
+        {
+            enum { ND = 3 };
+            static const int DR[ND] = {200, 96, 61}, DC[ND] = {512, 4096, 1024};
+            static float dw[ND][200 * 4096], dx[4096], dy[2][ND][200];
+            df_weight w2[ND];
+            df_mv_job dj[ND];
+            df_act *xd = df_backend_cuda.alloc(4096), *yd[ND];
+            for (int c = 0; c < 4096; c++) dx[c] = (float)((c * 53 % 113) - 56) / 32.0f;
+            df_backend_cuda.write(xd, dx, 4096);
+            for (int k = 0; k < ND; k++) {
+                for (int i = 0; i < DR[k] * DC[k]; i++) dw[k][i] = (float)(((i + 7 * k) * 31 % 89) - 44) / 256.0f;
+                memset(&w2[k], 0, sizeof w2[k]);
+                w2[k].fmt = DF_W_F32, w2[k].rows = DR[k], w2[k].cols = DC[k], w2[k].data = (const uint8_t *)dw[k], w2[k].row_bytes = (size_t)DC[k] * sizeof(float);
+                CHECK(df_backend_cuda.weight_register(&w2[k]) == 0 && w2[k].handle, "dense weight %d registered", k);
+                yd[k] = df_backend_cuda.alloc((size_t)DR[k]);
+                dj[k].w = &w2[k], dj[k].x = xd, dj[k].y = yd[k];
+            }
+            for (int lean = 1; lean >= 0; lean--) {
+                df_cuda_set_lean(lean);
+                const int64_t l0 = df_cuda_mm_launches(), n0 = df_cuda_mm_narrow_launches();
+                df_backend_cuda.matmul_batch(dj, ND, 1);
+                const int64_t launches = df_cuda_mm_launches() - l0, narrow = df_cuda_mm_narrow_launches() - n0;
+                CHECK(launches == 1 && narrow == lean, "lean %d: %lld launches (%lld narrow), expected 1 (%d)", lean, (long long)launches, (long long)narrow, lean);
+                for (int k = 0; k < ND; k++) df_backend_cuda.read(dy[lean][k], yd[k], (size_t)DR[k]);
+            }
+            df_cuda_set_lean(1);
+            for (int k = 0; k < ND; k++) {
+                CHECK(!memcmp(dy[0][k], dy[1][k], (size_t)DR[k] * sizeof(float)), "dense job %d: the narrow launch changed bits", k);
+                double d = 0, n2 = 0;
+                for (int r = 0; r < DR[k]; r++) {
+                    const float c = df_dot_row(&w2[k], r, dx);
+                    d += (double)(dy[1][k][r] - c) * (dy[1][k][r] - c), n2 += (double)c * c;
+                }
+                CHECK(d <= 1e-10 * n2, "dense job %d: rel L2^2 %g against the CPU", k, n2 > 0 ? d / n2 : d);
+                df_backend_cuda.weight_unregister(&w2[k]);
+                df_backend_cuda.free(yd[k]);
+            }
+            df_backend_cuda.free(xd);
+        }
         for (int e = 0; e < NE; e++) df_backend_cuda.free(y[e]);
         df_backend_cuda.free(x);
         if (df_backend_cuda.tier_reset) df_backend_cuda.tier_reset();

@@ -22,6 +22,12 @@ int df_cuda_available(void);
 void df_cuda_set_memory(int64_t budget, int64_t reserve, int64_t expert_bytes);
 /* Launches of the decode product kernel so far (matmul_batch batches its jobs into few launches; tests check it). */
 int64_t df_cuda_mm_launches(void);
+/* Of those, launches in 4-warp blocks (a one-token product of few blocks: docs/PERFORMANCE.md, CUDA). */
+int64_t df_cuda_mm_narrow_launches(void);
+/* 1: every decode-step launch saving (narrow blocks and small job tables for one-token products, the
+ * one-launch split attention); 0: none. Default (DELTAFIN_CUDA_LEAN unset): the attention one only. The
+ * results are the same bits either way. */
+void df_cuda_set_lean(int on);
 
 #ifdef __cplusplus
 }

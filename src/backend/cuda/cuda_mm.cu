@@ -47,11 +47,15 @@ struct MmJob {
     int wk;            /* warps that split a row group's columns (1, 2, 4 or 8; from the job's own shape) */
     unsigned blk0;     /* first block of this job in the launch */
 };
-struct MmBatch {
-    MmJob j[MM_MAXJ];
+template <int MJ> struct MmBatchT {
+    MmJob j[MJ];
     int nj, n;         /* jobs, tokens of this launch (<= MM_TN) */
     int t0;            /* first token of this launch (grid.y tiles add to it) */
 };
+typedef MmBatchT<MM_MAXJ> MmBatch;
+/* A decode launch of at most MM_SMALLJ jobs travels in a table of that size: the launch copies the
+ * whole parameter (about 2.5 KB for MM_MAXJ jobs, 0.4 KB for 4) into the queue on the host. */
+#define MM_SMALLJ 4
 
 /* ---- exact decoders of 16 stored bytes ---------------------------------------------- */
 static __device__ __forceinline__ float e2m1_fast(uint32_t code) { /* as e2m1f */
@@ -113,13 +117,14 @@ template <int V> static __device__ __forceinline__ void decode(const uint4 &u, i
  * activation chunk it loads serves the MM_R rows. The wk partial sums are
  * added in warp order (shared memory), so a row's bits depend only on its
  * job's shape. */
-template <int V, int NT> __global__ void __launch_bounds__(MM_WARPS * 32, NT > 2 ? 2 : 3) k_mm(const __grid_constant__ MmBatch b) {
+template <int V, int NT, int WP, int MJ>
+__global__ void __launch_bounds__(WP * 32, (NT > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm(const __grid_constant__ MmBatchT<MJ> b) {
     int j = 0;
     while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
     const MmJob &J = b.j[j];
     const DW &w = J.w;
     const int wk = J.wk, warp = threadIdx.x >> 5, ks = warp % wk;
-    const int64_t r0 = ((int64_t)(blockIdx.x - J.blk0) * (MM_WARPS / wk) + warp / wk) * MM_R;
+    const int64_t r0 = ((int64_t)(blockIdx.x - J.blk0) * (WP / wk) + warp / wk) * MM_R;
     const int nr = r0 >= w.rows ? 0 : w.rows - r0 < MM_R ? (int)(w.rows - r0) : MM_R; /* 0: an idle warp (it still meets the barrier) */
     const int t0 = b.t0 + blockIdx.y * NT, nt = b.n - (int)blockIdx.y * NT < NT ? b.n - (int)blockIdx.y * NT : NT;
     const int64_t K = w.cols;
@@ -198,7 +203,7 @@ template <int V, int NT> __global__ void __launch_bounds__(MM_WARPS * 32, NT > 2
         }
     }
     if (wk > 1) { /* block-uniform */
-        __shared__ float part[MM_WARPS][MM_R][NT];
+        __shared__ float part[WP][MM_R][NT];
         if (lane < NT)
 #pragma unroll
             for (int i = 0; i < MM_R; i++) part[warp][i][lane] = mine[i];
@@ -246,18 +251,71 @@ static int vec_kind(const DW &d, const float *x) {
     }
 }
 
-template <int NT> static void mm_launch(const MmBatch *b, unsigned blocks) {
-    const dim3 grid(blocks, (unsigned)((b->n + NT - 1) / NT)), th(MM_WARPS * 32);
-    switch (b->j[0].vec) {
-    case V_F32: k_mm<V_F32, NT><<<grid, th>>>(*b); break;
-    case V_F16: k_mm<V_F16, NT><<<grid, th>>>(*b); break;
-    case V_BF16: k_mm<V_BF16, NT><<<grid, th>>>(*b); break;
-    case V_FP8: k_mm<V_FP8, NT><<<grid, th>>>(*b); break;
-    case V_INT4: k_mm<V_INT4, NT><<<grid, th>>>(*b); break;
-    case V_I8ROW: k_mm<V_I8ROW, NT><<<grid, th>>>(*b); break;
-    case V_MXFP4: k_mm<V_MXFP4, NT><<<grid, th>>>(*b); break;
-    default: k_mm<V_GENERIC, NT><<<grid, th>>>(*b); break;
+template <int NT, int WP, int MJ> static void mm_launch(const MmBatchT<MJ> &b, unsigned blocks) {
+    const dim3 grid(blocks, (unsigned)((b.n + NT - 1) / NT)), th(WP * 32);
+    switch (b.j[0].vec) {
+    case V_F32: k_mm<V_F32, NT, WP, MJ><<<grid, th>>>(b); break;
+    case V_F16: k_mm<V_F16, NT, WP, MJ><<<grid, th>>>(b); break;
+    case V_BF16: k_mm<V_BF16, NT, WP, MJ><<<grid, th>>>(b); break;
+    case V_FP8: k_mm<V_FP8, NT, WP, MJ><<<grid, th>>>(b); break;
+    case V_INT4: k_mm<V_INT4, NT, WP, MJ><<<grid, th>>>(b); break;
+    case V_I8ROW: k_mm<V_I8ROW, NT, WP, MJ><<<grid, th>>>(b); break;
+    case V_MXFP4: k_mm<V_MXFP4, NT, WP, MJ><<<grid, th>>>(b); break;
+    default: k_mm<V_GENERIC, NT, WP, MJ><<<grid, th>>>(b); break;
     }
+}
+/* DELTAFIN_CUDA_LEAN (a measurement aid): a mask of the decode-step savings: 1 the product launches below
+ * (4-warp blocks, small job tables), 2 the one-launch split attention (cuda_ops.cu); 0: none, every launch as
+ * before them. Default 2: bit 1 measured no change end to end on the H200 (docs/PERFORMANCE.md, CUDA round 3),
+ * so it stays opt-in (DELTAFIN_CUDA_LEAN=3). df_cuda_set_lean(on) sets 3 or 0 (the test of both paths). */
+int g_lean = -1;
+int lean_mask(void) {
+    if (g_lean < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_LEAN");
+        g_lean = e && *e ? atoi(e) & 3 : 2;
+    }
+    return g_lean;
+}
+extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 3 : 0; }
+static int64_t g_mm_narrow;
+extern "C" int64_t df_cuda_mm_narrow_launches(void) { return g_mm_narrow; }
+static int g_sms;
+/* One token, few blocks (a dense product of decode: q/k/v, o, the router, lm_head): with 8-warp blocks they
+ * fill fewer than two per SM and the SMs that get two set the time; 4-warp blocks (the same row groups, the
+ * same split of each row over warps, so the same bits) spread them twice as finely. The job table shrinks
+ * to MM_SMALLJ entries when the jobs fit. */
+static void mm_flush_one(MmBatch *b, unsigned blocks) {
+    const int lean = lean_mask() & 1;
+    if (lean && !g_sms) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+            cudaGetLastError(), v = 1 << 20; /* unknown: never narrow */
+        g_sms = v;
+    }
+    int narrow = 0;
+    if (lean && (uint64_t)blocks < 2 * (uint64_t)g_sms) {
+        narrow = 1;
+        for (int i = 0; i < b->nj; i++)
+            if (b->j[i].wk > MM_WARPS / 2) narrow = 0;
+    }
+    if (narrow) {
+        unsigned nb = 0;
+        for (int i = 0; i < b->nj; i++) {
+            const int per_block = MM_WARPS / 2 / b->j[i].wk * MM_R;
+            b->j[i].blk0 = nb;
+            nb += (unsigned)((b->j[i].w.rows + per_block - 1) / per_block);
+        }
+        blocks = nb;
+        g_mm_narrow++;
+    }
+    if (lean && b->nj <= MM_SMALLJ) {
+        MmBatchT<MM_SMALLJ> s;
+        memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
+        s.nj = b->nj, s.n = b->n, s.t0 = b->t0;
+        if (narrow) mm_launch<1, MM_WARPS / 2, MM_SMALLJ>(s, blocks);
+        else mm_launch<1, MM_WARPS, MM_SMALLJ>(s, blocks);
+    } else if (narrow) mm_launch<1, MM_WARPS / 2, MM_MAXJ>(*b, blocks);
+    else mm_launch<1, MM_WARPS, MM_MAXJ>(*b, blocks);
 }
 static void mm_flush(MmBatch *b, unsigned blocks, int n) {
     if (!b->nj) return;
@@ -265,10 +323,10 @@ static void mm_flush(MmBatch *b, unsigned blocks, int n) {
     for (int t0 = 0; t0 < n; t0 += per) {
         b->t0 = t0;
         b->n = n - t0 < per ? n - t0 : per;
-        if (b->n == 1) mm_launch<1>(b, blocks);
-        else if (b->n == 2) mm_launch<2>(b, blocks);
-        else if (b->n <= 4) mm_launch<4>(b, blocks);
-        else mm_launch<MM_TN>(b, blocks);
+        if (b->n == 1) mm_flush_one(b, blocks);
+        else if (b->n == 2) mm_launch<2, MM_WARPS, MM_MAXJ>(*b, blocks);
+        else if (b->n <= 4) mm_launch<4, MM_WARPS, MM_MAXJ>(*b, blocks);
+        else mm_launch<MM_TN, MM_WARPS, MM_MAXJ>(*b, blocks);
         post("matmul_batch");
         g_mm_launches++;
     }

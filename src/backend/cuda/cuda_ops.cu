@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(TH) k_attn_gqa(df_attn_gqa_args a, float *scor
  * chunk's max m, sum l (double) of exp(s - m) and o = sum exp(s - m) v into part; k_attn_gqa_combine rescales
  * by exp(m - M) and divides by L: softmax(s) v as the CPU's (one max, double sum), rounded differently. */
 #define AS_CH 64
-__global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, float *part, int S, int vec) {
+static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &a, float *part, int S, int vec) {
     const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z, NH = a.n_heads, hd = a.head_dim, kvh = h / (NH / a.n_kv_heads);
     const int len = a.pos0 + t + 1, j0 = z * AS_CH, cnt = len - j0 < AS_CH ? len - j0 : AS_CH;
     const size_t kdim = (size_t)a.n_kv_heads * hd;
@@ -199,22 +199,43 @@ __global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, fl
     }
     if (!threadIdx.x) P[0] = m, P[1] = (float)l;
 }
-__global__ void __launch_bounds__(AT_TH) k_attn_gqa_combine(df_attn_gqa_args a, const float *part, int S) {
-    const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, hd = a.head_dim, len = a.pos0 + t + 1;
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, float *part, int S, int vec) { attn_split_block(a, part, S, vec); }
+/* the combine of head h, token t (a block of AT_TH threads); the parts are read from L2 (__ldcg): in the
+ * fused kernel other blocks wrote them */
+static __device__ __forceinline__ void attn_combine_head(const df_attn_gqa_args &a, const float *part, int S, int h, int t) {
+    const int NH = a.n_heads, hd = a.head_dim, len = a.pos0 + t + 1;
     const int ns = (len + AS_CH - 1) / AS_CH;
     const float *P = part + ((size_t)t * NH + h) * S * (size_t)(hd + 2);
     float M = -INFINITY;
-    for (int z = 0; z < ns; z++) M = fmaxf(M, P[(size_t)z * (hd + 2)]);
+    for (int z = 0; z < ns; z++) M = fmaxf(M, __ldcg(P + (size_t)z * (hd + 2)));
     double L = 0;
-    for (int z = 0; z < ns; z++) L += (double)P[(size_t)z * (hd + 2) + 1] * exp((double)P[(size_t)z * (hd + 2)] - M);
+    for (int z = 0; z < ns; z++) L += (double)__ldcg(P + (size_t)z * (hd + 2) + 1) * exp((double)__ldcg(P + (size_t)z * (hd + 2)) - M);
     const float inv = (float)(1.0 / L);
     float *out = DP(a.out) + ((size_t)t * NH + h) * hd;
     for (int d = threadIdx.x; d < hd; d += AT_TH) {
         float o = 0.0f;
-        for (int z = 0; z < ns; z++) o += P[(size_t)z * (hd + 2) + 2 + d] * expf(P[(size_t)z * (hd + 2)] - M);
+        for (int z = 0; z < ns; z++) o += __ldcg(P + (size_t)z * (hd + 2) + 2 + d) * expf(__ldcg(P + (size_t)z * (hd + 2)) - M);
         out[d] = o * inv;
     }
 }
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_combine(df_attn_gqa_args a, const float *part, int S) { attn_combine_head(a, part, S, blockIdx.x, blockIdx.y); }
+/* split and combine in ONE launch: the last of a (head, token)'s S blocks to finish (a counter per pair,
+ * which that block sets back to 0) combines them, with the combine kernel's arithmetic: the same bits. */
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, float *part, int S, int vec, unsigned *counts) {
+    attn_split_block(a, part, S, vec);
+    __shared__ int last;
+    __threadfence(); /* this block's parts are visible device-wide before it counts itself */
+    __syncthreads();
+    unsigned *c = counts + (size_t)blockIdx.y * a.n_heads + blockIdx.x;
+    if (!threadIdx.x) last = atomicAdd(c, 1u) == (unsigned)S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    attn_combine_head(a, part, S, blockIdx.x, blockIdx.y);
+    if (!threadIdx.x) *c = 0;
+}
+static unsigned *g_att_cnt; /* zeroed counters of k_attn_gqa_fused, g_att_cnt_n of them */
+static size_t g_att_cnt_n;
 static int g_attn_split = -1; /* DELTAFIN_CUDA_ATTN_SPLIT=0: decode attention without the position split */
 void g_attn_gqa(const df_attn_gqa_args *a) {
     LOCK();
@@ -238,9 +259,21 @@ void g_attn_gqa(const df_attn_gqa_args *a) {
         if (g_attn_split && (size_t)c.n * c.n_heads < 512 && T >= 2 * AS_CH && S <= 65535) {
             float *part = (float *)slot(S_SCORES, (size_t)c.n * c.n_heads * S * (size_t)(c.head_dim + 2) * sizeof(float), "attn_gqa");
             if (!part) return;
-            k_attn_gqa_split<<<dim3((unsigned)c.n_heads, (unsigned)c.n, (unsigned)S), AT_TH>>>(c, part, S, vec);
-            post("attn_gqa");
-            k_attn_gqa_combine<<<grid, AT_TH>>>(c, part, S);
+            const size_t pairs = (size_t)c.n * c.n_heads;
+            unsigned *cnt = NULL;
+            if (lean_mask() & 2) {
+                cnt = (unsigned *)slot(S_CNT, pairs * sizeof(unsigned), "attn_gqa");
+                if (cnt && (cnt != g_att_cnt || pairs > g_att_cnt_n)) { /* a new buffer: zero it once */
+                    CK("attn_gqa", cudaMemsetAsync(cnt, 0, pairs * sizeof(unsigned), 0));
+                    g_att_cnt = cnt, g_att_cnt_n = pairs;
+                }
+            }
+            if (cnt) k_attn_gqa_fused<<<dim3((unsigned)c.n_heads, (unsigned)c.n, (unsigned)S), AT_TH>>>(c, part, S, vec, cnt);
+            else {
+                k_attn_gqa_split<<<dim3((unsigned)c.n_heads, (unsigned)c.n, (unsigned)S), AT_TH>>>(c, part, S, vec);
+                post("attn_gqa");
+                k_attn_gqa_combine<<<grid, AT_TH>>>(c, part, S);
+            }
         } else if ((size_t)c.n * c.n_heads < 512) k_attn_gqa<512><<<grid, 512>>>(c, sc, vec);
         else k_attn_gqa<AT_TH><<<grid, AT_TH>>>(c, sc, vec);
         post("attn_gqa");
