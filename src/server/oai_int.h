@@ -94,6 +94,7 @@ struct df_oai_server {
 
 
     df_memo *memo;       /* NULL: --no-memo */
+    struct df_pcache *pc; /* the prompt cache on disk (pcache.h); NULL: no --cache-dir */
 
     atomic_uint_least64_t idctr;
     uint64_t salt;
@@ -173,6 +174,7 @@ struct gen {
     size_t n_ids, cap_ids;
     int stop_hit;       /* the index in rq.stop of the stop string that ended it, or -1 */
     int count_only;     /* tokenize only (count_tokens): no context checks */
+    struct df_pcache_job *pc_job; /* what the prompt cache stores of this prompt, handed over with the turn */
 };
 
 /* Renders and tokenizes the prompt and checks it against the context (no

@@ -93,6 +93,8 @@ typedef struct {
     int memo_entries;      /* 0: 256 */
     size_t memo_bytes;     /* 0: 64 MiB */
     int quiet;             /* 1: no log lines on stderr */
+    const char *cache_dir; /* the prompt cache on disk (pcache.h), or NULL */
+    int64_t cache_bytes;   /* its bound; 0: 4 GiB */
 } df_oai_options;
 
 typedef struct df_oai_server df_oai_server;
