@@ -349,6 +349,14 @@ size_t df_pcache_load(df_pcache *pc, const int32_t *ids, size_t n) {
                         bytes / 1048576.0, dt * 1e3, dt > 0 ? bytes / 1048576.0 / dt : 0.0);
         } else {
             got = 0;
+            if (fd < 0 && errno == ENOENT) { /* evicted since it was listed (by this writer or another server) */
+                pthread_mutex_lock(&pc->mu);
+                pc_entry *x = find(pc, name);
+                if (x) drop_entry(pc, x);
+                pthread_mutex_unlock(&pc->mu);
+                free(path);
+                continue;
+            }
             fprintf(stderr, "deltafin serve: prompt cache: ignored and deleted %s: %s\n", path,
                     fd < 0 ? strerror(errno) : df_engine_error(pc->e));
             unlink(path);
