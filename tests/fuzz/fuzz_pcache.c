@@ -1,7 +1,7 @@
 /* fuzz_pcache.c - libFuzzer target for session files (the server's prompt
  * cache, df_session_load): any bytes must be either loaded (a prefix of the
  * prompt, after which the session computes finite logits) or refused with
- * DF_EFORMAT and the session left usable; never a crash, a leak, undefined
+ * DF_EFORMAT, and the session usable afterwards either way; never a crash, a leak, undefined
  * behaviour or an allocation the model does not bound.
  *
  * Once per process the tiny tests/data/models/llama-f32-tied is opened, a
@@ -14,7 +14,6 @@
  * reach the size, token and finiteness checks behind them. Run from the
  * repository root (as `make fuzz` does). */
 #include <fcntl.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,11 +104,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         if (rc != DF_EFORMAT || pos != 0 || !df_engine_error(eng)[0]) __builtin_trap();
     }
-    /* the session is usable either way, with finite logits */
-    if (df_session_sync(ses, ids, NIDS)) __builtin_trap();
-    const float *lg = df_session_logits(ses);
-    for (int i = 0; i < vocab; i++)
-        if (!isfinite(lg[i])) __builtin_trap();
+    /* the session is usable either way: it computes the rest of the prompt and
+     * samples an id in range (a loaded file with valid checksums and crafted
+     * finite values may give non-finite logits: the sampler takes them) */
+    if (df_session_sync(ses, ids, NIDS) || !df_session_logits(ses)) __builtin_trap();
+    df_sampling sp;
+    df_sampling_default(&sp);
+    int32_t id = -1;
+    sp.temperature = 0;
+    if (df_session_sample(ses, &sp, &id) || id < 0 || id >= vocab) __builtin_trap();
+    sp.temperature = 1, sp.top_p = 0.9f;
+    if (df_session_sample(ses, &sp, &id) || id < 0 || id >= vocab) __builtin_trap();
     df_session_sync(ses, ids, 0);
     return 0;
 }
