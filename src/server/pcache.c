@@ -338,7 +338,8 @@ size_t df_pcache_load(df_pcache *pc, const int32_t *ids, size_t n) {
         int rc = fd < 0 ? DF_EIO : df_session_load(pc->s, fd, ids, n, &got);
         double dt = df_now() - t0;
         if (!rc) {
-            uint64_t bytes = df_session_file_bytes(pc->s, got);
+            struct stat sb;
+            uint64_t bytes = fstat(fd, &sb) ? 0 : (uint64_t)sb.st_size;
             (void)futimens(fd, NULL); /* last use, for LRU across restarts */
             pthread_mutex_lock(&pc->mu);
             pc_entry *x = find(pc, name);
