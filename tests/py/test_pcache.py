@@ -349,3 +349,16 @@ def test_concurrent_requests(chat_model, tmp_path):
         assert t == out[k][2]
     b.stop()
     assert "ignored" not in b.text()
+
+
+# ---- flags ----------------------------------------------------------------------------
+
+def test_flags_refused(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for extra, code, msg in ((["--cache-size", "0"], 2, "--cache-size: expected a size like 4GiB, got '0'"),
+                             (["--cache-size", "lots"], 2, "--cache-size: expected a size like 4GiB, got 'lots'"),
+                             (["--cache-dir", str(afile)], 1, f"--cache-dir {afile}: cannot create the directory")):
+        r = subprocess.run([deltafin_bin(), "serve", "--model", LLAMA, "--port", "0", *extra], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == code and msg in r.stderr, (extra, r.returncode, r.stderr)
