@@ -133,6 +133,35 @@ int df_session_snapshot(df_session *s);
 int df_session_restore(df_session *s, int id);
 void df_session_snapshot_drop(df_session *s, int id);
 size_t df_session_snapshot_bytes(const df_session *s); /* bytes one snapshot holds */
+/* Positions a df_session_sync with ids[0..n) would keep (no work done). */
+size_t df_session_reusable(const df_session *s, const int32_t *ids, size_t n);
+
+/* Session files (the server's prompt cache, docs/SERVER.md): a session's
+ * state at a position, as bytes in a file: the token ids, the growing
+ * caches' rows [0, pos) (attention K/V, MLA latents), every recurrent layer's
+ * fixed state and the logits at pos, behind a header (magic, version, the
+ * engine's fingerprint, the sizes) with a checksum per section. A file is
+ * untrusted input: df_session_load checks the header and the sizes against
+ * the model before it allocates, and every section's checksum; a refused
+ * file (DF_EFORMAT, the message says why) leaves the session as it was or
+ * empty, never half-loaded. */
+/* The identity a session file must match: format version, build version,
+ * backend, cache dtype, config.json, the state layout, every spine weight's
+ * format, shape and first bytes. */
+uint64_t df_engine_fingerprint(df_engine *e);
+/* Bytes of the file df_session_save writes for n positions (with logits). */
+uint64_t df_session_file_bytes(const df_session *s, size_t n);
+/* Writes the state at position n to fd (from offset 0; the caller makes the
+ * file durable and visible). ids[0..n) must be the session's tokens there.
+ * snap >= 0: a snapshot taken at n (its fixed state and logits); snap < 0:
+ * the session's current state when n is its length, or, where every layer
+ * can be truncated, the caches' rows [0, n) without logits (a load then
+ * recomputes the last position). *bytes (may be NULL): the file's size. */
+int df_session_save(df_session *s, int snap, const int32_t *ids, size_t n, int fd, uint64_t *bytes);
+/* Loads a file written by df_session_save whose tokens are a prefix of
+ * ids[0..n): the session then holds them (*pos positions; its snapshots are
+ * dropped) and df_session_sync(ids, n) computes only the rest. */
+int df_session_load(df_session *s, int fd, const int32_t *ids, size_t n, size_t *pos);
 
 /* ---- tokenizer and chat ------------------------------------------------- */
 

@@ -38,6 +38,9 @@ static const char *usage =
     "  --ctx N                   context length of the server's session (default: min(model, 8192))\n"
     "  --queue N                 requests that may wait for the engine (default 16); more get 429\n"
     "  --no-memo                 do not answer repeated deterministic requests from memory\n"
+    "  --cache-dir DIR           prompt cache on disk: session states of past prompts, reused by later requests\n"
+    "                            and after a restart (default: none)\n"
+    "  --cache-size SIZE         bound of --cache-dir, least recently used files deleted first (default 4GiB)\n"
     "  --served-model-name ID    the model id clients send and see (default: the --model name's last part)\n"
     "  --quiet                   no per-request log lines on stderr\n"
     "  --threads N --ram SIZE --expert-cache SIZE --prefetch MODE --backend B --gpu-memory SIZE   as for deltafin run\n";
@@ -65,6 +68,8 @@ int df_cmd_serve(int argc, char **argv) {
     df_cli_options_default(&o);
     df_spec_opts spo;
     df_spec_opts_default(&spo);
+    const char *cache_dir = NULL;
+    int64_t cache_size = (int64_t)4 << 30;
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("DELTAFIN_API_KEY"), *name = NULL, *opt;
     long port = 8000, max_tokens = 0, queue = 16, ctx = 0;
     int64_t max_body = (int64_t)16 << 20, min_rate = (int64_t)32 << 10;
@@ -79,6 +84,11 @@ int df_cmd_serve(int argc, char **argv) {
         else if (df_args_opt(&a, opt, "--api-key", 1)) api_key = a.val;
         else if (df_args_opt(&a, opt, "--served-model-name", 1)) name = a.val;
         else if (df_args_opt(&a, opt, "--no-memo", 0)) memo = 0;
+        else if (df_args_opt(&a, opt, "--cache-dir", 1)) cache_dir = a.val;
+        else if (df_args_opt(&a, opt, "--cache-size", 1)) {
+            cache_size = df_parse_size(a.val);
+            if (cache_size <= 0) df_args_fail(&a, "--cache-size: expected a size like 4GiB, got '%s'", a.val);
+        }
         else if (df_args_opt(&a, opt, "--quiet", 0)) quiet = 1;
         else if (df_args_opt(&a, opt, "--port", 1)) { if (df_parse_int(a.val, 0, 65535, &port)) df_args_fail(&a, "--port: expected 0..65535, got '%s'", a.val); }
         else if (df_args_opt(&a, opt, "--max-tokens", 1)) { if (df_parse_int(a.val, 1, 1L << 30, &max_tokens)) df_args_fail(&a, "--max-tokens: expected a positive count, got '%s'", a.val); }
@@ -120,7 +130,8 @@ int df_cmd_serve(int argc, char **argv) {
     if (dfail) { fprintf(stderr, "deltafin serve: %s\n", err); df_engine_close(e); return 2; }
     char *id = name ? df_xstrdup(name) : default_id(model);
     df_oai_options so = {.model_id = id, .max_tokens = max_tokens, .ctx = (int)ctx, .queue = (int)queue, .memo = memo,
-                         .quiet = quiet, .spec = spo.mode, .spec_max = spo.k, .draft = draft};
+                         .quiet = quiet, .spec = spo.mode, .spec_max = spo.k, .draft = draft, .cache_dir = cache_dir,
+                         .cache_bytes = cache_size};
     df_oai_server *srv = df_oai_new(e, &so, err, sizeof err);
     if (!srv) { fprintf(stderr, "deltafin serve: %s\n", err); free(id); df_engine_close(e); df_engine_close(draft); return 1; }
     if (!df_has_tokenizer(e))

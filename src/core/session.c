@@ -12,36 +12,11 @@
  * prefix restores instead of recomputing. */
 #include "core/core.h"
 #include "core/engine_int.h"
+#include "core/session_int.h"
 #include "util/util.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#define DF_MAX_BATCH 64
-#define DF_DEFAULT_CTX 4096
-#define DF_MAX_SNAPSHOTS 16
-#define DF_AUTO_SNAPSHOTS 4 /* taken by df_session_sync; the oldest is dropped first */
-
-typedef struct {
-    int used, automatic;
-    uint64_t age;
-    df_snapshot st;
-    float *logits;   /* [vocab] at the snapshot's position (NULL when the position is 0) */
-} snap_slot;
-
-struct df_session {
-    df_engine *e;
-    df_state st;
-    int32_t *tokens;
-    size_t reused;   /* positions the last df_session_sync kept */
-    size_t len;
-    int logits_valid;
-    float *logits;   /* [vocab] */
-    float *work;     /* sampler scratch [vocab * 2] */
-    df_rng rng;
-    snap_slot snaps[DF_MAX_SNAPSHOTS];
-    uint64_t snap_clock;
-};
 
 df_session *df_session_new(df_engine *e, int max_context) {
     const df_config *c = &e->model->cfg;
@@ -163,6 +138,14 @@ static void restore_slot(df_session *s, snap_slot *p) {
     p->age = ++s->snap_clock;
 }
 
+void df_session_reset(df_session *s) {
+    for (int i = 0; i < DF_MAX_SNAPSHOTS; i++) snap_drop(&s->snaps[i]);
+    df_state_clear_fixed(&s->st);
+    s->len = 0;
+    s->logits_valid = 0;
+    s->reused = 0;
+}
+
 int df_session_snapshot(df_session *s) { return take_snapshot(s, 0); }
 
 int df_session_restore(df_session *s, int id) {
@@ -203,6 +186,19 @@ static size_t rewind_to(df_session *s, size_t to) {
         s->logits_valid = 0;
     }
     return s->len;
+}
+
+size_t df_session_reusable(const df_session *s, const int32_t *ids, size_t n) {
+    size_t common = 0;
+    while (common < s->len && common < n && s->tokens[common] == ids[common]) common++;
+    if (n == 0) return 0;
+    if (common == n && s->len == n && s->logits_valid) return n;
+    if (common >= n) common = n - 1;
+    if (common == s->len || df_state_truncatable(s->e->model)) return common;
+    size_t best = 0;
+    for (int i = 0; i < DF_MAX_SNAPSHOTS; i++)
+        if (s->snaps[i].used && (size_t)s->snaps[i].st.pos <= common && (size_t)s->snaps[i].st.pos > best) best = (size_t)s->snaps[i].st.pos;
+    return best;
 }
 
 int df_session_sync(df_session *s, const int32_t *ids, size_t n) {

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "grammar/grammar.h"
+#include "server/pcache.h"
 #include "util/util.h"
 
 void sb_put(sbuf *b, const void *d, size_t n) {
@@ -62,7 +63,12 @@ static void gen_fail(gen *g, int status, const char *msg) {
 }
 
 void gen_release(gen *g) {
-    if (g->holds_turn) { g->holds_turn = 0; df_turn_release(&g->srv->turn); }
+    if (g->holds_turn) {
+        df_pcache_submit(g->srv->pc, g->pc_job); /* with the turn: it may drop a snapshot */
+        g->pc_job = NULL;
+        g->holds_turn = 0;
+        df_turn_release(&g->srv->turn);
+    }
 }
 
 void gen_stopped(gen *g) {
@@ -372,9 +378,11 @@ int gen_prepare(gen *g, df_oai_error *e) {
     int rc;
     /* Prefix reuse: df_session_sync keeps what it can of the common prefix
      * (truncation, or a snapshot for recurrent layers) and says how much. */
+    if (s->pc) df_pcache_load(s->pc, g->prompt, g->n_prompt); /* a longer prefix on disk than in memory */
     rc = df_session_sync(s->s, g->prompt, g->n_prompt);
     if (rc) return df_oai_fail(e, rc == DF_EINPUT ? 400 : 500, rc == DF_EINPUT ? param : NULL, NULL, "%s", df_engine_error(s->e));
     g->cached = df_session_reused(s->s);
+    if (s->pc) g->pc_job = df_pcache_plan(s->pc, g->prompt, g->n_prompt, g->cached);
     if (g->cached >= g->n_prompt) g->cached = g->n_prompt - 1; /* as reported before: the last prompt position counts as computed */
     df_gen_config gc = {.max_new = g->max_new, .max_context = (size_t)s->ctx, .text = s->has_tok,
                         .stop = (const char *const *)rq->stop, .n_stop = rq->n_stop, .logprobs = rq->logprobs,

@@ -101,6 +101,7 @@ struct df_oai_server {
 
 
     df_memo *memo;       /* NULL: --no-memo */
+    struct df_pcache *pc; /* the prompt cache on disk (pcache.h); NULL: no --cache-dir */
 
     /* the chat format (toolcall.h): decided once from the template */
     const char *tpl_src; /* the chat template's text (NULL: none, or K3) */
@@ -197,6 +198,7 @@ struct gen {
     int seq;            /* Responses API stream: the next event's sequence_number */
     int ropen, rnext;   /* Responses API stream: the open output item (0 none, 1 reasoning, 2 message), the next output_index */
     json_t *ext;        /* a protocol's own data (Responses: the request fields the answer repeats); freed with the gen */
+    struct df_pcache_job *pc_job; /* what the prompt cache stores of this prompt, handed over with the turn */
 };
 
 /* Feeds the text generated so far to g's output parser (made on first use;

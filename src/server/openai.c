@@ -21,6 +21,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "server/pcache.h"
 #include "util/util.h"
 
 /* =========================================================================
@@ -514,6 +515,14 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
     }
     if (getrandom(&s->salt, sizeof s->salt, 0) != (ssize_t)sizeof s->salt) s->salt = (uint64_t)time(NULL);
     df_turn_init(&s->turn, o->queue);
+    if (o->cache_dir && !(s->pc = df_pcache_open(o->cache_dir, o->cache_bytes > 0 ? o->cache_bytes : (int64_t)4 << 30, e, s->s, &s->turn, o->quiet, err, errlen))) {
+        df_turn_destroy(&s->turn);
+        df_session_free(s->s);
+        df_memo_free(s->memo);
+        free(s->model_id);
+        free(s);
+        return NULL;
+    }
     pthread_mutex_init(&s->pmu, NULL);
     s->max_tok_bytes = gen_longest_token(s);
     s->tpl_src = df_chat_template_source(e, 0);
@@ -528,6 +537,7 @@ void df_oai_stop(df_oai_server *s) { df_turn_stop(&s->turn); }
 
 void df_oai_free(df_oai_server *s) {
     if (!s) return;
+    df_pcache_close(s->pc); /* before the session: its writer uses it */
     df_memo_free(s->memo);
     df_session_free(s->s);
     free(s->model_id);

@@ -108,6 +108,8 @@ typedef struct {
     int quiet;             /* 1: no log lines on stderr */
     int spec, spec_max;    /* speculative decoding (df_gen_config): DF_SPEC_*, drafts per pass */
     df_engine *draft;      /* the draft model of DF_SPEC_DRAFT (owned by the caller) */
+    const char *cache_dir; /* the prompt cache on disk (pcache.h), or NULL */
+    int64_t cache_bytes;   /* its bound; 0: 4 GiB */
 } df_oai_options;
 
 typedef struct df_oai_server df_oai_server;

@@ -1,0 +1,42 @@
+/* session_int.h - the session struct, shared by session.c (timelines,
+ * snapshots) and session_file.c (a session's state in a file). Private to
+ * src/core. */
+#ifndef DF_CORE_SESSION_INT_H
+#define DF_CORE_SESSION_INT_H
+
+#include "core/core.h"
+#include "core/engine_int.h"
+#include "model/model.h"
+#include "util/util.h"
+
+#define DF_MAX_BATCH 64
+#define DF_DEFAULT_CTX 4096
+#define DF_MAX_SNAPSHOTS 16
+#define DF_AUTO_SNAPSHOTS 4 /* taken by df_session_sync; the oldest is dropped first */
+
+typedef struct {
+    int used, automatic;
+    uint64_t age;
+    df_snapshot st;
+    float *logits;   /* [vocab] at the snapshot's position (NULL when the position is 0) */
+} snap_slot;
+
+struct df_session {
+    df_engine *e;
+    df_state st;
+    int32_t *tokens;
+    size_t reused;   /* positions the last df_session_sync kept */
+    size_t len;
+    int logits_valid;
+    float *logits;   /* [vocab] */
+    float *work;     /* sampler scratch [vocab * 2] */
+    df_rng rng;
+    snap_slot snaps[DF_MAX_SNAPSHOTS];
+    uint64_t snap_clock;
+};
+
+/* Empties the session (session.c): every snapshot dropped, fixed states
+ * zero, length 0, no logits. */
+void df_session_reset(df_session *s);
+
+#endif
