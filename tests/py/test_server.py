@@ -173,9 +173,11 @@ REFUSALS = [
     ({"foo": 1}, "foo"),
     ({"n": 2}, "n"),
     ({"n": 0}, "n"),
-    # tools are accepted (test_server_tools.py); what cannot be honoured is refused
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "required"}, "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+    # tools and tool_choice required / named are accepted (test_server_tools.py, test_server_tool_choice.py);
+    # what cannot be honoured is refused
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string", "format": "email"}}}}}], "tool_choice": "required"}, "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}},
      "tool_choice"),
     ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
     ({"chat_template_kwargs": {"not_a_template_variable": True}}, "chat_template_kwargs.not_a_template_variable"),
