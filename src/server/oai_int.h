@@ -254,6 +254,11 @@ void df_anth_count_tokens(df_oai_server *s, df_http_req *r);
 
 /* ---- request.c: shared with the routes that build chat requests ----------- */
 
+/* OpenAI's names of JSON types ("an object", "a decimal", ...), and its
+ * invalid_type error ("Invalid type for 'param': expected W, but got T"). */
+const char *df_oai_jtype(const json_t *v);
+int df_oai_bad_type(df_oai_error *e, const char *param, const char *want, const json_t *v);
+
 /* Checks a tools array in OpenAI chat shape ([{type: "function", function:
  * {name, description?, parameters?, strict?}}]) and keeps it in r->tools_json;
  * checks r->tool_choice against r->tools_json. 0, or -1 with e filled. */

@@ -8,7 +8,7 @@
  * with a 4xx status (503 only for out of memory); the param of an error
  * names the offending field in OpenAI's dotted/indexed form.
  */
-#include "server/openai.h"
+#include "server/oai_int.h" /* the helpers request.c shares with the other routes (declared there) */
 #include "grammar/grammar.h"
 #include "util/util.h"
 
@@ -41,7 +41,7 @@ int df_oai_fail(df_oai_error *e, int status, const char *param, const char *code
     return -1;
 }
 
-static const char *jtype(const json_t *v) {
+const char *df_oai_jtype(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -53,10 +53,11 @@ static const char *jtype(const json_t *v) {
     }
 }
 
-static int bad_type(df_oai_error *e, const char *param, const char *want, const json_t *v) {
+int df_oai_bad_type(df_oai_error *e, const char *param, const char *want, const json_t *v) {
     return df_oai_fail(e, 400, param, "invalid_type", "Invalid type for '%s': expected %s, but got %s instead.", param, want,
-                jtype(v));
+                df_oai_jtype(v));
 }
+#define bad_type df_oai_bad_type
 
 static int unsupported(df_oai_error *e, const char *param, const char *why) {
     return df_oai_fail(e, 400, param, "unsupported_parameter",
@@ -720,7 +721,7 @@ int df_oai_parse(df_oai_kind kind, const df_oai_limits *lim, const char *body, s
                     "We could not parse the JSON body of your request: %s (line %d, column %d). The body must be a JSON object.",
                     je.text, je.line, je.column);
     int rc = 0, saw_max = 0;
-    if (!json_is_object(root)) rc = df_oai_fail(err, 400, NULL, "invalid_json", "The body of your request must be a JSON object, not %s.", jtype(root));
+    if (!json_is_object(root)) rc = df_oai_fail(err, 400, NULL, "invalid_json", "The body of your request must be a JSON object, not %s.", df_oai_jtype(root));
     const char *k;
     json_t *v;
     if (!rc) json_object_foreach(root, k, v) {

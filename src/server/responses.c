@@ -33,22 +33,7 @@
  * Validation (pure: no engine, no globals)
  * ========================================================================= */
 
-static const char *jtype(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
-static int bad_type(df_oai_error *e, const char *field, const char *want, const json_t *v) {
-    return df_oai_fail(e, 400, field, "invalid_type", "Invalid type for '%s': expected %s, but got %s instead.", field,
-                       want, jtype(v));
-}
+#define bad_type df_oai_bad_type
 
 static int refuse(df_oai_error *e, const char *field, const char *what) {
     return df_oai_fail(e, 400, field, "unsupported_parameter",
@@ -651,7 +636,7 @@ int df_resp_parse(const df_oai_limits *lim, const char *body, size_t len, df_oai
                            je.text, je.line, je.column);
     json_t *sys = json_array(), *turns = json_array();
     int rc = 0;
-    if (!json_is_object(root)) rc = df_oai_fail(e, 400, NULL, NULL, "The request body must be a JSON object, not %s.", jtype(root));
+    if (!json_is_object(root)) rc = df_oai_fail(e, 400, NULL, NULL, "The request body must be a JSON object, not %s.", df_oai_jtype(root));
     const char *k;
     json_t *v;
     if (!rc) json_object_foreach(root, k, v) {

@@ -196,7 +196,7 @@ static void grammar(df_tc_family f, const char *named, int parallel, const char 
     static const char *const schemas[2] = {"{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
                                            "\"required\":[\"city\"],\"additionalProperties\":false}", "{\"type\":\"object\"}"};
     for (int i = 0; i < 2 && !rc; i++) {
-        char pre[16];
+        char pre[32];
         snprintf(pre, sizeof pre, "tc-t%d-", i);
         rc = df_json_schema_to_grammar(schemas[i], strlen(schemas[i]), pre, &b, err, sizeof err);
         CHECK(rc == 0, "schema %d: %s", i, err);
