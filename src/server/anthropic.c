@@ -685,17 +685,7 @@ static char *anth_body(const gen *cg) {
 }
 
 /* "event: <type>\ndata: <json>\n\n"; consumes o. */
-static void event(gen *g, const char *type, json_t *o) {
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (!s) { g->out.oom = 1; return; }
-    sb_put(&g->out, "event: ", 7);
-    sb_put(&g->out, type, strlen(type));
-    sb_put(&g->out, "\ndata: ", 7);
-    sb_put(&g->out, s, strlen(s));
-    sb_put(&g->out, "\n\n", 2);
-    free(s);
-}
+static void event(gen *g, const char *type, json_t *o) { gen_sse_event(g, type, o); }
 
 static json_t *typed(const char *type) {
     json_t *o = json_object();

@@ -95,6 +95,18 @@ void gen_free(gen *g) {
     free(g);
 }
 
+void gen_sse_event(gen *g, const char *type, json_t *o) {
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!s) { g->out.oom = 1; return; }
+    sb_put(&g->out, "event: ", 7);
+    sb_put(&g->out, type, strlen(type));
+    sb_put(&g->out, "\ndata: ", 7);
+    sb_put(&g->out, s, strlen(s));
+    sb_put(&g->out, "\n\n", 2);
+    free(s);
+}
+
 df_tc *gen_tc(gen *g) {
     df_oai_server *s = g->srv;
     if (!g->tc) {

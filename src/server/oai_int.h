@@ -204,6 +204,9 @@ struct gen {
 /* Feeds the text generated so far to g's output parser (made on first use;
  * finished once g->finish is set) and returns it (NULL if out of memory). */
 df_tc *gen_tc(gen *g);
+/* An SSE event with a name ("event: TYPE\ndata: JSON\n\n", the Anthropic and
+ * Responses streams) into g->out; consumes o; out of memory sets g->out.oom. */
+void gen_sse_event(gen *g, const char *type, json_t *o);
 /* The finish reason to report: "tool_calls" when the answer has calls. */
 const char *gen_finish(gen *g);
 

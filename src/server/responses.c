@@ -824,15 +824,7 @@ static void event(gen *g, const char *type, json_t *o) {
     if (!o) { g->out.oom = 1; return; }
     json_object_set_new(o, "type", json_string(type));
     json_object_set_new(o, "sequence_number", json_integer(g->seq++));
-    char *s = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
-    if (!s) { g->out.oom = 1; return; }
-    sb_put(&g->out, "event: ", 7);
-    sb_put(&g->out, type, strlen(type));
-    sb_put(&g->out, "\ndata: ", 7);
-    sb_put(&g->out, s, strlen(s));
-    sb_put(&g->out, "\n\n", 2);
-    free(s);
+    gen_sse_event(g, type, o);
 }
 
 /* {item_id, output_index[, content_index]} of the open item. */
