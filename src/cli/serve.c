@@ -141,7 +141,7 @@ int df_cmd_serve(int argc, char **argv) {
                          .api_key = api_key, .max_connections = (int)max_conns, .max_per_ip = (int)per_ip,
                          .header_timeout = header_timeout, .idle_timeout = idle_timeout, .body_min_rate = (double)min_rate,
                          .quiet = quiet,
-                         .handler = df_oai_handle, .app = srv};
+                         .handler = df_oai_handle, .app = srv, .on_done = df_oai_request_done};
     df_http_server *http = df_http_start(&hc, err, sizeof err);
     if (!http) {
         fprintf(stderr, "deltafin serve: %s\n", err);

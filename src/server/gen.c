@@ -64,6 +64,9 @@ static void gen_fail(gen *g, int status, const char *msg) {
 
 void gen_release(gen *g) {
     if (g->holds_turn) {
+        df_stats st; /* the engine's counters for /metrics, read while no generation runs */
+        df_stats_get(g->srv->e, &st);
+        df_metrics_engine(g->srv->metrics, &st);
         df_pcache_submit(g->srv->pc, g->pc_job); /* with the turn: it may drop a snapshot */
         g->pc_job = NULL;
         g->holds_turn = 0;
@@ -81,6 +84,12 @@ void gen_stopped(gen *g) {
 void gen_free(gen *g) {
     if (!g) return;
     gen_release(g);
+    if (g->memo_hit) df_metrics_memo_hit(g->srv->metrics);
+    else if (g->dg) {
+        df_spec_stats ss;
+        df_gen_spec_stats(g->dg, &ss);
+        df_metrics_generation(g->srv->metrics, (long)g->n_prompt, (long)g->cached, g->n_gen, ss.drafted, ss.accepted);
+    }
     df_gen_free(g->dg);
     df_oai_request_free(&g->rq);
     free(g->prompt);
@@ -469,6 +478,10 @@ void gen_step(gen *g) {
     int rc = df_gen_step(g->dg, &t);
     g->t_fwd = df_gen_engine_seconds(g->dg);
     if (t.has_token) {
+        double now = df_now();
+        if (!g->n_gen) df_metrics_ttft(s->metrics, now - g->t_arrive);
+        else df_metrics_token_gap(s->metrics, now - g->t_tok);
+        g->t_tok = now;
         g->last = t.id;
         g->n_gen++;
         if (g->rq.logprobs) add_logprob(g, &t);

@@ -541,6 +541,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (!r) return;
     *con_cls = NULL;
     conn_state(s, conn_of(c), C_IDLE);
+    if (s->cfg.on_done) s->cfg.on_done(s->cfg.app, r->path, r->status, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
     if (!s->cfg.quiet) {
         const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)";
         fprintf(stderr, "deltafin serve: %s %s -> %d in %.1f ms%s\n", r->method, r->path, r->status,

@@ -70,6 +70,11 @@ typedef struct {
     int quiet;            /* 1: no per-request log line on stderr */
     df_http_handler handler;
     void *app;
+    /* NULL, or called once per request when the library is done with it (in
+     * the connection's thread): the path, the status answered (499: dropped
+     * without an answer), complete = 0 when the connection closed before the
+     * answer was sent in full. For counters (GET /metrics). */
+    void (*on_done)(void *app, const char *path, int status, int complete);
 } df_http_config;
 
 /* Binds and starts serving. Returns NULL and fills err on failure. */

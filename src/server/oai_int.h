@@ -16,6 +16,7 @@
 #ifndef DF_SERVER_OAI_INT_H
 #define DF_SERVER_OAI_INT_H
 
+#include "server/metrics.h"
 #include "server/openai.h"
 #include "server/toolcall.h"
 
@@ -102,6 +103,7 @@ struct df_oai_server {
 
     df_memo *memo;       /* NULL: --no-memo */
     struct df_pcache *pc; /* the prompt cache on disk (pcache.h); NULL: no --cache-dir */
+    df_metrics *metrics;  /* GET /metrics (metrics.h) */
 
     /* the chat format (toolcall.h): decided once from the template */
     const char *tpl_src; /* the chat template's text (NULL: none, or K3) */
@@ -159,6 +161,7 @@ struct gen {
     df_oai_request rq;
     char id[48];
     long long created;
+    double t_arrive, t_tok; /* df_now() at the request's arrival, at the last token chosen (metrics) */
     int32_t *prompt;
     size_t n_prompt, cached;
     long max_new;

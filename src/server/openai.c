@@ -361,6 +361,7 @@ gen *gen_new(df_oai_server *s, df_http_req *r, const df_proto *p) {
     g->lp = json_array();
     if (!g->lp) { free(g); return NULL; }
     g->created = (long long)time(NULL);
+    g->t_arrive = df_now();
     make_id(s, p->id_prefix, g->id, sizeof g->id);
     return g;
 }
@@ -460,6 +461,16 @@ void df_oai_handle(void *app, df_http_req *r) {
         } else {
             respond_json(r, 200, model_json(s));
         }
+    } else if (!strcmp(p, "/metrics")) {
+        if (!get) goto method;
+        pthread_mutex_lock(&s->turn.mu);
+        int waiting = s->turn.n_waiting, running = s->turn.running;
+        pthread_mutex_unlock(&s->turn.mu);
+        size_t n;
+        char *t = df_metrics_render(s->metrics, waiting, running, &n);
+        if (t) df_http_respond(r, 200, DF_METRICS_CONTENT_TYPE, t, n, NULL, NULL);
+        else df_http_respond_error(r, 503, "server_error", NULL, NULL, "Out of memory.");
+        free(t);
     } else if (!strcmp(p, "/v1/chat/completions")) {
         if (!post) goto method;
         complete(s, r, DF_OAI_CHAT);
@@ -502,11 +513,13 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
     s->quiet = o->quiet;
     s->spec = o->spec, s->spec_max = o->spec_max, s->draft = o->draft;
     s->created = (long long)time(NULL);
+    s->metrics = df_metrics_new(s->model_id);
     if (o->memo)
         s->memo = df_memo_new(o->memo_entries > 0 ? o->memo_entries : 256, o->memo_bytes > 0 ? o->memo_bytes : (size_t)64 << 20);
     s->s = df_session_new(e, s->ctx);
-    if (!s->s || !s->model_id || (o->memo && !s->memo)) {
+    if (!s->s || !s->model_id || !s->metrics || (o->memo && !s->memo)) {
         df_err(err, errlen, DF_ENOMEM, "cannot create a session of %d tokens: %s", s->ctx, df_engine_error(e));
+        df_metrics_free(s->metrics);
         df_session_free(s->s);
         df_memo_free(s->memo);
         free(s->model_id);
@@ -519,11 +532,15 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
         df_turn_destroy(&s->turn);
         df_session_free(s->s);
         df_memo_free(s->memo);
+        df_metrics_free(s->metrics);
         free(s->model_id);
         free(s);
         return NULL;
     }
     pthread_mutex_init(&s->pmu, NULL);
+    df_stats st;
+    df_stats_get(e, &st);
+    df_metrics_engine(s->metrics, &st);
     s->max_tok_bytes = gen_longest_token(s);
     s->tpl_src = df_chat_template_source(e, 0);
     s->tpl_src_tools = df_chat_template_source(e, 1);
@@ -535,11 +552,17 @@ df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size
 
 void df_oai_stop(df_oai_server *s) { df_turn_stop(&s->turn); }
 
+void df_oai_request_done(void *app, const char *path, int status, int complete) {
+    df_oai_server *s = app;
+    df_metrics_request(s->metrics, path, status, complete);
+}
+
 void df_oai_free(df_oai_server *s) {
     if (!s) return;
     df_pcache_close(s->pc); /* before the session: its writer uses it */
     df_memo_free(s->memo);
     df_session_free(s->s);
+    df_metrics_free(s->metrics);
     free(s->model_id);
     df_turn_destroy(&s->turn);
     pthread_mutex_destroy(&s->pmu);

@@ -119,6 +119,8 @@ typedef struct df_oai_server df_oai_server;
 df_oai_server *df_oai_new(df_engine *e, const df_oai_options *o, char *err, size_t errlen);
 /* The HTTP handler (app = the df_oai_server). */
 void df_oai_handle(void *app, df_http_req *req);
+/* The http layer's on_done (app = the df_oai_server): counts the request for GET /metrics. */
+void df_oai_request_done(void *app, const char *path, int status, int complete);
 /* Makes waiting requests and running generations stop soon (shutdown). */
 void df_oai_stop(df_oai_server *s);
 void df_oai_free(df_oai_server *s);
