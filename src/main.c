@@ -22,6 +22,8 @@ static const command commands[] = {
     {"serve", df_cmd_serve, "OpenAI-compatible HTTP server"},
     {"bench-disk", df_cmd_bench_disk, "measure a file's O_DIRECT read bandwidth (the disk floor)"},
     {"bench", df_cmd_bench, "measure this machine's floors (memory bandwidth, peak FLOP/s)"},
+    {"doctor", df_cmd_doctor, "read-only health report: build, CPU, backends, RAM/disk, model integrity (--deep, --json)"},
+    {"doctor", df_cmd_doctor, "read-only health report: build, CPU, backends, RAM/disk, model integrity (--deep, --json)"},
 };
 
 static void usage(FILE *f) {

@@ -18,6 +18,11 @@ int df_cmd_serve(int argc, char **argv);
 int df_cmd_bench(int argc, char **argv);
 int df_cmd_setup(int argc, char **argv);
 int df_cmd_bench_disk(int argc, char **argv);
+int df_cmd_doctor(int argc, char **argv);
+int df_cmd_upgrade(int argc, char **argv);
+/* The installed file, sha256 (hex) and size of a model `setup --model NAME`
+ * knows (setup.c's catalog); 0 if name is not one. */
+int df_setup_catalog(const char *name, const char **file, const char **sha256, int64_t *size);
 /* $DELTAFIN_HOME or ~/.cache/deltafin, into buf. */
 const char *df_home_dir(char *buf, size_t n);
 

@@ -58,6 +58,15 @@ const char *df_home_dir(char *buf, size_t n) {
     return buf;
 }
 
+int df_setup_catalog(const char *name, const char **file, const char **sha256, int64_t *size) {
+    for (size_t i = 0; i < sizeof catalog / sizeof *catalog; i++)
+        if (!strcmp(catalog[i].name, name)) {
+            *file = catalog[i].file, *sha256 = catalog[i].sha256, *size = catalog[i].size;
+            return 1;
+        }
+    return 0;
+}
+
 static int sha256_file(const char *path, char hex[65]) {
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
