@@ -23,7 +23,9 @@ static const command commands[] = {
     {"bench-disk", df_cmd_bench_disk, "measure a file's O_DIRECT read bandwidth (the disk floor)"},
     {"bench", df_cmd_bench, "measure this machine's floors (memory bandwidth, peak FLOP/s)"},
     {"doctor", df_cmd_doctor, "read-only health report: build, CPU, backends, RAM/disk, model integrity (--deep, --json)"},
+    {"upgrade", df_cmd_upgrade, "update the source checkout (fast-forward only), rebuild with the same profile, swap"},
     {"doctor", df_cmd_doctor, "read-only health report: build, CPU, backends, RAM/disk, model integrity (--deep, --json)"},
+    {"upgrade", df_cmd_upgrade, "update a source checkout (fast-forward only), rebuild with the same profile, self-test, swap"},
 };
 
 static void usage(FILE *f) {
