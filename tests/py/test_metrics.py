@@ -10,6 +10,7 @@ reported.
 import http.client
 import json
 import os
+import socket
 import sys
 import time
 
@@ -37,7 +38,8 @@ FAMILIES = [
 @pytest.fixture(scope="module")
 def msrv(tmp_path_factory):
     d = make_tiny_chat_model.build(str(tmp_path_factory.mktemp("tiny-chat-m")))
-    s = Server(d, str(tmp_path_factory.mktemp("log") / "metrics.log"), "--ctx", "512", "--no-memo")
+    s = Server(d, str(tmp_path_factory.mktemp("log") / "metrics.log"), "--ctx", "512", "--no-memo",
+               "--max-request-bytes", "64KiB")
     yield s
     s.stop()
 
@@ -200,5 +202,41 @@ def test_memo_hit_counted_not_as_generation(tmp_path_factory):
         assert req_count(f, "/v1/chat/completions", "ok") == 2
         assert value(f, "deltafin_generations", "deltafin_generations_total") == 1
         assert value(f, "deltafin_memo_hits", "deltafin_memo_hits_total") == 1
+    finally:
+        s.stop()
+
+
+def test_too_large_and_cancelled(msrv):
+    """A 413 from the http layer itself (before any handler) and a request whose client left before sending its
+    whole body (never answered: cancelled) are counted too."""
+    _, before = scrape(msrv)
+    c = msrv.conn()
+    st, _, _ = call(c, "POST", "/v1/completions", {"model": MODEL_ID, "prompt": "x" * (100 << 10)})
+    assert st == 413
+    c.close()
+    sk = socket.create_connection(("127.0.0.1", msrv.port), timeout=10)
+    sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: 1000\r\n\r\n{\"model\": ")
+    time.sleep(0.2)
+    sk.close()
+    want = {("/v1/completions", "payload_too_large"): 1, ("/v1/completions", "cancelled"): 1}
+    _, after = settle(msrv, lambda f: all(req_count(f, r, o) - req_count(before, r, o) == n for (r, o), n in want.items()))
+    for (route, outcome), n in want.items():
+        assert req_count(after, route, outcome) - req_count(before, route, outcome) == n, (route, outcome)
+    gens = "deltafin_generations_total"
+    assert value(after, "deltafin_generations", gens) == value(before, "deltafin_generations", gens)
+
+
+def test_label_escaping(tmp_path_factory):
+    """The served model id is a label value: a quote, a backslash and a newline are escaped so the parser reads
+    the id back exactly."""
+    d = make_tiny_chat_model.build(str(tmp_path_factory.mktemp("tiny-chat-esc")))
+    weird = 'we"ird\\id\nx'
+    s = Server(d, str(tmp_path_factory.mktemp("log") / "esc.log"), "--ctx", "64", "--served-model-name", weird)
+    try:
+        text, fams = scrape(s)
+        [sample] = fams["deltafin_build_info"].samples
+        assert sample.labels["model"] == weird, text
+        assert 'model="we\\"ird\\\\id\\nx"' in text
     finally:
         s.stop()
