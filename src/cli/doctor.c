@@ -294,7 +294,7 @@ static void check_store(doctor *d, const char *dir, const char *area, needs *nd)
         if (fd >= 0) close(fd);
     }
     nd->disk_bytes += ssize;
-    nd->ram_need += want_ssize;
+    nd->ram_need += ssize; /* the file's real size: the manifest's number is untrusted */
     /* the files experts live in */
     json_t *files = json_object_get(m, "files");
     nfiles = json_array_size(files);
@@ -331,14 +331,15 @@ static void check_store(doctor *d, const char *dir, const char *area, needs *nd)
                 if (n_bad++ < MAX_SAME) note(d, area, "fail", fix, "%s: experts[%zu].parts[%zu]: file, offset or length out of range", mp, i, k);
                 continue;
             }
-            eb += len;
             if (fsize[fi] < 0) continue; /* unreadable: said above */
             if (off > fsize[fi] || len > fsize[fi] - off) {
                 n_outside++;
                 if (!file_reported[fi]++)
-                    note(d, area, "fail", fix, "%s: layer %lld expert %lld: bytes [%lld, %lld) lie outside the file (%lld bytes): it is truncated",
-                         fpath[fi], l, e, off, off + len, (long long)fsize[fi]);
+                    note(d, area, "fail", fix, "%s: layer %lld expert %lld: bytes [%lld, +%lld) lie outside the file (%lld bytes): it is truncated",
+                         fpath[fi], l, e, off, len, (long long)fsize[fi]);
+                continue;
             }
+            if (eb <= INT64_MAX - len) eb += len; /* parts inside their files: bounded by the files' sizes */
         }
         if (eb > max_expert) max_expert = eb;
     }
@@ -347,14 +348,15 @@ static void check_store(doctor *d, const char *dir, const char *area, needs *nd)
     if (n_outside) note(d, area, "fail", fix, "%s: %d expert part(s) in all lie outside their files", mp, n_outside);
     json_t *cfg = json_object_get(m, "config");
     json_int_t topk = json_integer_value(json_object_get(cfg, "num_experts_per_tok"));
-    nd->ram_need += (topk > 0 ? topk : 8) * max_expert; /* one layer's chosen experts: the smallest expert cache */
+    if (topk <= 0 || topk > 1024) topk = 8;
+    if (max_expert <= (INT64_MAX - nd->ram_need) / topk) nd->ram_need += topk * max_expert; /* one layer's chosen experts: the smallest expert cache */
 
     if (d->deep) {
         /* every expert's xxh3, over its parts in order (as the expert cache checks it) */
         int n_mis = 0, n_checked = 0;
         XXH3_state_t *h = XXH3_createState();
-        uint8_t *buf = NULL;
-        size_t cap = 0;
+        enum { CHUNK = 1 << 20 };
+        uint8_t *buf = df_xmalloc(CHUNK);
         int *fds = df_xcalloc(nfiles + 1, sizeof *fds);
         for (size_t f = 0; f < nfiles; f++) fds[f] = fsize[f] >= 0 && fpath[f] ? open(fpath[f], O_RDONLY | O_CLOEXEC) : -1;
         json_array_foreach(ex, i, x) {
@@ -372,9 +374,12 @@ static void check_store(doctor *d, const char *dir, const char *area, needs *nd)
                 long long fi = json_integer_value(json_object_get(p, "file")), off = json_integer_value(json_object_get(p, "offset")),
                           len = json_integer_value(json_object_get(p, "length"));
                 if (fi < 0 || (size_t)fi >= nfiles || fds[fi] < 0 || off < 0 || len < 0 || off > fsize[fi] || len > fsize[fi] - off) { readable = 0; break; }
-                if ((size_t)len > cap) { cap = (size_t)len; buf = df_xrealloc(buf, cap); }
-                if (pread(fds[fi], buf, (size_t)len, off) != (ssize_t)len) { readable = 0; break; }
-                XXH3_64bits_update(h, buf, (size_t)len);
+                for (long long done = 0; readable && done < len;) { /* in chunks: a part may be large */
+                    size_t want = len - done < CHUNK ? (size_t)(len - done) : CHUNK;
+                    if (pread(fds[fi], buf, want, off + done) != (ssize_t)want) readable = 0;
+                    else XXH3_64bits_update(h, buf, want), done += (long long)want;
+                }
+                if (!readable) break;
             }
             if (!readable) continue; /* reported by the quick checks */
             n_checked++;

@@ -163,3 +163,34 @@ def test_usage(dfbin, tmp_path):
     assert p.returncode == 2
     p = subprocess.run([dfbin, "doctor", "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "--deep" in p.stdout
+
+
+@pytest.mark.parametrize("edit", ["huge_lengths", "wrong_types", "not_json", "incomplete"])
+def test_hostile_manifest_reported_not_crashing(dfbin, store, home, edit):
+    mp = store / "manifest.json"
+    man = json.loads(mp.read_text())
+    if edit == "huge_lengths":
+        man["experts"][0]["parts"][0]["length"] = 2**62
+        man["experts"][1]["parts"][0]["offset"] = 2**63 - 1
+        man["experts"][2]["parts"][0]["file"] = 99
+        man["config"]["num_experts_per_tok"] = 2**62
+        man["spine"]["size"] = -5
+        text = json.dumps(man)
+    elif edit == "wrong_types":
+        man["experts"][0] = "x"
+        man["experts"][1]["parts"] = {"a": 1}
+        man["files"][0] = 7
+        man["spine"]["tensors"] = [1, 2]
+        text = json.dumps(man)
+    elif edit == "not_json":
+        text = mp.read_text()[:200]
+    else:
+        man["complete"] = False
+        text = json.dumps(man)
+    mp.write_text(text)
+    for extra in ([], ["--deep"]):
+        p = doctor(dfbin, "--model", str(store), "--json", *extra, home=home)
+        assert p.returncode == 1, p.stdout + p.stderr
+        j = json.loads(p.stdout)
+        assert j["problems"] >= 1 and all(c["fix"] for c in j["checks"] if c["status"] == "fail")
+        assert "AddressSanitizer" not in p.stderr and "runtime error" not in p.stderr, p.stderr
