@@ -8,7 +8,7 @@ the clone's own binary is asked to upgrade itself:
   - a fast-forward rebuilds with the same profile (the new binary reports the new commit and -O0), swaps it in and
     keeps the previous one as deltafin.prev (byte-identical to the old binary);
   - a commit that does not compile leaves the binary as it was and the checkout back at its commit;
-  - no upstream: a clear refusal.
+  - no upstream, and an unreachable remote: clear refusals.
 Builds take a few minutes on a loaded machine.
 """
 import hashlib
@@ -142,6 +142,21 @@ def test_no_upstream_refused(repos):
         assert p.returncode == 1 and "no upstream" in p.stderr, p.stderr
     finally:
         sh("git", "checkout", "-q", "main", cwd=clone)
+
+
+def test_remote_unreachable_refused(repos):
+    """Offline (the remote is gone): a clear refusal from the fetch, nothing changed."""
+    r = repos
+    bare = r["clone"].parent / "remote.git"
+    away = r["clone"].parent / "remote-away.git"
+    before = sha(r["bin"])
+    bare.rename(away)
+    try:
+        p = upgrade(r)
+        assert p.returncode == 1 and "git fetch origin failed" in p.stderr and "offline" in p.stderr, p.stderr
+        assert sha(r["bin"]) == before
+    finally:
+        away.rename(bare)
 
 
 def test_usage(dfbin):
