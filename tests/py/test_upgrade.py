@@ -23,11 +23,16 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_NOSYSTEM": "1"}
-ENV.pop("DELTAFIN_BIN", None)
+# the suite may run under `make test` / `make asan`: nothing of the outer make (MAKEFLAGS carries its command-line
+# variables, O comes from run_all.sh) may reach the clone's build
+for k in ("DELTAFIN_BIN", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "O", "OPT", "SAN", "CUDA", "CC", "CFLAGS", "LDFLAGS",
+          "LDLIBS", "PROFILE_O"):
+    ENV.pop(k, None)
 
 
-def sh(*args, cwd=None, check=True, timeout=900):
-    p = subprocess.run(list(map(str, args)), cwd=cwd, capture_output=True, text=True, env=ENV, timeout=timeout)
+def sh(*args, cwd=None, check=True, timeout=900, env=None):
+    p = subprocess.run(list(map(str, args)), cwd=cwd, capture_output=True, text=True, env={**ENV, **(env or {})},
+                       timeout=timeout)
     if check and p.returncode:
         raise AssertionError(f"{args}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p
@@ -67,8 +72,8 @@ def repos(tmp_path_factory):
     return {"dev": dev, "clone": clone, "bin": clone / "build" / "deltafin", "A": a}
 
 
-def upgrade(r, *extra):
-    return sh(r["bin"], "upgrade", *extra, check=False, timeout=1800)
+def upgrade(r, *extra, env=None):
+    return sh(r["bin"], "upgrade", *extra, check=False, timeout=1800, env=env)
 
 
 def test_upgrade_flow(repos):
@@ -112,7 +117,8 @@ def test_upgrade_flow(repos):
     m.write_text(m.read_text().replace("run large mixture-of-experts models exactly", "UPGRADED-MARKER run large"))
     b = commit_all(dev, "B")
     sh("git", "push", "-q", "origin", "main", cwd=dev)
-    p = upgrade(r)
+    # build flags of the caller's environment (or an outer make's) do not leak into the recorded profile
+    p = upgrade(r, env={"CFLAGS": "-fno-such-flag-deltafin", "MAKEFLAGS": "-- OPT=-fno-such-flag-deltafin"})
     assert p.returncode == 0, p.stdout + p.stderr
     assert "upgraded" in p.stdout
     assert "UPGRADED-MARKER" in sh(binp, "--help").stdout
