@@ -21,7 +21,8 @@
 static const char *usage =
     "usage: deltafin serve --model M [options]\n"
     "OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions,\n"
-    "GET /v1/models, GET /health. One generation at a time; see docs/SERVER.md.\n"
+    "GET /v1/models, GET /health, GET /metrics (Prometheus text format). One generation at a time;\n"
+    "see docs/SERVER.md.\n"
     "  --host ADDR               address to listen on (default 127.0.0.1: this machine only)\n"
     "  --port N                  TCP port (default 8000; 0 picks a free one, printed at start)\n"
     "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/* (default: $DELTAFIN_API_KEY if set)\n"
