@@ -730,6 +730,19 @@ static json_t *summarize(bench_t *b, json_t *runs_by_arm) {
 
 /* ---- plots ---------------------------------------------------------------- */
 
+/* Writes DIR/NAME.svg and DIR/NAME.png of one drawing, listing both in plots. */
+static int emit_plot(bench_t *b, const char *svg_file, const df_plot *p, const df_plot_series *s, int ns, json_t *plots, char *err, size_t errlen) {
+    char path[4200], png_file[256];
+    snprintf(path, sizeof path, "%s/%s", b->out, svg_file);
+    if (df_plot_svg(path, p, s, ns, err, errlen)) return -1;
+    json_array_append_new(plots, json_string(svg_file));
+    snprintf(png_file, sizeof png_file, "%.*s.png", (int)(strlen(svg_file) - 4), svg_file);
+    snprintf(path, sizeof path, "%s/%s", b->out, png_file);
+    if (df_plot_png(path, p, s, ns, err, errlen)) return -1;
+    json_array_append_new(plots, json_string(png_file));
+    return 0;
+}
+
 static int plot_runs(bench_t *b, json_t *runs_by_arm, const metric_t *m, const char *file, json_t *plots, char *err, size_t errlen) {
     df_plot_series s[MAX_ARMS + 1];
     double xs[MAX_ARMS][64], ys[MAX_ARMS][64], fx[2], fy[2];
@@ -756,13 +769,10 @@ static int plot_runs(bench_t *b, json_t *runs_by_arm, const metric_t *m, const c
         fx[0] = 1, fx[1] = (double)b->reps, fy[0] = fy[1] = floor_v;
         s[ns++] = (df_plot_series){"floor", 2, fx, fy, 1, 0};
     }
-    char title[256], path[4200];
+    char title[256];
     snprintf(title, sizeof title, "%s: %s per run (arms interleaved)", wl_name[b->wl], m->label);
-    snprintf(path, sizeof path, "%s/%s", b->out, file);
     df_plot p = {title, "run (rep)", m->label, 1, 1};
-    if (df_plot_svg(path, &p, s, ns, err, errlen)) return -1;
-    json_array_append_new(plots, json_string(file));
-    return 0;
+    return emit_plot(b, file, &p, s, ns, plots, err, errlen);
 }
 
 /* The run whose primary metric is an arm's median (the one its over-the-run plots show). */
@@ -808,16 +818,13 @@ static int plot_over_run(bench_t *b, json_t *runs_by_arm, int what, json_t *plot
         }
         s[k] = (df_plot_series){b->arms[k].name, m, x, y, 0, 0};
     }
-    char title[256], path[4200];
+    char title[256];
     snprintf(title, sizeof title, "%s: %s over the run (median run of each arm)", wl_name[b->wl],
              what == OVER_TOK_S ? "tokens/s" : what == OVER_HIT ? "hit rate" : "bytes read per token");
-    snprintf(path, sizeof path, "%s/%s", b->out, files[what]);
     df_plot p = {title, "generated token", ylab[what], 1, 1};
-    int rc = df_plot_svg(path, &p, s, b->narms, err, errlen);
+    int rc = emit_plot(b, files[what], &p, s, b->narms, plots, err, errlen);
     for (int i = 0; i < 2 * b->narms; i++) free(bufs[i]);
-    if (rc) return -1;
-    json_array_append_new(plots, json_string(files[what]));
-    return 0;
+    return rc;
 }
 
 /* CDF of a latency pooled over an arm's runs (server). */
@@ -828,23 +835,21 @@ static int plot_cdf(bench_t *b, json_t *runs_by_arm, const char *key, const char
         json_t *runs = json_object_get(runs_by_arm, b->arms[k].name), *r, *v;
         size_t i, j, n = 0;
         json_array_foreach(runs, i, r) n += json_array_size(json_object_get(r, key));
-        double *x = bufs[2 * k] = df_xcalloc(n + 1, sizeof *x), *y = bufs[2 * k + 1] = df_xcalloc(n + 1, sizeof *y);
+        double *x = bufs[2 * k] = df_xcalloc(n + 2, sizeof *x), *y = bufs[2 * k + 1] = df_xcalloc(n + 2, sizeof *y);
         size_t m = 0;
-        json_array_foreach(runs, i, r) json_array_foreach(json_object_get(r, key), j, v) x[m++] = json_number_value(v) * 1e3;
-        qsort(x, m, sizeof *x, cmp_d);
-        for (size_t q = 0; q < m; q++) y[q] = (double)(q + 1) / (double)m;
-        s[k] = (df_plot_series){b->arms[k].name, (int)m, x, y, 0, 1};
+        json_array_foreach(runs, i, r) json_array_foreach(json_object_get(r, key), j, v) x[1 + m++] = json_number_value(v) * 1e3;
+        qsort(x + 1, m, sizeof *x, cmp_d);
+        x[0] = x[1], y[0] = 0; /* the step up from 0 at the smallest sample */
+        for (size_t q = 0; q < m; q++) y[q + 1] = (double)(q + 1) / (double)m;
+        s[k] = (df_plot_series){b->arms[k].name, m ? (int)m + 1 : 0, x, y, 0, 1};
     }
-    char title[256], path[4200], xl[128];
+    char title[256], xl[128];
     snprintf(title, sizeof title, "server: %s distribution (%ld clients, all runs)", what, b->clients);
     snprintf(xl, sizeof xl, "%s (ms)", what);
-    snprintf(path, sizeof path, "%s/%s", b->out, file);
     df_plot p = {title, xl, "fraction of samples <= x (CDF)", 1, 0};
-    int rc = df_plot_svg(path, &p, s, b->narms, err, errlen);
+    int rc = emit_plot(b, file, &p, s, b->narms, plots, err, errlen);
     for (int i = 0; i < 2 * b->narms; i++) free(bufs[i]);
-    if (rc) return -1;
-    json_array_append_new(plots, json_string(file));
-    return 0;
+    return rc;
 }
 
 /* ---- results.md ------------------------------------------------------------ */

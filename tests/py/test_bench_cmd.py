@@ -30,6 +30,20 @@ def bench(dfbin, *args, timeout=300):
     return subprocess.run([dfbin, "bench", *args], capture_output=True, text=True, timeout=timeout)
 
 
+def png_size(path):
+    """(width, height) of a PNG, after checking its signature and that it ends with IEND."""
+    b = pathlib.Path(path).read_bytes()
+    assert b[:8] == b"\x89PNG\r\n\x1a\n" and b[12:16] == b"IHDR" and b[-8:-4] == b"IEND"
+    return int.from_bytes(b[16:20], "big"), int.from_bytes(b[20:24], "big")
+
+
+def svgs(plots):
+    """The SVG plots of a results.json 'plots' list; every one has its PNG beside it."""
+    s = {p for p in plots if p.endswith(".svg")}
+    assert {p[:-4] + ".png" for p in s} == {p for p in plots if p.endswith(".png")}
+    return s
+
+
 def series_names(svg_path):
     """The data-name of every <g class="series"> of an SVG (parsed as XML)."""
     root = ET.parse(svg_path).getroot()
@@ -96,8 +110,9 @@ def test_decode_two_arms(dfbin, tmp_path):
     assert "ratio_to_first" in r["summary"]["B"]["decode_tok_s"]
     md = (out / "results.md").read_text()
     assert "| decode tok/s | A | 3 |" in md and "PASSED" in md and "% of floor" in md
-    assert set(r["plots"]) == {"runs.svg", "over_run_tok_s.svg"}
+    assert svgs(r["plots"]) == {"runs.svg", "over_run_tok_s.svg"}
     assert series_names(out / "runs.svg")[:2] == ["A", "B"]
+    assert png_size(out / "runs.png") == (1520, 880) and png_size(out / "over_run_tok_s.png") == (1520, 880)
     assert series_names(out / "over_run_tok_s.svg") == ["A", "B"]
 
 
@@ -152,7 +167,7 @@ def test_prefill(dfbin, tmp_path):
 def test_stream(dfbin, tmp_path):
     out = tmp_path / "out"
     p = bench(dfbin, "stream", "--arm", f"A={dfbin}", "--arm", f"B={dfbin}:--prefetch never", "--reps", "2",
-              "--model", MOE, "--max-new", "16", "--expert-cache", "64K", "--floor-mem", "16M", "--out", str(out))
+              "--model", MOE, "--max-new", "16", "--expert-cache", "256K", "--floor-mem", "16M", "--out", str(out))
     assert p.returncode == 0, p.stderr
     r = json.loads((out / "results.json").read_text())
     assert "posix_fadvise" in r["page_cache"] and r["model_bytes"] > 0 and "disk_note" in r["floors"]
@@ -160,7 +175,8 @@ def test_stream(dfbin, tmp_path):
         for x in r["runs"][arm]:
             assert x["streaming"] is True and x["files_evicted"] >= 1
             assert "--expert-cache" in x["argv"] and x["decode_mb_per_token"] > 0
-    assert {"over_run_hit_rate.svg", "over_run_mb_per_token.svg"} <= set(r["plots"])
+            assert 0 < x["hit_rate"] < 1  # a cache smaller than the experts: some hits, some reads
+    assert {"over_run_hit_rate.svg", "over_run_mb_per_token.svg"} <= svgs(r["plots"])
     assert series_names(out / "over_run_hit_rate.svg") == ["A", "B"]
     assert "disk floor" in (out / "results.md").read_text()
 
@@ -178,7 +194,8 @@ def test_server_two_clients(dfbin, chat_model, tmp_path):
         assert x["ok"] and x["id_check"] == "equal" and x["serve_exit"] == 0
         assert x["clients"] == 2 and x["requests"] == 4 and len(x["texts"]) == 4 and len(x["ttft_s_all"]) == 4
         assert all(t for t in x["texts"]) and x["ttft_p50_ms"] > 0 and len(x["itl_s_all"]) > 0
-    assert set(r["plots"]) == {"runs.svg", "latency_ttft.svg", "latency_itl.svg"}
+    assert svgs(r["plots"]) == {"runs.svg", "latency_ttft.svg", "latency_itl.svg"}
+    assert png_size(out / "latency_itl.png") == (1520, 880)
     assert series_names(out / "latency_ttft.svg") == ["A", "B"]
     assert series_names(out / "latency_itl.svg") == ["A", "B"]
 
