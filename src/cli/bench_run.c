@@ -1102,13 +1102,13 @@ int df_bench_workload(int argc, char **argv) {
         off_t bs = 0;
         largest_file(b->model, big, sizeof big, &bs, 0);
         b->disk_gbs = 0;
-        if (!big[0]) snprintf(b->disk_note, sizeof b->disk_note, "not measured: no file under %s", b->model);
+        if (!big[0]) snprintf(b->disk_note, sizeof b->disk_note, "not measured: no file under %.900s", b->model);
         else if (b->no_floors) snprintf(b->disk_note, sizeof b->disk_note, "not measured (--no-floors)");
         else {
             evict_files(big, 0);
             if (df_disk_read_bw(big, 8, (size_t)4 << 20, b->floor_disk, &b->disk_gbs, err, sizeof err))
-                snprintf(b->disk_note, sizeof b->disk_note, "not measured: %s", err), b->disk_gbs = 0;
-            else snprintf(b->disk_note, sizeof b->disk_note, "%.3f GB/s O_DIRECT (io_uring, 4 MiB reads at queue depth 8) on %s", b->disk_gbs, big);
+                snprintf(b->disk_note, sizeof b->disk_note, "not measured: %.900s", err), b->disk_gbs = 0;
+            else snprintf(b->disk_note, sizeof b->disk_note, "%.3f GB/s O_DIRECT (io_uring, 4 MiB reads at queue depth 8) on %.900s", b->disk_gbs, big);
         }
         snprintf(b->cache_note, sizeof b->cache_note, "the model's files evicted with posix_fadvise(DONTNEED) before every run "
                  "(clean pages only, no root needed; /proc/sys/vm/drop_caches is not used: it would drop every user's cache)");
