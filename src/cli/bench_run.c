@@ -156,15 +156,22 @@ static int parse_arm(bench_t *b, const char *s, char *err, size_t errlen) {
         if (!strcmp(b->arms[k].name, a->name)) return df_err(err, errlen, DF_EINPUT, "--arm: the name '%s' is given twice", a->name);
     const char *colon = strchr(eq + 1, ':');
     a->bin = colon ? strndup(eq + 1, (size_t)(colon - eq - 1)) : strdup(eq + 1);
-    if (!a->bin[0]) return df_err(err, errlen, DF_EINPUT, "--arm '%s': BINARY is empty", s);
-    if (access(a->bin, X_OK)) return df_err(err, errlen, DF_EINPUT, "--arm %s: BINARY '%s' is not an executable file", a->name, a->bin);
-    if (colon) {
+    int rc = 0;
+    if (!a->bin[0]) rc = df_err(err, errlen, DF_EINPUT, "--arm '%s': BINARY is empty", s);
+    else if (access(a->bin, X_OK)) rc = df_err(err, errlen, DF_EINPUT, "--arm %s: BINARY '%s' is not an executable file", a->name, a->bin);
+    else if (colon) {
         char *o = strdup(colon + 1), *save = NULL;
-        for (char *t = strtok_r(o, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
-            if (a->nopts >= MAX_OPTS) { free(o); return df_err(err, errlen, DF_EINPUT, "--arm %s: at most %d options", a->name, MAX_OPTS); }
-            a->opts[a->nopts++] = strdup(t);
+        for (char *t = strtok_r(o, " \t", &save); t && !rc; t = strtok_r(NULL, " \t", &save)) {
+            if (a->nopts >= MAX_OPTS) rc = df_err(err, errlen, DF_EINPUT, "--arm %s: at most %d options", a->name, MAX_OPTS);
+            else a->opts[a->nopts++] = strdup(t);
         }
         free(o);
+    }
+    if (rc) { /* the arm is not kept: free what it holds */
+        free(a->bin);
+        for (int q = 0; q < a->nopts; q++) free(a->opts[q]);
+        memset(a, 0, sizeof *a);
+        return rc;
     }
     b->narms++;
     return 0;
