@@ -1180,9 +1180,16 @@ int df_bench_workload(int argc, char **argv) {
     git_commit(b->rundir, commit, sizeof commit);
     df_buf cl = {0};
     json_t *cmd = json_array();
-    for (int i = 0; i < argc; i++) {
+    for (int i = 0; i < argc; i++) { /* command_line: shell-quoted where a word needs it, to paste and rerun */
         json_array_append_new(cmd, json_string(argv[i]));
-        df_buf_printf(&cl, "%s%s", i ? " " : "deltafin ", argv[i]);
+        df_buf_puts(&cl, i ? " " : "deltafin ");
+        if (argv[i][0] && !argv[i][strspn(argv[i], "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%")]) {
+            df_buf_puts(&cl, argv[i]);
+            continue;
+        }
+        df_buf_put(&cl, "'", 1);
+        for (const char *c = argv[i]; *c; c++) df_buf_puts(&cl, *c == '\'' ? "'\\''" : (char[2]){*c, 0});
+        df_buf_put(&cl, "'", 1);
     }
     json_object_set_new(res, "workload", json_string(wl_name[b->wl]));
     json_object_set_new(res, "status", json_string(failed ? "FAILED" : "PASSED"));

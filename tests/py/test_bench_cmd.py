@@ -95,6 +95,7 @@ def test_decode_two_arms(dfbin, tmp_path):
         assert k in r, k
     assert r["workload"] == "decode" and r["status"] == "PASSED" and r["failures"] == []
     assert [a["name"] for a in r["arms"]] == ["A", "B"] and r["arms"][1]["options"] == ["--threads", "1"]
+    assert r["command"][:2] == ["bench", "decode"] and f"'B={dfbin}:--threads 1'" in r["command_line"]  # quoted to paste
     assert r["floors"]["mem_read_gbs"] > 0 and r["floors"]["peak_fma_gflops"] > 0
     # interleaved, the order rotated per rep
     assert [(o["arm"], o["rep"]) for o in r["order"]] == [("A", 0), ("B", 0), ("B", 1), ("A", 1), ("A", 2), ("B", 2)]
