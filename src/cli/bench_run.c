@@ -888,7 +888,14 @@ static int write_md(bench_t *b, json_t *res, const char *path, FILE *also) {
                     b->fl.mem_read_gbs, b->fl.threads, b->fl.mem_method, b->fl.mem_read_gbs_1t, b->fl.peak_fma_gflops, b->fl.isa);
         else if (b->wl == W_SERVER || b->wl == W_TOKENIZER) fprintf(o, "- floors: none applies (%s are shown as measured)\n", b->wl == W_SERVER ? "latencies" : "tokenizer MB/s");
         else fprintf(o, "- floors: not measured (--no-floors)\n");
-        if (b->wl == W_STREAM) fprintf(o, "- disk floor: %s\n- page cache: %s\n", b->disk_note, b->cache_note);
+        if (b->wl == W_STREAM) {
+            fprintf(o, "- disk floor: %s\n- page cache: %s\n", b->disk_note, b->cache_note);
+            double mb = jnum(res, "model_bytes"), cb = NAN;
+            json_t *r0 = json_array_get(json_object_get(json_object_get(res, "runs"), b->arms[0].name), 0);
+            if (r0) cb = jnum(r0, "expert_cache_bytes");
+            fprintf(o, "- model files %.1f MB, expert cache %.1f MB%s\n", mb / 1e6, cb / 1e6,
+                    isfinite(cb) && cb >= mb ? " (NOT over the cache: every expert fits; give a smaller --expert-cache)" : "");
+        }
         if (b->wl == W_SERVER) fprintf(o, "- %ld clients x %ld streamed completions each, %ld tokens at most, per run\n", b->clients, b->requests, b->max_new);
         if (b->wl == W_SERVER || b->wl == W_TOKENIZER) fprintf(o, "- %ld reps per arm, order rotated per rep\n\n", b->reps);
         else if (b->wl == W_PREFILL) fprintf(o, "- %ld reps per arm, order rotated per rep; floor of prefill tokens/s: the FMA peak over 2 x active parameters\n\n", b->reps);

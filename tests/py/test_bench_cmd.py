@@ -179,7 +179,8 @@ def test_stream(dfbin, tmp_path):
             assert 0 < x["hit_rate"] < 1  # a cache smaller than the experts: some hits, some reads
     assert {"over_run_hit_rate.svg", "over_run_mb_per_token.svg"} <= svgs(r["plots"])
     assert series_names(out / "over_run_hit_rate.svg") == ["A", "B"]
-    assert "disk floor" in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "disk floor" in md and "- model files " in md and "NOT over the cache" not in md
 
 
 # ---- server, tokenizer ---------------------------------------------------------------
