@@ -16,7 +16,7 @@ O        ?= build
 CC       ?= cc
 OPT      ?= -O2
 SAN      ?=
-PKGS      = jansson libpcre2-8 libmicrohttpd liburing libxxhash libcrypto libcurl
+PKGS      = jansson libpcre2-8 libmicrohttpd liburing libxxhash libcrypto libcurl libpng
 CFLAGS   += -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter \
             -Iinclude -Isrc -pthread $(SAN) $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -pthread

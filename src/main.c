@@ -21,9 +21,7 @@ static const command commands[] = {
     {"chat-template", df_cmd_chat_template, "render a chat with the model's own template"},
     {"serve", df_cmd_serve, "OpenAI-compatible HTTP server"},
     {"bench-disk", df_cmd_bench_disk, "measure a file's O_DIRECT read bandwidth (the disk floor)"},
-    {"bench", df_cmd_bench, "measure this machine's floors (memory bandwidth, peak FLOP/s)"},
-    {"doctor", df_cmd_doctor, "read-only health report: build, CPU, backends, RAM/disk, model integrity (--deep, --json)"},
-    {"upgrade", df_cmd_upgrade, "update the source checkout (fast-forward only), rebuild with the same profile, swap"},
+    {"bench", df_cmd_bench, "workloads (decode, prefill, stream, server, tokenizer) A/B against floors; the floors"},
     {"doctor", df_cmd_doctor, "read-only health report: build, CPU, backends, RAM/disk, model integrity (--deep, --json)"},
     {"upgrade", df_cmd_upgrade, "update a source checkout (fast-forward only), rebuild with the same profile, self-test, swap"},
 };

@@ -3,7 +3,7 @@
 # Python packages (tests and reference tooling only; the binary never needs Python).
 set -euo pipefail
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-APT_PKGS="build-essential clang pkg-config libjansson-dev libpcre2-dev libmicrohttpd-dev liburing-dev libxxhash-dev libssl-dev libcurl4-openssl-dev python3-pip"
+APT_PKGS="build-essential clang pkg-config libjansson-dev libpcre2-dev libmicrohttpd-dev liburing-dev libxxhash-dev libssl-dev libcurl4-openssl-dev libpng-dev python3-pip"
 missing=""
 for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

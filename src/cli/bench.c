@@ -15,6 +15,7 @@
  * Prints one JSON object. */
 #include "backend/cpu/cpu.h"
 #include "cli/args.h"
+#include "cli/bench.h"
 #include "cli/cli.h"
 #include "util/util.h"
 
@@ -217,11 +218,41 @@ static int first_touch(int argc, char **argv) {
     return 0;
 }
 
+void df_bench_floors(size_t buf_bytes, long fma_iters, df_floors *out) {
+    int nth = df_pool_size();
+    size_t n = buf_bytes / 4 / 1024 * 1024; /* floats */
+    if (n < 1024) n = 1024;
+    float *buf = NULL;
+    if (posix_memalign((void **)&buf, (size_t)2 << 20, n * 4)) buf = df_aligned_alloc(n * 4);
+    madvise(buf, n * 4, MADV_HUGEPAGE); /* as the engine's resident spine (no-op where THP is off) */
+    for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023);
+    int m1 = 0, mn = 0;
+    double bw1 = measure_bw(buf, n, 1, &m1), bwn = measure_bw(buf, n, nth, &mn);
+    free(buf);
+    double gflops = 0;
+    int lanes = df_isa() == DF_ISA_AVX512 ? 16 : 8;
+    for (int rep = 0; rep < 3; rep++) {
+        fma_ctx fc = {df_xcalloc((size_t)nth, sizeof(double)), fma_iters};
+        double t0 = df_now();
+        df_pool_run(fma_task, &fc);
+        free(fc.out);
+        double dt = df_now() - t0, g = (double)fc.iters * 12 * lanes * 2 * nth / dt / 1e9;
+        if (g > gflops) gflops = g;
+    }
+    *out = (df_floors){nth, df_isa_name(df_isa()), bw1, bwn, method_name[m1], method_name[mn], gflops};
+}
+
 int df_cmd_bench(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "first-touch")) return first_touch(argc, argv);
+    static const char *workloads[] = {"decode", "prefill", "stream", "server", "tokenizer"};
+    for (size_t w = 0; argc >= 2 && w < sizeof workloads / sizeof *workloads; w++)
+        if (!strcmp(argv[1], workloads[w])) return df_bench_workload(argc, argv);
     if (argc < 2 || strcmp(argv[1], "floors")) {
         fprintf(argc >= 2 && !strcmp(argv[1], "--help") ? stdout : stderr,
-                "usage: deltafin bench floors [--threads N]\n"
+                "usage: deltafin bench (decode | prefill | stream | server | tokenizer) --arm NAME=BINARY[:OPTIONS] ... [options]\n"
+                "  Named workloads, two or more arms run interleaved, output gated on the ids, results as JSON,\n"
+                "  markdown and SVG plots (deltafin bench decode --help for the options).\n"
+                "       deltafin bench floors [--threads N]\n"
                 "  Measures this machine's floors: memory read GB/s (1 thread, all threads) and peak f32 FMA GFLOP/s.\n"
                 "       deltafin bench first-touch [--size 2G] [--threads 8]\n"
                 "  GB/s at which never-touched memory is faulted in (run after dropping page caches).\n");
@@ -242,27 +273,10 @@ int df_cmd_bench(int argc, char **argv) {
         }
     }
     df_pool_init(threads);
-    int nth = df_pool_size();
-    size_t n = (size_t)1 << 28; /* 1 GiB of floats */
-    float *buf = NULL;
-    if (posix_memalign((void **)&buf, (size_t)2 << 20, n * 4)) buf = df_aligned_alloc(n * 4);
-    madvise(buf, n * 4, MADV_HUGEPAGE); /* as the engine's resident spine (no-op where THP is off) */
-    for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023);
-    int m1 = 0, mn = 0;
-    double bw1 = measure_bw(buf, n, 1, &m1), bwn = measure_bw(buf, n, nth, &mn);
-    free(buf);
-    double gflops = 0;
-    int lanes = df_isa() == DF_ISA_AVX512 ? 16 : 8;
-    for (int rep = 0; rep < 3; rep++) {
-        fma_ctx fc = {df_xcalloc((size_t)nth, sizeof(double)), 20000000};
-        double t0 = df_now();
-        df_pool_run(fma_task, &fc);
-        free(fc.out);
-        double dt = df_now() - t0, g = (double)fc.iters * 12 * lanes * 2 * nth / dt / 1e9;
-        if (g > gflops) gflops = g;
-    }
+    df_floors fl;
+    df_bench_floors((size_t)1 << 30, 20000000, &fl);
     printf("{\"threads\": %d, \"isa\": \"%s\", \"mem_read_gbs_1t\": %.2f, \"mem_read_gbs\": %.2f, "
            "\"mem_method_1t\": \"%s\", \"mem_method\": \"%s\", \"peak_fma_gflops\": %.1f}\n",
-           nth, df_isa_name(df_isa()), bw1, bwn, method_name[m1], method_name[mn], gflops);
+           fl.threads, fl.isa, fl.mem_read_gbs_1t, fl.mem_read_gbs, fl.mem_method_1t, fl.mem_method, fl.peak_fma_gflops);
     return 0;
 }

@@ -31,6 +31,8 @@ static const char *usage =
     "  --grammar FILE      constrained decoding: the output matches the grammar in FILE (docs/GRAMMAR.md), rule 'root'\n"
     "  --ctx N             context length of the session (default: min(model, 4096))\n"
     "  --stats             print prefill/decode tokens/s, weight GB/s and the time split to stderr\n"
+    "  --stats-json FILE   the same numbers as one JSON object in FILE, with the generated ids and per-token series\n"
+    "                      (time, expert-cache hits, reads and bytes read after each token; what `deltafin bench` reads)\n"
     "  --threads N --ram SIZE --expert-cache SIZE   budget; --expert-cache streams routed experts from disk (0 = minimum)\n"
     "  --trace FILE        JSONL: per token and MoE layer, the experts chosen and how each was served\n"
     "  --prefetch MODE     router-lookahead prefetch of streamed experts: auto (default: only while at least half of\n"
@@ -125,6 +127,88 @@ static void print_stats(df_engine *e) {
     }
 }
 
+/* Per-token series of --stats-json: after each generated token, the time
+ * since the generation loop began and the cumulative expert-cache counters.
+ * Sized once for max_new tokens before the loop (no allocation per token). */
+typedef struct {
+    long n, cap;
+    int32_t *ids;                 /* [cap] generated ids */
+    double *t;                    /* [cap] seconds since the loop began */
+    int64_t *hits, *reqs, *bytes; /* [cap] cumulative hits (incl. prefetch hits), lookups, bytes read */
+} tok_series;
+
+static void series_push(tok_series *ts, df_engine *e, int32_t id, double t) {
+    if (ts->n >= ts->cap) return;
+    df_stats st;
+    df_stats_get(e, &st);
+    ts->ids[ts->n] = id;
+    ts->t[ts->n] = t;
+    ts->hits[ts->n] = st.expert_hits + st.expert_prefetch_hits;
+    ts->reqs[ts->n] = st.expert_hits + st.expert_prefetch_hits + st.expert_misses;
+    ts->bytes[ts->n] = st.bytes_read;
+    ts->n++;
+}
+
+static json_t *jarr_d(const double *v, long n) {
+    json_t *a = json_array();
+    for (long i = 0; i < n; i++) json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+static json_t *jarr_i(const int64_t *v, long n) {
+    json_t *a = json_array();
+    for (long i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
+
+/* Writes the --stats-json object to path; 0 or DF_EIO with err filled. */
+static int write_stats_json(const char *path, df_engine *e, const tok_series *ts, double ttft, double wall, char *err, size_t errlen) {
+    df_stats st;
+    df_stats_get(e, &st);
+    df_model_info mi;
+    df_engine_info(e, &mi);
+    int64_t req = st.expert_hits + st.expert_prefetch_hits + st.expert_misses;
+    json_t *o = json_object(), *ids = json_array();
+    for (long i = 0; i < ts->n; i++) json_array_append_new(ids, json_integer(ts->ids[i]));
+    json_object_set_new(o, "prefill_tokens", json_integer(st.prefill_tokens));
+    json_object_set_new(o, "prefill_seconds", json_real(st.prefill_seconds));
+    json_object_set_new(o, "prefill_tok_s", json_real(st.prefill_seconds > 0 ? st.prefill_tokens / st.prefill_seconds : 0));
+    json_object_set_new(o, "decode_tokens", json_integer(st.decode_tokens));
+    json_object_set_new(o, "decode_seconds", json_real(st.decode_seconds));
+    json_object_set_new(o, "decode_tok_s", json_real(st.decode_seconds > 0 ? st.decode_tokens / st.decode_seconds : 0));
+    json_object_set_new(o, "weight_bytes_touched", json_integer(st.weight_bytes_touched));
+    json_object_set_new(o, "weight_gbs", json_real(st.decode_seconds > 0 ? st.weight_bytes_touched / st.decode_seconds / 1e9 : 0));
+    json_object_set_new(o, "ttft_s", json_real(ttft));
+    json_object_set_new(o, "wall_s", json_real(wall));
+    json_object_set_new(o, "peak_rss_bytes", json_integer(st.peak_rss_bytes));
+    json_object_set_new(o, "backend", json_string(mi.backend ? mi.backend : "?"));
+    json_object_set_new(o, "threads", json_integer(mi.backend_threads));
+    json_object_set_new(o, "n_params_active", json_integer(mi.n_params_active));
+    json_object_set_new(o, "weight_bytes", json_integer(mi.weight_bytes));
+    json_object_set_new(o, "weight_bytes_active", json_integer(mi.weight_bytes_active));
+    json_object_set_new(o, "streaming", json_boolean(st.streaming));
+    json_object_set_new(o, "expert_hits", json_integer(st.expert_hits));
+    json_object_set_new(o, "expert_prefetch_hits", json_integer(st.expert_prefetch_hits));
+    json_object_set_new(o, "expert_misses", json_integer(st.expert_misses));
+    json_object_set_new(o, "hit_rate", json_real(req ? (double)(st.expert_hits + st.expert_prefetch_hits) / req : 0));
+    json_object_set_new(o, "bytes_read", json_integer(st.bytes_read));
+    json_object_set_new(o, "read_gbs", json_real(st.prefill_seconds + st.decode_seconds > 0 ? st.bytes_read / (st.prefill_seconds + st.decode_seconds) / 1e9 : 0));
+    json_object_set_new(o, "io_wait_seconds", json_real(st.io_wait_seconds));
+    json_object_set_new(o, "decode_bytes_read", json_integer(st.decode_bytes_read));
+    json_object_set_new(o, "decode_bytes_per_token", json_real(st.decode_tokens ? (double)st.decode_bytes_read / st.decode_tokens : 0));
+    json_object_set_new(o, "expert_cache_bytes", json_integer(st.expert_cache_bytes));
+    json_object_set_new(o, "ids", ids);
+    json_t *se = json_object();
+    json_object_set_new(se, "t", jarr_d(ts->t, ts->n));
+    json_object_set_new(se, "hits", jarr_i(ts->hits, ts->n));
+    json_object_set_new(se, "lookups", jarr_i(ts->reqs, ts->n));
+    json_object_set_new(se, "bytes_read", jarr_i(ts->bytes, ts->n));
+    json_object_set_new(o, "series", se);
+    int rc = json_dump_file(o, path, JSON_COMPACT);
+    json_decref(o);
+    if (rc) return df_err(err, errlen, DF_EIO, "--stats-json %s: cannot write it: %s", path, strerror(errno));
+    return 0;
+}
+
 /* The engine opens the --trace file and writes it without looking at write
  * errors (src/core/engine.c, src/store/ecache.c), so `--trace /dev/full`
  * or a full or read-only disk went unnoticed. Until it checks, the CLI
@@ -153,6 +237,8 @@ int df_cmd_run(int argc, char **argv) {
     df_sampling sp;
     df_sampling_default(&sp);
     const char *model = NULL, *prompt = NULL, *ids_s = NULL, *system = NULL, *opt, *schema_f = NULL, *grammar_f = NULL;
+    const char *stats_json = NULL;
+    tok_series ts = {0};
     long max_new = 256, ctx = 0, v;
     double f;
     int chat = 0, stats = 0, print_ids = 0, ignore_eos = 0;
@@ -167,6 +253,7 @@ int df_cmd_run(int argc, char **argv) {
         else if (df_args_opt(&a, opt, "--system", 1)) system = a.val;
         else if (df_args_opt(&a, opt, "--chat", 0)) chat = 1;
         else if (df_args_opt(&a, opt, "--stats", 0)) stats = 1;
+        else if (df_args_opt(&a, opt, "--stats-json", 1)) stats_json = a.val;
         else if (df_args_opt(&a, opt, "--print-ids", 0)) print_ids = 1;
         else if (df_args_opt(&a, opt, "--ignore-eos", 0)) ignore_eos = 1;
         else if (df_args_opt(&a, opt, "--json-schema", 1)) schema_f = a.val;
@@ -204,6 +291,14 @@ int df_cmd_run(int argc, char **argv) {
         }
     }
     if (o.trace_path && df_trace_probe(o.trace_path, err, sizeof err)) { fprintf(stderr, "deltafin run: %s\n", err); df_grammar_free(grammar); return 1; }
+    if (stats_json) { /* a path that cannot be written fails before the model loads */
+        FILE *sf = fopen(stats_json, "w");
+        if (!sf || fclose(sf)) {
+            fprintf(stderr, "deltafin run: --stats-json %s: cannot open it for writing: %s\n", stats_json, strerror(errno));
+            df_grammar_free(grammar);
+            return 1;
+        }
+    }
     df_engine *e = df_engine_open(model, &o, err, sizeof err);
     if (!e) { fprintf(stderr, "deltafin run: %s\n", err); df_grammar_free(grammar); return 2; }
     df_model_info info;
@@ -258,10 +353,20 @@ int df_cmd_run(int argc, char **argv) {
         goto done;
     }
     long printed = 0;
+    if (stats_json) {
+        ts.cap = max_new + 1;
+        ts.ids = df_xmalloc((size_t)ts.cap * sizeof *ts.ids);
+        ts.t = df_xmalloc((size_t)ts.cap * sizeof *ts.t);
+        ts.hits = df_xmalloc((size_t)ts.cap * sizeof *ts.hits);
+        ts.reqs = df_xmalloc((size_t)ts.cap * sizeof *ts.reqs);
+        ts.bytes = df_xmalloc((size_t)ts.cap * sizeof *ts.bytes);
+    }
+    const double t_loop = df_now();
     for (;;) {
         df_gen_token t;
         rc = df_gen_step(gen, &t);
         if (t.has_token && printed++ == 0) t_first = df_now();
+        if (t.has_token && stats_json) series_push(&ts, e, t.id, df_now() - t_loop);
         if (text_out) fwrite(t.text, 1, t.text_len, stdout);
         else if (t.has_token) printf("%s%d", printed > 1 ? " " : "", t.id);
         fflush(stdout);
@@ -278,6 +383,10 @@ int df_cmd_run(int argc, char **argv) {
         }
         if (t_first > 0) fprintf(stderr, "[stats] time to first token %.3f s (from the start of the command, model load included)\n", t_first - t_start);
     }
+    if (stats_json && write_stats_json(stats_json, e, &ts, t_first > 0 ? t_first - t_start : 0, df_now() - t_start, err, sizeof err)) {
+        fprintf(stderr, "deltafin run: %s\n", err);
+        if (!code) code = 1;
+    }
 done:
     df_gen_free(gen);
     df_session_free(s);
@@ -285,5 +394,6 @@ done:
     df_grammar_free(grammar);
     df_engine_close(draft);
     free(ids);
+    free(ts.ids), free(ts.t), free(ts.hits), free(ts.reqs), free(ts.bytes);
     return code;
 }

@@ -32,14 +32,16 @@ static const char tok_usage[] =
     "  --jsonl           every stdin line is a JSON string; prints one array per line\n"
     "  --allow-special   tiktoken files: encode special-token text as special ids\n"
     "                    (tokenizer.json tokenizers always do, as Hugging Face does)\n"
-    "  --threads N       encoding threads (0 = all cores, the default); ids never depend on it\n";
+    "  --threads N       encoding threads (0 = all cores, the default); ids never depend on it\n"
+    "  --time            print the load and encode seconds on stderr (what `deltafin bench tokenizer` reads)\n";
 static const char detok_usage[] =
     "usage: deltafin detokenize --tokenizer PATH [--stream]\n"
     "  Reads a JSON array of token ids from stdin and writes the decoded bytes to stdout.\n"
     "  PATH: as for tokenize, or a *.gguf file (its embedded tokenizer).\n"
     "  --stream   push the ids one at a time through the streaming detokenizer and print\n"
     "             one JSON line per id: {\"id\": N, \"hex\": BYTES, \"text\": STRING or null},\n"
-    "             then {\"flush\": true, ...} with the bytes held back at the end\n";
+    "             then {\"flush\": true, ...} with the bytes held back at the end\n"
+    "  --time     print the load and decode seconds on stderr (what `deltafin bench tokenizer` reads)\n";
 
 static int read_stdin(char **out, size_t *len) {
     size_t cap = 1 << 16, n = 0;
@@ -74,10 +76,11 @@ static int write_all(const char *p, size_t n) {
 
 int df_cmd_tokenize(int argc, char **argv) {
     const char *path = NULL;
-    int jsonl = 0, flags = 0, threads = 0;
+    int jsonl = 0, flags = 0, threads = 0, timing = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(tok_usage, stdout); return 0; }
         else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--time")) timing = 1;
         else if (!strcmp(argv[i], "--jsonl")) jsonl = 1;
         else if (!strcmp(argv[i], "--allow-special")) flags |= DF_TOK_ALLOW_SPECIAL;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
@@ -92,14 +95,17 @@ int df_cmd_tokenize(int argc, char **argv) {
     }
     if (!path) { fprintf(stderr, "deltafin tokenize: --tokenizer PATH is required\n%s", tok_usage); return 2; }
     char err[512];
+    double t0 = df_now();
     df_tokenizer *t = df_tok_load(path, err, sizeof err);
     if (!t) { fprintf(stderr, "deltafin tokenize: %s\n", err); return 2; }
+    double t_load = df_now() - t0;
     char *in;
     size_t n;
     int rc = read_stdin(&in, &n);
     if (rc) { df_tok_free(t); fprintf(stderr, "deltafin tokenize: cannot read stdin\n"); return 1; }
     df_buf o = {0};
     int code = 0;
+    t0 = df_now();
     if (!jsonl) {
         int32_t *ids;
         size_t m;
@@ -138,6 +144,7 @@ int df_cmd_tokenize(int argc, char **argv) {
             p = e + 1;
         }
     }
+    if (timing) fprintf(stderr, "deltafin tokenize: time: load %.6f s, encode %.6f s, %zu bytes\n", t_load, df_now() - t0, n);
     if (!code && write_all(o.p, o.len)) { fprintf(stderr, "deltafin tokenize: write error\n"); code = 1; }
     df_buf_free(&o);
     free(in);
@@ -166,10 +173,11 @@ static void put_chunk(df_buf *o, const char *key, long id, const char *p, size_t
 
 int df_cmd_detokenize(int argc, char **argv) {
     const char *path = NULL;
-    int stream = 0;
+    int stream = 0, timing = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { fputs(detok_usage, stdout); return 0; }
         else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--time")) timing = 1;
         else if (!strcmp(argv[i], "--stream")) stream = 1;
         else {
             fprintf(stderr, "deltafin detokenize: unknown or incomplete argument \"%s\"\n%s", argv[i], detok_usage);
@@ -178,8 +186,10 @@ int df_cmd_detokenize(int argc, char **argv) {
     }
     if (!path) { fprintf(stderr, "deltafin detokenize: --tokenizer PATH is required\n%s", detok_usage); return 2; }
     char err[512];
+    double t0 = df_now();
     df_tokenizer *t = df_tok_load(path, err, sizeof err);
     if (!t) { fprintf(stderr, "deltafin detokenize: %s\n", err); return 2; }
+    double t_load = df_now() - t0;
     char *in;
     size_t n;
     if (read_stdin(&in, &n)) { df_tok_free(t); fprintf(stderr, "deltafin detokenize: cannot read stdin\n"); return 1; }
@@ -222,7 +232,9 @@ int df_cmd_detokenize(int argc, char **argv) {
     } else if (!code) {
         char *out;
         size_t ol;
+        t0 = df_now();
         int rc = df_tok_decode_err(t, ids, m, &out, &ol, err, sizeof err);
+        if (timing && !rc) fprintf(stderr, "deltafin detokenize: time: load %.6f s, decode %.6f s, %zu bytes\n", t_load, df_now() - t0, ol);
         if (rc) { fprintf(stderr, "deltafin detokenize: %s\n", err); code = 2; }
         else {
             if (write_all(out, ol)) { fprintf(stderr, "deltafin detokenize: write error\n"); code = 1; }
