@@ -6,6 +6,10 @@
 # (several people can build at once).  `make unit-MOD` builds and runs only
 # tests/unit/test_MOD*.c linked against the modules MOD depends on.
 
+# `make` with no target builds `all`, whatever rule comes first below (the
+# build-info rule does).
+.DEFAULT_GOAL := all
+
 # CUDA=1: the CUDA backend (src/backend/cuda, nvcc) is linked in; objects go
 # to build-cuda/ unless O is given, so the default build stays CPU-only.
 CUDA     ?= 0
