@@ -9,8 +9,10 @@
 #include "model/model.h"
 #include "store/ecache.h"
 #include "store/store.h"
+#include "hub/hub.h"
 #include "util/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
@@ -26,11 +28,17 @@ void df_sampling_default(df_sampling *s) {
     s->top_p = 1.0f;
 }
 
-/* Resolves a model argument: a path, or a name installed under $DELTAFIN_HOME/models. */
+/* Resolves a model argument: a path, a name installed under $DELTAFIN_HOME/models,
+ * or a Hugging Face repo id ORG/NAME[@REV] set up in the hub cache (setup --full / --stream). */
 static char *resolve_model(const char *model) {
     struct stat st;
     char buf[4096];
     const char *p = model;
+    if (stat(model, &st) != 0 && df_hub_is_repo_id(model)) {
+        char herr[512];
+        if (!df_hub_model_dir(model, buf, sizeof buf, herr, sizeof herr)) p = buf;
+        else fprintf(stderr, "deltafin: %s\n", herr);
+    }
     if (stat(model, &st) != 0 && !strchr(model, '/')) {
         const char *home = getenv("DELTAFIN_HOME");
         if (home && *home) snprintf(buf, sizeof buf, "%s/models/%s", home, model);
