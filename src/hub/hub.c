@@ -637,9 +637,28 @@ static int fetch_one(fetch_job *j, CURL *c, int i, char *err, size_t errlen) {
                   (unsigned long long)(r->off + r->len - 1), o->retries, last);
 }
 
+/* Idle curl handles kept between calls, so connections are reused across
+ * fetches (stream mode fetches a layer's experts at a time). */
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static CURL *pool[64];
+static int n_pool;
+static CURL *handle_get(void) {
+    CURL *c = NULL;
+    pthread_mutex_lock(&pool_mu);
+    if (n_pool) c = pool[--n_pool];
+    pthread_mutex_unlock(&pool_mu);
+    return c ? c : curl_easy_init();
+}
+static void handle_put(CURL *c) {
+    pthread_mutex_lock(&pool_mu);
+    if (n_pool < 64) pool[n_pool++] = c, c = NULL;
+    pthread_mutex_unlock(&pool_mu);
+    if (c) curl_easy_cleanup(c);
+}
+
 static void *fetch_worker(void *p) {
     fetch_job *j = p;
-    CURL *c = curl_easy_init();
+    CURL *c = handle_get();
     char err[1024];
     for (;;) {
         pthread_mutex_lock(&j->mu);
@@ -649,7 +668,7 @@ static void *fetch_worker(void *p) {
         if (i < 0) break;
         err[0] = 0;
         int rc = fetch_one(j, c, i, err, sizeof err);
-        if (!rc && fdatasync(j->rg[i].fd)) rc = df_err(err, sizeof err, DF_EIO, "%s: fdatasync: %s", j->remotes[j->rg[i].file]->name, strerror(errno));
+        if (!rc && j->on_done && fdatasync(j->rg[i].fd)) /* durable before it is logged as done */ rc = df_err(err, sizeof err, DF_EIO, "%s: fdatasync: %s", j->remotes[j->rg[i].file]->name, strerror(errno));
         pthread_mutex_lock(&j->mu);
         if (rc) {
             if (!j->failed) sp(j->err, sizeof j->err, "%s", err);
@@ -660,7 +679,7 @@ static void *fetch_worker(void *p) {
         }
         pthread_mutex_unlock(&j->mu);
     }
-    curl_easy_cleanup(c);
+    handle_put(c);
     return NULL;
 }
 
@@ -674,7 +693,7 @@ int df_hub_fetch_ranges(const df_hub_opts *o, df_hub_remote *const *remotes, con
         total += (int64_t)rg[i].len;
         if (done && done[i]) have += (int64_t)rg[i].len;
     }
-    df_progress_init(&j.pg, "fetch", total, o->progress);
+    df_progress_init(&j.pg, "fetch", total, o->progress && total >= (1 << 20));
     j.pg.done = have;
     int nt = o->connections < 1 ? 1 : o->connections > 64 ? 64 : o->connections;
     if (nt > n) nt = n;
@@ -688,6 +707,12 @@ int df_hub_fetch_ranges(const df_hub_opts *o, df_hub_remote *const *remotes, con
     else if (j.pg.on) fputc('\n', stderr);
     pthread_mutex_destroy(&j.mu);
     if (j.failed) return df_err(err, errlen, DF_EIO, "%s", j.err);
+    if (!on_done) /* one fdatasync per file at the end */
+        for (int i = 0; i < n; i++) {
+            int seen = 0;
+            for (int q = 0; q < i && !seen; q++) seen = rg[q].fd == rg[i].fd;
+            if (!seen && fdatasync(rg[i].fd)) return df_err(err, errlen, DF_EIO, "%s: fdatasync: %s", remotes[rg[i].file]->name, strerror(errno));
+        }
     return 0;
 }
 
@@ -812,8 +837,7 @@ static int fetch_blob(const df_hub_opts *o, const char *rdir, const df_hub_repo 
             rg[i].len = (uint64_t)((i + 1) * o->chunk > f->size ? f->size - i * o->chunk : o->chunk);
         }
         df_hub_remote *rms[1] = {rm};
-        if (!o->progress || n == 0) {}
-        else fprintf(stderr, "deltafin setup: %s (%.1f MB)\n", f->path, f->size / 1e6);
+        if (o->progress && f->size >= (1 << 20)) fprintf(stderr, "deltafin setup: %s (%.1f MB)\n", f->path, f->size / 1e6);
         rc = df_hub_fetch_ranges(o, rms, rg, (int)n, done, log_done, &dl, err, errlen);
         free(rg);
     }

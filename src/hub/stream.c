@@ -162,7 +162,7 @@ static int stream_shard(const df_hub_opts *o, const df_hub_repo *r, const df_hub
     lfd = open(logp, O_WRONLY | O_CREAT | O_APPEND | (resume ? 0 : O_TRUNC), 0644);
     if (lfd < 0) { rc = df_err(err, errlen, DF_EIO, "%s: %s", logp, strerror(errno)); goto out; }
     log_ctx lc = {lfd};
-    if (o->progress) fprintf(stderr, "deltafin setup: %s: header and resident tensors\n", f->path);
+    if (o->progress && size >= (1 << 20)) fprintf(stderr, "deltafin setup: %s: header and resident tensors\n", f->path);
     rc = df_hub_fetch_ranges(o, rms, rg, (int)n, done, log_done, &lc, err, errlen);
 out:
     if (lfd >= 0) close(lfd);

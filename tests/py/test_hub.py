@@ -258,3 +258,95 @@ def eval_logits(dfbin, model, env, path, *extra):
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     return Path(path).read_bytes(), r.stderr
+
+
+def run_stats(dfbin, model, env, *extra):
+    r = subprocess.run([dfbin, "run", "--model", str(model), "--ids", "1,2,3,4,5,6,7,8", "--max-new", "8", "--ignore-eos",
+                        "--print-ids", "--stats", *extra], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout, r.stderr
+
+
+def stat_line(stderr):
+    line = [x for x in stderr.splitlines() if "network (hub stream)" in x]
+    assert line, stderr
+    return line[0]
+
+
+@pytest.fixture
+def full_ref(dfbin, hub, tmp_path):
+    cache = tmp_path / "full"
+    setup(dfbin, hub, cache)
+    env = env_for(hub, cache)
+    lg, _ = eval_logits(dfbin, REPO, env, tmp_path / "full.f32")
+    ids, _ = run_stats(dfbin, REPO, env)
+    return lg, ids
+
+
+def test_stream_equals_full_and_fetches_experts_on_first_use(dfbin, hub, repo_dir, tmp_path, full_ref):
+    cache = tmp_path / "stream"
+    n0 = hub.count("storage")
+    p = setup(dfbin, hub, cache, mode="--stream")
+    rd = cache / ("models--" + REPO.replace("/", "--"))
+    sdir = rd / "deltafin-stream" / COMMIT
+    assert (sdir / "stream.json").exists() and "stream setup complete" in p.stdout
+    # up front: headers and resident tensors only, no routed expert byte
+    total = sum(f.stat().st_size for f in repo_dir.glob("*.safetensors"))
+    setup_bytes = int(p.stdout.split(" MB over the network")[0].rsplit(" ", 1)[1].replace(".", "")) * 100_000
+    assert setup_bytes < total * 0.8, (setup_bytes, total)
+    for sh in repo_dir.glob("*.safetensors"):
+        h, _ = read_st(sh)
+        n = struct.unpack("<Q", sh.read_bytes()[:8])[0]
+        local = (sdir / sh.name).read_bytes()
+        remote = sh.read_bytes()
+        assert len(local) == len(remote)
+        for k, v in h.items():
+            a, b = v["data_offsets"][0] + 8 + n, v["data_offsets"][1] + 8 + n
+            if ".experts." in k:
+                assert local[a:b] == bytes(b - a), f"{k} fetched up front"
+            else:
+                assert local[a:b] == remote[a:b], f"{k} missing after stream setup"
+    # huggingface_hub's view stays sane: no partial file under blobs/, the snapshot holds the small files only
+    assert not [b for b in (rd / "blobs").iterdir() if ".incomplete" in b.name]
+    assert not list((rd / "snapshots" / COMMIT).glob("*.safetensors"))
+    # the same logits and greedy ids as the full install; experts came over the network on first use
+    env = env_for(hub, cache)
+    lg, _ = eval_logits(dfbin, REPO, env, tmp_path / "s.f32")
+    assert lg == full_ref[0]
+    assert hub.count("storage") > n0
+    ids, err = run_stats(dfbin, REPO, env)
+    assert ids == full_ref[1]
+    stat_line(err)
+    # a second process finds every expert it needs on disk: nothing more from the network for the same prompt
+    n1 = hub.count("storage")
+    ids2, err2 = run_stats(dfbin, REPO, env)
+    assert ids2 == full_ref[1] and hub.count("storage") == n1
+    assert " 0 experts fetched" in stat_line(err2), stat_line(err2)
+
+
+def test_stream_disk_budget_evicts_and_keeps_the_bits(dfbin, hub, repo_dir, tmp_path, full_ref):
+    cache = tmp_path / "stream"
+    setup(dfbin, hub, cache, "--disk", "40K", mode="--stream")
+    env = env_for(hub, cache)
+    lg, _ = eval_logits(dfbin, REPO, env, tmp_path / "s.f32")
+    assert lg == full_ref[0]
+    ids, err = run_stats(dfbin, REPO, env)
+    assert ids == full_ref[1]
+    line = stat_line(err)
+    evicted = int(line.split(" evicted")[0].rsplit(" ", 1)[1])
+    assert evicted > 0, line
+    disk_mb = float(line.split("expert cache on disk ")[1].split(" MB")[0])
+    assert disk_mb <= 0.08, line  # within the budget (or one layer's experts when that is larger)
+
+
+def test_stream_fetch_faults_recover_and_offline_names_the_missing_file(dfbin, hub, repo_dir, tmp_path, full_ref):
+    cache = tmp_path / "stream"
+    setup(dfbin, hub, cache, mode="--stream")
+    env = env_for(hub, cache)
+    r = subprocess.run([dfbin, "eval", "--model", REPO, "--ids", "1,2", "--dump-logits", os.devnull],
+                       capture_output=True, text=True, timeout=120, env={**env, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode != 0 and "HF_HUB_OFFLINE=1" in r.stderr and ".safetensors" in r.stderr, r.stderr
+    hub.faults = ["drop", "503", "short", "429"]
+    lg, err = eval_logits(dfbin, REPO, env, tmp_path / "s.f32")
+    assert lg == full_ref[0]
+    assert "retrying" in err and hub.faults == []
