@@ -350,3 +350,50 @@ def test_stream_fetch_faults_recover_and_offline_names_the_missing_file(dfbin, h
     lg, err = eval_logits(dfbin, REPO, env, tmp_path / "s.f32")
     assert lg == full_ref[0]
     assert "retrying" in err and hub.faults == []
+
+
+def test_stream_prefetch_hot_fetches_up_front(dfbin, hub, repo_dir, tmp_path, full_ref):
+    cache = tmp_path / "stream"
+    p = setup(dfbin, hub, cache, "--prefetch-hot", mode="--stream")
+    assert "prefetch-hot" in p.stdout, p.stdout
+    fetched = int(p.stdout.split("tokens fetched ")[1].split(" experts")[0])
+    assert fetched > 0, p.stdout
+    env = env_for(hub, cache)
+    lg, _ = eval_logits(dfbin, REPO, env, tmp_path / "s.f32")
+    assert lg == full_ref[0]
+    p = setup(dfbin, hub, cache, "--prefetch-hot", mode="--full", check=False)
+    assert p.returncode == 2 and "--prefetch-hot goes with --stream" in p.stderr
+
+
+def test_stream_setup_killed_then_resumed(dfbin, hub, repo_dir, tmp_path, full_ref):
+    cache = tmp_path / "stream"
+    hub.throttle = 100_000
+    env = env_for(hub, cache, DELTAFIN_HUB_CHUNK="4K")
+    proc = subprocess.Popen([dfbin, "setup", "--stream", REPO, "--connections", "1"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    sdir = cache / ("models--" + REPO.replace("/", "--")) / "deltafin-stream" / COMMIT
+    deadline = time.time() + 60
+    logs = []
+    while time.time() < deadline:
+        logs = list(sdir.glob("*.resident.done")) if sdir.exists() else []
+        if logs and any(len(x.read_text().splitlines()) >= 3 for x in logs):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert logs, "the stream setup never got under way"
+    assert not (sdir / "stream.json").exists(), "marked complete before it was"
+    r = subprocess.run([dfbin, "eval", "--model", REPO, "--ids", "1", "--dump-logits", os.devnull], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode != 0, "an incomplete stream setup opened"
+    hub.throttle = 0
+    n0 = hub.count("storage")
+    setup(dfbin, hub, cache, mode="--stream", DELTAFIN_HUB_CHUNK="4K")
+    assert (sdir / "stream.json").exists() and not list(sdir.glob("*.resident.done"))
+    resumed_requests = hub.count("storage") - n0
+    lg, _ = eval_logits(dfbin, REPO, env, tmp_path / "s.f32")
+    assert lg == full_ref[0]
+    n1 = hub.count("storage")
+    setup(dfbin, hub, tmp_path / "fresh", mode="--stream", DELTAFIN_HUB_CHUNK="4K")
+    fresh_requests = hub.count("storage") - n1
+    assert 0 < resumed_requests < fresh_requests, (resumed_requests, fresh_requests)
