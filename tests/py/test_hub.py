@@ -119,9 +119,10 @@ def test_full_download_is_byte_identical_in_hub_layout(dfbin, hub, repo_dir, tmp
     assert not hub.leaked_auth
     assert "complete" in p.stdout
     # a second run downloads nothing
-    n = hub.count(contains="/resolve/")
-    setup(dfbin, hub, tmp_path / "hub")
-    assert hub.count(contains="/resolve/") == n and hub.count("storage") == hub.count("storage")
+    n, ns = hub.count(contains="/resolve/"), hub.count("storage")
+    p = setup(dfbin, hub, tmp_path / "hub")
+    assert hub.count(contains="/resolve/") == n and hub.count("storage") == ns
+    assert "0 files downloaded" in p.stdout
 
 
 def test_token_goes_to_the_hub_only(dfbin, repo_dir, tmp_path):
@@ -309,6 +310,11 @@ def test_stream_equals_full_and_fetches_experts_on_first_use(dfbin, hub, repo_di
     # huggingface_hub's view stays sane: no partial file under blobs/, the snapshot holds the small files only
     assert not [b for b in (rd / "blobs").iterdir() if ".incomplete" in b.name]
     assert not list((rd / "snapshots" / COMMIT).glob("*.safetensors"))
+    try:
+        import huggingface_hub as hf
+        assert not hf.scan_cache_dir(cache).warnings
+    except ImportError:
+        pass
     # the same logits and greedy ids as the full install; experts came over the network on first use
     env = env_for(hub, cache)
     lg, _ = eval_logits(dfbin, REPO, env, tmp_path / "s.f32")
