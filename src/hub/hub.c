@@ -463,6 +463,8 @@ struct df_hub_remote {
     char commit[64];
     int64_t size;
     char name[1024];      /* for messages */
+    char repo[256], rev[64], path[1024]; /* to resolve it again (a signed storage URL that expired) */
+    pthread_mutex_t mu;   /* url may be replaced while ranges are in flight */
 };
 
 static void unquote_etag(const char *in, char *out, size_t n) {
@@ -495,6 +497,10 @@ df_hub_remote *df_hub_remote_open(const df_hub_opts *o, const char *repo, const 
             continue;
         }
         rm = df_xcalloc(1, sizeof *rm);
+        pthread_mutex_init(&rm->mu, NULL);
+        sp(rm->repo, sizeof rm->repo, "%s", repo);
+        sp(rm->rev, sizeof rm->rev, "%s", commit);
+        sp(rm->path, sizeof rm->path, "%s", path);
         sp(rm->name, sizeof rm->name, "%s/%s", repo, path);
         unquote_etag(h.linked_etag[0] ? h.linked_etag : h.etag, rm->etag, sizeof rm->etag);
         sp(rm->commit, sizeof rm->commit, "%s", h.commit);
@@ -512,7 +518,34 @@ df_hub_remote *df_hub_remote_open(const df_hub_opts *o, const char *repo, const 
     curl_easy_cleanup(c);
     return rm;
 }
-void df_hub_remote_free(df_hub_remote *rm) { free(rm); }
+void df_hub_remote_free(df_hub_remote *rm) {
+    if (!rm) return;
+    pthread_mutex_destroy(&rm->mu);
+    free(rm);
+}
+
+/* A storage host answered 401/403 to a URL the hub gave: signed URLs expire
+ * (a large download can outlive one), so ask the hub again, once per URL.
+ * 1 if the URL was replaced (or already had been by another connection). */
+static int refresh_location(const df_hub_opts *o, df_hub_remote *rm, const char *used) {
+    char a[1100], b[1100];
+    origin(o->endpoint, a, sizeof a);
+    origin(used, b, sizeof b);
+    if (!strcmp(a, b)) return 0; /* the hub itself refused: not an expired URL */
+    pthread_mutex_lock(&rm->mu);
+    int ok = strcmp(rm->url, used) != 0;
+    if (!ok) {
+        char err[512];
+        df_hub_remote *n = df_hub_remote_open(o, rm->repo, rm->rev, rm->path, err, sizeof err);
+        if (n && !strcmp(n->etag, rm->etag) && n->size == rm->size) {
+            sp(rm->url, sizeof rm->url, "%s", n->url);
+            ok = 1;
+        }
+        df_hub_remote_free(n);
+    }
+    pthread_mutex_unlock(&rm->mu);
+    return ok;
+}
 int64_t df_hub_remote_size(const df_hub_remote *rm) { return rm->size; }
 
 /* ---- ranges over parallel connections ------------------------------------- */
@@ -587,15 +620,20 @@ static size_t on_data(char *b, size_t sz, size_t nm, void *p) {
 static int fetch_one(fetch_job *j, CURL *c, int i, char *err, size_t errlen) {
     const df_hub_opts *o = j->o;
     const df_hub_range *r = &j->rg[i];
-    const df_hub_remote *rm = j->remotes[r->file];
+    df_hub_remote *rm = j->remotes[r->file];
+    char url[4096];
+    int refreshed = 0;
     xfer x = {.j = j, .r = r, .c = c};
     unsigned seed = (unsigned)(i * 7919 + time(NULL));
     char last[300] = "";
     for (int a = 0; a < o->retries && !j->failed; a++) {
         if (a) backoff(o, a, &x.h, &seed);
         if (x.got == r->len) break;
-        struct curl_slist *hl = headers_for(o, rm->url);
-        setup_easy(c, o, rm->url, hl, &x.h);
+        pthread_mutex_lock(&rm->mu);
+        sp(url, sizeof url, "%s", rm->url);
+        pthread_mutex_unlock(&rm->mu);
+        struct curl_slist *hl = headers_for(o, url);
+        setup_easy(c, o, url, hl, &x.h);
         char range[96];
         x.want_from = r->off + x.got;
         x.checked = 0;
@@ -619,6 +657,12 @@ static int fetch_one(fetch_job *j, CURL *c, int i, char *err, size_t errlen) {
         pthread_mutex_unlock(&net_mu);
         if (x.why[0] && !x.checked) x.got = before; /* nothing of this response was kept */
         if (rc == CURLE_OK && x.got == r->len) return 0;
+        if ((st == 401 || st == 403) && refreshed < 3 && refresh_location(o, rm, url)) {
+            refreshed++;
+            fprintf(stderr, "deltafin: hub: %s: the storage URL was refused (HTTP %ld): resolved it again; retrying\n", rm->name, st);
+            a--; /* not a failed attempt */
+            continue;
+        }
         if (st >= 400 && !retryable_status(st))
             return df_err(err, errlen, DF_EIO, "%s: bytes %llu-%llu: HTTP %ld%s", rm->name, (unsigned long long)r->off,
                           (unsigned long long)(r->off + r->len - 1), st, status_hint(st));

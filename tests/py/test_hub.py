@@ -185,6 +185,16 @@ def test_each_fault_class_recovers(dfbin, hub, repo_dir, tmp_path, fault):
     assert hub.faults == []
 
 
+def test_expired_storage_url_is_resolved_again(dfbin, hub, repo_dir, tmp_path):
+    setup(dfbin, hub, tmp_path / "warm")  # the HEADs of a clean run
+    heads = hub.count("hub", "HEAD")
+    hub.faults = ["expired"]
+    p = setup(dfbin, hub, tmp_path / "hub")
+    snapshot_matches(tmp_path / "hub", repo_dir)
+    assert "resolved it again" in p.stderr, p.stderr
+    assert hub.count("hub", "HEAD") == 2 * heads + 1
+
+
 def test_persistent_faults_fail_with_a_clear_message(dfbin, hub, repo_dir, tmp_path):
     hub.faults = ["503"] * 100
     p = setup(dfbin, hub, tmp_path / "hub", check=False, DELTAFIN_HUB_RETRIES=3)

@@ -8,7 +8,7 @@ ranges. Faults are queued with `faults` (each consumed by one storage data
 request): drop (close mid-body), short (Content-Length and body shorter than
 asked), wronglen (Content-Length longer than the body, then close), overlong
 (more bytes than asked), badrange (a Content-Range for other bytes), 429
-(Retry-After: 1), 503, stall (send part of the body, then nothing for
+(Retry-After: 1), 503, expired (403, as an expired signed URL), stall (send part of the body, then nothing for
 `stall_s`), corrupt (one byte flipped). `throttle` (bytes/s) slows every
 body. Every request is logged in `log` as (server, method, path, range,
 authorization).
@@ -179,6 +179,13 @@ class HubEmulator:
     # ---- bodies, ranges and faults ---------------------------------------
     def serve_bytes(self, h, data, headers, fault):
         n = len(data)
+        if fault == "expired":  # a signed storage URL past its expiry
+            body = b"<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"
+            h.send_response(403)
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+            return
         if fault in ("429", "503"):
             body = b"slow down" if fault == "429" else b"unavailable"
             h.send_response(int(fault))
