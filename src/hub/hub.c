@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -836,7 +837,7 @@ static int fetch_blob(const df_hub_opts *o, const char *rdir, const df_hub_repo 
     df_hub_remote *rm = df_hub_remote_open(o, r->repo, r->commit, f->path, err, errlen);
     if (!rm) return DF_EIO;
     const char *want = f->sha256[0] ? f->sha256 : f->blob_id;
-    int rc = 0;
+    int rc = 0, lockfd = -1; /* the partial file, held (and locked) until it has its blob name */
     if (strcmp(rm->etag, want) || rm->size != f->size) {
         rc = df_err(err, errlen, DF_EFORMAT, "%s: HEAD says etag %s size %lld, the revision API %s size %lld", rm->name, rm->etag,
                     (long long)rm->size, want, (long long)f->size);
@@ -853,8 +854,23 @@ static int fetch_blob(const df_hub_opts *o, const char *rdir, const df_hub_repo 
     sp(etag_out, 160, "%s", rm->etag);
     int64_t n = f->size == 0 ? 0 : (f->size + o->chunk - 1) / o->chunk;
     unsigned char *done = df_xcalloc((size_t)n + 1, 1);
-    int fd = open(part, O_RDWR | O_CREAT, 0644);
+    /* one process per partial file: another deltafin downloading the same blob is waited for */
+    int fd = -1;
+    for (int tries = 0; tries < 100; tries++) {
+        fd = open(part, O_RDWR | O_CREAT, 0644);
+        if (fd < 0) break;
+        if (flock(fd, LOCK_EX | LOCK_NB)) {
+            fprintf(stderr, "deltafin setup: %s: another process is downloading it; waiting\n", f->path);
+            if (flock(fd, LOCK_EX)) { close(fd); fd = -1; errno = EIO; break; }
+        }
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && stat(part, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) break;
+        close(fd); /* the other process renamed or removed it meanwhile */
+        fd = -1;
+        if (stat(blob, &b) == 0 && b.st_size == f->size) { free(done); goto out; } /* it finished: nothing to do */
+    }
     if (fd < 0) { rc = df_err(err, errlen, DF_EIO, "%s: %s", part, strerror(errno)); free(done); goto out; }
+    lockfd = fd;
     /* what a killed run finished: the chunks its log lists (a torn last line is ignored) */
     struct stat ps;
     FILE *lf = df_file_exists(log) && fstat(fd, &ps) == 0 && ps.st_size == f->size ? fopen(log, "r") : NULL;
@@ -887,7 +903,6 @@ static int fetch_blob(const df_hub_opts *o, const char *rdir, const df_hub_repo 
     }
     if (dl.fd >= 0) close(dl.fd);
     if (!rc && fsync(fd)) rc = df_err(err, errlen, DF_EIO, "%s: fsync: %s", part, strerror(errno));
-    close(fd);
     free(done);
     if (rc) goto out;
     char hex[160];
@@ -903,6 +918,7 @@ static int fetch_blob(const df_hub_opts *o, const char *rdir, const df_hub_repo 
     if (rename(part, blob)) { rc = df_err(err, errlen, DF_EIO, "%s: cannot rename into place: %s", blob, strerror(errno)); goto out; }
     unlink(log);
 out:
+    if (lockfd >= 0) close(lockfd);
     df_hub_remote_free(rm);
     return rc;
 }

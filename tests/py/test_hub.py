@@ -264,6 +264,18 @@ def test_kill_during_download_then_resume(dfbin, hub, repo_dir, tmp_path):
     assert got_before > 0
 
 
+def test_two_setups_at_once_share_the_download(dfbin, hub, repo_dir, tmp_path):
+    cache = tmp_path / "hub"
+    hub.throttle = 400_000
+    env = env_for(hub, cache)
+    procs = [subprocess.Popen([dfbin, "setup", "--full", REPO, "--connections", "2"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    snapshot_matches(cache, repo_dir)
+    assert any("another process is downloading it" in e for _, e in outs), outs
+
+
 def eval_logits(dfbin, model, env, path, *extra):
     r = subprocess.run([dfbin, "eval", "--model", str(model), "--ids", "1,2,3,4,5,6,7,8", "--dump-logits", str(path), *extra],
                        capture_output=True, text=True, timeout=120, env=env)
