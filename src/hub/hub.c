@@ -354,7 +354,8 @@ static int request(const df_hub_opts *o, CURL *c, const char *url, df_buf *body,
         if (rc != CURLE_OK) { sp(last, sizeof last, "%s", curl_easy_strerror(rc)); continue; }
         if (retryable_status(h->status)) { sp(last, sizeof last, "HTTP %ld", h->status); continue; }
         if (h->status >= 400)
-            return df_err(err, errlen, DF_EIO, "%s: HTTP %ld%s", url, h->status, status_hint(h->status));
+            return df_err(err, errlen, h->status == 401 || h->status == 403 || h->status == 404 ? DF_EINPUT : DF_EIO, "%s: HTTP %ld%s", url,
+                          h->status, status_hint(h->status));
         return 0;
     }
     return df_err(err, errlen, DF_EIO, "%s: gave up after %d attempts (last: %s)", url, o->retries, last);
@@ -589,6 +590,9 @@ static size_t on_data(char *b, size_t sz, size_t nm, void *p) {
                          (unsigned long long)x->want_from, (unsigned long long)(x->want_from + rest - 1));
                 return 0;
             }
+        } else if (st >= 300) {
+            snprintf(x->why, sizeof x->why, "HTTP %ld", st);
+            return 0;
         } else if (!(st == 200 && x->want_from == 0 && (int64_t)rest == x->h.content_length)) {
             sp(x->why, sizeof x->why, "HTTP %ld to a range request", st);
             return 0;
@@ -672,6 +676,7 @@ static int fetch_one(fetch_job *j, CURL *c, int i, char *err, size_t errlen) {
                                           (unsigned long long)r->len);
         else if (retryable_status(st)) sp(last, sizeof last, "HTTP %ld", st);
         else sp(last, sizeof last, "short read: %llu of %llu bytes", (unsigned long long)x.got, (unsigned long long)r->len);
+        if (a + 1 >= o->retries || j->failed) break;
         if (j->pg.on) fprintf(stderr, "\n");
         fprintf(stderr, "deltafin: hub: %s bytes %llu-%llu: %s; retrying (%d of %d)\n", rm->name, (unsigned long long)r->off,
                 (unsigned long long)(r->off + r->len - 1), last, a + 1, o->retries - 1);
