@@ -207,7 +207,10 @@ static int hub_setup(const char *ref, int stream, int64_t disk, const char *cach
             snprintf(m, sizeof m, "%s", ref);
             if (cache) setenv("HF_HUB_CACHE", cache, 1);
             rc = df_hub_model_dir(m, dir, sizeof dir, err, sizeof err);
-        } else rc = df_hub_snapshot_dir(o.cache, repo, rev, dir, sizeof dir, err, sizeof err);
+        } else {
+            rc = df_hub_snapshot_dir(o.cache, repo, rev, dir, sizeof dir, err, sizeof err);
+            if (!rc) rc = df_hub_snapshot_check(dir, err, sizeof err);
+        }
         if (rc) { fprintf(stderr, "deltafin setup: HF_HUB_OFFLINE=1 and %s\n", err); return df_exit_code(rc); }
         printf("%s@%s: using the cached copy at %s (HF_HUB_OFFLINE=1: nothing checked online)\n", repo, rev, dir);
         return 0;

@@ -127,7 +127,18 @@ int df_hub_snapshot_dir(const char *cache, const char *repo, const char *rev, ch
     return 0;
 }
 
-static int has_weights(const char *dir) {
+static int has_weights_missing(const char *dir, char *missing, size_t mn);
+static int has_weights(const char *dir) { return has_weights_missing(dir, NULL, 0); }
+
+int df_hub_snapshot_check(const char *dir, char *err, size_t errlen) {
+    char miss[4300] = "";
+    if (has_weights_missing(dir, miss, sizeof miss)) return 0;
+    if (!miss[0]) sp(miss, sizeof miss, "%s/config.json", dir);
+    if (df_file_exists(miss)) return 0; /* not a safetensors model: nothing to check */
+    return df_err(err, errlen, DF_EINPUT, "%s: missing from the cached snapshot", miss);
+}
+
+static int has_weights_missing(const char *dir, char *missing, size_t mn) {
     char p[4200];
     sp(p, sizeof p, "%s/model.safetensors", dir);
     if (df_file_exists(p)) return 1;
@@ -148,7 +159,11 @@ static int has_weights(const char *dir) {
         json_object_foreach(wm, k, v) {
             if (!json_is_string(v)) { ok = 0; break; }
             sp(p, sizeof p, "%s/%s", dir, json_string_value(v));
-            if (!df_file_exists(p)) { ok = 0; break; }
+            if (!df_file_exists(p)) {
+                if (missing) sp(missing, mn, "%s", p);
+                ok = 0;
+                break;
+            }
         }
     }
     json_decref(j);

@@ -34,6 +34,10 @@ void df_hub_repo_dir(const char *cache, const char *repo, char *buf, size_t n);
  * in refs/) in the cache (NULL: default). 0 when it exists, else DF_EINPUT
  * with a message naming what is missing. */
 int df_hub_snapshot_dir(const char *cache, const char *repo, const char *rev, char *buf, size_t n, char *err, size_t errlen);
+/* Whether a snapshot directory holds its weights: 0, or DF_EINPUT naming
+ * the first file the safetensors index lists that is missing (or
+ * config.json). */
+int df_hub_snapshot_check(const char *dir, char *err, size_t errlen);
 /* What --model ORG/NAME[@REV] opens: the snapshot directory, or the stream
  * directory of that commit when the snapshot holds no weights but a stream
  * setup exists. 0 or DF_EINPUT. */

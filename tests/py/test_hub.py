@@ -236,6 +236,11 @@ def test_offline_uses_the_cache_or_names_what_is_missing(dfbin, hub, repo_dir, t
     n = hub.count()
     p = setup(dfbin, hub, tmp_path / "hub", HF_HUB_OFFLINE=1)
     assert "cached copy" in p.stdout and hub.count() == n
+    # a snapshot missing a shard the index lists is named
+    snap = tmp_path / "hub" / ("models--" + REPO.replace("/", "--")) / "snapshots" / COMMIT
+    (snap / "model-00002-of-00002.safetensors").unlink()
+    p = setup(dfbin, hub, tmp_path / "hub", check=False, HF_HUB_OFFLINE=1)
+    assert p.returncode == 2 and "model-00002-of-00002.safetensors: missing from the cached snapshot" in p.stderr, p.stderr
 
 
 def test_kill_during_download_then_resume(dfbin, hub, repo_dir, tmp_path):
