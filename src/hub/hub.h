@@ -107,15 +107,17 @@ int df_hub_fetch_ranges(const df_hub_opts *o, df_hub_remote *const *remotes, con
 /* Stream setup (stream.c): the repo's small files whole into the cache (as
  * df_hub_fetch_files), then REPO_DIR/deltafin-stream/COMMIT/: links to
  * them, and per safetensors shard a sparse file of the shard's size holding
- * its header and every tensor that is not a routed expert (a name with
- * ".experts.N."), fetched by range (resumable: NAME.resident.done lists the
+ * its header and every tensor that is not a routed expert's part
+ * (df_hub_is_expert_tensor), fetched by range (resumable: NAME.resident.done lists the
  * finished ranges); stream.json (repo, commit, endpoint, disk budget,
  * shards) is written last and marks it complete, with
  * deltafin-stream/refs/REV. disk: the expert cache's disk budget (-1:
  * unlimited). dir receives the stream directory. */
 int df_hub_stream_setup(const df_hub_opts *o, const df_hub_repo *r, int64_t disk, int *downloaded, char *dir, size_t dn, char *err,
                         size_t errlen);
-/* 1 if path names a routed expert's tensor (".experts.<digits>."). */
+/* 1 if name is a routed expert's streamed part: ".experts.<digits>." and a
+ * last component weight, weight_packed, weight_scale or weight_scale_inv
+ * (INT4's weight_shape, read at load, stays resident). */
 int df_hub_is_expert_tensor(const char *name);
 
 /* The runtime side of a stream directory: which remote file each shard is. */

@@ -24,7 +24,15 @@ static int sp(char *buf, size_t n, const char *fmt, ...) {
     return r < 0 ? 0 : (size_t)r >= n ? (int)(n ? n - 1 : 0) : r;
 }
 
+/* The parts a streamed expert is read in (as the store's manifest lists
+ * them); small per-expert metadata such as INT4's weight_shape is read at
+ * load and so stays resident. */
 int df_hub_is_expert_tensor(const char *name) {
+    static const char *const parts[] = {"weight", "weight_packed", "weight_scale", "weight_scale_inv"};
+    const char *last = strrchr(name, '.');
+    int part = 0;
+    for (size_t i = 0; last && i < sizeof parts / sizeof *parts; i++) part |= !strcmp(last + 1, parts[i]);
+    if (!part) return 0;
     for (const char *p = strstr(name, ".experts."); p; p = strstr(p + 1, ".experts.")) {
         const char *d = p + 9;
         if (*d < '0' || *d > '9') continue;

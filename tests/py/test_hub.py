@@ -430,3 +430,30 @@ def test_stream_setup_killed_then_resumed(dfbin, hub, repo_dir, tmp_path, full_r
     setup(dfbin, hub, tmp_path / "fresh", mode="--stream", DELTAFIN_HUB_CHUNK="4K")
     fresh_requests = hub.count("storage") - n1
     assert 0 < resumed_requests < fresh_requests, (resumed_requests, fresh_requests)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-fp8", "kimi-k2-int4", "kimi-k3-mxfp4"])
+def test_stream_equals_full_other_families(dfbin, name, tmp_path):
+    """FP8 block scales, INT4 groups, MXFP4 and K3's language_model. prefix: the scale sidecars are expert
+    parts fetched on first use, the shared experts and dense layers resident."""
+    d = tmp_path / "repo"
+    d.mkdir()
+    for f in ("config.json", "generation_config.json", "model.safetensors"):
+        (d / f).write_bytes((MODELS / name / f).read_bytes())
+    emu = HubEmulator("fam/" + name, d).start()
+    try:
+        ids = json.loads((MODELS / name / "golden.json").read_text())["ids"]
+        out = {}
+        for mode in ("--full", "--stream"):
+            cache = tmp_path / mode.strip("-")
+            p = subprocess.run([dfbin, "setup", mode, "fam/" + name], capture_output=True, text=True, timeout=300,
+                               env=env_for(emu, cache))
+            assert p.returncode == 0, p.stderr
+            r = subprocess.run([dfbin, "eval", "--model", "fam/" + name, "--ids", ",".join(map(str, ids)), "--dump-logits",
+                                str(tmp_path / (mode.strip("-") + ".f32"))], capture_output=True, text=True, timeout=300,
+                               env=env_for(emu, cache))
+            assert r.returncode == 0, r.stderr
+            out[mode] = (tmp_path / (mode.strip("-") + ".f32")).read_bytes()
+        assert out["--stream"] == out["--full"]
+    finally:
+        emu.stop()

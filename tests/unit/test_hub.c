@@ -86,6 +86,9 @@ int main(void) {
     CHECK(!df_hub_is_expert_tensor("model.layers.3.mlp.shared_experts.gate_proj.weight"), "shared experts are resident");
     CHECK(!df_hub_is_expert_tensor("model.layers.3.mlp.gate.weight"), "the router is resident");
     CHECK(!df_hub_is_expert_tensor("model.layers.3.mlp.experts.gate_up_proj"), "a fused tensor has no expert index");
+    CHECK(!df_hub_is_expert_tensor("model.layers.1.mlp.experts.0.gate_proj.weight_shape"), "INT4's weight_shape is read at load");
+    CHECK(df_hub_is_expert_tensor("model.layers.1.mlp.experts.0.gate_proj.weight_packed"), "INT4 packed weight");
+    CHECK(df_hub_is_expert_tensor("model.layers.1.mlp.experts.0.gate_proj.weight_scale_inv"), "FP8 scale");
     if (failures) { fprintf(stderr, "%d failures\n", failures); return 1; }
     printf("hub: all checks passed\n");
     return 0;
