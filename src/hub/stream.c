@@ -47,8 +47,10 @@ static int ends_with(const char *s, const char *e) {
     return a >= b && !strcmp(s + a - b, e);
 }
 static int is_shard(const char *p) { return ends_with(p, ".safetensors") && !strchr(p, '/'); }
-/* Whole files in stream mode: everything but weights. */
+/* Whole files in stream mode: what the model directory's loader reads (top
+ * level) except weights; subfolders (original/, onnx/, ...) are left out. */
 static int small_file(const char *p) {
+    if (strchr(p, '/')) return 0;
     static const char *const w[] = {".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt", ".ot", ".pkl", ".npz"};
     for (size_t i = 0; i < sizeof w / sizeof *w; i++) if (ends_with(p, w[i])) return 0;
     return 1;
@@ -209,7 +211,7 @@ int df_hub_stream_setup(const df_hub_opts *o, const df_hub_repo *r, int64_t disk
             if (symlink(tgt, p)) { json_decref(shards); return df_err(err, errlen, DF_EIO, "%s: cannot link: %s", p, strerror(errno)); }
             continue;
         }
-        if (!is_shard(f->path)) continue; /* other weight formats are not streamed */
+        if (!is_shard(f->path)) continue; /* other weight formats and subfolders are not streamed */
         if ((rc = stream_shard(o, r, f, sdir, err, errlen))) { json_decref(shards); return rc; }
         json_array_append_new(shards, json_pack("{s:s, s:I, s:s}", "name", f->path, "size", (json_int_t)f->size, "sha256", f->sha256));
     }

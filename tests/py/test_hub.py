@@ -66,6 +66,8 @@ def repo_dir(tmp_path_factory):
     for f in ("config.json", "generation_config.json"):
         (d / f).write_bytes((MODELS / SRC / f).read_bytes())
     (d / "README.md").write_text("a tiny test repo\n")
+    (d / "original").mkdir()
+    (d / "original" / "params.json").write_text('{"dim": 64}\n')  # a file in a subfolder: links one level deeper
     return d
 
 
@@ -97,12 +99,15 @@ def setup(dfbin, emu, cache, *args, ref=REPO, mode="--full", check=True, **extra
 def snapshot_matches(cache, repo_dir):
     rd = Path(cache) / ("models--" + REPO.replace("/", "--"))
     snap = rd / "snapshots" / COMMIT
-    for f in repo_dir.iterdir():
-        link = snap / f.name
+    for f in repo_dir.rglob("*"):
+        if f.is_dir():
+            continue
+        rel = f.relative_to(repo_dir)
+        link = snap / rel
         assert link.is_symlink(), f"{link} is not a link into blobs/"
         tgt = os.readlink(link)
-        assert tgt.startswith("../../blobs/"), tgt
-        assert link.read_bytes() == f.read_bytes(), f.name
+        assert tgt.startswith("../" * len(rel.parts) + "../blobs/"), tgt
+        assert link.read_bytes() == f.read_bytes(), rel
     assert (rd / "refs" / "main").read_text() == COMMIT
     assert not list((rd / "blobs").glob("*.incomplete*")), "partial files left behind"
     return rd
@@ -259,8 +264,10 @@ def test_kill_during_download_then_resume(dfbin, hub, repo_dir, tmp_path):
     proc.wait()
     assert logs, "the download never got under way"
     assert not (rd / "refs" / "main").exists()
-    for link in (rd / "snapshots" / COMMIT).glob("*") if (rd / "snapshots" / COMMIT).exists() else []:
-        assert link.read_bytes() == (repo_dir / link.name).read_bytes(), "a half-written file was linked"
+    snap = rd / "snapshots" / COMMIT
+    for link in snap.rglob("*") if snap.exists() else []:
+        if link.is_symlink():
+            assert link.read_bytes() == (repo_dir / link.relative_to(snap)).read_bytes(), "a half-written file was linked"
     got_before = sum(1 for s, m, *_ in hub.log if s == "storage" and m == "GET")
     hub.throttle = 0
     p = setup(dfbin, hub, cache)
@@ -337,6 +344,8 @@ def test_stream_equals_full_and_fetches_experts_on_first_use(dfbin, hub, repo_di
     # huggingface_hub's view stays sane: no partial file under blobs/, the snapshot holds the small files only
     assert not [b for b in (rd / "blobs").iterdir() if ".incomplete" in b.name]
     assert not list((rd / "snapshots" / COMMIT).glob("*.safetensors"))
+    assert (rd / "snapshots" / COMMIT / "config.json").exists()
+    assert not (rd / "snapshots" / COMMIT / "original").exists(), "stream mode fetched a subfolder"
     try:
         import huggingface_hub as hf
         assert not hf.scan_cache_dir(cache).warnings
