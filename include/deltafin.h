@@ -342,7 +342,7 @@ typedef struct {
     /* the network (setup --stream models: routed experts fetched from the hub on first use), apart from disk */
     int hub_stream;
     int64_t net_bytes, net_requests, net_retries; /* bytes received, HTTP requests, retried attempts */
-    double net_seconds;                           /* wall time of transfers */
+    double net_seconds;                           /* time in transfers, summed over parallel connections (process-wide, like net_bytes) */
     int64_t net_experts_fetched, net_evictions;   /* experts fetched; experts evicted from the disk cache */
     double net_fetch_seconds;                     /* time the forward pass waited for fetches (network + fdatasync) */
     int64_t stream_disk_bytes, stream_disk_budget; /* experts on local disk now; the --disk budget (-1: none) */
