@@ -30,7 +30,7 @@ LDFLAGS  += $(SAN)
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c
 
-MODULES  = util format tok grammar model backend store core server cli
+MODULES  = util format tok grammar model backend store hub core server cli
 src_of   = $(wildcard src/$(1)/*.c) $(wildcard src/$(1)/*/*.c)
 SRCS     = $(foreach m,$(MODULES),$(call src_of,$(m)))
 OBJS     = $(SRCS:%.c=$(O)/%.o)
@@ -43,6 +43,7 @@ DEPS_tok     = tok format util
 DEPS_backend = backend format util
 DEPS_model   = model backend format util
 DEPS_store   = store format util
+DEPS_hub     = hub util
 DEPS_grammar = grammar tok format util
 objs_of  = $(foreach m,$(1),$(patsubst %.c,$(O)/%.o,$(call src_of,$(m)))) $(call cu_objs_of,$(1))
 

@@ -339,6 +339,13 @@ typedef struct {
     int64_t gpu_pinned_bytes;                   /* host expert-cache memory page-locked for asynchronous copies */
     int64_t gpu_h2d_expert_bytes, gpu_h2d_expert_pinned_bytes, gpu_h2d_spine_bytes; /* copied host -> device */
     int64_t gpu_decode_h2d_expert_bytes;        /* ... experts copied during decode steps */
+    /* the network (setup --stream models: routed experts fetched from the hub on first use), apart from disk */
+    int hub_stream;
+    int64_t net_bytes, net_requests, net_retries; /* bytes received, HTTP requests, retried attempts */
+    double net_seconds;                           /* time in transfers, summed over parallel connections (process-wide, like net_bytes) */
+    int64_t net_experts_fetched, net_evictions;   /* experts fetched; experts evicted from the disk cache */
+    double net_fetch_seconds;                     /* time the forward pass waited for fetches (network + fdatasync) */
+    int64_t stream_disk_bytes, stream_disk_budget; /* experts on local disk now; the --disk budget (-1: none) */
 } df_stats;
 void df_stats_get(df_engine *e, df_stats *out);
 void df_stats_reset(df_engine *e);

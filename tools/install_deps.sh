@@ -11,5 +11,5 @@ if [ -n "$missing" ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
 fi
-PY_PKGS="numpy pytest safetensors tokenizers tiktoken jinja2 gguf openai anthropic langchain-openai langgraph xxhash transformers prometheus_client"
+PY_PKGS="numpy pytest safetensors tokenizers tiktoken jinja2 gguf openai anthropic langchain-openai langgraph xxhash transformers prometheus_client huggingface_hub"
 python3 -m pip install -q --disable-pip-version-check $PY_PKGS 2>&1 | grep -v 'Running pip as the' || true

@@ -125,6 +125,15 @@ static void print_stats(df_engine *e) {
             fprintf(stderr, "[stats] decode: %.1f MB of experts read per token, %.3f s I/O wait per token\n",
                     st.decode_bytes_read / 1e6 / st.decode_tokens, st.decode_io_wait_seconds / st.decode_tokens);
     }
+    if (st.hub_stream) {
+        char budget[64];
+        if (st.stream_disk_budget >= 0) snprintf(budget, sizeof budget, "%.3f MB", st.stream_disk_budget / 1e6);
+        else snprintf(budget, sizeof budget, "no limit");
+        fprintf(stderr, "[stats] network (hub stream): %lld experts fetched, %.1f MB received in %lld requests (%lld retried), "
+                        "%.3f s in transfers (summed over connections), %.3f s waited for fetches; disk (above): expert cache on disk %.3f MB (budget %s), %lld evicted\n",
+                (long long)st.net_experts_fetched, st.net_bytes / 1e6, (long long)st.net_requests, (long long)st.net_retries, st.net_seconds,
+                st.net_fetch_seconds, st.stream_disk_bytes / 1e6, budget, (long long)st.net_evictions);
+    }
 }
 
 /* Per-token series of --stats-json: after each generated token, the time

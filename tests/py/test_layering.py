@@ -10,7 +10,7 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 FLOORS = {
     "util": 1,
     "format": 2,
-    "backend": 3, "store": 3, "tok": 3, "grammar": 3,
+    "backend": 3, "store": 3, "hub": 3, "tok": 3, "grammar": 3,
     "model": 4,
     "core": 5,
     "server": 6,
