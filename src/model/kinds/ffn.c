@@ -130,40 +130,60 @@ static int predict_next(const df_model *m, df_state *s, int l) {
     return nl;
 }
 
+/* Decode of a layer whose experts are all resident on a device that routes
+ * (backend.h, moe_fused): the router, the experts and the combine run there
+ * with nothing read back, so the host does not wait for the device. 1: the
+ * backend declined (the host-routed path runs), 0, or a DF_E* code. */
+static int moe_fused(const df_model *m, df_state *s, const df_layer *L, int l, const df_act *xin, df_act *out, int D) {
+    const df_config *c = &m->cfg;
+    const gate_kind gk = gate_of(m, L);
+    df_moe_fused_args a = {.layer = l, .x = xin, .out = out, .g = s->ge, .u = s->ue, .d = s->de_all, .D = D,
+                           .I = c->moe_intermediate, .gate = gk.k, .p0 = gk.p0, .p1 = gk.p1};
+    a.route = df_route_args_of(m, L, s->router_logits, 1, NULL, s->selw);
+    return df_moe_fused(&a);
+}
+
 int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) {
     const df_config *c = &m->cfg;
     const int H = c->hidden, E = c->n_experts, K = c->n_experts_used;
     df_matmul(&L->w.router, s->xn, n, s->router_logits);
-    df_router_of(L->kind.router)(m, L, s->router_logits, n, s->sel, s->selw);
-    /* the distinct experts of this batch, in index order */
-    unsigned char *seen = s->seen;
-    memset(seen, 0, (size_t)E);
-    for (int i = 0; i < n * K; i++) seen[s->sel[i]] = 1;
-    int ne = 0;
-    for (int e = 0; e < E; e++)
-        if (seen[e]) s->exp_list[ne++] = e;
     df_expert_source *src = s->src ? s->src : m->resident_src;
-    int pf_l = n == 1 && src->ops->wants_prediction(src) ? predict_next(m, s, l) : -1;
     /* latent MoE: the routed experts work on the latent projection of the input */
     const int D = L->kind.latent ? c->latent_dim : H;
-    if (L->kind.latent) df_matmul(&L->w.lat_down, s->xn, n, s->lat);
-    moe_ctx mc = {.m = m, .s = s, .L = L, .l = l, .n = n, .xin = L->kind.latent ? s->lat : s->xn, .D = D};
-    const int wave = src->ops->capacity(src);
-    if (wave <= 0) return df_err(s->err, sizeof s->err, DF_EINTERNAL, "layer %d: the expert source holds no experts", l);
-    for (int w0 = 0; w0 < ne; w0 += wave) {
-        int cnt = ne - w0 < wave ? ne - w0 : wave;
-        mc.ids = s->exp_list + w0;
-        int rc = src->ops->acquire(src, l, mc.ids, cnt, pf_l, s->pred, w0 == 0 && pf_l >= 0 ? K : 0, expert_ready, &mc, s->err, sizeof s->err);
-        df_experts_done(); /* a device backend's expert cache may reuse these experts' slots from here on */
-        src->ops->release(src);
-        if (rc) return rc;
+    df_act *comb = L->kind.latent ? s->lat : s->ffn_out; /* where the combine goes */
+    int fused = 1;
+    if (n == 1 && src == m->resident_src && df_moe_resident(l, E, K, n)) {
+        if (L->kind.latent) df_matmul(&L->w.lat_down, s->xn, n, s->lat);
+        fused = moe_fused(m, s, L, l, L->kind.latent ? s->lat : s->xn, comb, D);
+        if (fused < 0) return df_err(s->err, sizeof s->err, fused, "layer %d: the device-routed MoE failed (the backend said why on stderr)", l);
     }
-    if (L->kind.latent) { /* sum in the latent width, norm, project back (the latent input is consumed) */
-        df_moe_combine(s->lat, s->de_all, s->selw, n, K, D);
+    if (fused) { /* the host-routed path */
+        df_router_of(L->kind.router)(m, L, s->router_logits, n, s->sel, s->selw);
+        /* the distinct experts of this batch, in index order */
+        unsigned char *seen = s->seen;
+        memset(seen, 0, (size_t)E);
+        for (int i = 0; i < n * K; i++) seen[s->sel[i]] = 1;
+        int ne = 0;
+        for (int e = 0; e < E; e++)
+            if (seen[e]) s->exp_list[ne++] = e;
+        int pf_l = n == 1 && src->ops->wants_prediction(src) ? predict_next(m, s, l) : -1;
+        if (L->kind.latent) df_matmul(&L->w.lat_down, s->xn, n, s->lat);
+        moe_ctx mc = {.m = m, .s = s, .L = L, .l = l, .n = n, .xin = L->kind.latent ? s->lat : s->xn, .D = D};
+        const int wave = src->ops->capacity(src);
+        if (wave <= 0) return df_err(s->err, sizeof s->err, DF_EINTERNAL, "layer %d: the expert source holds no experts", l);
+        for (int w0 = 0; w0 < ne; w0 += wave) {
+            int cnt = ne - w0 < wave ? ne - w0 : wave;
+            mc.ids = s->exp_list + w0;
+            int rc = src->ops->acquire(src, l, mc.ids, cnt, pf_l, s->pred, w0 == 0 && pf_l >= 0 ? K : 0, expert_ready, &mc, s->err, sizeof s->err);
+            df_experts_done(); /* a device backend's expert cache may reuse these experts' slots from here on */
+            src->ops->release(src);
+            if (rc) return rc;
+        }
+        df_moe_combine(comb, s->de_all, s->selw, n, K, D);
+    }
+    if (L->kind.latent) { /* the sum in the latent width: norm, project back (the latent input is consumed) */
         if (L->lat_norm) df_rmsnorm_rows(s->lat, D, s->lat, D, L->lat_norm, n, D, (float)c->rms_eps);
         df_matmul(&L->w.lat_up, s->lat, n, s->ffn_out);
-    } else {
-        df_moe_combine(s->ffn_out, s->de_all, s->selw, n, K, H);
     }
     if (L->has_shared) {
         glu(&L->w.shared, gate_of(m, L), s->xn, n, s->h1, s->h2, s->o);
