@@ -359,11 +359,17 @@ typedef struct df_backend_ops {
      * host anyway): moe_resident says whether moe_fused can run layer `layer`
      * (n_experts experts, k per token) for n tokens now, i.e. every expert of
      * the layer is resident in the device's expert cache (its device table is
-     * filled); moe_fused runs it (0; 1: declined, nothing done: the caller
-     * takes the host-routed path; or a negative DF_E* code). A device expert
-     * cache counts each fused token's k experts x 3 parts as hits. */
+     * filled): 1; 0: not now; 2: not yet, but the cache's free slots hold
+     * the missing parts: hand every part of the layer to moe_preload, then
+     * ask again (once per layer). moe_fused runs it (0; 1: declined, nothing
+     * done: the caller takes the host-routed path; or a negative DF_E* code).
+     * A device expert cache counts each fused token's k experts x 3 parts as
+     * hits, and preloaded parts as misses (copied host -> device). */
     int (*moe_resident)(int layer, int n_experts, int k, int n);
     int (*moe_fused)(const df_moe_fused_args *a);
+    /* copies the routed expert parts w[0..n) (ident set) that are not cached yet into free slots of the
+     * device expert cache (never evicting); 0 or DF_E* */
+    int (*moe_preload)(const df_weight *w, int n);
 } df_backend_ops;
 
 extern const df_backend_ops df_backend_cpu;        /* best ISA, all threads */
@@ -446,6 +452,7 @@ static inline void df_experts_done(void) { if (df_be->experts_done) df_be->exper
 static inline void df_tier_reset(void) { if (df_be->tier_reset) df_be->tier_reset(); }
 static inline int df_moe_resident(int layer, int n_experts, int k, int n) { return df_be->moe_resident && df_be->moe_fused ? df_be->moe_resident(layer, n_experts, k, n) : 0; }
 static inline int df_moe_fused(const df_moe_fused_args *a) { return df_be->moe_fused ? df_be->moe_fused(a) : 1; }
+static inline int df_moe_preload(const df_weight *w, int n) { return df_be->moe_preload ? df_be->moe_preload(w, n) : 0; }
 /* 0 with *out filled, or -1 (a backend without tiers; *out zeroed). */
 static inline int df_tier_stats_get(df_tier_stats *out) {
     memset(out, 0, sizeof *out);

@@ -33,7 +33,7 @@ static void fused_moe_checks(void) {
     const df_backend_ops *B = &df_backend_cuda;
     CHECK(B->moe_resident && B->moe_fused, "the CUDA backend offers the device-routed MoE");
     if (!B->moe_resident || !B->moe_fused) return;
-    df_cuda_set_memory((int64_t)256 << 20, 0, (int64_t)3 * E * I * D * 2);
+    df_cuda_set_memory((int64_t)256 << 20, 0, (int64_t)2 * 3 * E * I * D * 2); /* room for two layers */
     static uint16_t wb[E][3][I * D];
     static float xv[D], lg[E], bias[E], hw[K], fw[K], ho[D], fo[D], ro[D], hd[K * D], fd[K * D];
     df_weight pw[E][3];
@@ -64,7 +64,7 @@ static void fused_moe_checks(void) {
             B->matmul_batch(&j, 1, 1);
         }
     B->experts_done();
-    CHECK(B->moe_resident(LAYER, E, K, 1) == 0, "one part missing: not resident");
+    CHECK(B->moe_resident(LAYER, E, K, 1) == 2, "one part missing: not resident (a preload offered: the cache has room)");
     {
         const df_mv_job j = {&pw[E - 1][2], hg, scr};
         B->matmul_batch(&j, 1, 1);
@@ -72,7 +72,7 @@ static void fused_moe_checks(void) {
     }
     CHECK(B->moe_resident(LAYER, E, K, 1) == 1, "every part cached: resident");
     CHECK(B->moe_resident(LAYER, E, K, 2) == 0, "two tokens: not fused");
-    CHECK(B->moe_resident(LAYER + 1, E, K, 1) == 0, "another layer: not resident");
+    CHECK(B->moe_resident(LAYER + 1, E, K, 1) == 2 && B->moe_resident(LAYER + 1, E, K, 1) == 0, "another layer: not resident (a preload offered once)");
     int ulp1 = 0, nw = 0, mism_ids = 0;
     for (int trial = 0; trial < TRIALS; trial++) {
         const int kind = trial % 3; /* 0 softmax + norm, 1 softmax, 2 sigmoid groups */
@@ -129,6 +129,26 @@ static void fused_moe_checks(void) {
     }
     printf("test_backend_cuda: device-routed MoE: %d trials, ids %s, %d of %d weights one ulp from the host route's (the rest equal)\n", TRIALS,
            mism_ids ? "DIFFER" : "equal", ulp1, nw);
+    /* preload: a second layer of the same bytes, never routed: the cache has room, so moe_resident offers a
+     * preload (2, once), after which the layer is resident and its fused output is the first layer's */
+    {
+        static df_weight pw2[E][3];
+        memcpy(pw2, pw, sizeof pw2);
+        for (int e = 0; e < E; e++)
+            for (int p = 0; p < 3; p++) pw2[e][p].ident = df_expert_ident(LAYER + 2, e, p);
+        CHECK(B->moe_resident(LAYER + 2, E, K, 1) == 2, "a layer with room for its experts: preload offered");
+        CHECK(B->moe_resident(LAYER + 2, E, K, 1) == 0, "the preload is offered once");
+        CHECK(B->moe_preload && B->moe_preload(&pw2[0][0], 3 * E) == 0, "moe_preload");
+        CHECK(B->moe_resident(LAYER + 2, E, K, 1) == 1, "after the preload: resident");
+        df_moe_fused_args fa = {.route = {.kind = DF_ROUTE_SOFTMAX_TOPK, .logits = dlg, .w = fwd, .n = 1, .n_experts = E, .k = K, .norm_topk = 1},
+                                .layer = LAYER, .x = x, .out = fout, .g = fg, .u = fu, .d = fdd, .D = D, .I = I, .gate = DF_GATE_SILU};
+        CHECK(B->moe_fused(&fa) == 0, "fused, first layer");
+        B->read(fo, fout, D);
+        fa.layer = LAYER + 2, fa.out = rout;
+        CHECK(B->moe_fused(&fa) == 0, "fused, preloaded layer");
+        B->read(ro, rout, D);
+        CHECK(!memcmp(fo, ro, sizeof fo), "the preloaded layer (same bytes) gives the first layer's output");
+    }
     /* a shape the launch cannot take (the down projection is not [D x I]): declined, nothing done */
     df_moe_fused_args bad = {.route = {.kind = DF_ROUTE_SOFTMAX_TOPK, .logits = dlg, .w = fwd, .n = 1, .n_experts = E, .k = K, .norm_topk = 1},
                              .layer = LAYER, .x = x, .out = fout, .g = fg, .u = fu, .d = fdd, .D = D, .I = I / 2, .gate = DF_GATE_SILU};

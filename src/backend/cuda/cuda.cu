@@ -442,7 +442,7 @@ static int g_lfu;                   /* DELTAFIN_CUDA_EVICT=lfu (measurement aid;
 typedef struct {
     DW *dev;            /* [n_experts * 3] on the device (NULL: never filled) */
     DW h0[3];           /* expert 0's parts (the layer's shapes: a table is filled only when every expert has them) */
-    int n_experts, valid, tried;
+    int n_experts, valid, tried, preloaded;
     int64_t parts;      /* parts of the layer in slots now */
     uint64_t seen;      /* g_lchg[l] at the last failed fill (nothing changed since: no rescan) */
 } ltab;
@@ -636,7 +636,8 @@ static int g_moe_resident(int layer, int n_experts, int k, int n) {
         return 0;
     ltab *t = &g_lt[layer];
     if (t->valid && t->n_experts == n_experts) return 1;
-    if (t->parts < 3 * (int64_t)n_experts) return 0;
+    if (t->parts < 3 * (int64_t)n_experts) /* the missing parts fit the never used slots: the caller may preload them (once) */
+        return !t->preloaded && g_vc.n_slots - g_vc.n_filled >= 3 * (int64_t)n_experts - t->parts ? (t->preloaded = 1, 2) : 0;
     if (t->tried && t->seen == g_lchg[layer] && t->n_experts == n_experts) return 0; /* nothing came in since the last look */
     t->valid = 0, t->tried = 1, t->seen = g_lchg[layer];
     static DW *h;
@@ -662,6 +663,20 @@ static int g_moe_resident(int layer, int n_experts, int k, int n) {
     memcpy(t->h0, h, sizeof t->h0);
     t->valid = 1;
     return 1;
+}
+static int g_moe_preload(const df_weight *w, int n) {
+    LOCK();
+    for (int i = 0; i < n; i++) {
+        if (g_vc_state != 1 || g_vc.n_filled >= g_vc.n_slots) return 0; /* no free slot left: never evicts */
+        if (!w[i].ident || df_vc_peek(&g_vc, w[i].ident) >= 0) continue;
+        int rc = w_check(&w[i], "moe_preload");
+        if (rc) return rc;
+        const size_t db = (size_t)w[i].rows * w[i].row_bytes, sb = (size_t)df_weight_scale_bytes(&w[i]);
+        DW d;
+        if ((rc = vc_get(&w[i], db, sb, &d, "moe_preload")) < 0) return rc;
+        if (rc) g_vc.bypasses--; /* too large for a slot: not cached, and no product bypassed */
+    }
+    return 0;
 }
 const DW *moe_table(int layer, int n_experts, const DW **h0) {
     if (g_vc_state != 1 || layer < 0 || layer >= g_nlt || !g_lt[layer].valid || g_lt[layer].n_experts != n_experts) return NULL;
@@ -795,6 +810,6 @@ extern "C" const df_backend_ops df_backend_cuda = {
     g_route, g_moe_combine,
     g_causal_conv1d, g_kda_scan, g_kda_gate,
     g_host_pin, g_host_unpin, g_host_fence, g_experts_done, g_tier_reset, g_tier_stats,
-    g_moe_resident, g_moe_fused,
+    g_moe_resident, g_moe_fused, g_moe_preload,
 };
 

@@ -14,6 +14,7 @@
 #include "deltafin.h"
 #include "util/util.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* The backend's gated activation of a layer's act kind, with its parameters. */
@@ -143,6 +144,31 @@ static int moe_fused(const df_model *m, df_state *s, const df_layer *L, int l, c
     return df_moe_fused(&a);
 }
 
+/* Every routed expert of layer l (the model's own memory) handed to the backend to bring into its device
+ * expert cache (moe_preload), so the layer can become resident before each expert has been routed to once. */
+static int moe_preload(const df_model *m, const df_layer *L, int l) {
+    const int E = m->cfg.n_experts;
+    df_weight *w = malloc((size_t)3 * E * sizeof *w);
+    if (!w) return DF_ENOMEM; /* the layer keeps the host-routed path */
+    for (int e = 0; e < E; e++) {
+        const df_ffn *f = &L->experts[e];
+        const df_weight *ws[3] = {&f->gate, &f->up, &f->down};
+        const uint8_t *parts[DF_EXPERT_PARTS];
+        int p = 0;
+        for (int k = 0; k < 3; k++) {
+            parts[p++] = ws[k]->data;
+            if (df_weight_scale_bytes(ws[k])) parts[p++] = ws[k]->scale;
+        }
+        df_glu g;
+        expert_view(f, l, e, parts, &g);
+        w[3 * e] = g.gate, w[3 * e + 1] = g.up, w[3 * e + 2] = g.down;
+    }
+    int rc = df_moe_preload(w, 3 * E);
+    df_experts_done();
+    free(w);
+    return rc;
+}
+
 int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) {
     const df_config *c = &m->cfg;
     const int H = c->hidden, E = c->n_experts, K = c->n_experts_used;
@@ -152,7 +178,9 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
     const int D = L->kind.latent ? c->latent_dim : H;
     df_act *comb = L->kind.latent ? s->lat : s->ffn_out; /* where the combine goes */
     int fused = 1;
-    if (n == 1 && src == m->resident_src && df_moe_resident(l, E, K, n)) {
+    int res = n == 1 && src == m->resident_src ? df_moe_resident(l, E, K, n) : 0;
+    if (res == 2) res = moe_preload(m, L, l) ? 0 : df_moe_resident(l, E, K, n);
+    if (res == 1) {
         if (L->kind.latent) df_matmul(&L->w.lat_down, s->xn, n, s->lat);
         fused = moe_fused(m, s, L, l, L->kind.latent ? s->lat : s->xn, comb, D);
         if (fused < 0) return df_err(s->err, sizeof s->err, fused, "layer %d: the device-routed MoE failed (the backend said why on stderr)", l);
