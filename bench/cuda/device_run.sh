@@ -25,7 +25,7 @@
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
 # Steps: STEPS="unit conf e2e tiers bench moe" (default all). MOE_SET=fused: conformance without the unsplit rerun,
 # and step 5 runs resident decode with the device-routed MoE off and on (DELTAFIN_CUDA_FUSED_MOE=0/1) alternated
-# twice, 512 tokens, sampled, profiled (PROF=1), the pinned 600M tier with it on, the ids compared, and an nsys
+# twice, 512 tokens, sampled, profiled (PROF=1: host time, PROF=3: GPU time per op), the pinned 600M tier with it on, the ids compared, and an nsys
 # kernel summary of each when nsys is there. MOE_SET=lean: conformance without the unsplit
 # rerun, and step 5 runs only resident decode with each mask of the decode-step savings (DELTAFIN_CUDA_LEAN=0..3),
 # alternated twice, 512 tokens with 0 and 3, profiled (PROF=1) with 0 and 3, the ids compared.
@@ -98,6 +98,7 @@ if has moe; then
         for F in 0 1; do DELTAFIN_CUDA_FUSED_MOE=$F MAX_NEW=512 moe "resident-fused$F-512" --gpu-memory 100G; done
         for F in 0 1; do DELTAFIN_CUDA_FUSED_MOE=$F moe "resident-fused$F-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
         for F in 0 1; do DELTAFIN_CUDA_FUSED_MOE=$F DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-fused$F-prof1" --gpu-memory 100G; done
+        for F in 0 1; do DELTAFIN_CUDA_FUSED_MOE=$F DELTAFIN_CUDA_PROF=3 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-fused$F-prof3" --gpu-memory 100G; done
         DELTAFIN_CUDA_FUSED_MOE=1 moe pinned-600M-fused1 --gpu-memory 600M --expert-cache 8G --temperature 1 --seed 1
         for n in resident-fused0-r1 resident-fused1-r1 resident-fused0-r2 resident-fused1-r2 resident-fused0-prof1 resident-fused1-prof1; do
             cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"

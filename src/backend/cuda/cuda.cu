@@ -71,10 +71,45 @@ typedef struct { const char *op; double s; int64_t n; } prof_ent;
 static prof_ent g_pt[64];
 static int g_npt;
 static int64_t g_prof_l0; /* launches when the table restarted */
+/* DELTAFIN_CUDA_PROF=3: event pairs around ops, summed (as seconds into the table) when the pool fills, at
+ * prof_restart and at tier_reset / exit. Ops nested in another op's scope are counted in both. */
+typedef struct { const char *op; cudaEvent_t a, b; int done; } evpair;
+#define EV_POOL 8192
+static evpair g_evp[EV_POOL];
+static int g_evn, g_ev_made, g_ev_skip;
+static void prof_ev_flush(int count) {
+    if (!g_evn) return;
+    if (cudaDeviceSynchronize() != cudaSuccess) { cudaGetLastError(); g_evn = 0; return; }
+    for (int i = 0; i < g_evn; i++) {
+        float ms = 0;
+        if (count && g_evp[i].done && cudaEventElapsedTime(&ms, g_evp[i].a, g_evp[i].b) == cudaSuccess) prof_add(g_evp[i].op, ms * 1e-3);
+        else cudaGetLastError();
+    }
+    g_evn = 0;
+}
+int prof_ev_begin(const char *op) {
+    if (g_ev_skip) return -1;
+    if (g_evn == EV_POOL) prof_ev_flush(1);
+    if (g_evn == g_ev_made) {
+        if (cudaEventCreate(&g_evp[g_evn].a) != cudaSuccess || cudaEventCreate(&g_evp[g_evn].b) != cudaSuccess) { cudaGetLastError(); g_ev_skip = 1; return -1; }
+        g_ev_made++;
+    }
+    evpair *p = &g_evp[g_evn];
+    p->op = op, p->done = 0;
+    if (cudaEventRecord(p->a, 0) != cudaSuccess) { cudaGetLastError(); return -1; }
+    return g_evn++;
+}
+void prof_ev_end(int i) {
+    if (i < 0 || i >= g_evn) return;
+    if (cudaEventRecord(g_evp[i].b, 0) == cudaSuccess) g_evp[i].done = 1;
+    else cudaGetLastError();
+}
 static void prof_print(void) {
+    if (g_prof == 3) prof_ev_flush(1);
     double tot = 0;
     for (int i = 0; i < g_npt; i++) tot += g_pt[i].s;
-    fprintf(stderr, "[cuda prof] %s: %.3f s in backend ops\n", g_prof > 1 ? "host + GPU time (synchronized per op)" : "host time (asynchronous)", tot);
+    fprintf(stderr, "[cuda prof] %s: %.3f s in backend ops\n",
+            g_prof == 3 ? "GPU time (CUDA events around each op)" : g_prof > 1 ? "host + GPU time (synchronized per op)" : "host time (asynchronous)", tot);
     for (int i = 0; i < g_npt; i++)
         if (g_pt[i].n) fprintf(stderr, "[cuda prof] %-20s %9lld calls %9.3f ms %8.2f us/call %5.1f%%\n", g_pt[i].op, (long long)g_pt[i].n, g_pt[i].s * 1e3,
                 g_pt[i].n ? g_pt[i].s * 1e6 / g_pt[i].n : 0, tot > 0 ? 100 * g_pt[i].s / tot : 0);
@@ -102,6 +137,7 @@ void prof_restart(void) {
         dec = v && *v && strcmp(v, "0");
     }
     if (!dec) return;
+    if (g_prof == 3) prof_ev_flush(0);
     for (int i = 0; i < g_npt; i++) g_pt[i].s = 0, g_pt[i].n = 0;
     g_prof_l0 = g_mm_launches;
 }
@@ -631,13 +667,14 @@ static int fused_on(void) {
 }
 static int g_moe_resident(int layer, int n_experts, int k, int n) {
     LOCK();
-    if (!fused_on() || n != 1 || g_vc_state != 1 || layer < 0 || n_experts <= 0 || k <= 0 || k > n_experts || k > FUSED_MAX_K ||
+    if (!fused_on() || n < 1 || g_vc_state != 1 || layer < 0 || n_experts <= 0 || k <= 0 || k > n_experts || k > FUSED_MAX_K ||
         n_experts > FUSED_MAX_E || layer >= (1 << 20) || lt_grow(layer))
         return 0;
     ltab *t = &g_lt[layer];
-    if (t->valid && t->n_experts == n_experts) return 1;
     if (t->parts < 3 * (int64_t)n_experts) /* the missing parts fit the never used slots: the caller may preload them (once) */
-        return !t->preloaded && g_vc.n_slots - g_vc.n_filled >= 3 * (int64_t)n_experts - t->parts ? (t->preloaded = 1, 2) : 0;
+        return !t->preloaded && g_vc.n_slots - g_vc.n_filled >= 3 * (int64_t)n_experts - t->parts ? 2 : 0;
+    if (n != 1) return 0;
+    if (t->valid && t->n_experts == n_experts) return 1;
     if (t->tried && t->seen == g_lchg[layer] && t->n_experts == n_experts) return 0; /* nothing came in since the last look */
     t->valid = 0, t->tried = 1, t->seen = g_lchg[layer];
     static DW *h;
@@ -666,6 +703,10 @@ static int g_moe_resident(int layer, int n_experts, int k, int n) {
 }
 static int g_moe_preload(const df_weight *w, int n) {
     LOCK();
+    for (int i = 0; i < n; i++) { /* a layer is offered one preload */
+        const int l = (int)(w[i].ident >> 40) - 1;
+        if (w[i].ident && l >= 0 && l < g_nlt) g_lt[l].preloaded = 1;
+    }
     for (int i = 0; i < n; i++) {
         if (g_vc_state != 1 || g_vc.n_filled >= g_vc.n_slots) return 0; /* no free slot left: never evicts */
         if (!w[i].ident || df_vc_peek(&g_vc, w[i].ident) >= 0) continue;
@@ -687,6 +728,11 @@ void moe_count_hits(int64_t parts) { g_vc.hits += parts; }
 
 /* Releases the expert cache (its model is closed): the next model sizes its own. */
 static void g_tier_reset(void) {
+    if (g_prof == 3) { /* the events of the model's run, while the device is surely up */
+        pthread_mutex_lock(&g_mu);
+        prof_ev_flush(1);
+        pthread_mutex_unlock(&g_mu);
+    }
     LOCK();
     if (g_vc_state > 0) {
         CK("tier_reset", cudaDeviceSynchronize());

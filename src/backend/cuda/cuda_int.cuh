@@ -48,15 +48,24 @@ int prof_on(void);
 void prof_add(const char *op, double seconds);
 void prof_restart(void); /* DELTAFIN_CUDA_PROF_DECODE: forget what was timed so far (a prefill product calls it) */
 double prof_now(void);
+/* =3: each op's GPU time instead, from CUDA events recorded around it on the compute stream (no waits; the
+ * host time is not timed): the GPU's busy time per op, and the gaps between ops by difference */
+int prof_ev_begin(const char *op);
+void prof_ev_end(int i);
 struct Lock {
     const char *op;
     double t0;
-    Lock(const char *f) : op(f), t0(0) {
+    int ev;
+    Lock(const char *f) : op(f), t0(0), ev(-1) {
         pthread_mutex_lock(&g_mu), g_op++;
-        if (prof_on()) t0 = prof_now();
+        if (prof_on()) {
+            if (g_prof == 3) ev = prof_ev_begin(op);
+            else t0 = prof_now();
+        }
     }
     ~Lock() {
-        if (g_prof > 0) {
+        if (g_prof == 3) prof_ev_end(ev);
+        else if (g_prof > 0) {
             if (g_prof > 1) cudaDeviceSynchronize();
             prof_add(op, prof_now() - t0);
         }
@@ -68,9 +77,11 @@ struct Lock {
 struct ProfScope {
     const char *op;
     double t0;
-    ProfScope(const char *f) : op(f), t0(prof_on() ? prof_now() : 0) {}
+    int ev;
+    ProfScope(const char *f) : op(f), t0(prof_on() ? prof_now() : 0), ev(g_prof == 3 ? prof_ev_begin(f) : -1) {}
     ~ProfScope() {
-        if (g_prof > 0) {
+        if (g_prof == 3) prof_ev_end(ev);
+        else if (g_prof > 0) {
             if (g_prof > 1) cudaDeviceSynchronize();
             prof_add(op, prof_now() - t0);
         }

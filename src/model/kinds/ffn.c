@@ -178,9 +178,7 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
     const int D = L->kind.latent ? c->latent_dim : H;
     df_act *comb = L->kind.latent ? s->lat : s->ffn_out; /* where the combine goes */
     int fused = 1;
-    int res = n == 1 && src == m->resident_src ? df_moe_resident(l, E, K, n) : 0;
-    if (res == 2) res = moe_preload(m, L, l) ? 0 : df_moe_resident(l, E, K, n);
-    if (res == 1) {
+    if (n == 1 && src == m->resident_src && df_moe_resident(l, E, K, n) == 1) {
         if (L->kind.latent) df_matmul(&L->w.lat_down, s->xn, n, s->lat);
         fused = moe_fused(m, s, L, l, L->kind.latent ? s->lat : s->xn, comb, D);
         if (fused < 0) return df_err(s->err, sizeof s->err, fused, "layer %d: the device-routed MoE failed (the backend said why on stderr)", l);
@@ -208,6 +206,9 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
             if (rc) return rc;
         }
         df_moe_combine(comb, s->de_all, s->selw, n, K, D);
+        /* the first pass over a layer whose experts all fit the device's cache brings them in (prefill pays
+         * the copy once, and the decode steps after it run device-routed) */
+        if (src == m->resident_src && df_moe_resident(l, E, K, n) == 2) (void)moe_preload(m, L, l); /* a failure leaves the host-routed path */
     }
     if (L->kind.latent) { /* the sum in the latent width: norm, project back (the latent input is consumed) */
         if (L->lat_norm) df_rmsnorm_rows(s->lat, D, s->lat, D, L->lat_norm, n, D, (float)c->rms_eps);
