@@ -359,9 +359,10 @@ typedef struct df_backend_ops {
      * host anyway): moe_resident says whether moe_fused can run layer `layer`
      * (n_experts experts, k per token) for n tokens now, i.e. every expert of
      * the layer is resident in the device's expert cache (its device table is
-     * filled): 1; 0: not now; 2: not yet, but the cache's free slots hold
-     * the missing parts: hand every part of the layer to moe_preload, then
-     * ask again (once per layer). moe_fused runs it (0; 1: declined, nothing
+     * filled) and n is 1: 1; 0: not now; 2 (any n): not yet, but the cache's
+     * never-used slots hold the missing parts and the layer had no preload
+     * yet: hand every part of the layer to moe_preload (a layer gets one).
+     * moe_fused runs it (0; 1: declined, nothing
      * done: the caller takes the host-routed path; or a negative DF_E* code).
      * A device expert cache counts each fused token's k experts x 3 parts as
      * hits, and preloaded parts as misses (copied host -> device). */
