@@ -1,9 +1,11 @@
 /* test_backend_cuda.c - backend selection (df_backend_choose: --backend
  * cpu|cuda|auto) in either build, and, in a CUDA build (make CUDA=1, also
  * run by `make cuda-check`), what the CUDA backend refuses before touching
- * a device: GGML block types its kernels do not decode. Needs no GPU; the
- * CUDA backend's arithmetic is tested op by op by test_backend_ops
- * --backend cuda on a GPU. */
+ * a device: GGML block types its kernels do not decode. On a GPU also: cached
+ * experts batched into one launch, the narrow one-token launch's bits, and
+ * the device-routed MoE (moe_resident / moe_fused / moe_preload) against the
+ * host-routed path. The CUDA backend's arithmetic is tested op by op by
+ * test_backend_ops --backend cuda on a GPU. */
 #include "backend/backend.h"
 #include "deltafin.h"
 #include "format/gguf.h"
@@ -278,7 +280,7 @@ int main(void) {
         fused_moe_checks();
         df_backend_select("cpu");
     } else
-        printf("test_backend_cuda: no CUDA device: the batching check of cached experts is SKIPPED\n");
+        printf("test_backend_cuda: no CUDA device: the device checks (batching of cached experts, narrow launches, the device-routed MoE) are SKIPPED\n");
 #endif
     printf("test_backend_cuda: %s build, %d failures\n", df_backend_cuda_built() ? "CUDA" : "CPU-only", failures);
     return failures ? 1 : 0;
