@@ -23,7 +23,10 @@
 #         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
-# Steps: STEPS="unit conf e2e tiers bench moe" (default all). MOE_SET=lean: conformance without the unsplit
+# Steps: STEPS="unit conf e2e tiers bench moe" (default all). MOE_SET=fused: conformance without the unsplit rerun,
+# and step 5 runs resident decode with the device-routed MoE off and on (DELTAFIN_CUDA_FUSED_MOE=0/1) alternated
+# twice, 512 tokens, sampled, profiled (PROF=1: host time, PROF=3: GPU time per op), the pinned 600M tier with it on, the ids compared, and an nsys
+# kernel summary of each when nsys is there. MOE_SET=lean: conformance without the unsplit
 # rerun, and step 5 runs only resident decode with each mask of the decode-step savings (DELTAFIN_CUDA_LEAN=0..3),
 # alternated twice, 512 tokens with 0 and 3, profiled (PROF=1) with 0 and 3, the ids compared.
 set -u
@@ -57,7 +60,7 @@ fi
 if has conf; then
     step "conformance (test_backend_ops --backend cuda --ref cpu-scalar)" 240 conformance.log "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
     grep -E "FAIL|failures" "$OUT/conformance.log" | tail -15
-    if [ "${MOE_SET:-all}" != lean ]; then
+    if [ "${MOE_SET:-all}" = all ]; then
         DELTAFIN_CUDA_ATTN_SPLIT=0 step "conformance, decode attention without the position split" 240 conformance_nosplit.log \
             "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
         grep -E "FAIL|failures" "$OUT/conformance_nosplit.log" | tail -5
@@ -88,7 +91,30 @@ if has moe; then
         python3 "$S/e2e_pct.py" "$OUT/moe_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
     }
     moe resident --gpu-memory 100G
-    if [ "${MOE_SET:-all}" = lean ]; then # the decode-step savings (DELTAFIN_CUDA_LEAN mask, default 3) on and off, alternated
+    if [ "${MOE_SET:-all}" = fused ]; then # the device-routed MoE (DELTAFIN_CUDA_FUSED_MOE=0: off, the host-routed path) on and off, alternated
+        for r in 1 2; do
+            for F in 0 1; do DELTAFIN_CUDA_FUSED_MOE=$F moe "resident-fused$F-r$r" --gpu-memory 100G; done
+        done
+        for F in 0 1; do DELTAFIN_CUDA_FUSED_MOE=$F MAX_NEW=512 moe "resident-fused$F-512" --gpu-memory 100G; done
+        for F in 0 1; do DELTAFIN_CUDA_FUSED_MOE=$F moe "resident-fused$F-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
+        for F in 0 1; do DELTAFIN_CUDA_FUSED_MOE=$F DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-fused$F-prof1" --gpu-memory 100G; done
+        for F in 0 1; do DELTAFIN_CUDA_FUSED_MOE=$F DELTAFIN_CUDA_PROF=3 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-fused$F-prof3" --gpu-memory 100G; done
+        DELTAFIN_CUDA_FUSED_MOE=1 moe pinned-600M-fused1 --gpu-memory 600M --expert-cache 8G --temperature 1 --seed 1
+        for n in resident-fused0-r1 resident-fused1-r1 resident-fused0-r2 resident-fused1-r2 resident-fused0-prof1 resident-fused1-prof1; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+        done
+        cmp -s <(grep -v '^\[' "$OUT/moe_resident-fused0-512.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-fused1-512.log" | head -1) && echo "ids 512: fused 0 and 1 the same" || echo "ids 512: fused 0 and 1 DIFFER"
+        cmp -s <(grep -v '^\[' "$OUT/moe_resident-fused0-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-fused1-sampled.log" | head -1) && echo "ids sampled: fused 0 and 1 the same" || echo "ids sampled: fused 0 and 1 DIFFER"
+        cmp -s <(grep -v '^\[' "$OUT/moe_resident-fused1-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_pinned-600M-fused1.log" | head -1) && echo "ids pinned-600M: same as resident sampled" || echo "ids pinned-600M: DIFFER from resident sampled"
+        if command -v nsys >/dev/null 2>&1; then # a kernel trace of the fused decode, when the machine has nsys
+            for F in 0 1; do
+                DELTAFIN_CUDA_FUSED_MOE=$F timeout 120 nsys profile -o "$OUT/nsys_fused$F" --stats=true -t cuda "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new 64 --ignore-eos --gpu-memory 100G >"$OUT/nsys_fused$F.log" 2>&1
+                grep -A14 "cuda_gpu_kern_sum" "$OUT/nsys_fused$F.log" | cut -c1-160 | head -16
+                rm -f "$OUT"/nsys_fused$F.nsys-rep "$OUT"/nsys_fused$F.sqlite
+            done
+        fi
+        echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    elif [ "${MOE_SET:-all}" = lean ]; then # the decode-step savings (DELTAFIN_CUDA_LEAN mask, default 3) on and off, alternated
         for r in 1 2; do
             for L in 0 1 2 3; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done
         done

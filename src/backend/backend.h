@@ -178,6 +178,28 @@ typedef struct {
     const float *bias;        /* param [n_experts], SIGMOID_GROUPS */
 } df_route_args;
 
+/* One MoE layer's routed experts for n tokens without the host (moe_fused,
+ * optional): the router (route.kind, .logits on the device, .n_experts, .k,
+ * .norm_topk, the groups, .scaling, .bias; .ids unused) runs ON the device
+ * with the host route's arithmetic and tie rule, its weights go to route.w
+ * [n][k] (device), the chosen experts' gate/up products, gate and down
+ * products run from the device's own table of the layer's VRAM-resident
+ * experts (their outputs in d, row (t, k)) and out = the combine of d by the
+ * weights, in (t, k) order: the expert stage of the host-routed path with
+ * nothing read back. out may alias x (the latent MoE's input). */
+typedef struct {
+    df_route_args route;
+    int layer;                /* the layer's index (df_expert_ident) */
+    const df_act *x;          /* [n][D] the routed experts' input */
+    df_act *out;              /* [n][D] */
+    df_act *g, *u;            /* scratch [n * k][I] */
+    df_act *d;                /* [n * k][D] each expert's output */
+    int D, I;                 /* expert input/output width, intermediate width */
+    df_gate_kind gate;
+    float p0, p1;
+    df_act *ids_out;          /* NULL, or [n][k] int32: the chosen ids (tests) */
+} df_moe_fused_args;
+
 /* Depthwise causal convolution over n tokens of C channels, width W (the
  * short convolution of KDA / Mamba-style mixers): with xx = the W-1 inputs
  * kept in state followed by x,
@@ -332,6 +354,23 @@ typedef struct df_backend_ops {
                                                code calls it after each acquire): a device cache may reuse their slots */
     void (*tier_reset)(void);               /* forgets cached experts (their model is closed) */
     void (*tier_stats)(df_tier_stats *out);
+
+    /* device-routed MoE (optional: NULL on the CPU, whose route is on the
+     * host anyway): moe_resident says whether moe_fused can run layer `layer`
+     * (n_experts experts, k per token) for n tokens now, i.e. every expert of
+     * the layer is resident in the device's expert cache (its device table is
+     * filled) and n is 1: 1; 0: not now; 2 (any n): not yet, but the cache's
+     * never-used slots hold the missing parts and the layer had no preload
+     * yet: hand every part of the layer to moe_preload (a layer gets one).
+     * moe_fused runs it (0; 1: declined, nothing
+     * done: the caller takes the host-routed path; or a negative DF_E* code).
+     * A device expert cache counts each fused token's k experts x 3 parts as
+     * hits, and preloaded parts as misses (copied host -> device). */
+    int (*moe_resident)(int layer, int n_experts, int k, int n);
+    int (*moe_fused)(const df_moe_fused_args *a);
+    /* copies the routed expert parts w[0..n) (ident set) that are not cached yet into free slots of the
+     * device expert cache (never evicting); 0 or DF_E* */
+    int (*moe_preload)(const df_weight *w, int n);
 } df_backend_ops;
 
 extern const df_backend_ops df_backend_cpu;        /* best ISA, all threads */
@@ -412,6 +451,9 @@ static inline void df_host_unpin(void *p) { if (df_be->host_unpin) df_be->host_u
 static inline void df_host_fence(void) { if (df_be->host_fence) df_be->host_fence(); }
 static inline void df_experts_done(void) { if (df_be->experts_done) df_be->experts_done(); }
 static inline void df_tier_reset(void) { if (df_be->tier_reset) df_be->tier_reset(); }
+static inline int df_moe_resident(int layer, int n_experts, int k, int n) { return df_be->moe_resident && df_be->moe_fused ? df_be->moe_resident(layer, n_experts, k, n) : 0; }
+static inline int df_moe_fused(const df_moe_fused_args *a) { return df_be->moe_fused ? df_be->moe_fused(a) : 1; }
+static inline int df_moe_preload(const df_weight *w, int n) { return df_be->moe_preload ? df_be->moe_preload(w, n) : 0; }
 /* 0 with *out filled, or -1 (a backend without tiers; *out zeroed). */
 static inline int df_tier_stats_get(df_tier_stats *out) {
     memset(out, 0, sizeof *out);

@@ -71,6 +71,12 @@ int df_vc_lookup(df_vcache *c, uint64_t key) {
     return c->tab[p];
 }
 
+int df_vc_peek(const df_vcache *c, uint64_t key) {
+    if (!key || !c->n_slots) return -1;
+    int p = tpos(c, key);
+    return p < 0 ? -1 : c->tab[p];
+}
+
 int df_vc_insert(df_vcache *c, uint64_t key, uint64_t *evicted, int64_t *victim_epoch) {
     *evicted = 0, *victim_epoch = -1;
     c->misses++;

@@ -48,6 +48,9 @@ void df_vc_free(df_vcache *c);
 void df_vc_clear(df_vcache *c);
 /* The slot holding key (a hit: its use is recorded), or -1 (a miss is not counted here). */
 int df_vc_lookup(df_vcache *c, uint64_t key);
+/* The slot holding key, or -1; records nothing (no use, no hit): the
+ * device-routed MoE's residency check (every part of a layer present). */
+int df_vc_peek(const df_vcache *c, uint64_t key);
 /* Puts key (not present) into a free slot or the policy's victim among the
  * slots not used in the current epoch; *evicted = the key it replaced (0:
  * none), *victim_epoch = the epoch of that slot's last use (-1: none).

@@ -36,5 +36,8 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n);
 /* Router kinds (kinds/router.c). */
 void df_route_softmax_topk(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w);
 void df_route_sigmoid_groups(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w);
+/* The backend route's arguments for layer L's router (both kinds above call df_route with them; the
+ * device-routed MoE of ffn.c hands them to moe_fused). */
+df_route_args df_route_args_of(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w);
 
 #endif

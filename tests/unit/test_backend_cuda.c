@@ -1,9 +1,11 @@
 /* test_backend_cuda.c - backend selection (df_backend_choose: --backend
  * cpu|cuda|auto) in either build, and, in a CUDA build (make CUDA=1, also
  * run by `make cuda-check`), what the CUDA backend refuses before touching
- * a device: GGML block types its kernels do not decode. Needs no GPU; the
- * CUDA backend's arithmetic is tested op by op by test_backend_ops
- * --backend cuda on a GPU. */
+ * a device: GGML block types its kernels do not decode. On a GPU also: cached
+ * experts batched into one launch, the narrow one-token launch's bits, and
+ * the device-routed MoE (moe_resident / moe_fused / moe_preload) against the
+ * host-routed path. The CUDA backend's arithmetic is tested op by op by
+ * test_backend_ops --backend cuda on a GPU. */
 #include "backend/backend.h"
 #include "deltafin.h"
 #include "format/gguf.h"
@@ -16,6 +18,149 @@
 
 static int failures;
 #define CHECK(c, ...) do { if (!(c)) { failures++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+#ifdef DF_CUDA
+static int32_t fbits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
+static uint32_t rng_state = 12345;
+static uint32_t rnd(void) { rng_state = rng_state * 1664525u + 1013904223u; return rng_state >> 8; }
+
+/* The device-routed MoE (moe_resident / moe_fused) against the host-routed path on the same device: a layer
+ * of E BF16 experts, every part first brought into the VRAM expert cache by products; logits with many ties
+ * (a few distinct values) and without; both router kinds. The ids must equal the host route's; each weight
+ * must be the host route's or one ulp from it (the exp: see cuda_mm.cu); every expert output row must be
+ * bit-equal to the host-routed launches', and the output bit-equal to the host path's combine of those rows
+ * by the fused weights (and so to the host path's output wherever the weights are equal). */
+static void fused_moe_checks(void) {
+    enum { E = 16, K = 4, D = 256, I = 128, LAYER = 5, TRIALS = 60 };
+    const df_backend_ops *B = &df_backend_cuda;
+    CHECK(B->moe_resident && B->moe_fused, "the CUDA backend offers the device-routed MoE");
+    if (!B->moe_resident || !B->moe_fused) return;
+    df_cuda_set_memory((int64_t)256 << 20, 0, (int64_t)2 * 3 * E * I * D * 2); /* room for two layers */
+    static uint16_t wb[E][3][I * D];
+    static float xv[D], lg[E], bias[E], hw[K], fw[K], ho[D], fo[D], ro[D], hd[K * D], fd[K * D];
+    df_weight pw[E][3];
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            for (int i = 0; i < I * D; i++) {
+                const float v = (float)((int)(rnd() % 2001) - 1000) / 4096.0f;
+                uint32_t u;
+                memcpy(&u, &v, 4);
+                wb[e][p][i] = (uint16_t)(u >> 16);
+            }
+            df_weight *w = &pw[e][p];
+            memset(w, 0, sizeof *w);
+            w->fmt = DF_W_BF16, w->rows = p == 2 ? D : I, w->cols = p == 2 ? I : D, w->data = (const uint8_t *)wb[e][p];
+            w->row_bytes = (size_t)w->cols * 2, w->ident = df_expert_ident(LAYER, e, p);
+        }
+    for (int i = 0; i < D; i++) xv[i] = (float)((int)(rnd() % 1001) - 500) / 256.0f;
+    df_act *x = B->alloc(D), *scr = B->alloc(D), *dlg = B->alloc(E), *hwd = B->alloc(K), *fwd = B->alloc(K), *rwd = B->alloc(K);
+    df_act *hg = B->alloc(K * I), *hu = B->alloc(K * I), *hdd = B->alloc(K * D), *hout = B->alloc(D);
+    df_act *fg = B->alloc(K * I), *fu = B->alloc(K * I), *fdd = B->alloc(K * D), *fout = B->alloc(D), *rout = B->alloc(D), *fids = B->alloc(K);
+    B->write(x, xv, D);
+    CHECK(B->moe_resident(LAYER, E, K, 1) == 0, "nothing cached: not resident");
+    /* every part but the last expert's down projection through a product: still not resident */
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            if (e == E - 1 && p == 2) continue;
+            const df_mv_job j = {&pw[e][p], p == 2 ? hg : x, p == 2 ? scr : hg};
+            B->matmul_batch(&j, 1, 1);
+        }
+    B->experts_done();
+    CHECK(B->moe_resident(LAYER, E, K, 1) == 2, "one part missing: not resident (a preload offered: the cache has room)");
+    {
+        const df_mv_job j = {&pw[E - 1][2], hg, scr};
+        B->matmul_batch(&j, 1, 1);
+        B->experts_done();
+    }
+    CHECK(B->moe_resident(LAYER, E, K, 1) == 1, "every part cached: resident");
+    CHECK(B->moe_resident(LAYER, E, K, 2) == 0, "two tokens: not fused");
+    CHECK(B->moe_resident(LAYER + 1, E, K, 1) == 2 && B->moe_resident(LAYER + 1, E, K, 4) == 2, "another layer: not resident (a preload offered, for any n)");
+    int ulp1 = 0, nw = 0, mism_ids = 0;
+    for (int trial = 0; trial < TRIALS; trial++) {
+        const int kind = trial % 3; /* 0 softmax + norm, 1 softmax, 2 sigmoid groups */
+        const int ties = trial % 2;
+        for (int e = 0; e < E; e++) {
+            lg[e] = ties ? (float)((int)(rnd() % 5) - 2) * 0.75f : (float)((int)(rnd() % 200001) - 100000) / 25000.0f;
+            bias[e] = ties ? 0.0f : (float)((int)(rnd() % 101) - 50) / 400.0f;
+        }
+        B->write(dlg, lg, E);
+        int hids[K], fi[K];
+        df_route_args ra = {.kind = kind == 2 ? DF_ROUTE_SIGMOID_GROUPS : DF_ROUTE_SOFTMAX_TOPK, .logits = dlg, .ids = hids, .w = hwd, .n = 1,
+                            .n_experts = E, .k = K, .norm_topk = kind != 1, .n_group = 4, .topk_group = 2, .scaling = 2.5f, .bias = bias};
+        /* the host-routed path, as ffn.c issues it for one token */
+        B->route(&ra);
+        df_mv_job jobs[2 * K];
+        for (int k = 0; k < K; k++) {
+            jobs[2 * k] = (df_mv_job){&pw[hids[k]][0], x, DF_AT(hg, (size_t)k * I)};
+            jobs[2 * k + 1] = (df_mv_job){&pw[hids[k]][1], x, DF_AT(hu, (size_t)k * I)};
+        }
+        B->matmul_batch(jobs, 2 * K, 1);
+        B->gate(hg, hg, hu, (size_t)K * I, DF_GATE_SILU, 0, 0);
+        for (int k = 0; k < K; k++) jobs[k] = (df_mv_job){&pw[hids[k]][2], DF_AT(hg, (size_t)k * I), DF_AT(hdd, (size_t)k * D)};
+        B->matmul_batch(jobs, K, 1);
+        B->experts_done();
+        B->moe_combine(hout, hdd, hwd, 1, K, D);
+        /* the fused op */
+        df_tier_stats s0, s1;
+        B->tier_stats(&s0);
+        df_moe_fused_args fa = {.route = ra, .layer = LAYER, .x = x, .out = fout, .g = fg, .u = fu, .d = fdd, .D = D, .I = I, .gate = DF_GATE_SILU, .ids_out = fids};
+        fa.route.ids = NULL, fa.route.w = fwd;
+        int rc = B->moe_fused(&fa);
+        B->tier_stats(&s1);
+        CHECK(rc == 0, "trial %d: moe_fused rc %d", trial, rc);
+        CHECK(s1.cache_hits - s0.cache_hits == 3 * K, "trial %d: %lld hits counted, expected %d", trial, (long long)(s1.cache_hits - s0.cache_hits), 3 * K);
+        float fif[K];
+        B->read(fif, fids, K);
+        memcpy(fi, fif, sizeof fi);
+        B->read(hw, hwd, K), B->read(fw, fwd, K), B->read(ho, hout, D), B->read(fo, fout, D), B->read(hd, hdd, K * D), B->read(fd, fdd, K * D);
+        int same_w = 1;
+        for (int k = 0; k < K; k++) {
+            if (fi[k] != hids[k]) mism_ids++;
+            CHECK(fi[k] == hids[k], "trial %d (kind %d, ties %d): id %d: device %d, host %d", trial, kind, ties, k, fi[k], hids[k]);
+            const int32_t d = fbits(fw[k]) - fbits(hw[k]);
+            nw++;
+            if (d) ulp1++, same_w = 0;
+            CHECK(d >= -1 && d <= 1, "trial %d (kind %d): weight %d: device %a, host %a", trial, kind, k, fw[k], hw[k]);
+        }
+        CHECK(!memcmp(fd, hd, sizeof fd), "trial %d (kind %d): an expert output row differs from the host-routed launches'", trial, kind);
+        B->write(rwd, fw, K);
+        B->moe_combine(rout, hdd, rwd, 1, K, D);
+        B->read(ro, rout, D);
+        CHECK(!memcmp(fo, ro, sizeof fo), "trial %d (kind %d): the output is not the combine of the host-routed rows by the device weights", trial, kind);
+        if (same_w) CHECK(!memcmp(fo, ho, sizeof fo), "trial %d (kind %d): equal weights, different output", trial, kind);
+    }
+    printf("test_backend_cuda: device-routed MoE: %d trials, ids %s, %d of %d weights one ulp from the host route's (the rest equal)\n", TRIALS,
+           mism_ids ? "DIFFER" : "equal", ulp1, nw);
+    /* preload: a second layer of the same bytes, never routed: the cache has room, so moe_resident offers a
+     * preload (2, once), after which the layer is resident and its fused output is the first layer's */
+    {
+        static df_weight pw2[E][3];
+        memcpy(pw2, pw, sizeof pw2);
+        for (int e = 0; e < E; e++)
+            for (int p = 0; p < 3; p++) pw2[e][p].ident = df_expert_ident(LAYER + 2, e, p);
+        CHECK(B->moe_resident(LAYER + 2, E, K, 1) == 2, "a layer with room for its experts: preload offered");
+        CHECK(B->moe_preload && B->moe_preload(&pw2[0][0], 3 * E) == 0, "moe_preload");
+        CHECK(B->moe_resident(LAYER + 2, E, K, 2) == 0, "after the preload, two tokens: not fused");
+        CHECK(B->moe_resident(LAYER + 2, E, K, 1) == 1, "after the preload: resident");
+        df_moe_fused_args fa = {.route = {.kind = DF_ROUTE_SOFTMAX_TOPK, .logits = dlg, .w = fwd, .n = 1, .n_experts = E, .k = K, .norm_topk = 1},
+                                .layer = LAYER, .x = x, .out = fout, .g = fg, .u = fu, .d = fdd, .D = D, .I = I, .gate = DF_GATE_SILU};
+        CHECK(B->moe_fused(&fa) == 0, "fused, first layer");
+        B->read(fo, fout, D);
+        fa.layer = LAYER + 2, fa.out = rout;
+        CHECK(B->moe_fused(&fa) == 0, "fused, preloaded layer");
+        B->read(ro, rout, D);
+        CHECK(!memcmp(fo, ro, sizeof fo), "the preloaded layer (same bytes) gives the first layer's output");
+    }
+    /* a shape the launch cannot take (the down projection is not [D x I]): declined, nothing done */
+    df_moe_fused_args bad = {.route = {.kind = DF_ROUTE_SOFTMAX_TOPK, .logits = dlg, .w = fwd, .n = 1, .n_experts = E, .k = K, .norm_topk = 1},
+                             .layer = LAYER, .x = x, .out = fout, .g = fg, .u = fu, .d = fdd, .D = D, .I = I / 2, .gate = DF_GATE_SILU};
+    CHECK(B->moe_fused(&bad) == 1, "a shape mismatch is declined");
+    B->tier_reset();
+    CHECK(B->moe_resident(LAYER, E, K, 1) == 0, "after tier_reset: not resident");
+    df_act *all[] = {x, scr, dlg, hwd, fwd, rwd, hg, hu, hdd, hout, fg, fu, fdd, fout, rout, fids};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) B->free(all[i]);
+}
+#endif
 
 int main(void) {
     char err[256] = "";
@@ -132,9 +277,10 @@ int main(void) {
         for (int e = 0; e < NE; e++) df_backend_cuda.free(y[e]);
         df_backend_cuda.free(x);
         if (df_backend_cuda.tier_reset) df_backend_cuda.tier_reset();
+        fused_moe_checks();
         df_backend_select("cpu");
     } else
-        printf("test_backend_cuda: no CUDA device: the batching check of cached experts is SKIPPED\n");
+        printf("test_backend_cuda: no CUDA device: the device checks (batching of cached experts, narrow launches, the device-routed MoE) are SKIPPED\n");
 #endif
     printf("test_backend_cuda: %s build, %d failures\n", df_backend_cuda_built() ? "CUDA" : "CPU-only", failures);
     return failures ? 1 : 0;

@@ -37,6 +37,10 @@ static void test_lru(void) {
     CHECK(df_vc_insert(&c, K(0, 4, 0), &ev, &ve) == -1 && c.bypasses == 1, "no eviction of slots used in the current epoch");
     df_vc_fence(&c);
     CHECK(df_vc_lookup(&c, K(0, 1, 0)) == a && df_vc_lookup(&c, K(0, 3, 0)) == d, "hits find their slots");
+    /* peek (the device-routed MoE's residency check) finds expert 2 and records nothing: no hit, no use (the
+     * eviction below still takes it as last used in epoch 0) */
+    const int64_t hits0 = c.hits;
+    CHECK(df_vc_peek(&c, K(0, 2, 0)) == b && df_vc_peek(&c, K(0, 4, 0)) == -1 && df_vc_peek(&c, 0) == -1 && c.hits == hits0, "peek");
     df_vc_fence(&c); /* epoch 2 */
     int x = df_vc_insert(&c, K(1, 5, 2), &ev, &ve);
     CHECK(x == b && ev == K(0, 2, 0) && ve == 0, "LRU evicts the least recently used (expert 2, last used in epoch 0): slot %d key %llx epoch %lld", x,

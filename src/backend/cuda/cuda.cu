@@ -71,10 +71,45 @@ typedef struct { const char *op; double s; int64_t n; } prof_ent;
 static prof_ent g_pt[64];
 static int g_npt;
 static int64_t g_prof_l0; /* launches when the table restarted */
+/* DELTAFIN_CUDA_PROF=3: event pairs around ops, summed (as seconds into the table) when the pool fills, at
+ * prof_restart and at tier_reset / exit. Ops nested in another op's scope are counted in both. */
+typedef struct { const char *op; cudaEvent_t a, b; int done; } evpair;
+#define EV_POOL 8192
+static evpair g_evp[EV_POOL];
+static int g_evn, g_ev_made, g_ev_skip;
+static void prof_ev_flush(int count) {
+    if (!g_evn) return;
+    if (cudaDeviceSynchronize() != cudaSuccess) { cudaGetLastError(); g_evn = 0; return; }
+    for (int i = 0; i < g_evn; i++) {
+        float ms = 0;
+        if (count && g_evp[i].done && cudaEventElapsedTime(&ms, g_evp[i].a, g_evp[i].b) == cudaSuccess) prof_add(g_evp[i].op, ms * 1e-3);
+        else cudaGetLastError();
+    }
+    g_evn = 0;
+}
+int prof_ev_begin(const char *op) {
+    if (g_ev_skip) return -1;
+    if (g_evn == EV_POOL) prof_ev_flush(1);
+    if (g_evn == g_ev_made) {
+        if (cudaEventCreate(&g_evp[g_evn].a) != cudaSuccess || cudaEventCreate(&g_evp[g_evn].b) != cudaSuccess) { cudaGetLastError(); g_ev_skip = 1; return -1; }
+        g_ev_made++;
+    }
+    evpair *p = &g_evp[g_evn];
+    p->op = op, p->done = 0;
+    if (cudaEventRecord(p->a, 0) != cudaSuccess) { cudaGetLastError(); return -1; }
+    return g_evn++;
+}
+void prof_ev_end(int i) {
+    if (i < 0 || i >= g_evn) return;
+    if (cudaEventRecord(g_evp[i].b, 0) == cudaSuccess) g_evp[i].done = 1;
+    else cudaGetLastError();
+}
 static void prof_print(void) {
+    if (g_prof == 3) prof_ev_flush(1);
     double tot = 0;
     for (int i = 0; i < g_npt; i++) tot += g_pt[i].s;
-    fprintf(stderr, "[cuda prof] %s: %.3f s in backend ops\n", g_prof > 1 ? "host + GPU time (synchronized per op)" : "host time (asynchronous)", tot);
+    fprintf(stderr, "[cuda prof] %s: %.3f s in backend ops\n",
+            g_prof == 3 ? "GPU time (CUDA events around each op)" : g_prof > 1 ? "host + GPU time (synchronized per op)" : "host time (asynchronous)", tot);
     for (int i = 0; i < g_npt; i++)
         if (g_pt[i].n) fprintf(stderr, "[cuda prof] %-20s %9lld calls %9.3f ms %8.2f us/call %5.1f%%\n", g_pt[i].op, (long long)g_pt[i].n, g_pt[i].s * 1e3,
                 g_pt[i].n ? g_pt[i].s * 1e6 / g_pt[i].n : 0, tot > 0 ? 100 * g_pt[i].s / tot : 0);
@@ -102,6 +137,7 @@ void prof_restart(void) {
         dec = v && *v && strcmp(v, "0");
     }
     if (!dec) return;
+    if (g_prof == 3) prof_ev_flush(0);
     for (int i = 0; i < g_npt; i++) g_pt[i].s = 0, g_pt[i].n = 0;
     g_prof_l0 = g_mm_launches;
 }
@@ -436,6 +472,23 @@ static cudaEvent_t g_ev_copy;       /* the last copy issued on g_cs */
 static cudaEvent_t g_ev_epoch[EV_RING]; /* [epoch % EV_RING]: recorded on the compute stream when that epoch closed */
 static int g_copies;                /* copies issued since the last fence */
 static int g_lfu;                   /* DELTAFIN_CUDA_EVICT=lfu (measurement aid; LRU by default, docs/PERFORMANCE.md) */
+/* The device tables of fully resident layers (the device-routed MoE, moe_resident / moe_fused): for layer l,
+ * the DW of part p of expert e at [e * 3 + p], filled when every part of every expert of the layer is in a
+ * slot, invalid from the first eviction of one of them. g_slot_dw[i]: what slot i holds (set at its copy). */
+typedef struct {
+    DW *dev;            /* [n_experts * 3] on the device (NULL: never filled) */
+    DW h0[3];           /* expert 0's parts (the layer's shapes: a table is filled only when every expert has them) */
+    int n_experts, valid, tried, preloaded;
+    int64_t parts;      /* parts of the layer in slots now */
+    uint64_t seen;      /* g_lchg[l] at the last failed fill (nothing changed since: no rescan) */
+} ltab;
+static ltab *g_lt;
+static uint64_t *g_lchg; /* per layer: inserts and evictions of its parts */
+static int g_nlt;
+static DW *g_slot_dw;
+static cudaEvent_t g_ev_fused; /* recorded on the compute stream before a copy into a slot that a fused op may read */
+static void lt_changed(int layer, int evicted);
+static int lt_grow(int layer);
 /* host ranges given to host_pin */
 typedef struct { uint8_t *p; size_t n; } prange;
 static prange g_pin[64];
@@ -472,8 +525,11 @@ static void vc_init(size_t part_bytes) {
     while (n >= 1 && dmalloc(&mem, (size_t)(n * g_vc_slot_bytes), &g_cache_used, "expert cache") != cudaSuccess) n /= 2;
     if (!mem) return;
     if (df_vc_init(&g_vc, (int)n, g_lfu ? DF_VC_LFU : DF_VC_LRU)) { dfree(mem, &g_cache_used, "expert cache"); return; }
+    free(g_slot_dw);
+    if (!(g_slot_dw = (DW *)calloc((size_t)n, sizeof(DW)))) { df_vc_free(&g_vc), dfree(mem, &g_cache_used, "expert cache"); return; }
     cudaError_t e = cudaStreamCreateWithFlags(&g_cs, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g_ev_copy, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g_ev_fused, cudaEventDisableTiming);
     for (int i = 0; i < EV_RING && e == cudaSuccess; i++) e = cudaEventCreateWithFlags(&g_ev_epoch[i], cudaEventDisableTiming);
     if (e != cudaSuccess) {
         report("expert cache: streams and events", e);
@@ -505,6 +561,15 @@ static int vc_get(const df_weight *w, size_t db, size_t sb, DW *out, const char 
     const int layer = (int)(w->ident >> 40) - 1, expert = (int)((w->ident >> 8) & 0xffffffffu);
     cudaError_t e = cudaSuccess;
     if (ve >= 0) e = cudaStreamWaitEvent(g_cs, g_ev_epoch[ve % EV_RING], 0); /* the slot's last readers have run */
+    if (old) {
+        const int ol = (int)(old >> 40) - 1;
+        if (ol >= 0 && ol < g_nlt && g_lt[ol].valid && e == cudaSuccess) { /* fused ops queued so far may read the slot: the copy waits for them */
+            e = cudaEventRecord(g_ev_fused, 0);
+            if (e == cudaSuccess) e = cudaStreamWaitEvent(g_cs, g_ev_fused, 0);
+        }
+        lt_changed(ol, 1);
+    }
+    if (layer >= 0 && layer < (1 << 20) && !lt_grow(layer)) lt_changed(layer, 0);
     if (e == cudaSuccess) e = cudaMemcpyAsync(base, w->data, db, cudaMemcpyHostToDevice, g_cs);
     if (e == cudaSuccess && sb) e = cudaMemcpyAsync(base + up256(db), w->scale, sb, cudaMemcpyHostToDevice, g_cs);
     if (e == cudaSuccess) e = cudaEventRecord(g_ev_copy, g_cs);
@@ -513,8 +578,10 @@ static int vc_get(const df_weight *w, size_t db, size_t sb, DW *out, const char 
         fprintf(stderr, "deltafin: cuda backend: %s: copying layer %d expert %d part %d (%zu bytes) to the device: %s (%s)\n", op, layer, expert,
                 (int)(w->ident & 0xff), db + sb, cudaGetErrorString(e), cudaGetErrorName(e));
         df_vc_clear(&g_vc); /* the slot's contents are unknown */
+        for (int l = 0; l < g_nlt; l++) g_lchg[l]++, g_lt[l].valid = 0, g_lt[l].parts = 0;
         return DF_EINTERNAL;
     }
+    g_slot_dw[i] = dw_of(w, base, sb ? base + up256(db) : NULL);
     g_copies++;
     g_h2d_expert += (int64_t)(db + sb);
     if (is_pinned(w->data)) g_h2d_expert_pinned += (int64_t)(db + sb);
@@ -560,8 +627,112 @@ static void g_experts_done(void) {
     CK("experts_done", cudaEventRecord(g_ev_epoch[g_vc.epoch % EV_RING], 0));
     df_vc_fence(&g_vc);
 }
+/* ---- the device tables of the device-routed MoE ---------------------------------------------- */
+/* Grows the per-layer arrays to hold layer l; 0 or DF_ENOMEM. */
+static int lt_grow(int l) {
+    if (l < g_nlt) return 0;
+    int n = g_nlt ? g_nlt : 64;
+    while (n <= l) n *= 2;
+    ltab *t = (ltab *)realloc(g_lt, (size_t)n * sizeof *t);
+    if (!t) return DF_ENOMEM;
+    g_lt = t;
+    uint64_t *c = (uint64_t *)realloc(g_lchg, (size_t)n * sizeof *c);
+    if (!c) return DF_ENOMEM;
+    g_lchg = c;
+    memset(g_lt + g_nlt, 0, (size_t)(n - g_nlt) * sizeof *g_lt);
+    memset(g_lchg + g_nlt, 0, (size_t)(n - g_nlt) * sizeof *g_lchg);
+    g_nlt = n;
+    return 0;
+}
+/* A part of layer l came in (evicted 0) or left (1): its table is stale once one leaves. */
+static void lt_changed(int l, int evicted) {
+    if (l < 0 || l >= g_nlt) return;
+    g_lchg[l]++;
+    if (evicted) g_lt[l].valid = 0, g_lt[l].parts--;
+    else g_lt[l].parts++;
+}
+static int same_shape(const DW &a, const DW &b) {
+    return a.fmt == b.fmt && a.gt == b.gt && a.sdt == b.sdt && a.blk_r == b.blk_r && a.blk_c == b.blk_c && a.rows == b.rows && a.cols == b.cols &&
+           a.scale_cols == b.scale_cols && a.row_bytes == b.row_bytes && !a.scale == !b.scale;
+}
+/* DELTAFIN_CUDA_FUSED_MOE=0 turns the device-routed MoE off (the host-routed path everywhere: the before of
+ * docs/PERFORMANCE.md's measurement). Read once. */
+static int g_fused_env = -1;
+static int fused_on(void) {
+    if (g_fused_env < 0) {
+        const char *v = getenv("DELTAFIN_CUDA_FUSED_MOE");
+        g_fused_env = !(v && *v && !strcmp(v, "0"));
+    }
+    return g_fused_env;
+}
+static int g_moe_resident(int layer, int n_experts, int k, int n) {
+    LOCK();
+    if (!fused_on() || n < 1 || g_vc_state != 1 || layer < 0 || n_experts <= 0 || k <= 0 || k > n_experts || k > FUSED_MAX_K ||
+        n_experts > FUSED_MAX_E || layer >= (1 << 20) || lt_grow(layer))
+        return 0;
+    ltab *t = &g_lt[layer];
+    if (t->parts < 3 * (int64_t)n_experts) /* the missing parts fit the never used slots: the caller may preload them (once) */
+        return !t->preloaded && g_vc.n_slots - g_vc.n_filled >= 3 * (int64_t)n_experts - t->parts ? 2 : 0;
+    if (n != 1) return 0;
+    if (t->valid && t->n_experts == n_experts) return 1;
+    if (t->tried && t->seen == g_lchg[layer] && t->n_experts == n_experts) return 0; /* nothing came in since the last look */
+    t->valid = 0, t->tried = 1, t->seen = g_lchg[layer];
+    static DW *h;
+    static int hcap;
+    if (hcap < 3 * n_experts) {
+        DW *nh = (DW *)realloc(h, (size_t)3 * n_experts * sizeof *nh);
+        if (!nh) return 0;
+        h = nh, hcap = 3 * n_experts;
+    }
+    for (int e = 0; e < n_experts; e++)
+        for (int p = 0; p < 3; p++) {
+            const int i = df_vc_peek(&g_vc, df_expert_ident(layer, e, p));
+            if (i < 0) return 0;
+            h[3 * e + p] = g_slot_dw[i];
+            if (e && !same_shape(h[p], h[3 * e + p])) return 0; /* one launch per projection needs one shape */
+        }
+    if (t->dev && t->n_experts != n_experts) dfree(t->dev, &g_cache_used, "moe_resident"), t->dev = NULL;
+    if (!t->dev && dmalloc((void **)&t->dev, (size_t)3 * n_experts * sizeof(DW), &g_cache_used, "moe_resident") != cudaSuccess) return 0;
+    t->n_experts = n_experts;
+    /* synchronous on the legacy stream: after every kernel that may still read an older table */
+    cudaError_t e = cudaMemcpy(t->dev, h, (size_t)3 * n_experts * sizeof(DW), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) { report("moe_resident", e); return 0; }
+    memcpy(t->h0, h, sizeof t->h0);
+    t->valid = 1;
+    return 1;
+}
+static int g_moe_preload(const df_weight *w, int n) {
+    LOCK();
+    for (int i = 0; i < n; i++) { /* a layer is offered one preload */
+        const int l = (int)(w[i].ident >> 40) - 1;
+        if (w[i].ident && l >= 0 && l < g_nlt) g_lt[l].preloaded = 1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (g_vc_state != 1 || g_vc.n_filled >= g_vc.n_slots) return 0; /* no free slot left: never evicts */
+        if (!w[i].ident || df_vc_peek(&g_vc, w[i].ident) >= 0) continue;
+        int rc = w_check(&w[i], "moe_preload");
+        if (rc) return rc;
+        const size_t db = (size_t)w[i].rows * w[i].row_bytes, sb = (size_t)df_weight_scale_bytes(&w[i]);
+        DW d;
+        if ((rc = vc_get(&w[i], db, sb, &d, "moe_preload")) < 0) return rc;
+        if (rc) g_vc.bypasses--; /* too large for a slot: not cached, and no product bypassed */
+    }
+    return 0;
+}
+const DW *moe_table(int layer, int n_experts, const DW **h0) {
+    if (g_vc_state != 1 || layer < 0 || layer >= g_nlt || !g_lt[layer].valid || g_lt[layer].n_experts != n_experts) return NULL;
+    *h0 = g_lt[layer].h0;
+    return g_lt[layer].dev;
+}
+void moe_count_hits(int64_t parts) { g_vc.hits += parts; }
+
 /* Releases the expert cache (its model is closed): the next model sizes its own. */
 static void g_tier_reset(void) {
+    if (g_prof == 3) { /* the events of the model's run, while the device is surely up */
+        pthread_mutex_lock(&g_mu);
+        prof_ev_flush(1);
+        pthread_mutex_unlock(&g_mu);
+    }
     LOCK();
     if (g_vc_state > 0) {
         CK("tier_reset", cudaDeviceSynchronize());
@@ -571,7 +742,11 @@ static void g_tier_reset(void) {
         CK("tier_reset", cudaStreamDestroy(g_cs));
         CK("tier_reset", cudaEventDestroy(g_ev_copy));
         for (int i = 0; i < EV_RING; i++) CK("tier_reset", cudaEventDestroy(g_ev_epoch[i]));
+        CK("tier_reset", cudaEventDestroy(g_ev_fused));
+        free(g_slot_dw), g_slot_dw = NULL;
     }
+    for (int l = 0; l < g_nlt; l++) dfree(g_lt[l].dev, &g_cache_used, "tier_reset");
+    free(g_lt), free(g_lchg), g_lt = NULL, g_lchg = NULL, g_nlt = 0;
     g_vc_state = 0, g_copies = 0;
 }
 static void g_tier_stats(df_tier_stats *o) {
@@ -681,5 +856,6 @@ extern "C" const df_backend_ops df_backend_cuda = {
     g_route, g_moe_combine,
     g_causal_conv1d, g_kda_scan, g_kda_gate,
     g_host_pin, g_host_unpin, g_host_fence, g_experts_done, g_tier_reset, g_tier_stats,
+    g_moe_resident, g_moe_fused, g_moe_preload,
 };
 

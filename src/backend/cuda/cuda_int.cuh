@@ -48,15 +48,24 @@ int prof_on(void);
 void prof_add(const char *op, double seconds);
 void prof_restart(void); /* DELTAFIN_CUDA_PROF_DECODE: forget what was timed so far (a prefill product calls it) */
 double prof_now(void);
+/* =3: each op's GPU time instead, from CUDA events recorded around it on the compute stream (no waits; the
+ * host time is not timed): the GPU's busy time per op, and the gaps between ops by difference */
+int prof_ev_begin(const char *op);
+void prof_ev_end(int i);
 struct Lock {
     const char *op;
     double t0;
-    Lock(const char *f) : op(f), t0(0) {
+    int ev;
+    Lock(const char *f) : op(f), t0(0), ev(-1) {
         pthread_mutex_lock(&g_mu), g_op++;
-        if (prof_on()) t0 = prof_now();
+        if (prof_on()) {
+            if (g_prof == 3) ev = prof_ev_begin(op);
+            else t0 = prof_now();
+        }
     }
     ~Lock() {
-        if (g_prof > 0) {
+        if (g_prof == 3) prof_ev_end(ev);
+        else if (g_prof > 0) {
             if (g_prof > 1) cudaDeviceSynchronize();
             prof_add(op, prof_now() - t0);
         }
@@ -68,9 +77,11 @@ struct Lock {
 struct ProfScope {
     const char *op;
     double t0;
-    ProfScope(const char *f) : op(f), t0(prof_on() ? prof_now() : 0) {}
+    int ev;
+    ProfScope(const char *f) : op(f), t0(prof_on() ? prof_now() : 0), ev(g_prof == 3 ? prof_ev_begin(f) : -1) {}
     ~ProfScope() {
-        if (g_prof > 0) {
+        if (g_prof == 3) prof_ev_end(ev);
+        else if (g_prof > 0) {
             if (g_prof > 1) cudaDeviceSynchronize();
             prof_add(op, prof_now() - t0);
         }
@@ -84,7 +95,7 @@ extern int64_t g_mm_launches;
 
 /* scratch: device buffers that grow on demand, one per role */
 /* S_SLAB0..2, S_X0..2: the prefill products' weight slabs and split activations (cuda_mm.cu) */
-enum { S_WD0, S_WS0, S_WD1, S_WS1, S_WD2, S_WS2, S_P0, S_P1, S_SCORES, S_IDX, S_SLAB0, S_SLAB1, S_SLAB2, S_X0, S_X1, S_X2, S_CNT, S_N };
+enum { S_WD0, S_WS0, S_WD1, S_WS1, S_WD2, S_WS2, S_P0, S_P1, S_SCORES, S_IDX, S_SLAB0, S_SLAB1, S_SLAB2, S_X0, S_X1, S_X2, S_CNT, S_MOE, S_N };
 void *slot(int i, size_t bytes, const char *op);
 
 #define DP(p) ((float *)(void *)(p))
@@ -273,6 +284,16 @@ static __device__ float block_max(float v) {
     return total;
 }
 
+
+/* ---- the device-routed MoE (cuda.cu: the tables; cuda_mm.cu: g_moe_fused) ---- */
+#define FUSED_MAX_K 12    /* experts per token (2k gate/up jobs in one product launch) */
+#define FUSED_MAX_E 2048  /* experts per layer (the router's shared memory) */
+/* The device table [n_experts][3] of layer's resident experts and, in *h0, expert 0's parts (the layer's
+ * shapes), or NULL when the table is not valid now. */
+const DW *moe_table(int layer, int n_experts, const DW **h0);
+/* a fused op's expert parts, counted as cache hits */
+void moe_count_hits(int64_t parts);
+int g_moe_fused(const df_moe_fused_args *a);
 
 /* ---- operations (cuda_ops.cu; products: cuda_mm.cu) ---- */
 void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n);

@@ -117,8 +117,7 @@ template <int V> static __device__ __forceinline__ void decode(const uint4 &u, i
  * activation chunk it loads serves the MM_R rows. The wk partial sums are
  * added in warp order (shared memory), so a row's bits depend only on its
  * job's shape. */
-template <int V, int NT, int WP, int MJ>
-__global__ void __launch_bounds__(WP * 32, (NT > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm(const __grid_constant__ MmBatchT<MJ> b) {
+template <int V, int NT, int WP, int MJ> static __device__ __forceinline__ void mm_body(const MmBatchT<MJ> &b) {
     int j = 0;
     while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
     const MmJob &J = b.j[j];
@@ -222,6 +221,13 @@ __global__ void __launch_bounds__(WP * 32, (NT > 2 ? 2 : 3) * (MM_WARPS / WP)) k
         for (int i = 0; i < MM_R; i++)
             if (i < nr) J.y[(int64_t)(t0 + lane) * w.rows + r0 + i] = mine[i];
 }
+/* the job table as a kernel parameter (the host knows the weights) */
+template <int V, int NT, int WP, int MJ>
+__global__ void __launch_bounds__(WP * 32, (NT > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm(const __grid_constant__ MmBatchT<MJ> b) { mm_body<V, NT, WP, MJ>(b); }
+/* the job table in device memory, written by an earlier kernel (the device-routed MoE: the device chose the
+ * experts); the same body, so each row's arithmetic is the same */
+template <int V, int NT, int WP, int MJ>
+__global__ void __launch_bounds__(WP * 32, (NT > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) { mm_body<V, NT, WP, MJ>(*b); }
 
 /* Warps per row group: as many as keep at least 8 16-byte steps per lane (long
  * rows: more blocks, and a lane's loop stays long enough to keep its loads in
@@ -473,4 +479,193 @@ void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
         if (scratch) mm_flush(&b, blocks, n), blocks = 0;
     }
     mm_flush(&b, blocks, n);
+}
+
+/* ---- the device-routed MoE (moe_fused): one token's router, experts and combine, nothing read back ----------
+ * k_route_fused (one warp) routes with the host route's arithmetic (backend/cpu/ops.c, route_*: the same
+ * operations in the same order, each rounded alone: no contraction) and tie rule (the largest value, the
+ * lowest index among equals), then writes the product launches' job tables into device memory from the
+ * layer's table of resident experts; k_mm_dev runs them (the decode kernel's body: the same bits per row as
+ * the host-routed launches), then the gate and the combine kernels of the host-routed path.
+ * The one difference: exp. The host's is glibc's expf; here it is exp in double rounded once to float (the
+ * correctly rounded value, but for inputs within ~1e-9 relative of a rounding boundary). glibc's expf is not
+ * correctly rounded for about 1 input in 10^4 (tests/unit/test_backend_cuda.c says how often it showed), so a
+ * router weight may differ from the host route's in its last bit; expert ids differ only where two logits
+ * (softmax top-k: never, the ids come from the logits) or two biased sigmoid scores tie within that ulp. */
+struct FusedDev {
+    MmBatch gu, dn; /* gate/up products of the k experts (2k jobs), their down products (k jobs) */
+};
+struct RouteK {
+    int kind, E, k, norm, G, topk_group;
+    float scaling;
+    const float *logits, *bias;
+    float *w;
+    int *ids_out;
+    const DW *tab;
+    const float *x;
+    float *g, *u, *d;
+    int D, I, vec_gu, wk_gu, vec_dn, wk_dn;
+    unsigned nb_gu, nb_dn;
+    FusedDev *fd;
+};
+static __device__ __forceinline__ float exp_host(float x) { return __double2float_rn(exp((double)x)); }
+/* the index of the largest v[e] not taken (ties: the lowest index), -1 when all are taken: every lane gets it */
+static __device__ int warp_take_max(const float *v, const unsigned char *taken, int E) {
+    const int lane = threadIdx.x & 31;
+    int bi = -1;
+    float bv = 0.0f;
+    for (int e = lane; e < E; e += 32)
+        if (!taken[e] && (bi < 0 || v[e] > bv)) bi = e, bv = v[e];
+    for (int o = 16; o; o >>= 1) {
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bi = oi, bv = ov;
+    }
+    return __shfl_sync(0xffffffffu, bi, 0);
+}
+__global__ void __launch_bounds__(32) k_route_fused(const __grid_constant__ RouteK p) {
+    extern __shared__ float sm[];
+    const int E = p.E, K = p.k, lane = threadIdx.x;
+    float *lg = sm, *sc = sm + E, *ch = sm + 2 * E, *gs = sm + 3 * E;
+    unsigned char *taken = (unsigned char *)(gs + (p.G > 0 ? p.G : 1)), *keep = taken + E;
+    __shared__ int ids[FUSED_MAX_K];
+    __shared__ float wk[FUSED_MAX_K];
+    for (int e = lane; e < E; e += 32) lg[e] = p.logits[e], taken[e] = 0;
+    __syncwarp();
+    if (p.kind == DF_ROUTE_SOFTMAX_TOPK) {
+        float mx = -INFINITY;
+        for (int e = lane; e < E; e += 32)
+            if (lg[e] > mx) mx = lg[e];
+        for (int o = 16; o; o >>= 1) {
+            const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+            if (om > mx) mx = om;
+        }
+        for (int e = lane; e < E; e += 32) sc[e] = exp_host(__fsub_rn(lg[e], mx));
+        __syncwarp();
+        double sum = 0;
+        if (!lane)
+            for (int e = 0; e < E; e++) sum = __dadd_rn(sum, (double)sc[e]);
+        sum = __shfl_sync(0xffffffffu, sum, 0);
+        for (int k = 0; k < K; k++) {
+            const int best = warp_take_max(lg, taken, E);
+            if (!lane) taken[best] = 1, ids[k] = best, wk[k] = __double2float_rn(__ddiv_rn((double)sc[best], sum));
+            __syncwarp();
+        }
+        if (!lane && p.norm) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++) s = __fadd_rn(s, wk[k]);
+            for (int k = 0; k < K; k++) wk[k] = __fdiv_rn(wk[k], s);
+        }
+    } else {
+        const int G = p.G, per = E / G;
+        for (int e = lane; e < E; e += 32) {
+            sc[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_host(-lg[e])));
+            ch[e] = __fadd_rn(sc[e], p.bias[e]);
+        }
+        __syncwarp();
+        for (int g = lane; g < G; g += 32) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int i = 0; i < per; i++) {
+                const float v = ch[g * per + i];
+                if (v > b1) b2 = b1, b1 = v;
+                else if (v > b2) b2 = v;
+            }
+            gs[g] = __fadd_rn(b1, b2);
+            keep[g] = 0;
+        }
+        __syncwarp();
+        for (int k = 0; k < p.topk_group; k++) {
+            const int best = warp_take_max(gs, keep, G);
+            if (!lane && best >= 0) keep[best] = 1;
+            __syncwarp();
+        }
+        for (int e = lane; e < E; e += 32)
+            if (!keep[e / per]) taken[e] = 1; /* experts of dropped groups are never chosen */
+        __syncwarp();
+        for (int k = 0; k < K; k++) {
+            int best = warp_take_max(ch, taken, E);
+            if (best < 0) best = 0; /* unreachable: config checks topk_group * per >= K */
+            if (!lane) taken[best] = 1, ids[k] = best, wk[k] = sc[best];
+            __syncwarp();
+        }
+        if (!lane) {
+            if (p.norm) {
+                float s = 0.0f;
+                for (int k = 0; k < K; k++) s = __fadd_rn(s, wk[k]);
+                s = __fadd_rn(s, 1e-20f);
+                for (int k = 0; k < K; k++) wk[k] = __fdiv_rn(wk[k], s);
+            }
+            for (int k = 0; k < K; k++) wk[k] = __fmul_rn(wk[k], p.scaling);
+        }
+    }
+    __syncwarp();
+    /* the weights, and the job tables of the two product launches */
+    for (int j = lane; j < K; j += 32) {
+        const int e = ids[j];
+        p.w[j] = wk[j];
+        if (p.ids_out) p.ids_out[j] = e;
+        MmJob *g = &p.fd->gu.j[2 * j], *u = &p.fd->gu.j[2 * j + 1], *dn = &p.fd->dn.j[j];
+        g->w = p.tab[3 * e], g->x = p.x, g->y = p.g + (size_t)j * p.I, g->vec = p.vec_gu, g->wk = p.wk_gu, g->blk0 = (unsigned)(2 * j) * p.nb_gu;
+        u->w = p.tab[3 * e + 1], u->x = p.x, u->y = p.u + (size_t)j * p.I, u->vec = p.vec_gu, u->wk = p.wk_gu, u->blk0 = (unsigned)(2 * j + 1) * p.nb_gu;
+        dn->w = p.tab[3 * e + 2], dn->x = p.g + (size_t)j * p.I, dn->y = p.d + (size_t)j * p.D, dn->vec = p.vec_dn, dn->wk = p.wk_dn, dn->blk0 = (unsigned)j * p.nb_dn;
+    }
+    if (!lane) p.fd->gu.nj = 2 * K, p.fd->gu.n = 1, p.fd->gu.t0 = 0, p.fd->dn.nj = K, p.fd->dn.n = 1, p.fd->dn.t0 = 0;
+}
+template <int MJ> static void mm_launch_dev(const MmBatchT<MJ> *b, int vec, unsigned blocks) {
+    const dim3 grid(blocks, 1), th(MM_WARPS * 32);
+    switch (vec) {
+    case V_F32: k_mm_dev<V_F32, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
+    case V_F16: k_mm_dev<V_F16, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
+    case V_BF16: k_mm_dev<V_BF16, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
+    case V_FP8: k_mm_dev<V_FP8, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
+    case V_INT4: k_mm_dev<V_INT4, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
+    case V_I8ROW: k_mm_dev<V_I8ROW, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
+    case V_MXFP4: k_mm_dev<V_MXFP4, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
+    default: k_mm_dev<V_GENERIC, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
+    }
+    post("moe_fused");
+    g_mm_launches++;
+}
+static unsigned blocks_of(const DW &d, int wk) {
+    const int per_block = MM_WARPS / wk * MM_R;
+    return (unsigned)((d.rows + per_block - 1) / per_block);
+}
+
+int g_moe_fused(const df_moe_fused_args *a) {
+    LOCK();
+    const df_route_args *r = &a->route;
+    const int E = r->n_experts, K = r->k, D = a->D, I = a->I;
+    if (r->n != 1 || K <= 0 || K > E || K > FUSED_MAX_K || 2 * K > MM_MAXJ || E > FUSED_MAX_E || D <= 0 || I <= 0 ||
+        a->gate < 0 || a->gate >= DF_GATE_N || r->kind < 0 || r->kind >= DF_ROUTE_N)
+        return 1;
+    if (r->kind == DF_ROUTE_SIGMOID_GROUPS && (r->n_group <= 0 || E % r->n_group || !r->bias || r->topk_group <= 0 || r->topk_group > r->n_group ||
+                                               (int64_t)r->topk_group * (E / r->n_group) < K))
+        return 1;
+    const DW *h0 = NULL, *tab = moe_table(a->layer, E, &h0);
+    if (!tab) return 1;
+    const DW &gw = h0[0], &uw = h0[1], &dw = h0[2];
+    if (gw.rows != I || gw.cols != D || !(uw.rows == I && uw.cols == D) || dw.rows != D || dw.cols != I) return 1;
+    const float *x = DCP(a->x), *g = DCP(a->g);
+    const int vec_gu = vec_kind(gw, x), vec_dn = vec_kind(dw, g);
+    /* one launch per projection: one decoder and one row split for every job (vec_kind sees the inputs' alignment) */
+    if (vec_kind(uw, x) != vec_gu || split_of(uw, vec_gu) != split_of(gw, vec_gu) || (K > 1 && vec_kind(dw, g + I) != vec_dn)) return 1;
+    RouteK p;
+    p.kind = (int)r->kind, p.E = E, p.k = K, p.norm = r->norm_topk, p.G = r->kind == DF_ROUTE_SIGMOID_GROUPS ? r->n_group : 0;
+    p.topk_group = r->topk_group, p.scaling = r->scaling;
+    p.logits = DCP(r->logits), p.bias = NULL;
+    if (p.G && !(p.bias = param(r->bias, (size_t)E, S_P0, "moe_fused"))) return DF_ENOMEM;
+    p.w = DP(r->w), p.ids_out = a->ids_out ? (int *)(void *)a->ids_out : NULL;
+    p.tab = tab, p.x = x, p.g = DP(a->g), p.u = DP(a->u), p.d = DP(a->d), p.D = D, p.I = I;
+    p.vec_gu = vec_gu, p.wk_gu = split_of(gw, vec_gu), p.vec_dn = vec_dn, p.wk_dn = split_of(dw, vec_dn);
+    p.nb_gu = blocks_of(gw, p.wk_gu), p.nb_dn = blocks_of(dw, p.wk_dn);
+    if (!(p.fd = (FusedDev *)slot(S_MOE, sizeof(FusedDev), "moe_fused"))) return DF_ENOMEM;
+    const size_t smem = (size_t)3 * E * sizeof(float) + (size_t)(p.G > 0 ? p.G : 1) * sizeof(float) + (size_t)E + (size_t)(p.G > 0 ? p.G : 1) + 16;
+    k_route_fused<<<1, 32, smem>>>(p);
+    post("moe_fused");
+    mm_launch_dev(&p.fd->gu, vec_gu, 2 * (unsigned)K * p.nb_gu);
+    g_gate(a->g, a->g, a->u, (size_t)K * I, a->gate, a->p0, a->p1);
+    mm_launch_dev(&p.fd->dn, vec_dn, (unsigned)K * p.nb_dn);
+    g_moe_combine(a->out, a->d, r->w, 1, K, D);
+    moe_count_hits(3 * (int64_t)K);
+    return 0;
 }

@@ -14,6 +14,7 @@
 #include "deltafin.h"
 #include "util/util.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* The backend's gated activation of a layer's act kind, with its parameters. */
@@ -130,40 +131,88 @@ static int predict_next(const df_model *m, df_state *s, int l) {
     return nl;
 }
 
+/* Decode of a layer whose experts are all resident on a device that routes
+ * (backend.h, moe_fused): the router, the experts and the combine run there
+ * with nothing read back, so the host does not wait for the device. 1: the
+ * backend declined (the host-routed path runs), 0, or a DF_E* code. */
+static int moe_fused(const df_model *m, df_state *s, const df_layer *L, int l, const df_act *xin, df_act *out, int D) {
+    const df_config *c = &m->cfg;
+    const gate_kind gk = gate_of(m, L);
+    df_moe_fused_args a = {.layer = l, .x = xin, .out = out, .g = s->ge, .u = s->ue, .d = s->de_all, .D = D,
+                           .I = c->moe_intermediate, .gate = gk.k, .p0 = gk.p0, .p1 = gk.p1};
+    a.route = df_route_args_of(m, L, s->router_logits, 1, NULL, s->selw);
+    return df_moe_fused(&a);
+}
+
+/* Every routed expert of layer l (the model's own memory) handed to the backend to bring into its device
+ * expert cache (moe_preload), so the layer can become resident before each expert has been routed to once. */
+static int moe_preload(const df_model *m, const df_layer *L, int l) {
+    const int E = m->cfg.n_experts;
+    df_weight *w = malloc((size_t)3 * E * sizeof *w);
+    if (!w) return DF_ENOMEM; /* the layer keeps the host-routed path */
+    for (int e = 0; e < E; e++) {
+        const df_ffn *f = &L->experts[e];
+        const df_weight *ws[3] = {&f->gate, &f->up, &f->down};
+        const uint8_t *parts[DF_EXPERT_PARTS];
+        int p = 0;
+        for (int k = 0; k < 3; k++) {
+            parts[p++] = ws[k]->data;
+            if (df_weight_scale_bytes(ws[k])) parts[p++] = ws[k]->scale;
+        }
+        df_glu g;
+        expert_view(f, l, e, parts, &g);
+        w[3 * e] = g.gate, w[3 * e + 1] = g.up, w[3 * e + 2] = g.down;
+    }
+    int rc = df_moe_preload(w, 3 * E);
+    df_experts_done();
+    free(w);
+    return rc;
+}
+
 int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) {
     const df_config *c = &m->cfg;
     const int H = c->hidden, E = c->n_experts, K = c->n_experts_used;
     df_matmul(&L->w.router, s->xn, n, s->router_logits);
-    df_router_of(L->kind.router)(m, L, s->router_logits, n, s->sel, s->selw);
-    /* the distinct experts of this batch, in index order */
-    unsigned char *seen = s->seen;
-    memset(seen, 0, (size_t)E);
-    for (int i = 0; i < n * K; i++) seen[s->sel[i]] = 1;
-    int ne = 0;
-    for (int e = 0; e < E; e++)
-        if (seen[e]) s->exp_list[ne++] = e;
     df_expert_source *src = s->src ? s->src : m->resident_src;
-    int pf_l = n == 1 && src->ops->wants_prediction(src) ? predict_next(m, s, l) : -1;
     /* latent MoE: the routed experts work on the latent projection of the input */
     const int D = L->kind.latent ? c->latent_dim : H;
-    if (L->kind.latent) df_matmul(&L->w.lat_down, s->xn, n, s->lat);
-    moe_ctx mc = {.m = m, .s = s, .L = L, .l = l, .n = n, .xin = L->kind.latent ? s->lat : s->xn, .D = D};
-    const int wave = src->ops->capacity(src);
-    if (wave <= 0) return df_err(s->err, sizeof s->err, DF_EINTERNAL, "layer %d: the expert source holds no experts", l);
-    for (int w0 = 0; w0 < ne; w0 += wave) {
-        int cnt = ne - w0 < wave ? ne - w0 : wave;
-        mc.ids = s->exp_list + w0;
-        int rc = src->ops->acquire(src, l, mc.ids, cnt, pf_l, s->pred, w0 == 0 && pf_l >= 0 ? K : 0, expert_ready, &mc, s->err, sizeof s->err);
-        df_experts_done(); /* a device backend's expert cache may reuse these experts' slots from here on */
-        src->ops->release(src);
-        if (rc) return rc;
+    df_act *comb = L->kind.latent ? s->lat : s->ffn_out; /* where the combine goes */
+    int fused = 1;
+    if (n == 1 && src == m->resident_src && df_moe_resident(l, E, K, n) == 1) {
+        if (L->kind.latent) df_matmul(&L->w.lat_down, s->xn, n, s->lat);
+        fused = moe_fused(m, s, L, l, L->kind.latent ? s->lat : s->xn, comb, D);
+        if (fused < 0) return df_err(s->err, sizeof s->err, fused, "layer %d: the device-routed MoE failed (the backend said why on stderr)", l);
     }
-    if (L->kind.latent) { /* sum in the latent width, norm, project back (the latent input is consumed) */
-        df_moe_combine(s->lat, s->de_all, s->selw, n, K, D);
+    if (fused) { /* the host-routed path */
+        df_router_of(L->kind.router)(m, L, s->router_logits, n, s->sel, s->selw);
+        /* the distinct experts of this batch, in index order */
+        unsigned char *seen = s->seen;
+        memset(seen, 0, (size_t)E);
+        for (int i = 0; i < n * K; i++) seen[s->sel[i]] = 1;
+        int ne = 0;
+        for (int e = 0; e < E; e++)
+            if (seen[e]) s->exp_list[ne++] = e;
+        int pf_l = n == 1 && src->ops->wants_prediction(src) ? predict_next(m, s, l) : -1;
+        if (L->kind.latent) df_matmul(&L->w.lat_down, s->xn, n, s->lat);
+        moe_ctx mc = {.m = m, .s = s, .L = L, .l = l, .n = n, .xin = L->kind.latent ? s->lat : s->xn, .D = D};
+        const int wave = src->ops->capacity(src);
+        if (wave <= 0) return df_err(s->err, sizeof s->err, DF_EINTERNAL, "layer %d: the expert source holds no experts", l);
+        for (int w0 = 0; w0 < ne; w0 += wave) {
+            int cnt = ne - w0 < wave ? ne - w0 : wave;
+            mc.ids = s->exp_list + w0;
+            int rc = src->ops->acquire(src, l, mc.ids, cnt, pf_l, s->pred, w0 == 0 && pf_l >= 0 ? K : 0, expert_ready, &mc, s->err, sizeof s->err);
+            df_experts_done(); /* a device backend's expert cache may reuse these experts' slots from here on */
+            src->ops->release(src);
+            if (rc) return rc;
+        }
+        df_moe_combine(comb, s->de_all, s->selw, n, K, D);
+        /* the first pass over a layer whose experts all fit the device's cache brings them in (prefill pays
+         * the copy once, and the decode steps after it run device-routed) */
+        if (src == m->resident_src && df_moe_resident(l, E, K, n) == 2) (void)moe_preload(m, L, l); /* a failure leaves the host-routed path */
+    }
+    if (L->kind.latent) { /* the sum in the latent width: norm, project back (the latent input is consumed) */
         if (L->lat_norm) df_rmsnorm_rows(s->lat, D, s->lat, D, L->lat_norm, n, D, (float)c->rms_eps);
         df_matmul(&L->w.lat_up, s->lat, n, s->ffn_out);
-    } else {
-        df_moe_combine(s->ffn_out, s->de_all, s->selw, n, K, H);
     }
     if (L->has_shared) {
         glu(&L->w.shared, gate_of(m, L), s->xn, n, s->h1, s->h2, s->o);

@@ -16,18 +16,22 @@
  * norm_topk_prob, times routed_scaling_factor. */
 #include "model/kinds.h"
 
+df_route_args df_route_args_of(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w) {
+    const df_config *c = &m->cfg;
+    df_route_args a = {.kind = DF_ROUTE_SOFTMAX_TOPK, .logits = logits, .ids = ids, .w = w, .n = n,
+                       .n_experts = c->n_experts, .k = c->n_experts_used, .norm_topk = c->norm_topk_prob};
+    if (L->kind.router == DF_ROUTER_SIGMOID_GROUPS)
+        a.kind = DF_ROUTE_SIGMOID_GROUPS, a.n_group = c->n_group, a.topk_group = c->topk_group, a.scaling = (float)c->routed_scaling,
+        a.bias = L->router_bias;
+    return a;
+}
+
 void df_route_softmax_topk(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w) {
-    (void)L;
-    const df_route_args a = {.kind = DF_ROUTE_SOFTMAX_TOPK, .logits = logits, .ids = ids, .w = w, .n = n,
-                             .n_experts = m->cfg.n_experts, .k = m->cfg.n_experts_used, .norm_topk = m->cfg.norm_topk_prob};
+    const df_route_args a = df_route_args_of(m, L, logits, n, ids, w);
     df_route(&a);
 }
 
 void df_route_sigmoid_groups(const df_model *m, const df_layer *L, const df_act *logits, int n, int *ids, df_act *w) {
-    const df_config *c = &m->cfg;
-    const df_route_args a = {.kind = DF_ROUTE_SIGMOID_GROUPS, .logits = logits, .ids = ids, .w = w, .n = n,
-                             .n_experts = c->n_experts, .k = c->n_experts_used, .norm_topk = c->norm_topk_prob,
-                             .n_group = c->n_group, .topk_group = c->topk_group, .scaling = (float)c->routed_scaling,
-                             .bias = L->router_bias};
+    const df_route_args a = df_route_args_of(m, L, logits, n, ids, w);
     df_route(&a);
 }
