@@ -423,9 +423,15 @@ int df_hub_revision(const df_hub_opts *o, const char *repo, const char *rev, df_
     int rc = request(o, c, url, &b, &h, err, errlen);
     curl_easy_cleanup(c);
     if (rc) { df_buf_free(&b); return rc; }
-    json_error_t je;
-    json_t *j = json_loadb(b.p ? b.p : "", b.len, 0, &je);
+    rc = df_hub_parse_revision(b.p ? b.p : "", b.len, url, r, err, errlen);
     df_buf_free(&b);
+    return rc;
+}
+
+/* The revision API's answer (untrusted network bytes) -> r (repo and rev set by the caller). */
+int df_hub_parse_revision(const char *txt, size_t len, const char *url, df_hub_repo *r, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *j = json_loadb(txt, len, 0, &je);
     if (!json_is_object(j)) { json_decref(j); return df_err(err, errlen, DF_EFORMAT, "%s: not a JSON object (%s)", url, je.text); }
     const char *sha = json_string_value(json_object_get(j, "sha"));
     json_t *sib = json_object_get(j, "siblings");

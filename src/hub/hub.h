@@ -71,6 +71,9 @@ typedef struct {
 } df_hub_repo;
 /* GET {endpoint}/api/models/{repo}/revision/{rev}?blobs=true. */
 int df_hub_revision(const df_hub_opts *o, const char *repo, const char *rev, df_hub_repo *r, char *err, size_t errlen);
+/* The parsing half of df_hub_revision: the answer's bytes (untrusted) -> r's commit and files; url names the source in
+ * messages. 0 or DF_EFORMAT; on failure r holds nothing to free. */
+int df_hub_parse_revision(const char *txt, size_t len, const char *url, df_hub_repo *r, char *err, size_t errlen);
 void df_hub_repo_free(df_hub_repo *r);
 
 /* Network counters, summed over everything a process fetched. */
