@@ -250,6 +250,14 @@ const char *df_spec_name(int mode);
  * the same bytes for every id), else DF_EINPUT with a message naming the
  * first differing id. */
 int df_spec_check_draft(df_engine *target, df_engine *draft, char *err, size_t errlen);
+/* 1 if the model carries a loaded MTP module (--spec mtp can draft with it):
+ * DeepSeek-V3/R1 or Kimi K2 checkpoints with num_nextn_predict_layers >= 1
+ * and its tensors, loaded resident (a streamed model leaves it unused). */
+int df_engine_has_mtp(const df_engine *e);
+/* The MTP module's logits for the timeline the session holds (len >= 2):
+ * out[(len-1) x vocab], row i predicting token i+2 from the model's final
+ * hidden state at i and token i+1. 0 or DF_E* (df_engine_error). */
+int df_session_mtp_logits(df_session *s, float *out);
 
 typedef struct {
     int mode;                /* DF_SPEC_* asked for */

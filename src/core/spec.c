@@ -20,6 +20,8 @@
  * takes. */
 #include "core/spec.h"
 #include "core/core.h"
+#include "core/session_int.h"
+#include "model/mtp.h"
 #include "util/util.h"
 
 #include <math.h>
@@ -134,6 +136,13 @@ struct df_spec {
     df_engine *draft;
     df_session *ds;      /* the draft model's session */
     int32_t *dtmp;
+    /* mtp: the module's entries 0..mtp_len-1 hold the committed timeline
+     * (entry i: h_i and t_{i+1}); entries past it are chained drafts */
+    df_session *ts;      /* the target session (its hidden states) */
+    df_mtp *mtp;
+    size_t mtp_len;
+    float *mlog, *mh, *mh2; /* [vocab], [hidden] x2 */
+    int mV, mH;
     /* auto */
     double t1, beta, acc; /* plain step seconds; verify cost per drafted token / t1; acceptance */
     int n_plain, n_verify, off_steps, off_wait;
@@ -161,6 +170,8 @@ void df_spec_free(df_spec *sp) {
     if (!sp) return;
     df_ngram_free(sp->ng);
     df_session_free(sp->ds);
+    df_mtp_free(sp->mtp);
+    free(sp->mlog), free(sp->mh), free(sp->mh2);
     free(sp->dtmp);
     free(sp);
 }
@@ -221,8 +232,82 @@ void df_spec_note_verify(df_spec *sp, int k, int accepted, double secs) {
     choose_k(sp);
 }
 
+int df_spec_attach_mtp(df_spec *sp, df_session *s, char *err, size_t errlen) {
+    const df_model *m = s->e->model;
+    sp->ts = s;
+    if (!df_session_hidden(s))
+        return df_err(err, errlen, DF_EINPUT, "%s has no MTP module (config num_nextn_predict_layers and tensors model.layers.%d.eh_proj/enorm/hnorm/shared_head)",
+                      m->dir, m->cfg.n_layers);
+    if (strcmp(df_be->name, "cpu")) /* its weights are not registered with a device backend */
+        return df_err(err, errlen, DF_EUNSUPPORTED, "--spec mtp runs on the CPU backend only (the backend is %s)", df_be->name);
+    sp->mtp = df_mtp_new(m, (int)df_session_max_ctx(s), DF_MAX_BATCH, err, errlen);
+    if (!sp->mtp) return DF_EINPUT;
+    sp->mV = m->cfg.vocab, sp->mH = m->cfg.hidden;
+    sp->mlog = malloc((size_t)sp->mV * sizeof(float));
+    sp->mh = malloc((size_t)sp->mH * sizeof(float));
+    sp->mh2 = malloc((size_t)sp->mH * sizeof(float));
+    if (!sp->mlog || !sp->mh || !sp->mh2) return df_err(err, errlen, DF_ENOMEM, "MTP drafter: out of memory");
+    return 0;
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* MTP drafting: the session holds S positions, the timeline S + 1 tokens
+ * (the chosen one not yet pushed last). The entries S-1 back to mtp_len
+ * are computed from the session's hidden states (the last of them drafts
+ * t_{S+1}), then each further draft chains the module's own output hidden
+ * state with the draft before it. */
+static int mtp_draft(df_spec *sp, int k, int32_t *out, char *err, size_t errlen) {
+    const df_ngram *ng = sp->ng;
+    const size_t S = df_session_len(sp->ts), max = df_session_max_ctx(sp->ts);
+    if (S == 0 || ng->len != S + 1) return 0;
+    if (S - 1 + (size_t)k > max) k = (int)(max - (S - 1));
+    if (k <= 0) return 0;
+    const float *hid = df_session_hidden(sp->ts);
+    const size_t H = (size_t)sp->mH;
+    size_t from = sp->mtp_len < S ? sp->mtp_len : S - 1;
+    int rc;
+    for (size_t p = from; p < S; p += DF_MAX_BATCH) {
+        int cnt = (int)(S - p < DF_MAX_BATCH ? S - p : DF_MAX_BATCH);
+        if ((rc = df_mtp_forward(sp->mtp, hid + p * H, ng->hist + p + 1, cnt, (int)p, sp->mlog, 0, sp->mh, err, errlen))) return rc;
+    }
+    sp->mtp_len = S;
+    out[0] = argmax(sp->mlog, sp->mV);
+    for (int i = 1; i < k; i++) {
+        memcpy(sp->mh2, sp->mh, H * sizeof(float));
+        if ((rc = df_mtp_forward(sp->mtp, sp->mh2, &out[i - 1], 1, (int)(S - 1) + i, sp->mlog, 0, sp->mh, err, errlen))) return rc;
+        out[i] = argmax(sp->mlog, sp->mV);
+    }
+    return k;
+}
+
+int df_spec_mtp_eval(df_session *s, float *out, char *err, size_t errlen) {
+    df_spec *sp = df_spec_new(DF_SPEC_MTP, 1, NULL);
+    if (!sp) return df_err(err, errlen, DF_ENOMEM, "out of memory");
+    int rc = df_spec_attach_mtp(sp, s, err, errlen);
+    const size_t S = df_session_len(s), V = (size_t)s->e->model->cfg.vocab, H = (size_t)s->e->model->cfg.hidden;
+    const int32_t *ids = df_session_tokens(s);
+    const float *hid = df_session_hidden(s);
+    for (size_t p = 0; !rc && p + 1 < S; p += DF_MAX_BATCH) {
+        int cnt = (int)(S - 1 - p < DF_MAX_BATCH ? S - 1 - p : DF_MAX_BATCH);
+        rc = df_mtp_forward(sp->mtp, hid + p * H, ids + p + 1, cnt, (int)p, out + p * V, 1, NULL, err, errlen);
+    }
+    df_spec_free(sp);
+    return rc;
+}
+
+int df_session_mtp_logits(df_session *s, float *out) { return df_spec_mtp_eval(s, out, df_errbuf(), DF_ERRLEN); }
+
+int df_engine_has_mtp(const df_engine *e) { return e->model->mtp.layer != NULL; }
+
 int df_spec_draft(df_spec *sp, int k, int32_t *out, char *err, size_t errlen) {
     if (k <= 0) return 0;
+    if (sp->mode == DF_SPEC_MTP) return mtp_draft(sp, k, out, err, errlen);
     if (sp->mode != DF_SPEC_DRAFT) return df_ngram_draft(sp->ng, k, out);
     /* the draft model: sync its session to the timeline, then k greedy steps */
     const df_ngram *ng = sp->ng;
