@@ -51,6 +51,7 @@ static void print_spec_stats(const df_gen *g, const df_stats *st) {
     if (ss.mode != DF_SPEC_NONE) {
         fprintf(stderr, "[stats] spec %s: ", df_spec_name(ss.mode));
         if (ss.off_reason[0]) fprintf(stderr, "%s; ", ss.off_reason);
+        if (ss.text_level) fprintf(stderr, "across tokenizers (text level); ");
         fprintf(stderr, "%ld verify passes, %ld drafted, %ld accepted (%.1f%%), %.2f tokens per pass; %ld plain steps; "
                 "time: drafting %.3f s, verifying %.3f s, plain steps %.3f s",
                 ss.passes, ss.drafted, ss.accepted, ss.drafted ? 100.0 * ss.accepted / ss.drafted : 0,

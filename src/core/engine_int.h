@@ -28,6 +28,8 @@ struct df_engine {
     FILE *trace;               /* --trace */
     int prefetch_mode;         /* as df_options.prefetch, in effect */
     struct df_gvocab *gvocab;  /* constrained decoding's vocabulary index (tok_glue.c), built on first use */
+    int draft_text_level;      /* as a draft model: its tokenizer differs from the target's it was checked
+                                  against (df_spec_check_draft), so it drafts text, re-tokenized (spec.c) */
 };
 
 /* The message of the last failed engine or session call, per thread: the

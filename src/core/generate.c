@@ -137,7 +137,8 @@ static int spec_setup(df_gen *g) {
     }
     g->spec = df_spec_new(c->spec, g->cfg.spec_max, c->draft);
     g->ql = malloc((size_t)(g->cfg.spec_max + 1) * (size_t)g->info.vocab_size * sizeof(float));
-    if (!g->spec || !g->ql) return -1;
+    if (!g->spec || !g->ql || df_spec_set_target(g->spec, g->e)) return -1;
+    g->ss.text_level = df_spec_text_level(g->spec);
     if (c->spec == DF_SPEC_MTP && df_spec_attach_mtp(g->spec, g->s, g->ss.off_reason, sizeof g->ss.off_reason)) {
         df_spec_free(g->spec); /* the reason is in the stats */
         g->spec = NULL;
