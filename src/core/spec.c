@@ -466,9 +466,9 @@ int df_spec_check_draft(df_engine *target, df_engine *draft, char *err, size_t e
     draft->draft_text_level = 0;
     if (a.vocab_size != b.vocab_size) {
         if (ta && tb) { draft->draft_text_level = 1; return 0; } /* it drafts text, re-tokenized for the target */
-        return df_err(err, errlen, DF_EINPUT, "--draft: the draft model's vocabulary has %d ids, the model's %d, and %s no tokenizer: "
+        return df_err(err, errlen, DF_EINPUT, "--draft: the draft model's vocabulary has %d ids, the model's %d, and %s: "
                       "it cannot draft for it (drafting across vocabularies goes through text)", b.vocab_size, a.vocab_size,
-                      !ta && !tb ? "neither has" : ta ? "the draft model has" : "the model has");
+                      !ta && !tb ? "neither has a tokenizer" : ta ? "the draft model has no tokenizer" : "the model has no tokenizer");
     }
     /* without tokenizers ids are all both models know (test checkpoints):
      * the same vocabulary size is all there is to check; a wrong pairing
