@@ -76,3 +76,10 @@ def test_mtp_without_module_refused(model):
                        capture_output=True, timeout=60)
     err = p.stderr.decode()
     assert p.returncode == 2 and "no MTP module" in err and err.count("\n") == 1, err
+
+
+def test_inspect_says_mtp_loaded():
+    out = subprocess.run([deltafin_bin(), "inspect", "--model", str(MTP_MODEL)], capture_output=True, timeout=60).stdout.decode()
+    assert "mtp          layer 3 loaded" in out and "unused" not in out, out
+    out = subprocess.run([deltafin_bin(), "inspect", "--model", str(MODELS / "deepseek-v3-fp8")], capture_output=True, timeout=60).stdout.decode()
+    assert "mtp " not in out
