@@ -376,6 +376,15 @@ static int text_draft(df_spec *sp, int k, int32_t *out, char *err, size_t errlen
     df_detok *dd = NULL;
     int got = 0, rc = df_tokenize(sp->draft, sp->text, sp->tlen, &dids, &nd);
     if (rc) { rc = df_err(err, errlen, rc, "draft model: tokenizing the text: %s", df_engine_error(sp->draft)); goto out; }
+    df_model_info di;
+    df_engine_info(sp->draft, &di);
+    if (nd && df_engine_adds_bos(sp->draft) && di.bos_id >= 0 && dids[0] != di.bos_id) { /* as its plain-text prompts start */
+        int32_t *t = realloc(dids, (nd + 1) * sizeof *t);
+        if (!t) { rc = df_err(err, errlen, DF_ENOMEM, "out of memory"); goto out; }
+        dids = t;
+        memmove(dids + 1, dids, nd * sizeof *dids);
+        dids[0] = di.bos_id, nd++;
+    }
     const size_t max = df_session_max_ctx(sp->ds);
     int kd = k + 1;
     if (!nd || nd + 1 > max) goto out; /* nothing to continue from, or the draft session is full: no drafts */
