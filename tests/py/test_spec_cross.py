@@ -64,3 +64,36 @@ def test_random_target_same_ids(models, extra):
     got = run(models["random"], "--max-new", "40", "--spec", "draft", "--draft", models["deepseek-v3"], "--stats", *extra)
     assert got.stdout == want
     assert stats(got)[1] > 0
+
+
+def test_server_log_says_text_level(models, tmp_path):
+    """The server drafts across tokenizers too, and its per-request log line says so."""
+    import http.client
+    import json
+    import time
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([deltafin_bin(), "serve", "--model", models["qwen3"], "--port", "0", "--threads", "1",
+                                 "--spec", "draft", "--draft", models["deepseek-v3"], "--served-model-name", "m"], stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        port, deadline = None, time.time() + 120
+        while port is None and time.time() < deadline and proc.poll() is None:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(log_path).read())
+            port = int(m.group(1)) if m else time.sleep(0.05)
+        assert port, open(log_path).read()
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        c.request("POST", "/v1/completions", json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": 30, "temperature": 0}),
+                  {"Content-Type": "application/json"})
+        r = c.getresponse()
+        body = json.loads(r.read())
+        assert r.status == 200, body
+        assert body["choices"][0]["text"].startswith(" verifies drafted tokens with"), body
+        deadline = time.time() + 30
+        while time.time() < deadline and "tokens per pass" not in open(log_path).read():
+            time.sleep(0.05)
+        log = open(log_path).read()
+        m = re.search(r"spec draft \(across tokenizers, text level\): (\d+) passes, (\d+) drafted, (\d+) accepted", log)
+        assert m and int(m.group(3)) > 0, log
+    finally:
+        proc.terminate()
+        proc.wait(30)
