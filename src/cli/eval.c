@@ -65,16 +65,20 @@ int df_cmd_eval(int argc, char **argv) {
             code = 2;
             goto done;
         }
-        if ((rc = df_session_mtp_logits(s, out))) { fprintf(stderr, "deltafin eval: %s\n", df_engine_error(e)); code = df_exit_code(rc); goto done; }
-        FILE *f = fopen(dump_mtp, "wb");
         const size_t cnt = (n - 1) * (size_t)info.vocab_size;
-        if (!f || fwrite(out, sizeof(float), cnt, f) != cnt || fclose(f)) {
-            fprintf(stderr, "deltafin eval: %s: cannot write logits\n", dump_mtp);
-            code = 1;
+        float *ml = malloc(cnt * sizeof(float));
+        if (!ml) { fprintf(stderr, "deltafin eval: cannot allocate %zu x %d logits\n", n - 1, info.vocab_size); code = 1; goto done; }
+        if ((rc = df_session_mtp_logits(s, ml))) {
+            fprintf(stderr, "deltafin eval: %s\n", df_engine_error(e));
+            free(ml);
+            code = df_exit_code(rc);
             goto done;
         }
-        rc = df_session_eval_all(s, ids, n, out); /* the argmax line below is the main model's */
-        if (rc) { fprintf(stderr, "deltafin eval: %s\n", df_engine_error(e)); code = df_exit_code(rc); goto done; }
+        FILE *f = fopen(dump_mtp, "wb");
+        int bad = !f || fwrite(ml, sizeof(float), cnt, f) != cnt;
+        if (f && fclose(f)) bad = 1;
+        free(ml);
+        if (bad) { fprintf(stderr, "deltafin eval: %s: cannot write logits\n", dump_mtp); code = 1; goto done; }
     }
     for (size_t i = 0; i < n; i++) {
         const float *row = out + i * (size_t)info.vocab_size;
