@@ -15,6 +15,19 @@
 #         template): the answer repeats most of the file, so prompt lookup
 #         drafts well;
 #   chat: a plain question where drafting mostly fails (auto must not lose).
+#
+# The MoE arm (ARM=moe bench/spec_bench.sh): a Qwen3-30B-A3B-shaped GGUF with
+# its routed experts streamed through a small expert cache, --spec none vs
+# ngram on an --ids prompt that repeats an 8-id pattern, interleaved: the
+# expert bytes read per generated token (from --stats: independent of CPU
+# load) and the wall time per run (load dependent), ids compared.
+#   MOE_MODEL  (default bench/data/qwen3moe-2l.gguf, made on first use with
+#              bench/make_synthetic_qwen3moe_gguf.py --layers 2: 3.7 GB);
+#              MOE_BIG=1 uses bench/data/qwen3moe-30l.gguf (38.7 GB, over
+#              RAM: minutes per run; make it with --layers 30)
+#   MOE_CACHE  --expert-cache (default 100M: fewer slots than one token's
+#              experts over all layers, so every plain step re-reads them)
+#   MOE_NEW    tokens to generate (default 48)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${DELTAFIN_BIN:-./deltafin}
@@ -23,6 +36,44 @@ MAX_NEW=${MAX_NEW:-200}
 THREADS=${THREADS:-1}
 SPEC_MAX=${SPEC_MAX:-8}
 MODEL=${1:-$HOME/.cache/deltafin/models/smollm2-135m-instruct/model.gguf}
+
+if [ "${ARM:-dense}" = moe ]; then
+    if [ "${MOE_BIG:-0}" = 1 ]; then MM=${MOE_MODEL:-bench/data/qwen3moe-30l.gguf}; else MM=${MOE_MODEL:-bench/data/qwen3moe-2l.gguf}; fi
+    if [ ! -e "$MM" ]; then
+        [ "${MOE_BIG:-0}" = 1 ] && { echo "$MM not found (bench/make_synthetic_qwen3moe_gguf.py $MM --layers 30)"; exit 2; }
+        mkdir -p "$(dirname "$MM")"
+        python3 bench/make_synthetic_qwen3moe_gguf.py "$MM" --layers 2
+    fi
+    CACHE=${MOE_CACHE:-100M}
+    NEW=${MOE_NEW:-48}
+    IDS=$(python3 -c "print(','.join(str(x) for x in [1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000] * 4))")
+    TMP=$(mktemp -d)
+    trap 'rm -rf "$TMP"' EXIT
+    echo "== MoE arm: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $BIN; $MM; --expert-cache $CACHE; REPS=$REPS MAX_NEW=$NEW SPEC_MAX=$SPEC_MAX THREADS=$THREADS"
+    for r in $(seq "$REPS"); do
+        for a in none ngram; do
+            t0=$(date +%s.%N)
+            "$BIN" run --model "$MM" --threads "$THREADS" --ids "$IDS" --max-new "$NEW" --print-ids --stats --spec "$a" \
+                --spec-max "$SPEC_MAX" --expert-cache "$CACHE" >"$TMP/$a.$r.ids" 2>"$TMP/$a.$r.err"
+            wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
+            mb=$(grep -o 'expert bytes read per generated token [0-9.]* MB' "$TMP/$a.$r.err" | grep -o '[0-9.]* MB' | cut -d' ' -f1)
+            spec=$(grep -o '\[stats\] spec ngram: .*' "$TMP/$a.$r.err" | sed 's/; time:.*//' | cut -c1-120 || true)
+            echo "$wall" >>"$TMP/$a.wall"
+            echo "$mb" >>"$TMP/$a.mb"
+            printf 'moe %-6s rep %d: %9s MB of experts per generated token, wall %6.2f s  %s\n' "$a" "$r" "$mb" "$wall" "$spec"
+            cmp -s "$TMP/none.1.ids" "$TMP/$a.$r.ids" || { echo "MISMATCH: moe $a rep $r ids differ from none"; exit 1; }
+        done
+    done
+    echo "-- moe: ids identical across arms and reps"
+    for a in none ngram; do
+        for f in mb wall; do
+            sort -g "$TMP/$a.$f" | awk -v a="$a" -v f="$f" '{v[NR]=$1} END {m=(NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2;
+                printf "-- moe %-6s %-4s median %.3f (min %.3f, max %.3f, n=%d)\n", a, f, m, v[1], v[NR], NR}'
+        done
+    done
+    exit 0
+fi
+
 [ -e "$MODEL" ] || { echo "model $MODEL not found (./deltafin setup --model smollm2-135m-instruct)"; exit 2; }
 mkdir -p bench/data
 SRC=bench/data/spec_edit.py

@@ -246,10 +246,19 @@ enum { DF_SPEC_NONE = 0, DF_SPEC_NGRAM, DF_SPEC_DRAFT, DF_SPEC_MTP, DF_SPEC_AUTO
 /* "none" | "ngram" | "draft" | "mtp" | "auto" -> DF_SPEC_*, or -1. */
 int df_spec_parse(const char *name);
 const char *df_spec_name(int mode);
-/* 0 if the draft engine can draft for the target (same vocabulary size and
- * the same bytes for every id), else DF_EINPUT with a message naming the
- * first differing id. */
+/* 0 if the draft engine can draft for the target: token by token when both
+ * have the same vocabulary (size and bytes of every id, or the same size
+ * without tokenizers), through text when both have tokenizers that differ
+ * (remembered on the draft engine); else DF_EINPUT with a message. */
 int df_spec_check_draft(df_engine *target, df_engine *draft, char *err, size_t errlen);
+/* 1 if the model carries a loaded MTP module (--spec mtp can draft with it):
+ * DeepSeek-V3/R1 or Kimi K2 checkpoints with num_nextn_predict_layers >= 1
+ * and its tensors, loaded resident (a streamed model leaves it unused). */
+int df_engine_has_mtp(const df_engine *e);
+/* The MTP module's logits for the timeline the session holds (len >= 2):
+ * out[(len-1) x vocab], row i predicting token i+2 from the model's final
+ * hidden state at i and token i+1. 0 or DF_E* (df_engine_error). */
+int df_session_mtp_logits(df_session *s, float *out);
 
 typedef struct {
     int mode;                /* DF_SPEC_* asked for */
@@ -260,6 +269,7 @@ typedef struct {
     long plain_steps;        /* plain one-token steps */
     double t_draft, t_verify, t_plain; /* seconds */
     int k_now;               /* auto: the draft length in use at the end (0: drafting off) */
+    int text_level;          /* draft: the draft model's tokenizer differs; it drafts text, re-tokenized */
 } df_spec_stats;
 typedef struct df_gen df_gen;
 void df_gen_spec_stats(const df_gen *g, df_spec_stats *out);

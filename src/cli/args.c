@@ -148,8 +148,6 @@ int df_args_spec_opts(df_args *a, const char *opt, df_spec_opts *s) {
 }
 
 int df_spec_opts_check(df_args *a, const df_spec_opts *s) {
-    if (s->mode == DF_SPEC_MTP)
-        return df_args_fail(a, "--spec mtp: drafting with the MTP layer (DeepSeek-V3/R1, Kimi K2) is not built yet; use --spec ngram, draft or auto");
     if (s->mode == DF_SPEC_DRAFT && !s->draft) return df_args_fail(a, "--spec draft needs --draft MODEL (a model with the same tokenizer)");
     if (s->draft && s->mode != DF_SPEC_DRAFT) return df_args_fail(a, "--draft MODEL is used by --spec draft only (got --spec %s)", df_spec_name(s->mode));
     return 0;
@@ -157,6 +155,12 @@ int df_spec_opts_check(df_args *a, const df_spec_opts *s) {
 
 df_engine *df_spec_open_draft(const df_spec_opts *s, df_engine *e, const df_options *o, int *failed, char *err, size_t errlen) {
     *failed = 0;
+    if (s->mode == DF_SPEC_MTP && !df_engine_has_mtp(e)) {
+        *failed = 1;
+        df_err(err, errlen, DF_EINPUT, "--spec mtp: the model has no MTP module to draft with (it needs a DeepSeek-V3/R1 or Kimi K2 checkpoint "
+               "with num_nextn_predict_layers >= 1 and the layer's tensors, loaded resident, not streamed); use --spec ngram, draft or auto");
+        return NULL;
+    }
     if (s->mode != DF_SPEC_DRAFT || !s->draft) return NULL;
     char e2[768];
     df_options d = *o;

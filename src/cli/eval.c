@@ -10,7 +10,7 @@
 #include <string.h>
 
 static const char *usage =
-    "usage: deltafin eval [--model M] --ids 1,2,3 --dump-logits FILE [--threads N] [--ram SIZE] [--expert-cache SIZE]\n"
+    "usage: deltafin eval [--model M] --ids 1,2,3 --dump-logits FILE [--dump-mtp-logits FILE] [--threads N] [--ram SIZE] [--expert-cache SIZE]\n"
     "                     [--trace FILE] [--prefetch auto|always|never] [--mmap] [--backend cpu|cuda|auto] [--gpu-memory SIZE]\n"
     "  M: checkpoint directory, store, GGUF file or installed name (default " DF_DEFAULT_MODEL ").\n"
     "  One teacher-forced pass over the ids; FILE gets float32 little-endian logits for every\n"
@@ -21,13 +21,14 @@ int df_cmd_eval(int argc, char **argv) {
     df_args_init(&a, argc, argv);
     df_options o;
     df_cli_options_default(&o);
-    const char *model = NULL, *ids_s = NULL, *dump = NULL;
+    const char *model = NULL, *ids_s = NULL, *dump = NULL, *dump_mtp = NULL;
     const char *opt;
     while ((opt = df_args_next(&a))) {
         if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) { fputs(usage, stdout); return 0; }
         if (df_args_model_opts(&a, opt, &model, &o)) continue;
         if (df_args_opt(&a, opt, "--ids", 1)) ids_s = a.val;
         else if (df_args_opt(&a, opt, "--dump-logits", 1)) dump = a.val;
+        else if (df_args_opt(&a, opt, "--dump-mtp-logits", 1)) dump_mtp = a.val;
         else if (!a.bad) df_args_fail(&a, "unknown option '%s'", opt);
     }
     if (a.bad) return 2;
@@ -57,6 +58,27 @@ int df_cmd_eval(int argc, char **argv) {
             code = 1;
             goto done;
         }
+    }
+    if (dump_mtp) { /* the MTP module's logits of every position but the last, [(n-1) x vocab] */
+        if (!df_engine_has_mtp(e) || n < 2) {
+            fprintf(stderr, "deltafin eval: --dump-mtp-logits: %s\n", n < 2 ? "needs at least 2 ids" : "the model has no MTP module (or it is streamed)");
+            code = 2;
+            goto done;
+        }
+        const size_t cnt = (n - 1) * (size_t)info.vocab_size;
+        float *ml = malloc(cnt * sizeof(float));
+        if (!ml) { fprintf(stderr, "deltafin eval: cannot allocate %zu x %d logits\n", n - 1, info.vocab_size); code = 1; goto done; }
+        if ((rc = df_session_mtp_logits(s, ml))) {
+            fprintf(stderr, "deltafin eval: %s\n", df_engine_error(e));
+            free(ml);
+            code = df_exit_code(rc);
+            goto done;
+        }
+        FILE *f = fopen(dump_mtp, "wb");
+        int bad = !f || fwrite(ml, sizeof(float), cnt, f) != cnt;
+        if (f && fclose(f)) bad = 1;
+        free(ml);
+        if (bad) { fprintf(stderr, "deltafin eval: %s: cannot write logits\n", dump_mtp); code = 1; goto done; }
     }
     for (size_t i = 0; i < n; i++) {
         const float *row = out + i * (size_t)info.vocab_size;

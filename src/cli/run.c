@@ -41,7 +41,8 @@ static const char *usage =
     "  --backend B         cpu (default), cuda (a build with make CUDA=1), or auto (cuda when a GPU is present)\n"
     "  --gpu-memory SIZE   VRAM budget of the cuda backend (default: free VRAM minus max(512M, 5%)); spine first, routed experts cached in the rest\n"
     "  --spec MODE         speculative decoding: none (default), auto (prompt lookup while it pays), ngram (prompt\n"
-    "                      lookup always), draft (--draft MODEL drafts), mtp (not built yet). The tokens are the same\n"
+    "                      lookup always), draft (--draft MODEL drafts), mtp (the checkpoint's MTP module: DeepSeek-V3/R1,\n"
+    "                      Kimi K2). The tokens are the same\n"
     "                      as with none, for every temperature and seed (docs/CLI.md says where rounding could differ)\n"
     "  --spec-max K        most drafted tokens per verify pass, 1..32 (default 8)\n"
     "  --draft MODEL       the draft model of --spec draft (same tokenizer: same size and bytes for every id)\n";
@@ -49,19 +50,21 @@ static const char *usage =
 static void print_spec_stats(const df_gen *g, const df_stats *st) {
     df_spec_stats ss;
     df_gen_spec_stats(g, &ss);
-    if (ss.mode == DF_SPEC_NONE) return;
-    fprintf(stderr, "[stats] spec %s: ", df_spec_name(ss.mode));
-    if (ss.off_reason[0]) fprintf(stderr, "%s; ", ss.off_reason);
-    fprintf(stderr, "%ld verify passes, %ld drafted, %ld accepted (%.1f%%), %.2f tokens per pass; %ld plain steps; "
-            "time: drafting %.3f s, verifying %.3f s, plain steps %.3f s",
-            ss.passes, ss.drafted, ss.accepted, ss.drafted ? 100.0 * ss.accepted / ss.drafted : 0,
-            ss.passes ? (double)ss.pass_tokens / ss.passes : 0, ss.plain_steps, ss.t_draft, ss.t_verify, ss.t_plain);
-    if (ss.mode == DF_SPEC_AUTO && !ss.off_reason[0]) fprintf(stderr, "; draft length now %d%s", ss.k_now, ss.k_now ? "" : " (off: drafting would lose)");
-    fputc('\n', stderr);
-    if (st->streaming) {
+    if (ss.mode != DF_SPEC_NONE) {
+        fprintf(stderr, "[stats] spec %s: ", df_spec_name(ss.mode));
+        if (ss.off_reason[0]) fprintf(stderr, "%s; ", ss.off_reason);
+        if (ss.text_level) fprintf(stderr, "across tokenizers (text level); ");
+        fprintf(stderr, "%ld verify passes, %ld drafted, %ld accepted (%.1f%%), %.2f tokens per pass; %ld plain steps; "
+                "time: drafting %.3f s, verifying %.3f s, plain steps %.3f s",
+                ss.passes, ss.drafted, ss.accepted, ss.drafted ? 100.0 * ss.accepted / ss.drafted : 0,
+                ss.passes ? (double)ss.pass_tokens / ss.passes : 0, ss.plain_steps, ss.t_draft, ss.t_verify, ss.t_plain);
+        if (ss.mode == DF_SPEC_AUTO && !ss.off_reason[0]) fprintf(stderr, "; draft length now %d%s", ss.k_now, ss.k_now ? "" : " (off: drafting would lose)");
+        fputc('\n', stderr);
+    }
+    if (st->streaming) { /* with --spec none too: the baseline of the comparison */
         long toks = (long)df_gen_count(g);
-        fprintf(stderr, "[stats] spec: expert bytes read per generated token %.1f MB (%lld MB in decode passes for %ld tokens)\n",
-                toks ? st->decode_bytes_read / 1e6 / toks : 0, (long long)(st->decode_bytes_read / 1000000), toks);
+        fprintf(stderr, "[stats] spec: expert bytes read per generated token %.3f MB (%.1f MB in decode passes for %ld tokens)\n",
+                toks ? st->decode_bytes_read / 1e6 / toks : 0, st->decode_bytes_read / 1e6, toks);
     }
 }
 

@@ -38,5 +38,9 @@ int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out);
  * there (NULL: unknown, recomputed when needed); credits `credited` decode
  * tokens to the engine's stats. */
 int df_session_cut(df_session *s, size_t len, const float *logits, long credited);
+/* The main model's final hidden states (before the final norm), [max_ctx x
+ * hidden], valid for positions below the length that this session computed;
+ * NULL unless the model has an MTP module. */
+const float *df_session_hidden(const df_session *s);
 
 #endif

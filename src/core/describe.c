@@ -127,6 +127,7 @@ char *df_engine_describe(const df_engine *e) {
     df_buf_printf(&b, "parameters   %.3f M total, %.3f M active per token\n", m->n_params / 1e6, m->n_params_active / 1e6);
     df_buf_printf(&b, "weight bytes %.3f MB total, %.3f MB active per token\n", m->bytes / 1e6, m->bytes_active / 1e6);
     if (m->n_ignored_tensors) df_buf_printf(&b, "unused       %d %s tensors (recognised, not used)\n", m->n_ignored_tensors, c->tensor_prefix[0] ? "vision/MTP" : "MTP-layer");
+    if (m->mtp.layer) df_buf_printf(&b, "mtp          layer %d loaded (not counted above): --spec mtp drafts with it\n", c->n_layers);
     df_buf_printf(&b, "eos ids     ");
     for (int i = 0; i < c->n_eos; i++) df_buf_printf(&b, " %d", c->eos[i]);
     df_buf_printf(&b, "\nbos id       %d\n", c->bos_id);

@@ -30,6 +30,8 @@ struct df_engine {
     struct df_gvocab *gvocab;  /* constrained decoding's vocabulary index (tok_glue.c), built on first use */
     struct df_rsource *rsrc;   /* setup --stream: experts fetched from the hub on first use (hubsrc.c) */
     struct df_hub_stream *hstream;
+    int draft_text_level;      /* as a draft model: its tokenizer differs from the target's it was checked
+                                  against (df_spec_check_draft), so it drafts text, re-tokenized (spec.c) */
 };
 
 /* hubsrc.c: a model directory made by setup --stream (it holds stream.json) */

@@ -127,7 +127,7 @@ static int spec_setup(df_gen *g) {
     g->cfg.spec_max = c->spec_max ? c->spec_max : DF_SPEC_DEFAULT_K;
     const char *off = NULL;
     if (c->spec == DF_SPEC_NONE) return 0;
-    if (c->spec == DF_SPEC_MTP) off = "--spec mtp is not built yet";
+    if (c->spec == DF_SPEC_MTP && !df_engine_has_mtp(g->e)) off = "the model has no MTP module (or it is streamed): --spec mtp cannot draft";
     else if (c->constrained || c->grammar) off = "a constraint (grammar) chooses the tokens of this request";
     else if (!df_session_truncatable(g->s)) off = "the model has recurrent layers (Kimi Linear KDA): speculation is not built for them yet";
     else if (c->spec == DF_SPEC_DRAFT && !c->draft) off = "--spec draft without a draft model";
@@ -137,7 +137,13 @@ static int spec_setup(df_gen *g) {
     }
     g->spec = df_spec_new(c->spec, g->cfg.spec_max, c->draft);
     g->ql = malloc((size_t)(g->cfg.spec_max + 1) * (size_t)g->info.vocab_size * sizeof(float));
-    if (!g->spec || !g->ql) return -1;
+    if (!g->spec || !g->ql || df_spec_set_target(g->spec, g->e)) return -1;
+    g->ss.text_level = df_spec_text_level(g->spec);
+    if (c->spec == DF_SPEC_MTP && df_spec_attach_mtp(g->spec, g->s, g->ss.off_reason, sizeof g->ss.off_reason)) {
+        df_spec_free(g->spec); /* the reason is in the stats */
+        g->spec = NULL;
+        return 0;
+    }
     if (g->prompt_len && df_spec_append(g->spec, df_session_tokens(g->s), g->prompt_len)) return -1;
     return 0;
 }

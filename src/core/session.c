@@ -31,6 +31,7 @@ df_session *df_session_new(df_engine *e, int max_context) {
     s->tokens = df_xmalloc((size_t)max_context * sizeof(int32_t));
     s->logits = df_xmalloc((size_t)c->vocab * sizeof(float));
     s->work = df_xmalloc((size_t)c->vocab * 2 * sizeof(float));
+    if (e->model->mtp.layer) s->hid = df_xcalloc((size_t)max_context * (size_t)c->hidden, sizeof(float));
     df_rng_seed(&s->rng, 0);
     return s;
 }
@@ -48,8 +49,19 @@ void df_session_free(df_session *s) {
     free(s->tokens);
     free(s->logits);
     free(s->work);
+    free(s->hid);
     free(s);
 }
+
+/* Keeps the final hidden states of positions pos..pos+n that the last
+ * forward pass computed (the MTP drafter's input). */
+static void keep_hidden(df_session *s, size_t pos, size_t n) {
+    if (!s->hid) return;
+    const size_t H = (size_t)s->e->model->cfg.hidden;
+    df_read(s->hid + pos * H, s->st.x, n * H);
+}
+
+const float *df_session_hidden(const df_session *s) { return s->hid; }
 
 size_t df_session_len(const df_session *s) { return s->len; }
 size_t df_session_reused(const df_session *s) { return s->reused; }
@@ -82,6 +94,7 @@ static int run_tokens(df_session *s, const int32_t *ids, size_t from, size_t n) 
         int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
         int rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, s->logits, 0);
         if (rc) return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
+        keep_hidden(s, p, (size_t)cnt);
         memcpy(s->tokens + p, ids + p, (size_t)cnt * sizeof(int32_t));
         s->len = p + (size_t)cnt;
     }
@@ -256,6 +269,7 @@ int df_session_eval_all(df_session *s, const int32_t *ids, size_t n, float *out)
         int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
         rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, out + p * V, 1);
         if (rc) return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
+        keep_hidden(s, p, (size_t)cnt);
         memcpy(s->tokens + p, ids + p, (size_t)cnt * sizeof(int32_t));
         s->len = p + (size_t)cnt;
     }
@@ -301,6 +315,7 @@ int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out) {
     double t0 = df_now();
     rc = df_forward(e->model, &s->st, ids, (int)n, (int)s->len, out, 1);
     if (rc) return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", s->len, s->st.err[0] ? s->st.err : "bad input");
+    keep_hidden(s, s->len, n);
     memcpy(s->tokens + s->len, ids, n * sizeof(int32_t));
     s->len += n;
     const size_t V = (size_t)e->model->cfg.vocab;

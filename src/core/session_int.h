@@ -33,6 +33,8 @@ struct df_session {
     df_rng rng;
     snap_slot snaps[DF_MAX_SNAPSHOTS];
     uint64_t snap_clock;
+    float *hid;      /* [max_ctx x hidden]: the final hidden state (before the final norm) of every
+                        position, kept when the model has an MTP module (its drafter's input); else NULL */
 };
 
 /* Empties the session (session.c): every snapshot dropped, fixed states

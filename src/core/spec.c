@@ -20,6 +20,8 @@
  * takes. */
 #include "core/spec.h"
 #include "core/core.h"
+#include "core/session_int.h"
+#include "model/mtp.h"
 #include "util/util.h"
 
 #include <math.h>
@@ -134,9 +136,23 @@ struct df_spec {
     df_engine *draft;
     df_session *ds;      /* the draft model's session */
     int32_t *dtmp;
+    /* mtp: the module's entries 0..mtp_len-1 hold the committed timeline
+     * (entry i: h_i and t_{i+1}); entries past it are chained drafts */
+    df_session *ts;      /* the target session (its hidden states) */
+    df_mtp *mtp;
+    size_t mtp_len;
+    float *mlog, *mh, *mh2; /* [vocab], [hidden] x2 */
+    int mV, mH;
     /* auto */
     double t1, beta, acc; /* plain step seconds; verify cost per drafted token / t1; acceptance */
     int n_plain, n_verify, off_steps, off_wait;
+    /* draft across tokenizers: the committed text (the target's detokenized
+     * timeline) and where each timeline token ends in it */
+    int text_level;
+    df_engine *target;
+    df_detok *tdt;
+    char *text;
+    size_t tlen, tcap, *toff, ocap, n_text; /* n_text: timeline tokens in text */
 };
 
 df_spec *df_spec_new(int mode, int k_max, df_engine *draft) {
@@ -161,11 +177,60 @@ void df_spec_free(df_spec *sp) {
     if (!sp) return;
     df_ngram_free(sp->ng);
     df_session_free(sp->ds);
+    df_mtp_free(sp->mtp);
+    df_detok_free(sp->tdt);
+    free(sp->text), free(sp->toff);
+    free(sp->mlog), free(sp->mh), free(sp->mh2);
     free(sp->dtmp);
     free(sp);
 }
 
-int df_spec_append(df_spec *sp, const int32_t *ids, size_t n) { return df_ngram_append(sp->ng, ids, n); }
+static int text_put(df_spec *sp, const char *p, size_t n) {
+    if (sp->tlen + n + 1 > sp->tcap) {
+        size_t cap = sp->tcap ? sp->tcap : 1024;
+        while (cap < sp->tlen + n + 1) cap *= 2;
+        char *t = realloc(sp->text, cap);
+        if (!t) return DF_ENOMEM;
+        sp->text = t, sp->tcap = cap;
+    }
+    memcpy(sp->text + sp->tlen, p, n);
+    sp->tlen += n;
+    sp->text[sp->tlen] = 0;
+    return 0;
+}
+
+int df_spec_append(df_spec *sp, const int32_t *ids, size_t n) {
+    int rc = df_ngram_append(sp->ng, ids, n);
+    if (rc || !sp->text_level) return rc;
+    if (sp->n_text + n > sp->ocap) {
+        size_t cap = sp->ocap ? sp->ocap : 1024;
+        while (cap < sp->n_text + n) cap *= 2;
+        size_t *o = realloc(sp->toff, cap * sizeof *o);
+        if (!o) return DF_ENOMEM;
+        sp->toff = o, sp->ocap = cap;
+    }
+    for (size_t i = 0; i < n; i++) { /* bytes held back (an incomplete UTF-8 sequence) join the text with a later token */
+        size_t b;
+        const char *p = df_detok_push(sp->tdt, ids[i], &b);
+        if (text_put(sp, p, b)) return DF_ENOMEM;
+        sp->toff[sp->n_text++] = sp->tlen;
+    }
+    return 0;
+}
+
+int df_spec_set_target(df_spec *sp, df_engine *target) {
+    sp->target = target;
+    if (sp->mode != DF_SPEC_DRAFT || !sp->draft) return 0;
+    df_model_info a, b;
+    df_engine_info(target, &a);
+    df_engine_info(sp->draft, &b);
+    sp->text_level = (a.vocab_size != b.vocab_size || sp->draft->draft_text_level) && df_has_tokenizer(target) && df_has_tokenizer(sp->draft);
+    if (sp->text_level && !(sp->tdt = df_detok_new(target))) return DF_ENOMEM;
+    return 0;
+}
+
+int df_spec_text_level(const df_spec *sp) { return sp->text_level; }
+
 
 int df_spec_k_now(const df_spec *sp) { return sp->mode == DF_SPEC_AUTO && sp->off_steps ? 0 : sp->k; }
 
@@ -221,9 +286,157 @@ void df_spec_note_verify(df_spec *sp, int k, int accepted, double secs) {
     choose_k(sp);
 }
 
+int df_spec_attach_mtp(df_spec *sp, df_session *s, char *err, size_t errlen) {
+    const df_model *m = s->e->model;
+    sp->ts = s;
+    if (!df_session_hidden(s))
+        return df_err(err, errlen, DF_EINPUT, "%s has no MTP module (config num_nextn_predict_layers and tensors model.layers.%d.eh_proj/enorm/hnorm/shared_head)",
+                      m->dir, m->cfg.n_layers);
+    if (strcmp(df_be->name, "cpu")) /* its weights are not registered with a device backend */
+        return df_err(err, errlen, DF_EUNSUPPORTED, "--spec mtp runs on the CPU backend only (the backend is %s)", df_be->name);
+    sp->mtp = df_mtp_new(m, (int)df_session_max_ctx(s), DF_MAX_BATCH, err, errlen);
+    if (!sp->mtp) return DF_EINPUT;
+    sp->mV = m->cfg.vocab, sp->mH = m->cfg.hidden;
+    sp->mlog = malloc((size_t)sp->mV * sizeof(float));
+    sp->mh = malloc((size_t)sp->mH * sizeof(float));
+    sp->mh2 = malloc((size_t)sp->mH * sizeof(float));
+    if (!sp->mlog || !sp->mh || !sp->mh2) return df_err(err, errlen, DF_ENOMEM, "MTP drafter: out of memory");
+    return 0;
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* MTP drafting: the session holds S positions, the timeline S + 1 tokens
+ * (the chosen one not yet pushed last). The entries S-1 back to mtp_len
+ * are computed from the session's hidden states (the last of them drafts
+ * t_{S+1}), then each further draft chains the module's own output hidden
+ * state with the draft before it. */
+static int mtp_draft(df_spec *sp, int k, int32_t *out, char *err, size_t errlen) {
+    const df_ngram *ng = sp->ng;
+    const size_t S = df_session_len(sp->ts), max = df_session_max_ctx(sp->ts);
+    if (S == 0 || ng->len != S + 1) return 0;
+    if (S - 1 + (size_t)k > max) k = (int)(max - (S - 1));
+    if (k <= 0) return 0;
+    const float *hid = df_session_hidden(sp->ts);
+    const size_t H = (size_t)sp->mH;
+    size_t from = sp->mtp_len < S ? sp->mtp_len : S - 1;
+    int rc;
+    for (size_t p = from; p < S; p += DF_MAX_BATCH) {
+        int cnt = (int)(S - p < DF_MAX_BATCH ? S - p : DF_MAX_BATCH);
+        if ((rc = df_mtp_forward(sp->mtp, hid + p * H, ng->hist + p + 1, cnt, (int)p, sp->mlog, 0, sp->mh, err, errlen))) return rc;
+    }
+    sp->mtp_len = S;
+    out[0] = argmax(sp->mlog, sp->mV);
+    for (int i = 1; i < k; i++) {
+        memcpy(sp->mh2, sp->mh, H * sizeof(float));
+        if ((rc = df_mtp_forward(sp->mtp, sp->mh2, &out[i - 1], 1, (int)(S - 1) + i, sp->mlog, 0, sp->mh, err, errlen))) return rc;
+        out[i] = argmax(sp->mlog, sp->mV);
+    }
+    return k;
+}
+
+int df_spec_mtp_eval(df_session *s, float *out, char *err, size_t errlen) {
+    df_spec *sp = df_spec_new(DF_SPEC_MTP, 1, NULL);
+    if (!sp) return df_err(err, errlen, DF_ENOMEM, "out of memory");
+    int rc = df_spec_attach_mtp(sp, s, err, errlen);
+    const size_t S = df_session_len(s), V = (size_t)s->e->model->cfg.vocab, H = (size_t)s->e->model->cfg.hidden;
+    const int32_t *ids = df_session_tokens(s);
+    const float *hid = df_session_hidden(s);
+    for (size_t p = 0; !rc && p + 1 < S; p += DF_MAX_BATCH) {
+        int cnt = (int)(S - 1 - p < DF_MAX_BATCH ? S - 1 - p : DF_MAX_BATCH);
+        rc = df_mtp_forward(sp->mtp, hid + p * H, ids + p + 1, cnt, (int)p, out + p * V, 1, NULL, err, errlen);
+    }
+    df_spec_free(sp);
+    return rc;
+}
+
+int df_session_mtp_logits(df_session *s, float *out) { return df_spec_mtp_eval(s, out, df_errbuf(), DF_ERRLEN); }
+
+int df_engine_has_mtp(const df_engine *e) { return e->model->mtp.layer != NULL; }
+
+/* Drafting across tokenizers: the draft model's session is synced to the
+ * committed text tokenized by its own tokenizer (the common prefix of ids is
+ * kept), it generates k + 1 tokens greedily, and their text D is appended to
+ * the text of the timeline's last m target tokens (m = 3, 2, 1) and
+ * tokenized by the target's tokenizer: when that starts with those m tokens
+ * (the boundary agrees), the tokens after them are the drafts, the last one
+ * excepted (its bytes may continue in text the draft did not write). */
+#define DF_TEXT_TAIL 3
+static int text_draft(df_spec *sp, int k, int32_t *out, char *err, size_t errlen) {
+    const df_ngram *ng = sp->ng;
+    if (!sp->tlen || ng->len != sp->n_text) return 0;
+    int32_t *dids = NULL, *tids = NULL;
+    size_t nd = 0, nt = 0, dlen = 0, cap = 256;
+    char *buf = NULL;
+    df_detok *dd = NULL;
+    int got = 0, rc = df_tokenize(sp->draft, sp->text, sp->tlen, &dids, &nd);
+    if (rc) { rc = df_err(err, errlen, rc, "draft model: tokenizing the text: %s", df_engine_error(sp->draft)); goto out; }
+    df_model_info di;
+    df_engine_info(sp->draft, &di);
+    if (nd && df_engine_adds_bos(sp->draft) && di.bos_id >= 0 && dids[0] != di.bos_id) { /* as its plain-text prompts start */
+        int32_t *t = realloc(dids, (nd + 1) * sizeof *t);
+        if (!t) { rc = df_err(err, errlen, DF_ENOMEM, "out of memory"); goto out; }
+        dids = t;
+        memmove(dids + 1, dids, nd * sizeof *dids);
+        dids[0] = di.bos_id, nd++;
+    }
+    const size_t max = df_session_max_ctx(sp->ds);
+    int kd = k + 1;
+    if (!nd || nd + 1 > max) goto out; /* nothing to continue from, or the draft session is full: no drafts */
+    if (nd + (size_t)kd > max) kd = (int)(max - nd);
+    if ((rc = df_session_sync(sp->ds, dids, nd))) { rc = df_err(err, errlen, rc, "draft model: %s", df_engine_error(sp->draft)); goto out; }
+    /* buf: the text of the last m0 target tokens (the tail), then the draft's text */
+    const size_t m0 = ng->len < DF_TEXT_TAIL ? ng->len : DF_TEXT_TAIL;
+    const size_t tail_at = ng->len > m0 ? sp->toff[ng->len - m0 - 1] : 0, tail = sp->tlen - tail_at;
+    if (!(buf = malloc(tail + cap)) || !(dd = df_detok_new(sp->draft))) { rc = df_err(err, errlen, DF_ENOMEM, "out of memory"); goto out; }
+    memcpy(buf, sp->text + tail_at, tail);
+    for (int i = 0; i <= kd; i++) {
+        int32_t id;
+        size_t b;
+        const char *p;
+        if (i < kd) {
+            if ((rc = df_session_sample(sp->ds, NULL, &id))) { rc = df_err(err, errlen, rc, "draft model: %s", df_engine_error(sp->draft)); goto out; }
+            if (i + 1 < kd && (rc = df_session_push(sp->ds, id))) { rc = df_err(err, errlen, rc, "draft model: %s", df_engine_error(sp->draft)); goto out; }
+            p = df_detok_push(dd, id, &b);
+        } else {
+            p = df_detok_flush(dd, &b);
+        }
+        if (dlen + b > cap) {
+            while (dlen + b > cap) cap *= 2;
+            char *t = realloc(buf, tail + cap);
+            if (!t) { rc = df_err(err, errlen, DF_ENOMEM, "out of memory"); goto out; }
+            buf = t;
+        }
+        memcpy(buf + tail + dlen, p, b);
+        dlen += b;
+    }
+    for (size_t m = m0; dlen && m >= 1 && !got; m--) {
+        const size_t at = ng->len > m ? sp->toff[ng->len - m - 1] : 0;
+        free(tids), tids = NULL;
+        if ((rc = df_tokenize(sp->target, buf + (at - tail_at), sp->tlen - at + dlen, &tids, &nt))) {
+            rc = df_err(err, errlen, rc, "tokenizing the draft's text: %s", df_engine_error(sp->target));
+            goto out;
+        }
+        if (nt <= m + 1 || memcmp(tids, ng->hist + ng->len - m, m * sizeof *tids)) continue; /* the boundary moved */
+        for (size_t i = m; i + 1 < nt && got < k; i++) out[got++] = tids[i];
+    }
+out:
+    free(dids), free(tids), free(buf);
+    df_detok_free(dd);
+    return rc ? rc : got;
+}
+
 int df_spec_draft(df_spec *sp, int k, int32_t *out, char *err, size_t errlen) {
     if (k <= 0) return 0;
+    if (sp->mode == DF_SPEC_MTP) return mtp_draft(sp, k, out, err, errlen);
     if (sp->mode != DF_SPEC_DRAFT) return df_ngram_draft(sp->ng, k, out);
+    if (sp->text_level) return text_draft(sp, k, out, err, errlen);
+
     /* the draft model: sync its session to the timeline, then k greedy steps */
     const df_ngram *ng = sp->ng;
     size_t max = df_session_max_ctx(sp->ds);
@@ -258,25 +471,28 @@ int df_spec_check_draft(df_engine *target, df_engine *draft, char *err, size_t e
     df_model_info a, b;
     df_engine_info(target, &a);
     df_engine_info(draft, &b);
-    if (a.vocab_size != b.vocab_size)
-        return df_err(err, errlen, DF_EINPUT, "--draft: the draft model's vocabulary has %d ids, the model's %d: it cannot draft for it "
-                      "(drafting across tokenizers is not built yet)", b.vocab_size, a.vocab_size);
+    const int ta = df_has_tokenizer(target), tb = df_has_tokenizer(draft);
+    draft->draft_text_level = 0;
+    if (a.vocab_size != b.vocab_size) {
+        if (ta && tb) { draft->draft_text_level = 1; return 0; } /* it drafts text, re-tokenized for the target */
+        return df_err(err, errlen, DF_EINPUT, "--draft: the draft model's vocabulary has %d ids, the model's %d, and %s: "
+                      "it cannot draft for it (drafting across vocabularies goes through text)", b.vocab_size, a.vocab_size,
+                      !ta && !tb ? "neither has a tokenizer" : ta ? "the draft model has no tokenizer" : "the model has no tokenizer");
+    }
     /* without tokenizers ids are all both models know (test checkpoints):
      * the same vocabulary size is all there is to check; a wrong pairing
      * costs speed only, since every token is verified */
-    if (!df_has_tokenizer(target) && !df_has_tokenizer(draft)) return 0;
-    if (!df_has_tokenizer(target) || !df_has_tokenizer(draft))
+    if (!ta && !tb) return 0;
+    if (!ta || !tb)
         return df_err(err, errlen, DF_EINPUT, "--draft: %s has no tokenizer: the vocabularies cannot be compared",
-                      df_has_tokenizer(target) ? "the draft model" : "the model");
+                      ta ? "the draft model" : "the model");
     for (int id = 0; id < a.vocab_size; id++) {
         size_t na, nb;
-        char *ta = df_token_text(target, id, &na), *tb = df_token_text(draft, id, &nb);
-        int same = ta && tb && na == nb && !memcmp(ta, tb, na);
-        free(ta);
-        free(tb);
-        if (!same)
-            return df_err(err, errlen, DF_EINPUT, "--draft: the vocabularies differ first at id %d (its bytes differ): the draft model "
-                          "cannot draft for this model (drafting across tokenizers is not built yet)", id);
+        char *sa = df_token_text(target, id, &na), *sb = df_token_text(draft, id, &nb);
+        int same = sa && sb && na == nb && !memcmp(sa, sb, na);
+        free(sa);
+        free(sb);
+        if (!same) { draft->draft_text_level = 1; return 0; } /* the same size, other bytes: through text too */
     }
     return 0;
 }

@@ -17,6 +17,18 @@ typedef struct df_spec df_spec;
  * (prompt lookup with the economics below). */
 df_spec *df_spec_new(int mode, int k_max, df_engine *draft);
 void df_spec_free(df_spec *sp);
+/* DF_SPEC_MTP: drafts with the MTP module of the model of session s (the
+ * session being generated in; it keeps the hidden states the module reads).
+ * 0, or DF_EINPUT when the model has no MTP module (message in err). */
+int df_spec_attach_mtp(df_spec *sp, df_session *s, char *err, size_t errlen);
+/* The MTP module's logits for every entry of the timeline the session
+ * holds: out[(len-1) x vocab], row i from h_i and token i+1 (tests, eval). */
+int df_spec_mtp_eval(df_session *s, float *out, char *err, size_t errlen);
+/* The engine generating (before the first df_spec_append): a DF_SPEC_DRAFT
+ * drafter whose model has another tokenizer (df_spec_check_draft said so,
+ * or the vocabulary sizes differ) drafts through text. 0 or DF_ENOMEM. */
+int df_spec_set_target(df_spec *sp, df_engine *target);
+int df_spec_text_level(const df_spec *sp);
 /* The timeline grew by ids[0..n). */
 int df_spec_append(df_spec *sp, const int32_t *ids, size_t n);
 /* How many tokens to draft now (0: take a plain step); `room`: the most the

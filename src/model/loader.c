@@ -574,8 +574,11 @@ int df_model_finish(df_model *m, char *err, size_t errlen) {
 
 void df_model_free(df_model *m) {
     if (!m) return;
+    free(m->mtp.enorm);
+    free(m->mtp.hnorm);
+    free(m->mtp.head_norm);
     if (m->layers) {
-        for (int l = 0; l < m->cfg.n_layers; l++) {
+        for (int l = 0; l < m->cfg.n_layers + (m->mtp.layer != NULL); l++) {
             df_layer *L = &m->layers[l];
             free(L->attn_norm); free(L->ffn_norm); free(L->bq); free(L->bk); free(L->bv); free(L->bo);
             free(L->q_norm); free(L->k_norm); free(L->q_a_norm); free(L->kv_a_norm); free(L->router_bias);
@@ -667,6 +670,42 @@ static void load_moe(ld *c, const char *pre, int l, df_layer *L) {
     }
 }
 
+/* The MTP module of a DeepSeek-V3-style checkpoint (num_nextn_predict_layers
+ * >= 1; the first one, layer N = num_hidden_layers): eh_proj, enorm, hnorm,
+ * shared_head.{norm,head} (head absent: the main lm_head), embed_tokens
+ * (absent: the main embedding) and a full decoder layer of layer N's kind.
+ * Only for resident models: a streamed model leaves these tensors unused
+ * (its spine arena holds the main layers only). Not loading it is no error:
+ * `--spec mtp` then says the model has none. */
+static void load_mtp(ld *c) {
+    df_model *m = c->m;
+    const df_config *cfg = &m->cfg;
+    const int N = cfg->n_layers;
+    const int64_t H = cfg->hidden;
+    char pre[64], p[512];
+    snprintf(pre, sizeof pre, "%smodel.layers.%d", cfg->tensor_prefix, N);
+    if (cfg->family != DF_FAM_DEEPSEEK_V3 || cfg->n_mtp_layers < 1 || !df_st_find(m->st, P("eh_proj.weight"))) return;
+    df_layer *L = &m->layers[N];
+    if (df_family_layer_kind(cfg, N, df_config_is_moe_layer(cfg, N), &L->kind)) {
+        c->rc = df_err(c->err, c->errlen, DF_EUNSUPPORTED, "%s: MTP layer %d: family %s has no such layer", m->dir, N, cfg->family_name);
+        return;
+    }
+    df_mtp_weights *t = &m->mtp;
+    t->layer = L;
+    L->attn_norm = ld_vec(c, P("input_layernorm.weight"), H);
+    L->ffn_norm = ld_vec(c, P("post_attention_layernorm.weight"), H);
+    load_mla(c, pre, L);
+    if (L->kind.ffn == DF_FFN_MOE) load_moe(c, pre, N, L);
+    else ffn(c, P("mlp"), cfg->intermediate, &L->w.mlp);
+    ld_linear(c, P("eh_proj"), H, 2 * H, &t->eh_proj);
+    t->enorm = ld_vec(c, P("enorm.weight"), H);
+    t->hnorm = ld_vec(c, P("hnorm.weight"), H);
+    t->head_norm = ld_vec(c, P("shared_head.norm.weight"), H);
+    t->embed = m->embed, t->head = m->lm_head;
+    if (!c->rc && df_st_find(m->st, P("embed_tokens.weight"))) ld_linear(c, P("embed_tokens"), cfg->vocab, H, &t->embed);
+    if (!c->rc && df_st_find(m->st, P("shared_head.head.weight"))) ld_linear(c, P("shared_head.head"), cfg->vocab, H, &t->head);
+}
+
 int df_model_load(const char *dir, const df_load_opts *o, df_model **out, char *err, size_t errlen) {
     const int resident = o->mode;
     *out = NULL;
@@ -708,7 +747,7 @@ int df_model_load(const char *dir, const df_load_opts *o, df_model **out, char *
         else snprintf(p, sizeof p, "%slm_head", tp), ld_linear(&c, p, cfg->vocab, H, &m->lm_head);
     }
     if (kimi) ld_kimi_model(&c);
-    m->layers = df_xcalloc((size_t)cfg->n_layers, sizeof(df_layer));
+    m->layers = df_xcalloc((size_t)cfg->n_layers + 1, sizeof(df_layer)); /* + the MTP layer, when loaded */
     for (int l = 0; l < cfg->n_layers && !c.rc; l++) {
         df_layer *L = &m->layers[l];
         char pre[64];
@@ -728,7 +767,8 @@ int df_model_load(const char *dir, const df_load_opts *o, df_model **out, char *
         else if (L->kind.ffn == DF_FFN_MOE) load_moe(&c, pre, l, L);
         else ffn(&c, P("mlp"), cfg->intermediate, &L->w.mlp);
     }
-    /* every tensor must be used, except MTP layers (index >= n_layers), which are recognised and left unused */
+    if (!c.rc && resident != 2) load_mtp(&c);
+    /* every tensor must be used, except MTP layers (index >= n_layers) not loaded above, which are recognised and left unused */
     for (int i = 0; i < df_st_count(m->st) && !c.rc; i++) {
         if (c.used[i]) continue;
         const df_st_tensor *t = df_st_at(m->st, i);

@@ -98,6 +98,17 @@ typedef struct {
 
 struct df_gguf;
 
+/* The multi-token-prediction (MTP) module that DeepSeek-V3/R1 and Kimi K2
+ * checkpoints ship as layer num_hidden_layers (model/mtp.h computes it).
+ * Loaded only for resident models; layer NULL: none. */
+typedef struct {
+    df_layer *layer;        /* the full decoder layer (== &layers[n_layers]) or NULL */
+    df_weight eh_proj;      /* [hidden x 2*hidden]: columns 0..hidden-1 take the embedding, the rest the hidden state */
+    float *enorm, *hnorm;   /* [hidden] */
+    float *head_norm;       /* [hidden] shared_head.norm */
+    df_weight embed, head;  /* [vocab x hidden] its own embed_tokens / shared_head.head, else the main ones */
+} df_mtp_weights;
+
 typedef struct df_model {
     df_config cfg;
     char *dir;              /* checkpoint directory, or the GGUF file */
@@ -129,6 +140,7 @@ typedef struct df_model {
     double spine_load_s;   /* time and bytes of reading the spine */
     int64_t spine_load_bytes;
     df_expert_source *resident_src; /* routed experts served from the model's own memory (NULL when streamed) */
+    df_mtp_weights mtp;    /* the MTP module (not part of the main layer walk) */
 } df_model;
 
 /* How a model is loaded. */

@@ -438,10 +438,12 @@ void gen_log(gen *g) {
             g->n_gen ? other * 1e3 / (double)g->n_gen : 0.0, wall > 0 ? 100 * other / wall : 0.0);
     df_spec_stats ss;
     if (g->dg && (df_gen_spec_stats(g->dg, &ss), ss.mode != DF_SPEC_NONE))
-        fprintf(stderr, "deltafin serve: %s: spec %s%s%s: %ld passes, %ld drafted, %ld accepted, %.2f tokens per pass; "
-                        "drafting %.1f ms, verifying %.1f ms, plain steps %.1f ms\n",
-                g->id, df_spec_name(ss.mode), ss.off_reason[0] ? ": " : "", ss.off_reason, ss.passes, ss.drafted, ss.accepted,
-                ss.passes ? (double)ss.pass_tokens / ss.passes : 0.0, ss.t_draft * 1e3, ss.t_verify * 1e3, ss.t_plain * 1e3);
+        fprintf(stderr, "deltafin serve: %s: spec %s%s%s%s: %ld passes, %ld drafted, %ld accepted, %.2f tokens per pass; "
+                        "drafting %.1f ms, verifying %.1f ms, plain steps %.1f ms%s\n",
+                g->id, df_spec_name(ss.mode), ss.text_level ? " (across tokenizers, text level)" : "", ss.off_reason[0] ? ": " : "",
+                ss.off_reason, ss.passes, ss.drafted, ss.accepted, ss.passes ? (double)ss.pass_tokens / ss.passes : 0.0,
+                ss.t_draft * 1e3, ss.t_verify * 1e3, ss.t_plain * 1e3,
+                ss.mode == DF_SPEC_AUTO && !ss.off_reason[0] && !ss.k_now ? "; drafting off now (it would lose)" : "");
 }
 
 /* Which stop string ended the generation: the one that starts where the
