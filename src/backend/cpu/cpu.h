@@ -6,7 +6,7 @@
 
 #include "backend/backend.h"
 
-/* ---- thread pool ----------------------------------------------------- */
+/* ---- thread pool (pool.c) ------------------------------------------- */
 typedef void (*df_task_fn)(void *ctx, int tid, int nth);
 void df_pool_init(int n_threads); /* idempotent; 0 = all cores */
 int df_pool_size(void);
