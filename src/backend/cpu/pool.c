@@ -8,6 +8,9 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define CPU_RELAX() _mm_pause()
@@ -15,6 +18,19 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
+/* DELTAFIN_POOL_STATS=1: counts and times of the pool, printed at exit
+ * (round trips, the caller's time in the pool and waiting for the others,
+ * the workers' sleeps): a measuring aid, off by default. */
+static int stats_on;
+static struct {
+    long long runs, sleeps;
+    double t_pool, t_wait, t0;
+} S;
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 static struct {
     int n;
     pthread_t *th;
@@ -28,6 +44,14 @@ static struct {
     int serial; /* df_pool_serial */
 } P = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
+static void stats_print(void) {
+    const double wall = now_s() - S.t0;
+    fprintf(stderr, "[pool] %d threads: %lld round trips in %.3f s (%.2f us each in the pool, caller waiting %.2f us each); "
+                    "pool %.1f%% of the time since init, waiting %.1f%%; workers slept %lld times\n",
+            P.n, S.runs, wall, S.runs ? 1e6 * S.t_pool / (double)S.runs : 0.0, S.runs ? 1e6 * S.t_wait / (double)S.runs : 0.0,
+            wall > 0 ? 100 * S.t_pool / wall : 0.0, wall > 0 ? 100 * S.t_wait / wall : 0.0, S.sleeps);
+}
+
 static void *worker(void *arg) {
     int tid = (int)(intptr_t)arg;
     unsigned seen = 0;
@@ -37,6 +61,7 @@ static void *worker(void *arg) {
             if (++spins < 20000) { CPU_RELAX(); continue; }
             if (spins < 20100) { sched_yield(); continue; }
             pthread_mutex_lock(&P.mu);
+            if (stats_on) S.sleeps++;
             while (atomic_load_explicit(&P.gen, memory_order_acquire) == seen) pthread_cond_wait(&P.cv, &P.mu);
             pthread_mutex_unlock(&P.mu);
         }
@@ -61,6 +86,8 @@ void df_pool_init(int n) {
             pthread_attr_destroy(&a);
         }
         P.started = 1;
+        const char *e = getenv("DELTAFIN_POOL_STATS");
+        if (e && *e && *e != '0') stats_on = 1, S.t0 = now_s(), atexit(stats_print);
     }
     pthread_mutex_unlock(&P.mu);
 }
@@ -70,6 +97,7 @@ void df_pool_serial(int on) { P.serial = on; }
 void df_pool_run(df_task_fn fn, void *ctx) {
     if (!P.started) df_pool_init(0);
     if (P.n == 1 || P.serial) { fn(ctx, 0, 1); return; }
+    const double t0 = stats_on ? now_s() : 0;
     P.fn = fn;
     P.ctx = ctx;
     atomic_store_explicit(&P.done, 0, memory_order_release);
@@ -78,11 +106,16 @@ void df_pool_run(df_task_fn fn, void *ctx) {
     pthread_cond_broadcast(&P.cv);
     pthread_mutex_unlock(&P.mu);
     fn(ctx, 0, P.n);
+    const double t1 = stats_on ? now_s() : 0;
     /* spin briefly (the common case: workers finish together), then yield the
      * core so that a descheduled worker can run on an oversubscribed machine */
     for (int spins = 0; atomic_load_explicit(&P.done, memory_order_acquire) < P.n - 1; spins++) {
         if (spins < 4000) CPU_RELAX();
         else sched_yield();
+    }
+    if (stats_on) {
+        const double t2 = now_s();
+        S.runs++, S.t_pool += t2 - t0, S.t_wait += t2 - t1;
     }
 }
 
