@@ -7,7 +7,8 @@
  * df_cpu_scratch: grown on first use only, freed at thread exit.
  *
  * Bits: each (token, head) item is computed by one thread in a fixed order,
- * so results do not depend on the thread count. */
+ * so results do not depend on the thread count; GQA over several positions
+ * computes each item exactly as one-position decode does (gqa_unit). */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/kernels.h"
 
@@ -33,9 +34,83 @@ static void gqa_task(void *p, int tid, int nth) {
     }
 }
 
+/* Batched positions (prefill, a speculative verify pass): the unit of work
+ * is (KV head, tile of consecutive positions); its queries are the tile's
+ * positions x the heads of that KV head's group. Keys go in chunks of
+ * GQA_KC: a chunk's K rows are read once for all of the unit's queries
+ * (they stay in L1), then its V rows likewise. Each query's arithmetic is
+ * gqa_task's, in the same order: s_j = dot(q, k_j) * scale for j < its
+ * length, the same softmax, out = sum_j p_j v_j by axpy in key order; so a
+ * batch's attention equals the one-position decode path's bit for bit, and
+ * the tiling (which depends on the thread count) changes no result. */
+enum { GQA_QT = 16, GQA_KC = 64 };
+typedef struct {
+    const df_attn_gqa_args *a;
+    int qt, tiles; /* positions per tile, tiles per KV head */
+} gqa_batch_ctx;
+
+static void gqa_unit(const df_attn_gqa_args *a, int kvh, int t0, int t1) {
+    const int NH = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = NH / KV;
+    const size_t kdim = (size_t)KV * hd;
+    const float *kc = DF_CF(a->kv) + (size_t)kvh * hd, *vc = kc + kdim; /* position j at j*2*kdim */
+    const int maxlen = a->pos0 + t1; /* the last position's length */
+    float *sc = df_cpu_scratch(SC_SCORES, (size_t)(t1 - t0) * grp * maxlen); /* a row of maxlen scores per query */
+    for (int j0 = 0; j0 < maxlen; j0 += GQA_KC) {
+        const int j1 = maxlen - j0 < GQA_KC ? maxlen : j0 + GQA_KC;
+        for (int t = t0; t < t1; t++) {
+            const int je = a->pos0 + t + 1 < j1 ? a->pos0 + t + 1 : j1;
+            for (int g = 0; g < grp; g++) {
+                const float *q = DF_CF(a->q) + ((size_t)t * NH + (size_t)kvh * grp + g) * hd;
+                float *s = sc + ((size_t)(t - t0) * grp + g) * maxlen;
+                for (int j = j0; j < je; j++) s[j] = df_cpu_dot(q, kc + (size_t)j * 2 * kdim, hd) * a->scale;
+            }
+        }
+    }
+    for (int t = t0; t < t1; t++)
+        for (int g = 0; g < grp; g++) {
+            df_cpu_softmax(sc + ((size_t)(t - t0) * grp + g) * maxlen, a->pos0 + t + 1);
+            memset(DF_F(a->out) + ((size_t)t * NH + (size_t)kvh * grp + g) * hd, 0, (size_t)hd * sizeof(float));
+        }
+    for (int j0 = 0; j0 < maxlen; j0 += GQA_KC) {
+        const int j1 = maxlen - j0 < GQA_KC ? maxlen : j0 + GQA_KC;
+        for (int t = t0; t < t1; t++) {
+            const int je = a->pos0 + t + 1 < j1 ? a->pos0 + t + 1 : j1;
+            for (int g = 0; g < grp; g++) {
+                float *out = DF_F(a->out) + ((size_t)t * NH + (size_t)kvh * grp + g) * hd;
+                const float *s = sc + ((size_t)(t - t0) * grp + g) * maxlen;
+                for (int j = j0; j < je; j++) df_cpu_axpy(out, s[j], vc + (size_t)j * 2 * kdim, hd);
+            }
+        }
+    }
+}
+
+/* share `sh` of `nsh`: units [b, e) of KV x tiles (unit u: KV head u / tiles, tile u % tiles) */
+static void gqa_batch_task(void *p, int sh, int nsh) {
+    const gqa_batch_ctx *c = p;
+    const df_attn_gqa_args *a = c->a;
+    const int64_t units = (int64_t)a->n_kv_heads * c->tiles;
+    const int64_t b = units * sh / nsh, e = units * (sh + 1) / nsh;
+    for (int64_t u = b; u < e; u++) {
+        const int kvh = (int)(u / c->tiles), t0 = (int)(u % c->tiles) * c->qt;
+        gqa_unit(a, kvh, t0, a->n - t0 < c->qt ? a->n : t0 + c->qt);
+    }
+}
+
 void df_cpu_attn_gqa(const df_attn_gqa_args *a) {
-    if ((int64_t)a->n * a->n_heads * (a->pos0 + a->n) * a->head_dim < 32768) gqa_task((void *)a, 0, 1); /* too little work to share */
-    else df_pool_run(gqa_task, (void *)a);
+    const int small = (int64_t)a->n * a->n_heads * (a->pos0 + a->n) * a->head_dim < 32768; /* too little work to share */
+    if (a->n == 1) {
+        if (small) gqa_task((void *)a, 0, 1);
+        else df_pool_run(gqa_task, (void *)a);
+        return;
+    }
+    /* tiles small enough for ~4 units per thread, at most GQA_QT positions */
+    const int nth = df_pool_size();
+    int qt = (int)(((int64_t)a->n * a->n_kv_heads) / (4 * nth));
+    qt = qt < 1 ? 1 : qt > GQA_QT ? GQA_QT : qt;
+    gqa_batch_ctx c = {a, qt, (a->n + qt - 1) / qt};
+    const int units = a->n_kv_heads * c.tiles;
+    if (small) gqa_batch_task(&c, 0, 1);
+    else df_pool_run_shares(gqa_batch_task, &c, units);
 }
 
 /* One (token, head) of MLA given its absorbed query qlat [R]: scores over the
