@@ -16,21 +16,36 @@
 
 enum { SC_SCORES = 0, SC_QLAT = 1, SC_MLAW = 2 };
 
+/* The f32 dot and axpy kernels of the current ISA (those of df_cpu_dot and
+ * df_cpu_axpy), fetched once per task rather than once per 64-float call. */
+typedef float (*dot_fn)(const float *, const float *, int64_t);
+typedef void (*axpy_fn)(float *, float, const float *, int64_t);
+static dot_fn dot_kernel(void) {
+    const int i = df_isa();
+    return i == DF_ISA_AVX512 ? df_k_dot_f32_avx512 : i == DF_ISA_AVX2 ? df_k_dot_f32_avx2 : df_k_dot_f32_scalar;
+}
+static axpy_fn axpy_kernel(void) {
+    const int i = df_isa();
+    return i == DF_ISA_AVX512 ? df_k_axpy_avx512 : i == DF_ISA_AVX2 ? df_k_axpy_avx2 : df_k_axpy_scalar;
+}
+
 static void gqa_task(void *p, int tid, int nth) {
     const df_attn_gqa_args *a = p;
     const int NH = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = NH / KV;
     const size_t kdim = (size_t)KV * hd;
     const float *kc = DF_CF(a->kv), *vc = DF_CF(a->kv) + kdim; /* position j: K at j*2*kdim, V after it */
     float *sc = df_cpu_scratch(SC_SCORES, (size_t)(a->pos0 + a->n));
+    const dot_fn dot = dot_kernel();
+    const axpy_fn axpy = axpy_kernel();
     const int items = a->n * NH;
     for (int it = tid; it < items; it += nth) {
         int t = it / NH, h = it % NH, kvh = h / grp, len = a->pos0 + t + 1;
         const float *q = DF_CF(a->q) + ((size_t)t * NH + h) * hd;
-        for (int j = 0; j < len; j++) sc[j] = df_cpu_dot(q, kc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd) * a->scale;
+        for (int j = 0; j < len; j++) sc[j] = dot(q, kc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd) * a->scale;
         df_cpu_softmax(sc, len);
         float *out = DF_F(a->out) + ((size_t)t * NH + h) * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < len; j++) df_cpu_axpy(out, sc[j], vc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd);
+        for (int j = 0; j < len; j++) axpy(out, sc[j], vc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd);
     }
 }
 
@@ -55,6 +70,8 @@ static void gqa_unit(const df_attn_gqa_args *a, int kvh, int t0, int t1) {
     const float *kc = DF_CF(a->kv) + (size_t)kvh * hd, *vc = kc + kdim; /* position j at j*2*kdim */
     const int maxlen = a->pos0 + t1; /* the last position's length */
     float *sc = df_cpu_scratch(SC_SCORES, (size_t)(t1 - t0) * grp * maxlen); /* a row of maxlen scores per query */
+    const dot_fn dot = dot_kernel();
+    const axpy_fn axpy = axpy_kernel();
     for (int j0 = 0; j0 < maxlen; j0 += GQA_KC) {
         const int j1 = maxlen - j0 < GQA_KC ? maxlen : j0 + GQA_KC;
         for (int t = t0; t < t1; t++) {
@@ -62,7 +79,7 @@ static void gqa_unit(const df_attn_gqa_args *a, int kvh, int t0, int t1) {
             for (int g = 0; g < grp; g++) {
                 const float *q = DF_CF(a->q) + ((size_t)t * NH + (size_t)kvh * grp + g) * hd;
                 float *s = sc + ((size_t)(t - t0) * grp + g) * maxlen;
-                for (int j = j0; j < je; j++) s[j] = df_cpu_dot(q, kc + (size_t)j * 2 * kdim, hd) * a->scale;
+                for (int j = j0; j < je; j++) s[j] = dot(q, kc + (size_t)j * 2 * kdim, hd) * a->scale;
             }
         }
     }
@@ -78,7 +95,7 @@ static void gqa_unit(const df_attn_gqa_args *a, int kvh, int t0, int t1) {
             for (int g = 0; g < grp; g++) {
                 float *out = DF_F(a->out) + ((size_t)t * NH + (size_t)kvh * grp + g) * hd;
                 const float *s = sc + ((size_t)(t - t0) * grp + g) * maxlen;
-                for (int j = j0; j < je; j++) df_cpu_axpy(out, s[j], vc + (size_t)j * 2 * kdim, hd);
+                for (int j = j0; j < je; j++) axpy(out, s[j], vc + (size_t)j * 2 * kdim, hd);
             }
         }
     }
