@@ -477,6 +477,24 @@ static void test_attn_mla(void) {
                 char what[96];
                 snprintf(what, sizeof what, "attn_mla %s%s n=%d pos0=%d", FORMATS[fis[fi]].name, split ? " split k_b/v_b" : "", n, pos0);
                 side_cmp(what, &c, &r, 2, sz[2], TOL_RED);
+                if (!strcmp(CAND->name, "cpu") && n >= 4) {
+                    /* the CPU backend: the same positions in two batches (n >= 2 each) give the same bits */
+                    const int n1 = n / 2;
+                    const size_t qs = (size_t)NH * (nope + rope), os = (size_t)NH * vd;
+                    df_act *o2 = CAND->alloc(sz[2]);
+                    df_attn_mla_args a1 = ac, a2 = ac;
+                    a1.out = o2, a1.n = n1;
+                    a2.q = DF_AT(ac.q, n1 * qs), a2.out = DF_AT(o2, n1 * os), a2.n = n - n1, a2.pos0 = pos0 + n1;
+                    CAND->attn_mla(&a1), CAND->attn_mla(&a2);
+                    float *hb = down(CAND, c.p[2], sz[2]), *h2 = down(CAND, o2, sz[2]);
+                    checks++;
+                    if (memcmp(hb, h2, sz[2] * sizeof(float)))
+                        failures++, fprintf(stderr, "FAIL %s: one batch differs from two batches (%d + %d positions)\n", what, n1, n - n1);
+                    else if (verbose)
+                        printf("ok   %s: one batch == two batches, bit for bit\n", what);
+                    free(hb), free(h2);
+                    CAND->free(o2);
+                }
                 side_free(&c, 3), side_free(&r, 3);
                 free(q), free(cache), free(o);
                 free_weight(&kvb);

@@ -170,40 +170,96 @@ static void mla_task(void *p, int tid, int nth) {
     }
 }
 
-/* Prefill: heads are the unit of work; each head's W_uk and W_uv rows are
- * dequantized once into thread scratch and used for every token of the
- * batch (the per-(token, head) path would dequantize them n times). */
-static void mla_prefill_task(void *p, int tid, int nth) {
-    const df_attn_mla_args *a = p;
-    const int NH = a->n_heads, nope = a->nope, rope = a->rope, R = a->kv_lora, vd = a->v_dim;
+/* Prefill and verify passes: the unit of work is (head, tile of up to
+ * MLA_QT consecutive positions). The head's W_uk and W_uv rows are
+ * dequantized into thread scratch once per unit (the per-(token, head) path
+ * would dequantize them per token), the tile's absorbed queries are formed,
+ * then the latent cache is read in chunks of MLA_KC rows, each chunk once
+ * for all the tile's queries (scores, then o_lat = sum_j p_j c_j). Each
+ * (token, head) is computed with the same operations in the same order
+ * whatever the tile, so the results do not depend on the tiling, the thread
+ * count or how positions are batched (n >= 2; one position takes the decode
+ * path, which reads the stored weights directly: equal within rounding). */
+enum { MLA_QT = 16, MLA_KC = 64 };
+typedef struct {
+    const df_attn_mla_args *a;
+    int qt, tiles; /* positions per tile, tiles per head */
+} mla_batch_ctx;
+
+static void mla_unit(const df_attn_mla_args *a, int h, int t0, int t1) {
+    const int NH = a->n_heads, nope = a->nope, rope = a->rope, R = a->kv_lora, vd = a->v_dim, nt = t1 - t0;
     const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
-    float *sc = df_cpu_scratch(SC_SCORES, (size_t)(a->pos0 + a->n));
-    float *qlat = df_cpu_scratch(SC_QLAT, cdim);
+    const int maxlen = a->pos0 + t1;
+    const dot_fn dot = dot_kernel();
+    const axpy_fn axpy = axpy_kernel();
+    float *sc = df_cpu_scratch(SC_SCORES, (size_t)nt * maxlen);  /* a row of maxlen scores per position */
+    float *qlat = df_cpu_scratch(SC_QLAT, (size_t)nt * R);       /* [nt][R] absorbed q, then o_lat */
     float *wk = df_cpu_scratch(SC_MLAW, (size_t)(nope + vd) * R); /* [nope x R] (kv_b) or [R x nope] (k_b) */
-    float *wv = wk + (size_t)nope * R;                              /* [vd x R] */
+    float *wv = wk + (size_t)nope * R;                            /* [vd x R] */
     const df_weight *kb = a->k_b, *vb = a->v_b, *kvb = a->kv_b;
-    for (int h = tid; h < NH; h += nth) {
-        const int64_t kv_row0 = (int64_t)h * (nope + vd);
-        if (kb->data)
-            for (int r = 0; r < R; r++) df_dequant_row(kb, (int64_t)h * R + r, wk + (size_t)r * nope);
-        else
-            for (int d = 0; d < nope; d++) df_dequant_row(kvb, kv_row0 + d, wk + (size_t)d * R);
-        for (int i = 0; i < vd; i++)
-            df_dequant_row(vb->data ? vb : kvb, vb->data ? (int64_t)h * vd + i : kv_row0 + nope + i, wv + (size_t)i * R);
-        for (int t = 0; t < a->n; t++) {
-            const int len = a->pos0 + t + 1;
-            const float *q = DF_CF(a->q) + ((size_t)t * NH + h) * qh;
-            if (kb->data) {
-                for (int r = 0; r < R; r++) qlat[r] = df_cpu_dot(wk + (size_t)r * nope, q, nope);
-            } else {
-                memset(qlat, 0, (size_t)R * sizeof(float));
-                for (int d = 0; d < nope; d++) df_cpu_axpy(qlat, q[d], wk + (size_t)d * R, R);
-            }
-            mla_attend(a, q, qlat, sc, len);
-            float *out = DF_F(a->out) + ((size_t)t * NH + h) * vd;
-            for (int i = 0; i < vd; i++) out[i] = df_cpu_dot(wv + (size_t)i * R, qlat, R);
+    const float *cache = DF_CF(a->cache);
+    const int64_t kv_row0 = (int64_t)h * (nope + vd);
+    if (kb->data)
+        for (int r = 0; r < R; r++) df_dequant_row(kb, (int64_t)h * R + r, wk + (size_t)r * nope);
+    else
+        for (int d = 0; d < nope; d++) df_dequant_row(kvb, kv_row0 + d, wk + (size_t)d * R);
+    for (int i = 0; i < vd; i++)
+        df_dequant_row(vb->data ? vb : kvb, vb->data ? (int64_t)h * vd + i : kv_row0 + nope + i, wv + (size_t)i * R);
+    for (int t = t0; t < t1; t++) {
+        const float *q = DF_CF(a->q) + ((size_t)t * NH + h) * qh;
+        float *ql = qlat + (size_t)(t - t0) * R;
+        if (kb->data) {
+            for (int r = 0; r < R; r++) ql[r] = df_cpu_dot(wk + (size_t)r * nope, q, nope);
+        } else {
+            memset(ql, 0, (size_t)R * sizeof(float));
+            for (int d = 0; d < nope; d++) df_cpu_axpy(ql, q[d], wk + (size_t)d * R, R);
         }
+    }
+    for (int j0 = 0; j0 < maxlen; j0 += MLA_KC) {
+        const int j1 = maxlen - j0 < MLA_KC ? maxlen : j0 + MLA_KC;
+        for (int t = t0; t < t1; t++) {
+            const int je = a->pos0 + t + 1 < j1 ? a->pos0 + t + 1 : j1;
+            const float *q = DF_CF(a->q) + ((size_t)t * NH + h) * qh, *ql = qlat + (size_t)(t - t0) * R;
+            float *s = sc + (size_t)(t - t0) * maxlen;
+            for (int j = j0; j < je; j++) {
+                const float *cj = cache + (size_t)j * cdim;
+                s[j] = (dot(ql, cj, R) + dot(q + nope, cj + R, rope)) * a->scale;
+            }
+        }
+    }
+    for (int t = t0; t < t1; t++) {
+        df_cpu_softmax(sc + (size_t)(t - t0) * maxlen, a->pos0 + t + 1);
+        memset(qlat + (size_t)(t - t0) * R, 0, (size_t)R * sizeof(float));
+    }
+    for (int j0 = 0; j0 < maxlen; j0 += MLA_KC) {
+        const int j1 = maxlen - j0 < MLA_KC ? maxlen : j0 + MLA_KC;
+        for (int t = t0; t < t1; t++) {
+            const int je = a->pos0 + t + 1 < j1 ? a->pos0 + t + 1 : j1;
+            float *ol = qlat + (size_t)(t - t0) * R;
+            const float *s = sc + (size_t)(t - t0) * maxlen;
+            for (int j = j0; j < je; j++) axpy(ol, s[j], cache + (size_t)j * cdim, R);
+        }
+    }
+    for (int t = t0; t < t1; t++) {
+        float *out = DF_F(a->out) + ((size_t)t * NH + h) * vd;
+        for (int i = 0; i < vd; i++) out[i] = df_cpu_dot(wv + (size_t)i * R, qlat + (size_t)(t - t0) * R, R);
     }
 }
 
-void df_cpu_attn_mla(const df_attn_mla_args *a) { df_pool_run(a->n > 1 ? mla_prefill_task : mla_task, (void *)a); }
+/* share `sh` of `nsh`: units [b, e) of heads x tiles (unit u: head u / tiles, tile u % tiles) */
+static void mla_batch_task(void *p, int sh, int nsh) {
+    const mla_batch_ctx *c = p;
+    const df_attn_mla_args *a = c->a;
+    const int64_t units = (int64_t)a->n_heads * c->tiles;
+    for (int64_t u = units * sh / nsh, e = units * (sh + 1) / nsh; u < e; u++) {
+        const int h = (int)(u / c->tiles), t0 = (int)(u % c->tiles) * c->qt;
+        mla_unit(a, h, t0, a->n - t0 < c->qt ? a->n : t0 + c->qt);
+    }
+}
+
+void df_cpu_attn_mla(const df_attn_mla_args *a) {
+    if (a->n == 1) { df_pool_run(mla_task, (void *)a); return; }
+    mla_batch_ctx c = {a, a->n < MLA_QT ? a->n : MLA_QT, 0};
+    c.tiles = (a->n + c.qt - 1) / c.qt;
+    df_pool_run_shares(mla_batch_task, &c, a->n_heads * c.tiles);
+}
