@@ -35,6 +35,7 @@ typedef struct {
     atomic_int bad;
     int shares;
     atomic_long tids[MAXSH]; /* the kernel thread id that ran each share */
+    int plain[MAXSH];        /* a plain write per share, read by the caller after the task (TSan: ordered) */
 } count_ctx;
 
 static void count_task(void *p, int tid, int nth) {
@@ -42,6 +43,7 @@ static void count_task(void *p, int tid, int nth) {
     if (tid < 0 || tid >= c->shares || nth != c->shares) { atomic_fetch_add(&c->bad, 1); return; }
     atomic_fetch_add(&c->ran[tid], 1);
     atomic_store(&c->tids[tid], (long)syscall(SYS_gettid));
+    c->plain[tid] = tid + 1;
 }
 
 static void run_and_check(int shares, const char *what) {
@@ -50,7 +52,7 @@ static void run_and_check(int shares, const char *what) {
     c.shares = shares;
     df_pool_run_shares(count_task, &c, shares);
     int ok = atomic_load(&c.bad) == 0;
-    for (int i = 0; i < shares; i++) ok &= atomic_load(&c.ran[i]) == 1;
+    for (int i = 0; i < shares; i++) ok &= atomic_load(&c.ran[i]) == 1 && c.plain[i] == i + 1;
     CHECK(ok, "%s: %d shares: each must run once with nth = shares (bad %d)", what, shares, atomic_load(&c.bad));
 }
 
