@@ -15,6 +15,10 @@
 #include <string.h>
 
 enum { SC_SCORES = 0, SC_QLAT = 1, SC_MLAW = 2 };
+/* the batched paths shrink their tiles of positions to keep the per-thread
+ * scores scratch under this (4 MB; a tile of one position always fits
+ * what the one-position path needs) */
+#define ATTN_SCRATCH_FLOATS ((int64_t)1 << 20)
 
 /* The f32 dot and axpy kernels of the current ISA (those of df_cpu_dot and
  * df_cpu_axpy), fetched once per task rather than once per 64-float call. */
@@ -124,6 +128,8 @@ void df_cpu_attn_gqa(const df_attn_gqa_args *a) {
     const int nth = df_pool_size();
     int qt = (int)(((int64_t)a->n * a->n_kv_heads) / (4 * nth));
     qt = qt < 1 ? 1 : qt > GQA_QT ? GQA_QT : qt;
+    const int grp = a->n_heads / a->n_kv_heads;
+    while (qt > 1 && (int64_t)qt * grp * (a->pos0 + a->n) > ATTN_SCRATCH_FLOATS) qt /= 2; /* scores scratch per thread */
     gqa_batch_ctx c = {a, qt, (a->n + qt - 1) / qt};
     const int units = a->n_kv_heads * c.tiles;
     if (small) gqa_batch_task(&c, 0, 1);
@@ -260,6 +266,7 @@ static void mla_batch_task(void *p, int sh, int nsh) {
 void df_cpu_attn_mla(const df_attn_mla_args *a) {
     if (a->n == 1) { df_pool_run(mla_task, (void *)a); return; }
     mla_batch_ctx c = {a, a->n < MLA_QT ? a->n : MLA_QT, 0};
+    while (c.qt > 1 && (int64_t)c.qt * (a->pos0 + a->n) > ATTN_SCRATCH_FLOATS) c.qt /= 2; /* scores scratch per thread */
     c.tiles = (a->n + c.qt - 1) / c.qt;
     df_pool_run_shares(mla_batch_task, &c, a->n_heads * c.tiles);
 }
