@@ -66,9 +66,11 @@ static void on_usr1(int sig) {
         nanosleep(&ts, NULL);
     }
 }
+static atomic_int runs_done;
 static void *releaser(void *arg) {
     (void)arg;
-    sleep_ms(3000); /* the old pool: the runs below wait for the stalled worker until here */
+    /* the old pool: the runs below wait for the stalled worker until here (3 s) */
+    for (int ms = 0; ms < 3000 && !atomic_load(&runs_done); ms++) sleep_ms(1);
     atomic_store(&release_it, 1);
     return NULL;
 }
@@ -99,6 +101,7 @@ static void test_stalled_worker(void) {
     for (int k = 0; k < 100; k++) run_and_check(df_pool_size(), "stalled worker");
     const double dt = now() - t0;
     const int before_release = !atomic_load(&release_it);
+    atomic_store(&runs_done, 1);
     CHECK(before_release, "100 tasks with a stalled worker took %.3f s: the caller waited for the worker", dt);
     pthread_join(th, NULL);
     printf("stalled worker: 100 tasks in %.4f s while the worker was stalled\n", dt);
