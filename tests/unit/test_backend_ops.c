@@ -392,6 +392,28 @@ static void test_matmul_prefill(void) {
 }
 
 /* ---- attention ------------------------------------------------------------------ */
+/* The CPU backend: n positions in one call give the bits of n one-position
+ * calls (a speculative verify pass equals the plain steps), for the
+ * candidate's output `out` of a batched call already made. */
+static void gqa_batch_vs_steps(const df_act *q, const df_act *kv, const df_act *out, int n, int pos0, int NH, int KV, int hd, float scale) {
+    if (strcmp(CAND->name, "cpu") || n == 1) return;
+    const size_t qs = (size_t)NH * hd;
+    df_act *o1 = CAND->alloc((size_t)n * qs);
+    for (int t = 0; t < n; t++) {
+        const df_attn_gqa_args a1 = {DF_AT(q, t * qs), kv, DF_AT(o1, t * qs), 1, pos0 + t, NH, KV, hd, scale};
+        CAND->attn_gqa(&a1);
+    }
+    float *hb = down(CAND, out, (size_t)n * qs), *h1 = down(CAND, o1, (size_t)n * qs);
+    checks++;
+    if (memcmp(hb, h1, (size_t)n * qs * sizeof(float))) {
+        failures++;
+        fprintf(stderr, "FAIL attn_gqa n=%d pos0=%d: the batched call differs from %d one-position calls (bits)\n", n, pos0, n);
+    } else if (verbose) {
+        printf("ok   attn_gqa n=%d pos0=%d: batched == one-position calls, bit for bit\n", n, pos0);
+    }
+    free(hb), free(h1);
+    CAND->free(o1);
+}
 static void test_attn_gqa(void) {
     /* pos0 300: a decode step over a long cache (the CUDA backend splits its positions over blocks), head_dim 128 */
     static const int P0[] = {0, 5, 40, 300};
@@ -410,9 +432,25 @@ static void test_attn_gqa(void) {
             char what[64];
             snprintf(what, sizeof what, "attn_gqa n=%d pos0=%d", n, pos0);
             side_cmp(what, &c, &r, 2, sz[2], TOL_RED);
+            gqa_batch_vs_steps(c.p[0], c.p[1], c.p[2], n, pos0, NH, KV, hd, 0.17f);
             side_free(&c, 3), side_free(&r, 3);
             free(q), free(kv), free(o);
         }
+    /* a speculative verify pass of SmolLM2's shape (9 heads, 3 KV heads, head_dim 64) over ~1000 positions */
+    const int n = 9, pos0 = 1000, NH = 9, KV = 3, hd = 64, T = pos0 + n;
+    float *q = rnd((size_t)n * NH * hd, 1), *kv = rnd((size_t)T * 2 * KV * hd, 1), *o = calloc((size_t)n * NH * hd, 4);
+    float *h[3] = {q, kv, o};
+    size_t sz[3] = {(size_t)n * NH * hd, (size_t)T * 2 * KV * hd, (size_t)n * NH * hd};
+    side c, r;
+    side_up(&c, CAND, h, sz, 3), side_up(&r, REF, h, sz, 3);
+    df_attn_gqa_args ac = {c.p[0], c.p[1], c.p[2], n, pos0, NH, KV, hd, 0.125f}, ar = ac;
+    ar.q = r.p[0], ar.kv = r.p[1], ar.out = r.p[2];
+    CAND->attn_gqa(&ac);
+    REF->attn_gqa(&ar);
+    side_cmp("attn_gqa verify shape n=9 pos0=1000", &c, &r, 2, sz[2], TOL_RED);
+    gqa_batch_vs_steps(c.p[0], c.p[1], c.p[2], n, pos0, NH, KV, hd, 0.125f);
+    side_free(&c, 3), side_free(&r, 3);
+    free(q), free(kv), free(o);
 }
 
 static void test_attn_mla(void) {
@@ -439,6 +477,24 @@ static void test_attn_mla(void) {
                 char what[96];
                 snprintf(what, sizeof what, "attn_mla %s%s n=%d pos0=%d", FORMATS[fis[fi]].name, split ? " split k_b/v_b" : "", n, pos0);
                 side_cmp(what, &c, &r, 2, sz[2], TOL_RED);
+                if (!strcmp(CAND->name, "cpu") && n >= 4) {
+                    /* the CPU backend: the same positions in two batches (n >= 2 each) give the same bits */
+                    const int n1 = n / 2;
+                    const size_t qs = (size_t)NH * (nope + rope), os = (size_t)NH * vd;
+                    df_act *o2 = CAND->alloc(sz[2]);
+                    df_attn_mla_args a1 = ac, a2 = ac;
+                    a1.out = o2, a1.n = n1;
+                    a2.q = DF_AT(ac.q, n1 * qs), a2.out = DF_AT(o2, n1 * os), a2.n = n - n1, a2.pos0 = pos0 + n1;
+                    CAND->attn_mla(&a1), CAND->attn_mla(&a2);
+                    float *hb = down(CAND, c.p[2], sz[2]), *h2 = down(CAND, o2, sz[2]);
+                    checks++;
+                    if (memcmp(hb, h2, sz[2] * sizeof(float)))
+                        failures++, fprintf(stderr, "FAIL %s: one batch differs from two batches (%d + %d positions)\n", what, n1, n - n1);
+                    else if (verbose)
+                        printf("ok   %s: one batch == two batches, bit for bit\n", what);
+                    free(hb), free(h2);
+                    CAND->free(o2);
+                }
                 side_free(&c, 3), side_free(&r, 3);
                 free(q), free(cache), free(o);
                 free_weight(&kvb);

@@ -1,8 +1,7 @@
 /* cpu.c - the CPU backend: ISA dispatch, the stored formats (one case per
- * format in each switch below), thread pool, and the products of the table
- * (matmul_batch) built on the per-ISA kernels; ops.c has the rest. The thread pool runs one task at
- * a time on all threads (the caller is thread 0); workers spin briefly and
- * then sleep on a condition variable, so an idle engine costs no CPU. */
+ * format in each switch below), and the products of the table
+ * (matmul_batch) built on the per-ISA kernels; ops.c has the rest; the
+ * thread pool is in pool.c. */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/kernels.h"
 #include "backend/ggml_quant.h"
@@ -10,16 +9,8 @@
 
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#else
-#define CPU_RELAX() ((void)0)
-#endif
 
 /* ---- ISA -------------------------------------------------------------- */
 static int g_isa = -1;
@@ -275,78 +266,6 @@ void df_dequant_row(const df_weight *w, int64_t r, float *out) {
         else df_k_deq_mxfp4_scalar(row, sc, out, n);
         break;
     }
-    }
-}
-
-/* ---- thread pool -------------------------------------------------------- */
-static struct {
-    int n;
-    pthread_t *th;
-    atomic_uint gen;
-    atomic_int done;
-    df_task_fn fn;
-    void *ctx;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int started;
-    int serial; /* df_pool_serial */
-} P = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-
-static void *worker(void *arg) {
-    int tid = (int)(intptr_t)arg;
-    unsigned seen = 0;
-    for (;;) {
-        int spins = 0;
-        while (atomic_load_explicit(&P.gen, memory_order_acquire) == seen) {
-            if (++spins < 20000) { CPU_RELAX(); continue; }
-            if (spins < 20100) { sched_yield(); continue; }
-            pthread_mutex_lock(&P.mu);
-            while (atomic_load_explicit(&P.gen, memory_order_acquire) == seen) pthread_cond_wait(&P.cv, &P.mu);
-            pthread_mutex_unlock(&P.mu);
-        }
-        seen = atomic_load_explicit(&P.gen, memory_order_acquire);
-        P.fn(P.ctx, tid, P.n);
-        atomic_fetch_add_explicit(&P.done, 1, memory_order_acq_rel);
-    }
-    return NULL;
-}
-
-void df_pool_init(int n) {
-    pthread_mutex_lock(&P.mu);
-    if (!P.started) {
-        if (n <= 0) n = df_n_cpus();
-        P.n = n;
-        P.th = df_xcalloc((size_t)n, sizeof *P.th);
-        for (int i = 1; i < n; i++) {
-            pthread_attr_t a;
-            pthread_attr_init(&a);
-            pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-            pthread_create(&P.th[i], &a, worker, (void *)(intptr_t)i);
-            pthread_attr_destroy(&a);
-        }
-        P.started = 1;
-    }
-    pthread_mutex_unlock(&P.mu);
-}
-int df_pool_size(void) { return P.started ? P.n : 1; }
-void df_pool_serial(int on) { P.serial = on; }
-
-void df_pool_run(df_task_fn fn, void *ctx) {
-    if (!P.started) df_pool_init(0);
-    if (P.n == 1 || P.serial) { fn(ctx, 0, 1); return; }
-    P.fn = fn;
-    P.ctx = ctx;
-    atomic_store_explicit(&P.done, 0, memory_order_release);
-    pthread_mutex_lock(&P.mu);
-    atomic_fetch_add_explicit(&P.gen, 1, memory_order_acq_rel);
-    pthread_cond_broadcast(&P.cv);
-    pthread_mutex_unlock(&P.mu);
-    fn(ctx, 0, P.n);
-    /* spin briefly (the common case: workers finish together), then yield the
-     * core so that a descheduled worker can run on an oversubscribed machine */
-    for (int spins = 0; atomic_load_explicit(&P.done, memory_order_acquire) < P.n - 1; spins++) {
-        if (spins < 4000) CPU_RELAX();
-        else sched_yield();
     }
 }
 

@@ -6,12 +6,21 @@
 
 #include "backend/backend.h"
 
-/* ---- thread pool ----------------------------------------------------- */
+/* ---- thread pool (pool.c) ------------------------------------------- */
+/* A task is cut into shares: fn(ctx, share, shares) does share `share` of
+ * `shares` (its work given by those two numbers alone), once per share, on
+ * any thread of the pool (a thread may run several shares, or none). */
 typedef void (*df_task_fn)(void *ctx, int tid, int nth);
 void df_pool_init(int n_threads); /* idempotent; 0 = all cores */
 int df_pool_size(void);
-void df_pool_run(df_task_fn fn, void *ctx); /* runs fn on every thread, returns when all are done */
-/* on: df_pool_run runs tasks on the caller alone (the scalar reference backend); off: on every thread */
+/* runs fn's shares 0 .. df_pool_size()-1 on the pool (the caller takes part),
+ * returns when all are done */
+void df_pool_run(df_task_fn fn, void *ctx);
+/* the same with `shares` shares (at most DF_POOL_MAX_SHARES): finer shares
+ * balance the threads when one of them is slow or descheduled */
+#define DF_POOL_MAX_SHARES 65536
+void df_pool_run_shares(df_task_fn fn, void *ctx, int shares);
+/* on: df_pool_run runs tasks on the caller alone, as fn(ctx, 0, 1) (the scalar reference backend); off: on every thread */
 void df_pool_serial(int on);
 
 /* ---- ISA ------------------------------------------------------------- */
