@@ -58,7 +58,8 @@ typedef struct {
     float (*f16)(const uint16_t *, const float *, int64_t);
     float (*fp8)(const uint8_t *, const float *, int64_t);
     float (*int4)(const uint8_t *, const float *, int, const float *, int64_t);
-    void (*tile)(const float *, int64_t, int, const float *, int64_t, int, int64_t, float *, int64_t);
+    void (*pack16)(const float *, int64_t, int, int64_t, float *);
+    void (*gemm16)(const float *, int64_t, const float *, int64_t, int, float *, int64_t, int, int);
     void (*deq_bf16)(const uint16_t *, float *, int64_t);
     void (*deq_f16)(const uint16_t *, float *, int64_t);
     void (*deq_fp8)(const uint8_t *, float, float *, int64_t);
@@ -72,7 +73,7 @@ typedef struct {
     void (*deq_mxfp4)(const uint8_t *, const uint8_t *, float *, int64_t);
 } ktab;
 #define KT(isa)                                                                                                       \
-    {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_tile_f32_##isa, \
+    {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_pack16_##isa, df_k_gemm16_##isa, \
      df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
      df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa}
 static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
@@ -90,6 +91,8 @@ static inline float scale_at(const df_weight *w, int64_t i) {
 /* per-thread scratch, grown on first use only, freed when its thread exits */
 static _Thread_local float *tl_buf;
 static _Thread_local size_t tl_cap;
+static _Thread_local float *tl_rows; /* prefill: dequantized rows of one panel */
+static _Thread_local size_t tl_rows_cap;
 static _Thread_local float *tl_sc;
 static _Thread_local size_t tl_sc_cap;
 /* FP8 decode: up to 4 scale rows converted to f32 (row index of each slot) */
@@ -104,6 +107,8 @@ static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static void scratch_free(void *p) {
     (void)p;
     free(tl_buf);
+    free(tl_rows);
+    tl_rows = NULL, tl_rows_cap = 0;
     free(tl_sc);
     free(tl_fsc);
     for (int i = 0; i < 4; i++) free(tl_slot[i]), tl_slot[i] = NULL, tl_slot_cap[i] = 0;
@@ -379,24 +384,65 @@ static void matvec(const df_weight *w, const float *x, float *y) {
     else df_pool_run(mv_task, &c);
 }
 
-/* Rows [b, e) of Y = X W^T: a few rows dequantized into an f32 tile at a
- * time, then the 4x4 register-blocked kernel over the tokens. */
+/* Prefill GEMM blocking: rows in panels of 16 (dequantized to f32 once per
+ * call, exactly, and packed k-major), up to GEMM_MC rows packed at a time,
+ * K in slices of GEMM_KC so that the slice of the packed panels (GEMM_MC x
+ * GEMM_KC floats, 64 KB) stays in L2 and the block of 6 tokens of x (6 KB)
+ * in L1 while the micro-kernel runs over the panels. Measured on the 2-core
+ * AVX2 dev VM (bench/kernel_bench.c; docs/PERFORMANCE.md, issue 17). */
+#define GEMM_MR 16
+#define GEMM_NR 6
+#define GEMM_KC 256
+#define GEMM_MC 64
+
+static float *rows_scratch(size_t n) {
+    if (n > tl_rows_cap) {
+        free(tl_rows);
+        tl_rows = df_aligned_alloc(n * sizeof(float));
+        tl_rows_cap = n;
+        scratch_register();
+    }
+    return tl_rows;
+}
+
+/* Rows [b, e) of Y = X W^T (X [n][K], Y [n][R]), every format: each output
+ * is one FMA chain over k in order (kernels.h, gemm16), so the result does
+ * not depend on b, e (the thread split), the blocking, the batch size or the
+ * ISA. It is not the decode product's order (dot_rows: several partial sums
+ * per row, added at the end): a token's row of Y may differ from df_matvec of
+ * the same x by f32 rounding (docs/PERFORMANCE.md, batch invariance). */
 static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
     const df_weight *w = c->w;
     const int64_t K = w->cols, R = w->rows;
-    float *buf = w->fmt == DF_W_F32 ? NULL : scratch((size_t)(4 * K));
+    if (K <= 0 || b >= e) return;
     const ktab *k = kt();
-    for (int64_t r = b; r < e; r += 4) {
-        int nr = (int)(e - r < 4 ? e - r : 4);
-        const float *W;
-        if (w->fmt == DF_W_F32) W = (const float *)(w->data + (size_t)r * w->row_bytes);
-        else {
-            for (int i = 0; i < nr; i++) df_dequant_row(w, r + i, buf + i * K);
-            W = buf;
+    const int direct = w->fmt == DF_W_F32 && w->row_bytes % 4 == 0;
+    float *pk = scratch((size_t)(GEMM_MC * K));
+    float *rb = direct ? NULL : rows_scratch((size_t)(GEMM_MR * K));
+    for (int64_t r = b; r < e; r += GEMM_MC) {
+        const int64_t mc = e - r < GEMM_MC ? e - r : GEMM_MC;
+        const int np = (int)((mc + GEMM_MR - 1) / GEMM_MR);
+        for (int p = 0; p < np; p++) {
+            const int64_t r0 = r + (int64_t)p * GEMM_MR;
+            const int nr = (int)(e - r0 < GEMM_MR ? e - r0 : GEMM_MR);
+            if (direct) {
+                k->pack16((const float *)(w->data + (size_t)r0 * w->row_bytes), (int64_t)w->row_bytes / 4, nr, K, pk + (size_t)p * GEMM_MR * K);
+            } else {
+                for (int i = 0; i < nr; i++) df_dequant_row(w, r0 + i, rb + (size_t)i * K);
+                k->pack16(rb, K, nr, K, pk + (size_t)p * GEMM_MR * K);
+            }
         }
-        for (int t = 0; t < c->n; t += 4) {
-            int nt = c->n - t < 4 ? c->n - t : 4;
-            k->tile(W, K, nr, c->x + (int64_t)t * K, K, nt, K, c->y + (int64_t)t * R + r, R);
+        for (int64_t k0 = 0; k0 < K; k0 += GEMM_KC) {
+            const int64_t kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+            for (int t = 0; t < c->n; t += GEMM_NR) {
+                const int nt = c->n - t < GEMM_NR ? c->n - t : GEMM_NR;
+                for (int p = 0; p < np; p++) {
+                    const int64_t r0 = r + (int64_t)p * GEMM_MR;
+                    const int nr = (int)(e - r0 < GEMM_MR ? e - r0 : GEMM_MR);
+                    k->gemm16(pk + (size_t)p * GEMM_MR * K + (size_t)k0 * GEMM_MR, kc, c->x + (int64_t)t * K + k0, K, nt,
+                              c->y + (int64_t)t * R + r0, R, nr, k0 > 0);
+                }
+            }
         }
     }
 }
@@ -404,7 +450,7 @@ static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
 static void mm_task(void *p, int tid, int nth) {
     mv_ctx *c = p;
     int64_t b, e;
-    split(c->w->rows, tid, nth, 4, &b, &e);
+    split(c->w->rows, tid, nth, GEMM_MR, &b, &e);
     mm_rows(c, b, e);
 }
 
@@ -417,13 +463,14 @@ static void matmul(const df_weight *w, const float *X, int n, float *Y) {
 typedef struct {
     const df_mv_job *jobs;
     int n_jobs, n;
-    int64_t total; /* rows of all jobs (in blocks of 4) */
+    int64_t total; /* rows of all jobs (each rounded up to a block of al rows) */
+    int64_t al;    /* 4 (decode: four-row kernels) or GEMM_MR (prefill panels) */
 } batch_ctx;
 
 static void batch_task(void *p, int tid, int nth) {
     batch_ctx *c = p;
     int64_t b, e;
-    split(c->total, tid, nth, 4, &b, &e);
+    split(c->total, tid, nth, c->al, &b, &e);
     int64_t base = 0;
     for (int j = 0; j < c->n_jobs && base < e; j++) {
         const df_weight *w = c->jobs[j].w;
@@ -436,7 +483,7 @@ static void batch_task(void *p, int tid, int nth) {
                 mm_rows(&m, r0, r1);
             }
         }
-        base += (w->rows + 3) / 4 * 4;
+        base += (w->rows + c->al - 1) / c->al * c->al;
     }
 }
 
@@ -444,9 +491,9 @@ static void batch_task(void *p, int tid, int nth) {
  * threads from 32768 weights up); several: one dispatch over all their rows. */
 void df_cpu_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     if (n_jobs == 1) { matmul(jobs[0].w, DF_CF(jobs[0].x), n, DF_F(jobs[0].y)); return; }
-    batch_ctx c = {jobs, n_jobs, n, 0};
+    batch_ctx c = {jobs, n_jobs, n, 0, n == 1 ? 4 : GEMM_MR};
     int64_t work = 0;
-    for (int j = 0; j < n_jobs; j++) c.total += (jobs[j].w->rows + 3) / 4 * 4, work += jobs[j].w->rows * jobs[j].w->cols;
+    for (int j = 0; j < n_jobs; j++) c.total += (jobs[j].w->rows + c.al - 1) / c.al * c.al, work += jobs[j].w->rows * jobs[j].w->cols;
     if (n == 1 && work < 65536) batch_task(&c, 0, 1);
     else df_pool_run(batch_task, &c);
 }

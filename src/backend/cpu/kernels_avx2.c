@@ -2,6 +2,7 @@
  * AVX-512 file, 8 lanes). Tails fall back to scalar code. */
 #include "backend/cpu/kernels.h"
 #include <immintrin.h>
+#include <string.h>
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -110,29 +111,87 @@ float df_k_dot_int4_avx2(const uint8_t *p, const float *scales, int group, const
     return hsum8(acc);
 }
 
-void df_k_tile_f32_avx2(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n,
-                        float *Y, int64_t ldy) {
-    if (nr != 4 || nt != 4 || n % 8) {
-        for (int t = 0; t < nt; t++)
-            for (int r = 0; r < nr; r++) Y[t * ldy + r] = df_k_dot_f32_avx2(W + r * ldw, X + t * ldx, n);
-        return;
-    }
-    __m256 acc[4][4];
-    for (int r = 0; r < 4; r++)
-        for (int t = 0; t < 4; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < n; k += 8) {
-        __m256 w0 = _mm256_loadu_ps(W + k), w1 = _mm256_loadu_ps(W + ldw + k);
-        __m256 w2 = _mm256_loadu_ps(W + 2 * ldw + k), w3 = _mm256_loadu_ps(W + 3 * ldw + k);
-        for (int t = 0; t < 4; t++) {
-            __m256 xv = _mm256_loadu_ps(X + t * ldx + k);
-            acc[0][t] = _mm256_fmadd_ps(w0, xv, acc[0][t]);
-            acc[1][t] = _mm256_fmadd_ps(w1, xv, acc[1][t]);
-            acc[2][t] = _mm256_fmadd_ps(w2, xv, acc[2][t]);
-            acc[3][t] = _mm256_fmadd_ps(w3, xv, acc[3][t]);
+/* ---- prefill GEMM ------------------------------------------------------ */
+/* 8 rows x 8 columns: out[j] = column j (element i = row i) */
+static inline void tr8x8(__m256 r[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20), r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20), r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31), r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31), r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+void df_k_pack16_avx2(const float *src, int64_t ld, int nr, int64_t kc, float *P) {
+    if (nr != 16) { df_k_pack16_scalar(src, ld, nr, kc, P); return; }
+    int64_t k = 0;
+    for (; k + 8 <= kc; k += 8)
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (h * 8 + i) * ld + k);
+            tr8x8(r);
+            for (int j = 0; j < 8; j++) _mm256_storeu_ps(P + (k + j) * 16 + h * 8, r[j]);
         }
+    for (; k < kc; k++)
+        for (int i = 0; i < 16; i++) P[k * 16 + i] = src[i * ld + k];
+}
+
+/* 16 rows (two vectors of W per k, from the packed panel) x NT tokens (one
+ * broadcast of x each): 2*NT accumulators, at NT = 6 twelve of the 16 ymm
+ * registers, 12 FMAs per 2 loads of W and 6 broadcasts. */
+#define G_STEP(T)                                                                                                 \
+    if (T < nt_) {                                                                                                 \
+        const __m256 xb = _mm256_broadcast_ss(x##T + k);                                                          \
+        a##T = _mm256_fmadd_ps(w0, xb, a##T);                                                                     \
+        b##T = _mm256_fmadd_ps(w1, xb, b##T);                                                                     \
     }
-    for (int t = 0; t < 4; t++)
-        for (int r = 0; r < 4; r++) Y[t * ldy + r] = hsum8(acc[r][t]);
+#define G_LOAD(T)                                                                                                 \
+    if (T < nt_) {                                                                                                 \
+        a##T = acc ? _mm256_loadu_ps(Y + T * ldy) : _mm256_setzero_ps();                                         \
+        b##T = acc ? _mm256_loadu_ps(Y + T * ldy + 8) : _mm256_setzero_ps();                                     \
+    }
+#define G_STORE(T)                                                                                                \
+    if (T < nt_) { _mm256_storeu_ps(Y + T * ldy, a##T); _mm256_storeu_ps(Y + T * ldy + 8, b##T); }
+#define GEMM16_NT(NT)                                                                                             \
+    static void gemm16_##NT(const float *P, int64_t kc, const float *X, int64_t ldx, float *Y, int64_t ldy, int acc) { \
+        enum { nt_ = NT };                                                                                        \
+        const float *x0 = X, *x1 = 1 < NT ? X + ldx : X, *x2 = 2 < NT ? X + 2 * ldx : X;                          \
+        const float *x3 = 3 < NT ? X + 3 * ldx : X, *x4 = 4 < NT ? X + 4 * ldx : X, *x5 = 5 < NT ? X + 5 * ldx : X; \
+        __m256 a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5;                                                    \
+        a0 = a1 = a2 = a3 = a4 = a5 = b0 = b1 = b2 = b3 = b4 = b5 = _mm256_setzero_ps();                          \
+        G_LOAD(0) G_LOAD(1) G_LOAD(2) G_LOAD(3) G_LOAD(4) G_LOAD(5)                                               \
+        for (int64_t k = 0; k < kc; k++, P += 16) {                                                               \
+            const __m256 w0 = _mm256_load_ps(P), w1 = _mm256_load_ps(P + 8);                                      \
+            G_STEP(0) G_STEP(1) G_STEP(2) G_STEP(3) G_STEP(4) G_STEP(5)                                           \
+        }                                                                                                         \
+        G_STORE(0) G_STORE(1) G_STORE(2) G_STORE(3) G_STORE(4) G_STORE(5)                                         \
+        (void)x1, (void)x2, (void)x3, (void)x4, (void)x5;                                                         \
+    }
+GEMM16_NT(1)
+GEMM16_NT(2)
+GEMM16_NT(3)
+GEMM16_NT(4)
+GEMM16_NT(5)
+GEMM16_NT(6)
+
+/* P must be 32-byte aligned (the driver's packed panels are) */
+void df_k_gemm16_avx2(const float *P, int64_t kc, const float *X, int64_t ldx, int nt, float *Y, int64_t ldy,
+                      int nr, int acc) {
+    static void (*const fn[7])(const float *, int64_t, const float *, int64_t, float *, int64_t, int) = {
+        NULL, gemm16_1, gemm16_2, gemm16_3, gemm16_4, gemm16_5, gemm16_6};
+    if (nt < 1) return;
+    if (nr == 16) { fn[nt](P, kc, X, ldx, Y, ldy, acc); return; }
+    float tmp[6 * 16];
+    if (acc)
+        for (int t = 0; t < nt; t++) memcpy(tmp + t * 16, Y + t * ldy, (size_t)nr * sizeof(float));
+    fn[nt](P, kc, X, ldx, tmp, 16, acc);
+    for (int t = 0; t < nt; t++) memcpy(Y + t * ldy, tmp + t * 16, (size_t)nr * sizeof(float));
 }
 
 void df_k_deq_bf16_avx2(const uint16_t *w, float *out, int64_t n) {

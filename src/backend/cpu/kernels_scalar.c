@@ -66,10 +66,20 @@ float df_k_dot_int4_scalar(const uint8_t *p, const float *scales, int group, con
     }
     return s;
 }
-void df_k_tile_f32_scalar(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n,
-                          float *Y, int64_t ldy) {
+void df_k_pack16_scalar(const float *src, int64_t ld, int nr, int64_t kc, float *P) {
+    for (int64_t k = 0; k < kc; k++)
+        for (int i = 0; i < 16; i++) P[k * 16 + i] = i < nr ? src[i * ld + k] : 0.0f;
+}
+/* fmaf: the same single rounding per step as the SIMD kernels' FMA, so every
+ * ISA gives the same bits (glibc picks the FMA instruction where there is one) */
+void df_k_gemm16_scalar(const float *P, int64_t kc, const float *X, int64_t ldx, int nt, float *Y, int64_t ldy,
+                        int nr, int acc) {
     for (int t = 0; t < nt; t++)
-        for (int r = 0; r < nr; r++) Y[t * ldy + r] = df_k_dot_f32_scalar(W + r * ldw, X + t * ldx, n);
+        for (int i = 0; i < nr; i++) {
+            float s = acc ? Y[t * ldy + i] : 0.0f;
+            for (int64_t k = 0; k < kc; k++) s = fmaf(P[k * 16 + i], X[t * ldx + k], s);
+            Y[t * ldy + i] = s;
+        }
 }
 
 void df_k_deq_bf16_scalar(const uint16_t *w, float *out, int64_t n) {
