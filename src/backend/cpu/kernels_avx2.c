@@ -80,12 +80,25 @@ static inline __m256 fp8x8(const uint8_t *p) {
     return _mm256_cvtph_ps(h);
 }
 
+/* 16 E4M3 bytes -> their f16 bits / 256 in 16-bit lanes: sign-extend to 16
+ * bits, shift left 7 (exponent and mantissa land in the f16 fields, the sign
+ * in bit 15), clear the copy of the sign in bit 14: three integer ops per 16
+ * weights instead of six per 8 (fp8x8). E4M3's NaN (S.1111.111) becomes an
+ * f16 NaN, subnormals f16 subnormals: exact, the value times 2^-8. */
+static inline __m256i fp8x16_h(const uint8_t *p) {
+    __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_slli_epi16(v, 7), _mm256_set1_epi16((short)0xbfff));
+}
+#define F16LO(h) _mm256_cvtph_ps(_mm256_castsi256_si128(h))
+#define F16HI(h) _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))
+
 float df_k_dot_fp8_avx2(const uint8_t *w, const float *x, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_fmadd_ps(fp8x8(w + i), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(fp8x8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        const __m256i h = fp8x16_h(w + i);
+        a0 = _mm256_fmadd_ps(F16LO(h), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(F16HI(h), _mm256_loadu_ps(x + i + 8), a1);
     }
     for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(fp8x8(w + i), _mm256_loadu_ps(x + i), a0);
     float s = hsum8(_mm256_add_ps(a0, a1)) * 256.0f;
@@ -248,12 +261,20 @@ void df_k_dot4_fp8s_avx2(const uint8_t *w, int64_t ld, const float *x, int64_t n
     __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) {
         const int64_t c1 = n - c0 < blk ? n : c0 + blk;
-        __m256 t[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int64_t i = c0; i < c1; i += 8) {
-            __m256 xv = _mm256_loadu_ps(x + i);
-            for (int k = 0; k < 4; k++) t[k] = _mm256_fmadd_ps(fp8x8(w + k * ld + i), xv, t[k]);
+        __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0, u0 = t0, u1 = t0, u2 = t0, u3 = t0;
+        for (int64_t i = c0; i < c1; i += 16) {
+            const __m256 xl = _mm256_loadu_ps(x + i), xh = _mm256_loadu_ps(x + i + 8);
+            const __m256i h0 = fp8x16_h(w + i), h1 = fp8x16_h(w + ld + i), h2 = fp8x16_h(w + 2 * ld + i),
+                          h3 = fp8x16_h(w + 3 * ld + i);
+            t0 = _mm256_fmadd_ps(F16LO(h0), xl, t0), u0 = _mm256_fmadd_ps(F16HI(h0), xh, u0);
+            t1 = _mm256_fmadd_ps(F16LO(h1), xl, t1), u1 = _mm256_fmadd_ps(F16HI(h1), xh, u1);
+            t2 = _mm256_fmadd_ps(F16LO(h2), xl, t2), u2 = _mm256_fmadd_ps(F16HI(h2), xh, u2);
+            t3 = _mm256_fmadd_ps(F16LO(h3), xl, t3), u3 = _mm256_fmadd_ps(F16HI(h3), xh, u3);
         }
-        for (int k = 0; k < 4; k++) a[k] = _mm256_fmadd_ps(t[k], _mm256_set1_ps(sc[k][b]), a[k]);
+        a[0] = _mm256_fmadd_ps(_mm256_add_ps(t0, u0), _mm256_set1_ps(sc[0][b]), a[0]);
+        a[1] = _mm256_fmadd_ps(_mm256_add_ps(t1, u1), _mm256_set1_ps(sc[1][b]), a[1]);
+        a[2] = _mm256_fmadd_ps(_mm256_add_ps(t2, u2), _mm256_set1_ps(sc[2][b]), a[2]);
+        a[3] = _mm256_fmadd_ps(_mm256_add_ps(t3, u3), _mm256_set1_ps(sc[3][b]), a[3]);
     }
     for (int k = 0; k < 4; k++) out[k] = hsum8(a[k]) * 256.0f;
 }
