@@ -224,25 +224,30 @@ int main(int argc, char **argv) {
     printf("],\n");
 
     /* prefill: n tokens */
+    /* a large square matrix and SmolLM2-135M's FFN shapes (gate/up 1536 x 576, down 576 x 1536) */
     static const int ns[] = {8, 64, 128, 512};
-    const int64_t R = quick ? 1024 : 2048, C = quick ? 1024 : 2048;
+    static const int64_t shapes[][2] = {{2048, 2048}, {1536, 576}, {576, 1536}}, qshapes[][2] = {{1024, 1024}, {1536, 576}};
     printf(" \"prefill\": [");
     first = 1;
-    float *X = df_aligned_alloc((size_t)(512 * C) * 4), *Y = df_aligned_alloc((size_t)(512 * R) * 4);
-    for (int64_t i = 0; i < 512 * C; i++) X[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
-    for (int f = 0; f < NFMT && only != 1; f++) {
-        df_weight w;
-        if (make_weight(&w, &FMTS[f], R, C)) continue;
-        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
-            const int n = ns[ni];
-            if (quick && n > 128) continue;
-            double dt = time_mm(&w, X, n, Y, reps), gf = 2.0 * (double)R * (double)C * n / dt / 1e9;
-            printf("%s\n  {\"fmt\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"n\": %d, \"gflops\": %.1f, \"pct_peak\": %.1f}",
-                   first ? "" : ",", FMTS[f].name, (long long)R, (long long)C, n, gf, peak > 0 ? 100 * gf / peak : 0.0);
-            fflush(stdout);
-            first = 0;
+    const int64_t CMAX = 2048;
+    float *X = df_aligned_alloc((size_t)(512 * CMAX) * 4), *Y = df_aligned_alloc((size_t)(512 * 2048) * 4);
+    for (int64_t i = 0; i < 512 * CMAX; i++) X[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
+    for (int si = 0; si < (quick ? 2 : 3); si++) {
+        const int64_t R = quick ? qshapes[si][0] : shapes[si][0], C = quick ? qshapes[si][1] : shapes[si][1];
+        for (int f = 0; f < NFMT && only != 1; f++) {
+            df_weight w;
+            if (make_weight(&w, &FMTS[f], R, C)) continue;
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                const int n = ns[ni];
+                if (quick && n > 128) continue;
+                double dt = time_mm(&w, X, n, Y, reps), gf = 2.0 * (double)R * (double)C * n / dt / 1e9;
+                printf("%s\n  {\"fmt\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"n\": %d, \"gflops\": %.1f, \"pct_peak\": %.1f}",
+                       first ? "" : ",", FMTS[f].name, (long long)R, (long long)C, n, gf, peak > 0 ? 100 * gf / peak : 0.0);
+                fflush(stdout);
+                first = 0;
+            }
+            free_weight(&w);
         }
-        free_weight(&w);
     }
     printf("]}\n");
     free(X), free(Y), free(sink);

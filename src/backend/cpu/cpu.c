@@ -392,7 +392,7 @@ static void matvec(const df_weight *w, const float *x, float *y) {
  * AVX2 dev VM (bench/kernel_bench.c; docs/PERFORMANCE.md, issue 17). */
 #define GEMM_MR 16
 #define GEMM_NR 6
-#define GEMM_KC 256
+#define GEMM_KC 512
 #define GEMM_MC 64
 
 static float *rows_scratch(size_t n) {
@@ -432,16 +432,21 @@ static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
                 k->pack16(rb, K, nr, K, pk + (size_t)p * GEMM_MR * K);
             }
         }
-        for (int64_t k0 = 0; k0 < K; k0 += GEMM_KC) {
-            const int64_t kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
-            for (int t = 0; t < c->n; t += GEMM_NR) {
-                const int nt = c->n - t < GEMM_NR ? c->n - t : GEMM_NR;
+        /* slices of equal length (K = 576: 2 x 288, not 256 + 256 + 64) */
+        const int64_t kslice = (K + (K + GEMM_KC - 1) / GEMM_KC - 1) / ((K + GEMM_KC - 1) / GEMM_KC);
+        for (int64_t k0 = 0; k0 < K; k0 += kslice) {
+            const int64_t kc = K - k0 < kslice ? K - k0 : kslice;
+            for (int t = 0; t < c->n;) {
+                /* token blocks of equal size too (8 = 4 + 4, not 6 + 2: a block of nt
+                 * tokens keeps 2 nt FMA chains in flight) */
+                const int left = c->n - t, nt = (left + (left + GEMM_NR - 1) / GEMM_NR - 1) / ((left + GEMM_NR - 1) / GEMM_NR);
                 for (int p = 0; p < np; p++) {
                     const int64_t r0 = r + (int64_t)p * GEMM_MR;
                     const int nr = (int)(e - r0 < GEMM_MR ? e - r0 : GEMM_MR);
                     k->gemm16(pk + (size_t)p * GEMM_MR * K + (size_t)k0 * GEMM_MR, kc, c->x + (int64_t)t * K + k0, K, nt,
                               c->y + (int64_t)t * R + r0, R, nr, k0 > 0);
                 }
+                t += nt;
             }
         }
     }
