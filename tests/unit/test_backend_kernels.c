@@ -385,6 +385,18 @@ int main(void) {
             for (int k = 0; k < 4; k++) close_enough("dot4 f32", isa, n, got[k], ref[k], mag);
             d4b[isa](wb, ld, x, n, got), d4b[0](wb, ld, x, n, ref);
             for (int k = 0; k < 4; k++) close_enough("dot4 bf16", isa, n, got[k], ref[k], mag);
+            /* BF16 with x prepared in the ISA's order (xp), against the plain scalar kernels on x */
+            {
+                void (*prep[3])(const float *, float *, int64_t) = {df_k_bf16x_prep_scalar, df_k_bf16x_prep_avx2, df_k_bf16x_prep_avx512};
+                float (*dbp[3])(const uint16_t *, const float *, const float *, int64_t) = {df_k_dot_bf16p_scalar, df_k_dot_bf16p_avx2, df_k_dot_bf16p_avx512};
+                void (*d4bp[3])(const uint16_t *, int64_t, const float *, const float *, int64_t, float *) = {df_k_dot4_bf16p_scalar, df_k_dot4_bf16p_avx2, df_k_dot4_bf16p_avx512};
+                float *xp = malloc((size_t)n * 4);
+                prep[isa](x, xp, n);
+                d4bp[isa](wb, ld, x, xp, n, got), d4b[0](wb, ld, x, n, ref);
+                for (int k = 0; k < 4; k++) close_enough("dot4 bf16p", isa, n, got[k], ref[k], mag);
+                for (int k = 0; k < 4; k++) close_enough("dot bf16p", isa, n, dbp[isa](wb + k * ld, x, xp, n), ref[k], mag);
+                free(xp);
+            }
             d4h[isa](wh, ld, x, n, got), d4h[0](wh, ld, x, n, ref);
             for (int k = 0; k < 4; k++) close_enough("dot4 f16", isa, n, got[k], ref[k], mag * 200);
             CHECK(isnan(got[4]), "dot4 wrote past out[3]");

@@ -67,6 +67,9 @@ typedef struct {
     void (*dot4_f32)(const float *, int64_t, const float *, int64_t, float *);
     void (*dot4_bf16)(const uint16_t *, int64_t, const float *, int64_t, float *);
     void (*dot4_f16)(const uint16_t *, int64_t, const float *, int64_t, float *);
+    void (*bf16x_prep)(const float *, float *, int64_t);
+    float (*bf16p)(const uint16_t *, const float *, const float *, int64_t);
+    void (*dot4_bf16p)(const uint16_t *, int64_t, const float *, const float *, int64_t, float *);
     void (*dot4_fp8s)(const uint8_t *, int64_t, const float *, int64_t, int, const float *const *, float *);
     float (*i8)(const int8_t *, const float *, int64_t);
     float (*mxfp4)(const uint8_t *, const uint8_t *, const float *, int64_t);
@@ -75,7 +78,8 @@ typedef struct {
 #define KT(isa)                                                                                                       \
     {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_pack16_##isa, df_k_gemm16_##isa, \
      df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
-     df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa}
+     df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_bf16x_prep_##isa, df_k_dot_bf16p_##isa, df_k_dot4_bf16p_##isa, \
+     df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa}
 static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
 static inline const ktab *kt(void) { return &ktabs[df_isa()]; }
 
@@ -93,6 +97,8 @@ static _Thread_local float *tl_buf;
 static _Thread_local size_t tl_cap;
 static _Thread_local float *tl_rows; /* prefill: dequantized rows of one panel */
 static _Thread_local size_t tl_rows_cap;
+static _Thread_local float *tl_xp; /* BF16 decode: x in the kernel's order */
+static _Thread_local size_t tl_xp_cap;
 static _Thread_local float *tl_sc;
 static _Thread_local size_t tl_sc_cap;
 /* FP8 decode: up to 4 scale rows converted to f32 (row index of each slot) */
@@ -109,6 +115,8 @@ static void scratch_free(void *p) {
     free(tl_buf);
     free(tl_rows);
     tl_rows = NULL, tl_rows_cap = 0;
+    free(tl_xp);
+    tl_xp = NULL, tl_xp_cap = 0;
     free(tl_sc);
     free(tl_fsc);
     for (int i = 0; i < 4; i++) free(tl_slot[i]), tl_slot[i] = NULL, tl_slot_cap[i] = 0;
@@ -212,18 +220,31 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
                 k->dot4_f32((const float *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 4, x, w->cols, y + i);
         break;
     case DF_W_BF16:
-    case DF_W_F16:
-        if (w->fmt == DF_W_BF16 && w->cols <= 4096) {
-            /* one row at a time: a single sequential stream, measured 1.2-1.45x
-             * faster than four interleaved rows for BF16 matrices with rows of
-             * 2048 (docs/PERFORMANCE.md); x (<= 16 KB) stays in L1 */
-            for (; i < nr; i++) y[i] = k->bf16((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, w->cols);
-            break;
+        if (w->row_bytes % 2 == 0) {
+            /* x in the kernel's order once per call (K floats: noise next to nr x K
+             * weights), then one wide load per 16 weights and a shift or an and */
+            if ((size_t)w->cols > tl_xp_cap) {
+                free(tl_xp);
+                tl_xp = df_aligned_alloc((size_t)w->cols * sizeof(float));
+                tl_xp_cap = (size_t)w->cols;
+                scratch_register();
+            }
+            k->bf16x_prep(x, tl_xp, w->cols);
+            if (w->cols <= 4096) {
+                /* one row at a time: a single sequential stream, measured 1.2-1.45x
+                 * faster than four interleaved rows for BF16 matrices with rows of
+                 * 2048 (docs/PERFORMANCE.md); x (<= 16 KB) stays in L1 */
+                for (; i < nr; i++) y[i] = k->bf16p((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, tl_xp, w->cols);
+                break;
+            }
+            for (; i + 4 <= nr; i += 4)
+                k->dot4_bf16p((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 2, x, tl_xp, w->cols, y + i);
         }
+        break;
+    case DF_W_F16:
         if (w->row_bytes % 2 == 0)
             for (; i + 4 <= nr; i += 4)
-                (w->fmt == DF_W_BF16 ? k->dot4_bf16 : k->dot4_f16)((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes),
-                                                                  (int64_t)w->row_bytes / 2, x, w->cols, y + i);
+                k->dot4_f16((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 2, x, w->cols, y + i);
         break;
     case DF_W_FP8:
         /* the scale rows cached by fp8_scale_row are keyed by the scale pointer,

@@ -57,6 +57,13 @@ float *df_cpu_scratch(int slot, size_t n);
     void df_k_dot4_f32_##isa(const float *w, int64_t ld, const float *x, int64_t n, float *out);                  \
     void df_k_dot4_bf16_##isa(const uint16_t *w, int64_t ld, const float *x, int64_t n, float *out);              \
     void df_k_dot4_f16_##isa(const uint16_t *w, int64_t ld, const float *x, int64_t n, float *out);               \
+    /* BF16 decode with x prepared once per product (bf16x_prep: xp[n] in the ISA's order; AVX2: per 16        \
+     * elements the 8 even then the 8 odd ones), so that one wide load of weights gives f32 vectors by a shift  \
+     * (even elements) and an and (odd ones), no widening: dotp(w, x, xp, n) = dot4p's out[k] = W[k,:] . x       \
+     * (x itself for the tail). Scalar / AVX-512: xp is a copy of x and the plain kernels run. */                \
+    void df_k_bf16x_prep_##isa(const float *x, float *xp, int64_t n);                                             \
+    float df_k_dot_bf16p_##isa(const uint16_t *w, const float *x, const float *xp, int64_t n);                    \
+    void df_k_dot4_bf16p_##isa(const uint16_t *w, int64_t ld, const float *x, const float *xp, int64_t n, float *out); \
     /* FP8 with column-block scales: sc[k][b] scales columns [b*blk, (b+1)*blk) of row k; SIMD versions need      \
      * n % 32 == 0 and blk % 32 == 0 */                                                                           \
     void df_k_dot4_fp8s_##isa(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk,                   \

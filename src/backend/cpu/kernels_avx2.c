@@ -256,6 +256,61 @@ DOT4_8(df_k_dot4_f32_avx2, float, f32x8, id_f32)
 DOT4_8(df_k_dot4_bf16_avx2, uint16_t, bf16x8, df_bf16_to_f32)
 DOT4_8(df_k_dot4_f16_avx2, uint16_t, f16x8, df_f16_to_f32)
 
+/* ---- BF16 decode with prepared x -------------------------------------- */
+/* xp per 16 elements: x[0], x[2], ..., x[14], then x[1], x[3], ..., x[15]. A
+ * 256-bit load of 16 BF16 weights holds w[2j] in the low and w[2j+1] in the
+ * high half of 32-bit lane j: a shift left 16 gives the even weights as f32,
+ * an and with 0xffff0000 the odd ones, in xp's order. */
+void df_k_bf16x_prep_avx2(const float *x, float *xp, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        /* per 128-bit half: a0 a2 b0 b2 | a4 a6 b4 b6 -> a0 a2 a4 a6 b0 b2 b4 b6 */
+        const __m256 ev = _mm256_shuffle_ps(a, b, 0x88), od = _mm256_shuffle_ps(a, b, 0xDD);
+        _mm256_storeu_ps(xp + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8)));
+        _mm256_storeu_ps(xp + i + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xD8)));
+    }
+    for (; i < n; i++) xp[i] = x[i];
+}
+#define BF_EV(v) _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
+#define BF_OD(v) _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)))
+float df_k_dot_bf16p_avx2(const uint16_t *w, const float *x, const float *xp, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(w + i)), v1 = _mm256_loadu_si256((const __m256i *)(w + i + 16));
+        a0 = _mm256_fmadd_ps(BF_EV(v0), _mm256_loadu_ps(xp + i), a0);
+        a1 = _mm256_fmadd_ps(BF_OD(v0), _mm256_loadu_ps(xp + i + 8), a1);
+        a2 = _mm256_fmadd_ps(BF_EV(v1), _mm256_loadu_ps(xp + i + 16), a2);
+        a3 = _mm256_fmadd_ps(BF_OD(v1), _mm256_loadu_ps(xp + i + 24), a3);
+    }
+    for (; i + 16 <= n; i += 16) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(w + i));
+        a0 = _mm256_fmadd_ps(BF_EV(v), _mm256_loadu_ps(xp + i), a0);
+        a1 = _mm256_fmadd_ps(BF_OD(v), _mm256_loadu_ps(xp + i + 8), a1);
+    }
+    float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) s += df_bf16_to_f32(w[i]) * x[i];
+    return s;
+}
+void df_k_dot4_bf16p_avx2(const uint16_t *w, int64_t ld, const float *x, const float *xp, int64_t n, float *out) {
+    __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 xe = _mm256_loadu_ps(xp + i), xo = _mm256_loadu_ps(xp + i + 8);
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(w + i)), v1 = _mm256_loadu_si256((const __m256i *)(w + ld + i));
+        const __m256i v2 = _mm256_loadu_si256((const __m256i *)(w + 2 * ld + i)), v3 = _mm256_loadu_si256((const __m256i *)(w + 3 * ld + i));
+        e0 = _mm256_fmadd_ps(BF_EV(v0), xe, e0), o0 = _mm256_fmadd_ps(BF_OD(v0), xo, o0);
+        e1 = _mm256_fmadd_ps(BF_EV(v1), xe, e1), o1 = _mm256_fmadd_ps(BF_OD(v1), xo, o1);
+        e2 = _mm256_fmadd_ps(BF_EV(v2), xe, e2), o2 = _mm256_fmadd_ps(BF_OD(v2), xo, o2);
+        e3 = _mm256_fmadd_ps(BF_EV(v3), xe, e3), o3 = _mm256_fmadd_ps(BF_OD(v3), xo, o3);
+    }
+    out[0] = hsum8(_mm256_add_ps(e0, o0)), out[1] = hsum8(_mm256_add_ps(e1, o1));
+    out[2] = hsum8(_mm256_add_ps(e2, o2)), out[3] = hsum8(_mm256_add_ps(e3, o3));
+    for (; i < n; i++)
+        for (int k = 0; k < 4; k++) out[k] += df_bf16_to_f32(w[k * ld + i]) * x[i];
+}
+
 void df_k_dot4_fp8s_avx2(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk, const float *const *sc,
                          float *out) {
     __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};

@@ -5,6 +5,7 @@
  * and subnormals), INT4 nibbles by integer unpacking. */
 #include "backend/cpu/kernels.h"
 #include <immintrin.h>
+#include <string.h>
 
 static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
@@ -217,6 +218,18 @@ float df_k_dot_int4_avx512(const uint8_t *p, const float *scales, int group, con
         acc = _mm512_fmadd_ps(gs, _mm512_set1_ps(scales[g0 / group]), acc);
     }
     return hsum(acc);
+}
+
+/* BF16 decode: the AVX-512 kernels widen with one vpmovzxwd per 16; the
+ * prepared-x entry points use them as they are (xp = x). */
+void df_k_bf16x_prep_avx512(const float *x, float *xp, int64_t n) { memcpy(xp, x, (size_t)n * sizeof(float)); }
+float df_k_dot_bf16p_avx512(const uint16_t *w, const float *x, const float *xp, int64_t n) {
+    (void)xp;
+    return df_k_dot_bf16_avx512(w, x, n);
+}
+void df_k_dot4_bf16p_avx512(const uint16_t *w, int64_t ld, const float *x, const float *xp, int64_t n, float *out) {
+    (void)xp;
+    df_k_dot4_bf16_avx512(w, ld, x, n, out);
 }
 
 /* The prefill GEMM uses the AVX2 micro-kernel (every AVX-512 CPU has AVX2 +

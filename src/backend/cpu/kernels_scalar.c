@@ -104,6 +104,15 @@ void df_k_dot4_bf16_scalar(const uint16_t *w, int64_t ld, const float *x, int64_
 void df_k_dot4_f16_scalar(const uint16_t *w, int64_t ld, const float *x, int64_t n, float *out) {
     for (int k = 0; k < 4; k++) out[k] = df_k_dot_f16_scalar(w + k * ld, x, n);
 }
+void df_k_bf16x_prep_scalar(const float *x, float *xp, int64_t n) { memcpy(xp, x, (size_t)n * sizeof(float)); }
+float df_k_dot_bf16p_scalar(const uint16_t *w, const float *x, const float *xp, int64_t n) {
+    (void)xp;
+    return df_k_dot_bf16_scalar(w, x, n);
+}
+void df_k_dot4_bf16p_scalar(const uint16_t *w, int64_t ld, const float *x, const float *xp, int64_t n, float *out) {
+    (void)xp;
+    df_k_dot4_bf16_scalar(w, ld, x, n, out);
+}
 void df_k_dot4_fp8s_scalar(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk, const float *const *sc,
                            float *out) {
     for (int k = 0; k < 4; k++) {
