@@ -231,7 +231,7 @@ int main(int argc, char **argv) {
 
     /* prefill: n tokens */
     /* a large square matrix and SmolLM2-135M's FFN shapes (gate/up 1536 x 576, down 576 x 1536) */
-    static const int ns[] = {8, 64, 128, 512};
+    static const int ns[] = {2, 4, 8, 64, 128, 512};
     static const int64_t shapes[][2] = {{2048, 2048}, {1536, 576}, {576, 1536}}, qshapes[][2] = {{1024, 1024}, {1536, 576}};
     printf(" \"prefill\": [");
     first = 1;

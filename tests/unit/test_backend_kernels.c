@@ -437,6 +437,14 @@ int main(void) {
                         for (int i = 0; i < 6 * 20; i++) Y[i] = R[i] = frand();
                         gm[isa](P1, kc, X, ld, nt, Y, 20, nr, acc), gm[0](P0, kc, X, ld, nt, R, 20, nr, acc);
                         CHECK(!memcmp(Y, R, sizeof Y), "gemm16 isa=%s nr=%d nt=%d kc=%lld acc=%d", df_isa_name(isa), nr, nt, (long long)kc, acc);
+                        if (nr == 16) { /* two panels in one call = two one-panel calls */
+                            float Y2[6 * 40], R2[6 * 40];
+                            for (int i = 0; i < 6 * 40; i++) Y2[i] = R2[i] = frand();
+                            void (*g32[3])(const float *, int64_t, int64_t, const float *, int64_t, int, float *, int64_t, int) = {df_k_gemm32_scalar, df_k_gemm32_avx2, df_k_gemm32_avx512};
+                            g32[isa](P1, 0, kc, X, ld, nt, Y2, 40, acc);
+                            gm[0](P0, kc, X, ld, nt, R2, 40, 16, acc), gm[0](P0, kc, X, ld, nt, R2 + 16, 40, 16, acc);
+                            CHECK(!memcmp(Y2, R2, sizeof Y2), "gemm32 isa=%s nt=%d kc=%lld acc=%d", df_isa_name(isa), nt, (long long)kc, acc);
+                        }
                         if (!acc) { /* and the scalar reference against a double sum */
                             double ref = 0, mag = 0;
                             for (int64_t k = 0; k < kc; k++) ref += (double)src[k] * X[k], mag += fabs((double)src[k] * X[k]);

@@ -60,6 +60,7 @@ typedef struct {
     float (*int4)(const uint8_t *, const float *, int, const float *, int64_t);
     void (*pack16)(const float *, int64_t, int, int64_t, float *);
     void (*gemm16)(const float *, int64_t, const float *, int64_t, int, float *, int64_t, int, int);
+    void (*gemm32)(const float *, int64_t, int64_t, const float *, int64_t, int, float *, int64_t, int);
     void (*deq_bf16)(const uint16_t *, float *, int64_t);
     void (*deq_f16)(const uint16_t *, float *, int64_t);
     void (*deq_fp8)(const uint8_t *, float, float *, int64_t);
@@ -76,7 +77,7 @@ typedef struct {
     void (*deq_mxfp4)(const uint8_t *, const uint8_t *, float *, int64_t);
 } ktab;
 #define KT(isa)                                                                                                       \
-    {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_pack16_##isa, df_k_gemm16_##isa, \
+    {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_pack16_##isa, df_k_gemm16_##isa, df_k_gemm32_##isa, \
      df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
      df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_bf16x_prep_##isa, df_k_dot_bf16p_##isa, df_k_dot4_bf16p_##isa, \
      df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa}
@@ -464,6 +465,12 @@ static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
                 for (int p = 0; p < np; p++) {
                     const int64_t r0 = r + (int64_t)p * GEMM_MR;
                     const int nr = (int)(e - r0 < GEMM_MR ? e - r0 : GEMM_MR);
+                    if (nt <= 3 && (int64_t)(p + 2) * GEMM_MR <= mc) { /* few tokens: two panels per call, same bits */
+                        k->gemm32(pk + (size_t)p * GEMM_MR * K + (size_t)k0 * GEMM_MR, (int64_t)GEMM_MR * K, kc, c->x + (int64_t)t * K + k0,
+                                  K, nt, c->y + (int64_t)t * R + r0, R, k0 > 0);
+                        p++;
+                        continue;
+                    }
                     k->gemm16(pk + (size_t)p * GEMM_MR * K + (size_t)k0 * GEMM_MR, kc, c->x + (int64_t)t * K + k0, K, nt,
                               c->y + (int64_t)t * R + r0, R, nr, k0 > 0);
                 }

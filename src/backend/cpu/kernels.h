@@ -50,6 +50,10 @@ float *df_cpu_scratch(int slot, size_t n);
     void df_k_pack16_##isa(const float *src, int64_t ld, int nr, int64_t kc, float *P);                          \
     void df_k_gemm16_##isa(const float *P, int64_t kc, const float *X, int64_t ldx, int nt, float *Y, int64_t ldy, \
                            int nr, int acc);                                                                      \
+    /* two full panels at once (P, and P + pstride for rows 16..31 of Y), nt <= 3: 4 nt FMA chains in flight    \
+     * where one panel would have 2 nt; the same bits as two gemm16 calls */                                     \
+    void df_k_gemm32_##isa(const float *P, int64_t pstride, int64_t kc, const float *X, int64_t ldx, int nt,       \
+                           float *Y, int64_t ldy, int acc);                                                       \
     /* y += a x */                                                                                                \
     void df_k_axpy_##isa(float *y, float a, const float *x, int64_t n);                                           \
     /* Four rows at once (row k at w + k*ld elements) against one x: out[k] = W[k,:] . x. The rows share every    \

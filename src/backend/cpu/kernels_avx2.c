@@ -193,6 +193,61 @@ GEMM16_NT(4)
 GEMM16_NT(5)
 GEMM16_NT(6)
 
+/* 32 rows (two panels) x NT <= 3 tokens: 4 NT accumulators */
+#define H_STEP(T)                                                                                                 \
+    if (T < nt_) {                                                                                                \
+        const __m256 xb = _mm256_broadcast_ss(x##T + k);                                                          \
+        a##T = _mm256_fmadd_ps(w0, xb, a##T);                                                                     \
+        b##T = _mm256_fmadd_ps(w1, xb, b##T);                                                                     \
+        c##T = _mm256_fmadd_ps(w2, xb, c##T);                                                                     \
+        d##T = _mm256_fmadd_ps(w3, xb, d##T);                                                                     \
+    }
+#define H_LOAD(T)                                                                                                 \
+    if (T < nt_) {                                                                                                \
+        a##T = acc ? _mm256_loadu_ps(Y + T * ldy) : _mm256_setzero_ps();                                         \
+        b##T = acc ? _mm256_loadu_ps(Y + T * ldy + 8) : _mm256_setzero_ps();                                     \
+        c##T = acc ? _mm256_loadu_ps(Y + T * ldy + 16) : _mm256_setzero_ps();                                    \
+        d##T = acc ? _mm256_loadu_ps(Y + T * ldy + 24) : _mm256_setzero_ps();                                    \
+    }
+#define H_STORE(T)                                                                                                \
+    if (T < nt_) {                                                                                                \
+        _mm256_storeu_ps(Y + T * ldy, a##T), _mm256_storeu_ps(Y + T * ldy + 8, b##T);                             \
+        _mm256_storeu_ps(Y + T * ldy + 16, c##T), _mm256_storeu_ps(Y + T * ldy + 24, d##T);                       \
+    }
+#define GEMM32_NT(NT)                                                                                             \
+    static void gemm32_##NT(const float *P, int64_t ps, int64_t kc, const float *X, int64_t ldx, float *Y,        \
+                            int64_t ldy, int acc) {                                                               \
+        enum { nt_ = NT };                                                                                        \
+        const float *x0 = X, *x1 = 1 < NT ? X + ldx : X, *x2 = 2 < NT ? X + 2 * ldx : X;                          \
+        const float *Q = P + ps;                                                                                  \
+        __m256 a0, a1, a2, b0, b1, b2, c0, c1, c2, d0, d1, d2;                                                    \
+        a0 = a1 = a2 = b0 = b1 = b2 = c0 = c1 = c2 = d0 = d1 = d2 = _mm256_setzero_ps();                          \
+        H_LOAD(0) H_LOAD(1) H_LOAD(2)                                                                             \
+        for (int64_t k = 0; k < kc; k++, P += 16, Q += 16) {                                                      \
+            const __m256 w0 = _mm256_load_ps(P), w1 = _mm256_load_ps(P + 8);                                     \
+            const __m256 w2 = _mm256_load_ps(Q), w3 = _mm256_load_ps(Q + 8);                                     \
+            H_STEP(0) H_STEP(1) H_STEP(2)                                                                         \
+        }                                                                                                         \
+        H_STORE(0) H_STORE(1) H_STORE(2)                                                                          \
+        (void)x1, (void)x2;                                                                                       \
+    }
+GEMM32_NT(1)
+GEMM32_NT(2)
+GEMM32_NT(3)
+
+void df_k_gemm32_avx2(const float *P, int64_t pstride, int64_t kc, const float *X, int64_t ldx, int nt, float *Y,
+                      int64_t ldy, int acc) {
+    static void (*const fn[4])(const float *, int64_t, int64_t, const float *, int64_t, float *, int64_t, int) = {
+        NULL, gemm32_1, gemm32_2, gemm32_3};
+    if (nt < 1) return;
+    if (nt > 3) {
+        df_k_gemm16_avx2(P, kc, X, ldx, nt, Y, ldy, 16, acc);
+        df_k_gemm16_avx2(P + pstride, kc, X, ldx, nt, Y + 16, ldy, 16, acc);
+        return;
+    }
+    fn[nt](P, pstride, kc, X, ldx, Y, ldy, acc);
+}
+
 /* P must be 32-byte aligned (the driver's packed panels are) */
 void df_k_gemm16_avx2(const float *P, int64_t kc, const float *X, int64_t ldx, int nt, float *Y, int64_t ldy,
                       int nr, int acc) {

@@ -82,6 +82,12 @@ void df_k_gemm16_scalar(const float *P, int64_t kc, const float *X, int64_t ldx,
         }
 }
 
+void df_k_gemm32_scalar(const float *P, int64_t pstride, int64_t kc, const float *X, int64_t ldx, int nt, float *Y,
+                        int64_t ldy, int acc) {
+    df_k_gemm16_scalar(P, kc, X, ldx, nt, Y, ldy, 16, acc);
+    df_k_gemm16_scalar(P + pstride, kc, X, ldx, nt, Y + 16, ldy, 16, acc);
+}
+
 void df_k_deq_bf16_scalar(const uint16_t *w, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = df_bf16_to_f32(w[i]);
 }
