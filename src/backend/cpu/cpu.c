@@ -408,10 +408,12 @@ static void matvec(const df_weight *w, const float *x, float *y) {
 
 /* Prefill GEMM blocking: rows in panels of 16 (dequantized to f32 once per
  * call, exactly, and packed k-major), up to GEMM_MC rows packed at a time,
- * K in slices of GEMM_KC so that the slice of the packed panels (GEMM_MC x
- * GEMM_KC floats, 64 KB) stays in L2 and the block of 6 tokens of x (6 KB)
- * in L1 while the micro-kernel runs over the panels. Measured on the 2-core
- * AVX2 dev VM (bench/kernel_bench.c; docs/PERFORMANCE.md, issue 17). */
+ * K in equal slices of at most GEMM_KC so that the slice of the packed
+ * panels (GEMM_MC x GEMM_KC floats, 128 KB) stays in L2 and the block of 6
+ * tokens of x (12 KB) in L1 while the micro-kernel runs over the panels.
+ * Scratch per thread: GEMM_MC x K floats packed + GEMM_MR x K dequantized.
+ * Measured on the 2-core AVX2 dev VM (bench/kernel_bench.c;
+ * docs/PERFORMANCE.md, issue 17). */
 #define GEMM_MR 16
 #define GEMM_NR 6
 #define GEMM_KC 512
