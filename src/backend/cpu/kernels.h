@@ -46,7 +46,8 @@ float *df_cpu_scratch(int slot, size_t n);
      * k < kc (a panel of 16 rows, k-major). gemm16: Y[t*ldy + i] = fma-chain over k < kc of P[k*16 + i] *      \
      * X[t*ldx + k], starting from Y[t*ldy + i] when acc, else from 0, for i < nr <= 16, t < nt <= 6. Every     \
      * output is ONE chain of fused multiply-adds in the order of k, so the result does not depend on the ISA,  \
-     * on how rows, tokens or K are blocked, or on the thread count (scalar: fmaf, bit-identical to SIMD). */    \
+     * on how rows, tokens or K are blocked, or on the thread count (scalar: fmaf, bit-identical to SIMD).      \
+     * P is 32-byte aligned (aligned loads in the SIMD kernels). */                                              \
     void df_k_pack16_##isa(const float *src, int64_t ld, int nr, int64_t kc, float *P);                          \
     void df_k_gemm16_##isa(const float *P, int64_t kc, const float *X, int64_t ldx, int nt, float *Y, int64_t ldy, \
                            int nr, int acc);                                                                      \
