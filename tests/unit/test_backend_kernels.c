@@ -170,10 +170,11 @@ static void test_mxfp4(void) {
 
 /* ---- prefill GEMM through df_cpu_matmul_batch, every stored format ------
  * Against a double sum over the rows df_dequant_row gives (relative bound);
- * bit-identical at 1 and 2 threads, on every ISA (each output is one FMA
- * chain over k in order, the weights dequantized exactly), for every batch
- * size (token t's outputs do not depend on the other tokens of the batch),
- * and as one job or two jobs of a batch. Shapes: rows not a multiple of the
+ * bit-identical at 1 and 2 threads, for every batch size from 6 (token t's
+ * outputs do not depend on the other tokens of the batch; 2-5 tokens run
+ * the dot kernels and agree with each other), on every ISA from 6 tokens
+ * (each output one FMA chain over k in order, the weights dequantized
+ * exactly), and as one job or two jobs of a batch. Shapes: rows not a multiple of the
  * 16-row panel or of the 64-row block, K below, at and past the 256 slice
  * and not a multiple of it, n = 2..130 tokens. */
 typedef struct {
@@ -231,7 +232,7 @@ static void test_gemm(void) {
         {DF_W_F32, 0, "f32"}, {DF_W_BF16, 0, "bf16"}, {DF_W_F16, 0, "f16"}, {DF_W_FP8, 0, "fp8"}, {DF_W_INT4, 0, "int4"},
         {DF_W_I8ROW, 0, "i8row"}, {DF_W_MXFP4, 0, "mxfp4"}, {DF_W_GGML, 8, "q8_0"}, {DF_W_GGML, 3, "q4_1"}};
     static const int64_t shapes[][2] = {{37, 300}, {130, 544}, {16, 96}, {81, 256}};
-    static const int ns[] = {2, 3, 6, 7, 13, 64, 130};
+    static const int ns[] = {2, 3, 4, 5, 6, 7, 13, 64, 130};
     enum { NMAX = 130 };
     for (size_t f = 0; f < sizeof F / sizeof *F; f++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -262,16 +263,18 @@ static void test_gemm(void) {
                 run_mm(&g.w, X, n, Y2);
                 CHECK(!memcmp(Y, Y2, (size_t)(n * R) * 4), "gemm %s %lldx%lld n=%d: 1 thread != 2 threads", F[f].name, (long long)R, (long long)C, n);
                 df_pool_serial(0);
-                for (int isa = 0; isa < best; isa++) {
+                for (int isa = 0; isa < best && n >= 6; isa++) { /* the GEMM (n >= 6; 2-5 tokens run the dot kernels) */
                     df_set_isa(isa);
                     run_mm(&g.w, X, n, Y2);
                     CHECK(!memcmp(Y, Y2, (size_t)(n * R) * 4), "gemm %s %lldx%lld n=%d: isa %s != %s", F[f].name, (long long)R, (long long)C, n, df_isa_name(isa), df_isa_name(best));
                 }
                 df_set_isa(best);
-                /* batch-size invariance: tokens t, t+1 alone give the bits they had in the batch of n */
-                for (int t = 0; t + 1 < n; t += n / 2 + 1) {
-                    run_mm(&g.w, X + (int64_t)t * C, 2, Y2);
-                    CHECK(!memcmp(Y + (int64_t)t * R, Y2, (size_t)(2 * R) * 4), "gemm %s %lldx%lld: tokens %d,%d of n=%d differ alone", F[f].name, (long long)R, (long long)C, t, t + 1, n);
+                /* batch-size invariance: tokens t..t+5 alone give the bits they had in the batch of n >= 6
+                 * (n = 3..5: tokens t, t+1 alone as in the batch of n) */
+                const int win = n >= 6 ? 6 : 2;
+                for (int t = 0; t + win <= n; t += n / 2 + 1) {
+                    run_mm(&g.w, X + (int64_t)t * C, win, Y2);
+                    CHECK(!memcmp(Y + (int64_t)t * R, Y2, (size_t)(win * R) * 4), "gemm %s %lldx%lld: tokens %d..%d of n=%d differ alone", F[f].name, (long long)R, (long long)C, t, t + win - 1, n);
                 }
             }
             /* two jobs in one dispatch (batch_task) = each alone */

@@ -429,16 +429,49 @@ static float *rows_scratch(size_t n) {
     return tl_rows;
 }
 
+/* Batches of fewer than GEMM_MIN_N tokens: dequantizing and packing 16-row
+ * panels costs more than the few FMAs per weight it serves (measured in CPU
+ * time, one thread: the GEMM 1.3-2x slower than this path at n = 2-4, faster
+ * from 8), so 4 rows are dequantized at a time and each token runs the
+ * four-row dot kernel over them (x shared by the 4 rows). The order is the
+ * dot kernel's, not the GEMM's: batches of 2-5 tokens give the same bits as
+ * each other and at any thread count (row groups of 4 are aligned to the
+ * 16-row split), not the same as the GEMM's from GEMM_MIN_N tokens. */
+#define GEMM_MIN_N 6
+static void mm_rows_small(mv_ctx *c, int64_t b, int64_t e) {
+    const df_weight *w = c->w;
+    const int64_t K = w->cols, R = w->rows;
+    const ktab *k = kt();
+    const int direct = w->fmt == DF_W_F32 && w->row_bytes % 4 == 0;
+    float *rb = direct ? NULL : rows_scratch((size_t)(4 * K));
+    for (int64_t r = b; r < e; r += 4) {
+        const int nr = (int)(e - r < 4 ? e - r : 4);
+        const float *W = rb;
+        int64_t ld = K;
+        if (direct) W = (const float *)(w->data + (size_t)r * w->row_bytes), ld = (int64_t)w->row_bytes / 4;
+        else
+            for (int i = 0; i < nr; i++) df_dequant_row(w, r + i, rb + (size_t)i * K);
+        for (int t = 0; t < c->n; t++) {
+            const float *x = c->x + (int64_t)t * K;
+            float *y = c->y + (int64_t)t * R + r;
+            if (nr == 4) k->dot4_f32(W, ld, x, K, y);
+            else
+                for (int i = 0; i < nr; i++) y[i] = k->f32(W + i * ld, x, K);
+        }
+    }
+}
+
 /* Rows [b, e) of Y = X W^T (X [n][K], Y [n][R]), every format: each output
  * is one FMA chain over k in order (kernels.h, gemm16), so the result does
- * not depend on b, e (the thread split), the blocking, the batch size or the
- * ISA. It is not the decode product's order (dot_rows: several partial sums
+ * not depend on b, e (the thread split), the blocking, the batch size (from
+ * GEMM_MIN_N up) or the ISA. It is not the decode product's order (dot_rows: several partial sums
  * per row, added at the end): a token's row of Y may differ from df_matvec of
  * the same x by f32 rounding (docs/PERFORMANCE.md, batch invariance). */
 static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
     const df_weight *w = c->w;
     const int64_t K = w->cols, R = w->rows;
     if (K <= 0 || b >= e) return;
+    if (c->n < GEMM_MIN_N) { mm_rows_small(c, b, e); return; }
     const ktab *k = kt();
     const int direct = w->fmt == DF_W_F32 && w->row_bytes % 4 == 0;
     float *pk = scratch((size_t)(GEMM_MC * K));
