@@ -135,6 +135,11 @@ $(O)/bench/grammar_bench: bench/grammar_bench.c $(call objs_of,grammar tok forma
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# bench/kernel_bench: the CPU products (decode GB/s, prefill GFLOP/s) against floors of the same run (docs/PERFORMANCE.md)
+$(O)/bench/kernel_bench: bench/kernel_bench.c $(call objs_of,backend format util)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 unit: $(UNIT_BINS)
 	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 

@@ -3,6 +3,8 @@
  * independent definitions. */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/kernels.h"
+#include "backend/ggml_quant.h"
+#include "util/util.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -166,6 +168,132 @@ static void test_mxfp4(void) {
     }
 }
 
+/* ---- prefill GEMM through df_cpu_matmul_batch, every stored format ------
+ * Against a double sum over the rows df_dequant_row gives (relative bound);
+ * bit-identical at 1 and 2 threads, for every batch size from 6 (token t's
+ * outputs do not depend on the other tokens of the batch; 2-5 tokens run
+ * the dot kernels and agree with each other), on every ISA from 6 tokens
+ * (each output one FMA chain over k in order, the weights dequantized
+ * exactly), and as one job or two jobs of a batch. Shapes: rows not a multiple of the
+ * 16-row panel or of the 64-row block, K below, at and past the 256 slice
+ * and not a multiple of it, n = 2..130 tokens. */
+typedef struct {
+    df_weight w;
+    void *data, *scale;
+} gw;
+static void gw_make(gw *g, int fmt, int gtype, int64_t R, int64_t C) {
+    memset(g, 0, sizeof *g);
+    df_weight *w = &g->w;
+    w->fmt = fmt, w->rows = R, w->cols = C;
+    size_t rb = 0, sb = 0;
+    switch (fmt) {
+    case DF_W_F32: rb = (size_t)C * 4; break;
+    case DF_W_F16: case DF_W_BF16: rb = (size_t)C * 2; break;
+    case DF_W_FP8: rb = (size_t)C, w->blk_r = 3, w->blk_c = 32, w->scale_cols = (C + 31) / 32, sb = (size_t)((R + 2) / 3 * w->scale_cols) * 4; break;
+    case DF_W_INT4: rb = (size_t)(C + 1) / 2, w->blk_r = 1, w->blk_c = 32, w->scale_cols = (C + 31) / 32, sb = (size_t)(R * w->scale_cols) * 4; break;
+    case DF_W_I8ROW: rb = (size_t)C, w->blk_r = 1, w->blk_c = (int)C, w->scale_cols = 1, sb = (size_t)R * 4; break;
+    case DF_W_MXFP4: rb = (size_t)C / 2, w->blk_r = 1, w->blk_c = 32, w->scale_cols = C / 32, sb = (size_t)(R * C / 32), w->scale_dtype = DF_SCALE_E8M0; break;
+    case DF_W_GGML: w->ggml_type = gtype, rb = (size_t)df_ggml_row_bytes(gtype, C); break;
+    }
+    w->row_bytes = rb;
+    uint8_t *d = malloc(rb * (size_t)R + 1);
+    for (size_t i = 0; i < rb * (size_t)R; i++) d[i] = (uint8_t)rnd();
+    for (int64_t r = 0; r < R; r++) {
+        uint8_t *row = d + (size_t)r * rb;
+        for (int64_t c = 0; c < C; c++) {
+            if (fmt == DF_W_F32) { float f = frand(); memcpy(row + 4 * c, &f, 4); }
+            if (fmt == DF_W_BF16) { uint16_t h = f2bf(frand()); memcpy(row + 2 * c, &h, 2); }
+            if (fmt == DF_W_F16) { uint16_t h = (uint16_t)(rnd() & 0xbbff); memcpy(row + 2 * c, &h, 2); } /* |v| < 1 */
+            if (fmt == DF_W_FP8 && (row[c] & 0x7f) == 0x7f) row[c] = 0x31; /* no NaN */
+        }
+        if (fmt == DF_W_GGML) /* finite f16 scale (and min) at the head of every block */
+            for (size_t b = 0; b < rb; b += (size_t)df_ggml_traits_of(gtype)->block_bytes) {
+                uint16_t h = (uint16_t)(0x2000 + rnd() % 0x400), m = (uint16_t)(0xa000 + rnd() % 0x400);
+                memcpy(row + b, &h, 2);
+                if (gtype == 3) memcpy(row + b + 2, &m, 2); /* Q4_1's min */
+            }
+    }
+    w->data = d, g->data = d;
+    if (sb) {
+        uint8_t *sc = malloc(sb);
+        if (fmt == DF_W_MXFP4) for (size_t i = 0; i < sb; i++) sc[i] = (uint8_t)(120 + rnd() % 10);
+        else for (size_t i = 0; i < sb / 4; i++) { float f = frand(); memcpy(sc + 4 * i, &f, 4); }
+        w->scale = sc, g->scale = sc;
+    }
+}
+static void run_mm(const df_weight *w, const float *X, int n, float *Y) {
+    const df_mv_job j = {w, (const df_act *)(const void *)X, (df_act *)(void *)Y};
+    df_cpu_matmul_batch(&j, 1, n);
+}
+static void test_gemm(void) {
+    df_pool_init(2);
+    const int best = df_isa();
+    static const struct { int fmt, gtype; const char *name; } F[] = {
+        {DF_W_F32, 0, "f32"}, {DF_W_BF16, 0, "bf16"}, {DF_W_F16, 0, "f16"}, {DF_W_FP8, 0, "fp8"}, {DF_W_INT4, 0, "int4"},
+        {DF_W_I8ROW, 0, "i8row"}, {DF_W_MXFP4, 0, "mxfp4"}, {DF_W_GGML, 8, "q8_0"}, {DF_W_GGML, 3, "q4_1"}};
+    static const int64_t shapes[][2] = {{37, 300}, {130, 544}, {16, 96}, {81, 256}};
+    static const int ns[] = {2, 3, 4, 5, 6, 7, 13, 64, 130};
+    enum { NMAX = 130 };
+    for (size_t f = 0; f < sizeof F / sizeof *F; f++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            const int64_t R = shapes[si][0], C = shapes[si][1];
+            if ((F[f].fmt == DF_W_MXFP4 || F[f].fmt == DF_W_GGML) && C % 32) continue;
+            gw g;
+            gw_make(&g, F[f].fmt, F[f].gtype, R, C);
+            float *X = malloc((size_t)(NMAX * C) * 4), *Y = malloc((size_t)(NMAX * R) * 4), *Y2 = malloc((size_t)(NMAX * R) * 4);
+            float *Wd = malloc((size_t)(R * C) * 4);
+            for (int64_t i = 0; i < NMAX * C; i++) X[i] = frand();
+            df_set_isa(0);
+            for (int64_t r = 0; r < R; r++) df_dequant_row(&g.w, r, Wd + r * C);
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                const int n = ns[ni];
+                int bad = 0;
+                df_set_isa(best), df_pool_serial(0);
+                run_mm(&g.w, X, n, Y);
+                for (int t = 0; t < n && !bad; t++)
+                    for (int64_t r = 0; r < R && !bad; r++) {
+                        double ref = 0, mag = 0;
+                        for (int64_t c = 0; c < C; c++) ref += (double)Wd[r * C + c] * X[t * C + c], mag += fabs((double)Wd[r * C + c] * X[t * C + c]);
+                        if (!(fabs(Y[t * R + r] - ref) <= 1e-5 * mag + 1e-30)) {
+                            bad = 1;
+                            CHECK(0, "gemm %s %lldx%lld n=%d t=%d r=%lld got %.9g ref %.9g", F[f].name, (long long)R, (long long)C, n, t, (long long)r, Y[t * R + r], ref);
+                        }
+                    }
+                df_pool_serial(1); /* one thread */
+                run_mm(&g.w, X, n, Y2);
+                CHECK(!memcmp(Y, Y2, (size_t)(n * R) * 4), "gemm %s %lldx%lld n=%d: 1 thread != 2 threads", F[f].name, (long long)R, (long long)C, n);
+                df_pool_serial(0);
+                for (int isa = 0; isa < best && n >= 6; isa++) { /* the GEMM (n >= 6; 2-5 tokens run the dot kernels) */
+                    df_set_isa(isa);
+                    run_mm(&g.w, X, n, Y2);
+                    CHECK(!memcmp(Y, Y2, (size_t)(n * R) * 4), "gemm %s %lldx%lld n=%d: isa %s != %s", F[f].name, (long long)R, (long long)C, n, df_isa_name(isa), df_isa_name(best));
+                }
+                df_set_isa(best);
+                /* batch-size invariance: tokens t..t+5 alone give the bits they had in the batch of n >= 6
+                 * (n = 3..5: tokens t, t+1 alone as in the batch of n) */
+                const int win = n >= 6 ? 6 : 2;
+                for (int t = 0; t + win <= n; t += n / 2 + 1) {
+                    run_mm(&g.w, X + (int64_t)t * C, win, Y2);
+                    CHECK(!memcmp(Y + (int64_t)t * R, Y2, (size_t)(win * R) * 4), "gemm %s %lldx%lld: tokens %d..%d of n=%d differ alone", F[f].name, (long long)R, (long long)C, t, t + win - 1, n);
+                }
+            }
+            /* two jobs in one dispatch (batch_task) = each alone */
+            {
+                gw h;
+                gw_make(&h, DF_W_BF16, 0, 19, C);
+                float *Yh = malloc((size_t)(NMAX * 19) * 4), *Yh2 = malloc((size_t)(NMAX * 19) * 4);
+                const df_mv_job jobs[2] = {{&g.w, (const df_act *)(const void *)X, (df_act *)(void *)Y2},
+                                           {&h.w, (const df_act *)(const void *)X, (df_act *)(void *)Yh}};
+                df_cpu_matmul_batch(jobs, 2, 7);
+                run_mm(&g.w, X, 7, Y), run_mm(&h.w, X, 7, Yh2);
+                CHECK(!memcmp(Y, Y2, (size_t)(7 * R) * 4) && !memcmp(Yh, Yh2, (size_t)(7 * 19) * 4), "gemm %s %lldx%lld: two-job batch differs", F[f].name, (long long)R, (long long)C);
+                free(Yh), free(Yh2), free(h.data), free(h.scale);
+            }
+            free(X), free(Y), free(Y2), free(Wd), free(g.data), free(g.scale);
+        }
+    df_set_isa(-1);
+}
+
 /* The traits table: an entry per format, and byte counts that agree with the
  * layouts the loaders build. */
 static void test_traits(void) {
@@ -197,6 +325,23 @@ int main(void) {
     CHECK(df_fp8_lut[0x01] == ldexpf(1, -9), "fp8 min subnormal");
     CHECK(df_fp8_lut[0xb8] == -1.0f, "fp8 -1");
     CHECK(isnan(df_fp8_lut[0x7f]), "fp8 nan");
+    /* every E4M3 code but NaN (S.1111.111: the SIMD conversions do not
+     * special-case it) through each ISA's row dequantization (16- and 8-wide
+     * bodies, scalar tail) = table x scale */
+    {
+        uint8_t codes[256 + 7];
+        float out[256 + 7];
+        for (int i = 0; i < 256 + 7; i++) {
+            codes[i] = (uint8_t)(i * 97 + 13);
+            if ((codes[i] & 0x7f) == 0x7f) codes[i] ^= 1;
+        }
+        void (*dq[3])(const uint8_t *, float, float *, int64_t) = {df_k_deq_fp8_scalar, df_k_deq_fp8_avx2, df_k_deq_fp8_avx512};
+        for (int isa = 0; isa <= df_isa(); isa++) {
+            dq[isa](codes, 0.375f, out, 256 + 7);
+            for (int i = 0; i < 256 + 7; i++)
+                if (!same_f32(out[i], df_fp8_lut[codes[i]] * 0.375f)) { CHECK(0, "deq_fp8 isa=%s code 0x%02x: %g", df_isa_name(isa), codes[i], out[i]); break; }
+        }
+    }
     CHECK(df_f16_to_f32(0x3c00) == 1.0f && df_f16_to_f32(0x0001) == ldexpf(1, -24) && df_f16_to_f32(0xc000) == -2.0f, "f16");
 
     const int64_t sizes[] = {1, 7, 16, 31, 32, 33, 64, 100, 257, 1024, 7168 + 5};
@@ -260,6 +405,18 @@ int main(void) {
             for (int k = 0; k < 4; k++) close_enough("dot4 f32", isa, n, got[k], ref[k], mag);
             d4b[isa](wb, ld, x, n, got), d4b[0](wb, ld, x, n, ref);
             for (int k = 0; k < 4; k++) close_enough("dot4 bf16", isa, n, got[k], ref[k], mag);
+            /* BF16 with x prepared in the ISA's order (xp), against the plain scalar kernels on x */
+            {
+                void (*prep[3])(const float *, float *, int64_t) = {df_k_bf16x_prep_scalar, df_k_bf16x_prep_avx2, df_k_bf16x_prep_avx512};
+                float (*dbp[3])(const uint16_t *, const float *, const float *, int64_t) = {df_k_dot_bf16p_scalar, df_k_dot_bf16p_avx2, df_k_dot_bf16p_avx512};
+                void (*d4bp[3])(const uint16_t *, int64_t, const float *, const float *, int64_t, float *) = {df_k_dot4_bf16p_scalar, df_k_dot4_bf16p_avx2, df_k_dot4_bf16p_avx512};
+                float *xp = malloc((size_t)n * 4);
+                prep[isa](x, xp, n);
+                d4bp[isa](wb, ld, x, xp, n, got), d4b[0](wb, ld, x, n, ref);
+                for (int k = 0; k < 4; k++) close_enough("dot4 bf16p", isa, n, got[k], ref[k], mag);
+                for (int k = 0; k < 4; k++) close_enough("dot bf16p", isa, n, dbp[isa](wb + k * ld, x, xp, n), ref[k], mag);
+                free(xp);
+            }
             d4h[isa](wh, ld, x, n, got), d4h[0](wh, ld, x, n, ref);
             for (int k = 0; k < 4; k++) close_enough("dot4 f16", isa, n, got[k], ref[k], mag * 200);
             CHECK(isnan(got[4]), "dot4 wrote past out[3]");
@@ -279,17 +436,43 @@ int main(void) {
             for (int64_t i = 0; i < n; i++) close_enough("axpy", isa, n, y0[i], y1[i], 2);
             free(x); free(wf); free(y0); free(y1); free(wb); free(wh); free(w8);
         }
-        /* tile kernel vs scalar, 4x4 and ragged */
-        for (int trial = 0; trial < 3; trial++) {
-            int64_t n = 1000 + trial * 24;
-            float W[4 * 1024], X[4 * 1024], Y[16], R[16];
-            for (int i = 0; i < 4 * 1024; i++) { W[i] = frand(); X[i] = frand(); }
-            void (*tile[3])(const float *, int64_t, int, const float *, int64_t, int, int64_t, float *, int64_t) = {df_k_tile_f32_scalar, df_k_tile_f32_avx2, df_k_tile_f32_avx512};
-            int nr = trial == 2 ? 3 : 4, nt = trial == 2 ? 2 : 4;
-            tile[isa](W, 1024, nr, X, 1024, nt, n, Y, 4);
-            tile[0](W, 1024, nr, X, 1024, nt, n, R, 4);
-            for (int t = 0; t < nt; t++)
-                for (int r = 0; r < nr; r++) close_enough("tile", isa, n, Y[t * 4 + r], R[t * 4 + r], (float)n);
+        /* GEMM micro-kernel and panel packing vs scalar: bit-identical (one
+         * FMA chain per output on every ISA, kernels.h), every nt and nr,
+         * continuing from Y (acc) and from zero, odd kc */
+        for (int trial = 0; trial < 4; trial++) {
+            const int64_t kc = trial == 0 ? 1 : trial == 1 ? 7 : trial == 2 ? 256 : 301, ld = kc + 5;
+            float *src = malloc((size_t)(16 * ld) * 4), *X = malloc((size_t)(6 * ld) * 4);
+            float *P0 = df_aligned_alloc((size_t)(16 * kc) * 4), *P1 = df_aligned_alloc((size_t)(16 * kc) * 4);
+            for (int64_t i = 0; i < 16 * ld; i++) src[i] = frand();
+            for (int64_t i = 0; i < 6 * ld; i++) X[i] = frand();
+            void (*pk[3])(const float *, int64_t, int, int64_t, float *) = {df_k_pack16_scalar, df_k_pack16_avx2, df_k_pack16_avx512};
+            void (*gm[3])(const float *, int64_t, const float *, int64_t, int, float *, int64_t, int, int) = {df_k_gemm16_scalar, df_k_gemm16_avx2, df_k_gemm16_avx512};
+            for (int nr = 1; nr <= 16; nr += (nr == 1 ? 4 : nr == 13 ? 3 : 4)) {
+                memset(P1, 0x7f, (size_t)(16 * kc) * 4); /* pad rows must be written as zeros */
+                pk[isa](src, ld, nr, kc, P1), pk[0](src, ld, nr, kc, P0);
+                CHECK(!memcmp(P0, P1, (size_t)(16 * kc) * 4), "pack16 isa=%s nr=%d kc=%lld", df_isa_name(isa), nr, (long long)kc);
+                for (int nt = 1; nt <= 6; nt++)
+                    for (int acc = 0; acc < 2; acc++) {
+                        float Y[6 * 20], R[6 * 20];
+                        for (int i = 0; i < 6 * 20; i++) Y[i] = R[i] = frand();
+                        gm[isa](P1, kc, X, ld, nt, Y, 20, nr, acc), gm[0](P0, kc, X, ld, nt, R, 20, nr, acc);
+                        CHECK(!memcmp(Y, R, sizeof Y), "gemm16 isa=%s nr=%d nt=%d kc=%lld acc=%d", df_isa_name(isa), nr, nt, (long long)kc, acc);
+                        if (nr == 16) { /* two panels in one call = two one-panel calls */
+                            float Y2[6 * 40], R2[6 * 40];
+                            for (int i = 0; i < 6 * 40; i++) Y2[i] = R2[i] = frand();
+                            void (*g32[3])(const float *, int64_t, int64_t, const float *, int64_t, int, float *, int64_t, int) = {df_k_gemm32_scalar, df_k_gemm32_avx2, df_k_gemm32_avx512};
+                            g32[isa](P1, 0, kc, X, ld, nt, Y2, 40, acc);
+                            gm[0](P0, kc, X, ld, nt, R2, 40, 16, acc), gm[0](P0, kc, X, ld, nt, R2 + 16, 40, 16, acc);
+                            CHECK(!memcmp(Y2, R2, sizeof Y2), "gemm32 isa=%s nt=%d kc=%lld acc=%d", df_isa_name(isa), nt, (long long)kc, acc);
+                        }
+                        if (!acc) { /* and the scalar reference against a double sum */
+                            double ref = 0, mag = 0;
+                            for (int64_t k = 0; k < kc; k++) ref += (double)src[k] * X[k], mag += fabs((double)src[k] * X[k]);
+                            CHECK(fabs(R[0] - ref) <= 1e-5 * mag + 1e-30, "gemm16 scalar vs double kc=%lld got %g ref %g", (long long)kc, R[0], ref);
+                        }
+                    }
+            }
+            free(src), free(X), free(P0), free(P1);
         }
     }
     /* FP8 block-scaled row dot through df_dot_row equals dequant + f32 dot */
@@ -313,6 +496,7 @@ int main(void) {
     }
     test_mxfp4();
     test_traits();
+    test_gemm();
     printf("%s: %d failures\n", __FILE__, fails);
     return fails != 0;
 }

@@ -49,7 +49,9 @@ typedef struct {
     float (*f16)(const uint16_t *, const float *, int64_t);
     float (*fp8)(const uint8_t *, const float *, int64_t);
     float (*int4)(const uint8_t *, const float *, int, const float *, int64_t);
-    void (*tile)(const float *, int64_t, int, const float *, int64_t, int, int64_t, float *, int64_t);
+    void (*pack16)(const float *, int64_t, int, int64_t, float *);
+    void (*gemm16)(const float *, int64_t, const float *, int64_t, int, float *, int64_t, int, int);
+    void (*gemm32)(const float *, int64_t, int64_t, const float *, int64_t, int, float *, int64_t, int);
     void (*deq_bf16)(const uint16_t *, float *, int64_t);
     void (*deq_f16)(const uint16_t *, float *, int64_t);
     void (*deq_fp8)(const uint8_t *, float, float *, int64_t);
@@ -57,15 +59,19 @@ typedef struct {
     void (*dot4_f32)(const float *, int64_t, const float *, int64_t, float *);
     void (*dot4_bf16)(const uint16_t *, int64_t, const float *, int64_t, float *);
     void (*dot4_f16)(const uint16_t *, int64_t, const float *, int64_t, float *);
+    void (*bf16x_prep)(const float *, float *, int64_t);
+    float (*bf16p)(const uint16_t *, const float *, const float *, int64_t);
+    void (*dot4_bf16p)(const uint16_t *, int64_t, const float *, const float *, int64_t, float *);
     void (*dot4_fp8s)(const uint8_t *, int64_t, const float *, int64_t, int, const float *const *, float *);
     float (*i8)(const int8_t *, const float *, int64_t);
     float (*mxfp4)(const uint8_t *, const uint8_t *, const float *, int64_t);
     void (*deq_mxfp4)(const uint8_t *, const uint8_t *, float *, int64_t);
 } ktab;
 #define KT(isa)                                                                                                       \
-    {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_tile_f32_##isa, \
+    {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_pack16_##isa, df_k_gemm16_##isa, df_k_gemm32_##isa, \
      df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
-     df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa}
+     df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_bf16x_prep_##isa, df_k_dot_bf16p_##isa, df_k_dot4_bf16p_##isa, \
+     df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa}
 static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
 static inline const ktab *kt(void) { return &ktabs[df_isa()]; }
 
@@ -81,6 +87,10 @@ static inline float scale_at(const df_weight *w, int64_t i) {
 /* per-thread scratch, grown on first use only, freed when its thread exits */
 static _Thread_local float *tl_buf;
 static _Thread_local size_t tl_cap;
+static _Thread_local float *tl_rows; /* prefill: dequantized rows of one panel */
+static _Thread_local size_t tl_rows_cap;
+static _Thread_local float *tl_xp; /* BF16 decode: x in the kernel's order */
+static _Thread_local size_t tl_xp_cap;
 static _Thread_local float *tl_sc;
 static _Thread_local size_t tl_sc_cap;
 /* FP8 decode: up to 4 scale rows converted to f32 (row index of each slot) */
@@ -95,6 +105,10 @@ static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static void scratch_free(void *p) {
     (void)p;
     free(tl_buf);
+    free(tl_rows);
+    tl_rows = NULL, tl_rows_cap = 0;
+    free(tl_xp);
+    tl_xp = NULL, tl_xp_cap = 0;
     free(tl_sc);
     free(tl_fsc);
     for (int i = 0; i < 4; i++) free(tl_slot[i]), tl_slot[i] = NULL, tl_slot_cap[i] = 0;
@@ -198,18 +212,31 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
                 k->dot4_f32((const float *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 4, x, w->cols, y + i);
         break;
     case DF_W_BF16:
-    case DF_W_F16:
-        if (w->fmt == DF_W_BF16 && w->cols <= 4096) {
-            /* one row at a time: a single sequential stream, measured 1.2-1.45x
-             * faster than four interleaved rows for BF16 matrices with rows of
-             * 2048 (docs/PERFORMANCE.md); x (<= 16 KB) stays in L1 */
-            for (; i < nr; i++) y[i] = k->bf16((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, w->cols);
-            break;
+        if (w->row_bytes % 2 == 0) {
+            /* x in the kernel's order once per call (K floats: noise next to nr x K
+             * weights), then one wide load per 16 weights and a shift or an and */
+            if ((size_t)w->cols > tl_xp_cap) {
+                free(tl_xp);
+                tl_xp = df_aligned_alloc((size_t)w->cols * sizeof(float));
+                tl_xp_cap = (size_t)w->cols;
+                scratch_register();
+            }
+            k->bf16x_prep(x, tl_xp, w->cols);
+            if (w->cols <= 4096) {
+                /* one row at a time: a single sequential stream, measured 1.2-1.45x
+                 * faster than four interleaved rows for BF16 matrices with rows of
+                 * 2048 (docs/PERFORMANCE.md); x (<= 16 KB) stays in L1 */
+                for (; i < nr; i++) y[i] = k->bf16p((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, tl_xp, w->cols);
+                break;
+            }
+            for (; i + 4 <= nr; i += 4)
+                k->dot4_bf16p((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 2, x, tl_xp, w->cols, y + i);
         }
+        break;
+    case DF_W_F16:
         if (w->row_bytes % 2 == 0)
             for (; i + 4 <= nr; i += 4)
-                (w->fmt == DF_W_BF16 ? k->dot4_bf16 : k->dot4_f16)((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes),
-                                                                  (int64_t)w->row_bytes / 2, x, w->cols, y + i);
+                k->dot4_f16((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 2, x, w->cols, y + i);
         break;
     case DF_W_FP8:
         /* the scale rows cached by fp8_scale_row are keyed by the scale pointer,
@@ -298,24 +325,111 @@ static void matvec(const df_weight *w, const float *x, float *y) {
     else df_pool_run(mv_task, &c);
 }
 
-/* Rows [b, e) of Y = X W^T: a few rows dequantized into an f32 tile at a
- * time, then the 4x4 register-blocked kernel over the tokens. */
+/* Prefill GEMM blocking: rows in panels of 16 (dequantized to f32 once per
+ * call, exactly, and packed k-major), up to GEMM_MC rows packed at a time,
+ * K in equal slices of at most GEMM_KC so that the slice of the packed
+ * panels (GEMM_MC x GEMM_KC floats, 128 KB) stays in L2 and the block of 6
+ * tokens of x (12 KB) in L1 while the micro-kernel runs over the panels.
+ * Scratch per thread: GEMM_MC x K floats packed + GEMM_MR x K dequantized.
+ * Measured on the 2-core AVX2 dev VM (bench/kernel_bench.c;
+ * docs/PERFORMANCE.md, issue 17). */
+#define GEMM_MR 16
+#define GEMM_NR 6
+#define GEMM_KC 512
+#define GEMM_MC 64
+
+static float *rows_scratch(size_t n) {
+    if (n > tl_rows_cap) {
+        free(tl_rows);
+        tl_rows = df_aligned_alloc(n * sizeof(float));
+        tl_rows_cap = n;
+        scratch_register();
+    }
+    return tl_rows;
+}
+
+/* Batches of fewer than GEMM_MIN_N tokens: dequantizing and packing 16-row
+ * panels costs more than the few FMAs per weight it serves (measured in CPU
+ * time, one thread: the GEMM 1.3-2x slower than this path at n = 2-4, faster
+ * from 8), so 4 rows are dequantized at a time and each token runs the
+ * four-row dot kernel over them (x shared by the 4 rows). The order is the
+ * dot kernel's, not the GEMM's: batches of 2-5 tokens give the same bits as
+ * each other and at any thread count (row groups of 4 are aligned to the
+ * 16-row split), not the same as the GEMM's from GEMM_MIN_N tokens. */
+#define GEMM_MIN_N 6
+static void mm_rows_small(mv_ctx *c, int64_t b, int64_t e) {
+    const df_weight *w = c->w;
+    const int64_t K = w->cols, R = w->rows;
+    const ktab *k = kt();
+    const int direct = w->fmt == DF_W_F32 && w->row_bytes % 4 == 0;
+    float *rb = direct ? NULL : rows_scratch((size_t)(4 * K));
+    for (int64_t r = b; r < e; r += 4) {
+        const int nr = (int)(e - r < 4 ? e - r : 4);
+        const float *W = rb;
+        int64_t ld = K;
+        if (direct) W = (const float *)(w->data + (size_t)r * w->row_bytes), ld = (int64_t)w->row_bytes / 4;
+        else
+            for (int i = 0; i < nr; i++) df_dequant_row(w, r + i, rb + (size_t)i * K);
+        for (int t = 0; t < c->n; t++) {
+            const float *x = c->x + (int64_t)t * K;
+            float *y = c->y + (int64_t)t * R + r;
+            if (nr == 4) k->dot4_f32(W, ld, x, K, y);
+            else
+                for (int i = 0; i < nr; i++) y[i] = k->f32(W + i * ld, x, K);
+        }
+    }
+}
+
+/* Rows [b, e) of Y = X W^T (X [n][K], Y [n][R]), every format: each output
+ * is one FMA chain over k in order (kernels.h, gemm16), so the result does
+ * not depend on b, e (the thread split), the blocking, the batch size (from
+ * GEMM_MIN_N up) or the ISA. It is not the decode product's order (dot_rows: several partial sums
+ * per row, added at the end): a token's row of Y may differ from df_matvec of
+ * the same x by f32 rounding (docs/PERFORMANCE.md, batch invariance). */
 static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
     const df_weight *w = c->w;
     const int64_t K = w->cols, R = w->rows;
-    float *buf = w->fmt == DF_W_F32 ? NULL : scratch((size_t)(4 * K));
+    if (K <= 0 || b >= e) return;
+    if (c->n < GEMM_MIN_N) { mm_rows_small(c, b, e); return; }
     const ktab *k = kt();
-    for (int64_t r = b; r < e; r += 4) {
-        int nr = (int)(e - r < 4 ? e - r : 4);
-        const float *W;
-        if (w->fmt == DF_W_F32) W = (const float *)(w->data + (size_t)r * w->row_bytes);
-        else {
-            for (int i = 0; i < nr; i++) df_dequant_row(w, r + i, buf + i * K);
-            W = buf;
+    const int direct = w->fmt == DF_W_F32 && w->row_bytes % 4 == 0;
+    float *pk = scratch((size_t)(GEMM_MC * K));
+    float *rb = direct ? NULL : rows_scratch((size_t)(GEMM_MR * K));
+    for (int64_t r = b; r < e; r += GEMM_MC) {
+        const int64_t mc = e - r < GEMM_MC ? e - r : GEMM_MC;
+        const int np = (int)((mc + GEMM_MR - 1) / GEMM_MR);
+        for (int p = 0; p < np; p++) {
+            const int64_t r0 = r + (int64_t)p * GEMM_MR;
+            const int nr = (int)(e - r0 < GEMM_MR ? e - r0 : GEMM_MR);
+            if (direct) {
+                k->pack16((const float *)(w->data + (size_t)r0 * w->row_bytes), (int64_t)w->row_bytes / 4, nr, K, pk + (size_t)p * GEMM_MR * K);
+            } else {
+                for (int i = 0; i < nr; i++) df_dequant_row(w, r0 + i, rb + (size_t)i * K);
+                k->pack16(rb, K, nr, K, pk + (size_t)p * GEMM_MR * K);
+            }
         }
-        for (int t = 0; t < c->n; t += 4) {
-            int nt = c->n - t < 4 ? c->n - t : 4;
-            k->tile(W, K, nr, c->x + (int64_t)t * K, K, nt, K, c->y + (int64_t)t * R + r, R);
+        /* slices of equal length (K = 576: 2 x 288, not 256 + 256 + 64) */
+        const int64_t kslice = (K + (K + GEMM_KC - 1) / GEMM_KC - 1) / ((K + GEMM_KC - 1) / GEMM_KC);
+        for (int64_t k0 = 0; k0 < K; k0 += kslice) {
+            const int64_t kc = K - k0 < kslice ? K - k0 : kslice;
+            for (int t = 0; t < c->n;) {
+                /* token blocks of equal size too (8 = 4 + 4, not 6 + 2: a block of nt
+                 * tokens keeps 2 nt FMA chains in flight) */
+                const int left = c->n - t, nt = (left + (left + GEMM_NR - 1) / GEMM_NR - 1) / ((left + GEMM_NR - 1) / GEMM_NR);
+                for (int p = 0; p < np; p++) {
+                    const int64_t r0 = r + (int64_t)p * GEMM_MR;
+                    const int nr = (int)(e - r0 < GEMM_MR ? e - r0 : GEMM_MR);
+                    if (nt <= 3 && (int64_t)(p + 2) * GEMM_MR <= mc) { /* few tokens: two panels per call, same bits */
+                        k->gemm32(pk + (size_t)p * GEMM_MR * K + (size_t)k0 * GEMM_MR, (int64_t)GEMM_MR * K, kc, c->x + (int64_t)t * K + k0,
+                                  K, nt, c->y + (int64_t)t * R + r0, R, k0 > 0);
+                        p++;
+                        continue;
+                    }
+                    k->gemm16(pk + (size_t)p * GEMM_MR * K + (size_t)k0 * GEMM_MR, kc, c->x + (int64_t)t * K + k0, K, nt,
+                              c->y + (int64_t)t * R + r0, R, nr, k0 > 0);
+                }
+                t += nt;
+            }
         }
     }
 }
@@ -323,7 +437,7 @@ static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
 static void mm_task(void *p, int tid, int nth) {
     mv_ctx *c = p;
     int64_t b, e;
-    split(c->w->rows, tid, nth, 4, &b, &e);
+    split(c->w->rows, tid, nth, GEMM_MR, &b, &e);
     mm_rows(c, b, e);
 }
 
@@ -336,13 +450,14 @@ static void matmul(const df_weight *w, const float *X, int n, float *Y) {
 typedef struct {
     const df_mv_job *jobs;
     int n_jobs, n;
-    int64_t total; /* rows of all jobs (in blocks of 4) */
+    int64_t total; /* rows of all jobs (each rounded up to a block of al rows) */
+    int64_t al;    /* 4 (decode: four-row kernels) or GEMM_MR (prefill panels) */
 } batch_ctx;
 
 static void batch_task(void *p, int tid, int nth) {
     batch_ctx *c = p;
     int64_t b, e;
-    split(c->total, tid, nth, 4, &b, &e);
+    split(c->total, tid, nth, c->al, &b, &e);
     int64_t base = 0;
     for (int j = 0; j < c->n_jobs && base < e; j++) {
         const df_weight *w = c->jobs[j].w;
@@ -355,7 +470,7 @@ static void batch_task(void *p, int tid, int nth) {
                 mm_rows(&m, r0, r1);
             }
         }
-        base += (w->rows + 3) / 4 * 4;
+        base += (w->rows + c->al - 1) / c->al * c->al;
     }
 }
 
@@ -363,9 +478,9 @@ static void batch_task(void *p, int tid, int nth) {
  * threads from 32768 weights up); several: one dispatch over all their rows. */
 void df_cpu_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     if (n_jobs == 1) { matmul(jobs[0].w, DF_CF(jobs[0].x), n, DF_F(jobs[0].y)); return; }
-    batch_ctx c = {jobs, n_jobs, n, 0};
+    batch_ctx c = {jobs, n_jobs, n, 0, n == 1 ? 4 : GEMM_MR};
     int64_t work = 0;
-    for (int j = 0; j < n_jobs; j++) c.total += (jobs[j].w->rows + 3) / 4 * 4, work += jobs[j].w->rows * jobs[j].w->cols;
+    for (int j = 0; j < n_jobs; j++) c.total += (jobs[j].w->rows + c.al - 1) / c.al * c.al, work += jobs[j].w->rows * jobs[j].w->cols;
     if (n == 1 && work < 65536) batch_task(&c, 0, 1);
     else df_pool_run(batch_task, &c);
 }

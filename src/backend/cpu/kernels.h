@@ -34,7 +34,6 @@ float *df_cpu_scratch(int slot, size_t n);
     float df_k_dot_fp8_##isa(const uint8_t *w, const float *x, int64_t n);                                        \
     /* n % 32 == 0 and group % 32 == 0 for the SIMD versions; scales: one f32 per group */                        \
     float df_k_dot_int4_##isa(const uint8_t *packed, const float *scales, int group, const float *x, int64_t n);  \
-    /* Y[t*ldy + r] = sum_k W[r*ldw + k] * X[t*ldx + k], r < nr <= 4, t < nt <= 4 */                              \
     /* row dequantization to f32 (scale applied) */                                                              \
     void df_k_deq_bf16_##isa(const uint16_t *w, float *out, int64_t n);                                           \
     void df_k_deq_f16_##isa(const uint16_t *w, float *out, int64_t n);                                            \
@@ -43,8 +42,19 @@ float *df_cpu_scratch(int slot, size_t n);
      * sums each group of 32 products, then adds group sum x scale (as INT4). */                                  \
     float df_k_dot_mxfp4_##isa(const uint8_t *packed, const uint8_t *scales, const float *x, int64_t n);          \
     void df_k_deq_mxfp4_##isa(const uint8_t *packed, const uint8_t *scales, float *out, int64_t n);               \
-    void df_k_tile_f32_##isa(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n, \
-                             float *Y, int64_t ldy);                                                       \
+    /* Prefill GEMM (cpu.c mm_rows). pack16: P[k*16 + i] = src[i*ld + k] for i < nr, 0 for nr <= i < 16,      \
+     * k < kc (a panel of 16 rows, k-major). gemm16: Y[t*ldy + i] = fma-chain over k < kc of P[k*16 + i] *      \
+     * X[t*ldx + k], starting from Y[t*ldy + i] when acc, else from 0, for i < nr <= 16, t < nt <= 6. Every     \
+     * output is ONE chain of fused multiply-adds in the order of k, so the result does not depend on the ISA,  \
+     * on how rows, tokens or K are blocked, or on the thread count (scalar: fmaf, bit-identical to SIMD).      \
+     * P is 32-byte aligned (aligned loads in the SIMD kernels). */                                              \
+    void df_k_pack16_##isa(const float *src, int64_t ld, int nr, int64_t kc, float *P);                          \
+    void df_k_gemm16_##isa(const float *P, int64_t kc, const float *X, int64_t ldx, int nt, float *Y, int64_t ldy, \
+                           int nr, int acc);                                                                      \
+    /* two full panels at once (P, and P + pstride for rows 16..31 of Y), nt <= 3: 4 nt FMA chains in flight    \
+     * where one panel would have 2 nt; the same bits as two gemm16 calls */                                     \
+    void df_k_gemm32_##isa(const float *P, int64_t pstride, int64_t kc, const float *X, int64_t ldx, int nt,       \
+                           float *Y, int64_t ldy, int acc);                                                       \
     /* y += a x */                                                                                                \
     void df_k_axpy_##isa(float *y, float a, const float *x, int64_t n);                                           \
     /* Four rows at once (row k at w + k*ld elements) against one x: out[k] = W[k,:] . x. The rows share every    \
@@ -52,6 +62,13 @@ float *df_cpu_scratch(int slot, size_t n);
     void df_k_dot4_f32_##isa(const float *w, int64_t ld, const float *x, int64_t n, float *out);                  \
     void df_k_dot4_bf16_##isa(const uint16_t *w, int64_t ld, const float *x, int64_t n, float *out);              \
     void df_k_dot4_f16_##isa(const uint16_t *w, int64_t ld, const float *x, int64_t n, float *out);               \
+    /* BF16 decode with x prepared once per product (bf16x_prep: xp[n] in the ISA's order; AVX2: per 16        \
+     * elements the 8 even then the 8 odd ones), so that one wide load of weights gives f32 vectors by a shift  \
+     * (even elements) and an and (odd ones), no widening: dotp(w, x, xp, n) = dot4p's out[k] = W[k,:] . x       \
+     * (x itself for the tail). Scalar / AVX-512: xp is a copy of x and the plain kernels run. */                \
+    void df_k_bf16x_prep_##isa(const float *x, float *xp, int64_t n);                                             \
+    float df_k_dot_bf16p_##isa(const uint16_t *w, const float *x, const float *xp, int64_t n);                    \
+    void df_k_dot4_bf16p_##isa(const uint16_t *w, int64_t ld, const float *x, const float *xp, int64_t n, float *out); \
     /* FP8 with column-block scales: sc[k][b] scales columns [b*blk, (b+1)*blk) of row k; SIMD versions need      \
      * n % 32 == 0 and blk % 32 == 0 */                                                                           \
     void df_k_dot4_fp8s_##isa(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk,                   \

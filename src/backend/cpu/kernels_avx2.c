@@ -2,6 +2,7 @@
  * AVX-512 file, 8 lanes). Tails fall back to scalar code. */
 #include "backend/cpu/kernels.h"
 #include <immintrin.h>
+#include <string.h>
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -79,12 +80,27 @@ static inline __m256 fp8x8(const uint8_t *p) {
     return _mm256_cvtph_ps(h);
 }
 
+/* 16 E4M3 bytes -> their f16 bits / 256 in 16-bit lanes: sign-extend to 16
+ * bits, shift left 7 (exponent and mantissa land in the f16 fields, the sign
+ * in bit 15), clear the copy of the sign in bit 14: three integer ops per 16
+ * weights instead of six per 8 (fp8x8); the same bits as fp8x8. Normal and
+ * subnormal values are exact (the value times 2^-8); E4M3FN's NaN code
+ * (S.1111.111) is not special-cased here, as in fp8x8: it reads as +-480
+ * where the scalar table gives NaN (checkpoints hold no NaN weights). */
+static inline __m256i fp8x16_h(const uint8_t *p) {
+    __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_slli_epi16(v, 7), _mm256_set1_epi16((short)0xbfff));
+}
+#define F16LO(h) _mm256_cvtph_ps(_mm256_castsi256_si128(h))
+#define F16HI(h) _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))
+
 float df_k_dot_fp8_avx2(const uint8_t *w, const float *x, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_fmadd_ps(fp8x8(w + i), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(fp8x8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        const __m256i h = fp8x16_h(w + i);
+        a0 = _mm256_fmadd_ps(F16LO(h), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(F16HI(h), _mm256_loadu_ps(x + i + 8), a1);
     }
     for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(fp8x8(w + i), _mm256_loadu_ps(x + i), a0);
     float s = hsum8(_mm256_add_ps(a0, a1)) * 256.0f;
@@ -110,29 +126,142 @@ float df_k_dot_int4_avx2(const uint8_t *p, const float *scales, int group, const
     return hsum8(acc);
 }
 
-void df_k_tile_f32_avx2(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n,
-                        float *Y, int64_t ldy) {
-    if (nr != 4 || nt != 4 || n % 8) {
-        for (int t = 0; t < nt; t++)
-            for (int r = 0; r < nr; r++) Y[t * ldy + r] = df_k_dot_f32_avx2(W + r * ldw, X + t * ldx, n);
+/* ---- prefill GEMM ------------------------------------------------------ */
+/* 8 rows x 8 columns: out[j] = column j (element i = row i) */
+static inline void tr8x8(__m256 r[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20), r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20), r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31), r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31), r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+void df_k_pack16_avx2(const float *src, int64_t ld, int nr, int64_t kc, float *P) {
+    if (nr != 16) { df_k_pack16_scalar(src, ld, nr, kc, P); return; }
+    int64_t k = 0;
+    for (; k + 8 <= kc; k += 8)
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (h * 8 + i) * ld + k);
+            tr8x8(r);
+            for (int j = 0; j < 8; j++) _mm256_storeu_ps(P + (k + j) * 16 + h * 8, r[j]);
+        }
+    for (; k < kc; k++)
+        for (int i = 0; i < 16; i++) P[k * 16 + i] = src[i * ld + k];
+}
+
+/* 16 rows (two vectors of W per k, from the packed panel) x NT tokens (one
+ * broadcast of x each): 2*NT accumulators, at NT = 6 twelve of the 16 ymm
+ * registers, 12 FMAs per 2 loads of W and 6 broadcasts. */
+#define G_STEP(T)                                                                                                 \
+    if (T < nt_) {                                                                                                 \
+        const __m256 xb = _mm256_broadcast_ss(x##T + k);                                                          \
+        a##T = _mm256_fmadd_ps(w0, xb, a##T);                                                                     \
+        b##T = _mm256_fmadd_ps(w1, xb, b##T);                                                                     \
+    }
+#define G_LOAD(T)                                                                                                 \
+    if (T < nt_) {                                                                                                 \
+        a##T = acc ? _mm256_loadu_ps(Y + T * ldy) : _mm256_setzero_ps();                                         \
+        b##T = acc ? _mm256_loadu_ps(Y + T * ldy + 8) : _mm256_setzero_ps();                                     \
+    }
+#define G_STORE(T)                                                                                                \
+    if (T < nt_) { _mm256_storeu_ps(Y + T * ldy, a##T); _mm256_storeu_ps(Y + T * ldy + 8, b##T); }
+#define GEMM16_NT(NT)                                                                                             \
+    static void gemm16_##NT(const float *P, int64_t kc, const float *X, int64_t ldx, float *Y, int64_t ldy, int acc) { \
+        enum { nt_ = NT };                                                                                        \
+        const float *x0 = X, *x1 = 1 < NT ? X + ldx : X, *x2 = 2 < NT ? X + 2 * ldx : X;                          \
+        const float *x3 = 3 < NT ? X + 3 * ldx : X, *x4 = 4 < NT ? X + 4 * ldx : X, *x5 = 5 < NT ? X + 5 * ldx : X; \
+        __m256 a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5;                                                    \
+        a0 = a1 = a2 = a3 = a4 = a5 = b0 = b1 = b2 = b3 = b4 = b5 = _mm256_setzero_ps();                          \
+        G_LOAD(0) G_LOAD(1) G_LOAD(2) G_LOAD(3) G_LOAD(4) G_LOAD(5)                                               \
+        for (int64_t k = 0; k < kc; k++, P += 16) {                                                               \
+            const __m256 w0 = _mm256_load_ps(P), w1 = _mm256_load_ps(P + 8);                                      \
+            G_STEP(0) G_STEP(1) G_STEP(2) G_STEP(3) G_STEP(4) G_STEP(5)                                           \
+        }                                                                                                         \
+        G_STORE(0) G_STORE(1) G_STORE(2) G_STORE(3) G_STORE(4) G_STORE(5)                                         \
+        (void)x1, (void)x2, (void)x3, (void)x4, (void)x5;                                                         \
+    }
+GEMM16_NT(1)
+GEMM16_NT(2)
+GEMM16_NT(3)
+GEMM16_NT(4)
+GEMM16_NT(5)
+GEMM16_NT(6)
+
+/* 32 rows (two panels) x NT <= 3 tokens: 4 NT accumulators */
+#define H_STEP(T)                                                                                                 \
+    if (T < nt_) {                                                                                                \
+        const __m256 xb = _mm256_broadcast_ss(x##T + k);                                                          \
+        a##T = _mm256_fmadd_ps(w0, xb, a##T);                                                                     \
+        b##T = _mm256_fmadd_ps(w1, xb, b##T);                                                                     \
+        c##T = _mm256_fmadd_ps(w2, xb, c##T);                                                                     \
+        d##T = _mm256_fmadd_ps(w3, xb, d##T);                                                                     \
+    }
+#define H_LOAD(T)                                                                                                 \
+    if (T < nt_) {                                                                                                \
+        a##T = acc ? _mm256_loadu_ps(Y + T * ldy) : _mm256_setzero_ps();                                         \
+        b##T = acc ? _mm256_loadu_ps(Y + T * ldy + 8) : _mm256_setzero_ps();                                     \
+        c##T = acc ? _mm256_loadu_ps(Y + T * ldy + 16) : _mm256_setzero_ps();                                    \
+        d##T = acc ? _mm256_loadu_ps(Y + T * ldy + 24) : _mm256_setzero_ps();                                    \
+    }
+#define H_STORE(T)                                                                                                \
+    if (T < nt_) {                                                                                                \
+        _mm256_storeu_ps(Y + T * ldy, a##T), _mm256_storeu_ps(Y + T * ldy + 8, b##T);                             \
+        _mm256_storeu_ps(Y + T * ldy + 16, c##T), _mm256_storeu_ps(Y + T * ldy + 24, d##T);                       \
+    }
+#define GEMM32_NT(NT)                                                                                             \
+    static void gemm32_##NT(const float *P, int64_t ps, int64_t kc, const float *X, int64_t ldx, float *Y,        \
+                            int64_t ldy, int acc) {                                                               \
+        enum { nt_ = NT };                                                                                        \
+        const float *x0 = X, *x1 = 1 < NT ? X + ldx : X, *x2 = 2 < NT ? X + 2 * ldx : X;                          \
+        const float *Q = P + ps;                                                                                  \
+        __m256 a0, a1, a2, b0, b1, b2, c0, c1, c2, d0, d1, d2;                                                    \
+        a0 = a1 = a2 = b0 = b1 = b2 = c0 = c1 = c2 = d0 = d1 = d2 = _mm256_setzero_ps();                          \
+        H_LOAD(0) H_LOAD(1) H_LOAD(2)                                                                             \
+        for (int64_t k = 0; k < kc; k++, P += 16, Q += 16) {                                                      \
+            const __m256 w0 = _mm256_load_ps(P), w1 = _mm256_load_ps(P + 8);                                     \
+            const __m256 w2 = _mm256_load_ps(Q), w3 = _mm256_load_ps(Q + 8);                                     \
+            H_STEP(0) H_STEP(1) H_STEP(2)                                                                         \
+        }                                                                                                         \
+        H_STORE(0) H_STORE(1) H_STORE(2)                                                                          \
+        (void)x1, (void)x2;                                                                                       \
+    }
+GEMM32_NT(1)
+GEMM32_NT(2)
+GEMM32_NT(3)
+
+void df_k_gemm32_avx2(const float *P, int64_t pstride, int64_t kc, const float *X, int64_t ldx, int nt, float *Y,
+                      int64_t ldy, int acc) {
+    static void (*const fn[4])(const float *, int64_t, int64_t, const float *, int64_t, float *, int64_t, int) = {
+        NULL, gemm32_1, gemm32_2, gemm32_3};
+    if (nt < 1) return;
+    if (nt > 3) {
+        df_k_gemm16_avx2(P, kc, X, ldx, nt, Y, ldy, 16, acc);
+        df_k_gemm16_avx2(P + pstride, kc, X, ldx, nt, Y + 16, ldy, 16, acc);
         return;
     }
-    __m256 acc[4][4];
-    for (int r = 0; r < 4; r++)
-        for (int t = 0; t < 4; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < n; k += 8) {
-        __m256 w0 = _mm256_loadu_ps(W + k), w1 = _mm256_loadu_ps(W + ldw + k);
-        __m256 w2 = _mm256_loadu_ps(W + 2 * ldw + k), w3 = _mm256_loadu_ps(W + 3 * ldw + k);
-        for (int t = 0; t < 4; t++) {
-            __m256 xv = _mm256_loadu_ps(X + t * ldx + k);
-            acc[0][t] = _mm256_fmadd_ps(w0, xv, acc[0][t]);
-            acc[1][t] = _mm256_fmadd_ps(w1, xv, acc[1][t]);
-            acc[2][t] = _mm256_fmadd_ps(w2, xv, acc[2][t]);
-            acc[3][t] = _mm256_fmadd_ps(w3, xv, acc[3][t]);
-        }
-    }
-    for (int t = 0; t < 4; t++)
-        for (int r = 0; r < 4; r++) Y[t * ldy + r] = hsum8(acc[r][t]);
+    fn[nt](P, pstride, kc, X, ldx, Y, ldy, acc);
+}
+
+/* P must be 32-byte aligned (the driver's packed panels are) */
+void df_k_gemm16_avx2(const float *P, int64_t kc, const float *X, int64_t ldx, int nt, float *Y, int64_t ldy,
+                      int nr, int acc) {
+    static void (*const fn[7])(const float *, int64_t, const float *, int64_t, float *, int64_t, int) = {
+        NULL, gemm16_1, gemm16_2, gemm16_3, gemm16_4, gemm16_5, gemm16_6};
+    if (nt < 1) return;
+    if (nr == 16) { fn[nt](P, kc, X, ldx, Y, ldy, acc); return; }
+    float tmp[6 * 16];
+    if (acc)
+        for (int t = 0; t < nt; t++) memcpy(tmp + t * 16, Y + t * ldy, (size_t)nr * sizeof(float));
+    fn[nt](P, kc, X, ldx, tmp, 16, acc);
+    for (int t = 0; t < nt; t++) memcpy(Y + t * ldy, tmp + t * 16, (size_t)nr * sizeof(float));
 }
 
 void df_k_deq_bf16_avx2(const uint16_t *w, float *out, int64_t n) {
@@ -148,6 +277,11 @@ void df_k_deq_f16_avx2(const uint16_t *w, float *out, int64_t n) {
 void df_k_deq_fp8_avx2(const uint8_t *w, float scale, float *out, int64_t n) {
     const __m256 s = _mm256_set1_ps(scale * 256.0f);
     int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256i h = fp8x16_h(w + i);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(F16LO(h), s));
+        _mm256_storeu_ps(out + i + 8, _mm256_mul_ps(F16HI(h), s));
+    }
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(fp8x8(w + i), s));
     for (; i < n; i++) out[i] = df_fp8_lut[w[i]] * scale;
 }
@@ -184,17 +318,80 @@ DOT4_8(df_k_dot4_f32_avx2, float, f32x8, id_f32)
 DOT4_8(df_k_dot4_bf16_avx2, uint16_t, bf16x8, df_bf16_to_f32)
 DOT4_8(df_k_dot4_f16_avx2, uint16_t, f16x8, df_f16_to_f32)
 
+/* ---- BF16 decode with prepared x -------------------------------------- */
+/* xp per 16 elements: x[0], x[2], ..., x[14], then x[1], x[3], ..., x[15]. A
+ * 256-bit load of 16 BF16 weights holds w[2j] in the low and w[2j+1] in the
+ * high half of 32-bit lane j: a shift left 16 gives the even weights as f32,
+ * an and with 0xffff0000 the odd ones, in xp's order. */
+void df_k_bf16x_prep_avx2(const float *x, float *xp, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        /* per 128-bit half: a0 a2 b0 b2 | a4 a6 b4 b6 -> a0 a2 a4 a6 b0 b2 b4 b6 */
+        const __m256 ev = _mm256_shuffle_ps(a, b, 0x88), od = _mm256_shuffle_ps(a, b, 0xDD);
+        _mm256_storeu_ps(xp + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8)));
+        _mm256_storeu_ps(xp + i + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xD8)));
+    }
+    for (; i < n; i++) xp[i] = x[i];
+}
+#define BF_EV(v) _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
+#define BF_OD(v) _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)))
+float df_k_dot_bf16p_avx2(const uint16_t *w, const float *x, const float *xp, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(w + i)), v1 = _mm256_loadu_si256((const __m256i *)(w + i + 16));
+        a0 = _mm256_fmadd_ps(BF_EV(v0), _mm256_loadu_ps(xp + i), a0);
+        a1 = _mm256_fmadd_ps(BF_OD(v0), _mm256_loadu_ps(xp + i + 8), a1);
+        a2 = _mm256_fmadd_ps(BF_EV(v1), _mm256_loadu_ps(xp + i + 16), a2);
+        a3 = _mm256_fmadd_ps(BF_OD(v1), _mm256_loadu_ps(xp + i + 24), a3);
+    }
+    for (; i + 16 <= n; i += 16) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(w + i));
+        a0 = _mm256_fmadd_ps(BF_EV(v), _mm256_loadu_ps(xp + i), a0);
+        a1 = _mm256_fmadd_ps(BF_OD(v), _mm256_loadu_ps(xp + i + 8), a1);
+    }
+    float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) s += df_bf16_to_f32(w[i]) * x[i];
+    return s;
+}
+void df_k_dot4_bf16p_avx2(const uint16_t *w, int64_t ld, const float *x, const float *xp, int64_t n, float *out) {
+    __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 xe = _mm256_loadu_ps(xp + i), xo = _mm256_loadu_ps(xp + i + 8);
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(w + i)), v1 = _mm256_loadu_si256((const __m256i *)(w + ld + i));
+        const __m256i v2 = _mm256_loadu_si256((const __m256i *)(w + 2 * ld + i)), v3 = _mm256_loadu_si256((const __m256i *)(w + 3 * ld + i));
+        e0 = _mm256_fmadd_ps(BF_EV(v0), xe, e0), o0 = _mm256_fmadd_ps(BF_OD(v0), xo, o0);
+        e1 = _mm256_fmadd_ps(BF_EV(v1), xe, e1), o1 = _mm256_fmadd_ps(BF_OD(v1), xo, o1);
+        e2 = _mm256_fmadd_ps(BF_EV(v2), xe, e2), o2 = _mm256_fmadd_ps(BF_OD(v2), xo, o2);
+        e3 = _mm256_fmadd_ps(BF_EV(v3), xe, e3), o3 = _mm256_fmadd_ps(BF_OD(v3), xo, o3);
+    }
+    out[0] = hsum8(_mm256_add_ps(e0, o0)), out[1] = hsum8(_mm256_add_ps(e1, o1));
+    out[2] = hsum8(_mm256_add_ps(e2, o2)), out[3] = hsum8(_mm256_add_ps(e3, o3));
+    for (; i < n; i++)
+        for (int k = 0; k < 4; k++) out[k] += df_bf16_to_f32(w[k * ld + i]) * x[i];
+}
+
 void df_k_dot4_fp8s_avx2(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk, const float *const *sc,
                          float *out) {
     __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) {
         const int64_t c1 = n - c0 < blk ? n : c0 + blk;
-        __m256 t[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int64_t i = c0; i < c1; i += 8) {
-            __m256 xv = _mm256_loadu_ps(x + i);
-            for (int k = 0; k < 4; k++) t[k] = _mm256_fmadd_ps(fp8x8(w + k * ld + i), xv, t[k]);
+        __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0, u0 = t0, u1 = t0, u2 = t0, u3 = t0;
+        for (int64_t i = c0; i < c1; i += 16) {
+            const __m256 xl = _mm256_loadu_ps(x + i), xh = _mm256_loadu_ps(x + i + 8);
+            const __m256i h0 = fp8x16_h(w + i), h1 = fp8x16_h(w + ld + i), h2 = fp8x16_h(w + 2 * ld + i),
+                          h3 = fp8x16_h(w + 3 * ld + i);
+            t0 = _mm256_fmadd_ps(F16LO(h0), xl, t0), u0 = _mm256_fmadd_ps(F16HI(h0), xh, u0);
+            t1 = _mm256_fmadd_ps(F16LO(h1), xl, t1), u1 = _mm256_fmadd_ps(F16HI(h1), xh, u1);
+            t2 = _mm256_fmadd_ps(F16LO(h2), xl, t2), u2 = _mm256_fmadd_ps(F16HI(h2), xh, u2);
+            t3 = _mm256_fmadd_ps(F16LO(h3), xl, t3), u3 = _mm256_fmadd_ps(F16HI(h3), xh, u3);
         }
-        for (int k = 0; k < 4; k++) a[k] = _mm256_fmadd_ps(t[k], _mm256_set1_ps(sc[k][b]), a[k]);
+        a[0] = _mm256_fmadd_ps(_mm256_add_ps(t0, u0), _mm256_set1_ps(sc[0][b]), a[0]);
+        a[1] = _mm256_fmadd_ps(_mm256_add_ps(t1, u1), _mm256_set1_ps(sc[1][b]), a[1]);
+        a[2] = _mm256_fmadd_ps(_mm256_add_ps(t2, u2), _mm256_set1_ps(sc[2][b]), a[2]);
+        a[3] = _mm256_fmadd_ps(_mm256_add_ps(t3, u3), _mm256_set1_ps(sc[3][b]), a[3]);
     }
     for (int k = 0; k < 4; k++) out[k] = hsum8(a[k]) * 256.0f;
 }

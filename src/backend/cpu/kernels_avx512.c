@@ -5,6 +5,7 @@
  * and subnormals), INT4 nibbles by integer unpacking. */
 #include "backend/cpu/kernels.h"
 #include <immintrin.h>
+#include <string.h>
 
 static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
@@ -219,39 +220,29 @@ float df_k_dot_int4_avx512(const uint8_t *p, const float *scales, int group, con
     return hsum(acc);
 }
 
-void df_k_tile_f32_avx512(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n,
-                          float *Y, int64_t ldy) {
-    if (nr != 4 || nt != 4) {
-        for (int t = 0; t < nt; t++)
-            for (int r = 0; r < nr; r++) Y[t * ldy + r] = df_k_dot_f32_avx512(W + r * ldw, X + t * ldx, n);
-        return;
-    }
-    __m512 acc[4][4];
-    for (int r = 0; r < 4; r++)
-        for (int t = 0; t < 4; t++) acc[r][t] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m512 w0 = _mm512_loadu_ps(W + k), w1 = _mm512_loadu_ps(W + ldw + k);
-        __m512 w2 = _mm512_loadu_ps(W + 2 * ldw + k), w3 = _mm512_loadu_ps(W + 3 * ldw + k);
-        for (int t = 0; t < 4; t++) {
-            __m512 xv = _mm512_loadu_ps(X + t * ldx + k);
-            acc[0][t] = _mm512_fmadd_ps(w0, xv, acc[0][t]);
-            acc[1][t] = _mm512_fmadd_ps(w1, xv, acc[1][t]);
-            acc[2][t] = _mm512_fmadd_ps(w2, xv, acc[2][t]);
-            acc[3][t] = _mm512_fmadd_ps(w3, xv, acc[3][t]);
-        }
-    }
-    if (k < n) {
-        __mmask16 m = (__mmask16)((1u << (n - k)) - 1);
-        __m512 w[4];
-        for (int r = 0; r < 4; r++) w[r] = _mm512_maskz_loadu_ps(m, W + r * ldw + k);
-        for (int t = 0; t < 4; t++) {
-            __m512 xv = _mm512_maskz_loadu_ps(m, X + t * ldx + k);
-            for (int r = 0; r < 4; r++) acc[r][t] = _mm512_fmadd_ps(w[r], xv, acc[r][t]);
-        }
-    }
-    for (int t = 0; t < 4; t++)
-        for (int r = 0; r < 4; r++) Y[t * ldy + r] = hsum(acc[r][t]);
+/* BF16 decode: the AVX-512 kernels widen with one vpmovzxwd per 16; the
+ * prepared-x entry points use them as they are (xp = x). */
+void df_k_bf16x_prep_avx512(const float *x, float *xp, int64_t n) { memcpy(xp, x, (size_t)n * sizeof(float)); }
+float df_k_dot_bf16p_avx512(const uint16_t *w, const float *x, const float *xp, int64_t n) {
+    (void)xp;
+    return df_k_dot_bf16_avx512(w, x, n);
+}
+void df_k_dot4_bf16p_avx512(const uint16_t *w, int64_t ld, const float *x, const float *xp, int64_t n, float *out) {
+    (void)xp;
+    df_k_dot4_bf16_avx512(w, ld, x, n, out);
+}
+
+/* The prefill GEMM uses the AVX2 micro-kernel (every AVX-512 CPU has AVX2 +
+ * FMA): a 512-bit one (16 rows x 12 tokens) is left for a machine where it
+ * can be measured and tested. Same bits either way (kernels.h). */
+void df_k_pack16_avx512(const float *src, int64_t ld, int nr, int64_t kc, float *P) { df_k_pack16_avx2(src, ld, nr, kc, P); }
+void df_k_gemm16_avx512(const float *P, int64_t kc, const float *X, int64_t ldx, int nt, float *Y, int64_t ldy,
+                        int nr, int acc) {
+    df_k_gemm16_avx2(P, kc, X, ldx, nt, Y, ldy, nr, acc);
+}
+void df_k_gemm32_avx512(const float *P, int64_t pstride, int64_t kc, const float *X, int64_t ldx, int nt, float *Y,
+                        int64_t ldy, int acc) {
+    df_k_gemm32_avx2(P, pstride, kc, X, ldx, nt, Y, ldy, acc);
 }
 
 void df_k_deq_bf16_avx512(const uint16_t *w, float *out, int64_t n) {

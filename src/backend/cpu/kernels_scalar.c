@@ -66,10 +66,26 @@ float df_k_dot_int4_scalar(const uint8_t *p, const float *scales, int group, con
     }
     return s;
 }
-void df_k_tile_f32_scalar(const float *W, int64_t ldw, int nr, const float *X, int64_t ldx, int nt, int64_t n,
-                          float *Y, int64_t ldy) {
+void df_k_pack16_scalar(const float *src, int64_t ld, int nr, int64_t kc, float *P) {
+    for (int64_t k = 0; k < kc; k++)
+        for (int i = 0; i < 16; i++) P[k * 16 + i] = i < nr ? src[i * ld + k] : 0.0f;
+}
+/* fmaf: the same single rounding per step as the SIMD kernels' FMA, so every
+ * ISA gives the same bits (glibc picks the FMA instruction where there is one) */
+void df_k_gemm16_scalar(const float *P, int64_t kc, const float *X, int64_t ldx, int nt, float *Y, int64_t ldy,
+                        int nr, int acc) {
     for (int t = 0; t < nt; t++)
-        for (int r = 0; r < nr; r++) Y[t * ldy + r] = df_k_dot_f32_scalar(W + r * ldw, X + t * ldx, n);
+        for (int i = 0; i < nr; i++) {
+            float s = acc ? Y[t * ldy + i] : 0.0f;
+            for (int64_t k = 0; k < kc; k++) s = fmaf(P[k * 16 + i], X[t * ldx + k], s);
+            Y[t * ldy + i] = s;
+        }
+}
+
+void df_k_gemm32_scalar(const float *P, int64_t pstride, int64_t kc, const float *X, int64_t ldx, int nt, float *Y,
+                        int64_t ldy, int acc) {
+    df_k_gemm16_scalar(P, kc, X, ldx, nt, Y, ldy, 16, acc);
+    df_k_gemm16_scalar(P + pstride, kc, X, ldx, nt, Y + 16, ldy, 16, acc);
 }
 
 void df_k_deq_bf16_scalar(const uint16_t *w, float *out, int64_t n) {
@@ -93,6 +109,15 @@ void df_k_dot4_bf16_scalar(const uint16_t *w, int64_t ld, const float *x, int64_
 }
 void df_k_dot4_f16_scalar(const uint16_t *w, int64_t ld, const float *x, int64_t n, float *out) {
     for (int k = 0; k < 4; k++) out[k] = df_k_dot_f16_scalar(w + k * ld, x, n);
+}
+void df_k_bf16x_prep_scalar(const float *x, float *xp, int64_t n) { memcpy(xp, x, (size_t)n * sizeof(float)); }
+float df_k_dot_bf16p_scalar(const uint16_t *w, const float *x, const float *xp, int64_t n) {
+    (void)xp;
+    return df_k_dot_bf16_scalar(w, x, n);
+}
+void df_k_dot4_bf16p_scalar(const uint16_t *w, int64_t ld, const float *x, const float *xp, int64_t n, float *out) {
+    (void)xp;
+    df_k_dot4_bf16_scalar(w, ld, x, n, out);
 }
 void df_k_dot4_fp8s_scalar(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk, const float *const *sc,
                            float *out) {

@@ -1,0 +1,261 @@
+/* kernel_bench.c - the CPU backend's products against the floors measured in
+ * the same run (docs/PERFORMANCE.md, issue 17):
+ *
+ *  - floors: memory read GB/s (every thread streams its own slice of a
+ *    512 MiB buffer with the ISA's plain loads, best of 4) and peak f32 FMA
+ *    GFLOP/s (12 register-resident FMA chains per thread, best of 3), on
+ *    all threads of the pool;
+ *  - decode: GB/s of weights read by df_cpu_matmul_batch with n = 1 (the
+ *    decode product) per format and row length, matrices of ~256 MiB (far
+ *    past the L3), best of --reps; % of the read floor;
+ *  - prefill: GFLOP/s (2 x rows x cols x n) of the same call with n tokens
+ *    per format and batch size, best of --reps; % of the FMA peak.
+ *
+ * Usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill] [--isa scalar|avx2|avx512]
+ * Prints one JSON object. Not a timed test: numbers swing with load. */
+#include "backend/cpu/cpu.h"
+#include "backend/cpu/kernels.h"
+#include "backend/ggml_quant.h"
+#include "util/util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* ---- floors -------------------------------------------------------------- */
+typedef struct { const float *buf; size_t slice; double *sink; } rd_ctx;
+
+__attribute__((target("avx2,fma"))) static float sum256(const float *p, size_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i)), a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16)), a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+        a4 = _mm256_add_ps(a4, _mm256_load_ps(p + i + 32)), a5 = _mm256_add_ps(a5, _mm256_load_ps(p + i + 40));
+        a6 = _mm256_add_ps(a6, _mm256_load_ps(p + i + 48)), a7 = _mm256_add_ps(a7, _mm256_load_ps(p + i + 56));
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    float t[8];
+    _mm256_storeu_ps(t, s);
+    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+static void rd_task(void *p, int tid, int nth) {
+    rd_ctx *c = p;
+    (void)nth;
+    const float *s = c->buf + c->slice * (size_t)tid;
+    float v = 0;
+    if (df_isa() >= DF_ISA_AVX2) v = sum256(s, c->slice);
+    else
+        for (size_t i = 0; i < c->slice; i++) v += s[i];
+    c->sink[tid] = v;
+}
+
+typedef struct { long iters; double *sink; } fma_ctx;
+__attribute__((target("avx2,fma"))) static void fma_task(void *p, int tid, int nth) {
+    fma_ctx *c = p;
+    (void)nth;
+    __m256 m = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2), a3 = _mm256_set1_ps(3),
+           a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5), a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7),
+           a8 = _mm256_set1_ps(8), a9 = _mm256_set1_ps(9), a10 = _mm256_set1_ps(10), a11 = _mm256_set1_ps(11);
+    for (long it = 0; it < c->iters; it++) {
+        a0 = _mm256_fmadd_ps(a0, m, b), a1 = _mm256_fmadd_ps(a1, m, b), a2 = _mm256_fmadd_ps(a2, m, b);
+        a3 = _mm256_fmadd_ps(a3, m, b), a4 = _mm256_fmadd_ps(a4, m, b), a5 = _mm256_fmadd_ps(a5, m, b);
+        a6 = _mm256_fmadd_ps(a6, m, b), a7 = _mm256_fmadd_ps(a7, m, b), a8 = _mm256_fmadd_ps(a8, m, b);
+        a9 = _mm256_fmadd_ps(a9, m, b), a10 = _mm256_fmadd_ps(a10, m, b), a11 = _mm256_fmadd_ps(a11, m, b);
+        __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5)); /* no folding */
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+    float t[8];
+    _mm256_storeu_ps(t, s);
+    c->sink[tid] = t[0] + t[7];
+}
+
+/* ---- weights --------------------------------------------------------------- */
+typedef struct { const char *name; int fmt, gtype; } fmt_def;
+static const fmt_def FMTS[] = {{"f32", DF_W_F32, 0}, {"bf16", DF_W_BF16, 0}, {"f16", DF_W_F16, 0}, {"fp8", DF_W_FP8, 0},
+                               {"q8_0", DF_W_GGML, 8}, {"q4_1", DF_W_GGML, 3}, {"q4_k", DF_W_GGML, 12}};
+#define NFMT (int)(sizeof FMTS / sizeof *FMTS)
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (uint32_t)rs; }
+
+/* A rows x cols weight of format f with random, finite contents (FP8: 128x128
+ * f32 block scales, as DeepSeek-V3). Returns 0, or -1 when cols does not fit
+ * the format's blocks. */
+static int make_weight(df_weight *w, const fmt_def *f, int64_t rows, int64_t cols) {
+    memset(w, 0, sizeof *w);
+    w->fmt = f->fmt, w->rows = rows, w->cols = cols;
+    size_t rb, sb = 0;
+    switch (f->fmt) {
+    case DF_W_F32: rb = (size_t)cols * 4; break;
+    case DF_W_BF16: case DF_W_F16: rb = (size_t)cols * 2; break;
+    case DF_W_FP8:
+        rb = (size_t)cols, w->blk_r = 128, w->blk_c = 128, w->scale_cols = (cols + 127) / 128;
+        sb = (size_t)((rows + 127) / 128 * w->scale_cols) * 4;
+        break;
+    default:
+        if (cols % df_ggml_traits_of(f->gtype)->block_elems) return -1;
+        w->ggml_type = f->gtype, rb = (size_t)df_ggml_row_bytes(f->gtype, cols);
+    }
+    w->row_bytes = rb;
+    uint8_t *d = df_aligned_alloc(rb * (size_t)rows);
+    madvise(d, rb * (size_t)rows, MADV_HUGEPAGE);
+    uint32_t *d32 = (uint32_t *)(void *)d;
+    for (size_t i = 0; i < rb * (size_t)rows / 4; i++) d32[i] = rnd() & 0x3b7f3b7fu; /* finite in every format */
+    if (f->fmt == DF_W_F32)
+        for (size_t i = 0; i < (size_t)(rows * cols); i++) ((float *)(void *)d)[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
+    w->data = d;
+    if (sb) {
+        float *s = df_xmalloc(sb);
+        for (size_t i = 0; i < sb / 4; i++) s[i] = 1e-3f * (float)(1 + rnd() % 100);
+        w->scale = s, w->scale_dtype = DF_SCALE_F32;
+    }
+    return 0;
+}
+static void free_weight(df_weight *w) { free((void *)w->data), free((void *)w->scale); }
+
+/* --cpu-time: seconds of CPU of the process divided by the threads instead
+ * of wall-clock seconds: on a machine shared with other work, compute-bound
+ * numbers then mean something (memory-bound ones still move with the load;
+ * the pool's waiting threads spin, so use it with --threads 1). */
+static int g_cpu_time;
+static double now(void) {
+    if (!g_cpu_time) return df_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ((double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec) / df_pool_size();
+}
+
+/* Seconds of one call, best of reps timings of `inner` back-to-back calls. */
+static double time_mm(const df_weight *w, const float *X, int n, float *Y, int reps, int inner) {
+    const df_mv_job j = {w, (const df_act *)(const void *)X, (df_act *)(void *)Y};
+    double best = 1e30;
+    df_cpu_matmul_batch(&j, 1, n); /* warm (scratch, pages) */
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        for (int i = 0; i < inner; i++) df_cpu_matmul_batch(&j, 1, n);
+        double dt = (now() - t0) / inner;
+        if (dt < best) best = dt;
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    int threads = 2, reps = 5, quick = 0, only = 0; /* only: 1 decode, 2 prefill */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--cpu-time")) g_cpu_time = 1;
+        else if (!strcmp(argv[i], "--decode")) only = 1;
+        else if (!strcmp(argv[i], "--prefill")) only = 2;
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            const char *s = argv[++i];
+            df_set_isa(!strcmp(s, "scalar") ? DF_ISA_SCALAR : !strcmp(s, "avx2") ? DF_ISA_AVX2 : DF_ISA_AVX512);
+        } else {
+            fprintf(stderr, "usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill] [--isa scalar|avx2|avx512]\n");
+            return 2;
+        }
+    }
+    if (threads < 1 || reps < 1) { fprintf(stderr, "kernel_bench: expected --threads >= 1 and --reps >= 1\n"); return 2; }
+    df_kernels_init();
+    df_pool_init(threads);
+    const int nth = df_pool_size();
+    double *sink = df_xcalloc((size_t)nth, sizeof(double));
+
+    /* floors */
+    const size_t nbuf = (size_t)1 << 27; /* 512 MiB of floats */
+    float *buf = df_aligned_alloc(nbuf * 4);
+    madvise(buf, nbuf * 4, MADV_HUGEPAGE);
+    for (size_t i = 0; i < nbuf; i++) buf[i] = (float)(i & 1023);
+    rd_ctx rc = {buf, nbuf / (size_t)nth / 64 * 64, sink};
+    double read_gbs = 0;
+    for (int r = 0; r < 4; r++) {
+        double t0 = now();
+        df_pool_run(rd_task, &rc);
+        double g = (double)rc.slice * (size_t)nth * 4 / (now() - t0) / 1e9;
+        if (g > read_gbs) read_gbs = g;
+    }
+    free(buf);
+    double peak = 0;
+    if (df_isa() >= DF_ISA_AVX2)
+        for (int r = 0; r < 3; r++) {
+            fma_ctx fc = {quick ? 5000000 : 20000000, sink};
+            double t0 = now();
+            df_pool_run(fma_task, &fc);
+            double g = (double)fc.iters * 12 * 8 * 2 * nth / (now() - t0) / 1e9;
+            if (g > peak) peak = g;
+        }
+    printf("{\"threads\": %d, \"isa\": \"%s\", \"mem_read_gbs\": %.2f, \"peak_fma_gflops\": %.1f,\n", nth,
+           df_isa_name(df_isa()), read_gbs, peak);
+
+    /* decode: n = 1 */
+    /* l2 = 1: a 256 KiB matrix read again and again from L2: the kernel's
+     * compute ceiling (what it could stream at if memory were free) */
+    static const int64_t dcols[] = {576, 2048, 4096, 7168};
+    printf(" \"decode\": [");
+    int first = 1;
+    for (int l2 = 0; l2 < 2; l2++)
+    for (int f = 0; f < NFMT && only != 2; f++)
+        for (size_t ci = 0; ci < sizeof dcols / sizeof *dcols; ci++) {
+            const double dbytes = l2 ? 256e3 : quick ? 64e6 : 256e6;
+            const int64_t cols = dcols[ci];
+            df_weight w;
+            fmt_def fd = FMTS[f];
+            int64_t rows = 16;
+            if (make_weight(&w, &fd, rows, cols)) continue;
+            rows = (int64_t)(dbytes / (double)w.row_bytes) / 16 * 16;
+            if (rows < 16) rows = 16;
+            free_weight(&w);
+            make_weight(&w, &fd, rows, cols);
+            float *x = df_aligned_alloc((size_t)cols * 4), *y = df_aligned_alloc((size_t)rows * 4);
+            for (int64_t i = 0; i < cols; i++) x[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
+            double dt = time_mm(&w, x, 1, y, reps, l2 ? 2000 : 1);
+            double gbs = (double)w.row_bytes * (double)rows / dt / 1e9;
+            printf("%s\n  {\"fmt\": \"%s\", \"l2\": %d, \"rows\": %lld, \"cols\": %lld, \"gbs\": %.2f, \"pct_floor\": %.1f}", first ? "" : ",",
+                   fd.name, l2, (long long)rows, (long long)cols, gbs, 100 * gbs / read_gbs);
+            fflush(stdout);
+            first = 0;
+            free(x), free(y), free_weight(&w);
+        }
+    printf("],\n");
+
+    /* prefill: n tokens */
+    /* a large square matrix and SmolLM2-135M's FFN shapes (gate/up 1536 x 576, down 576 x 1536) */
+    static const int ns[] = {2, 4, 8, 64, 128, 512};
+    static const int64_t shapes[][2] = {{2048, 2048}, {1536, 576}, {576, 1536}}, qshapes[][2] = {{1024, 1024}, {1536, 576}};
+    printf(" \"prefill\": [");
+    first = 1;
+    const int64_t CMAX = 2048;
+    float *X = df_aligned_alloc((size_t)(512 * CMAX) * 4), *Y = df_aligned_alloc((size_t)(512 * 2048) * 4);
+    for (int64_t i = 0; i < 512 * CMAX; i++) X[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
+    for (int si = 0; si < (quick ? 2 : 3); si++) {
+        const int64_t R = quick ? qshapes[si][0] : shapes[si][0], C = quick ? qshapes[si][1] : shapes[si][1];
+        for (int f = 0; f < NFMT && only != 1; f++) {
+            df_weight w;
+            if (make_weight(&w, &FMTS[f], R, C)) continue;
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                const int n = ns[ni];
+                if (quick && n > 128) continue;
+                double dt = time_mm(&w, X, n, Y, reps, 1), gf = 2.0 * (double)R * (double)C * n / dt / 1e9;
+                printf("%s\n  {\"fmt\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"n\": %d, \"gflops\": %.1f, \"pct_peak\": %.1f}",
+                       first ? "" : ",", FMTS[f].name, (long long)R, (long long)C, n, gf, peak > 0 ? 100 * gf / peak : 0.0);
+                fflush(stdout);
+                first = 0;
+            }
+            free_weight(&w);
+        }
+    }
+    printf("]}\n");
+    free(X), free(Y), free(sink);
+    return 0;
+}
