@@ -24,6 +24,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
 #include "format/safetensors.h"
+#include "hub/hub.h"
 #include "util/util.h"
 #ifdef DF_CUDA
 #include "backend/cuda/cuda.h"
@@ -32,6 +33,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <stdarg.h>
@@ -202,23 +205,33 @@ static int probe_read(const char *path, int64_t *size, char *msg, size_t n) {
     return rc;
 }
 
-static int sha256_hex(const char *path, char hex[65]) {
+/* The hex digest of a file's bytes: sha256, or with git_blob the SHA-1 git
+ * names a blob by (of "blob SIZE\0" + the bytes), as the Hugging Face hub
+ * cache names non-LFS blobs. 0 or -1. */
+static int file_digest(const char *path, int git_blob, char *hex) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
+    struct stat sb;
     EVP_MD_CTX *c = EVP_MD_CTX_new();
-    if (!c) { close(fd); return -1; }
-    EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+    if (!c || fstat(fd, &sb)) { EVP_MD_CTX_free(c); close(fd); return -1; }
+    EVP_DigestInit_ex(c, git_blob ? EVP_sha1() : EVP_sha256(), NULL);
+    if (git_blob) {
+        char hdr[64];
+        int hl = snprintf(hdr, sizeof hdr, "blob %lld", (long long)sb.st_size);
+        EVP_DigestUpdate(c, hdr, (size_t)hl + 1); /* with its NUL */
+    }
     static unsigned char buf[1 << 20];
     ssize_t r;
     while ((r = read(fd, buf, sizeof buf)) > 0) EVP_DigestUpdate(c, buf, (size_t)r);
     close(fd);
     unsigned char md[32];
-    unsigned int l;
+    unsigned int l = 0;
     EVP_DigestFinal_ex(c, md, &l);
     EVP_MD_CTX_free(c);
-    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    for (unsigned i = 0; i < l; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
     return r < 0 ? -1 : 0;
 }
+static int sha256_hex(const char *path, char hex[65]) { return file_digest(path, 0, hex); }
 
 static int parse_hex64(const char *s, uint64_t *v) {
     if (!s || strlen(s) != 16) return -1;
@@ -492,6 +505,83 @@ static void check_hf(doctor *d, const char *dir, const char *area, needs *nd) {
     df_st_close(s);
 }
 
+/* ---- a Hugging Face hub snapshot ----------------------------------------------- */
+
+static int all_hex(const char *s, size_t n) {
+    if (strlen(s) != n) return 0;
+    for (; *s; s++) if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f'))) return 0;
+    return 1;
+}
+
+/* nftw has no user pointer: the snapshot being walked */
+static struct { doctor *d; const char *area, *repo; int n_files, n_bad; } hw;
+
+static int hub_entry(const char *path, const struct stat *sb, int type, struct FTW *f) {
+    (void)sb, (void)f;
+    if (type != FTW_SL && type != FTW_SLN) return 0; /* blobs are reached through the snapshot's links */
+    hw.n_files++;
+    char fix[PATH_MAX + 1024], target[PATH_MAX];
+    if (type == FTW_SLN || !realpath(path, target)) {
+        snprintf(fix, sizeof fix, "deltafin setup --full %s (fetches what is missing)", hw.repo);
+        if (hw.n_bad++ < MAX_SAME) note(hw.d, hw.area, "fail", fix, "%s: its blob is missing (a dangling link)", path);
+        return 0;
+    }
+    if (!hw.d->deep) return 0;
+    const char *name = strrchr(target, '/') ? strrchr(target, '/') + 1 : target;
+    int lfs = all_hex(name, 64), git = all_hex(name, 40);
+    if (!lfs && !git) return 0; /* not a content-named blob: nothing to compare with */
+    char hex[65] = "";
+    if (file_digest(target, git, hex)) {
+        if (hw.n_bad++ < MAX_SAME) note(hw.d, hw.area, "fail", NULL, "%s: blob %s cannot be read: %s", path, target, strerror(errno));
+    } else if (strcmp(hex, name)) {
+        snprintf(fix, sizeof fix, "delete %s, then deltafin setup --full %s", target, hw.repo);
+        if (hw.n_bad++ < MAX_SAME)
+            note(hw.d, hw.area, "fail", fix, "%s: blob %s: %s %s, expected %s (its name): the file is corrupt", path, name,
+                 git ? "git blob sha1" : "sha256", hex, name);
+    }
+    return 0;
+}
+
+/* Every file of the snapshot links to a blob that exists; --deep: each blob's
+ * content hash equals its name (the LFS sha256, or git's blob SHA-1). */
+static void check_hub_blobs(doctor *d, const char *snap, const char *area, const char *repo) {
+    hw.d = d, hw.area = area, hw.repo = repo, hw.n_files = 0, hw.n_bad = 0;
+    if (nftw(snap, hub_entry, 16, FTW_PHYS)) {
+        note(d, area, "fail", NULL, "%s: cannot be walked: %s", snap, strerror(errno));
+        return;
+    }
+    if (!hw.n_bad)
+        note(d, area, "ok", NULL, "hub snapshot %s: %d file(s), every link to an existing blob%s", snap, hw.n_files,
+             d->deep ? ", every blob's hash equals its name" : "");
+    else if (hw.n_bad > MAX_SAME)
+        note(d, area, "fail", NULL, "%d more blob problem(s) in %s not listed", hw.n_bad - MAX_SAME, snap);
+}
+
+static void check_model(doctor *d, const char *path, const char *catalog_name, json_t *models);
+
+/* --model ORG/NAME[@REV] (or, with no --model, each snapshot of the hub cache
+ * that holds a checkpoint): its snapshot (or stream directory) as a
+ * checkpoint, and the snapshot's blobs. */
+static void check_hub_model(doctor *d, const char *ref, json_t *models, int quiet_if_not_model) {
+    char dir[4096], err[1024], area[600];
+    snprintf(area, sizeof area, "model %s", ref);
+    if (df_hub_model_dir(ref, dir, sizeof dir, err, sizeof err)) {
+        if (!quiet_if_not_model) note(d, area, "fail", NULL, "%s", err);
+        return;
+    }
+    if (quiet_if_not_model && df_hub_snapshot_check(dir, err, sizeof err)) {
+        char *sj = df_path_join(dir, "stream.json");
+        int stream = df_file_exists(sj);
+        free(sj);
+        if (!stream) return; /* not a checkpoint deltafin runs (a dataset, tokenizer-only or GGUF repo): not ours to judge */
+    }
+    check_model(d, dir, NULL, models);
+    char repo[512], rev[256], snap[4096];
+    if (!df_hub_parse_ref(ref, repo, sizeof repo, rev, sizeof rev, err, sizeof err) &&
+        !df_hub_snapshot_dir(NULL, repo, rev, snap, sizeof snap, err, sizeof err))
+        check_hub_blobs(d, snap, area, repo);
+}
+
 static void check_model(doctor *d, const char *path, const char *catalog_name, json_t *models) {
     char area[600];
     snprintf(area, sizeof area, "model %s", catalog_name ? catalog_name : path);
@@ -618,7 +708,9 @@ int df_cmd_doctor(int argc, char **argv) {
             const char *cfile, *csha;
             int64_t csize;
             struct stat sb;
-            if (stat(m, &sb) && !strchr(m, '/')) { /* an installed name */
+            if (stat(m, &sb) && df_hub_is_repo_id(m)) { /* ORG/NAME[@REV] in the hub cache */
+                check_hub_model(&d, m, mj, 0);
+            } else if (stat(m, &sb) && !strchr(m, '/')) { /* an installed name */
                 char p[4200];
                 snprintf(p, sizeof p, "%s/models/%s", home, m);
                 check_model(&d, p, df_setup_catalog(m, &cfile, &csha, &csize) ? m : NULL, mj);
@@ -652,6 +744,21 @@ int df_cmd_doctor(int argc, char **argv) {
         }
         free(ents);
         if (!n) note(&d, "models", "ok", NULL, "no model installed under %s (deltafin setup --model %s installs one)", md, DF_DEFAULT_MODEL);
+        /* the Hugging Face hub cache: each repo with a main ref whose snapshot holds a checkpoint */
+        char hc[2048];
+        df_hub_cache_dir(hc, sizeof hc);
+        struct dirent **he = NULL;
+        int nh = scandir(hc, &he, NULL, alphasort);
+        for (int i = 0; i < nh; i++) {
+            const char *nm = he[i]->d_name, *sep;
+            if (!strncmp(nm, "models--", 8) && (sep = strstr(nm + 8, "--")) && sep > nm + 8 && sep[2]) {
+                char ref[600];
+                snprintf(ref, sizeof ref, "%.*s/%s", (int)(sep - (nm + 8)), nm + 8, sep + 2);
+                if (df_hub_is_repo_id(ref)) check_hub_model(&d, ref, mj, 1);
+            }
+            free(he[i]);
+        }
+        free(he);
     }
     json_object_set_new(out, "models", mj);
     json_object_set_new(out, "deep", json_boolean(d.deep));

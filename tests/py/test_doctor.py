@@ -194,3 +194,71 @@ def test_hostile_manifest_reported_not_crashing(dfbin, store, home, edit):
         j = json.loads(p.stdout)
         assert j["problems"] >= 1 and all(c["fix"] for c in j["checks"] if c["status"] == "fail")
         assert "AddressSanitizer" not in p.stderr and "runtime error" not in p.stderr, p.stderr
+
+
+# ---- a Hugging Face hub snapshot (issue 16: "doctor finds ... a truncated blob") ----
+
+def _hub_cache(root, src):
+    """A hub cache as huggingface_hub lays it out: blobs named by their etag (LFS files:
+    the sha256 of the bytes; others: git's blob SHA-1), the snapshot's files relative
+    links to them, refs/main holding the commit."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    blobs = {}
+    for f in sorted(os.listdir(src)):
+        if not (f.endswith(".json") or f.endswith(".safetensors")) or f.startswith("golden"):
+            continue
+        data = (src / f).read_bytes()
+        if f.endswith(".safetensors"):
+            name = hashlib.sha256(data).hexdigest()
+        else:
+            name = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        (repo / "blobs" / name).write_bytes(data)
+        os.symlink(os.path.join("..", "..", "blobs", name), snap / f)
+        blobs[f] = repo / "blobs" / name
+    return blobs
+
+
+def test_hub_snapshot_healthy_then_truncated_and_corrupt_blobs(dfbin, tmp_path):
+    hub = tmp_path / "hub"
+    blobs = _hub_cache(hub, MODELS / "qwen3-f16")
+    env = dict(os.environ, HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1")
+
+    def doc(*a):
+        return subprocess.run([dfbin, "doctor", "--home", str(tmp_path / "home"), *a], capture_output=True, text=True,
+                              timeout=300, env=env)
+
+    p = doc("--model", "org/tiny", "--deep")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "every blob's hash equals its name" in p.stdout
+    # with no --model, the hub cache is scanned too
+    p = doc("--json")
+    assert p.returncode == 0, p.stdout
+    assert any("models--org--tiny" in m["path"] for m in json.loads(p.stdout)["models"])
+
+    st = next(v for k, v in blobs.items() if k.endswith(".safetensors"))
+    data = st.read_bytes()
+    # a flipped byte in the weights: quick checks pass, --deep names the blob
+    st.write_bytes(data[:-5] + bytes([data[-5] ^ 0xFF]) + data[-4:])
+    assert doc("--model", "org/tiny").returncode == 0
+    p = doc("--model", "org/tiny", "--deep")
+    assert p.returncode == 1 and st.name in p.stdout and "corrupt" in p.stdout, p.stdout
+    # a truncated blob: the quick checks find it
+    st.write_bytes(data[: len(data) // 2])
+    p = doc("--model", "org/tiny")
+    assert p.returncode == 1, p.stdout
+    # a config.json blob (git SHA-1 name) changed: --deep
+    cfg = blobs["config.json"]
+    cfg.write_bytes(cfg.read_bytes().replace(b"{", b"{ ", 1))
+    st.write_bytes(data)
+    p = doc("--model", "org/tiny", "--deep")
+    assert p.returncode == 1 and cfg.name in p.stdout and "git blob sha1" in p.stdout, p.stdout
+    # a missing blob: a dangling link
+    cfg.unlink()
+    p = doc("--model", "org/tiny")
+    assert p.returncode == 1 and "dangling" in p.stdout, p.stdout
