@@ -834,7 +834,7 @@ static int link_snapshot(const char *rdir, const char *commit, const char *path,
     return 0;
 }
 
-static int write_small(const char *path, const char *text, char *err, size_t errlen) {
+int df_hub_write_file(const char *path, const char *text, char *err, size_t errlen) {
     char tmp[4300];
     sp(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     char *slash = strrchr(tmp, '/');
@@ -848,12 +848,11 @@ static int write_small(const char *path, const char *text, char *err, size_t err
     return 0;
 }
 
-typedef struct { int fd; } done_log;
-static void log_done(void *ctx, int i) {
-    done_log *d = ctx;
+void df_hub_log_range_done(void *ctx, int i) {
+    const int fd = *(const int *)ctx;
     char line[32];
     int l = sp(line, sizeof line, "%d\n", i);
-    if (write(d->fd, line, (size_t)l) == l) (void)fdatasync(d->fd);
+    if (write(fd, line, (size_t)l) == l) (void)fdatasync(fd);
 }
 
 /* Downloads one file to blobs/ETAG through ETAG.incomplete (ranges of o->chunk
@@ -913,8 +912,8 @@ static int fetch_blob(const df_hub_opts *o, const char *rdir, const df_hub_repo 
         rc = df_err(err, errlen, DF_EIO, "%s: cannot size to %lld bytes: %s", part, (long long)f->size, strerror(errno));
     }
     if (!lf) unlink(log);
-    done_log dl = {.fd = rc ? -1 : open(log, O_WRONLY | O_CREAT | O_APPEND, 0644)};
-    if (!rc && dl.fd < 0) rc = df_err(err, errlen, DF_EIO, "%s: %s", log, strerror(errno));
+    int dl_fd = rc ? -1 : open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (!rc && dl_fd < 0) rc = df_err(err, errlen, DF_EIO, "%s: %s", log, strerror(errno));
     if (!rc && resumed) fprintf(stderr, "deltafin setup: %s: resuming (%d of %lld ranges already here)\n", f->path, resumed, (long long)n);
     if (!rc) {
         df_hub_range *rg = df_xcalloc((size_t)n + 1, sizeof *rg);
@@ -924,10 +923,10 @@ static int fetch_blob(const df_hub_opts *o, const char *rdir, const df_hub_repo 
         }
         df_hub_remote *rms[1] = {rm};
         if (o->progress && f->size >= (1 << 20)) fprintf(stderr, "deltafin setup: %s (%.1f MB)\n", f->path, f->size / 1e6);
-        rc = df_hub_fetch_ranges(o, rms, rg, (int)n, done, log_done, &dl, err, errlen);
+        rc = df_hub_fetch_ranges(o, rms, rg, (int)n, done, df_hub_log_range_done, &dl_fd, err, errlen);
         free(rg);
     }
-    if (dl.fd >= 0) close(dl.fd);
+    if (dl_fd >= 0) close(dl_fd);
     if (!rc && fsync(fd)) rc = df_err(err, errlen, DF_EIO, "%s: fsync: %s", part, strerror(errno));
     free(done);
     if (rc) goto out;
@@ -983,7 +982,7 @@ int df_hub_fetch_files(const df_hub_opts *o, const df_hub_repo *r, int (*want)(c
         char line[64];
         sp(p, sizeof p, "%s/refs/%s", rdir, r->rev);
         sp(line, sizeof line, "%s", r->commit);
-        return write_small(p, line, err, errlen);
+        return df_hub_write_file(p, line, err, errlen);
     }
     return 0;
 }

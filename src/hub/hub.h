@@ -133,4 +133,12 @@ int64_t df_hub_stream_disk_budget(const df_hub_stream *s);
 typedef struct { const char *shard; uint64_t off, len; int fd; } df_hub_piece;
 int df_hub_stream_fetch(df_hub_stream *s, const df_hub_piece *p, int n, char *err, size_t errlen);
 
+/* Module helpers shared by hub.c and stream.c. df_hub_write_file: text to
+ * path through a temporary file, fsynced, renamed into place (parent
+ * directories created). df_hub_log_range_done: the on_done callback of
+ * df_hub_fetch_ranges that appends "i\n" to the file descriptor *ctx (an
+ * int) and fdatasyncs it: the record a killed download resumes from. */
+int df_hub_write_file(const char *path, const char *text, char *err, size_t errlen);
+void df_hub_log_range_done(void *ctx, int i);
+
 #endif

@@ -56,26 +56,6 @@ static int small_file(const char *p) {
     return 1;
 }
 
-static int write_text(const char *path, const char *text, char *err, size_t errlen) {
-    char tmp[4400];
-    sp(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return df_err(err, errlen, DF_EIO, "%s: %s", tmp, strerror(errno));
-    size_t l = strlen(text);
-    int bad = write(fd, text, l) != (ssize_t)l || fsync(fd);
-    close(fd);
-    if (bad || rename(tmp, path)) { unlink(tmp); return df_err(err, errlen, DF_EIO, "%s: cannot write: %s", path, strerror(errno)); }
-    return 0;
-}
-
-typedef struct { int fd; } log_ctx;
-static void log_done(void *ctx, int i) {
-    log_ctx *l = ctx;
-    char line[32];
-    int n = sp(line, sizeof line, "%d\n", i);
-    if (write(l->fd, line, (size_t)n) == n) (void)fdatasync(l->fd);
-}
-
 /* One shard: sparse local copy, header, resident tensors. */
 static int stream_shard(const df_hub_opts *o, const df_hub_repo *r, const df_hub_file *f, const char *sdir, char *err, size_t errlen) {
     df_hub_remote *rm = df_hub_remote_open(o, r->repo, r->commit, f->path, err, errlen);
@@ -171,9 +151,8 @@ static int stream_shard(const df_hub_opts *o, const df_hub_repo *r, const df_hub
     }
     lfd = open(logp, O_WRONLY | O_CREAT | O_APPEND | (resume ? 0 : O_TRUNC), 0644);
     if (lfd < 0) { rc = df_err(err, errlen, DF_EIO, "%s: %s", logp, strerror(errno)); goto out; }
-    log_ctx lc = {lfd};
     if (o->progress && size >= (1 << 20)) fprintf(stderr, "deltafin setup: %s: header and resident tensors\n", f->path);
-    rc = df_hub_fetch_ranges(o, rms, rg, (int)n, done, log_done, &lc, err, errlen);
+    rc = df_hub_fetch_ranges(o, rms, rg, (int)n, done, df_hub_log_range_done, &lfd, err, errlen);
 out:
     if (lfd >= 0) close(lfd);
     if (fd >= 0) close(fd);
@@ -221,7 +200,7 @@ int df_hub_stream_setup(const df_hub_opts *o, const df_hub_repo *r, int64_t disk
     char *txt = json_dumps(m, JSON_INDENT(1));
     json_decref(m);
     sp(p, sizeof p, "%s/stream.json", sdir);
-    rc = write_text(p, txt, err, errlen);
+    rc = df_hub_write_file(p, txt, err, errlen);
     free(txt);
     if (rc) return rc;
     for (int i = 0; i < r->n_files; i++) { /* the up-front logs are done with */
@@ -235,7 +214,7 @@ int df_hub_stream_setup(const df_hub_opts *o, const df_hub_repo *r, int64_t disk
         *slash = 0;
         df_mkdirs(p);
         *slash = '/';
-        rc = write_text(p, r->commit, err, errlen);
+        rc = df_hub_write_file(p, r->commit, err, errlen);
     }
     return rc;
 }
