@@ -12,16 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(c, ...)                                                   \
-    do {                                                                \
-        if (!(c)) {                                                     \
-            fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);       \
-            fprintf(stderr, __VA_ARGS__);                               \
-            fputc('\n', stderr);                                        \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
+#include "check.h"
 
 int main(void) {
     const char *good[] = {"Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3@main", "a/b@0123456789abcdef0123456789abcdef01234567", "o/n@refs/pr/1"};

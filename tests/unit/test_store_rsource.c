@@ -13,16 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(c, ...)                                                   \
-    do {                                                                \
-        if (!(c)) {                                                     \
-            fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);       \
-            fprintf(stderr, __VA_ARGS__);                               \
-            fputc('\n', stderr);                                        \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
+#include "check.h"
 
 enum { L = 2, E = 4, PART = 4096, EXPERT = 2 * PART };
 static uint8_t byte_at(uint64_t i) { return (uint8_t)(1 + (i * 2654435761u >> 13) % 251); } /* never 0 */

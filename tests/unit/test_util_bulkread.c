@@ -11,16 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(c, ...)                                                   \
-    do {                                                                \
-        if (!(c)) {                                                     \
-            fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);       \
-            fprintf(stderr, __VA_ARGS__);                               \
-            fputc('\n', stderr);                                        \
-            failures++;                                                 \
-        }                                                               \
-    } while (0)
+#include "check.h"
 
 static uint8_t byte_at(uint64_t i) { return (uint8_t)((i * 2654435761u) >> 13); }
 
