@@ -257,8 +257,10 @@ int main(void) {
          * blocks with a small job table (df_cuda_set_lean(1), the default): the same bits as the 8-warp launch
          * with the full table (lean off), jobs whose rows split over 1 and 2 warps, in one launch each way. */
         {
-            enum { ND = 3 };
-            static const int DR[ND] = {200, 96, 61}, DC[ND] = {512, 4096, 1024};
+            /* (with lean: 4 steps of loads per lane before the products (bit 4); job 3's 150 steps leave lanes
+             * with 5 and 4 steps: the partial second round) */
+            enum { ND = 4 };
+            static const int DR[ND] = {200, 96, 61, 40}, DC[ND] = {512, 4096, 1024, 600};
             static float dw[ND][200 * 4096], dx[4096], dy[2][ND][200];
             df_weight w2[ND];
             df_mv_job dj[ND];

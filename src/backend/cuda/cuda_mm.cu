@@ -56,8 +56,20 @@ typedef MmBatchT<MM_MAXJ> MmBatch;
 /* A decode launch of at most MM_SMALLJ jobs travels in a table of that size: the launch copies the
  * whole parameter (about 2.5 KB for MM_MAXJ jobs, 0.4 KB for 4) into the queue on the host. */
 #define MM_SMALLJ 4
-/* DELTAFIN_CUDA_LEAN bit 4: one-token products load MM_U steps of each row before their products (same bits) */
-#define MM_U 4
+/* DELTAFIN_CUDA_LEAN bit 4: one-token products load U steps of each row per lane before their products (the
+ * same bits): U = 4 in launches of at most two blocks per SM (the dense products of a decode step; the kernel
+ * may then use 128 registers, which U = 4 needs without spills), else U = 2 (three blocks per SM) */
+static int g_sms;
+static int sms(void) {
+    if (!g_sms) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+            cudaGetLastError(), v = 1 << 20; /* unknown: never narrow */
+        g_sms = v;
+    }
+    return g_sms;
+}
+static int deep_u(unsigned blocks) { return (uint64_t)blocks <= 2 * (uint64_t)sms() ? 4 : 2; }
 
 /* ---- exact decoders of 16 stored bytes ---------------------------------------------- */
 static __device__ __forceinline__ float e2m1_fast(uint32_t code) { /* as e2m1f */
@@ -238,11 +250,11 @@ template <int V, int NT, int WP, int MJ, int U> static __device__ __forceinline_
 }
 /* the job table as a kernel parameter (the host knows the weights) */
 template <int V, int NT, int WP, int MJ, int U>
-__global__ void __launch_bounds__(WP * 32, (NT > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm(const __grid_constant__ MmBatchT<MJ> b) { mm_body<V, NT, WP, MJ, U>(b); }
+__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm(const __grid_constant__ MmBatchT<MJ> b) { mm_body<V, NT, WP, MJ, U>(b); }
 /* the job table in device memory, written by an earlier kernel (the device-routed MoE: the device chose the
  * experts); the same body, so each row's arithmetic is the same */
 template <int V, int NT, int WP, int MJ, int U>
-__global__ void __launch_bounds__(WP * 32, (NT > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) { mm_body<V, NT, WP, MJ, U>(*b); }
+__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) { mm_body<V, NT, WP, MJ, U>(*b); }
 
 /* Warps per row group: as many as keep at least 8 16-byte steps per lane (long
  * rows: more blocks, and a lane's loop stays long enough to keep its loads in
@@ -287,7 +299,7 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
 }
 /* DELTAFIN_CUDA_LEAN (a measurement aid): a mask of the decode-step savings: 1 the product launches below
  * (4-warp blocks, small job tables), 2 the one-launch split attention (cuda_ops.cu); 0: none, every launch as
- * before them; 4 (round 5) one-token products issue MM_U steps of loads per lane before their products, and a
+ * before them; 4 (round 5) one-token products issue 2 or 4 steps of loads per lane before their products, and a
  * rmsnorm row gets a thread per 2 columns (cuda_ops.cu). Default 6: bit 1 measured no change end to end on the
  * H200 (docs/PERFORMANCE.md, CUDA round 3), so it stays opt-in; DELTAFIN_CUDA_LEAN=2 restores round 4's kernels.
  * df_cuda_set_lean(on) sets 7 or 0 (the test of both paths). */
@@ -302,21 +314,14 @@ int lean_mask(void) {
 extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 7 : 0; }
 static int64_t g_mm_narrow;
 extern "C" int64_t df_cuda_mm_narrow_launches(void) { return g_mm_narrow; }
-static int g_sms;
 /* One token, few blocks (a dense product of decode: q/k/v, o, the router, lm_head): with 8-warp blocks they
  * fill fewer than two per SM and the SMs that get two set the time; 4-warp blocks (the same row groups, the
  * same split of each row over warps, so the same bits) spread them twice as finely. The job table shrinks
  * to MM_SMALLJ entries when the jobs fit. */
 static void mm_flush_one(MmBatch *b, unsigned blocks) {
     const int lean = lean_mask() & 1;
-    if (lean && !g_sms) {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
-            cudaGetLastError(), v = 1 << 20; /* unknown: never narrow */
-        g_sms = v;
-    }
     int narrow = 0;
-    if (lean && (uint64_t)blocks < 2 * (uint64_t)g_sms) {
+    if (lean && (uint64_t)blocks < 2 * (uint64_t)sms()) {
         narrow = 1;
         for (int i = 0; i < b->nj; i++)
             if (b->j[i].wk > MM_WARPS / 2) narrow = 0;
@@ -331,15 +336,16 @@ static void mm_flush_one(MmBatch *b, unsigned blocks) {
         blocks = nb;
         g_mm_narrow++;
     }
-    const int deep = lean_mask() & 4;
+    /* U: 1 (round 4), else deep_u of the 8-warp blocks' count (a narrow launch has twice the blocks, half the size) */
+    const int U = lean_mask() & 4 ? deep_u(narrow ? (blocks + 1) / 2 : blocks) : 1;
     if (lean && b->nj <= MM_SMALLJ) {
         MmBatchT<MM_SMALLJ> s;
         memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
         s.nj = b->nj, s.n = b->n, s.t0 = b->t0;
-        if (narrow) deep ? mm_launch<1, MM_WARPS / 2, MM_SMALLJ, MM_U>(s, blocks) : mm_launch<1, MM_WARPS / 2, MM_SMALLJ>(s, blocks);
-        else deep ? mm_launch<1, MM_WARPS, MM_SMALLJ, MM_U>(s, blocks) : mm_launch<1, MM_WARPS, MM_SMALLJ>(s, blocks);
-    } else if (narrow) deep ? mm_launch<1, MM_WARPS / 2, MM_MAXJ, MM_U>(*b, blocks) : mm_launch<1, MM_WARPS / 2, MM_MAXJ>(*b, blocks);
-    else deep ? mm_launch<1, MM_WARPS, MM_MAXJ, MM_U>(*b, blocks) : mm_launch<1, MM_WARPS, MM_MAXJ>(*b, blocks);
+        if (narrow) U == 4 ? mm_launch<1, MM_WARPS / 2, MM_SMALLJ, 4>(s, blocks) : U == 2 ? mm_launch<1, MM_WARPS / 2, MM_SMALLJ, 2>(s, blocks) : mm_launch<1, MM_WARPS / 2, MM_SMALLJ>(s, blocks);
+        else U == 4 ? mm_launch<1, MM_WARPS, MM_SMALLJ, 4>(s, blocks) : U == 2 ? mm_launch<1, MM_WARPS, MM_SMALLJ, 2>(s, blocks) : mm_launch<1, MM_WARPS, MM_SMALLJ>(s, blocks);
+    } else if (narrow) U == 4 ? mm_launch<1, MM_WARPS / 2, MM_MAXJ, 4>(*b, blocks) : U == 2 ? mm_launch<1, MM_WARPS / 2, MM_MAXJ, 2>(*b, blocks) : mm_launch<1, MM_WARPS / 2, MM_MAXJ>(*b, blocks);
+    else U == 4 ? mm_launch<1, MM_WARPS, MM_MAXJ, 4>(*b, blocks) : U == 2 ? mm_launch<1, MM_WARPS, MM_MAXJ, 2>(*b, blocks) : mm_launch<1, MM_WARPS, MM_MAXJ>(*b, blocks);
 }
 static void mm_flush(MmBatch *b, unsigned blocks, int n) {
     if (!b->nj) return;
@@ -680,11 +686,11 @@ int g_moe_fused(const df_moe_fused_args *a) {
     const size_t smem = (size_t)3 * E * sizeof(float) + (size_t)(p.G > 0 ? p.G : 1) * sizeof(float) + (size_t)E + (size_t)(p.G > 0 ? p.G : 1) + 16;
     k_route_fused<<<1, 32, smem>>>(p);
     post("moe_fused");
-    if (lean_mask() & 4) mm_launch_dev<MM_MAXJ, MM_U>(&p.fd->gu, vec_gu, 2 * (unsigned)K * p.nb_gu);
-    else mm_launch_dev<MM_MAXJ, 1>(&p.fd->gu, vec_gu, 2 * (unsigned)K * p.nb_gu);
+    const unsigned bgu = 2 * (unsigned)K * p.nb_gu, bdn = (unsigned)K * p.nb_dn;
+    const int ugu = lean_mask() & 4 ? deep_u(bgu) : 1, udn = lean_mask() & 4 ? deep_u(bdn) : 1;
+    ugu == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->gu, vec_gu, bgu) : ugu == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->gu, vec_gu, bgu) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->gu, vec_gu, bgu);
     g_gate(a->g, a->g, a->u, (size_t)K * I, a->gate, a->p0, a->p1);
-    if (lean_mask() & 4) mm_launch_dev<MM_MAXJ, MM_U>(&p.fd->dn, vec_dn, (unsigned)K * p.nb_dn);
-    else mm_launch_dev<MM_MAXJ, 1>(&p.fd->dn, vec_dn, (unsigned)K * p.nb_dn);
+    udn == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->dn, vec_dn, bdn) : udn == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->dn, vec_dn, bdn) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->dn, vec_dn, bdn);
     g_moe_combine(a->out, a->d, r->w, 1, K, D);
     moe_count_hits(3 * (int64_t)K);
     return 0;
