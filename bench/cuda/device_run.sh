@@ -122,12 +122,14 @@ if has moe; then
         done
         for L in 2 6; do DELTAFIN_CUDA_LEAN=$L DELTAFIN_CUDA_PROF=3 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-lean$L-prof3" --gpu-memory 100G; done
         DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
-        DELTAFIN_CUDA_LEAN=6 moe resident-lean6-sampled --gpu-memory 100G --temperature 1 --seed 1
-        DELTAFIN_CUDA_LEAN=2 moe resident-lean2-sampled --gpu-memory 100G --temperature 1 --seed 1
+        if [ "${R5_SAMPLED:-0}" = 1 ]; then
+            DELTAFIN_CUDA_LEAN=6 moe resident-lean6-sampled --gpu-memory 100G --temperature 1 --seed 1
+            DELTAFIN_CUDA_LEAN=2 moe resident-lean2-sampled --gpu-memory 100G --temperature 1 --seed 1
+        fi
         for n in resident-lean2-r1 resident-lean6-r1 resident-lean2-r2 resident-lean6-r2 resident-lean2-prof3 resident-lean6-prof3 resident-prof1; do
             cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
         done
-        cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean2-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean6-sampled.log" | head -1) && echo "ids sampled: lean 2 and 6 the same" || echo "ids sampled: lean 2 and 6 DIFFER"
+        if [ "${R5_SAMPLED:-0}" = 1 ]; then cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean2-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean6-sampled.log" | head -1) && echo "ids sampled: lean 2 and 6 the same" || echo "ids sampled: lean 2 and 6 DIFFER"; fi
         if command -v nsys >/dev/null 2>&1; then
             for L in 2 6; do
                 DELTAFIN_CUDA_LEAN=$L timeout 120 nsys profile -o "$OUT/nsys_lean$L" --stats=true -t cuda "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new 64 --ignore-eos --gpu-memory 100G >"$OUT/nsys_lean$L.log" 2>&1
