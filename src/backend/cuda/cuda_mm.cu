@@ -684,21 +684,13 @@ int g_moe_fused(const df_moe_fused_args *a) {
     p.nb_gu = blocks_of(gw, p.wk_gu), p.nb_dn = blocks_of(dw, p.wk_dn);
     if (!(p.fd = (FusedDev *)slot(S_MOE, sizeof(FusedDev), "moe_fused"))) return DF_ENOMEM;
     const size_t smem = (size_t)3 * E * sizeof(float) + (size_t)(p.G > 0 ? p.G : 1) * sizeof(float) + (size_t)E + (size_t)(p.G > 0 ? p.G : 1) + 16;
-    /* DELTAFIN_CUDA_PROF=3: each launch's GPU time as an op of its own (moe_fused:route, :gate_up, :gate, :down;
-     * the combine is g_moe_combine), inside moe_fused's own span */
-    const int sub = g_prof == 3;
-    int ev = sub ? prof_ev_begin("moe_fused:route") : -1;
     k_route_fused<<<1, 32, smem>>>(p);
     post("moe_fused");
-    if (sub) prof_ev_end(ev), ev = prof_ev_begin("moe_fused:gate_up");
     const unsigned bgu = 2 * (unsigned)K * p.nb_gu, bdn = (unsigned)K * p.nb_dn;
     const int ugu = lean_mask() & 4 ? deep_u(bgu) : 1, udn = lean_mask() & 4 ? deep_u(bdn) : 1;
     ugu == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->gu, vec_gu, bgu) : ugu == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->gu, vec_gu, bgu) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->gu, vec_gu, bgu);
-    if (sub) prof_ev_end(ev), ev = prof_ev_begin("moe_fused:gate");
     g_gate(a->g, a->g, a->u, (size_t)K * I, a->gate, a->p0, a->p1);
-    if (sub) prof_ev_end(ev), ev = prof_ev_begin("moe_fused:down");
     udn == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->dn, vec_dn, bdn) : udn == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->dn, vec_dn, bdn) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->dn, vec_dn, bdn);
-    if (sub) prof_ev_end(ev);
     g_moe_combine(a->out, a->d, r->w, 1, K, D);
     moe_count_hits(3 * (int64_t)K);
     return 0;

@@ -366,32 +366,6 @@ __global__ void k_rmsnorm(float *out, size_t os, const float *x, size_t xs, cons
         __syncthreads();
     }
 }
-/* k_rmsnorm's arithmetic (thread i owns columns i, i + blockDim, ...: the same partial sums, the same bits for
- * the same blockDim) with a row's values kept in registers: one read of x instead of two (cols <= V blockDim) */
-template <int V> __global__ void k_rmsnorm_reg(float *out, size_t os, const float *x, size_t xs, const float *g, int rows, int n, float eps) {
-    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float *xr = x + (size_t)r * xs;
-        float *o = out + (size_t)r * os;
-        float v[V];
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            const int i = threadIdx.x + k * blockDim.x;
-            v[k] = i < n ? xr[i] : 0.0f;
-        }
-        double ss = 0;
-#pragma unroll
-        for (int k = 0; k < V; k++)
-            if (threadIdx.x + k * blockDim.x < n) ss += (double)v[k] * v[k];
-        ss = block_sum(ss);
-        const float inv = 1.0f / sqrtf((float)(ss / n) + eps);
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            const int i = threadIdx.x + k * blockDim.x;
-            if (i < n) o[i] = g[i] * (v[k] * inv);
-        }
-        __syncthreads();
-    }
-}
 void g_rmsnorm(df_act *out, size_t os, const df_act *x, size_t xs, const float *g, int rows, int cols, float eps) {
     LOCK();
     if (rows <= 0 || cols <= 0) return;
@@ -404,12 +378,7 @@ void g_rmsnorm(df_act *out, size_t os, const df_act *x, size_t xs, const float *
         const unsigned want = ((unsigned)((cols + 1) / 2) + 31u) / 32u * 32u;
         th = want > 1024u ? 1024u : want < 32u ? 32u : want;
     }
-    const unsigned nb = rows < 65535 ? rows : 65535;
-    if (lean_mask() & 4) {
-        if ((unsigned)cols <= 2 * th) k_rmsnorm_reg<2><<<nb, th>>>(DP(out), os, DCP(x), xs, dg, rows, cols, eps);
-        else if ((unsigned)cols <= 8 * th) k_rmsnorm_reg<8><<<nb, th>>>(DP(out), os, DCP(x), xs, dg, rows, cols, eps);
-        else k_rmsnorm<<<nb, th>>>(DP(out), os, DCP(x), xs, dg, rows, cols, eps);
-    } else k_rmsnorm<<<nb, th>>>(DP(out), os, DCP(x), xs, dg, rows, cols, eps);
+    k_rmsnorm<<<rows < 65535 ? rows : 65535, th>>>(DP(out), os, DCP(x), xs, dg, rows, cols, eps);
     post("rmsnorm");
 }
 
