@@ -23,7 +23,9 @@
 #         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
-# Steps: STEPS="unit conf e2e tiers bench moe" (default all). MOE_SET=fused: conformance without the unsplit rerun,
+# Steps: STEPS="unit conf e2e tiers bench moe" (default all). MOE_SET=r5: resident decode with DELTAFIN_CUDA_LEAN=2
+# (round 4's kernels) and 6 (the default: + round 5's deeper product loads and wider rmsnorm) alternated twice,
+# PROF=3 of each, PROF=1, sampled, the ids compared, nsys kernel summaries when nsys is there. MOE_SET=fused: conformance without the unsplit rerun,
 # and step 5 runs resident decode with the device-routed MoE off and on (DELTAFIN_CUDA_FUSED_MOE=0/1) alternated
 # twice, 512 tokens, sampled, profiled (PROF=1: host time, PROF=3: GPU time per op), the pinned 600M tier with it on, the ids compared, and an nsys
 # kernel summary of each when nsys is there. MOE_SET=lean: conformance without the unsplit
@@ -111,6 +113,28 @@ if has moe; then
                 DELTAFIN_CUDA_FUSED_MOE=$F timeout 120 nsys profile -o "$OUT/nsys_fused$F" --stats=true -t cuda "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new 64 --ignore-eos --gpu-memory 100G >"$OUT/nsys_fused$F.log" 2>&1
                 grep -A14 "cuda_gpu_kern_sum" "$OUT/nsys_fused$F.log" | cut -c1-160 | head -16
                 rm -f "$OUT"/nsys_fused$F.nsys-rep "$OUT"/nsys_fused$F.sqlite
+            done
+        fi
+        echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    elif [ "${MOE_SET:-all}" = r5 ]; then # round 5: DELTAFIN_CUDA_LEAN=2 (round 4's kernels) against the default (6: + bit 4), alternated
+        for r in 1 2; do
+            for L in 2 6; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done
+        done
+        for L in 2 6; do DELTAFIN_CUDA_LEAN=$L DELTAFIN_CUDA_PROF=3 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-lean$L-prof3" --gpu-memory 100G; done
+        DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
+        if [ "${R5_SAMPLED:-0}" = 1 ]; then
+            DELTAFIN_CUDA_LEAN=6 moe resident-lean6-sampled --gpu-memory 100G --temperature 1 --seed 1
+            DELTAFIN_CUDA_LEAN=2 moe resident-lean2-sampled --gpu-memory 100G --temperature 1 --seed 1
+        fi
+        for n in resident-lean2-r1 resident-lean6-r1 resident-lean2-r2 resident-lean6-r2 resident-lean2-prof3 resident-lean6-prof3 resident-prof1; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+        done
+        if [ "${R5_SAMPLED:-0}" = 1 ]; then cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean2-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean6-sampled.log" | head -1) && echo "ids sampled: lean 2 and 6 the same" || echo "ids sampled: lean 2 and 6 DIFFER"; fi
+        if command -v nsys >/dev/null 2>&1; then
+            for L in 2 6; do
+                DELTAFIN_CUDA_LEAN=$L timeout 120 nsys profile -o "$OUT/nsys_lean$L" --stats=true -t cuda "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new 64 --ignore-eos --gpu-memory 100G >"$OUT/nsys_lean$L.log" 2>&1
+                grep -A14 "cuda_gpu_kern_sum" "$OUT/nsys_lean$L.log" | cut -c1-160 | head -16
+                rm -f "$OUT"/nsys_lean$L.nsys-rep "$OUT"/nsys_lean$L.sqlite
             done
         fi
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'

@@ -157,6 +157,27 @@ static void fused_moe_checks(void) {
     CHECK(B->moe_fused(&bad) == 1, "a shape mismatch is declined");
     B->tier_reset();
     CHECK(B->moe_resident(LAYER, E, K, 1) == 0, "after tier_reset: not resident");
+    /* a model of 100 such layers under a budget that holds about 80: a layer with room for its missing part
+     * is NOT offered a preload (later layers' misses would evict the preloaded parts first) */
+    {
+        enum { LAYERS = 100 };
+        df_cuda_set_memory((int64_t)256 << 20, 0, (int64_t)LAYERS * 3 * E * I * D * 2);
+        for (int e = 0; e < E; e++)
+            for (int p = 0; p < 3; p++) {
+                if (e == E - 1 && p == 2) continue;
+                const df_mv_job j = {&pw[e][p], p == 2 ? hg : x, p == 2 ? scr : hg};
+                B->matmul_batch(&j, 1, 1);
+            }
+        B->experts_done();
+        df_tier_stats ts;
+        B->tier_stats(&ts);
+        CHECK(ts.cache_slots > 0 && ts.cache_slots < (int64_t)LAYERS * 3 * E, "the cache holds part of the model (%lld slots, %d parts)",
+              (long long)ts.cache_slots, LAYERS * 3 * E);
+        CHECK(B->moe_resident(LAYER, E, K, 1) == 0, "the model's experts do not all fit the cache: no preload offered (got %d)",
+              B->moe_resident(LAYER, E, K, 1));
+        B->tier_reset();
+        df_cuda_set_memory((int64_t)256 << 20, 0, (int64_t)2 * 3 * E * I * D * 2);
+    }
     df_act *all[] = {x, scr, dlg, hwd, fwd, rwd, hg, hu, hdd, hout, fg, fu, fdd, fout, rout, fids};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) B->free(all[i]);
 }
@@ -236,8 +257,10 @@ int main(void) {
          * blocks with a small job table (df_cuda_set_lean(1), the default): the same bits as the 8-warp launch
          * with the full table (lean off), jobs whose rows split over 1 and 2 warps, in one launch each way. */
         {
-            enum { ND = 3 };
-            static const int DR[ND] = {200, 96, 61}, DC[ND] = {512, 4096, 1024};
+            /* (with lean: 4 steps of loads per lane before the products (bit 4); job 3's 150 steps leave lanes
+             * with 5 and 4 steps: the partial second round) */
+            enum { ND = 4 };
+            static const int DR[ND] = {200, 96, 61, 40}, DC[ND] = {512, 4096, 1024, 600};
             static float dw[ND][200 * 4096], dx[4096], dy[2][ND][200];
             df_weight w2[ND];
             df_mv_job dj[ND];

@@ -159,6 +159,7 @@ static int64_t g_used;              /* bytes allocated now */
 static int64_t g_budget = -1;       /* -1: not decided yet (default at the first allocation) */
 static int64_t g_reserve;           /* kept from the spine for activations, state, scratch */
 static int64_t g_expert_total;      /* bytes of the model's routed experts (caps the cache), 0: unknown */
+static int64_t g_vc_part_bytes;     /* the part size the cache was sized for (vc_init) */
 static int64_t g_act_used, g_spine_used, g_cache_used; /* parts of g_used */
 static size_t ahash(const void *p, size_t cap) {
     uint64_t h = (uint64_t)(uintptr_t)p;
@@ -511,6 +512,7 @@ static void vc_init(size_t part_bytes) {
     budget_default();
     const char *ev = getenv("DELTAFIN_CUDA_EVICT");
     g_lfu = ev && !strcmp(ev, "lfu");
+    g_vc_part_bytes = (int64_t)part_bytes;
     g_vc_slot_bytes = (int64_t)((up256(part_bytes) + 256 + part_bytes / 16 + 4095) & ~(size_t)4095);
     const int64_t reserve = ((int64_t)16 << 20) + 2 * g_vc_slot_bytes;
     char err[512];
@@ -665,14 +667,21 @@ static int fused_on(void) {
     }
     return g_fused_env;
 }
+/* Whether the cache has a slot for every routed expert part of the model (its bytes over the part size the
+ * cache was sized for; unknown total: no) */
+static int vc_holds_model(void) {
+    return g_expert_total > 0 && g_vc_part_bytes > 0 && g_vc.n_slots >= (g_expert_total + g_vc_part_bytes - 1) / g_vc_part_bytes;
+}
 static int g_moe_resident(int layer, int n_experts, int k, int n) {
     LOCK();
     if (!fused_on() || n < 1 || g_vc_state != 1 || layer < 0 || n_experts <= 0 || k <= 0 || k > n_experts || k > FUSED_MAX_K ||
         n_experts > FUSED_MAX_E || layer >= (1 << 20) || lt_grow(layer))
         return 0;
     ltab *t = &g_lt[layer];
-    if (t->parts < 3 * (int64_t)n_experts) /* the missing parts fit the never used slots: the caller may preload them (once) */
-        return !t->preloaded && g_vc.n_slots - g_vc.n_filled >= 3 * (int64_t)n_experts - t->parts ? 2 : 0;
+    if (t->parts < 3 * (int64_t)n_experts) /* the missing parts fit the never used slots and every expert of the model fits
+                                               * the cache (else a later layer's misses would evict the preloaded parts
+                                               * first): the caller may preload them (once) */
+        return !t->preloaded && vc_holds_model() && g_vc.n_slots - g_vc.n_filled >= 3 * (int64_t)n_experts - t->parts ? 2 : 0;
     if (n != 1) return 0;
     if (t->valid && t->n_experts == n_experts) return 1;
     if (t->tried && t->seen == g_lchg[layer] && t->n_experts == n_experts) return 0; /* nothing came in since the last look */

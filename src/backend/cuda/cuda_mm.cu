@@ -56,6 +56,20 @@ typedef MmBatchT<MM_MAXJ> MmBatch;
 /* A decode launch of at most MM_SMALLJ jobs travels in a table of that size: the launch copies the
  * whole parameter (about 2.5 KB for MM_MAXJ jobs, 0.4 KB for 4) into the queue on the host. */
 #define MM_SMALLJ 4
+/* DELTAFIN_CUDA_LEAN bit 4: one-token products load U steps of each row per lane before their products (the
+ * same bits): U = 4 in launches of at most two blocks per SM (the dense products of a decode step; the kernel
+ * may then use 128 registers, which U = 4 needs without spills), else U = 2 (three blocks per SM) */
+static int g_sms;
+static int sms(void) {
+    if (!g_sms) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+            cudaGetLastError(), v = 1 << 20; /* unknown: never narrow */
+        g_sms = v;
+    }
+    return g_sms;
+}
+static int deep_u(unsigned blocks) { return (uint64_t)blocks <= 2 * (uint64_t)sms() ? 4 : 2; }
 
 /* ---- exact decoders of 16 stored bytes ---------------------------------------------- */
 static __device__ __forceinline__ float e2m1_fast(uint32_t code) { /* as e2m1f */
@@ -117,7 +131,7 @@ template <int V> static __device__ __forceinline__ void decode(const uint4 &u, i
  * activation chunk it loads serves the MM_R rows. The wk partial sums are
  * added in warp order (shared memory), so a row's bits depend only on its
  * job's shape. */
-template <int V, int NT, int WP, int MJ> static __device__ __forceinline__ void mm_body(const MmBatchT<MJ> &b) {
+template <int V, int NT, int WP, int MJ, int U> static __device__ __forceinline__ void mm_body(const MmBatchT<MJ> &b) {
     int j = 0;
     while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
     const MmJob &J = b.j[j];
@@ -157,35 +171,48 @@ template <int V, int NT, int WP, int MJ> static __device__ __forceinline__ void 
             srow[i] = V == V_FP8 ? (ri / w.blk_r) * w.scale_cols : ri * w.scale_cols;
             rs[i] = V == V_I8ROW ? scale_at(w, ri) : 1.0f;
         }
-        for (int64_t v = ks * 32 + lane; v < nv; v += 32 * wk) {
-            const int64_t c0 = v * E;
-            const int64_t sc = V == V_FP8 || V == V_INT4 ? (int64_t)((uint32_t)v / vps) : v; /* rows are < 2^32 steps */
-            uint4 u[MM_R];
-            float s[MM_R];
+        /* U > 1 (one token, DELTAFIN_CUDA_LEAN bit 4): the loads of U steps are issued before any of their
+         * products, so a lane keeps U x MM_R 16-byte loads in flight; the products run in the same step order
+         * as U = 1, so every accumulator sees the same fmaf chain (the same bits) */
+        for (int64_t v0 = ks * 32 + lane; v0 < nv; v0 += (int64_t)U * 32 * wk) {
+            uint4 u[U][MM_R];
+            float s[U][MM_R];
 #pragma unroll
-            for (int i = 0; i < MM_R; i++) {
-                u[i] = __ldg(rows[i] + v);
-                s[i] = V == V_FP8 || V == V_INT4 ? scale_at(w, srow[i] + sc) : V == V_MXFP4 ? e8m0f(__ldg(w.scale + srow[i] + sc)) : rs[i];
+            for (int q = 0; q < U; q++) {
+                const int64_t v = v0 + (int64_t)q * 32 * wk;
+                if (q && v >= nv) break;
+                const int64_t sc = V == V_FP8 || V == V_INT4 ? (int64_t)((uint32_t)v / vps) : v; /* rows are < 2^32 steps */
+#pragma unroll
+                for (int i = 0; i < MM_R; i++) {
+                    u[q][i] = __ldg(rows[i] + v);
+                    s[q][i] = V == V_FP8 || V == V_INT4 ? scale_at(w, srow[i] + sc) : V == V_MXFP4 ? e8m0f(__ldg(w.scale + srow[i] + sc)) : rs[i];
+                }
             }
 #pragma unroll
-            for (int h = 0; h < E / C; h++) {
-                float wv[MM_R][C];
+            for (int q = 0; q < U; q++) {
+                const int64_t v = v0 + (int64_t)q * 32 * wk;
+                if (q && v >= nv) break;
+                const int64_t c0 = v * E;
 #pragma unroll
-                for (int i = 0; i < MM_R; i++) decode<V>(u[i], h, s[i], wv[i]);
+                for (int h = 0; h < E / C; h++) {
+                    float wv[MM_R][C];
 #pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    if (t < nt) {
-                        const float4 *xp = (const float4 *)(x + (int64_t)t * K + c0 + h * C);
-                        float xv[C];
+                    for (int i = 0; i < MM_R; i++) decode<V>(u[q][i], h, s[q][i], wv[i]);
 #pragma unroll
-                        for (int q = 0; q < C / 4; q++) {
-                            const float4 f = __ldg(xp + q);
-                            xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
+                    for (int t = 0; t < NT; t++) {
+                        if (t < nt) {
+                            const float4 *xp = (const float4 *)(x + (int64_t)t * K + c0 + h * C);
+                            float xv[C];
+#pragma unroll
+                            for (int qq = 0; qq < C / 4; qq++) {
+                                const float4 f = __ldg(xp + qq);
+                                xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
+                            }
+#pragma unroll
+                            for (int i = 0; i < MM_R; i++)
+#pragma unroll
+                                for (int k = 0; k < C; k++) acc[i][t] = fmaf(wv[i][k], xv[k], acc[i][t]);
                         }
-#pragma unroll
-                        for (int i = 0; i < MM_R; i++)
-#pragma unroll
-                            for (int k = 0; k < C; k++) acc[i][t] = fmaf(wv[i][k], xv[k], acc[i][t]);
                     }
                 }
             }
@@ -222,12 +249,12 @@ template <int V, int NT, int WP, int MJ> static __device__ __forceinline__ void 
             if (i < nr) J.y[(int64_t)(t0 + lane) * w.rows + r0 + i] = mine[i];
 }
 /* the job table as a kernel parameter (the host knows the weights) */
-template <int V, int NT, int WP, int MJ>
-__global__ void __launch_bounds__(WP * 32, (NT > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm(const __grid_constant__ MmBatchT<MJ> b) { mm_body<V, NT, WP, MJ>(b); }
+template <int V, int NT, int WP, int MJ, int U>
+__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm(const __grid_constant__ MmBatchT<MJ> b) { mm_body<V, NT, WP, MJ, U>(b); }
 /* the job table in device memory, written by an earlier kernel (the device-routed MoE: the device chose the
  * experts); the same body, so each row's arithmetic is the same */
-template <int V, int NT, int WP, int MJ>
-__global__ void __launch_bounds__(WP * 32, (NT > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) { mm_body<V, NT, WP, MJ>(*b); }
+template <int V, int NT, int WP, int MJ, int U>
+__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) { mm_body<V, NT, WP, MJ, U>(*b); }
 
 /* Warps per row group: as many as keep at least 8 16-byte steps per lane (long
  * rows: more blocks, and a lane's loop stays long enough to keep its loads in
@@ -257,49 +284,44 @@ static int vec_kind(const DW &d, const float *x) {
     }
 }
 
-template <int NT, int WP, int MJ> static void mm_launch(const MmBatchT<MJ> &b, unsigned blocks) {
+template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatchT<MJ> &b, unsigned blocks) {
     const dim3 grid(blocks, (unsigned)((b.n + NT - 1) / NT)), th(WP * 32);
     switch (b.j[0].vec) {
-    case V_F32: k_mm<V_F32, NT, WP, MJ><<<grid, th>>>(b); break;
-    case V_F16: k_mm<V_F16, NT, WP, MJ><<<grid, th>>>(b); break;
-    case V_BF16: k_mm<V_BF16, NT, WP, MJ><<<grid, th>>>(b); break;
-    case V_FP8: k_mm<V_FP8, NT, WP, MJ><<<grid, th>>>(b); break;
-    case V_INT4: k_mm<V_INT4, NT, WP, MJ><<<grid, th>>>(b); break;
-    case V_I8ROW: k_mm<V_I8ROW, NT, WP, MJ><<<grid, th>>>(b); break;
-    case V_MXFP4: k_mm<V_MXFP4, NT, WP, MJ><<<grid, th>>>(b); break;
-    default: k_mm<V_GENERIC, NT, WP, MJ><<<grid, th>>>(b); break;
+    case V_F32: k_mm<V_F32, NT, WP, MJ, U><<<grid, th>>>(b); break;
+    case V_F16: k_mm<V_F16, NT, WP, MJ, U><<<grid, th>>>(b); break;
+    case V_BF16: k_mm<V_BF16, NT, WP, MJ, U><<<grid, th>>>(b); break;
+    case V_FP8: k_mm<V_FP8, NT, WP, MJ, U><<<grid, th>>>(b); break;
+    case V_INT4: k_mm<V_INT4, NT, WP, MJ, U><<<grid, th>>>(b); break;
+    case V_I8ROW: k_mm<V_I8ROW, NT, WP, MJ, U><<<grid, th>>>(b); break;
+    case V_MXFP4: k_mm<V_MXFP4, NT, WP, MJ, U><<<grid, th>>>(b); break;
+    default: k_mm<V_GENERIC, NT, WP, MJ, U><<<grid, th>>>(b); break;
     }
 }
 /* DELTAFIN_CUDA_LEAN (a measurement aid): a mask of the decode-step savings: 1 the product launches below
  * (4-warp blocks, small job tables), 2 the one-launch split attention (cuda_ops.cu); 0: none, every launch as
- * before them. Default 2: bit 1 measured no change end to end on the H200 (docs/PERFORMANCE.md, CUDA round 3),
- * so it stays opt-in (DELTAFIN_CUDA_LEAN=3). df_cuda_set_lean(on) sets 3 or 0 (the test of both paths). */
+ * before them; 4 (round 5) one-token products issue 2 or 4 steps of loads per lane before their products, and a
+ * rmsnorm row gets a thread per 2 columns (cuda_ops.cu). Default 6: bit 1 measured no change end to end on the
+ * H200 (docs/PERFORMANCE.md, CUDA round 3), so it stays opt-in; DELTAFIN_CUDA_LEAN=2 restores round 4's kernels.
+ * df_cuda_set_lean(on) sets 7 or 0 (the test of both paths). */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 3 : 2;
+        g_lean = e && *e ? atoi(e) & 7 : 6;
     }
     return g_lean;
 }
-extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 3 : 0; }
+extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 7 : 0; }
 static int64_t g_mm_narrow;
 extern "C" int64_t df_cuda_mm_narrow_launches(void) { return g_mm_narrow; }
-static int g_sms;
 /* One token, few blocks (a dense product of decode: q/k/v, o, the router, lm_head): with 8-warp blocks they
  * fill fewer than two per SM and the SMs that get two set the time; 4-warp blocks (the same row groups, the
  * same split of each row over warps, so the same bits) spread them twice as finely. The job table shrinks
  * to MM_SMALLJ entries when the jobs fit. */
 static void mm_flush_one(MmBatch *b, unsigned blocks) {
     const int lean = lean_mask() & 1;
-    if (lean && !g_sms) {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
-            cudaGetLastError(), v = 1 << 20; /* unknown: never narrow */
-        g_sms = v;
-    }
     int narrow = 0;
-    if (lean && (uint64_t)blocks < 2 * (uint64_t)g_sms) {
+    if (lean && (uint64_t)blocks < 2 * (uint64_t)sms()) {
         narrow = 1;
         for (int i = 0; i < b->nj; i++)
             if (b->j[i].wk > MM_WARPS / 2) narrow = 0;
@@ -314,14 +336,16 @@ static void mm_flush_one(MmBatch *b, unsigned blocks) {
         blocks = nb;
         g_mm_narrow++;
     }
+    /* U: 1 (round 4), else deep_u of the 8-warp blocks' count (a narrow launch has twice the blocks, half the size) */
+    const int U = lean_mask() & 4 ? deep_u(narrow ? (blocks + 1) / 2 : blocks) : 1;
     if (lean && b->nj <= MM_SMALLJ) {
         MmBatchT<MM_SMALLJ> s;
         memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
         s.nj = b->nj, s.n = b->n, s.t0 = b->t0;
-        if (narrow) mm_launch<1, MM_WARPS / 2, MM_SMALLJ>(s, blocks);
-        else mm_launch<1, MM_WARPS, MM_SMALLJ>(s, blocks);
-    } else if (narrow) mm_launch<1, MM_WARPS / 2, MM_MAXJ>(*b, blocks);
-    else mm_launch<1, MM_WARPS, MM_MAXJ>(*b, blocks);
+        if (narrow) U == 4 ? mm_launch<1, MM_WARPS / 2, MM_SMALLJ, 4>(s, blocks) : U == 2 ? mm_launch<1, MM_WARPS / 2, MM_SMALLJ, 2>(s, blocks) : mm_launch<1, MM_WARPS / 2, MM_SMALLJ>(s, blocks);
+        else U == 4 ? mm_launch<1, MM_WARPS, MM_SMALLJ, 4>(s, blocks) : U == 2 ? mm_launch<1, MM_WARPS, MM_SMALLJ, 2>(s, blocks) : mm_launch<1, MM_WARPS, MM_SMALLJ>(s, blocks);
+    } else if (narrow) U == 4 ? mm_launch<1, MM_WARPS / 2, MM_MAXJ, 4>(*b, blocks) : U == 2 ? mm_launch<1, MM_WARPS / 2, MM_MAXJ, 2>(*b, blocks) : mm_launch<1, MM_WARPS / 2, MM_MAXJ>(*b, blocks);
+    else U == 4 ? mm_launch<1, MM_WARPS, MM_MAXJ, 4>(*b, blocks) : U == 2 ? mm_launch<1, MM_WARPS, MM_MAXJ, 2>(*b, blocks) : mm_launch<1, MM_WARPS, MM_MAXJ>(*b, blocks);
 }
 static void mm_flush(MmBatch *b, unsigned blocks, int n) {
     if (!b->nj) return;
@@ -611,17 +635,17 @@ __global__ void __launch_bounds__(32) k_route_fused(const __grid_constant__ Rout
     }
     if (!lane) p.fd->gu.nj = 2 * K, p.fd->gu.n = 1, p.fd->gu.t0 = 0, p.fd->dn.nj = K, p.fd->dn.n = 1, p.fd->dn.t0 = 0;
 }
-template <int MJ> static void mm_launch_dev(const MmBatchT<MJ> *b, int vec, unsigned blocks) {
+template <int MJ, int U> static void mm_launch_dev(const MmBatchT<MJ> *b, int vec, unsigned blocks) {
     const dim3 grid(blocks, 1), th(MM_WARPS * 32);
     switch (vec) {
-    case V_F32: k_mm_dev<V_F32, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
-    case V_F16: k_mm_dev<V_F16, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
-    case V_BF16: k_mm_dev<V_BF16, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
-    case V_FP8: k_mm_dev<V_FP8, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
-    case V_INT4: k_mm_dev<V_INT4, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
-    case V_I8ROW: k_mm_dev<V_I8ROW, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
-    case V_MXFP4: k_mm_dev<V_MXFP4, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
-    default: k_mm_dev<V_GENERIC, 1, MM_WARPS, MJ><<<grid, th>>>(b); break;
+    case V_F32: k_mm_dev<V_F32, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
+    case V_F16: k_mm_dev<V_F16, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
+    case V_BF16: k_mm_dev<V_BF16, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
+    case V_FP8: k_mm_dev<V_FP8, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
+    case V_INT4: k_mm_dev<V_INT4, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
+    case V_I8ROW: k_mm_dev<V_I8ROW, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
+    case V_MXFP4: k_mm_dev<V_MXFP4, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
+    default: k_mm_dev<V_GENERIC, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
     }
     post("moe_fused");
     g_mm_launches++;
@@ -662,9 +686,11 @@ int g_moe_fused(const df_moe_fused_args *a) {
     const size_t smem = (size_t)3 * E * sizeof(float) + (size_t)(p.G > 0 ? p.G : 1) * sizeof(float) + (size_t)E + (size_t)(p.G > 0 ? p.G : 1) + 16;
     k_route_fused<<<1, 32, smem>>>(p);
     post("moe_fused");
-    mm_launch_dev(&p.fd->gu, vec_gu, 2 * (unsigned)K * p.nb_gu);
+    const unsigned bgu = 2 * (unsigned)K * p.nb_gu, bdn = (unsigned)K * p.nb_dn;
+    const int ugu = lean_mask() & 4 ? deep_u(bgu) : 1, udn = lean_mask() & 4 ? deep_u(bdn) : 1;
+    ugu == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->gu, vec_gu, bgu) : ugu == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->gu, vec_gu, bgu) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->gu, vec_gu, bgu);
     g_gate(a->g, a->g, a->u, (size_t)K * I, a->gate, a->p0, a->p1);
-    mm_launch_dev(&p.fd->dn, vec_dn, (unsigned)K * p.nb_dn);
+    udn == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->dn, vec_dn, bdn) : udn == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->dn, vec_dn, bdn) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->dn, vec_dn, bdn);
     g_moe_combine(a->out, a->d, r->w, 1, K, D);
     moe_count_hits(3 * (int64_t)K);
     return 0;
