@@ -7,8 +7,9 @@
  *            dot(dequant, x);
  * plus hand-computed blocks and the traits table vs the GGUF reader's.
  *
- * `test_backend_ggml --bench [MiB]` instead measures df_ggml_dot GB/s per
- * type and ISA on one thread over a MiB-sized matrix (default 256).
+ * `test_backend_ggml --bench [MiB [cols]]` instead measures df_ggml_dot GB/s
+ * per type and ISA on one thread over a MiB-sized matrix (default 256, rows
+ * of 4096), and the prepared-x decode path (df_ggml_px_dot) where AVX2 has it.
  */
 #include "backend/ggml_quant.h"
 #include "format/gguf.h"
@@ -408,8 +409,7 @@ static void test_traits(void) {
 
 /* ---- benchmark ---------------------------------------------------------- */
 
-static void bench(int64_t mib) {
-    const int64_t n = 4096;
+static void bench(int64_t mib, int64_t n) {
     int64_t total = mib << 20;
     uint8_t *buf = df_aligned_alloc((size_t)total);
     float *x = malloc(sizeof(float) * (size_t)n), sink = 0;
@@ -439,6 +439,24 @@ static void bench(int64_t mib) {
             if (ge > best_ge) best_ge = ge;
             fflush(stdout);
         }
+        if (has_px_avx2(type) && df_ggml_isa_supported(DF_GGML_ISA_AVX2)) {
+            /* the decode path: x prepared once, all rows in one df_ggml_px_dot */
+            df_ggml_set_isa(DF_GGML_ISA_AVX2);
+            float *aux = malloc(sizeof(float) * df_ggml_px_floats(type, n)), *out = malloc(sizeof(float) * (size_t)rows);
+            double best = 1e30;
+            for (int rep = 0; rep < 3; rep++) {
+                double t0 = df_now();
+                df_ggml_px px;
+                df_ggml_px_init(&px, type, x, n, aux);
+                df_ggml_px_dot(&px, buf, (size_t)rb, rows, out);
+                double dt = df_now() - t0;
+                sink += out[rows - 1];
+                if (dt < best) best = dt;
+            }
+            printf("   px avx2 %.2f GB/s", (double)(rows * rb) / best / 1e9);
+            free(aux);
+            free(out);
+        }
         printf("   [%.1f]\n", best_ge);
     }
     /* memory floor: plain read of the same bytes */
@@ -463,7 +481,7 @@ int main(int argc, char **argv) {
     for (int isa = DF_GGML_ISA_SCALAR; isa <= DF_GGML_ISA_AVX512; isa++)
         if (df_ggml_isa_supported(isa)) isa_list[n_isa++] = isa;
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
-        bench(argc > 2 ? atoll(argv[2]) : 256);
+        bench(argc > 2 ? atoll(argv[2]) : 256, argc > 3 ? atoll(argv[3]) : 4096);
         return 0;
     }
     printf("ISAs:");
