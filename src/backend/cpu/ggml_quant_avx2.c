@@ -389,18 +389,23 @@ static inline void bx_q4_1(const uint8_t *b, const float *xb, const float *ab, p
     s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), t, s->a);
     s->m = _mm_fmadd_ps(dm, _mm_loadu_ps(ab), s->m);
 }
-/* Q5 high bits: element e (0..15) takes bit e of qh, element 16+e bit 16+e;
- * moved to bit 4 with one variable shift of a broadcast. */
+/* Q5 codes of a 32-block in element order, built on bytes: low nibbles
+ * (elements 0..15) and high nibbles (16..31) side by side, bit e of qh
+ * expanded to 0x10 in byte e (broadcast, byte shuffle, test against the
+ * bit's mask); stored and widened to dwords 8 at a time. */
 static inline void q5_codes(const uint8_t *qhp, const uint8_t *qs, __m256i *q) {
-    const __m256i s0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), s1 = _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                         3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     uint32_t qh;
     memcpy(&qh, qhp, 4);
-    __m256i blo = _mm256_set1_epi32((int)(qh << 4)), bhi = _mm256_set1_epi32((int)(qh >> 12));
-    __m256i q0 = u8x8(qs), q1 = u8x8(qs + 8);
-    q[0] = _mm256_or_si256(and15(q0), _mm256_and_si256(_mm256_srlv_epi32(blo, s0), c32(16)));
-    q[1] = _mm256_or_si256(and15(q1), _mm256_and_si256(_mm256_srlv_epi32(blo, s1), c32(16)));
-    q[2] = _mm256_or_si256(hi4(q0), _mm256_and_si256(_mm256_srlv_epi32(bhi, s0), c32(16)));
-    q[3] = _mm256_or_si256(hi4(q1), _mm256_and_si256(_mm256_srlv_epi32(bhi, s1), c32(16)));
+    __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel);
+    hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), _mm256_set1_epi8(16));
+    __m128i v = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(15);
+    __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+    _Alignas(32) uint8_t c[32];
+    _mm256_store_si256((__m256i *)c, _mm256_or_si256(nib, hb));
+    q[0] = u8x8(c), q[1] = u8x8(c + 8), q[2] = u8x8(c + 16), q[3] = u8x8(c + 24);
 }
 static inline void bx_q5_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     __m128 d = ph1(b);
@@ -431,7 +436,7 @@ static inline void bx_q4_k(const uint8_t *b, const float *xb, const float *ab, p
     k4_scales(b, sm);
     s->a = _mm256_fnmadd_ps(_mm256_load_ps(sm + 8), _mm256_loadu_ps(ab), s->a);
     const uint8_t *qs = b + offsetof(df_blk_q4_k, qs);
-    for (int c = 0; c < 4; c++) {
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
         __m256i q0 = u8x8(qs + 32 * c), q1 = u8x8(qs + 32 * c + 8), q2 = u8x8(qs + 32 * c + 16),
                 q3 = u8x8(qs + 32 * c + 24);
         __m256 tl = dot32(and15(q0), and15(q1), and15(q2), and15(q3), xb + 64 * c);
@@ -451,9 +456,9 @@ static inline void bx_q5_k(const uint8_t *b, const float *xb, const float *ab, p
     s->a = _mm256_fnmadd_ps(_mm256_load_ps(sm + 8), _mm256_loadu_ps(ab), s->a);
     const uint8_t *qs = b + offsetof(df_blk_q5_k, qs), *qhp = b + offsetof(df_blk_q5_k, qh);
     __m256i h[4] = {u8x8(qhp), u8x8(qhp + 8), u8x8(qhp + 16), u8x8(qhp + 24)};
-    for (int c = 0; c < 4; c++) {
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
         __m256i q[4], lo[4], hi[4];
-        for (int k = 0; k < 4; k++) {
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
             q[k] = u8x8(qs + 32 * c + 8 * k);
             lo[k] = _mm256_or_si256(and15(q[k]), q5k_hi(h[k], 2 * c));
             hi[k] = _mm256_or_si256(hi4(q[k]), q5k_hi(h[k], 2 * c + 1));
@@ -477,10 +482,10 @@ static inline void bx_q6_k(const uint8_t *b, const float *xb, const float *ab, p
     s->a = _mm256_fnmadd_ps(d0, _mm256_loadu_ps(ab), s->a);
     s->a = _mm256_fnmadd_ps(d1, _mm256_loadu_ps(ab + 8), s->a);
     const uint8_t *ql = b, *qhp = b + offsetof(df_blk_q6_k, qh);
-    for (int h = 0; h < 2; h++) {
-        for (int p = 0; p < 2; p++) {
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        _Pragma("GCC unroll 2") for (int p = 0; p < 2; p++) {
             __m256i q[2][4];
-            for (int j = 0; j < 2; j++) {
+            _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) {
                 int k = 2 * p + j;
                 __m256i la = u8x8(ql + 64 * h + 8 * k), lb = u8x8(ql + 64 * h + 32 + 8 * k);
                 __m256i qh = u8x8(qhp + 32 * h + 8 * k);
@@ -489,7 +494,7 @@ static inline void bx_q6_k(const uint8_t *b, const float *xb, const float *ab, p
                 q[j][2] = _mm256_or_si256(hi4(la), _mm256_and_si256(qh, c32(0x30)));
                 q[j][3] = _mm256_or_si256(hi4(lb), _mm256_and_si256(_mm256_srli_epi32(qh, 2), c32(0x30)));
             }
-            for (int g = 0; g < 4; g++) {
+            _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
                 const float *xg = xb + 128 * h + 32 * g + 16 * p;
                 __m256 t = _mm256_fmadd_ps(cvt(q[1][g]), ldx(xg + 8), _mm256_mul_ps(cvt(q[0][g]), ldx(xg)));
                 s->a = _mm256_fmadd_ps(_mm256_broadcast_ss(dl + 8 * h + 2 * g + p), t, s->a);
