@@ -167,7 +167,7 @@ static inline void dec_q3_k(const uint8_t *b, __m256 *w) {
 
 /* Q4_K/Q5_K scales and mins, unpacked four at a time in 32-bit words:
  * sm[j] = d*sc_j, sm[8+j] = dmin*m_j (f32 products, as in the reference). */
-static inline void k4_scales(const uint8_t *b, float *sm) {
+static inline __attribute__((always_inline)) void k4_scales(const uint8_t *b, float *sm) {
     uint32_t w[3], u[4];
     memcpy(w, b + 4, 12);
     u[0] = w[0] & 0x3f3f3f3fu;
@@ -392,7 +392,7 @@ static inline void bx_q4_1(const uint8_t *b, const float *xb, const float *ab, p
 /* Q5 codes of a 32-block in element order, built on bytes: low nibbles
  * (elements 0..15) and high nibbles (16..31) side by side, bit e of qh
  * expanded to 0x10 in byte e (broadcast, byte shuffle, test against the
- * bit's mask); stored and widened to dwords 8 at a time. */
+ * bit's mask); widened to dwords 8 at a time. */
 static inline void q5_codes(const uint8_t *qhp, const uint8_t *qs, __m256i *q) {
     const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
                                          3, 3, 3, 3, 3, 3);
@@ -403,9 +403,10 @@ static inline void q5_codes(const uint8_t *qhp, const uint8_t *qs, __m256i *q) {
     hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), _mm256_set1_epi8(16));
     __m128i v = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(15);
     __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-    _Alignas(32) uint8_t c[32];
-    _mm256_store_si256((__m256i *)c, _mm256_or_si256(nib, hb));
-    q[0] = u8x8(c), q[1] = u8x8(c + 8), q[2] = u8x8(c + 16), q[3] = u8x8(c + 24);
+    __m256i c = _mm256_or_si256(nib, hb);
+    __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
+    q[0] = _mm256_cvtepu8_epi32(c0), q[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8));
+    q[2] = _mm256_cvtepu8_epi32(c1), q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8));
 }
 static inline void bx_q5_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     __m128 d = ph1(b);
@@ -431,7 +432,7 @@ static inline void bx_q8_0(const uint8_t *b, const float *xb, const float *ab, p
 }
 
 /* Q4_K: 32-byte chunk c holds sub-blocks 2c (low nibbles) and 2c+1 (high). */
-static inline void bx_q4_k(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+static inline __attribute__((always_inline)) void bx_q4_k(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     _Alignas(32) float sm[16];
     k4_scales(b, sm);
     s->a = _mm256_fnmadd_ps(_mm256_load_ps(sm + 8), _mm256_loadu_ps(ab), s->a);
@@ -450,7 +451,7 @@ static inline __m256i q5k_hi(__m256i h, int sb) {
     __m256i v = _mm256_and_si256(h, c32(1 << sb));
     return sb < 4 ? _mm256_slli_epi32(v, 4 - sb) : _mm256_srli_epi32(v, sb - 4);
 }
-static inline void bx_q5_k(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+static inline __attribute__((always_inline)) void bx_q5_k(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     _Alignas(32) float sm[16];
     k4_scales(b, sm);
     s->a = _mm256_fnmadd_ps(_mm256_load_ps(sm + 8), _mm256_loadu_ps(ab), s->a);
@@ -469,10 +470,12 @@ static inline void bx_q5_k(const uint8_t *b, const float *xb, const float *ab, p
         s->a = _mm256_fmadd_ps(_mm256_broadcast_ss(sm + 2 * c + 1), th, s->a);
     }
 }
-/* Q6_K: half h, r = 8k + 32g (g = 0..3): low 4 bits from ql[64h + 8k + 32(g&1)]
- * (nibble g>>1), high 2 bits from qh[32h + 8k] bits 2g..2g+1; sub-block of
- * 16 is 8h + 2g + k/2. Codes are q (0..63); the -32 is in aux. */
-static inline void bx_q6_k(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+/* Q6_K: half h (128 weights): r in [32g, 32g+32) takes the low 4 bits from
+ * ql[64h + r % 64] (nibble r / 64) and the high 2 from qh[32h + r % 32]
+ * (bits 2g, 2g+1). The codes q (0..63) are built on 32 bytes at a time
+ * and widened to dwords 8 at a time; the -32 is in aux. Sub-block
+ * of 16 of weights r0..r0+15: 8h + r0/16. */
+static inline __attribute__((always_inline)) void bx_q6_k(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     _Alignas(32) float dl[16];
     __m256 d = _mm256_set1_ps(h2f(b + offsetof(df_blk_q6_k, d)));
     const uint8_t *sc = b + offsetof(df_blk_q6_k, scales);
@@ -482,22 +485,24 @@ static inline void bx_q6_k(const uint8_t *b, const float *xb, const float *ab, p
     s->a = _mm256_fnmadd_ps(d0, _mm256_loadu_ps(ab), s->a);
     s->a = _mm256_fnmadd_ps(d1, _mm256_loadu_ps(ab + 8), s->a);
     const uint8_t *ql = b, *qhp = b + offsetof(df_blk_q6_k, qh);
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        _Pragma("GCC unroll 2") for (int p = 0; p < 2; p++) {
-            __m256i q[2][4];
-            _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) {
-                int k = 2 * p + j;
-                __m256i la = u8x8(ql + 64 * h + 8 * k), lb = u8x8(ql + 64 * h + 32 + 8 * k);
-                __m256i qh = u8x8(qhp + 32 * h + 8 * k);
-                q[j][0] = _mm256_or_si256(and15(la), _mm256_and_si256(_mm256_slli_epi32(qh, 4), c32(0x30)));
-                q[j][1] = _mm256_or_si256(and15(lb), _mm256_and_si256(_mm256_slli_epi32(qh, 2), c32(0x30)));
-                q[j][2] = _mm256_or_si256(hi4(la), _mm256_and_si256(qh, c32(0x30)));
-                q[j][3] = _mm256_or_si256(hi4(lb), _mm256_and_si256(_mm256_srli_epi32(qh, 2), c32(0x30)));
-            }
-            _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
-                const float *xg = xb + 128 * h + 32 * g + 16 * p;
-                __m256 t = _mm256_fmadd_ps(cvt(q[1][g]), ldx(xg + 8), _mm256_mul_ps(cvt(q[0][g]), ldx(xg)));
-                s->a = _mm256_fmadd_ps(_mm256_broadcast_ss(dl + 8 * h + 2 * g + p), t, s->a);
+        __m256i la = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+        __m256i lb = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(qhp + 32 * h));
+        __m256i v[4] = {
+            _mm256_or_si256(_mm256_and_si256(la, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+            _mm256_or_si256(_mm256_and_si256(lb, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4), _mm256_and_si256(qh, m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
+        _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+            __m128i c[2] = {_mm256_castsi256_si128(v[g]), _mm256_extracti128_si256(v[g], 1)};
+            _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
+                /* 16 codes: weights r = 32g + 16e .., sub-block 8h + 2g + e */
+                const float *xk = xb + 128 * h + 32 * g + 16 * e;
+                __m256 t = _mm256_fmadd_ps(cvt(_mm256_cvtepu8_epi32(_mm_srli_si128(c[e], 8))), ldx(xk + 8),
+                                           _mm256_mul_ps(cvt(_mm256_cvtepu8_epi32(c[e])), ldx(xk)));
+                s->a = _mm256_fmadd_ps(_mm256_broadcast_ss(dl + 8 * h + 2 * g + e), t, s->a);
             }
         }
     }
