@@ -420,6 +420,7 @@ static void bench(int64_t mib, int64_t n) {
     printf("   (GB/s of weight bytes; Gelem/s in brackets for the best)\n");
     for (int ti = 0; ti < N_TYPES; ti++) {
         int type = TYPES[ti];
+        if (n % df_ggml_traits_of(type)->block_elems) continue; /* cols not a whole number of blocks */
         int64_t rb = df_ggml_row_bytes(type, n), rows = total / rb;
         fill_random(type, buf, rows * n, 0);
         printf("%-6s", df_ggml_traits_of(type)->name);
