@@ -508,12 +508,17 @@ static inline __attribute__((always_inline)) void bx_q6_k(const uint8_t *b, cons
     }
 }
 
-/* Software prefetch distance of each row stream (bytes): the weights stream
- * from DRAM, and without it the four-row kernels ran slower than the
- * single-row ones (which prefetch 1 KiB ahead) on a 48 MiB matrix. */
+/* Software prefetch: the weights stream from DRAM, and without it the
+ * four-row kernels ran slower than the single-row ones on a 48 MiB matrix.
+ * The four-row loop prefetches the same position of the next group of four
+ * rows (4 row strides ahead: a fixed distance would land in the rows the
+ * other three streams are reading when rows are short); the one-row loop
+ * prefetches PX_PF bytes ahead. */
 #ifndef PX_PF
 #define PX_PF 1024
 #endif
+/* blocks per prefetch step: about one 64-byte line of each stream per step */
+#define PX_PFS(BB) ((BB) >= 64 ? 1 : 64 / (BB))
 
 static inline pxs pxs0(void) { return (pxs){_mm256_setzero_ps(), _mm_setzero_ps()}; }
 
@@ -536,12 +541,16 @@ static inline pxs pxs0(void) { return (pxs){_mm256_setzero_ps(), _mm_setzero_ps(
         for (; r + 4 <= nr; r += 4) {                                                           \
             const uint8_t *p = row + (size_t)r * rs;                                            \
             pxs s0 = pxs0(), s1 = pxs0(), s2 = pxs0(), s3 = pxs0();                             \
+            int pf_ = 0;                                                                        \
             for (int64_t i = 0; i < nb; i++) {                                                  \
                 const float *xb = x + i * (BE), *ab = aux + i * (AS);                           \
                 const uint8_t *b = p + i * (BB);                                                \
-                for (int o_ = 0; o_ < (BB); o_ += 64)                                           \
-                    for (int k_ = 0; k_ < 4; k_++)                                              \
-                        _mm_prefetch((const char *)b + k_ * rs + PX_PF + o_, _MM_HINT_T0);      \
+                if (--pf_ <= 0) {                                                               \
+                    pf_ = PX_PFS(BB);                                                           \
+                    _Pragma("GCC unroll 4") for (int o_ = 0; o_ < (BB); o_ += 64)               \
+                        _Pragma("GCC unroll 4") for (int k_ = 0; k_ < 4; k_++)                  \
+                            _mm_prefetch((const char *)b + (k_ + 4) * rs + o_, _MM_HINT_T0);    \
+                }                                                                               \
                 bx_##T(b, xb, ab, &s0);                                                         \
                 bx_##T(b + rs, xb, ab, &s1);                                                    \
                 bx_##T(b + 2 * rs, xb, ab, &s2);                                                \
@@ -553,9 +562,13 @@ static inline pxs pxs0(void) { return (pxs){_mm256_setzero_ps(), _mm_setzero_ps(
         for (; r < nr; r++) {                                                                   \
             const uint8_t *p = row + (size_t)r * rs;                                            \
             pxs s0 = pxs0();                                                                    \
+            int pf_ = 0;                                                                        \
             for (int64_t i = 0; i < nb; i++) {                                                  \
-                for (int o_ = 0; o_ < (BB); o_ += 64)                                           \
-                    _mm_prefetch((const char *)p + i * (BB) + PX_PF + o_, _MM_HINT_T0);         \
+                if (--pf_ <= 0) {                                                               \
+                    pf_ = PX_PFS(BB);                                                           \
+                    _Pragma("GCC unroll 4") for (int o_ = 0; o_ < (BB); o_ += 64)               \
+                        _mm_prefetch((const char *)p + i * (BB) + PX_PF + o_, _MM_HINT_T0);     \
+                }                                                                               \
                 bx_##T(p + i * (BB), x + i * (BE), aux + i * (AS), &s0);                        \
             }                                                                                   \
             out[r] = fin_##T(s0);                                                               \
