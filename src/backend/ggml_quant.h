@@ -54,6 +54,43 @@ void df_ggml_dot_multi(int type, const void *row, const float *x, int64_t n, int
  * (decode is bound by x traffic from L1/L2, not only by the weight stream). */
 void df_ggml_dot4(int type, const void *row, size_t row_stride, const float *x, int64_t n, float *out);
 
+/* ---- prepared activations (decode) --------------------------------------
+ * A matrix-vector product reads one x against many rows. df_ggml_px_init
+ * computes, once per (x, type), what the ISA's decode kernels share across
+ * rows (sums of x per 16/32 weights for the offset and min terms:
+ * sum_i (d*q_i + m) x_i = d * sum_i q_i x_i + m * sum_i x_i); df_ggml_px_dot
+ * then runs rows against it, four at a time. The prepared data is a pure
+ * function of x, so a row's result does not depend on which rows are run
+ * together nor on how many threads share the rows: every row of one
+ * df_ggml_px_dot call (four-row groups and remainder rows alike) runs the
+ * same operations in the same order.
+ *
+ * Numerics: activations stay f32 and each product is an f32 multiply of a
+ * decoded weight value and x; the scale and the offset/min are applied per
+ * block to the block's partial sums (the order of additions is documented
+ * per kernel in ggml_quant_avx2.c). Results agree with dot(dequant(row), x)
+ * within f32 rounding relative to sum_i (|d q_i x_i| + |m x_i|) (which is
+ * sum|w_i x_i| unless the offset cancels the weight). No state outside the
+ * struct and aux: nothing is cached across calls. */
+typedef struct {
+    int type, isa;     /* isa: the kernels aux was prepared for (-1: none) */
+    int64_t n;         /* row length */
+    const float *x;    /* the activation, f32[n] (not copied) */
+    const float *aux;  /* df_ggml_px_floats(type, n) floats, or NULL */
+} df_ggml_px;
+
+/* Floats of aux that df_ggml_px_init may write for a row of n (any ISA). */
+size_t df_ggml_px_floats(int type, int64_t n);
+
+/* Prepares x (f32[n], kept by pointer) for rows of type; aux: caller scratch
+ * of df_ggml_px_floats(type, n) floats, valid while p is used. */
+void df_ggml_px_init(df_ggml_px *p, int type, const float *x, int64_t n, float *aux);
+
+/* out[k] = dot(row k, x) for k < nrows, row k at row + k*row_stride bytes.
+ * Falls back to df_ggml_dot4/df_ggml_dot when the ISA in effect has no
+ * prepared-x kernel for the type or is not the one p was prepared for. */
+void df_ggml_px_dot(const df_ggml_px *p, const void *row, size_t row_stride, int64_t nrows, float *out);
+
 enum { DF_GGML_ISA_AUTO = -1, DF_GGML_ISA_SCALAR = 0, DF_GGML_ISA_AVX2 = 1, DF_GGML_ISA_AVX512 = 2 };
 
 /* Forces an ISA (tests, benchmarks); DF_GGML_ISA_AUTO restores the best.

@@ -7,8 +7,9 @@
  *            dot(dequant, x);
  * plus hand-computed blocks and the traits table vs the GGUF reader's.
  *
- * `test_backend_ggml --bench [MiB]` instead measures df_ggml_dot GB/s per
- * type and ISA on one thread over a MiB-sized matrix (default 256).
+ * `test_backend_ggml --bench [MiB [cols]]` instead measures df_ggml_dot GB/s
+ * per type and ISA on one thread over a MiB-sized matrix (default 256, rows
+ * of 4096), and the prepared-x decode path (df_ggml_px_dot) where AVX2 has it.
  */
 #include "backend/ggml_quant.h"
 #include "format/gguf.h"
@@ -215,6 +216,136 @@ static void test_dot4(int type) {
     }
 }
 
+/* Types with prepared-x kernels on AVX2 (df_ggml_px_dot must not fall back). */
+static int has_px_avx2(int type) {
+    switch (type) {
+    case DF_GGML_Q4_0: case DF_GGML_Q4_1: case DF_GGML_Q5_0: case DF_GGML_Q5_1: case DF_GGML_Q8_0:
+    case DF_GGML_Q4_K: case DF_GGML_Q5_K: case DF_GGML_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+/* Runs rows [0, nr) of a px product in pieces of `piece` rows. */
+static void px_rows(const df_ggml_px *p, const uint8_t *r, size_t stride, int nr, int piece, float *out) {
+    for (int i = 0; i < nr; i += piece) df_ggml_px_dot(p, r + (size_t)i * stride, stride, nr - i < piece ? nr - i : piece, out + i);
+}
+
+/* df_ggml_px: nr rows (odd stride, unaligned) against one prepared x, every
+ * ISA: each row within 1e-5 * sum|w x| of the double dot of its scalar
+ * dequant; the same bits whichever pieces the rows are run in (four-row
+ * groups, remainders, single rows: what a different thread count does);
+ * and on AVX2 the prepared path is the one taken. */
+static void test_px(int type) {
+    const df_ggml_traits *t = df_ggml_traits_of(type);
+    int64_t sizes[16];
+    int ns = sizes_for(type, sizes);
+    static const int NRS[] = {1, 3, 4, 5, 7, 9};
+    for (int si = 0; si < ns; si++) {
+        int64_t n = sizes[si], rb = df_ggml_row_bytes(type, n), stride = rb + 5;
+        for (int ni = 0; ni < 6; ni++) {
+            int nr = NRS[ni];
+            uint8_t *buf = malloc((size_t)(nr * stride + 1)), *r = buf + 1;
+            for (int k = 0; k < nr; k++) fill_random(type, r + k * stride, n, ni == 5);
+            float *x = malloc(sizeof(float) * (size_t)n), *deq = malloc(sizeof(float) * (size_t)n);
+            float *aux = malloc(sizeof(float) * df_ggml_px_floats(type, n));
+            for (int64_t i = 0; i < n; i++) x[i] = frand();
+            double dref[9], mag[9];
+            df_ggml_set_isa(DF_GGML_ISA_SCALAR);
+            for (int k = 0; k < nr; k++) {
+                df_ggml_dequant_row(type, r + k * stride, deq, n);
+                dref[k] = mag[k] = 0;
+                for (int64_t i = 0; i < n; i++) dref[k] += (double)deq[i] * x[i], mag[k] += fabs((double)deq[i] * x[i]);
+            }
+            for (int ii = 0; ii < n_isa; ii++) {
+                int isa = isa_list[ii];
+                df_ggml_set_isa(isa);
+                df_ggml_px px;
+                df_ggml_px_init(&px, type, x, n, aux);
+                if (isa == DF_GGML_ISA_AVX2 && has_px_avx2(type))
+                    CHECK(px.aux == aux && px.isa == DF_GGML_ISA_AVX2, "%s avx2: prepared path not taken", t->name);
+                float out[10], alt[10];
+                for (int k = 0; k < 10; k++) out[k] = alt[k] = NAN;
+                px_rows(&px, r, (size_t)stride, nr, nr, out);
+                if (ni == 5 && (type == DF_GGML_MXFP4 || type == DF_GGML_F16)) continue; /* wide: may overflow */
+                for (int k = 0; k < nr; k++)
+                    CHECK(fabs(out[k] - dref[k]) <= 1e-5 * mag[k] + 1e-30, "%s %s n=%lld nr=%d row %d: px %.9g vs %.9g",
+                          t->name, df_ggml_isa_name(isa), (long long)n, nr, k, out[k], dref[k]);
+                CHECK(isnan(out[nr]), "px wrote past out[nr-1]");
+                for (int piece = 1; piece <= 3; piece++) {
+                    px_rows(&px, r, (size_t)stride, nr, piece, alt);
+                    CHECK(memcmp(alt, out, sizeof(float) * (size_t)nr) == 0, "%s %s n=%lld nr=%d: pieces of %d differ",
+                          t->name, df_ggml_isa_name(isa), (long long)n, nr, piece);
+                }
+            }
+            df_ggml_set_isa(DF_GGML_ISA_AUTO);
+            free(buf);
+            free(x);
+            free(deq);
+            free(aux);
+        }
+    }
+}
+
+/* The f16 scale fields of a block (d first; m/dmin second where present). */
+static int scale_offsets(int type, int off[2]) {
+    switch (type) {
+    case DF_GGML_Q4_0: case DF_GGML_Q5_0: case DF_GGML_Q8_0: off[0] = 0; return 1;
+    case DF_GGML_Q4_1: case DF_GGML_Q5_1: case DF_GGML_Q4_K: case DF_GGML_Q5_K: off[0] = 0, off[1] = 2; return 2;
+    case DF_GGML_Q2_K: off[0] = 80, off[1] = 82; return 2;
+    case DF_GGML_Q3_K: off[0] = 108; return 1;
+    case DF_GGML_Q6_K: off[0] = 208; return 1;
+    default: return 0;
+    }
+}
+
+/* Extreme block scales through every ISA's px product: d = 0 (and m = 0:
+ * an exact 0), the largest and a subnormal f16 (within tolerance), and
+ * Inf/NaN in d or m (non-finite iff the reference is). */
+static void test_px_extreme(int type) {
+    int off[2], nsc = scale_offsets(type, off);
+    if (!nsc) return;
+    const df_ggml_traits *t = df_ggml_traits_of(type);
+    const int64_t n = 2 * t->block_elems;
+    const int64_t rb = df_ggml_row_bytes(type, n);
+    static const uint16_t VALS[] = {0x0000, 0x8000, 0x7bff, 0x0001, 0x7c00, 0xfc00, 0x7e00};
+    float x[512], deq[512], aux[512];
+    for (int64_t i = 0; i < n; i++) x[i] = frand();
+    for (int vi = 0; vi < 7; vi++) {
+        for (int which = 0; which < nsc; which++) {
+            uint8_t row[4 * 210];
+            fill_random(type, row, n, 0);
+            /* block 1 gets the extreme value; for d = 0 also m = 0 */
+            uint8_t *b = row + t->block_bytes;
+            put16(b + off[which], VALS[vi]);
+            if (vi < 2)
+                for (int k = 0; k < nsc; k++) put16(b + off[k], VALS[vi]);
+            df_ggml_set_isa(DF_GGML_ISA_SCALAR);
+            df_ggml_dequant_row(type, row, deq, n);
+            double ref = 0, mag = 0;
+            for (int64_t i = 0; i < n; i++) ref += (double)deq[i] * x[i], mag += fabs((double)deq[i] * x[i]);
+            for (int ii = 0; ii < n_isa; ii++) {
+                df_ggml_set_isa(isa_list[ii]);
+                df_ggml_px px;
+                df_ggml_px_init(&px, type, x, n, aux);
+                float out[5];
+                /* the same row four times and once more: the four-row body and the single-row one */
+                uint8_t rows5[5 * 2 * 210];
+                for (int k = 0; k < 5; k++) memcpy(rows5 + k * rb, row, (size_t)rb);
+                df_ggml_px_dot(&px, rows5, (size_t)rb, 5, out);
+                for (int k = 0; k < 5; k++) {
+                    if (!isfinite(ref))
+                        CHECK(!isfinite(out[k]), "%s %s scale %d=0x%04x: %g, reference %g", t->name,
+                              df_ggml_isa_name(isa_list[ii]), which, VALS[vi], out[k], ref);
+                    else
+                        CHECK(fabs(out[k] - ref) <= 1e-5 * mag + 1e-30, "%s %s scale %d=0x%04x: %.9g vs %.9g", t->name,
+                              df_ggml_isa_name(isa_list[ii]), which, VALS[vi], out[k], ref);
+                }
+            }
+        }
+    }
+    df_ggml_set_isa(DF_GGML_ISA_AUTO);
+}
+
 /* Hand-computed blocks. */
 static void test_known(void) {
     for (int ii = 0; ii < n_isa; ii++) {
@@ -278,8 +409,7 @@ static void test_traits(void) {
 
 /* ---- benchmark ---------------------------------------------------------- */
 
-static void bench(int64_t mib) {
-    const int64_t n = 4096;
+static void bench(int64_t mib, int64_t n) {
     int64_t total = mib << 20;
     uint8_t *buf = df_aligned_alloc((size_t)total);
     float *x = malloc(sizeof(float) * (size_t)n), sink = 0;
@@ -290,6 +420,7 @@ static void bench(int64_t mib) {
     printf("   (GB/s of weight bytes; Gelem/s in brackets for the best)\n");
     for (int ti = 0; ti < N_TYPES; ti++) {
         int type = TYPES[ti];
+        if (n % df_ggml_traits_of(type)->block_elems) continue; /* cols not a whole number of blocks */
         int64_t rb = df_ggml_row_bytes(type, n), rows = total / rb;
         fill_random(type, buf, rows * n, 0);
         printf("%-6s", df_ggml_traits_of(type)->name);
@@ -308,6 +439,24 @@ static void bench(int64_t mib) {
             double ge = (double)(rows * n) / best / 1e9;
             if (ge > best_ge) best_ge = ge;
             fflush(stdout);
+        }
+        if (has_px_avx2(type) && df_ggml_isa_supported(DF_GGML_ISA_AVX2)) {
+            /* the decode path: x prepared once, all rows in one df_ggml_px_dot */
+            df_ggml_set_isa(DF_GGML_ISA_AVX2);
+            float *aux = malloc(sizeof(float) * df_ggml_px_floats(type, n)), *out = malloc(sizeof(float) * (size_t)rows);
+            double best = 1e30;
+            for (int rep = 0; rep < 3; rep++) {
+                double t0 = df_now();
+                df_ggml_px px;
+                df_ggml_px_init(&px, type, x, n, aux);
+                df_ggml_px_dot(&px, buf, (size_t)rb, rows, out);
+                double dt = df_now() - t0;
+                sink += out[rows - 1];
+                if (dt < best) best = dt;
+            }
+            printf("   px avx2 %.2f GB/s", (double)(rows * rb) / best / 1e9);
+            free(aux);
+            free(out);
         }
         printf("   [%.1f]\n", best_ge);
     }
@@ -333,7 +482,7 @@ int main(int argc, char **argv) {
     for (int isa = DF_GGML_ISA_SCALAR; isa <= DF_GGML_ISA_AVX512; isa++)
         if (df_ggml_isa_supported(isa)) isa_list[n_isa++] = isa;
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
-        bench(argc > 2 ? atoll(argv[2]) : 256);
+        bench(argc > 2 ? atoll(argv[2]) : 256, argc > 3 ? atoll(argv[3]) : 4096);
         return 0;
     }
     printf("ISAs:");
@@ -343,6 +492,8 @@ int main(int argc, char **argv) {
     test_known();
     for (int ti = 0; ti < N_TYPES; ti++) test_type(TYPES[ti]);
     for (int ti = 0; ti < N_TYPES; ti++) test_dot4(TYPES[ti]);
+    for (int ti = 0; ti < N_TYPES; ti++) test_px(TYPES[ti]);
+    for (int ti = 0; ti < N_TYPES; ti++) test_px_extreme(TYPES[ti]);
     if (failures) {
         printf("test_backend_ggml: %d failures\n", failures);
         return 1;

@@ -250,11 +250,17 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
                 k->dot4_fp8s(w->data + (size_t)(r0 + i) * w->row_bytes, (int64_t)w->row_bytes, x, w->cols, w->blk_c, sc, y + i);
             }
         break;
-    case DF_W_GGML:
-        if (df_isa() != DF_ISA_SCALAR)
-            for (; i + 4 <= nr; i += 4)
-                df_ggml_dot4(w->ggml_type, w->data + (size_t)(r0 + i) * w->row_bytes, w->row_bytes, x, w->cols, y + i);
-        break;
+    case DF_W_GGML: {
+        /* x prepared once for all nr rows (ggml_quant.h: df_ggml_px); the
+         * prepared data is a function of x only, so results do not depend
+         * on how rows are split over threads */
+        float stk[1024];
+        size_t na = df_ggml_px_floats(w->ggml_type, w->cols);
+        df_ggml_px px;
+        df_ggml_px_init(&px, w->ggml_type, x, w->cols, na <= 1024 ? stk : scratch(na));
+        df_ggml_px_dot(&px, w->data + (size_t)r0 * w->row_bytes, w->row_bytes, nr, y);
+        return;
+    }
     default: break;
     }
     for (; i < nr; i++) y[i] = df_dot_row(w, r0 + i, x);

@@ -423,3 +423,37 @@ void df_ggml_dot4(int type, const void *row, size_t row_stride, const float *x, 
     }
     for (int r = 0; r < 4; r++) out[r] = df_ggml_dot(type, (const uint8_t *)row + r * row_stride, x, n);
 }
+
+/* ---- prepared activations ---------------------------------------------- */
+
+size_t df_ggml_px_floats(int type, int64_t n) {
+    (void)type;
+    return (size_t)(n / 8 + 16);
+}
+
+void df_ggml_px_init(df_ggml_px *p, int type, const float *x, int64_t n, float *aux) {
+    const df_ggml_kernels *k = kernels(type);
+    p->type = type;
+    p->n = n;
+    p->x = x;
+    p->aux = NULL;
+    p->isa = -1;
+    if (k && k->px_prep && k->px_dot && aux) {
+        k->px_prep(x, n, aux);
+        p->aux = aux;
+        p->isa = df_ggml_get_isa();
+    }
+}
+
+void df_ggml_px_dot(const df_ggml_px *p, const void *row, size_t row_stride, int64_t nrows, float *out) {
+    const df_ggml_kernels *k = kernels(p->type);
+    const uint8_t *r = row;
+    if (p->isa >= 0 && p->isa == df_ggml_get_isa() && k && k->px_dot) {
+        k->px_dot(r, row_stride, nrows, p->x, p->aux, p->n, out);
+        return;
+    }
+    int64_t i = 0;
+    if (df_ggml_get_isa() != DF_GGML_ISA_SCALAR)
+        for (; i + 4 <= nrows; i += 4) df_ggml_dot4(p->type, r + i * row_stride, row_stride, p->x, p->n, out + i);
+    for (; i < nrows; i++) out[i] = df_ggml_dot(p->type, r + i * row_stride, p->x, p->n);
+}

@@ -167,7 +167,7 @@ static inline void dec_q3_k(const uint8_t *b, __m256 *w) {
 
 /* Q4_K/Q5_K scales and mins, unpacked four at a time in 32-bit words:
  * sm[j] = d*sc_j, sm[8+j] = dmin*m_j (f32 products, as in the reference). */
-static inline void k4_scales(const uint8_t *b, float *sm) {
+static inline __attribute__((always_inline)) void k4_scales(const uint8_t *b, float *sm) {
     uint32_t w[3], u[4];
     memcpy(w, b + 4, 12);
     u[0] = w[0] & 0x3f3f3f3fu;
@@ -289,7 +289,7 @@ static inline float hsum(__m256 v) {
             for (int j = 0; j < mj; j++) out[(int64_t)(j0 + j) * os] = hsum(acc[j]);            \
         }                                                                                       \
     }                                                                                           \
-    static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, NULL};
+    __attribute__((unused)) static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, NULL, NULL, NULL};
 
 GEN(q4_0, 32, 18)
 GEN(q4_1, 32, 20)
@@ -302,6 +302,288 @@ GEN(q3_k, 256, 110)
 GEN(q4_k, 256, 144)
 GEN(q5_k, 256, 176)
 GEN(q6_k, 256, 210)
+
+/* ---- prepared-x decode kernels (df_ggml_px, issue 17) -------------------
+ * Per block the integer codes q are converted to f32 and multiplied by f32
+ * x; the block scale multiplies the block's partial sum once, and the
+ * offset/min terms use the sums of x prepared once per x (px_prep):
+ *   Q4_0/Q5_0: d * (sum q x) + d * (-8 | -16) * S32
+ *   Q4_1/Q5_1: d * (sum q x) + m * S32
+ *   Q8_0:      d * (sum q x)                       (nothing prepared)
+ *   Q4_K/Q5_K: sum_sb (d*sc_sb) * (sum q x) - sum_sb (dmin*m_sb) * S32_sb
+ *   Q6_K:      sum_k (d*sc_k) * (sum q x) - sum_k (d*sc_k) * (32 * S16_k)
+ * Order of additions, per row: within a block of 32 (a sub-block for the
+ * K types) two 8-lane chains (products of vectors 0,1 then + 2,3), added,
+ * scaled into one 8-lane row accumulator with an FMA, blocks in order; the
+ * offset terms go to a separate accumulator (4 lanes for the 32-blocks,
+ * folded into the row accumulator for the K types) added at the end. The
+ * four-row loop runs the same per-row body as the one-row loop, so a row's
+ * result is the same bits whichever rows it is grouped with. */
+
+static inline __m256 ldx(const float *p) { return _mm256_loadu_ps(p); }
+
+/* [h0, h1, 0, 0] from two (or one) f16 at p. */
+static inline __m128 ph2(const uint8_t *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+}
+static inline __m128 ph1(const uint8_t *p) {
+    uint16_t u;
+    memcpy(&u, p, 2);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(u));
+}
+
+static inline float hsum8(const float *x) {
+    __m256 v = _mm256_add_ps(_mm256_add_ps(ldx(x), ldx(x + 8)), _mm256_add_ps(ldx(x + 16), ldx(x + 24)));
+    return hsum(v);
+}
+
+/* aux[4i + lane] = c * S32_i, other lanes 0 (Q4_0 c=-8, Q5_0 c=-16 in lane 0;
+ * Q4_1/Q5_1 c=1 in lane 1, matching ph2's [d, m]). */
+static inline void prep_off(const float *x, int64_t n, float *aux, float c, int lane) {
+    for (int64_t i = 0; i < n / 32; i++) {
+        _mm_storeu_ps(aux + 4 * i, _mm_setzero_ps());
+        aux[4 * i + lane] = c * hsum8(x + 32 * i);
+    }
+}
+static void prep_q4_0(const float *x, int64_t n, float *aux) { prep_off(x, n, aux, -8.0f, 0); }
+static void prep_q5_0(const float *x, int64_t n, float *aux) { prep_off(x, n, aux, -16.0f, 0); }
+static void prep_q4_1(const float *x, int64_t n, float *aux) { prep_off(x, n, aux, 1.0f, 1); }
+static void prep_none(const float *x, int64_t n, float *aux) { (void)x, (void)n, (void)aux; }
+/* aux[j] = S32_j for every 32 weights (Q4_K/Q5_K sub-blocks). */
+static void prep_s32(const float *x, int64_t n, float *aux) {
+    for (int64_t j = 0; j < n / 32; j++) aux[j] = hsum8(x + 32 * j);
+}
+/* aux[k] = 32 * S16_k (Q6_K sub-blocks of 16). */
+static void prep_s16(const float *x, int64_t n, float *aux) {
+    for (int64_t k = 0; k < n / 16; k++) aux[k] = 32.0f * hsum(_mm256_add_ps(ldx(x + 16 * k), ldx(x + 16 * k + 8)));
+}
+
+typedef struct {
+    __m256 a; /* scaled partial sums */
+    __m128 m; /* offset terms (32-blocks) */
+} pxs;
+
+/* sum over 32 of cvt(q)*x for the four code vectors of a 32-block:
+ * (q0 x0 + q2 x2) + (q1 x1 + q3 x3). */
+static inline __m256 dot32(__m256i q0, __m256i q1, __m256i q2, __m256i q3, const float *xb) {
+    __m256 t0 = _mm256_mul_ps(cvt(q0), ldx(xb));
+    __m256 t1 = _mm256_mul_ps(cvt(q1), ldx(xb + 8));
+    t0 = _mm256_fmadd_ps(cvt(q2), ldx(xb + 16), t0);
+    t1 = _mm256_fmadd_ps(cvt(q3), ldx(xb + 24), t1);
+    return _mm256_add_ps(t0, t1);
+}
+
+static inline void bx_q4_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+    __m128 d = ph1(b);
+    __m256i q0 = u8x8(b + 2), q1 = u8x8(b + 10);
+    __m256 t = dot32(and15(q0), and15(q1), hi4(q0), hi4(q1), xb);
+    s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), t, s->a);
+    s->m = _mm_fmadd_ps(d, _mm_loadu_ps(ab), s->m);
+}
+static inline void bx_q4_1(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+    __m128 dm = ph2(b);
+    __m256i q0 = u8x8(b + 4), q1 = u8x8(b + 12);
+    __m256 t = dot32(and15(q0), and15(q1), hi4(q0), hi4(q1), xb);
+    s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), t, s->a);
+    s->m = _mm_fmadd_ps(dm, _mm_loadu_ps(ab), s->m);
+}
+/* Q5 codes of a 32-block in element order, built on bytes: low nibbles
+ * (elements 0..15) and high nibbles (16..31) side by side, bit e of qh
+ * expanded to 0x10 in byte e (broadcast, byte shuffle, test against the
+ * bit's mask); widened to dwords 8 at a time. */
+static inline void q5_codes(const uint8_t *qhp, const uint8_t *qs, __m256i *q) {
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                         3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    uint32_t qh;
+    memcpy(&qh, qhp, 4);
+    __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel);
+    hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), _mm256_set1_epi8(16));
+    __m128i v = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(15);
+    __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+    __m256i c = _mm256_or_si256(nib, hb);
+    __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
+    q[0] = _mm256_cvtepu8_epi32(c0), q[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8));
+    q[2] = _mm256_cvtepu8_epi32(c1), q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8));
+}
+static inline void bx_q5_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+    __m128 d = ph1(b);
+    __m256i q[4];
+    q5_codes(b + 2, b + 6, q);
+    __m256 t = dot32(q[0], q[1], q[2], q[3], xb);
+    s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), t, s->a);
+    s->m = _mm_fmadd_ps(d, _mm_loadu_ps(ab), s->m);
+}
+static inline void bx_q5_1(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+    __m128 dm = ph2(b);
+    __m256i q[4];
+    q5_codes(b + 4, b + 8, q);
+    __m256 t = dot32(q[0], q[1], q[2], q[3], xb);
+    s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), t, s->a);
+    s->m = _mm_fmadd_ps(dm, _mm_loadu_ps(ab), s->m);
+}
+static inline void bx_q8_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+    (void)ab;
+    __m128 d = ph1(b);
+    __m256 t = dot32(i8x8(b + 2), i8x8(b + 10), i8x8(b + 18), i8x8(b + 26), xb);
+    s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), t, s->a);
+}
+
+/* Q4_K: 32-byte chunk c holds sub-blocks 2c (low nibbles) and 2c+1 (high). */
+static inline __attribute__((always_inline)) void bx_q4_k(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+    _Alignas(32) float sm[16];
+    k4_scales(b, sm);
+    s->a = _mm256_fnmadd_ps(_mm256_load_ps(sm + 8), _mm256_loadu_ps(ab), s->a);
+    const uint8_t *qs = b + offsetof(df_blk_q4_k, qs);
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+        __m256i q0 = u8x8(qs + 32 * c), q1 = u8x8(qs + 32 * c + 8), q2 = u8x8(qs + 32 * c + 16),
+                q3 = u8x8(qs + 32 * c + 24);
+        __m256 tl = dot32(and15(q0), and15(q1), and15(q2), and15(q3), xb + 64 * c);
+        __m256 th = dot32(hi4(q0), hi4(q1), hi4(q2), hi4(q3), xb + 64 * c + 32);
+        s->a = _mm256_fmadd_ps(_mm256_broadcast_ss(sm + 2 * c), tl, s->a);
+        s->a = _mm256_fmadd_ps(_mm256_broadcast_ss(sm + 2 * c + 1), th, s->a);
+    }
+}
+/* Q5_K: the high bit of element l of sub-block sb is bit sb of qh[l]. */
+static inline __m256i q5k_hi(__m256i h, int sb) {
+    __m256i v = _mm256_and_si256(h, c32(1 << sb));
+    return sb < 4 ? _mm256_slli_epi32(v, 4 - sb) : _mm256_srli_epi32(v, sb - 4);
+}
+static inline __attribute__((always_inline)) void bx_q5_k(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+    _Alignas(32) float sm[16];
+    k4_scales(b, sm);
+    s->a = _mm256_fnmadd_ps(_mm256_load_ps(sm + 8), _mm256_loadu_ps(ab), s->a);
+    const uint8_t *qs = b + offsetof(df_blk_q5_k, qs), *qhp = b + offsetof(df_blk_q5_k, qh);
+    __m256i h[4] = {u8x8(qhp), u8x8(qhp + 8), u8x8(qhp + 16), u8x8(qhp + 24)};
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+        __m256i q[4], lo[4], hi[4];
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            q[k] = u8x8(qs + 32 * c + 8 * k);
+            lo[k] = _mm256_or_si256(and15(q[k]), q5k_hi(h[k], 2 * c));
+            hi[k] = _mm256_or_si256(hi4(q[k]), q5k_hi(h[k], 2 * c + 1));
+        }
+        __m256 tl = dot32(lo[0], lo[1], lo[2], lo[3], xb + 64 * c);
+        __m256 th = dot32(hi[0], hi[1], hi[2], hi[3], xb + 64 * c + 32);
+        s->a = _mm256_fmadd_ps(_mm256_broadcast_ss(sm + 2 * c), tl, s->a);
+        s->a = _mm256_fmadd_ps(_mm256_broadcast_ss(sm + 2 * c + 1), th, s->a);
+    }
+}
+/* Q6_K: half h (128 weights): r in [32g, 32g+32) takes the low 4 bits from
+ * ql[64h + r % 64] (nibble r / 64) and the high 2 from qh[32h + r % 32]
+ * (bits 2g, 2g+1). The codes q (0..63) are built on 32 bytes at a time
+ * and widened to dwords 8 at a time; the -32 is in aux. Sub-block
+ * of 16 of weights r0..r0+15: 8h + r0/16. */
+static inline __attribute__((always_inline)) void bx_q6_k(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+    _Alignas(32) float dl[16];
+    __m256 d = _mm256_set1_ps(h2f(b + offsetof(df_blk_q6_k, d)));
+    const uint8_t *sc = b + offsetof(df_blk_q6_k, scales);
+    __m256 d0 = _mm256_mul_ps(d, cvt(i8x8(sc))), d1 = _mm256_mul_ps(d, cvt(i8x8(sc + 8)));
+    _mm256_store_ps(dl, d0);
+    _mm256_store_ps(dl + 8, d1);
+    s->a = _mm256_fnmadd_ps(d0, _mm256_loadu_ps(ab), s->a);
+    s->a = _mm256_fnmadd_ps(d1, _mm256_loadu_ps(ab + 8), s->a);
+    const uint8_t *ql = b, *qhp = b + offsetof(df_blk_q6_k, qh);
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        __m256i la = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+        __m256i lb = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(qhp + 32 * h));
+        __m256i v[4] = {
+            _mm256_or_si256(_mm256_and_si256(la, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+            _mm256_or_si256(_mm256_and_si256(lb, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4), _mm256_and_si256(qh, m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
+        _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+            __m128i c[2] = {_mm256_castsi256_si128(v[g]), _mm256_extracti128_si256(v[g], 1)};
+            _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
+                /* 16 codes: weights r = 32g + 16e .., sub-block 8h + 2g + e */
+                const float *xk = xb + 128 * h + 32 * g + 16 * e;
+                __m256 t = _mm256_fmadd_ps(cvt(_mm256_cvtepu8_epi32(_mm_srli_si128(c[e], 8))), ldx(xk + 8),
+                                           _mm256_mul_ps(cvt(_mm256_cvtepu8_epi32(c[e])), ldx(xk)));
+                s->a = _mm256_fmadd_ps(_mm256_broadcast_ss(dl + 8 * h + 2 * g + e), t, s->a);
+            }
+        }
+    }
+}
+
+/* Software prefetch: the weights stream from DRAM, and without it the
+ * four-row kernels ran slower than the single-row ones on a 48 MiB matrix.
+ * The four-row loop prefetches the same position of the next group of four
+ * rows (4 row strides ahead: a fixed distance would land in the rows the
+ * other three streams are reading when rows are short); the one-row loop
+ * prefetches PX_PF bytes ahead. */
+#ifndef PX_PF
+#define PX_PF 1024
+#endif
+/* blocks per prefetch step: about one 64-byte line of each stream per step */
+#define PX_PFS(BB) ((BB) >= 64 ? 1 : 64 / (BB))
+
+static inline pxs pxs0(void) { return (pxs){_mm256_setzero_ps(), _mm_setzero_ps()}; }
+
+/* Blocks of BE weights in BB bytes, AS floats of aux per block; LANE: the
+ * lane of the offset accumulator that holds the offset sum (-1: none). */
+#define GEN_PX(T, BE, BB, AS, LANE, PREP)                                                       \
+    static inline float fin_##T(pxs s) {                                                        \
+        float r = hsum(s.a);                                                                    \
+        if ((LANE) >= 0) {                                                                      \
+            _Alignas(16) float m[4];                                                            \
+            _mm_store_ps(m, s.m);                                                               \
+            r += m[(LANE) < 0 ? 0 : (LANE)];                                                    \
+        }                                                                                       \
+        return r;                                                                               \
+    }                                                                                           \
+    static void pxd_##T(const uint8_t *row, size_t rs, int64_t nr, const float *x, const float *aux, \
+                        int64_t n, float *out) {                                                \
+        const int64_t nb = n / (BE);                                                            \
+        int64_t r = 0;                                                                          \
+        for (; r + 4 <= nr; r += 4) {                                                           \
+            const uint8_t *p = row + (size_t)r * rs;                                            \
+            pxs s0 = pxs0(), s1 = pxs0(), s2 = pxs0(), s3 = pxs0();                             \
+            int pf_ = 0;                                                                        \
+            for (int64_t i = 0; i < nb; i++) {                                                  \
+                const float *xb = x + i * (BE), *ab = aux + i * (AS);                           \
+                const uint8_t *b = p + i * (BB);                                                \
+                if (--pf_ <= 0) {                                                               \
+                    pf_ = PX_PFS(BB);                                                           \
+                    _Pragma("GCC unroll 4") for (int o_ = 0; o_ < (BB); o_ += 64)               \
+                        _Pragma("GCC unroll 4") for (int k_ = 0; k_ < 4; k_++)                  \
+                            _mm_prefetch((const char *)b + (k_ + 4) * rs + o_, _MM_HINT_T0);    \
+                }                                                                               \
+                bx_##T(b, xb, ab, &s0);                                                         \
+                bx_##T(b + rs, xb, ab, &s1);                                                    \
+                bx_##T(b + 2 * rs, xb, ab, &s2);                                                \
+                bx_##T(b + 3 * rs, xb, ab, &s3);                                                \
+            }                                                                                   \
+            out[r] = fin_##T(s0), out[r + 1] = fin_##T(s1);                                     \
+            out[r + 2] = fin_##T(s2), out[r + 3] = fin_##T(s3);                                 \
+        }                                                                                       \
+        for (; r < nr; r++) {                                                                   \
+            const uint8_t *p = row + (size_t)r * rs;                                            \
+            pxs s0 = pxs0();                                                                    \
+            int pf_ = 0;                                                                        \
+            for (int64_t i = 0; i < nb; i++) {                                                  \
+                if (--pf_ <= 0) {                                                               \
+                    pf_ = PX_PFS(BB);                                                           \
+                    _Pragma("GCC unroll 4") for (int o_ = 0; o_ < (BB); o_ += 64)               \
+                        _mm_prefetch((const char *)p + i * (BB) + PX_PF + o_, _MM_HINT_T0);     \
+                }                                                                               \
+                bx_##T(p + i * (BB), x + i * (BE), aux + i * (AS), &s0);                        \
+            }                                                                                   \
+            out[r] = fin_##T(s0);                                                               \
+        }                                                                                       \
+    }                                                                                           \
+    static const df_ggml_kernels KP_##T = {dq_##T, dot_##T, dotm_##T, NULL, PREP, pxd_##T};
+
+GEN_PX(q4_0, 32, 18, 4, 0, prep_q4_0)
+GEN_PX(q4_1, 32, 20, 4, 1, prep_q4_1)
+GEN_PX(q5_0, 32, 22, 4, 0, prep_q5_0)
+GEN_PX(q5_1, 32, 24, 4, 1, prep_q4_1)
+GEN_PX(q8_0, 32, 34, 0, -1, prep_none)
+GEN_PX(q4_k, 256, 144, 8, -1, prep_s32)
+GEN_PX(q5_k, 256, 176, 8, -1, prep_s32)
+GEN_PX(q6_k, 256, 210, 16, -1, prep_s16)
 
 /* ---- per-element types (any n) ------------------------------------------ */
 
@@ -369,7 +651,7 @@ static inline float one_bf16(const uint8_t *p) {
             for (int j = 0; j < mj; j++) out[(int64_t)(j0 + j) * os] = hsum(acc[j]) + tail[j];  \
         }                                                                                       \
     }                                                                                           \
-    static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, NULL};
+    static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, NULL, NULL, NULL};
 
 GEN_ELEM(f32, 4)
 GEN_ELEM(f16, 2)
@@ -380,16 +662,16 @@ const df_ggml_kernels *df_ggml_kernels_avx2(int type) {
     case DF_GGML_F32: return &K_f32;
     case DF_GGML_F16: return &K_f16;
     case DF_GGML_BF16: return &K_bf16;
-    case DF_GGML_Q4_0: return &K_q4_0;
-    case DF_GGML_Q4_1: return &K_q4_1;
-    case DF_GGML_Q5_0: return &K_q5_0;
-    case DF_GGML_Q5_1: return &K_q5_1;
-    case DF_GGML_Q8_0: return &K_q8_0;
+    case DF_GGML_Q4_0: return &KP_q4_0;
+    case DF_GGML_Q4_1: return &KP_q4_1;
+    case DF_GGML_Q5_0: return &KP_q5_0;
+    case DF_GGML_Q5_1: return &KP_q5_1;
+    case DF_GGML_Q8_0: return &KP_q8_0;
     case DF_GGML_Q2_K: return &K_q2_k;
     case DF_GGML_Q3_K: return &K_q3_k;
-    case DF_GGML_Q4_K: return &K_q4_k;
-    case DF_GGML_Q5_K: return &K_q5_k;
-    case DF_GGML_Q6_K: return &K_q6_k;
+    case DF_GGML_Q4_K: return &KP_q4_k;
+    case DF_GGML_Q5_K: return &KP_q5_k;
+    case DF_GGML_Q6_K: return &KP_q6_k;
     case DF_GGML_MXFP4: return &K_mxfp4;
     default: return NULL;
     }

@@ -276,7 +276,7 @@ static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
         }                                                                                       \
         for (int r = 0; r < 4; r++) out[r] = hsum(_mm512_add_ps(acc[2 * r], acc[2 * r + 1]));   \
     }                                                                                           \
-    __attribute__((unused)) static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, dot4_##T};
+    __attribute__((unused)) static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, dot4_##T, NULL, NULL};
 
 GEN(q4_0, 32, 18)
 GEN(q4_1, 32, 20)
@@ -448,12 +448,12 @@ static void fdot4_q8_0(const uint8_t *row, size_t rs, const float *x, int64_t n,
     for (int r = 0; r < 4; r++) out[r] = hsum(a[r]);
 }
 
-static const df_ggml_kernels F_q4_0 = {dq_q4_0, fdot_q4_0, dotm_q4_0, dot4_q4_0};
-static const df_ggml_kernels F_q4_1 = {dq_q4_1, fdot_q4_1, dotm_q4_1, NULL};
-static const df_ggml_kernels F_q8_0 = {dq_q8_0, fdot_q8_0, dotm_q8_0, fdot4_q8_0};
-static const df_ggml_kernels F_mxfp4 = {dq_mxfp4, fdot_mxfp4, dotm_mxfp4, dot4_mxfp4};
-static const df_ggml_kernels F_q4_k = {dq_q4_k, fdot_q4_k, dotm_q4_k, NULL};
-static const df_ggml_kernels F_q6_k = {dq_q6_k, fdot_q6_k, dotm_q6_k, NULL};
+static const df_ggml_kernels F_q4_0 = {dq_q4_0, fdot_q4_0, dotm_q4_0, dot4_q4_0, NULL, NULL};
+static const df_ggml_kernels F_q4_1 = {dq_q4_1, fdot_q4_1, dotm_q4_1, NULL, NULL, NULL};
+static const df_ggml_kernels F_q8_0 = {dq_q8_0, fdot_q8_0, dotm_q8_0, fdot4_q8_0, NULL, NULL};
+static const df_ggml_kernels F_mxfp4 = {dq_mxfp4, fdot_mxfp4, dotm_mxfp4, dot4_mxfp4, NULL, NULL};
+static const df_ggml_kernels F_q4_k = {dq_q4_k, fdot_q4_k, dotm_q4_k, NULL, NULL, NULL};
+static const df_ggml_kernels F_q6_k = {dq_q6_k, fdot_q6_k, dotm_q6_k, NULL, NULL, NULL};
 
 /* ---- per-element types (any n) ------------------------------------------ */
 
@@ -521,7 +521,7 @@ static inline float one_bf16(const uint8_t *p) {
             for (int j = 0; j < mj; j++) out[(int64_t)(j0 + j) * os] = hsum(acc[j]) + tail[j];  \
         }                                                                                       \
     }                                                                                           \
-    __attribute__((unused)) static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, NULL};
+    __attribute__((unused)) static const df_ggml_kernels K_##T = {dq_##T, dot_##T, dotm_##T, NULL, NULL, NULL};
 
 GEN_ELEM(f32, 4)
 GEN_ELEM(f16, 2)

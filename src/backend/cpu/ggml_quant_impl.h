@@ -48,6 +48,11 @@ typedef struct {
     void (*dot_multi)(const uint8_t *row, const float *x, int64_t n, int m, int64_t x_stride,
                       float *out, int64_t out_stride);
     void (*dot4)(const uint8_t *row, size_t row_stride, const float *x, int64_t n, float *out);
+    /* prepared x (df_ggml_px): px_prep fills aux (at most n/8 + 16 floats),
+     * px_dot runs nr rows against x and aux; both or neither are set */
+    void (*px_prep)(const float *x, int64_t n, float *aux);
+    void (*px_dot)(const uint8_t *row, size_t row_stride, int64_t nr, const float *x, const float *aux,
+                   int64_t n, float *out);
 } df_ggml_kernels;
 
 /* NULL when that ISA has no kernels for type. Only call when the CPU
