@@ -46,11 +46,10 @@ BASE = "deepseek-v3-bf16"
 ISAS = ["scalar", "avx2", "avx512"]
 AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni", "-mfma", "-mf16c"]
-SOURCES = ["tests/tools/mxfp4_driver.c", "src/backend/backend.c", "src/backend/wfmt.c", "src/backend/cpu/cpu.c",
-           "src/backend/cpu/attn.c", "src/backend/cpu/ops.c",
-           "src/backend/cpu/kernels_scalar.c", "src/backend/cpu/kernels_avx2.c", "src/backend/cpu/kernels_avx512.c",
-           "src/backend/cpu/ggml_quant.c", "src/backend/cpu/ggml_quant_avx2.c", "src/backend/cpu/ggml_quant_avx512.c",
-           "src/util/util.c"]
+# the driver and the CPU backend with what it needs (every backend source but the CUDA one: a list by name
+# broke when the thread pool moved to its own file)
+SOURCES = ["tests/tools/mxfp4_driver.c", "src/util/util.c"] + sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "src" / "backend").rglob("*.c") if "cuda" not in p.parts)
 
 
 # ---- compressed-tensors (optional) ---------------------------------------------------------------------------------
