@@ -22,8 +22,7 @@
 
 /* snprintf through a function, so that paths longer than a buffer are cut
  * (and then not found) rather than warned about at every call. */
-static int sp(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sp(char *buf, size_t n, const char *fmt, ...) {
+int df_hub_sp(char *buf, size_t n, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     int r = vsnprintf(buf, n, fmt, ap);
@@ -39,18 +38,18 @@ static const char *env(const char *k) {
 }
 
 static void hf_home(char *buf, size_t n) {
-    if (env("HF_HOME")) sp(buf, n, "%s", env("HF_HOME"));
-    else if (env("XDG_CACHE_HOME")) sp(buf, n, "%s/huggingface", env("XDG_CACHE_HOME"));
-    else sp(buf, n, "%s/.cache/huggingface", env("HOME") ? env("HOME") : ".");
+    if (env("HF_HOME")) df_hub_sp(buf, n, "%s", env("HF_HOME"));
+    else if (env("XDG_CACHE_HOME")) df_hub_sp(buf, n, "%s/huggingface", env("XDG_CACHE_HOME"));
+    else df_hub_sp(buf, n, "%s/.cache/huggingface", env("HOME") ? env("HOME") : ".");
 }
 
 const char *df_hub_cache_dir(char *buf, size_t n) {
-    if (env("HF_HUB_CACHE")) sp(buf, n, "%s", env("HF_HUB_CACHE"));
-    else if (env("HUGGINGFACE_HUB_CACHE")) sp(buf, n, "%s", env("HUGGINGFACE_HUB_CACHE"));
+    if (env("HF_HUB_CACHE")) df_hub_sp(buf, n, "%s", env("HF_HUB_CACHE"));
+    else if (env("HUGGINGFACE_HUB_CACHE")) df_hub_sp(buf, n, "%s", env("HUGGINGFACE_HUB_CACHE"));
     else {
         char h[2048];
         hf_home(h, sizeof h);
-        sp(buf, n, "%s/hub", h);
+        df_hub_sp(buf, n, "%s/hub", h);
     }
     return buf;
 }
@@ -81,7 +80,7 @@ int df_hub_parse_ref(const char *arg, char *repo, size_t rn, char *rev, size_t v
     if (l >= rn || (at && strlen(at + 1) >= vn)) return df_err(err, errlen, DF_EINPUT, "'%s': repo id or revision too long", arg);
     memcpy(repo, arg, l);
     repo[l] = 0;
-    sp(rev, vn, "%s", at ? at + 1 : "main");
+    df_hub_sp(rev, vn, "%s", at ? at + 1 : "main");
     if (strstr(rev, "..")) return df_err(err, errlen, DF_EINPUT, "'%s': revision may not contain '..'", arg);
     return 0;
 }
@@ -89,10 +88,10 @@ int df_hub_parse_ref(const char *arg, char *repo, size_t rn, char *rev, size_t v
 void df_hub_repo_dir(const char *cache, const char *repo, char *buf, size_t n) {
     char c[2048], name[512];
     if (!cache) cache = df_hub_cache_dir(c, sizeof c);
-    sp(name, sizeof name, "%s", repo);
+    df_hub_sp(name, sizeof name, "%s", repo);
     char *s = strchr(name, '/');
     if (s) *s = 0;
-    sp(buf, n, "%s/models--%s--%s", cache, name, s ? s + 1 : "");
+    df_hub_sp(buf, n, "%s/models--%s--%s", cache, name, s ? s + 1 : "");
 }
 
 static int is_commit(const char *s) {
@@ -103,9 +102,9 @@ static int is_commit(const char *s) {
 
 /* The commit a revision names in the cache: itself, or refs/REV. */
 static int cached_commit(const char *rdir, const char *rev, char commit[48], char *err, size_t errlen) {
-    if (is_commit(rev)) { sp(commit, 48, "%s", rev); return 0; }
+    if (is_commit(rev)) { df_hub_sp(commit, 48, "%s", rev); return 0; }
     char p[4096];
-    sp(p, sizeof p, "%s/refs/%s", rdir, rev);
+    df_hub_sp(p, sizeof p, "%s/refs/%s", rdir, rev);
     FILE *f = fopen(p, "r");
     if (!f) return df_err(err, errlen, DF_EINPUT, "%s: not in the hub cache (no such ref file)", p);
     char line[128] = "";
@@ -113,7 +112,7 @@ static int cached_commit(const char *rdir, const char *rev, char commit[48], cha
     fclose(f);
     line[strcspn(line, "\r\n")] = 0;
     if (!ok || !is_commit(line)) return df_err(err, errlen, DF_EFORMAT, "%s: expected a 40-hex commit, got '%.60s'", p, line);
-    sp(commit, 48, "%s", line);
+    df_hub_sp(commit, 48, "%s", line);
     return 0;
 }
 
@@ -122,7 +121,7 @@ int df_hub_snapshot_dir(const char *cache, const char *repo, const char *rev, ch
     df_hub_repo_dir(cache, repo, rdir, sizeof rdir);
     int rc = cached_commit(rdir, rev, commit, err, errlen);
     if (rc) return rc;
-    sp(buf, n, "%s/snapshots/%s", rdir, commit);
+    df_hub_sp(buf, n, "%s/snapshots/%s", rdir, commit);
     if (!df_is_dir(buf)) return df_err(err, errlen, DF_EINPUT, "%s: not in the hub cache (no snapshot directory)", buf);
     return 0;
 }
@@ -133,16 +132,16 @@ static int has_weights(const char *dir) { return has_weights_missing(dir, NULL, 
 int df_hub_snapshot_check(const char *dir, char *err, size_t errlen) {
     char miss[4300] = "";
     if (has_weights_missing(dir, miss, sizeof miss)) return 0;
-    if (!miss[0]) sp(miss, sizeof miss, "%s/config.json", dir);
+    if (!miss[0]) df_hub_sp(miss, sizeof miss, "%s/config.json", dir);
     if (df_file_exists(miss)) return 0; /* not a safetensors model: nothing to check */
     return df_err(err, errlen, DF_EINPUT, "%s: missing from the cached snapshot", miss);
 }
 
 static int has_weights_missing(const char *dir, char *missing, size_t mn) {
     char p[4200];
-    sp(p, sizeof p, "%s/model.safetensors", dir);
+    df_hub_sp(p, sizeof p, "%s/model.safetensors", dir);
     if (df_file_exists(p)) return 1;
-    sp(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    df_hub_sp(p, sizeof p, "%s/model.safetensors.index.json", dir);
     if (!df_file_exists(p)) return 0;
     /* sharded: weights are there when the index's first shard is */
     char *txt = NULL;
@@ -158,9 +157,9 @@ static int has_weights_missing(const char *dir, char *missing, size_t mn) {
         ok = 1;
         json_object_foreach(wm, k, v) {
             if (!json_is_string(v)) { ok = 0; break; }
-            sp(p, sizeof p, "%s/%s", dir, json_string_value(v));
+            df_hub_sp(p, sizeof p, "%s/%s", dir, json_string_value(v));
             if (!df_file_exists(p)) {
-                if (missing) sp(missing, mn, "%s", p);
+                if (missing) df_hub_sp(missing, mn, "%s", p);
                 ok = 0;
                 break;
             }
@@ -177,32 +176,32 @@ int df_hub_model_dir(const char *model, char *buf, size_t n, char *err, size_t e
     df_hub_repo_dir(NULL, repo, rdir, sizeof rdir);
     if ((rc = cached_commit(rdir, rev, commit, err, errlen))) {
         char s[4400];
-        sp(s, sizeof s, "%s/deltafin-stream/refs/%s", rdir, rev);
+        df_hub_sp(s, sizeof s, "%s/deltafin-stream/refs/%s", rdir, rev);
         if (is_commit(rev) || !df_file_exists(s)) return rc;
         char sd[4400];
-        sp(sd, sizeof sd, "%s/deltafin-stream", rdir);
+        df_hub_sp(sd, sizeof sd, "%s/deltafin-stream", rdir);
         if (cached_commit(sd, rev, commit, err, errlen)) return rc;
     }
     char snap[4200], stream[4400];
-    sp(snap, sizeof snap, "%s/snapshots/%s", rdir, commit);
-    sp(stream, sizeof stream, "%s/deltafin-stream/%s/stream.json", rdir, commit);
-    if (df_is_dir(snap) && has_weights(snap)) { sp(buf, n, "%s", snap); return 0; }
-    if (df_file_exists(stream)) { sp(buf, n, "%s/deltafin-stream/%s", rdir, commit); return 0; }
-    if (df_is_dir(snap)) { sp(buf, n, "%s", snap); return 0; }
+    df_hub_sp(snap, sizeof snap, "%s/snapshots/%s", rdir, commit);
+    df_hub_sp(stream, sizeof stream, "%s/deltafin-stream/%s/stream.json", rdir, commit);
+    if (df_is_dir(snap) && has_weights(snap)) { df_hub_sp(buf, n, "%s", snap); return 0; }
+    if (df_file_exists(stream)) { df_hub_sp(buf, n, "%s/deltafin-stream/%s", rdir, commit); return 0; }
+    if (df_is_dir(snap)) { df_hub_sp(buf, n, "%s", snap); return 0; }
     return df_err(err, errlen, DF_EINPUT, "%s: model %s is not in the hub cache (run deltafin setup --full %s)", snap, model, model);
 }
 
 void df_hub_opts_default(df_hub_opts *o) {
     memset(o, 0, sizeof *o);
-    sp(o->endpoint, sizeof o->endpoint, "%s", env("HF_ENDPOINT") ? env("HF_ENDPOINT") : "https://huggingface.co");
+    df_hub_sp(o->endpoint, sizeof o->endpoint, "%s", env("HF_ENDPOINT") ? env("HF_ENDPOINT") : "https://huggingface.co");
     size_t l = strlen(o->endpoint);
     while (l && o->endpoint[l - 1] == '/') o->endpoint[--l] = 0;
-    if (env("HF_TOKEN")) sp(o->token, sizeof o->token, "%s", env("HF_TOKEN"));
+    if (env("HF_TOKEN")) df_hub_sp(o->token, sizeof o->token, "%s", env("HF_TOKEN"));
     else {
         char p[2300], h[2048];
         hf_home(h, sizeof h);
-        if (env("HF_TOKEN_PATH")) sp(p, sizeof p, "%s", env("HF_TOKEN_PATH"));
-        else sp(p, sizeof p, "%s/token", h);
+        if (env("HF_TOKEN_PATH")) df_hub_sp(p, sizeof p, "%s", env("HF_TOKEN_PATH"));
+        else df_hub_sp(p, sizeof p, "%s/token", h);
         FILE *f = fopen(p, "r");
         if (f) {
             if (fgets(o->token, sizeof o->token, f)) o->token[strcspn(o->token, "\r\n \t")] = 0;
@@ -260,7 +259,7 @@ static size_t on_header(char *b, size_t sz, size_t nm, void *p) {
     *c = 0;
     char *v = c + 1;
     while (*v == ' ' || *v == '\t') v++;
-#define H(name, field) if (!strcasecmp(line, name)) sp(h->field, sizeof h->field, "%s", v);
+#define H(name, field) if (!strcasecmp(line, name)) df_hub_sp(h->field, sizeof h->field, "%s", v);
     H("location", location) else H("etag", etag) else H("x-linked-etag", linked_etag) else H("x-repo-commit", commit)
     else H("content-range", content_range) else H("retry-after", retry_after)
     else if (!strcasecmp(line, "x-linked-size")) h->linked_size = strtoll(v, NULL, 10);
@@ -296,7 +295,7 @@ static struct curl_slist *headers_for(const df_hub_opts *o, const char *url) {
     origin(url, b, sizeof b);
     if (o->token[0] && !strcmp(a, b)) {
         char h[600];
-        sp(h, sizeof h, "Authorization: Bearer %s", o->token);
+        df_hub_sp(h, sizeof h, "Authorization: Bearer %s", o->token);
         hl = curl_slist_append(hl, h);
     }
     return hl;
@@ -366,8 +365,8 @@ static int request(const df_hub_opts *o, CURL *c, const char *url, df_buf *body,
         net_total.requests++;
         if (a) net_total.retries++;
         pthread_mutex_unlock(&net_mu);
-        if (rc != CURLE_OK) { sp(last, sizeof last, "%s", curl_easy_strerror(rc)); continue; }
-        if (retryable_status(h->status)) { sp(last, sizeof last, "HTTP %ld", h->status); continue; }
+        if (rc != CURLE_OK) { df_hub_sp(last, sizeof last, "%s", curl_easy_strerror(rc)); continue; }
+        if (retryable_status(h->status)) { df_hub_sp(last, sizeof last, "HTTP %ld", h->status); continue; }
         if (h->status >= 400)
             return df_err(err, errlen, h->status == 401 || h->status == 403 || h->status == 404 ? DF_EINPUT : DF_EIO, "%s: HTTP %ld%s", url,
                           h->status, status_hint(h->status));
@@ -383,7 +382,7 @@ static void url_escape(const char *s, char *out, size_t n, int keep_slash) {
     for (; *s && j + 4 < n; s++) {
         unsigned char ch = (unsigned char)*s;
         if (id_char((char)ch) || ch == '~' || (keep_slash && ch == '/')) out[j++] = (char)ch;
-        else j += (size_t)sp(out + j, n - j, "%%%02X", ch);
+        else j += (size_t)df_hub_sp(out + j, n - j, "%%%02X", ch);
     }
     out[j] = 0;
 }
@@ -409,14 +408,14 @@ static int hexlen(const char *s, size_t n) {
 
 int df_hub_revision(const df_hub_opts *o, const char *repo, const char *rev, df_hub_repo *r, char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
-    sp(r->repo, sizeof r->repo, "%s", repo);
-    sp(r->rev, sizeof r->rev, "%s", rev);
+    df_hub_sp(r->repo, sizeof r->repo, "%s", repo);
+    df_hub_sp(r->rev, sizeof r->rev, "%s", rev);
     if (o->offline)
         return df_err(err, errlen, DF_EINPUT, "HF_HUB_OFFLINE=1: cannot ask %s for %s@%s (the revision API is online only)", o->endpoint, repo, rev);
     pthread_once(&curl_once, curl_init);
     char url[2600], erev[600];
     url_escape(rev, erev, sizeof erev, 0);
-    sp(url, sizeof url, "%s/api/models/%s/revision/%s?blobs=true", o->endpoint, repo, erev);
+    df_hub_sp(url, sizeof url, "%s/api/models/%s/revision/%s?blobs=true", o->endpoint, repo, erev);
     CURL *c = curl_easy_init();
     df_buf b = {0};
     resp_hdrs h;
@@ -437,7 +436,7 @@ int df_hub_parse_revision(const char *txt, size_t len, const char *url, df_hub_r
     json_t *sib = json_object_get(j, "siblings");
     if (!sha || !hexlen(sha, 40)) { json_decref(j); return df_err(err, errlen, DF_EFORMAT, "%s: field sha: expected a 40-hex commit", url); }
     if (!json_is_array(sib)) { json_decref(j); return df_err(err, errlen, DF_EFORMAT, "%s: field siblings: expected an array", url); }
-    sp(r->commit, sizeof r->commit, "%s", sha);
+    df_hub_sp(r->commit, sizeof r->commit, "%s", sha);
     r->files = df_xcalloc(json_array_size(sib) + 1, sizeof *r->files);
     size_t i;
     json_t *f;
@@ -454,7 +453,7 @@ int df_hub_parse_revision(const char *txt, size_t len, const char *url, df_hub_r
         df_hub_file *d = &r->files[r->n_files++];
         d->path = df_xstrdup(p);
         d->size = json_integer_value(sz);
-        sp(d->blob_id, sizeof d->blob_id, "%s", bid);
+        df_hub_sp(d->blob_id, sizeof d->blob_id, "%s", bid);
         if (json_is_object(lfs)) {
             const char *s256 = json_string_value(json_object_get(lfs, "sha256"));
             if (!s256 || !hexlen(s256, 64)) {
@@ -462,7 +461,7 @@ int df_hub_parse_revision(const char *txt, size_t len, const char *url, df_hub_r
                 df_hub_repo_free(r);
                 return df_err(err, errlen, DF_EFORMAT, "%s: siblings[%zu].lfs.sha256: expected 64 hex digits", url, i);
             }
-            sp(d->sha256, sizeof d->sha256, "%s", s256);
+            df_hub_sp(d->sha256, sizeof d->sha256, "%s", s256);
             json_t *ls = json_object_get(lfs, "size");
             if (json_is_integer(ls)) d->size = json_integer_value(ls);
         }
@@ -493,7 +492,7 @@ struct df_hub_remote {
 static void unquote_etag(const char *in, char *out, size_t n) {
     if (!strncmp(in, "W/", 2)) in += 2;
     while (*in == '"') in++;
-    sp(out, n, "%s", in);
+    df_hub_sp(out, n, "%s", in);
     size_t l = strlen(out);
     while (l && out[l - 1] == '"') out[--l] = 0;
 }
@@ -507,7 +506,7 @@ df_hub_remote *df_hub_remote_open(const df_hub_opts *o, const char *repo, const 
     char url[4096], ep[2048], erev[200];
     url_escape(path, ep, sizeof ep, 1);
     url_escape(commit, erev, sizeof erev, 0);
-    sp(url, sizeof url, "%s/%s/resolve/%s/%s", o->endpoint, repo, erev, ep);
+    df_hub_sp(url, sizeof url, "%s/%s/resolve/%s/%s", o->endpoint, repo, erev, ep);
     CURL *c = curl_easy_init();
     resp_hdrs h;
     df_hub_remote *rm = NULL;
@@ -516,19 +515,19 @@ df_hub_remote *df_hub_remote_open(const df_hub_opts *o, const char *repo, const 
         if (h.status >= 300 && h.status < 400 && h.location[0] == '/') { /* relative redirect (a renamed repo): follow on the hub */
             char org[1100];
             origin(o->endpoint, org, sizeof org);
-            sp(url, sizeof url, "%s%s", org, h.location);
+            df_hub_sp(url, sizeof url, "%s%s", org, h.location);
             continue;
         }
         rm = df_xcalloc(1, sizeof *rm);
         pthread_mutex_init(&rm->mu, NULL);
-        sp(rm->repo, sizeof rm->repo, "%s", repo);
-        sp(rm->rev, sizeof rm->rev, "%s", commit);
-        sp(rm->path, sizeof rm->path, "%s", path);
-        sp(rm->name, sizeof rm->name, "%s/%s", repo, path);
+        df_hub_sp(rm->repo, sizeof rm->repo, "%s", repo);
+        df_hub_sp(rm->rev, sizeof rm->rev, "%s", commit);
+        df_hub_sp(rm->path, sizeof rm->path, "%s", path);
+        df_hub_sp(rm->name, sizeof rm->name, "%s/%s", repo, path);
         unquote_etag(h.linked_etag[0] ? h.linked_etag : h.etag, rm->etag, sizeof rm->etag);
-        sp(rm->commit, sizeof rm->commit, "%s", h.commit);
+        df_hub_sp(rm->commit, sizeof rm->commit, "%s", h.commit);
         rm->size = h.linked_size >= 0 ? h.linked_size : h.status < 300 ? h.content_length : -1;
-        sp(rm->url, sizeof rm->url, "%s", h.status >= 300 && h.status < 400 && h.location[0] ? h.location : url);
+        df_hub_sp(rm->url, sizeof rm->url, "%s", h.status >= 300 && h.status < 400 && h.location[0] ? h.location : url);
         if (!rm->etag[0] || rm->size < 0 || strchr(rm->etag, '/') || strstr(rm->etag, "..")) {
             df_err(err, errlen, DF_EFORMAT, "%s: HEAD gave no usable ETag/X-Linked-Etag (%s) or size (X-Linked-Size / Content-Length)", url,
                    rm->etag[0] ? rm->etag : "none");
@@ -561,7 +560,7 @@ static int refresh_location(const df_hub_opts *o, df_hub_remote *rm, const char 
         char err[512];
         df_hub_remote *n = df_hub_remote_open(o, rm->repo, rm->rev, rm->path, err, sizeof err);
         if (n && !strcmp(n->etag, rm->etag) && n->size == rm->size) {
-            sp(rm->url, sizeof rm->url, "%s", n->url);
+            df_hub_sp(rm->url, sizeof rm->url, "%s", n->url);
             ok = 1;
         }
         df_hub_remote_free(n);
@@ -607,7 +606,7 @@ static size_t on_data(char *b, size_t sz, size_t nm, void *p) {
         unsigned long long a = 0, e = 0, tot = 0;
         if (st == 206) {
             if (sscanf(x->h.content_range, "bytes %llu-%llu/%llu", &a, &e, &tot) < 2 || a != x->want_from || e != x->want_from + rest - 1) {
-                sp(x->why, sizeof x->why, "Content-Range '%s' does not match the bytes asked for (%llu-%llu)", x->h.content_range,
+                df_hub_sp(x->why, sizeof x->why, "Content-Range '%s' does not match the bytes asked for (%llu-%llu)", x->h.content_range,
                          (unsigned long long)x->want_from, (unsigned long long)(x->want_from + rest - 1));
                 return 0;
             }
@@ -615,21 +614,21 @@ static size_t on_data(char *b, size_t sz, size_t nm, void *p) {
             snprintf(x->why, sizeof x->why, "HTTP %ld", st);
             return 0;
         } else if (!(st == 200 && x->want_from == 0 && (int64_t)rest == x->h.content_length)) {
-            sp(x->why, sizeof x->why, "HTTP %ld to a range request", st);
+            df_hub_sp(x->why, sizeof x->why, "HTTP %ld to a range request", st);
             return 0;
         }
         if (x->h.content_length >= 0 && (uint64_t)x->h.content_length != rest) {
-            sp(x->why, sizeof x->why, "Content-Length %lld, expected %llu", (long long)x->h.content_length, (unsigned long long)rest);
+            df_hub_sp(x->why, sizeof x->why, "Content-Length %lld, expected %llu", (long long)x->h.content_length, (unsigned long long)rest);
             return 0;
         }
         x->checked = 1;
     }
-    if (x->got + n > x->r->len) { sp(x->why, sizeof x->why, "the server sent more bytes than asked for"); return 0; }
+    if (x->got + n > x->r->len) { df_hub_sp(x->why, sizeof x->why, "the server sent more bytes than asked for"); return 0; }
     size_t w = 0;
     while (w < n) {
         ssize_t k = pwrite(x->r->fd, b + w, n - w, (off_t)(x->r->off + x->got + w));
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) { sp(x->why, sizeof x->why, "write failed: %s", strerror(errno)); return 0; }
+        if (k <= 0) { df_hub_sp(x->why, sizeof x->why, "write failed: %s", strerror(errno)); return 0; }
         w += (size_t)k;
     }
     x->got += n;
@@ -656,7 +655,7 @@ static int fetch_one(fetch_job *j, CURL *c, int i, char *err, size_t errlen) {
         if (a) backoff(o, a, &x.h, &seed);
         if (x.got == r->len) break;
         pthread_mutex_lock(&rm->mu);
-        sp(url, sizeof url, "%s", rm->url);
+        df_hub_sp(url, sizeof url, "%s", rm->url);
         pthread_mutex_unlock(&rm->mu);
         struct curl_slist *hl = headers_for(o, url);
         setup_easy(c, o, url, hl, &x.h);
@@ -664,7 +663,7 @@ static int fetch_one(fetch_job *j, CURL *c, int i, char *err, size_t errlen) {
         x.want_from = r->off + x.got;
         x.checked = 0;
         x.why[0] = 0;
-        sp(range, sizeof range, "%llu-%llu", (unsigned long long)x.want_from, (unsigned long long)(r->off + r->len - 1));
+        df_hub_sp(range, sizeof range, "%llu-%llu", (unsigned long long)x.want_from, (unsigned long long)(r->off + r->len - 1));
         curl_easy_setopt(c, CURLOPT_RANGE, range);
         curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
         curl_easy_setopt(c, CURLOPT_WRITEDATA, &x);
@@ -692,11 +691,11 @@ static int fetch_one(fetch_job *j, CURL *c, int i, char *err, size_t errlen) {
         if (st >= 400 && !retryable_status(st))
             return df_err(err, errlen, DF_EIO, "%s: bytes %llu-%llu: HTTP %ld%s", rm->name, (unsigned long long)r->off,
                           (unsigned long long)(r->off + r->len - 1), st, status_hint(st));
-        if (x.why[0]) sp(last, sizeof last, "%s", x.why);
-        else if (rc != CURLE_OK) sp(last, sizeof last, "%s (%llu of %llu bytes)", curl_easy_strerror(rc), (unsigned long long)x.got,
+        if (x.why[0]) df_hub_sp(last, sizeof last, "%s", x.why);
+        else if (rc != CURLE_OK) df_hub_sp(last, sizeof last, "%s (%llu of %llu bytes)", curl_easy_strerror(rc), (unsigned long long)x.got,
                                           (unsigned long long)r->len);
-        else if (retryable_status(st)) sp(last, sizeof last, "HTTP %ld", st);
-        else sp(last, sizeof last, "short read: %llu of %llu bytes", (unsigned long long)x.got, (unsigned long long)r->len);
+        else if (retryable_status(st)) df_hub_sp(last, sizeof last, "HTTP %ld", st);
+        else df_hub_sp(last, sizeof last, "short read: %llu of %llu bytes", (unsigned long long)x.got, (unsigned long long)r->len);
         if (a + 1 >= o->retries || j->failed) break;
         if (j->pg.on) fprintf(stderr, "\n");
         fprintf(stderr, "deltafin: hub: %s bytes %llu-%llu: %s; retrying (%d of %d)\n", rm->name, (unsigned long long)r->off,
@@ -742,7 +741,7 @@ static void *fetch_worker(void *p) {
         if (!rc && j->on_done && fdatasync(j->rg[i].fd)) /* durable before it is logged as done */ rc = df_err(err, sizeof err, DF_EIO, "%s: fdatasync: %s", j->remotes[j->rg[i].file]->name, strerror(errno));
         pthread_mutex_lock(&j->mu);
         if (rc) {
-            if (!j->failed) sp(j->err, sizeof j->err, "%s", err);
+            if (!j->failed) df_hub_sp(j->err, sizeof j->err, "%s", err);
             j->failed = 1;
         } else {
             if (j->done) j->done[i] = 1;
@@ -796,7 +795,7 @@ static int hash_file(const char *path, int git_blob, int64_t size, char *hex, ch
     EVP_DigestInit_ex(c, git_blob ? EVP_sha1() : EVP_sha256(), NULL);
     if (git_blob) {
         char hdr[64];
-        int l = sp(hdr, sizeof hdr, "blob %lld", (long long)size);
+        int l = df_hub_sp(hdr, sizeof hdr, "blob %lld", (long long)size);
         EVP_DigestUpdate(c, hdr, (size_t)l + 1);
     }
     unsigned char *buf = df_xmalloc(1 << 20), md[64];
@@ -809,23 +808,23 @@ static int hash_file(const char *path, int git_blob, int64_t size, char *hex, ch
     EVP_DigestFinal_ex(c, md, &ml);
     EVP_MD_CTX_free(c);
     if (rerr) return df_err(err, errlen, DF_EIO, "%s: read failed", path);
-    for (unsigned i = 0; i < ml; i++) sp(hex + 2 * i, 3, "%02x", md[i]);
+    for (unsigned i = 0; i < ml; i++) df_hub_sp(hex + 2 * i, 3, "%02x", md[i]);
     return 0;
 }
 
 /* snapshots/COMMIT/PATH -> ../../blobs/ETAG (one more ../ per directory in PATH), made atomically. */
 static int link_snapshot(const char *rdir, const char *commit, const char *path, const char *etag, char *err, size_t errlen) {
     char lp[4200], tgt[4200], tmp[4300];
-    sp(lp, sizeof lp, "%s/snapshots/%s/%s", rdir, commit, path);
+    df_hub_sp(lp, sizeof lp, "%s/snapshots/%s/%s", rdir, commit, path);
     char *slash = strrchr(lp, '/');
     *slash = 0;
     if (df_mkdirs(lp)) return df_err(err, errlen, DF_EIO, "%s: cannot create: %s", lp, strerror(errno));
     *slash = '/';
     size_t j = 0;
-    j += (size_t)sp(tgt + j, sizeof tgt - j, "../../");
-    for (const char *s = path; *s; s++) if (*s == '/') j += (size_t)sp(tgt + j, sizeof tgt - j, "../");
-    sp(tgt + j, sizeof tgt - j, "blobs/%s", etag);
-    sp(tmp, sizeof tmp, "%s.deltafin-link.%d", lp, (int)getpid());
+    j += (size_t)df_hub_sp(tgt + j, sizeof tgt - j, "../../");
+    for (const char *s = path; *s; s++) if (*s == '/') j += (size_t)df_hub_sp(tgt + j, sizeof tgt - j, "../");
+    df_hub_sp(tgt + j, sizeof tgt - j, "blobs/%s", etag);
+    df_hub_sp(tmp, sizeof tmp, "%s.deltafin-link.%d", lp, (int)getpid());
     unlink(tmp);
     if (symlink(tgt, tmp) || rename(tmp, lp)) {
         unlink(tmp);
@@ -836,7 +835,7 @@ static int link_snapshot(const char *rdir, const char *commit, const char *path,
 
 int df_hub_write_file(const char *path, const char *text, char *err, size_t errlen) {
     char tmp[4300];
-    sp(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    df_hub_sp(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     char *slash = strrchr(tmp, '/');
     if (slash) { *slash = 0; df_mkdirs(tmp); *slash = '/'; }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -851,7 +850,7 @@ int df_hub_write_file(const char *path, const char *text, char *err, size_t errl
 void df_hub_log_range_done(void *ctx, int i) {
     const int fd = *(const int *)ctx;
     char line[32];
-    int l = sp(line, sizeof line, "%d\n", i);
+    int l = df_hub_sp(line, sizeof line, "%d\n", i);
     if (write(fd, line, (size_t)l) == l) (void)fdatasync(fd);
 }
 
@@ -873,10 +872,10 @@ static int fetch_blob(const df_hub_opts *o, const char *rdir, const df_hub_repo 
         goto out;
     }
     char blob[4300], part[4400], log[4500];
-    sp(blob, sizeof blob, "%s/blobs/%s", rdir, rm->etag);
-    sp(part, sizeof part, "%s.incomplete", blob);
-    sp(log, sizeof log, "%s.incomplete.done", blob);
-    sp(etag_out, 160, "%s", rm->etag);
+    df_hub_sp(blob, sizeof blob, "%s/blobs/%s", rdir, rm->etag);
+    df_hub_sp(part, sizeof part, "%s.incomplete", blob);
+    df_hub_sp(log, sizeof log, "%s.incomplete.done", blob);
+    df_hub_sp(etag_out, 160, "%s", rm->etag);
     int64_t n = f->size == 0 ? 0 : (f->size + o->chunk - 1) / o->chunk;
     unsigned char *done = df_xcalloc((size_t)n + 1, 1);
     /* one process per partial file: another deltafin downloading the same blob is waited for */
@@ -951,9 +950,9 @@ out:
 int df_hub_fetch_files(const df_hub_opts *o, const df_hub_repo *r, int (*want)(const char *path), int *downloaded, char *err, size_t errlen) {
     char rdir[4096], p[4300];
     df_hub_repo_dir(o->cache, r->repo, rdir, sizeof rdir);
-    sp(p, sizeof p, "%s/blobs", rdir);
+    df_hub_sp(p, sizeof p, "%s/blobs", rdir);
     if (df_mkdirs(p)) return df_err(err, errlen, DF_EIO, "%s: cannot create: %s", p, strerror(errno));
-    sp(p, sizeof p, "%s/snapshots/%s", rdir, r->commit);
+    df_hub_sp(p, sizeof p, "%s/snapshots/%s", rdir, r->commit);
     if (df_mkdirs(p)) return df_err(err, errlen, DF_EIO, "%s: cannot create: %s", p, strerror(errno));
     *downloaded = 0;
     for (int i = 0; i < r->n_files; i++) {
@@ -962,8 +961,8 @@ int df_hub_fetch_files(const df_hub_opts *o, const df_hub_repo *r, int (*want)(c
         const char *etag = f->sha256[0] ? f->sha256 : f->blob_id;
         char lp[4300], blob[4300];
         struct stat st;
-        sp(lp, sizeof lp, "%s/snapshots/%s/%s", rdir, r->commit, f->path);
-        sp(blob, sizeof blob, "%s/blobs/%s", rdir, etag);
+        df_hub_sp(lp, sizeof lp, "%s/snapshots/%s/%s", rdir, r->commit, f->path);
+        df_hub_sp(blob, sizeof blob, "%s/blobs/%s", rdir, etag);
         if (stat(lp, &st) == 0 && st.st_size == f->size) continue; /* already in the snapshot (ours or huggingface_hub's) */
         if (!(stat(blob, &st) == 0 && st.st_size == f->size)) { /* a blob shared with another revision is linked, not fetched */
             char got[160];
@@ -980,8 +979,8 @@ int df_hub_fetch_files(const df_hub_opts *o, const df_hub_repo *r, int (*want)(c
     }
     if (strcmp(r->rev, r->commit)) {
         char line[64];
-        sp(p, sizeof p, "%s/refs/%s", rdir, r->rev);
-        sp(line, sizeof line, "%s", r->commit);
+        df_hub_sp(p, sizeof p, "%s/refs/%s", rdir, r->rev);
+        df_hub_sp(line, sizeof line, "%s", r->commit);
         return df_hub_write_file(p, line, err, errlen);
     }
     return 0;

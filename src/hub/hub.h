@@ -138,6 +138,9 @@ int df_hub_stream_fetch(df_hub_stream *s, const df_hub_piece *p, int n, char *er
  * directories created). df_hub_log_range_done: the on_done callback of
  * df_hub_fetch_ranges that appends "i\n" to the file descriptor *ctx (an
  * int) and fdatasyncs it: the record a killed download resumes from. */
+/* snprintf that returns the length written (cut at n - 1): paths longer than
+ * a buffer are cut (and then not found) rather than warned about at every call. */
+int df_hub_sp(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int df_hub_write_file(const char *path, const char *text, char *err, size_t errlen);
 void df_hub_log_range_done(void *ctx, int i);
 

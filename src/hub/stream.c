@@ -8,21 +8,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int sp(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sp(char *buf, size_t n, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int r = vsnprintf(buf, n, fmt, ap);
-    va_end(ap);
-    return r < 0 ? 0 : (size_t)r >= n ? (int)(n ? n - 1 : 0) : r;
-}
 
 /* The parts a streamed expert is read in (as the store's manifest lists
  * them); small per-expert metadata such as INT4's weight_shape is read at
@@ -68,8 +59,8 @@ static int stream_shard(const df_hub_opts *o, const df_hub_repo *r, const df_hub
     json_t *j = NULL;
     int64_t size = df_hub_remote_size(rm);
     if (size != f->size) { rc = df_err(err, errlen, DF_EFORMAT, "%s: HEAD says %lld bytes, the revision API %lld", f->path, (long long)size, (long long)f->size); goto out; }
-    sp(path, sizeof path, "%s/%s", sdir, f->path);
-    sp(logp, sizeof logp, "%s/%s.resident.done", sdir, f->path);
+    df_hub_sp(path, sizeof path, "%s/%s", sdir, f->path);
+    df_hub_sp(logp, sizeof logp, "%s/%s.resident.done", sdir, f->path);
     fd = open(path, O_RDWR | O_CREAT, 0644);
     struct stat st;
     if (fd < 0 || fstat(fd, &st)) { rc = df_err(err, errlen, DF_EIO, "%s: %s", path, strerror(errno)); goto out; }
@@ -169,23 +160,23 @@ int df_hub_stream_setup(const df_hub_opts *o, const df_hub_repo *r, int64_t disk
     if (rc) return rc;
     char rdir[4096], sdir[4400], p[4600], tgt[4600];
     df_hub_repo_dir(o->cache, r->repo, rdir, sizeof rdir);
-    sp(sdir, sizeof sdir, "%s/deltafin-stream/%s", rdir, r->commit);
+    df_hub_sp(sdir, sizeof sdir, "%s/deltafin-stream/%s", rdir, r->commit);
     if (df_mkdirs(sdir)) return df_err(err, errlen, DF_EIO, "%s: cannot create: %s", sdir, strerror(errno));
-    sp(dir, dn, "%s", sdir);
-    sp(p, sizeof p, "%s/stream.json", sdir);
+    df_hub_sp(dir, dn, "%s", sdir);
+    df_hub_sp(p, sizeof p, "%s/stream.json", sdir);
     unlink(p); /* not complete until written again below */
     json_t *shards = json_array();
     for (int i = 0; i < r->n_files; i++) {
         const df_hub_file *f = &r->files[i];
         if (small_file(f->path)) { /* a link to the snapshot's file (one more ../ per directory in the path) */
-            sp(p, sizeof p, "%s/%s", sdir, f->path);
+            df_hub_sp(p, sizeof p, "%s/%s", sdir, f->path);
             char *slash = strrchr(p, '/');
             *slash = 0;
             df_mkdirs(p);
             *slash = '/';
-            size_t jn = (size_t)sp(tgt, sizeof tgt, "../../");
-            for (const char *s = f->path; *s; s++) if (*s == '/') jn += (size_t)sp(tgt + jn, sizeof tgt - jn, "../");
-            sp(tgt + jn, sizeof tgt - jn, "snapshots/%s/%s", r->commit, f->path);
+            size_t jn = (size_t)df_hub_sp(tgt, sizeof tgt, "../../");
+            for (const char *s = f->path; *s; s++) if (*s == '/') jn += (size_t)df_hub_sp(tgt + jn, sizeof tgt - jn, "../");
+            df_hub_sp(tgt + jn, sizeof tgt - jn, "snapshots/%s/%s", r->commit, f->path);
             unlink(p);
             if (symlink(tgt, p)) { json_decref(shards); return df_err(err, errlen, DF_EIO, "%s: cannot link: %s", p, strerror(errno)); }
             continue;
@@ -199,17 +190,17 @@ int df_hub_stream_setup(const df_hub_opts *o, const df_hub_repo *r, int64_t disk
                           "endpoint", o->endpoint, "disk_budget", (json_int_t)disk, "shards", shards);
     char *txt = json_dumps(m, JSON_INDENT(1));
     json_decref(m);
-    sp(p, sizeof p, "%s/stream.json", sdir);
+    df_hub_sp(p, sizeof p, "%s/stream.json", sdir);
     rc = df_hub_write_file(p, txt, err, errlen);
     free(txt);
     if (rc) return rc;
     for (int i = 0; i < r->n_files; i++) { /* the up-front logs are done with */
         if (!is_shard(r->files[i].path)) continue;
-        sp(p, sizeof p, "%s/%s.resident.done", sdir, r->files[i].path);
+        df_hub_sp(p, sizeof p, "%s/%s.resident.done", sdir, r->files[i].path);
         unlink(p);
     }
     if (strcmp(r->rev, r->commit)) {
-        sp(p, sizeof p, "%s/deltafin-stream/refs/%s", rdir, r->rev);
+        df_hub_sp(p, sizeof p, "%s/deltafin-stream/refs/%s", rdir, r->rev);
         char *slash = strrchr(p, '/');
         *slash = 0;
         df_mkdirs(p);
@@ -232,7 +223,7 @@ struct df_hub_stream {
 
 df_hub_stream *df_hub_stream_open(const char *dir, char *err, size_t errlen) {
     char p[4300];
-    sp(p, sizeof p, "%s/stream.json", dir);
+    df_hub_sp(p, sizeof p, "%s/stream.json", dir);
     json_error_t je;
     json_t *j = json_load_file(p, 0, &je);
     if (!json_is_object(j)) { json_decref(j); df_err(err, errlen, DF_EFORMAT, "%s: %s", p, je.text); return NULL; }
@@ -246,10 +237,10 @@ df_hub_stream *df_hub_stream_open(const char *dir, char *err, size_t errlen) {
     }
     df_hub_stream *s = df_xcalloc(1, sizeof *s);
     df_hub_opts_default(&s->o);
-    if (!getenv("HF_ENDPOINT")) sp(s->o.endpoint, sizeof s->o.endpoint, "%s", ep); /* where it was set up, unless told otherwise */
+    if (!getenv("HF_ENDPOINT")) df_hub_sp(s->o.endpoint, sizeof s->o.endpoint, "%s", ep); /* where it was set up, unless told otherwise */
     s->o.progress = 0;
-    sp(s->repo, sizeof s->repo, "%s", repo);
-    sp(s->commit, sizeof s->commit, "%s", commit);
+    df_hub_sp(s->repo, sizeof s->repo, "%s", repo);
+    df_hub_sp(s->commit, sizeof s->commit, "%s", commit);
     s->disk = json_integer_value(db);
     s->n = (int)json_array_size(sh);
     s->names = df_xcalloc((size_t)s->n + 1, sizeof *s->names);
