@@ -1,10 +1,10 @@
 /* kernel_bench.c - the CPU backend's products against the floors measured in
  * the same run (docs/PERFORMANCE.md, issue 17):
  *
- *  - floors: memory read GB/s (every thread streams its own slice of a
- *    512 MiB buffer with the ISA's plain loads, best of 4) and peak f32 FMA
- *    GFLOP/s (12 register-resident FMA chains per thread, best of 3), on
- *    all threads of the pool;
+ *  - floors: memory read GB/s (all threads, best read method, a 512 MiB
+ *    buffer) and peak f32 FMA GFLOP/s, measured by the code of `deltafin
+ *    bench floors` (backend/cpu/floors.c: threads started together, not
+ *    pool shares);
  *  - decode: GB/s of weights read by df_cpu_matmul_batch with n = 1 (the
  *    decode product) per format and row length, matrices of ~256 MiB (far
  *    past the L3), best of --reps; % of the read floor;
@@ -14,6 +14,7 @@
  * Usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill] [--isa scalar|avx2|avx512]
  * Prints one JSON object. Not a timed test: numbers swing with load. */
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/floors.h"
 #include "backend/cpu/kernels.h"
 #include "backend/ggml_quant.h"
 #include "util/util.h"
@@ -27,57 +28,6 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
-
-/* ---- floors -------------------------------------------------------------- */
-typedef struct { const float *buf; size_t slice; double *sink; } rd_ctx;
-
-__attribute__((target("avx2,fma"))) static float sum256(const float *p, size_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (size_t i = 0; i + 64 <= n; i += 64) {
-        a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i)), a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
-        a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16)), a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
-        a4 = _mm256_add_ps(a4, _mm256_load_ps(p + i + 32)), a5 = _mm256_add_ps(a5, _mm256_load_ps(p + i + 40));
-        a6 = _mm256_add_ps(a6, _mm256_load_ps(p + i + 48)), a7 = _mm256_add_ps(a7, _mm256_load_ps(p + i + 56));
-    }
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-    float t[8];
-    _mm256_storeu_ps(t, s);
-    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
-}
-static void rd_task(void *p, int tid, int nth) {
-    rd_ctx *c = p;
-    (void)nth;
-    const float *s = c->buf + c->slice * (size_t)tid;
-    float v = 0;
-    if (df_isa() >= DF_ISA_AVX2) v = sum256(s, c->slice);
-    else
-        for (size_t i = 0; i < c->slice; i++) v += s[i];
-    c->sink[tid] = v;
-}
-
-typedef struct { long iters; double *sink; } fma_ctx;
-__attribute__((target("avx2,fma"))) static void fma_task(void *p, int tid, int nth) {
-    fma_ctx *c = p;
-    (void)nth;
-    __m256 m = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-    __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2), a3 = _mm256_set1_ps(3),
-           a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5), a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7),
-           a8 = _mm256_set1_ps(8), a9 = _mm256_set1_ps(9), a10 = _mm256_set1_ps(10), a11 = _mm256_set1_ps(11);
-    for (long it = 0; it < c->iters; it++) {
-        a0 = _mm256_fmadd_ps(a0, m, b), a1 = _mm256_fmadd_ps(a1, m, b), a2 = _mm256_fmadd_ps(a2, m, b);
-        a3 = _mm256_fmadd_ps(a3, m, b), a4 = _mm256_fmadd_ps(a4, m, b), a5 = _mm256_fmadd_ps(a5, m, b);
-        a6 = _mm256_fmadd_ps(a6, m, b), a7 = _mm256_fmadd_ps(a7, m, b), a8 = _mm256_fmadd_ps(a8, m, b);
-        a9 = _mm256_fmadd_ps(a9, m, b), a10 = _mm256_fmadd_ps(a10, m, b), a11 = _mm256_fmadd_ps(a11, m, b);
-        __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5)); /* no folding */
-    }
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-    float t[8];
-    _mm256_storeu_ps(t, s);
-    c->sink[tid] = t[0] + t[7];
-}
 
 /* ---- weights --------------------------------------------------------------- */
 typedef struct { const char *name; int fmt, gtype; } fmt_def;
@@ -170,31 +120,11 @@ int main(int argc, char **argv) {
     df_kernels_init();
     df_pool_init(threads);
     const int nth = df_pool_size();
-    double *sink = df_xcalloc((size_t)nth, sizeof(double));
 
-    /* floors */
-    const size_t nbuf = (size_t)1 << 27; /* 512 MiB of floats */
-    float *buf = df_aligned_alloc(nbuf * 4);
-    madvise(buf, nbuf * 4, MADV_HUGEPAGE);
-    for (size_t i = 0; i < nbuf; i++) buf[i] = (float)(i & 1023);
-    rd_ctx rc = {buf, nbuf / (size_t)nth / 64 * 64, sink};
-    double read_gbs = 0;
-    for (int r = 0; r < 4; r++) {
-        double t0 = now();
-        df_pool_run(rd_task, &rc);
-        double g = (double)rc.slice * (size_t)nth * 4 / (now() - t0) / 1e9;
-        if (g > read_gbs) read_gbs = g;
-    }
-    free(buf);
-    double peak = 0;
-    if (df_isa() >= DF_ISA_AVX2)
-        for (int r = 0; r < 3; r++) {
-            fma_ctx fc = {quick ? 5000000 : 20000000, sink};
-            double t0 = now();
-            df_pool_run(fma_task, &fc);
-            double g = (double)fc.iters * 12 * 8 * 2 * nth / (now() - t0) / 1e9;
-            if (g > peak) peak = g;
-        }
+    /* floors: the same code as `deltafin bench floors` (backend/cpu/floors.c) */
+    df_floors fl;
+    df_bench_floors((size_t)512 << 20, quick ? 5000000 : 20000000, &fl);
+    const double read_gbs = fl.mem_read_gbs, peak = fl.peak_fma_gflops;
     printf("{\"threads\": %d, \"isa\": \"%s\", \"mem_read_gbs\": %.2f, \"peak_fma_gflops\": %.1f,\n", nth,
            df_isa_name(df_isa()), read_gbs, peak);
 
@@ -256,6 +186,6 @@ int main(int argc, char **argv) {
         }
     }
     printf("]}\n");
-    free(X), free(Y), free(sink);
+    free(X), free(Y);
     return 0;
 }
