@@ -230,10 +230,22 @@ df_hub_stream *df_hub_stream_open(const char *dir, char *err, size_t errlen) {
     const char *repo = json_string_value(json_object_get(j, "repo")), *commit = json_string_value(json_object_get(j, "commit"));
     const char *ep = json_string_value(json_object_get(j, "endpoint"));
     json_t *sh = json_object_get(j, "shards"), *db = json_object_get(j, "disk_budget");
-    if (!repo || !commit || strlen(commit) != 40 || !ep || !json_is_array(sh) || !json_is_integer(db)) {
+    int ok_commit = commit && strlen(commit) == 40;
+    for (const char *q = commit; ok_commit && *q; q++) ok_commit = (*q >= '0' && *q <= '9') || (*q >= 'a' && *q <= 'f');
+    if (!repo || !df_hub_is_repo_id(repo) || strchr(repo, '@') || !ok_commit || !ep || !json_is_array(sh) || !json_is_integer(db) ||
+        json_integer_value(db) < 0) {
         json_decref(j);
-        df_err(err, errlen, DF_EFORMAT, "%s: expected repo, commit (40 hex), endpoint, disk_budget and shards", p);
+        df_err(err, errlen, DF_EFORMAT, "%s: expected repo (ORG/NAME), commit (40 hex), endpoint, disk_budget (>= 0) and shards", p);
         return NULL;
+    }
+    for (size_t i = 0; i < json_array_size(sh); i++) { /* each a shard file name of this directory: no path */
+        const char *nm = json_string_value(json_object_get(json_array_get(sh, i), "name"));
+        if (!nm || !is_shard(nm) || nm[0] == '.') {
+            json_decref(j);
+            df_err(err, errlen, DF_EFORMAT, "%s: shards[%zu].name: expected a file name ending in .safetensors, got '%s'", p, i,
+                   nm ? nm : "(none)");
+            return NULL;
+        }
     }
     df_hub_stream *s = df_xcalloc(1, sizeof *s);
     df_hub_opts_default(&s->o);
@@ -247,7 +259,7 @@ df_hub_stream *df_hub_stream_open(const char *dir, char *err, size_t errlen) {
     s->remotes = df_xcalloc((size_t)s->n + 1, sizeof *s->remotes);
     for (int i = 0; i < s->n; i++) {
         const char *nm = json_string_value(json_object_get(json_array_get(sh, (size_t)i), "name"));
-        s->names[i] = df_xstrdup(nm ? nm : "");
+        s->names[i] = df_xstrdup(nm);
     }
     json_decref(j);
     return s;

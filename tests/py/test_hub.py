@@ -466,3 +466,27 @@ def test_stream_equals_full_other_families(dfbin, name, tmp_path):
         assert out["--stream"] == out["--full"]
     finally:
         emu.stop()
+
+
+@pytest.mark.parametrize("edit", [
+    {"commit": "../../etc"},
+    {"repo": "../x"},
+    {"disk_budget": -1},
+    {"shards": [{"name": "../../outside.safetensors"}]},
+    {"shards": [{"name": "config.json"}]},
+    {"shards": [{}]},
+], ids=["commit", "repo", "budget", "shard-path", "shard-ext", "shard-none"])
+def test_stream_json_is_checked_where_it_is_read(dfbin, hub, tmp_path, edit):
+    """stream.json is read back on every open: a value that is not what setup writes
+    (a path in a shard name, a commit that is not 40 hex, a negative budget) is refused
+    with the file and field named, never used to build a path or a URL."""
+    cache = tmp_path / "stream"
+    setup(dfbin, hub, cache, mode="--stream")
+    sj = cache / ("models--" + REPO.replace("/", "--")) / "deltafin-stream" / COMMIT / "stream.json"
+    d = json.loads(sj.read_text())
+    d.update(edit)
+    sj.write_text(json.dumps(d))
+    r = subprocess.run([dfbin, "run", "--model", REPO, "--ids", "1,2,3", "--max-new", "1"], capture_output=True, text=True,
+                       timeout=120, env=env_for(hub, cache))
+    assert r.returncode != 0 and "stream.json" in r.stderr, r.stderr
+    assert "expected" in r.stderr, r.stderr
