@@ -233,17 +233,17 @@ df_hub_stream *df_hub_stream_open(const char *dir, char *err, size_t errlen) {
     int ok_commit = commit && strlen(commit) == 40;
     for (const char *q = commit; ok_commit && *q; q++) ok_commit = (*q >= '0' && *q <= '9') || (*q >= 'a' && *q <= 'f');
     if (!repo || !df_hub_is_repo_id(repo) || strchr(repo, '@') || !ok_commit || !ep || !json_is_array(sh) || !json_is_integer(db) ||
-        json_integer_value(db) < 0) {
+        json_integer_value(db) < -1) {
         json_decref(j);
-        df_err(err, errlen, DF_EFORMAT, "%s: expected repo (ORG/NAME), commit (40 hex), endpoint, disk_budget (>= 0) and shards", p);
+        df_err(err, errlen, DF_EFORMAT, "%s: expected repo (ORG/NAME), commit (40 hex), endpoint, disk_budget (bytes, or -1: none) and shards", p);
         return NULL;
     }
     for (size_t i = 0; i < json_array_size(sh); i++) { /* each a shard file name of this directory: no path */
         const char *nm = json_string_value(json_object_get(json_array_get(sh, i), "name"));
         if (!nm || !is_shard(nm) || nm[0] == '.') {
-            json_decref(j);
             df_err(err, errlen, DF_EFORMAT, "%s: shards[%zu].name: expected a file name ending in .safetensors, got '%s'", p, i,
                    nm ? nm : "(none)");
+            json_decref(j); /* after the message: nm lives in j */
             return NULL;
         }
     }

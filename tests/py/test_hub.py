@@ -471,7 +471,7 @@ def test_stream_equals_full_other_families(dfbin, name, tmp_path):
 @pytest.mark.parametrize("edit", [
     {"commit": "../../etc"},
     {"repo": "../x"},
-    {"disk_budget": -1},
+    {"disk_budget": -2},
     {"shards": [{"name": "../../outside.safetensors"}]},
     {"shards": [{"name": "config.json"}]},
     {"shards": [{}]},
