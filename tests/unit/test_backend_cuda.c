@@ -32,6 +32,40 @@ static uint32_t rnd(void) { rng_state = rng_state * 1664525u + 1013904223u; retu
  * by the fused weights (and so to the host path's output wherever the weights are equal); with each gate kind,
  * in 3 launches (round 6: the gate, down products and combine in one) and, every 5th trial with the savings
  * off, in round 4's 5. */
+/* The split decode attention (positions in chunks of 64, one launch) with the savings on (round 6: more loads in
+ * flight, the combine's parts read in parallel) and off: the same bits, for caches of 1..11 chunks and a last
+ * chunk of 1..64 positions; and near the CPU's. */
+static void attn_split_checks(void) {
+    enum { NH = 8, NKV = 2, HD = 128, TMAX = 700 };
+    const df_backend_ops *B = &df_backend_cuda;
+    static float q[NH * HD], kv[TMAX * 2 * NKV * HD], o[2][NH * HD], oc[NH * HD];
+    for (int i = 0; i < NH * HD; i++) q[i] = (float)((int)(rnd() % 2001) - 1000) / 500.0f;
+    for (int i = 0; i < TMAX * 2 * NKV * HD; i++) kv[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+    df_act *dq = B->alloc(NH * HD), *dkv = B->alloc(TMAX * 2 * NKV * HD), *dout = B->alloc(NH * HD);
+    B->write(dq, q, NH * HD), B->write(dkv, kv, TMAX * 2 * NKV * HD);
+    static const int lens[] = {129, 192, 200, 257, 640, 641, 700};
+    int bad = 0;
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+        df_attn_gqa_args a = {.q = dq, .kv = dkv, .out = dout, .n = 1, .pos0 = lens[li] - 1, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 0.088f};
+        for (int lean = 0; lean < 2; lean++) {
+            df_cuda_set_lean(lean);
+            B->attn_gqa(&a);
+            B->read(o[lean], dout, NH * HD);
+        }
+        df_cuda_set_lean(1);
+        if (memcmp(o[0], o[1], sizeof o[0])) bad++;
+        CHECK(!memcmp(o[0], o[1], sizeof o[0]), "attention over %d positions: the savings changed bits", lens[li]);
+        df_attn_gqa_args h = a;
+        h.q = (const df_act *)q, h.kv = (const df_act *)kv, h.out = (df_act *)oc;
+        df_backend_cpu.attn_gqa(&h);
+        double d = 0, n2 = 0;
+        for (int i = 0; i < NH * HD; i++) d += (double)(o[1][i] - oc[i]) * (o[1][i] - oc[i]), n2 += (double)oc[i] * oc[i];
+        CHECK(d <= 1e-10 * n2, "attention over %d positions: rel L2^2 %g against the CPU", lens[li], n2 > 0 ? d / n2 : d);
+    }
+    printf("test_backend_cuda: split decode attention: %d lengths, %s\n", (int)(sizeof lens / sizeof *lens), bad ? "bits DIFFER with the savings" : "the same bits with and without the savings");
+    B->free(dq), B->free(dkv), B->free(dout);
+}
+
 static void fused_moe_checks(void) {
     enum { E = 16, K = 4, D = 256, I = 128, LAYER = 5, TRIALS = 60 };
     const df_backend_ops *B = &df_backend_cuda;
@@ -315,6 +349,7 @@ int main(void) {
         df_backend_cuda.free(x);
         if (df_backend_cuda.tier_reset) df_backend_cuda.tier_reset();
         fused_moe_checks();
+        attn_split_checks();
         df_backend_select("cpu");
     } else
         printf("test_backend_cuda: no CUDA device: the device checks (batching of cached experts, narrow launches, the device-routed MoE) are SKIPPED\n");

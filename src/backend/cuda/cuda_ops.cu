@@ -122,6 +122,10 @@ __global__ void __launch_bounds__(TH) k_attn_gqa(df_attn_gqa_args a, float *scor
  * chunk's max m, sum l (double) of exp(s - m) and o = sum exp(s - m) v into part; k_attn_gqa_combine rescales
  * by exp(m - M) and divides by L: softmax(s) v as the CPU's (one max, double sum), rounded differently. */
 #define AS_CH 64
+/* PR (DELTAFIN_CUDA_LEAN bit 8, round 6): more loads in flight, the same bits: a warp's scores of 16 positions
+ * at once (4 before; each position's score is its own sum), and the value loop loads 8 positions' rows before
+ * adding them to the accumulators in the same order */
+template <int PR>
 static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &a, float *part, int S, int vec, int ch) {
     const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z, NH = a.n_heads, hd = a.head_dim, kvh = h / (NH / a.n_kv_heads);
     const int len = a.pos0 + t + 1, j0 = z * ch, cnt = len - j0 < ch ? len - j0 : ch;
@@ -135,10 +139,11 @@ static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &
     __shared__ float sc[AS_CH];
     __shared__ float red[AT_TH / 32][128];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = AT_TH / 32;
-    for (int i0 = wid; i0 < cnt; i0 += 4 * nw) {
-        float s[4];
+    constexpr int SU = PR ? 16 : 4;
+    for (int i0 = wid; i0 < cnt; i0 += SU * nw) {
+        float s[SU];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < SU; u++) {
             const int i = i0 + u * nw;
             s[u] = 0.0f;
             if (i < cnt) {
@@ -153,10 +158,10 @@ static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &
             }
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) s[u] = warp_sum(s[u]);
+        for (int u = 0; u < SU; u++) s[u] = warp_sum(s[u]);
         if (!lane) {
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < SU; u++)
                 if (i0 + u * nw < cnt) sc[i0 + u * nw] = s[u] * a.scale;
         }
     }
@@ -173,6 +178,21 @@ static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &
     l = block_sum(l); /* its barriers order the writes of sc before the reads below */
     for (int d0 = 0; d0 < hd; d0 += 128) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (PR && vec && d0 + 4 * lane < hd) {
+            for (int i0 = wid; i0 < cnt; i0 += 8 * nw) {
+                float4 xv[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (i0 + u * nw < cnt) xv[u] = *(const float4 *)(vc + (size_t)(i0 + u * nw) * 2 * kdim + d0 + 4 * lane);
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (i0 + u * nw < cnt) {
+                        const float p = sc[i0 + u * nw];
+                        const float4 x = xv[u];
+                        acc[0] += p * x.x, acc[1] += p * x.y, acc[2] += p * x.z, acc[3] += p * x.w;
+                    }
+            }
+        } else if (!(PR && vec))
         for (int i = wid; i < cnt; i += nw) {
             const float p = sc[i];
             const float *v = vc + (size_t)i * 2 * kdim + d0;
@@ -199,7 +219,8 @@ static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &
     }
     if (!threadIdx.x) P[0] = m, P[1] = (float)l;
 }
-__global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, float *part, int S, int vec, int ch) { attn_split_block(a, part, S, vec, ch); }
+template <int PR>
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, float *part, int S, int vec, int ch) { attn_split_block<PR>(a, part, S, vec, ch); }
 /* the combine of head h, token t (a block of AT_TH threads); the parts are read from L2 (__ldcg): in the
  * fused kernel other blocks wrote them */
 #define AS_MAXS 256 /* par: parts combined from shared memory (longer caches take the serial loop) */
@@ -256,8 +277,9 @@ static __device__ __forceinline__ void attn_combine_head(const df_attn_gqa_args 
 __global__ void __launch_bounds__(AT_TH) k_attn_gqa_combine(df_attn_gqa_args a, const float *part, int S, int par, int ch) { attn_combine_head(a, part, S, blockIdx.x, blockIdx.y, par, ch); }
 /* split and combine in ONE launch: the last of a (head, token)'s S blocks to finish (a counter per pair,
  * which that block sets back to 0) combines them, with the combine kernel's arithmetic: the same bits. */
+template <int PR>
 __global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, float *part, int S, int vec, unsigned *counts, int par, int ch) {
-    attn_split_block(a, part, S, vec, ch);
+    attn_split_block<PR>(a, part, S, vec, ch);
     __shared__ int last;
     __threadfence(); /* this block's parts are visible device-wide before it counts itself */
     __syncthreads();
@@ -310,9 +332,12 @@ void g_attn_gqa(const df_attn_gqa_args *a) {
                 }
             }
             const int par = (lean_mask() & 8) != 0;
-            if (cnt) k_attn_gqa_fused<<<dim3((unsigned)c.n_heads, (unsigned)c.n, (unsigned)S), AT_TH>>>(c, part, S, vec, cnt, par, ch);
+            const dim3 sg((unsigned)c.n_heads, (unsigned)c.n, (unsigned)S);
+            if (cnt && par) k_attn_gqa_fused<1><<<sg, AT_TH>>>(c, part, S, vec, cnt, par, ch);
+            else if (cnt) k_attn_gqa_fused<0><<<sg, AT_TH>>>(c, part, S, vec, cnt, par, ch);
             else {
-                k_attn_gqa_split<<<dim3((unsigned)c.n_heads, (unsigned)c.n, (unsigned)S), AT_TH>>>(c, part, S, vec, ch);
+                if (par) k_attn_gqa_split<1><<<sg, AT_TH>>>(c, part, S, vec, ch);
+                else k_attn_gqa_split<0><<<sg, AT_TH>>>(c, part, S, vec, ch);
                 post("attn_gqa");
                 k_attn_gqa_combine<<<grid, AT_TH>>>(c, part, S, par, ch);
             }
