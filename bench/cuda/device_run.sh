@@ -25,7 +25,8 @@
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
 # Steps: STEPS="unit conf e2e mtp tiers bench moe" (default all but mtp; mtp: tests/py/test_spec_mtp.py -k transformers,
 # the CPU backend against transformers' modules). MOE_SET=r6: resident decode with DELTAFIN_CUDA_LEAN=6 (round 5's
-# kernels) and 14 (the default: + round 6's fused MoE down launch and parallel attention combine) alternated twice,
+# kernels) and 14 (the default: + round 6's fused MoE down launch; the binary of the round-6 calls also had the attention
+# change, now opt-in bit 16, under bit 8) alternated twice,
 # LEAN=15, DELTAFIN_CUDA_MOE_U=1/4, PROF=3 of 6 and 14, PROF=1, sampled 6 and 14, the ids compared, and ncu's GPU time per
 # decode kernel (NCU_SKIP/NCU_COUNT launches) of 6 and 14 where ncu is there. MOE_SET=r5: resident decode with DELTAFIN_CUDA_LEAN=2
 # (round 4's kernels) and 6 (the default: + round 5's deeper product loads and wider rmsnorm) alternated twice,
@@ -88,6 +89,7 @@ if has mtp; then # the MTP check against transformers' own modules (torch is on 
     echo "== MTP pytest (tests/py/test_spec_mtp.py -k transformers): exit $rc (mtp.log)"
     [ "$rc" -eq 0 ] || fail=$((fail + 1))
     cat "$OUT/mtp.log"
+    [ "$rc" -eq 0 ] || bash "$S/mtp_diag.sh" "$BIN" "$PWD" "$OUT"
 fi
 if has tiers; then
     step "tiers (cuda_tiers.py)" 240 tiers.log python3 "$S/cuda_tiers.py" "$BIN" tests/data/models/qwen3-moe-bf16 tests/data/models/deepseek-v3-bf16
@@ -171,6 +173,26 @@ for r in rows[1:]:
 for k, v in sorted(t.items(), key=lambda kv: -sum(kv[1])):
     print(f"ncu {k:48s} n={len(v):4d} mean {sum(v)/len(v)/1000:8.2f} us  min {min(v)/1000:8.2f}  max {max(v)/1000:8.2f}")
 PY
+            done
+        fi
+        echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    elif [ "${MOE_SET:-all}" = r6b ]; then # round 6, later calls: 512-token A/B of LEAN 6 and 14, host time of each (R6B_AB=0: none),
+        # ncu's time of each kernel of launches NCU_SKIP.. (a 512-token prefill is more than 9400 launches: its rows are scattered one
+        # launch each; NCU_SKIP=30000 NCU_NEW=256 lands in decode)
+        [ "${R6B_AB:-1}" = 1 ] && for r in 1 2; do
+            for L in 6 14; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512-r$r" --gpu-memory 100G; done
+        done
+        [ "${R6B_AB:-1}" = 1 ] && for L in 6 14; do DELTAFIN_CUDA_LEAN=$L DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-lean$L-prof1" --gpu-memory 100G; done
+        [ "${R6B_AB:-1}" = 1 ] && for n in resident-lean6-512-r1 resident-lean14-512-r1 resident-lean6-512-r2 resident-lean14-512-r2; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean6-512-r1.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as lean6-512-r1" || echo "ids $n: DIFFER from lean6-512-r1"
+        done
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        if [ -n "$NCU" ]; then # GPU time of each decode kernel alone: launches NCU_SKIP.. of a 64-token decode (past the prefill)
+            for L in 6 14; do
+                DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-120}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv --launch-skip "${NCU_SKIP:-3000}" \
+                    --launch-count "${NCU_COUNT:-330}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-64}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_lean$L.csv" 2>&1
+                echo "== ncu lean $L: exit $?"
+                python3 "$S/ncu_sum.py" "$OUT/ncu_lean$L.csv"
             done
         fi
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'

@@ -28,9 +28,9 @@ int64_t df_cuda_mm_narrow_launches(void);
  * (route, gate/up products, gate + down products + combine), 5 without (tests check it). */
 int64_t df_cuda_moe_launches(void);
 /* 1: every decode-step launch saving (narrow blocks and small job tables for one-token products, the
- * one-launch split attention, round 5's deeper loads, round 6's fused MoE down launch and parallel attention
- * combine); 0: none. Default (DELTAFIN_CUDA_LEAN unset): all but the narrow product blocks. The results are the
- * same bits either way. */
+ * one-launch split attention, round 5's deeper loads, round 6's fused MoE down launch and split attention with
+ * more loads in flight); 0: none. Default (DELTAFIN_CUDA_LEAN unset): all but the narrow product blocks and the
+ * round-6 attention. The results are the same bits either way. */
 void df_cuda_set_lean(int on);
 
 #ifdef __cplusplus

@@ -358,19 +358,20 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * (4-warp blocks, small job tables), 2 the one-launch split attention (cuda_ops.cu); 0: none, every launch as
  * before them; 4 (round 5) one-token products issue 2 or 4 steps of loads per lane before their products, and a
  * rmsnorm row gets a thread per 2 columns (cuda_ops.cu); 8 (round 6) the device-routed MoE's gate, down products
- * and combine in one launch (k_moe_down), and the split attention's combine reads its parts in parallel
- * (cuda_ops.cu). Default 14: bit 1 measured no change end to end on the H200 (docs/PERFORMANCE.md, CUDA round
- * 3), so it stays opt-in; DELTAFIN_CUDA_LEAN=6 restores round 5's kernels, 2 round 4's. Every bit gives the same
- * bits of every result. df_cuda_set_lean(on) sets 15 or 0 (the test of both paths). */
+ * and combine in one launch (k_moe_down); 16 (round 6, opt-in) the split attention keeps more loads in flight
+ * and its combine reads its parts in parallel (cuda_ops.cu). Default 14: bits 1 and 16 measured no gain on the
+ * H200 (docs/PERFORMANCE.md, CUDA rounds 3 and 6: bit 16's kernel took 20.6 us against 18.8), so they stay
+ * opt-in; DELTAFIN_CUDA_LEAN=6 restores round 5's kernels, 2 round 4's. Every bit gives the same bits of every
+ * result. df_cuda_set_lean(on) sets 31 or 0 (the test of both paths). */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 15 : 14;
+        g_lean = e && *e ? atoi(e) & 31 : 14;
     }
     return g_lean;
 }
-extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 15 : 0; }
+extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 31 : 0; }
 static int64_t g_mm_narrow;
 extern "C" int64_t df_cuda_mm_narrow_launches(void) { return g_mm_narrow; }
 /* One token, few blocks (a dense product of decode: q/k/v, o, the router, lm_head): with 8-warp blocks they
