@@ -23,7 +23,12 @@
 #         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
-# Steps: STEPS="unit conf e2e tiers bench moe" (default all). MOE_SET=r5: resident decode with DELTAFIN_CUDA_LEAN=2
+# Steps: STEPS="unit conf e2e mtp tiers bench moe" (default all but mtp; mtp: tests/py/test_spec_mtp.py -k transformers,
+# the CPU backend against transformers' modules). MOE_SET=r6: resident decode with DELTAFIN_CUDA_LEAN=6 (round 5's
+# kernels) and 14 (the default: + round 6's fused MoE down launch; the binary of the round-6 calls also had the attention
+# change, now opt-in bit 16, under bit 8) alternated twice,
+# LEAN=15, DELTAFIN_CUDA_MOE_U=1/4, PROF=3 of 6 and 14, PROF=1, sampled 6 and 14, the ids compared, and ncu's GPU time per
+# decode kernel (NCU_SKIP/NCU_COUNT launches) of 6 and 14 where ncu is there. MOE_SET=r5: resident decode with DELTAFIN_CUDA_LEAN=2
 # (round 4's kernels) and 6 (the default: + round 5's deeper product loads and wider rmsnorm) alternated twice,
 # PROF=3 of each, PROF=1, sampled, the ids compared, nsys kernel summaries when nsys is there. MOE_SET=fused: conformance without the unsplit rerun,
 # and step 5 runs resident decode with the device-routed MoE off and on (DELTAFIN_CUDA_FUSED_MOE=0/1) alternated
@@ -72,6 +77,20 @@ if has e2e; then
     step "model parity (cuda_e2e.py, every tiny model)" 300 parity.log python3 "$S/cuda_e2e.py" "$BIN"
     cut -c1-200 "$OUT/parity.log" | tail -25
 fi
+if has mtp; then # the MTP check against transformers' own modules (torch is on the device), on the CPU backend
+    # ../shared (the tokenizer fixtures conftest.py asks for) does not travel: without it, the test file alone
+    DELTAFIN_BIN=$BIN timeout 300 python3 -m pytest -q -p no:cacheprovider tests/py/test_spec_mtp.py -k transformers >"$OUT/mtp.log" 2>&1
+    rc=$?
+    if [ "$rc" = 4 ]; then
+        echo "(conftest.py refused: no ../shared here; rerun with --noconftest)" >>"$OUT/mtp.log"
+        DELTAFIN_BIN=$BIN timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest tests/py/test_spec_mtp.py -k transformers >>"$OUT/mtp.log" 2>&1
+        rc=$?
+    fi
+    echo "== MTP pytest (tests/py/test_spec_mtp.py -k transformers): exit $rc (mtp.log)"
+    [ "$rc" -eq 0 ] || fail=$((fail + 1))
+    cat "$OUT/mtp.log"
+    [ "$rc" -eq 0 ] || bash "$S/mtp_diag.sh" "$BIN" "$PWD" "$OUT"
+fi
 if has tiers; then
     step "tiers (cuda_tiers.py)" 240 tiers.log python3 "$S/cuda_tiers.py" "$BIN" tests/data/models/qwen3-moe-bf16 tests/data/models/deepseek-v3-bf16
     tail -12 "$OUT/tiers.log"
@@ -113,6 +132,67 @@ if has moe; then
                 DELTAFIN_CUDA_FUSED_MOE=$F timeout 120 nsys profile -o "$OUT/nsys_fused$F" --stats=true -t cuda "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new 64 --ignore-eos --gpu-memory 100G >"$OUT/nsys_fused$F.log" 2>&1
                 grep -A14 "cuda_gpu_kern_sum" "$OUT/nsys_fused$F.log" | cut -c1-160 | head -16
                 rm -f "$OUT"/nsys_fused$F.nsys-rep "$OUT"/nsys_fused$F.sqlite
+            done
+        fi
+        echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    elif [ "${MOE_SET:-all}" = r6 ]; then # round 6: DELTAFIN_CUDA_LEAN=6 (round 5's kernels) against the default (14: + bit 8), alternated
+        for r in 1 2; do
+            for L in 6 14; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done
+        done
+        DELTAFIN_CUDA_LEAN=15 moe resident-lean15 --gpu-memory 100G # + the narrow dense product launches (bit 1)
+        for U in 1 4; do DELTAFIN_CUDA_MOE_U=$U moe "resident-moeu$U" --gpu-memory 100G; done # the gate/up launch's loads per lane
+        for C in 16 32; do DELTAFIN_CUDA_ATTN_CH=$C moe "resident-ch$C" --gpu-memory 100G; done # positions per split attention block (other sums: ids may differ)
+        for L in 6 14; do DELTAFIN_CUDA_LEAN=$L DELTAFIN_CUDA_PROF=3 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-lean$L-prof3" --gpu-memory 100G; done
+        DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
+        for L in 6 14; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
+        for n in resident-lean6-r1 resident-lean14-r1 resident-lean6-r2 resident-lean14-r2 resident-lean15 resident-moeu1 resident-moeu4 resident-lean6-prof3 resident-lean14-prof3 resident-prof1; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+        done
+        for n in resident-ch16 resident-ch32; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: differ from resident (other float sums)"
+        done
+        cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean6-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean14-sampled.log" | head -1) && echo "ids sampled: lean 6 and 14 the same" || echo "ids sampled: lean 6 and 14 DIFFER"
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        if [ -n "$NCU" ] && [ "${R6_NCU:-1}" = 1 ]; then # GPU time of each decode kernel alone (no launch gaps): a few decode tokens
+            for L in 6 14; do
+                DELTAFIN_CUDA_LEAN=$L timeout 150 "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv --launch-skip "${NCU_SKIP:-450}" --launch-count "${NCU_COUNT:-150}" \
+                    "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new 12 --ignore-eos --gpu-memory 100G >"$OUT/ncu_lean$L.csv" 2>&1
+                echo "== ncu lean $L: exit $?"
+                python3 - "$OUT/ncu_lean$L.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if len(r) > 10]
+if not rows: print("ncu: no rows"); sys.exit()
+h = rows[0]; ki = h.index("Kernel Name"); vi = len(h) - 1; ui = h.index("Metric Unit") if "Metric Unit" in h else None
+t = collections.defaultdict(list)
+for r in rows[1:]:
+    try: v = float(r[vi].replace(",", ""))
+    except ValueError: continue
+    if ui is not None and r[ui] == "usecond": v *= 1000
+    if ui is not None and r[ui] == "msecond": v *= 1e6
+    t[r[ki].split("(")[0].replace("void ", "")[:48]].append(v)
+for k, v in sorted(t.items(), key=lambda kv: -sum(kv[1])):
+    print(f"ncu {k:48s} n={len(v):4d} mean {sum(v)/len(v)/1000:8.2f} us  min {min(v)/1000:8.2f}  max {max(v)/1000:8.2f}")
+PY
+            done
+        fi
+        echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    elif [ "${MOE_SET:-all}" = r6b ]; then # round 6, later calls: 512-token A/B of LEAN 6 and 14, host time of each (R6B_AB=0: none),
+        # ncu's time of each kernel of launches NCU_SKIP.. (a 512-token prefill is more than 9400 launches: its rows are scattered one
+        # launch each; NCU_SKIP=30000 NCU_NEW=256 lands in decode)
+        [ "${R6B_AB:-1}" = 1 ] && for r in 1 2; do
+            for L in 6 14; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512-r$r" --gpu-memory 100G; done
+        done
+        [ "${R6B_AB:-1}" = 1 ] && for L in 6 14; do DELTAFIN_CUDA_LEAN=$L DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-lean$L-prof1" --gpu-memory 100G; done
+        [ "${R6B_AB:-1}" = 1 ] && for n in resident-lean6-512-r1 resident-lean14-512-r1 resident-lean6-512-r2 resident-lean14-512-r2; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean6-512-r1.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as lean6-512-r1" || echo "ids $n: DIFFER from lean6-512-r1"
+        done
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        if [ -n "$NCU" ]; then # GPU time of each decode kernel alone: launches NCU_SKIP.. of a 64-token decode (past the prefill)
+            for L in 6 14; do
+                DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-120}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv --launch-skip "${NCU_SKIP:-3000}" \
+                    --launch-count "${NCU_COUNT:-330}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-64}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_lean$L.csv" 2>&1
+                echo "== ncu lean $L: exit $?"
+                python3 "$S/ncu_sum.py" "$OUT/ncu_lean$L.csv"
             done
         fi
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'

@@ -29,7 +29,43 @@ static uint32_t rnd(void) { rng_state = rng_state * 1664525u + 1013904223u; retu
  * (a few distinct values) and without; both router kinds. The ids must equal the host route's; each weight
  * must be the host route's or one ulp from it (the exp: see cuda_mm.cu); every expert output row must be
  * bit-equal to the host-routed launches', and the output bit-equal to the host path's combine of those rows
- * by the fused weights (and so to the host path's output wherever the weights are equal). */
+ * by the fused weights (and so to the host path's output wherever the weights are equal); with each gate kind,
+ * in 3 launches (round 6: the gate, down products and combine in one) and, every 5th trial with the savings
+ * off, in round 4's 5. */
+/* The split decode attention (positions in chunks of 64, one launch) with the savings on (round 6: more loads in
+ * flight, the combine's parts read in parallel) and off: the same bits, for caches of 1..11 chunks and a last
+ * chunk of 1..64 positions; and near the CPU's. */
+static void attn_split_checks(void) {
+    enum { NH = 8, NKV = 2, HD = 128, TMAX = 700 };
+    const df_backend_ops *B = &df_backend_cuda;
+    static float q[NH * HD], kv[TMAX * 2 * NKV * HD], o[2][NH * HD], oc[NH * HD];
+    for (int i = 0; i < NH * HD; i++) q[i] = (float)((int)(rnd() % 2001) - 1000) / 500.0f;
+    for (int i = 0; i < TMAX * 2 * NKV * HD; i++) kv[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+    df_act *dq = B->alloc(NH * HD), *dkv = B->alloc(TMAX * 2 * NKV * HD), *dout = B->alloc(NH * HD);
+    B->write(dq, q, NH * HD), B->write(dkv, kv, TMAX * 2 * NKV * HD);
+    static const int lens[] = {129, 192, 200, 257, 640, 641, 700};
+    int bad = 0;
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+        df_attn_gqa_args a = {.q = dq, .kv = dkv, .out = dout, .n = 1, .pos0 = lens[li] - 1, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 0.088f};
+        for (int lean = 0; lean < 2; lean++) {
+            df_cuda_set_lean(lean);
+            B->attn_gqa(&a);
+            B->read(o[lean], dout, NH * HD);
+        }
+        df_cuda_set_lean(1);
+        if (memcmp(o[0], o[1], sizeof o[0])) bad++;
+        CHECK(!memcmp(o[0], o[1], sizeof o[0]), "attention over %d positions: the savings changed bits", lens[li]);
+        df_attn_gqa_args h = a;
+        h.q = (const df_act *)q, h.kv = (const df_act *)kv, h.out = (df_act *)oc;
+        df_backend_cpu.attn_gqa(&h);
+        double d = 0, n2 = 0;
+        for (int i = 0; i < NH * HD; i++) d += (double)(o[1][i] - oc[i]) * (o[1][i] - oc[i]), n2 += (double)oc[i] * oc[i];
+        CHECK(d <= 1e-10 * n2, "attention over %d positions: rel L2^2 %g against the CPU", lens[li], n2 > 0 ? d / n2 : d);
+    }
+    printf("test_backend_cuda: split decode attention: %d lengths, %s\n", (int)(sizeof lens / sizeof *lens), bad ? "bits DIFFER with the savings" : "the same bits with and without the savings");
+    B->free(dq), B->free(dkv), B->free(dout);
+}
+
 static void fused_moe_checks(void) {
     enum { E = 16, K = 4, D = 256, I = 128, LAYER = 5, TRIALS = 60 };
     const df_backend_ops *B = &df_backend_cuda;
@@ -79,6 +115,12 @@ static void fused_moe_checks(void) {
     for (int trial = 0; trial < TRIALS; trial++) {
         const int kind = trial % 3; /* 0 softmax + norm, 1 softmax, 2 sigmoid groups */
         const int ties = trial % 2;
+        /* the gate kinds (round 6 applies the gate inside the down launch), and every 5th trial with the
+         * decode-step savings off (round 4's five launches: gate, down products and combine apart) */
+        const df_gate_kind gk = (df_gate_kind)((trial / 3) % DF_GATE_N);
+        const float gp0 = gk == DF_GATE_SITU ? 1.5f : 0.0f, gp1 = gk == DF_GATE_SITU ? (trial % 2 ? 2.0f : 0.0f) : 0.0f;
+        const int lean = trial % 5 != 4;
+        df_cuda_set_lean(lean);
         for (int e = 0; e < E; e++) {
             lg[e] = ties ? (float)((int)(rnd() % 5) - 2) * 0.75f : (float)((int)(rnd() % 200001) - 100000) / 25000.0f;
             bias[e] = ties ? 0.0f : (float)((int)(rnd() % 101) - 50) / 400.0f;
@@ -95,7 +137,7 @@ static void fused_moe_checks(void) {
             jobs[2 * k + 1] = (df_mv_job){&pw[hids[k]][1], x, DF_AT(hu, (size_t)k * I)};
         }
         B->matmul_batch(jobs, 2 * K, 1);
-        B->gate(hg, hg, hu, (size_t)K * I, DF_GATE_SILU, 0, 0);
+        B->gate(hg, hg, hu, (size_t)K * I, gk, gp0, gp1);
         for (int k = 0; k < K; k++) jobs[k] = (df_mv_job){&pw[hids[k]][2], DF_AT(hg, (size_t)k * I), DF_AT(hdd, (size_t)k * D)};
         B->matmul_batch(jobs, K, 1);
         B->experts_done();
@@ -103,11 +145,16 @@ static void fused_moe_checks(void) {
         /* the fused op */
         df_tier_stats s0, s1;
         B->tier_stats(&s0);
-        df_moe_fused_args fa = {.route = ra, .layer = LAYER, .x = x, .out = fout, .g = fg, .u = fu, .d = fdd, .D = D, .I = I, .gate = DF_GATE_SILU, .ids_out = fids};
+        df_moe_fused_args fa = {.route = ra, .layer = LAYER, .x = x, .out = fout, .g = fg, .u = fu, .d = fdd, .D = D, .I = I, .gate = gk,
+                                .p0 = gp0, .p1 = gp1, .ids_out = fids};
         fa.route.ids = NULL, fa.route.w = fwd;
+        const int64_t l0 = df_cuda_moe_launches();
         int rc = B->moe_fused(&fa);
+        const int64_t launches = df_cuda_moe_launches() - l0;
         B->tier_stats(&s1);
+        df_cuda_set_lean(1);
         CHECK(rc == 0, "trial %d: moe_fused rc %d", trial, rc);
+        CHECK(launches == (lean ? 3 : 5), "trial %d (lean %d): moe_fused in %lld launches, expected %d", trial, lean, (long long)launches, lean ? 3 : 5);
         CHECK(s1.cache_hits - s0.cache_hits == 3 * K, "trial %d: %lld hits counted, expected %d", trial, (long long)(s1.cache_hits - s0.cache_hits), 3 * K);
         float fif[K];
         B->read(fif, fids, K);
@@ -122,7 +169,8 @@ static void fused_moe_checks(void) {
             if (d) ulp1++, same_w = 0;
             CHECK(d >= -1 && d <= 1, "trial %d (kind %d): weight %d: device %a, host %a", trial, kind, k, fw[k], hw[k]);
         }
-        CHECK(!memcmp(fd, hd, sizeof fd), "trial %d (kind %d): an expert output row differs from the host-routed launches'", trial, kind);
+        CHECK(!memcmp(fd, hd, sizeof fd), "trial %d (kind %d, gate %d, lean %d): an expert output row differs from the host-routed launches'", trial, kind,
+              (int)gk, lean);
         B->write(rwd, fw, K);
         B->moe_combine(rout, hdd, rwd, 1, K, D);
         B->read(ro, rout, D);
@@ -301,6 +349,7 @@ int main(void) {
         df_backend_cuda.free(x);
         if (df_backend_cuda.tier_reset) df_backend_cuda.tier_reset();
         fused_moe_checks();
+        attn_split_checks();
         df_backend_select("cpu");
     } else
         printf("test_backend_cuda: no CUDA device: the device checks (batching of cached experts, narrow launches, the device-routed MoE) are SKIPPED\n");

@@ -24,9 +24,13 @@ void df_cuda_set_memory(int64_t budget, int64_t reserve, int64_t expert_bytes);
 int64_t df_cuda_mm_launches(void);
 /* Of those, launches in 4-warp blocks (a one-token product of few blocks: docs/PERFORMANCE.md, CUDA). */
 int64_t df_cuda_mm_narrow_launches(void);
+/* Kernel launches of the device-routed MoE op (moe_fused) so far: 3 per call with DELTAFIN_CUDA_LEAN bit 8
+ * (route, gate/up products, gate + down products + combine), 5 without (tests check it). */
+int64_t df_cuda_moe_launches(void);
 /* 1: every decode-step launch saving (narrow blocks and small job tables for one-token products, the
- * one-launch split attention); 0: none. Default (DELTAFIN_CUDA_LEAN unset): the attention one only. The
- * results are the same bits either way. */
+ * one-launch split attention, round 5's deeper loads, round 6's fused MoE down launch and split attention with
+ * more loads in flight); 0: none. Default (DELTAFIN_CUDA_LEAN unset): all but the narrow product blocks and the
+ * round-6 attention. The results are the same bits either way. */
 void df_cuda_set_lean(int on);
 
 #ifdef __cplusplus

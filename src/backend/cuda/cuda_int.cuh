@@ -242,6 +242,17 @@ static __device__ float wget(const DW &w, int64_t r, int64_t c) {
     }
 }
 
+/* ---- the gates (k_gate, and the device-routed MoE's down product, which applies it to its input as it
+ * loads it: one function, so the same bits) ---------------------------------------------------------- */
+static __device__ __forceinline__ float d_silu(float x) { return x / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float d_sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float gate_apply(int kind, float x, float b, float p0, float p1) {
+    if (kind == DF_GATE_SILU) return d_silu(x) * b;
+    if (kind == DF_GATE_SIGMOID) return d_sigm(x) * b;
+    const float y = p1 != 0.0f ? p1 * tanhf(b / p1) : b;
+    return p0 * tanhf(x / p0) * d_sigm(x) * y;
+}
+
 /* ---- block reductions (blockDim a multiple of 32, <= 1024) ------------------------------ */
 template <typename T> static __device__ T warp_sum(T v) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

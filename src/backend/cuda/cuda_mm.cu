@@ -131,19 +131,21 @@ template <int V> static __device__ __forceinline__ void decode(const uint4 &u, i
  * activation chunk it loads serves the MM_R rows. The wk partial sums are
  * added in warp order (shared memory), so a row's bits depend only on its
  * job's shape. */
-template <int V, int NT, int WP, int MJ, int U> static __device__ __forceinline__ void mm_body(const MmBatchT<MJ> &b) {
-    int j = 0;
-    while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
-    const MmJob &J = b.j[j];
+/* The gate applied to a product's input as it is loaded (the device-routed MoE's down products read the
+ * gate/up products g and u and apply the gate, as k_gate would have written it: the same bits): u = g + uoff */
+struct GateIn {
+    long long uoff;
+    int kind;
+    float p0, p1;
+};
+/* One warp's share of a row group: rows r0..r0+nr-1 of job J, the 32-lane column strides ks of wk, tokens
+ * t0..t0+nt-1, into acc. A (1 token only): the input is gate(g, u) of J.x (= g) and J.x + ga.uoff (u). */
+template <int V, int NT, int U, int A>
+static __device__ __forceinline__ void mm_warp(const MmJob &J, int64_t r0, int nr, int ks, int wk, int t0, int nt, const GateIn &ga, float (&acc)[MM_R][NT]) {
     const DW &w = J.w;
-    const int wk = J.wk, warp = threadIdx.x >> 5, ks = warp % wk;
-    const int64_t r0 = ((int64_t)(blockIdx.x - J.blk0) * (WP / wk) + warp / wk) * MM_R;
-    const int nr = r0 >= w.rows ? 0 : w.rows - r0 < MM_R ? (int)(w.rows - r0) : MM_R; /* 0: an idle warp (it still meets the barrier) */
-    const int t0 = b.t0 + blockIdx.y * NT, nt = b.n - (int)blockIdx.y * NT < NT ? b.n - (int)blockIdx.y * NT : NT;
     const int64_t K = w.cols;
     const float *x = J.x + (int64_t)t0 * K;
     const int lane = threadIdx.x & 31;
-    float acc[MM_R][NT];
 #pragma unroll
     for (int i = 0; i < MM_R; i++)
 #pragma unroll
@@ -154,7 +156,7 @@ template <int V, int NT, int WP, int MJ, int U> static __device__ __forceinline_
                 const float wv = wget(w, r0 + i, c);
 #pragma unroll
                 for (int t = 0; t < NT; t++)
-                    if (t < nt) acc[i][t] = fmaf(wv, __ldg(x + (int64_t)t * K + c), acc[i][t]);
+                    if (t < nt) acc[i][t] = fmaf(wv, A ? gate_apply(ga.kind, __ldg(x + c), __ldg(x + ga.uoff + c), ga.p0, ga.p1) : __ldg(x + (int64_t)t * K + c), acc[i][t]);
             }
     } else if (nr) {
         constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
@@ -208,6 +210,17 @@ template <int V, int NT, int WP, int MJ, int U> static __device__ __forceinline_
                                 const float4 f = __ldg(xp + qq);
                                 xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
                             }
+                            if (A) {
+                                const float4 *up = (const float4 *)(x + ga.uoff + c0 + h * C);
+#pragma unroll
+                                for (int qq = 0; qq < C / 4; qq++) {
+                                    const float4 f = __ldg(up + qq);
+                                    xv[4 * qq] = gate_apply(ga.kind, xv[4 * qq], f.x, ga.p0, ga.p1);
+                                    xv[4 * qq + 1] = gate_apply(ga.kind, xv[4 * qq + 1], f.y, ga.p0, ga.p1);
+                                    xv[4 * qq + 2] = gate_apply(ga.kind, xv[4 * qq + 2], f.z, ga.p0, ga.p1);
+                                    xv[4 * qq + 3] = gate_apply(ga.kind, xv[4 * qq + 3], f.w, ga.p0, ga.p1);
+                                }
+                            }
 #pragma unroll
                             for (int i = 0; i < MM_R; i++)
 #pragma unroll
@@ -218,6 +231,20 @@ template <int V, int NT, int WP, int MJ, int U> static __device__ __forceinline_
             }
         }
     }
+}
+template <int V, int NT, int WP, int MJ, int U> static __device__ __forceinline__ void mm_body(const MmBatchT<MJ> &b) {
+    int j = 0;
+    while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
+    const MmJob &J = b.j[j];
+    const DW &w = J.w;
+    const int wk = J.wk, warp = threadIdx.x >> 5, ks = warp % wk;
+    const int64_t r0 = ((int64_t)(blockIdx.x - J.blk0) * (WP / wk) + warp / wk) * MM_R;
+    const int nr = r0 >= w.rows ? 0 : w.rows - r0 < MM_R ? (int)(w.rows - r0) : MM_R; /* 0: an idle warp (it still meets the barrier) */
+    const int t0 = b.t0 + blockIdx.y * NT, nt = b.n - (int)blockIdx.y * NT < NT ? b.n - (int)blockIdx.y * NT : NT;
+    const int lane = threadIdx.x & 31;
+    float acc[MM_R][NT];
+    const GateIn none = {0, 0, 0.0f, 0.0f};
+    mm_warp<V, NT, U, 0>(J, r0, nr, ks, wk, t0, nt, none, acc);
     float mine[MM_R];
 #pragma unroll
     for (int i = 0; i < MM_R; i++) {
@@ -255,6 +282,36 @@ __global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS
  * experts); the same body, so each row's arithmetic is the same */
 template <int V, int NT, int WP, int MJ, int U>
 __global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) { mm_body<V, NT, WP, MJ, U>(*b); }
+
+/* Round 6 (DELTAFIN_CUDA_LEAN bit 8): the device-routed MoE's gate, down products and combine in ONE launch.
+ * A block per group of MM_R output rows, a warp per chosen expert k (the k-th job of the down table: its rows
+ * read in 32-lane strides as a launch of wk = 1 reads them, so the same bits), the gate applied to the input
+ * as it is loaded (gate_apply, as k_gate writes it: the same bits), each expert's rows written to d as before,
+ * then out = the block's K rows combined by the route's weights in k order (k_moe_combine's arithmetic). */
+template <int V, int U>
+__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, GateIn ga, const float *__restrict__ wr, float *out) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const MmJob &J = b->j[warp];
+    const int64_t rows = J.w.rows, r0 = (int64_t)blockIdx.x * MM_R;
+    const int nr = r0 >= rows ? 0 : rows - r0 < MM_R ? (int)(rows - r0) : MM_R;
+    float acc[MM_R][1];
+    mm_warp<V, 1, U, 1>(J, r0, nr, 0, 1, 0, 1, ga, acc);
+    __shared__ float part[FUSED_MAX_K][MM_R];
+#pragma unroll
+    for (int i = 0; i < MM_R; i++) {
+        const float sum = warp_sum(acc[i][0]);
+        if (!lane) {
+            part[warp][i] = sum;
+            if (i < nr) J.y[r0 + i] = sum;
+        }
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < nr) {
+        float o = 0.0f;
+        for (int j = 0; j < K; j++) o += wr[j] * part[j][threadIdx.x];
+        out[r0 + threadIdx.x] = o;
+    }
+}
 
 /* Warps per row group: as many as keep at least 8 16-byte steps per lane (long
  * rows: more blocks, and a lane's loop stays long enough to keep its loads in
@@ -300,18 +357,21 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
 /* DELTAFIN_CUDA_LEAN (a measurement aid): a mask of the decode-step savings: 1 the product launches below
  * (4-warp blocks, small job tables), 2 the one-launch split attention (cuda_ops.cu); 0: none, every launch as
  * before them; 4 (round 5) one-token products issue 2 or 4 steps of loads per lane before their products, and a
- * rmsnorm row gets a thread per 2 columns (cuda_ops.cu). Default 6: bit 1 measured no change end to end on the
- * H200 (docs/PERFORMANCE.md, CUDA round 3), so it stays opt-in; DELTAFIN_CUDA_LEAN=2 restores round 4's kernels.
- * df_cuda_set_lean(on) sets 7 or 0 (the test of both paths). */
+ * rmsnorm row gets a thread per 2 columns (cuda_ops.cu); 8 (round 6) the device-routed MoE's gate, down products
+ * and combine in one launch (k_moe_down); 16 (round 6, opt-in) the split attention keeps more loads in flight
+ * and its combine reads its parts in parallel (cuda_ops.cu). Default 14: bits 1 and 16 measured no gain on the
+ * H200 (docs/PERFORMANCE.md, CUDA rounds 3 and 6: bit 16's kernel took 20.6 us against 18.8), so they stay
+ * opt-in; DELTAFIN_CUDA_LEAN=6 restores round 5's kernels, 2 round 4's. Every bit gives the same bits of every
+ * result. df_cuda_set_lean(on) sets 31 or 0 (the test of both paths). */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 7 : 6;
+        g_lean = e && *e ? atoi(e) & 31 : 14;
     }
     return g_lean;
 }
-extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 7 : 0; }
+extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 31 : 0; }
 static int64_t g_mm_narrow;
 extern "C" int64_t df_cuda_mm_narrow_launches(void) { return g_mm_narrow; }
 /* One token, few blocks (a dense product of decode: q/k/v, o, the router, lm_head): with 8-warp blocks they
@@ -655,6 +715,10 @@ static unsigned blocks_of(const DW &d, int wk) {
     return (unsigned)((d.rows + per_block - 1) / per_block);
 }
 
+static int g_moe_u = -1; /* DELTAFIN_CUDA_MOE_U=1, 2 or 4: the gate/up launch's U (a measurement aid; default as deep_u) */
+static int64_t g_moe_launches;
+extern "C" int64_t df_cuda_moe_launches(void) { return g_moe_launches; }
+
 int g_moe_fused(const df_moe_fused_args *a) {
     LOCK();
     const df_route_args *r = &a->route;
@@ -684,14 +748,57 @@ int g_moe_fused(const df_moe_fused_args *a) {
     p.nb_gu = blocks_of(gw, p.wk_gu), p.nb_dn = blocks_of(dw, p.wk_dn);
     if (!(p.fd = (FusedDev *)slot(S_MOE, sizeof(FusedDev), "moe_fused"))) return DF_ENOMEM;
     const size_t smem = (size_t)3 * E * sizeof(float) + (size_t)(p.G > 0 ? p.G : 1) * sizeof(float) + (size_t)E + (size_t)(p.G > 0 ? p.G : 1) + 16;
-    k_route_fused<<<1, 32, smem>>>(p);
-    post("moe_fused");
+    {
+        ProfScope ps("moe_fused.route");
+        k_route_fused<<<1, 32, smem>>>(p);
+        post("moe_fused");
+        g_moe_launches++;
+    }
     const unsigned bgu = 2 * (unsigned)K * p.nb_gu, bdn = (unsigned)K * p.nb_dn;
-    const int ugu = lean_mask() & 4 ? deep_u(bgu) : 1, udn = lean_mask() & 4 ? deep_u(bdn) : 1;
-    ugu == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->gu, vec_gu, bgu) : ugu == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->gu, vec_gu, bgu) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->gu, vec_gu, bgu);
-    g_gate(a->g, a->g, a->u, (size_t)K * I, a->gate, a->p0, a->p1);
-    udn == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->dn, vec_dn, bdn) : udn == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->dn, vec_dn, bdn) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->dn, vec_dn, bdn);
-    g_moe_combine(a->out, a->d, r->w, 1, K, D);
+    int ugu = lean_mask() & 4 ? deep_u(bgu) : 1, udn = lean_mask() & 4 ? deep_u(bdn) : 1;
+    if (g_moe_u < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_MOE_U");
+        g_moe_u = e && *e ? atoi(e) : 0;
+    }
+    if (g_moe_u == 1 || g_moe_u == 2 || g_moe_u == 4) ugu = g_moe_u;
+    {
+        ProfScope ps("moe_fused.gate_up");
+        ugu == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->gu, vec_gu, bgu) : ugu == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->gu, vec_gu, bgu) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->gu, vec_gu, bgu);
+        g_moe_launches++;
+    }
+    if ((lean_mask() & 8) && p.wk_dn == 1) { /* round 6: gate, down products and combine in one launch */
+        ProfScope ps("moe_fused.down_comb");
+        const GateIn ga = {(long long)(DCP(a->u) - DCP(a->g)), (int)a->gate, a->p0, a->p1};
+        /* U: every 16-byte step of a lane's rows loaded at once when it has at most 4 (here I = 768 BF16: 3) */
+        const int64_t E = vec_dn == V_F32 ? 4 : vec_dn == V_F16 || vec_dn == V_BF16 ? 8 : vec_dn == V_FP8 || vec_dn == V_I8ROW ? 16 : vec_dn == V_GENERIC ? 1 : 32;
+        const int64_t steps = (I / E + 31) / 32;
+        const int u = vec_dn == V_GENERIC ? 1 : steps <= 1 ? 1 : steps <= 2 ? 2 : 4;
+        const unsigned nb = (unsigned)((D + MM_R - 1) / MM_R);
+        const float *wr = DCP(r->w);
+        float *out = DP(a->out);
+        switch (vec_dn) {
+#define MOE_DOWN(VV) u == 4 ? k_moe_down<VV, 4><<<nb, 32 * K>>>(&p.fd->dn, K, ga, wr, out) : u == 2 ? k_moe_down<VV, 2><<<nb, 32 * K>>>(&p.fd->dn, K, ga, wr, out) : k_moe_down<VV, 1><<<nb, 32 * K>>>(&p.fd->dn, K, ga, wr, out)
+        case V_F32: MOE_DOWN(V_F32); break;
+        case V_F16: MOE_DOWN(V_F16); break;
+        case V_BF16: MOE_DOWN(V_BF16); break;
+        case V_FP8: MOE_DOWN(V_FP8); break;
+        case V_INT4: MOE_DOWN(V_INT4); break;
+        case V_I8ROW: MOE_DOWN(V_I8ROW); break;
+        case V_MXFP4: MOE_DOWN(V_MXFP4); break;
+        default: k_moe_down<V_GENERIC, 1><<<nb, 32 * K>>>(&p.fd->dn, K, ga, wr, out); break;
+#undef MOE_DOWN
+        }
+        post("moe_fused");
+        g_mm_launches++, g_moe_launches++;
+    } else {
+        g_gate(a->g, a->g, a->u, (size_t)K * I, a->gate, a->p0, a->p1);
+        {
+            ProfScope ps("moe_fused.down");
+            udn == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->dn, vec_dn, bdn) : udn == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->dn, vec_dn, bdn) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->dn, vec_dn, bdn);
+        }
+        g_moe_combine(a->out, a->d, r->w, 1, K, D);
+        g_moe_launches += 3;
+    }
     moe_count_hits(3 * (int64_t)K);
     return 0;
 }

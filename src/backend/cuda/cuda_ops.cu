@@ -122,9 +122,14 @@ __global__ void __launch_bounds__(TH) k_attn_gqa(df_attn_gqa_args a, float *scor
  * chunk's max m, sum l (double) of exp(s - m) and o = sum exp(s - m) v into part; k_attn_gqa_combine rescales
  * by exp(m - M) and divides by L: softmax(s) v as the CPU's (one max, double sum), rounded differently. */
 #define AS_CH 64
-static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &a, float *part, int S, int vec) {
+/* PR (DELTAFIN_CUDA_LEAN bit 16, round 6, opt-in: ncu timed this kernel at 20.6 us against 18.8 without it on
+ * the benchmark's 640-position decode): more loads in flight, the same bits: a warp's scores of 16 positions
+ * at once (4 before; each position's score is its own sum), and the value loop loads 8 positions' rows before
+ * adding them to the accumulators in the same order */
+template <int PR>
+static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &a, float *part, int S, int vec, int ch) {
     const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z, NH = a.n_heads, hd = a.head_dim, kvh = h / (NH / a.n_kv_heads);
-    const int len = a.pos0 + t + 1, j0 = z * AS_CH, cnt = len - j0 < AS_CH ? len - j0 : AS_CH;
+    const int len = a.pos0 + t + 1, j0 = z * ch, cnt = len - j0 < ch ? len - j0 : ch;
     const size_t kdim = (size_t)a.n_kv_heads * hd;
     const float *q = DCP(a.q) + ((size_t)t * NH + h) * hd, *kc = DCP(a.kv) + (size_t)kvh * hd + (size_t)j0 * 2 * kdim, *vc = kc + kdim;
     float *P = part + (((size_t)t * NH + h) * S + z) * (size_t)(hd + 2);
@@ -135,10 +140,11 @@ static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &
     __shared__ float sc[AS_CH];
     __shared__ float red[AT_TH / 32][128];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = AT_TH / 32;
-    for (int i0 = wid; i0 < cnt; i0 += 4 * nw) {
-        float s[4];
+    constexpr int SU = PR ? 16 : 4;
+    for (int i0 = wid; i0 < cnt; i0 += SU * nw) {
+        float s[SU];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < SU; u++) {
             const int i = i0 + u * nw;
             s[u] = 0.0f;
             if (i < cnt) {
@@ -153,10 +159,10 @@ static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &
             }
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) s[u] = warp_sum(s[u]);
+        for (int u = 0; u < SU; u++) s[u] = warp_sum(s[u]);
         if (!lane) {
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < SU; u++)
                 if (i0 + u * nw < cnt) sc[i0 + u * nw] = s[u] * a.scale;
         }
     }
@@ -173,6 +179,21 @@ static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &
     l = block_sum(l); /* its barriers order the writes of sc before the reads below */
     for (int d0 = 0; d0 < hd; d0 += 128) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (PR && vec && d0 + 4 * lane < hd) {
+            for (int i0 = wid; i0 < cnt; i0 += 8 * nw) {
+                float4 xv[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (i0 + u * nw < cnt) xv[u] = *(const float4 *)(vc + (size_t)(i0 + u * nw) * 2 * kdim + d0 + 4 * lane);
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (i0 + u * nw < cnt) {
+                        const float p = sc[i0 + u * nw];
+                        const float4 x = xv[u];
+                        acc[0] += p * x.x, acc[1] += p * x.y, acc[2] += p * x.z, acc[3] += p * x.w;
+                    }
+            }
+        } else if (!(PR && vec))
         for (int i = wid; i < cnt; i += nw) {
             const float p = sc[i];
             const float *v = vc + (size_t)i * 2 * kdim + d0;
@@ -199,13 +220,49 @@ static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &
     }
     if (!threadIdx.x) P[0] = m, P[1] = (float)l;
 }
-__global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, float *part, int S, int vec) { attn_split_block(a, part, S, vec); }
+template <int PR>
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, float *part, int S, int vec, int ch) { attn_split_block<PR>(a, part, S, vec, ch); }
 /* the combine of head h, token t (a block of AT_TH threads); the parts are read from L2 (__ldcg): in the
  * fused kernel other blocks wrote them */
-static __device__ __forceinline__ void attn_combine_head(const df_attn_gqa_args &a, const float *part, int S, int h, int t) {
+#define AS_MAXS 256 /* par: parts combined from shared memory (longer caches take the serial loop) */
+static __device__ __forceinline__ void attn_combine_head(const df_attn_gqa_args &a, const float *part, int S, int h, int t, int par, int ch) {
     const int NH = a.n_heads, hd = a.head_dim, len = a.pos0 + t + 1;
-    const int ns = (len + AS_CH - 1) / AS_CH;
+    const int ns = (len + ch - 1) / ch;
     const float *P = part + ((size_t)t * NH + h) * S * (size_t)(hd + 2);
+    if (par && ns <= AS_MAXS) {
+        /* DELTAFIN_CUDA_LEAN bit 16 (round 6, opt-in): the same arithmetic in the same order, but the parts' m and l are
+         * read by all threads at once and their exps computed once each, in parallel: the serial loops below
+         * wait for an L2 read per part (3 x ns round trips) */
+        __shared__ float cm[AS_MAXS], cl[AS_MAXS], cf[AS_MAXS];
+        __shared__ double ce[AS_MAXS];
+        __shared__ float cM, cinv;
+        for (int z = threadIdx.x; z < ns; z += AT_TH) cm[z] = __ldcg(P + (size_t)z * (hd + 2)), cl[z] = __ldcg(P + (size_t)z * (hd + 2) + 1);
+        __syncthreads();
+        if (!threadIdx.x) {
+            float M = -INFINITY;
+            for (int z = 0; z < ns; z++) M = fmaxf(M, cm[z]);
+            cM = M;
+        }
+        __syncthreads();
+        const float M = cM;
+        for (int z = threadIdx.x; z < ns; z += AT_TH) ce[z] = exp((double)cm[z] - M), cf[z] = expf(cm[z] - M);
+        __syncthreads();
+        if (!threadIdx.x) {
+            double L = 0;
+            for (int z = 0; z < ns; z++) L += (double)cl[z] * ce[z];
+            cinv = (float)(1.0 / L);
+        }
+        __syncthreads();
+        const float inv = cinv;
+        float *out = DP(a.out) + ((size_t)t * NH + h) * hd;
+        for (int d = threadIdx.x; d < hd; d += AT_TH) {
+            float o = 0.0f;
+#pragma unroll 8
+            for (int z = 0; z < ns; z++) o += __ldcg(P + (size_t)z * (hd + 2) + 2 + d) * cf[z];
+            out[d] = o * inv;
+        }
+        return;
+    }
     float M = -INFINITY;
     for (int z = 0; z < ns; z++) M = fmaxf(M, __ldcg(P + (size_t)z * (hd + 2)));
     double L = 0;
@@ -218,11 +275,12 @@ static __device__ __forceinline__ void attn_combine_head(const df_attn_gqa_args 
         out[d] = o * inv;
     }
 }
-__global__ void __launch_bounds__(AT_TH) k_attn_gqa_combine(df_attn_gqa_args a, const float *part, int S) { attn_combine_head(a, part, S, blockIdx.x, blockIdx.y); }
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_combine(df_attn_gqa_args a, const float *part, int S, int par, int ch) { attn_combine_head(a, part, S, blockIdx.x, blockIdx.y, par, ch); }
 /* split and combine in ONE launch: the last of a (head, token)'s S blocks to finish (a counter per pair,
  * which that block sets back to 0) combines them, with the combine kernel's arithmetic: the same bits. */
-__global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, float *part, int S, int vec, unsigned *counts) {
-    attn_split_block(a, part, S, vec);
+template <int PR>
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, float *part, int S, int vec, unsigned *counts, int par, int ch) {
+    attn_split_block<PR>(a, part, S, vec, ch);
     __shared__ int last;
     __threadfence(); /* this block's parts are visible device-wide before it counts itself */
     __syncthreads();
@@ -231,11 +289,12 @@ __global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, fl
     __syncthreads();
     if (!last) return;
     __threadfence();
-    attn_combine_head(a, part, S, blockIdx.x, blockIdx.y);
+    attn_combine_head(a, part, S, blockIdx.x, blockIdx.y, par, ch);
     if (!threadIdx.x) *c = 0;
 }
 static unsigned *g_att_cnt; /* zeroed counters of k_attn_gqa_fused, g_att_cnt_n of them */
 static size_t g_att_cnt_n;
+static int g_attn_ch = -1;
 static int g_attn_split = -1; /* DELTAFIN_CUDA_ATTN_SPLIT=0: decode attention without the position split */
 void g_attn_gqa(const df_attn_gqa_args *a) {
     LOCK();
@@ -255,7 +314,12 @@ void g_attn_gqa(const df_attn_gqa_args *a) {
             const char *e = getenv("DELTAFIN_CUDA_ATTN_SPLIT");
             g_attn_split = !(e && !strcmp(e, "0"));
         }
-        const int S = (int)((T + AS_CH - 1) / AS_CH);
+        if (g_attn_ch < 0) { /* DELTAFIN_CUDA_ATTN_CH: positions per split block (8..AS_CH, default AS_CH; a measurement aid) */
+            const char *e = getenv("DELTAFIN_CUDA_ATTN_CH");
+            const int v = e && *e ? atoi(e) : AS_CH;
+            g_attn_ch = v >= 8 && v <= AS_CH ? v : AS_CH;
+        }
+        const int ch = g_attn_ch, S = (int)((T + ch - 1) / ch);
         if (g_attn_split && (size_t)c.n * c.n_heads < 512 && T >= 2 * AS_CH && S <= 65535) {
             float *part = (float *)slot(S_SCORES, (size_t)c.n * c.n_heads * S * (size_t)(c.head_dim + 2) * sizeof(float), "attn_gqa");
             if (!part) return;
@@ -268,11 +332,15 @@ void g_attn_gqa(const df_attn_gqa_args *a) {
                     g_att_cnt = cnt, g_att_cnt_n = pairs;
                 }
             }
-            if (cnt) k_attn_gqa_fused<<<dim3((unsigned)c.n_heads, (unsigned)c.n, (unsigned)S), AT_TH>>>(c, part, S, vec, cnt);
+            const int par = (lean_mask() & 16) != 0; /* opt-in: measured slower on the H200 (round 6) */
+            const dim3 sg((unsigned)c.n_heads, (unsigned)c.n, (unsigned)S);
+            if (cnt && par) k_attn_gqa_fused<1><<<sg, AT_TH>>>(c, part, S, vec, cnt, par, ch);
+            else if (cnt) k_attn_gqa_fused<0><<<sg, AT_TH>>>(c, part, S, vec, cnt, par, ch);
             else {
-                k_attn_gqa_split<<<dim3((unsigned)c.n_heads, (unsigned)c.n, (unsigned)S), AT_TH>>>(c, part, S, vec);
+                if (par) k_attn_gqa_split<1><<<sg, AT_TH>>>(c, part, S, vec, ch);
+                else k_attn_gqa_split<0><<<sg, AT_TH>>>(c, part, S, vec, ch);
                 post("attn_gqa");
-                k_attn_gqa_combine<<<grid, AT_TH>>>(c, part, S);
+                k_attn_gqa_combine<<<grid, AT_TH>>>(c, part, S, par, ch);
             }
         } else if ((size_t)c.n * c.n_heads < 512) k_attn_gqa<512><<<grid, 512>>>(c, sc, vec);
         else k_attn_gqa<AT_TH><<<grid, AT_TH>>>(c, sc, vec);
@@ -425,8 +493,6 @@ void g_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_ac
 
 /* ---- element-wise ----------------------------------------------------------------------- */
 #define GRID_LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-__device__ __forceinline__ float d_silu(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float d_sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __global__ void k_add(float *y, const float *x, size_t n) { GRID_LOOP(i, n) y[i] += x[i]; }
 __global__ void k_add_bias(float *y, const float *b, size_t n, int cols) { GRID_LOOP(i, n) y[i] += b[i % cols]; }
@@ -434,17 +500,7 @@ __global__ void k_axpy(float *y, float a, const float *x, size_t n) { GRID_LOOP(
 __global__ void k_scale(float *y, float a, size_t n) { GRID_LOOP(i, n) y[i] *= a; }
 __global__ void k_sigmoid(float *y, size_t n) { GRID_LOOP(i, n) y[i] = d_sigm(y[i]); }
 __global__ void k_gate(float *o, const float *g, const float *u, size_t n, int kind, float p0, float p1) {
-    GRID_LOOP(i, n) {
-        const float x = g[i], b = u[i];
-        float r;
-        if (kind == DF_GATE_SILU) r = d_silu(x) * b;
-        else if (kind == DF_GATE_SIGMOID) r = d_sigm(x) * b;
-        else {
-            const float y = p1 != 0.0f ? p1 * tanhf(b / p1) : b;
-            r = p0 * tanhf(x / p0) * d_sigm(x) * y;
-        }
-        o[i] = r;
-    }
+    GRID_LOOP(i, n) o[i] = gate_apply(kind, g[i], u[i], p0, p1);
 }
 void g_add(df_act *y, const df_act *x, size_t n) { PROF_SCOPE(); if (n) k_add<<<blocks_for(n, 256), 256>>>(DP(y), DCP(x), n), post("add"); }
 void g_add_bias(df_act *y, const float *b, int rows, int cols) {
