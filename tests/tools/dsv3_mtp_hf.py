@@ -42,7 +42,8 @@ def main():
                     raw[k] = s.get_tensor(k).to(dt)
     P = f"model.layers.{N}."
 
-    main_m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt, attn_implementation="eager").eval()
+    main_m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt, attn_implementation="eager",
+                                                  experts_implementation="eager").eval()
     cap = {}
     main_m.model.norm.register_forward_hook(lambda mod, inp, outp: cap.__setitem__("h", inp[0]))
     main_m(torch.tensor([ids]))
@@ -54,7 +55,8 @@ def main():
     for f in os.listdir(model_dir):
         if f.endswith(".safetensors") or f.endswith(".index.json"):
             os.symlink(os.path.abspath(os.path.join(model_dir, f)), os.path.join(tmp, f))
-    big = AutoModelForCausalLM.from_pretrained(tmp, dtype=dt, attn_implementation="eager").eval()
+    big = AutoModelForCausalLM.from_pretrained(tmp, dtype=dt, attn_implementation="eager",
+                                               experts_implementation="eager").eval()
     layer = big.model.layers[N]
     # the module's layer really holds the checkpoint's layer-N weights
     w = layer.self_attn.o_proj.weight
