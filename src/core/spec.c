@@ -12,8 +12,8 @@
  *     its own session, synced to the timeline before each draft (the common
  *     prefix is kept, so only the new tokens are computed).
  *   - how many to draft (ngram and auto): a plain step costs t1, a verify
- *     pass of k drafts about t1 * (1 + beta * k) (both measured as it
- *     runs); with acceptance a per drafted token, a pass yields
+ *     pass of k drafts c_k (both measured as it runs, c_k per k; see
+ *     pass_cost); with acceptance a per drafted token, a pass yields
  *     (1 - a^(k+1)) / (1 - a) tokens. a is measured per bucket of the
  *     match's length (1-2, 3-7, 8-15, 16+ tokens: a long match is a copy
  *     and goes on), and k is the one with the best expected tokens per unit
@@ -201,7 +201,8 @@ struct df_spec {
     float *mlog, *mh, *mh2; /* [vocab], [hidden] x2 */
     int mV, mH;
     /* ngram and auto: the cost model (see choose) */
-    double t1, beta;      /* plain step seconds; verify cost per drafted token / t1 */
+    double t1;            /* plain step seconds */
+    double cost[DF_SPEC_MAX_K + 1]; /* seconds of a verify pass of k drafts, measured (0: not yet) */
     double succ[DF_SPEC_BUCKETS], tries[DF_SPEC_BUCKETS]; /* per match-length bucket: accepted drafts, and tries (accepted + the miss), decayed */
     double t_total, t_loss; /* auto: seconds of all steps and passes; what passes that lost cost beyond plain steps */
     int n_plain, n_verify, bucket, probe;
@@ -220,7 +221,6 @@ df_spec *df_spec_new(int mode, int k_max, df_engine *draft) {
     sp->mode = mode;
     sp->k_max = k_max;
     sp->k = k_max;
-    sp->beta = DF_SPEC_BETA0;
     static const double prior[DF_SPEC_BUCKETS] = {0.3, 0.5, 0.7, 0.8}; /* longer matches go on more often */
     for (int b = 0; b < DF_SPEC_BUCKETS; b++) sp->succ[b] = 2 * prior[b], sp->tries[b] = 2; /* worth two tries */
     if (!(sp->ng = df_ngram_new())) { free(sp); return NULL; }
@@ -306,13 +306,29 @@ double df_spec_gain(double a, double beta, int k) {
     return (1 - pow(a, k + 1)) / (1 - a) / (1 + beta * k);
 }
 
-/* The k of the best gain for bucket b (1..k_max) and that gain. */
+/* The seconds of a pass of k drafts: the most of what passes of up to k
+ * drafts measured (a pass is never cheaper than a shorter one; a k not
+ * measured yet is guessed as cheap as the longest measured below it, so it
+ * gets tried and measured when its acceptance would pay for it), or with
+ * none measured t1 * (1 + DF_SPEC_BETA0 * k). Measured per k, not as a
+ * line through a plain step: a pass of 2 positions runs the batched
+ * kernels and can cost much more than a step where one of 9 costs little
+ * more than that. */
+static double pass_cost(const df_spec *sp, int k) {
+    double c = 0;
+    for (int j = 1; j <= k; j++)
+        if (sp->cost[j] > c) c = sp->cost[j];
+    return c > 0 ? c : sp->t1 * (1 + DF_SPEC_BETA0 * k);
+}
+
+/* The k of the best expected tokens per plain step's time for bucket b
+ * (1..k_max), and that gain. */
 static int choose(const df_spec *sp, int b, double *g) {
     const double a = sp->succ[b] / sp->tries[b];
     int best = 1;
-    *g = df_spec_gain(a, sp->beta, 1);
-    for (int k = 2; k <= sp->k_max; k++) {
-        double gk = df_spec_gain(a, sp->beta, k);
+    *g = -1;
+    for (int k = 1; k <= sp->k_max; k++) {
+        double gk = df_spec_gain(a, 0, k) * sp->t1 / pass_cost(sp, k);
         if (gk > *g) *g = gk, best = k;
     }
     return best;
@@ -354,13 +370,9 @@ void df_spec_note_verify(df_spec *sp, int k, int accepted, double secs) {
     sp->succ[b] = DF_SPEC_DECAY * sp->succ[b] + accepted;
     sp->tries[b] = DF_SPEC_DECAY * sp->tries[b] + accepted + (accepted < k);
     sp->t_total += secs;
-    if (sp->t1 > 0) {
-        double bt = (secs / sp->t1 - 1) / k;
-        if (bt < 0) bt = 0;
-        sp->beta = sp->n_verify == 1 ? bt : 0.7 * sp->beta + 0.3 * bt;
-        double loss = secs - sp->t1 * (accepted + 1); /* beyond the plain steps it saved */
-        if (loss > 0) sp->t_loss += loss;
-    }
+    if (k <= DF_SPEC_MAX_K) sp->cost[k] = sp->cost[k] > 0 ? 0.7 * sp->cost[k] + 0.3 * secs : secs;
+    double loss = secs - sp->t1 * (accepted + 1); /* beyond the plain steps it saved */
+    if (loss > 0) sp->t_loss += loss;
 }
 
 int df_spec_attach_mtp(df_spec *sp, df_session *s, char *err, size_t errlen) {
