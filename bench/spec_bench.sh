@@ -69,7 +69,7 @@ if [ "${ARM:-dense}" = moe ]; then
                 --spec-max "$SPEC_MAX" --expert-cache "$CACHE" >"$TMP/$a.$r.ids" 2>"$TMP/$a.$r.err"
             wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
             mb=$(grep -o 'expert bytes read per generated token [0-9.]* MB' "$TMP/$a.$r.err" | grep -o '[0-9.]* MB' | cut -d' ' -f1)
-            spec=$(grep -o '\[stats\] spec ngram: .*' "$TMP/$a.$r.err" | sed 's/; time:.*//' | cut -c1-120 || true)
+            spec=$(grep -o '\[stats\] spec ngram: .*' "$TMP/$a.$r.err" | sed 's/\[stats\] spec ngram: //; s/time: drafting [0-9.]* s, //' || true)
             echo "$wall" >>"$TMP/$a.wall"
             echo "$mb" >>"$TMP/$a.mb"
             printf 'moe %-6s rep %d: %9s MB of experts per generated token, wall %6.2f s  %s\n' "$a" "$r" "$mb" "$wall" "$spec"
@@ -136,7 +136,7 @@ one() { # prompt-name arm rep
         --print-ids --stats --spec "$arm" --spec-max "$SPEC_MAX" >"$TMP/$p.$arm.$r.ids" 2>"$TMP/$p.$arm.$r.err"
     local tps spec
     tps=$(grep -o 'decode [0-9]* tokens in [0-9.]* s ([0-9.]* tok/s' "$TMP/$p.$arm.$r.err" | grep -o '[0-9.]* tok/s' | cut -d' ' -f1)
-    spec=$(grep -o '\[stats\] spec .*' "$TMP/$p.$arm.$r.err" | sed 's/; time:.*//' | cut -c1-140 || true)
+    spec=$(grep -o '\[stats\] spec .*' "$TMP/$p.$arm.$r.err" | sed 's/\[stats\] spec [a-z]*: //; s/ verify passes/ passes/; s/time: drafting [0-9.]* s, //' || true)
     echo "$tps" >>"$TMP/$p.$arm.tps"
     printf '%-8s %-6s rep %d: %8s tok/s  %s\n' "$p" "$arm" "$r" "$tps" "$spec"
 }
