@@ -1,20 +1,28 @@
 /* spec.c - drafters for speculative decoding and when drafting pays.
  *
- *   - ngram (prompt lookup): the last 3, else 2, else 1 tokens of the
- *     timeline are looked up in a hash index of every earlier n-gram (its
- *     most recent end position); the tokens that followed it are the draft.
- *     The index grows with the timeline: O(1) amortised per token.
+ *   - ngram (prompt lookup): the index follows one match, an earlier
+ *     position whose preceding tokens equal the timeline's last ones; while
+ *     the timeline repeats what followed it the match grows by one per
+ *     token (a copied file is followed line by line, O(1) per token). When
+ *     it breaks, the last 3 tokens are looked up in a hash index of every
+ *     earlier 3-gram (chained to its earlier occurrences): the longest
+ *     common suffix among the 16 most recent wins, else the most recent
+ *     2-gram, then 1-gram. The tokens that followed the match are the draft.
  *   - draft: a second engine with the same vocabulary drafts greedily in
  *     its own session, synced to the timeline before each draft (the common
  *     prefix is kept, so only the new tokens are computed).
- *   - auto: prompt lookup with a cost model measured as it runs: a plain
- *     step costs t1, a verify pass of k drafts about t1 * (1 + beta * k);
- *     with acceptance a per drafted token, a pass yields (1 - a^(k+1)) /
- *     (1 - a) tokens. k is the one with the best expected tokens per unit
- *     of time; when no k beats a plain step, drafting is off and is retried
- *     with k = 2 after DF_SPEC_RETRY plain steps, doubling the wait after
- *     each retry that still loses (up to DF_SPEC_RETRY_MAX), so a prompt
- *     where drafting fails pays a few probe passes per thousand tokens.
+ *   - how many to draft (ngram and auto): a plain step costs t1, a verify
+ *     pass of k drafts c_k (both measured as it runs, c_k per k; see
+ *     pass_cost); with acceptance a per drafted token, a pass yields
+ *     (1 - a^(k+1)) / (1 - a) tokens. a is measured per bucket of the
+ *     match's length (1-2, 3-7, 8-15, 16+ tokens: a long match is a copy
+ *     and goes on), and k is the one with the best expected tokens per unit
+ *     of time: long accepted runs raise a and k up to --spec-max, misses
+ *     lower them. ngram drafts whenever there is a match; auto takes a plain
+ *     step where no k beats one, and probes such a bucket (k = 2) only on a
+ *     match of 2+ tokens and only while the passes that lost have cost less
+ *     than 1% of the time so far, so where drafting fails it costs ~1% and
+ *     where nothing matches it costs nothing.
  * Which tokens are chosen never depends on any of this (generate.c samples
  * every position as a plain step would), only how many forward passes it
  * takes. */
@@ -29,9 +37,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DF_SPEC_RETRY 32
-#define DF_SPEC_RETRY_MAX 1024
 #define DF_NGRAM_MAX 3
+#define DF_SPEC_BUCKETS 4
+#define DF_SPEC_BETA0 0.3        /* verify cost per drafted token / plain step, until measured */
+#define DF_SPEC_DECAY 0.9        /* weight of a bucket's past tries at each new pass */
+#define DF_SPEC_PROBE_SHARE 0.01 /* auto: what losing passes may cost, as a share of the decode time */
+#define DF_NGRAM_CAND 16  /* earlier occurrences of the suffix's 3-gram compared per lookup */
+#define DF_NGRAM_LONG 64  /* match lengths are compared up to this many tokens */
 
 /* ---- n-gram index --------------------------------------------------------- */
 
@@ -39,9 +51,13 @@ typedef struct { uint64_t h; int64_t end; } ng_slot; /* end < 0: empty */
 
 struct df_ngram {
     int32_t *hist;
+    int64_t *prev;        /* prev[e]: the previous end of the 3-gram ending at e (-1: none) */
     size_t len, cap, indexed; /* n-grams ending before `indexed` are in the tables */
     ng_slot *tab[DF_NGRAM_MAX];
     size_t tcap[DF_NGRAM_MAX], tused[DF_NGRAM_MAX];
+    /* the match followed: hist[src - mlen .. src) equals the timeline's
+     * last mlen tokens (src < len, mlen 0: none); hist[src] is drafted first */
+    size_t src, mlen;
 };
 
 static uint64_t ng_hash(const int32_t *t, int n) {
@@ -60,6 +76,7 @@ void df_ngram_free(df_ngram *ng) {
     if (!ng) return;
     for (int i = 0; i < DF_NGRAM_MAX; i++) free(ng->tab[i]);
     free(ng->hist);
+    free(ng->prev);
     free(ng);
 }
 
@@ -86,46 +103,86 @@ static int ng_grow(df_ngram *ng, int n) {
     return 0;
 }
 
+/* How many tokens before hist[e+1] and before the end of the timeline agree
+ * (up to DF_NGRAM_LONG). */
+static size_t ng_common(const df_ngram *ng, size_t e) {
+    size_t l = 0;
+    while (l < DF_NGRAM_LONG && l <= e && ng->hist[e - l] == ng->hist[ng->len - 1 - l]) l++;
+    return l;
+}
+
+/* A new match for the timeline's suffix: among the last DF_NGRAM_CAND
+ * earlier occurrences of its 3-gram the one with the longest common suffix
+ * (the most recent of equals), else the most recent 2-gram, else 1-gram.
+ * Bounded work: O(DF_NGRAM_CAND * DF_NGRAM_LONG) whatever the length. */
+static void ng_lookup(df_ngram *ng) {
+    ng->mlen = 0;
+    for (int n = DF_NGRAM_MAX; n >= 1; n--) {
+        if ((size_t)n > ng->len || !ng->tcap[n - 1]) continue;
+        const int32_t *key = ng->hist + ng->len - n;
+        ng_slot *s = ng_find(ng, n, key, ng_hash(key, n));
+        if (s->end < 0) continue;
+        int64_t best = s->end;
+        size_t bl = n == DF_NGRAM_MAX ? ng_common(ng, (size_t)s->end) : (size_t)n;
+        if (n == DF_NGRAM_MAX) {
+            int64_t e = ng->prev[s->end];
+            for (int c = 1; c < DF_NGRAM_CAND && e >= 0 && bl < DF_NGRAM_LONG; c++, e = ng->prev[e]) {
+                size_t l = ng_common(ng, (size_t)e);
+                if (l > bl) bl = l, best = e;
+            }
+        }
+        ng->src = (size_t)best + 1, ng->mlen = bl;
+        return;
+    }
+}
+
 int df_ngram_append(df_ngram *ng, const int32_t *ids, size_t n) {
+    if (!n) return 0;
     if (ng->len + n > ng->cap) {
         size_t cap = ng->cap ? ng->cap : 1024;
         while (cap < ng->len + n) cap *= 2;
         int32_t *h = realloc(ng->hist, cap * sizeof *h);
         if (!h) return DF_ENOMEM;
-        ng->hist = h, ng->cap = cap;
+        ng->hist = h;
+        int64_t *pv = realloc(ng->prev, cap * sizeof *pv);
+        if (!pv) return DF_ENOMEM;
+        ng->prev = pv, ng->cap = cap;
     }
-    memcpy(ng->hist + ng->len, ids, n * sizeof *ids);
-    ng->len += n;
+    for (size_t i = 0; i < n; i++) { /* the match followed goes on while the timeline repeats what followed it */
+        if (ng->mlen && ng->hist[ng->src] == ids[i]) ng->src++, ng->mlen++;
+        else ng->mlen = 0;
+        ng->hist[ng->len++] = ids[i];
+    }
     /* index every n-gram ending before the last token: a lookup of the
      * timeline's suffix then finds earlier occurrences only */
     for (; ng->indexed + 1 < ng->len; ng->indexed++) {
         size_t e = ng->indexed;
+        ng->prev[e] = -1;
         for (int k = 1; k <= DF_NGRAM_MAX && (size_t)k <= e + 1; k++) {
             if ((ng->tused[k - 1] + 1) * 2 > ng->tcap[k - 1] && ng_grow(ng, k)) return DF_ENOMEM;
             const int32_t *key = ng->hist + e - k + 1;
             uint64_t h = ng_hash(key, k);
             ng_slot *s = ng_find(ng, k, key, h);
             if (s->end < 0) ng->tused[k - 1]++;
+            if (k == DF_NGRAM_MAX) ng->prev[e] = s->end; /* the chain of this 3-gram's occurrences, newest first */
             s->h = h, s->end = (int64_t)e; /* the most recent occurrence wins */
         }
     }
+    /* a match shorter than the longest n-gram is looked up again: a longer one may exist */
+    if (ng->mlen < DF_NGRAM_MAX) ng_lookup(ng);
     return 0;
 }
 
+size_t df_ngram_match_len(const df_ngram *ng) { return ng->mlen; }
+
 int df_ngram_draft(const df_ngram *ng, int k, int32_t *out) {
-    for (int n = DF_NGRAM_MAX; n >= 1; n--) {
-        if ((size_t)n > ng->len || !ng->tcap[n - 1]) continue;
-        const int32_t *key = ng->hist + ng->len - n;
-        ng_slot *s = ng_find(ng, n, key, ng_hash(key, n));
-        if (s->end < 0) continue;
-        /* what followed it; past the end of the timeline the match repeats
-         * with period len - (end + 1): continue it periodically */
-        size_t from = (size_t)s->end + 1, period = ng->len - from;
-        int m = 0;
-        for (; m < k; m++) out[m] = (size_t)m < period ? ng->hist[from + (size_t)m] : out[(size_t)m - period];
-        return m;
-    }
-    return 0;
+    if (!ng->mlen) return 0;
+    /* what followed the match; past the end of the timeline the match
+     * repeats with period len - src: continue it periodically */
+    size_t from = ng->src, period = ng->len - from;
+    int m = 0;
+    for (; m < k; m++) out[m] = (size_t)m < period ? ng->hist[from + (size_t)m] : out[(size_t)m - period];
+    return m;
 }
 
 /* ---- the drafter and its economics ---------------------------------------- */
@@ -143,9 +200,12 @@ struct df_spec {
     size_t mtp_len;
     float *mlog, *mh, *mh2; /* [vocab], [hidden] x2 */
     int mV, mH;
-    /* auto */
-    double t1, beta, acc; /* plain step seconds; verify cost per drafted token / t1; acceptance */
-    int n_plain, n_verify, off_steps, off_wait;
+    /* ngram and auto: the cost model (see choose) */
+    double t1;            /* plain step seconds */
+    double cost[DF_SPEC_MAX_K + 1]; /* seconds of a verify pass of k drafts, measured (0: not yet) */
+    double succ[DF_SPEC_BUCKETS], tries[DF_SPEC_BUCKETS]; /* per match-length bucket: accepted drafts, and tries (accepted + the miss), decayed */
+    double t_total, t_loss; /* auto: seconds of all steps and passes; what passes that lost cost beyond plain steps */
+    int n_plain, n_verify, bucket, probe;
     /* draft across tokenizers: the committed text (the target's detokenized
      * timeline) and where each timeline token ends in it */
     int text_level;
@@ -160,10 +220,9 @@ df_spec *df_spec_new(int mode, int k_max, df_engine *draft) {
     if (!sp) return NULL;
     sp->mode = mode;
     sp->k_max = k_max;
-    sp->k = mode == DF_SPEC_AUTO ? (k_max < 2 ? k_max : 2) : k_max; /* auto probes with 2 */
-    sp->off_wait = DF_SPEC_RETRY;
-    sp->acc = 0.5;
-    sp->beta = 0.1;
+    sp->k = k_max;
+    static const double prior[DF_SPEC_BUCKETS] = {0.3, 0.5, 0.7, 0.8}; /* longer matches go on more often */
+    for (int b = 0; b < DF_SPEC_BUCKETS; b++) sp->succ[b] = 2 * prior[b], sp->tries[b] = 2; /* worth two tries */
     if (!(sp->ng = df_ngram_new())) { free(sp); return NULL; }
     if (mode == DF_SPEC_DRAFT) {
         sp->draft = draft;
@@ -232,58 +291,88 @@ int df_spec_set_target(df_spec *sp, df_engine *target) {
 int df_spec_text_level(const df_spec *sp) { return sp->text_level; }
 
 
-int df_spec_k_now(const df_spec *sp) { return sp->mode == DF_SPEC_AUTO && sp->off_steps ? 0 : sp->k; }
+int df_spec_k_now(const df_spec *sp) { return sp->k; }
 
-/* Expected tokens per unit of time (a plain step = 1) of passes of k drafts. */
-static double gain(const df_spec *sp, int k) {
-    double a = sp->acc < 0.999 ? sp->acc : 0.999;
-    double toks = (1 - pow(a, k + 1)) / (1 - a);
-    return toks / (1 + sp->beta * k);
+/* The bucket of a match length: 1-2, 3-7, 8-15, 16+ tokens. A longer match
+ * is more likely to go on (code being copied), so each has its own rate. */
+static int bucket_of(size_t m) { return m < 3 ? 0 : m < 8 ? 1 : m < 16 ? 2 : 3; }
+
+/* Expected tokens per unit of time (a plain step = 1) of a pass of k drafts
+ * each accepted with probability a while the ones before it were: it yields
+ * 1 + a + ... + a^k tokens and costs 1 + beta * k plain steps. */
+double df_spec_gain(double a, double beta, int k) {
+    if (a > 0.99) a = 0.99;
+    if (a < 0) a = 0;
+    return (1 - pow(a, k + 1)) / (1 - a) / (1 + beta * k);
 }
 
-static void choose_k(df_spec *sp) {
+/* The seconds of a pass of k drafts: the most of what passes of up to k
+ * drafts measured (a pass is never cheaper than a shorter one; a k not
+ * measured yet is guessed as cheap as the longest measured below it, so it
+ * gets tried and measured when its acceptance would pay for it), or with
+ * none measured t1 * (1 + DF_SPEC_BETA0 * k). Measured per k, not as a
+ * line through a plain step: a pass of 2 positions runs the batched
+ * kernels and can cost much more than a step where one of 9 costs little
+ * more than that. */
+static double pass_cost(const df_spec *sp, int k) {
+    double c = 0;
+    for (int j = 1; j <= k; j++)
+        if (sp->cost[j] > c) c = sp->cost[j];
+    return c > 0 ? c : sp->t1 * (1 + DF_SPEC_BETA0 * k);
+}
+
+/* The k of the best expected tokens per plain step's time for bucket b
+ * (1..k_max), and that gain. */
+static int choose(const df_spec *sp, int b, double *g) {
+    const double a = sp->succ[b] / sp->tries[b];
     int best = 1;
-    double g = gain(sp, 1);
-    for (int k = 2; k <= sp->k_max; k++) {
-        double gk = gain(sp, k);
-        if (gk > g) g = gk, best = k;
+    *g = -1;
+    for (int k = 1; k <= sp->k_max; k++) {
+        double gk = df_spec_gain(a, 0, k) * sp->t1 / pass_cost(sp, k);
+        if (gk > *g) *g = gk, best = k;
     }
-    sp->k = best;
-    if (g < 1.0) {
-        sp->off_steps = sp->off_wait;
-        if (sp->off_wait < DF_SPEC_RETRY_MAX) sp->off_wait *= 2;
-    } else {
-        sp->off_steps = 0;
-        sp->off_wait = DF_SPEC_RETRY;
-    }
+    return best;
 }
 
 int df_spec_want(df_spec *sp, int room) {
+    sp->probe = 0;
     if (room <= 0) return 0;
-    int k = sp->k;
-    if (sp->mode == DF_SPEC_AUTO) {
-        if (!sp->n_plain) return 0; /* a plain step first: its time is the unit */
-        if (sp->off_steps) return 0;
+    if (sp->mode != DF_SPEC_NGRAM && sp->mode != DF_SPEC_AUTO) return sp->k < room ? sp->k : room;
+    const size_t m = df_ngram_match_len(sp->ng);
+    if (!m) return 0; /* nothing to draft from: a plain step */
+    if (!sp->n_plain) return 0; /* a plain step first: its time is the unit */
+    double g;
+    int b = sp->bucket = bucket_of(m), k = choose(sp, b, &g);
+    sp->k = k;
+    if (sp->mode == DF_SPEC_AUTO && g <= 1) {
+        sp->k = 0;
+        /* a probe: a pass that is expected to lose, to see whether this
+         * bucket's rate moved; only on a match of 2+ tokens, and only while
+         * what losing passes cost stays under DF_SPEC_PROBE_SHARE of the
+         * time so far */
+        if (m < 2 || sp->t_loss > DF_SPEC_PROBE_SHARE * sp->t_total) return 0;
+        sp->probe = 1;
+        k = 2 < sp->k_max ? 2 : sp->k_max;
     }
     return k < room ? k : room;
 }
 
 void df_spec_note_plain(df_spec *sp, double secs) {
     sp->t1 = sp->n_plain++ ? 0.8 * sp->t1 + 0.2 * secs : secs;
-    if (sp->mode == DF_SPEC_AUTO && sp->off_steps && --sp->off_steps == 0) sp->k = 2; /* retry */
+    sp->t_total += secs;
 }
 
 void df_spec_note_verify(df_spec *sp, int k, int accepted, double secs) {
     sp->n_verify++;
-    if (sp->mode != DF_SPEC_AUTO || k <= 0) return;
-    double a = (double)accepted / k;
-    sp->acc = 0.7 * sp->acc + 0.3 * a;
-    if (sp->t1 > 0) {
-        double b = (secs / sp->t1 - 1) / k;
-        if (b < 0) b = 0;
-        sp->beta = sp->n_verify == 1 ? b : 0.7 * sp->beta + 0.3 * b;
-    }
-    choose_k(sp);
+    if ((sp->mode != DF_SPEC_NGRAM && sp->mode != DF_SPEC_AUTO) || k <= 0) return;
+    const int b = sp->bucket;
+    /* geometric: each accepted draft a success, the first rejected one a failure */
+    sp->succ[b] = DF_SPEC_DECAY * sp->succ[b] + accepted;
+    sp->tries[b] = DF_SPEC_DECAY * sp->tries[b] + accepted + (accepted < k);
+    sp->t_total += secs;
+    if (k <= DF_SPEC_MAX_K) sp->cost[k] = sp->cost[k] > 0 ? 0.7 * sp->cost[k] + 0.3 * secs : secs;
+    double loss = secs - sp->t1 * (accepted + 1); /* beyond the plain steps it saved */
+    if (loss > 0) sp->t_loss += loss;
 }
 
 int df_spec_attach_mtp(df_spec *sp, df_session *s, char *err, size_t errlen) {

@@ -32,7 +32,12 @@ int df_spec_text_level(const df_spec *sp);
 /* The timeline grew by ids[0..n). */
 int df_spec_append(df_spec *sp, const int32_t *ids, size_t n);
 /* How many tokens to draft now (0: take a plain step); `room`: the most the
- * context and the token limit allow. */
+ * context and the token limit allow. ngram and auto: 0 without an n-gram
+ * match, else the k of the best expected tokens per unit of time for the
+ * match's length bucket (its measured acceptance, the measured cost of a
+ * pass against a plain step); auto takes a plain step where no k gains,
+ * except for probes (a match of 2+ tokens, while losing passes cost under
+ * 1% of the time so far). */
 int df_spec_want(df_spec *sp, int room);
 /* Up to k proposed tokens after the timeline into out; returns how many
  * (0: no proposal), or a DF_E* code (message in err). */
@@ -41,15 +46,27 @@ int df_spec_draft(df_spec *sp, int k, int32_t *out, char *err, size_t errlen);
  * plain step took secs. */
 void df_spec_note_verify(df_spec *sp, int k, int accepted, double secs);
 void df_spec_note_plain(df_spec *sp, double secs);
+/* The draft length chosen last (auto: 0 when it chose a plain step). */
 int df_spec_k_now(const df_spec *sp);
+/* Expected tokens per plain step's time of a pass of k drafts, acceptance
+ * a per draft (while the ones before it were accepted), a pass costing
+ * 1 + beta * k plain steps. */
+double df_spec_gain(double a, double beta, int k);
 
-/* The longest-suffix n-gram lookup, exposed for tests: proposes up to k
- * tokens that followed the most recent earlier occurrence of the last n
- * (3, then 2, then 1) tokens of hist[0..len). */
+/* The prompt-lookup index, exposed for tests. It follows one match: an
+ * earlier position whose preceding tokens equal the timeline's last
+ * df_ngram_match_len tokens; while the timeline goes on as the match did,
+ * the match grows (O(1) per token). When it breaks (or is shorter than 3),
+ * the last 3 tokens are looked up: of the 16 most recent earlier
+ * occurrences the one with the longest common suffix (compared up to 64
+ * tokens; the most recent of equals), else the most recent occurrence of
+ * the last 2, then the last 1 token. df_ngram_draft proposes up to k tokens
+ * that followed the match (continued periodically past the end). */
 typedef struct df_ngram df_ngram;
 df_ngram *df_ngram_new(void);
 void df_ngram_free(df_ngram *ng);
 int df_ngram_append(df_ngram *ng, const int32_t *ids, size_t n);
 int df_ngram_draft(const df_ngram *ng, int k, int32_t *out);
+size_t df_ngram_match_len(const df_ngram *ng);
 
 #endif
