@@ -13,6 +13,9 @@
  *  3. Accuracy: the op against a double-precision loop (normwise relative
  *     bound), the exp against libm's double exp (relative bound), and
  *     large scores (softmax of a wide range) stay finite and accurate.
+ *  4. MLA on the same kernels: against double, scalar vs AVX2 and one
+ *     position (decode path) vs a batch within rounding (its products use
+ *     the ISA's product kernels).
  *
  *   test_backend_attn [-v] */
 #include "backend/cpu/attn_kernels.h"
@@ -217,12 +220,94 @@ static void test_accuracy(void) {
         }
 }
 
+/* 4: MLA (attn_mla, F32 kv_b) on the same attention kernels: against double;
+ * scalar vs AVX2 and one position (the decode path, which reads the stored
+ * weights directly) vs a batch within rounding. */
+static void mla_ref(const float *q, const float *cache, const float *kvb, int n, int pos0, int NH, int nope, int rope, int R, int vd,
+                    float scale, double *out) {
+    const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
+    double *ql = malloc((size_t)R * sizeof(double)), *ol = malloc((size_t)R * sizeof(double)), *sc = malloc((size_t)(pos0 + n) * sizeof(double));
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < NH; h++) {
+            const float *qq = q + ((size_t)t * NH + h) * qh;
+            const float *w = kvb + (size_t)h * (nope + vd) * R;
+            const int len = pos0 + t + 1;
+            for (int c = 0; c < R; c++) {
+                ql[c] = 0;
+                for (int d = 0; d < nope; d++) ql[c] += (double)w[(size_t)d * R + c] * qq[d];
+            }
+            double m = -INFINITY, sum = 0;
+            for (int j = 0; j < len; j++) {
+                const float *cj = cache + (size_t)j * cdim;
+                double x = 0;
+                for (int c = 0; c < R; c++) x += ql[c] * cj[c];
+                for (int r = 0; r < rope; r++) x += (double)qq[nope + r] * cj[R + r];
+                sc[j] = x * scale;
+                if (sc[j] > m) m = sc[j];
+            }
+            for (int c = 0; c < R; c++) ol[c] = 0;
+            for (int j = 0; j < len; j++) {
+                const double e = exp(sc[j] - m);
+                sum += e;
+                for (int c = 0; c < R; c++) ol[c] += e * cache[(size_t)j * cdim + c];
+            }
+            for (int i = 0; i < vd; i++) {
+                double o = 0;
+                for (int c = 0; c < R; c++) o += (double)w[(size_t)(nope + i) * R + c] * (ol[c] / sum);
+                out[((size_t)t * NH + h) * vd + i] = o;
+            }
+        }
+    free(ql), free(ol), free(sc);
+}
+
+static void test_mla(void) {
+    const int NH = 4, nope = 16, rope = 8, vd = 12;
+    static const int RS[] = {64, 40};
+    for (int ri = 0; ri < 2; ri++) {
+        const int R = RS[ri], n = 7, pos0 = 30, T = pos0 + n;
+        float *kvbd = rnd((size_t)NH * (nope + vd) * R, 0.3f), *q = rnd((size_t)n * NH * (nope + rope), 1), *cache = rnd((size_t)T * (R + rope), 1);
+        df_weight kvb = {0}, none = {0};
+        kvb.fmt = DF_W_F32, kvb.rows = (int64_t)NH * (nope + vd), kvb.cols = R, kvb.data = (const uint8_t *)kvbd, kvb.row_bytes = (size_t)R * 4;
+        const size_t on = (size_t)n * NH * vd;
+        float *o[3];
+        for (int k = 0; k < 3; k++) o[k] = calloc(on, sizeof(float));
+        const int best = df_isa();
+        for (int k = 0; k < 2; k++) {
+            df_set_isa(k ? best : DF_ISA_SCALAR);
+            df_attn_mla_args a = {(const df_act *)q, (const df_act *)cache, (df_act *)o[k], &kvb, &none, &none, n, pos0, NH, nope, rope, R, vd, 0.2f};
+            df_cpu_attn_mla(&a);
+        }
+        df_set_isa(best);
+        const size_t qs = (size_t)NH * (nope + rope), os = (size_t)NH * vd;
+        for (int t = 0; t < n; t++) {
+            df_attn_mla_args a = {(const df_act *)(q + t * qs), (const df_act *)cache, (df_act *)(o[2] + t * os), &kvb, &none, &none, 1, pos0 + t, NH, nope, rope, R, vd, 0.2f};
+            df_cpu_attn_mla(&a);
+        }
+        double *d = malloc(on * sizeof(double)), err = 0, err1 = 0, errs = 0, mx = 0;
+        mla_ref(q, cache, kvbd, n, pos0, NH, nope, rope, R, vd, 0.2f, d);
+        for (size_t i = 0; i < on; i++) {
+            if (fabs(d[i]) > mx) mx = fabs(d[i]);
+            if (fabs(o[1][i] - d[i]) > err) err = fabs(o[1][i] - d[i]);
+            if (fabs((double)o[2][i] - o[1][i]) > err1) err1 = fabs((double)o[2][i] - o[1][i]);
+            if (fabs((double)o[0][i] - o[1][i]) > errs) errs = fabs((double)o[0][i] - o[1][i]);
+        }
+        /* the absorbed query and the output projection use the ISA's product kernels: equal within rounding */
+        CHECK(errs <= 1e-5 * mx, "MLA kv_lora=%d: %s differs from scalar by %.3g (normwise, bound 1e-5)", R, df_isa_name(best), errs / mx);
+        CHECK(err <= 1e-5 * mx, "MLA kv_lora=%d: normwise relative error %.3g against double (bound 1e-5)", R, err / mx);
+        CHECK(err1 <= 1e-5 * mx, "MLA kv_lora=%d: one position at a time differs from the batch by %.3g (normwise, bound 1e-5)", R, err1 / mx);
+        if (verbose) printf("ok   MLA kv_lora=%d: scalar vs %s %.3g; against double %.3g; one position vs batch %.3g\n", R, df_isa_name(best), errs / mx, err / mx, err1 / mx);
+        for (int k = 0; k < 3; k++) free(o[k]);
+        free(d), free(kvbd), free(q), free(cache);
+    }
+}
+
 int main(int argc, char **argv) {
     verbose = argc > 1 && !strcmp(argv[1], "-v");
     df_pool_init(2);
     test_batched_vs_steps();
     test_isa();
     test_accuracy();
+    test_mla();
     printf("test_backend_attn: %s\n", failures ? "FAILED" : "ok");
     return failures != 0;
 }
