@@ -7,8 +7,11 @@
  * df_cpu_scratch: grown on first use only, freed at thread exit.
  *
  * Bits: each (token, head) item is computed by one thread in a fixed order,
- * so results do not depend on the thread count; GQA over several positions
- * computes each item exactly as one-position decode does (gqa_unit). */
+ * so results do not depend on the thread count. GQA's arithmetic is
+ * attn_kernels.h's (defined per score and per output, the same on every
+ * ISA), so several positions in one call give exactly the bits of one
+ * position at a time (gqa_unit). MLA: see mla_unit. */
+#include "backend/cpu/attn_kernels.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/kernels.h"
 
@@ -20,134 +23,124 @@ enum { SC_SCORES = 0, SC_QLAT = 1, SC_MLAW = 2 };
  * what the one-position path needs) */
 #define ATTN_SCRATCH_FLOATS ((int64_t)1 << 20)
 
-/* The f32 dot and axpy kernels of the current ISA (those of df_cpu_dot and
- * df_cpu_axpy), fetched once per task rather than once per 64-float call. */
-typedef float (*dot_fn)(const float *, const float *, int64_t);
-typedef void (*axpy_fn)(float *, float, const float *, int64_t);
-static dot_fn dot_kernel(void) {
-    const int i = df_isa();
-    return i == DF_ISA_AVX512 ? df_k_dot_f32_avx512 : i == DF_ISA_AVX2 ? df_k_dot_f32_avx2 : df_k_dot_f32_scalar;
-}
-static axpy_fn axpy_kernel(void) {
-    const int i = df_isa();
-    return i == DF_ISA_AVX512 ? df_k_axpy_avx512 : i == DF_ISA_AVX2 ? df_k_axpy_avx2 : df_k_axpy_scalar;
-}
-
-static void gqa_task(void *p, int tid, int nth) {
-    const df_attn_gqa_args *a = p;
-    const int NH = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = NH / KV;
-    const size_t kdim = (size_t)KV * hd;
-    const float *kc = DF_CF(a->kv), *vc = DF_CF(a->kv) + kdim; /* position j: K at j*2*kdim, V after it */
-    float *sc = df_cpu_scratch(SC_SCORES, (size_t)(a->pos0 + a->n));
-    const dot_fn dot = dot_kernel();
-    const axpy_fn axpy = axpy_kernel();
-    const int items = a->n * NH;
-    for (int it = tid; it < items; it += nth) {
-        int t = it / NH, h = it % NH, kvh = h / grp, len = a->pos0 + t + 1;
-        const float *q = DF_CF(a->q) + ((size_t)t * NH + h) * hd;
-        for (int j = 0; j < len; j++) sc[j] = dot(q, kc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd) * a->scale;
-        df_cpu_softmax(sc, len);
-        float *out = DF_F(a->out) + ((size_t)t * NH + h) * hd;
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < len; j++) axpy(out, sc[j], vc + (size_t)j * 2 * kdim + (size_t)kvh * hd, hd);
-    }
-}
-
-/* Batched positions (prefill, a speculative verify pass): the unit of work
- * is (KV head, tile of consecutive positions); its queries are the tile's
- * positions x the heads of that KV head's group. Keys go in chunks of
- * GQA_KC: a chunk's K rows are read once for all of the unit's queries
- * (they stay in L1), then its V rows likewise. Each query's arithmetic is
- * gqa_task's, in the same order: s_j = dot(q, k_j) * scale for j < its
- * length, the same softmax, out = sum_j p_j v_j by axpy in key order; so a
- * batch's attention equals the one-position decode path's bit for bit, and
- * the tiling (which depends on the thread count) changes no result. */
+/* The GQA core. The unit of work is (KV head, a range of that head's group
+ * of query heads, a tile of consecutive positions); its queries are the
+ * tile's positions x the range's heads, packed into thread scratch. A
+ * unit computes every score of its queries over the keys up to its last
+ * position (df_ka_scores: K rows read once per block of queries), the
+ * softmax of each query over its own length (scores beyond a query's
+ * causal length are set to 0 and add exact zeros), then P x V in chunks
+ * of GQA_KC keys (a chunk's V rows read once for all the unit's queries),
+ * and scales each output by 1 / sum. All of this is attn_kernels.h's
+ * per-(query, key) and per-(query, dimension) arithmetic, which no
+ * blocking changes: one-position decode (a tile of one position) and a
+ * batch of positions (prefill, a speculative verify pass) give the same
+ * bits, on any thread count. (The one exception would be a V row holding
+ * inf or NaN, where 0 x V is not an exact zero.) */
 enum { GQA_QT = 16, GQA_KC = 64 };
 typedef struct {
+    void (*scores)(const float *, int, const float *, int64_t, int, int, float, float *, int64_t);
+    float (*softmax)(float *, int);
+    void (*pv)(const float *, int64_t, int, const float *, int64_t, int, int, float *);
+} ka_fns;
+static ka_fns ka_kernels(void) {
+    const int i = df_isa(); /* AVX-512 runs the AVX2 kernels: 8 lanes is part of the arithmetic's definition */
+    if (i == DF_ISA_AVX512 || i == DF_ISA_AVX2) return (ka_fns){df_ka_scores_avx2, df_ka_softmax_avx2, df_ka_pv_avx2};
+    return (ka_fns){df_ka_scores_scalar, df_ka_softmax_scalar, df_ka_pv_scalar};
+}
+
+typedef struct {
     const df_attn_gqa_args *a;
-    int qt, tiles; /* positions per tile, tiles per KV head */
-} gqa_batch_ctx;
+    ka_fns f;
+    int qt, tiles, nsub; /* positions per tile, tiles, ranges of query heads per group */
+} gqa_ctx;
 
-static void gqa_unit(const df_attn_gqa_args *a, int kvh, int t0, int t1) {
-    const int NH = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = NH / KV;
-    const size_t kdim = (size_t)KV * hd;
-    const float *kc = DF_CF(a->kv) + (size_t)kvh * hd, *vc = kc + kdim; /* position j at j*2*kdim */
-    const int maxlen = a->pos0 + t1; /* the last position's length */
-    float *sc = df_cpu_scratch(SC_SCORES, (size_t)(t1 - t0) * grp * maxlen); /* a row of maxlen scores per query */
-    const dot_fn dot = dot_kernel();
-    const axpy_fn axpy = axpy_kernel();
-    for (int j0 = 0; j0 < maxlen; j0 += GQA_KC) {
-        const int j1 = maxlen - j0 < GQA_KC ? maxlen : j0 + GQA_KC;
-        for (int t = t0; t < t1; t++) {
-            const int je = a->pos0 + t + 1 < j1 ? a->pos0 + t + 1 : j1;
-            for (int g = 0; g < grp; g++) {
-                const float *q = DF_CF(a->q) + ((size_t)t * NH + (size_t)kvh * grp + g) * hd;
-                float *s = sc + ((size_t)(t - t0) * grp + g) * maxlen;
-                for (int j = j0; j < je; j++) s[j] = dot(q, kc + (size_t)j * 2 * kdim, hd) * a->scale;
-            }
-        }
-    }
-    for (int t = t0; t < t1; t++)
-        for (int g = 0; g < grp; g++) {
-            df_cpu_softmax(sc + ((size_t)(t - t0) * grp + g) * maxlen, a->pos0 + t + 1);
-            memset(DF_F(a->out) + ((size_t)t * NH + (size_t)kvh * grp + g) * hd, 0, (size_t)hd * sizeof(float));
-        }
-    for (int j0 = 0; j0 < maxlen; j0 += GQA_KC) {
-        const int j1 = maxlen - j0 < GQA_KC ? maxlen : j0 + GQA_KC;
-        for (int t = t0; t < t1; t++) {
-            const int je = a->pos0 + t + 1 < j1 ? a->pos0 + t + 1 : j1;
-            for (int g = 0; g < grp; g++) {
-                float *out = DF_F(a->out) + ((size_t)t * NH + (size_t)kvh * grp + g) * hd;
-                const float *s = sc + ((size_t)(t - t0) * grp + g) * maxlen;
-                for (int j = j0; j < je; j++) axpy(out, s[j], vc + (size_t)j * 2 * kdim, hd);
-            }
-        }
-    }
-}
-
-/* share `sh` of `nsh`: units [b, e) of KV x tiles (unit u: KV head u / tiles, tile u % tiles) */
-static void gqa_batch_task(void *p, int sh, int nsh) {
-    const gqa_batch_ctx *c = p;
+static void gqa_unit(const gqa_ctx *c, int kvh, int g0, int g1, int t0, int t1) {
     const df_attn_gqa_args *a = c->a;
-    const int64_t units = (int64_t)a->n_kv_heads * c->tiles;
-    const int64_t b = units * sh / nsh, e = units * (sh + 1) / nsh;
-    for (int64_t u = b; u < e; u++) {
-        const int kvh = (int)(u / c->tiles), t0 = (int)(u % c->tiles) * c->qt;
-        gqa_unit(a, kvh, t0, a->n - t0 < c->qt ? a->n : t0 + c->qt);
+    const int NH = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = NH / KV, ng = g1 - g0, nq = (t1 - t0) * ng;
+    const size_t kdim = (size_t)KV * hd;
+    const int64_t ld = 2 * (int64_t)kdim; /* position j: K at j*2*kdim, V after it */
+    const float *kc = DF_CF(a->kv) + (size_t)kvh * hd, *vc = kc + kdim;
+    const int maxlen = a->pos0 + t1; /* the last position's length */
+    float *sc = df_cpu_scratch(SC_SCORES, (size_t)nq * maxlen); /* a row of maxlen scores per query */
+    float *qp = df_cpu_scratch(SC_QLAT, (size_t)nq * (2 * hd + 1)), *op = qp + (size_t)nq * hd, *inv = op + (size_t)nq * hd;
+    for (int t = t0; t < t1; t++) /* query i = (t - t0) * ng + (g - g0) */
+        memcpy(qp + (size_t)(t - t0) * ng * hd, DF_CF(a->q) + ((size_t)t * NH + (size_t)kvh * grp + g0) * hd,
+               (size_t)ng * hd * sizeof(float));
+    c->f.scores(qp, nq, kc, ld, maxlen, hd, a->scale, sc, maxlen);
+    for (int i = 0; i < nq; i++) {
+        const int len = a->pos0 + t0 + i / ng + 1;
+        float *s = sc + (size_t)i * maxlen;
+        inv[i] = 1.0f / c->f.softmax(s, len);
+        if (len < maxlen) memset(s + len, 0, (size_t)(maxlen - len) * sizeof(float));
+    }
+    memset(op, 0, (size_t)nq * hd * sizeof(float));
+    for (int j0 = 0; j0 < maxlen; j0 += GQA_KC)
+        c->f.pv(sc + j0, maxlen, nq, vc + (size_t)j0 * ld, ld, maxlen - j0 < GQA_KC ? maxlen - j0 : GQA_KC, hd, op);
+    for (int i = 0; i < nq; i++) {
+        const int t = t0 + i / ng, g = g0 + i % ng;
+        float *out = DF_F(a->out) + ((size_t)t * NH + (size_t)kvh * grp + g) * hd;
+        const float *o = op + (size_t)i * hd;
+        for (int d = 0; d < hd; d++) out[d] = o[d] * inv[i];
     }
 }
 
-void df_cpu_attn_gqa(const df_attn_gqa_args *a) {
-    const int small = (int64_t)a->n * a->n_heads * (a->pos0 + a->n) * a->head_dim < 32768; /* too little work to share */
-    if (a->n == 1) {
-        if (small) gqa_task((void *)a, 0, 1);
-        else df_pool_run(gqa_task, (void *)a);
-        return;
-    }
-    /* tiles small enough for ~4 units per thread, at most GQA_QT positions */
-    const int nth = df_pool_size();
-    int qt = (int)(((int64_t)a->n * a->n_kv_heads) / (4 * nth));
-    qt = qt < 1 ? 1 : qt > GQA_QT ? GQA_QT : qt;
+/* share `sh` of `nsh`: units [b, e) of KV x nsub x tiles */
+static void gqa_task(void *p, int sh, int nsh) {
+    const gqa_ctx *c = p;
+    const df_attn_gqa_args *a = c->a;
     const int grp = a->n_heads / a->n_kv_heads;
-    while (qt > 1 && (int64_t)qt * grp * (a->pos0 + a->n) > ATTN_SCRATCH_FLOATS) qt /= 2; /* scores scratch per thread */
-    gqa_batch_ctx c = {a, qt, (a->n + qt - 1) / qt};
-    const int units = a->n_kv_heads * c.tiles;
-    if (small) gqa_batch_task(&c, 0, 1);
-    else df_pool_run_shares(gqa_batch_task, &c, units);
+    const int64_t units = (int64_t)a->n_kv_heads * c->nsub * c->tiles;
+    for (int64_t u = units * sh / nsh, e = units * (sh + 1) / nsh; u < e; u++) {
+        const int tile = (int)(u % c->tiles), sub = (int)(u / c->tiles % c->nsub), kvh = (int)(u / c->tiles / c->nsub);
+        const int t0 = tile * c->qt, g0 = grp * sub / c->nsub, g1 = grp * (sub + 1) / c->nsub;
+        gqa_unit(c, kvh, g0, g1, t0, a->n - t0 < c->qt ? a->n : t0 + c->qt);
+    }
 }
+
+void df_cpu_attn_gqa_tiled(const df_attn_gqa_args *a, int qt, int nsub) {
+    const int small = (int64_t)a->n * a->n_heads * (a->pos0 + a->n) * a->head_dim < 32768; /* too little work to share */
+    const int nth = df_pool_size(), KV = a->n_kv_heads, grp = a->n_heads / KV;
+    gqa_ctx c = {a, ka_kernels(), 1, a->n, 1};
+    if (qt > 0 && nsub > 0) { /* given (tests) */
+        c.qt = qt < a->n ? qt : a->n, c.nsub = nsub < grp ? nsub : grp, c.tiles = (a->n + c.qt - 1) / c.qt;
+    } else if (a->n == 1) {
+        /* decode: a unit per KV head (its group's queries share each K/V row read), the groups split only
+         * when there are fewer KV heads than threads */
+        c.nsub = KV >= nth ? 1 : (nth + KV - 1) / KV < grp ? (nth + KV - 1) / KV : grp;
+    } else {
+        /* tiles small enough for ~4 units per thread, at most GQA_QT positions */
+        int qt = (int)(((int64_t)a->n * KV) / (4 * nth));
+        qt = qt < 1 ? 1 : qt > GQA_QT ? GQA_QT : qt;
+        while (qt > 1 && (int64_t)qt * grp * (a->pos0 + a->n) > ATTN_SCRATCH_FLOATS) qt /= 2; /* scores scratch per thread */
+        c.qt = qt, c.tiles = (a->n + qt - 1) / qt;
+    }
+    const int units = KV * c.nsub * c.tiles;
+    if (small) gqa_task(&c, 0, 1);
+    else df_pool_run_shares(gqa_task, &c, units);
+}
+
+void df_cpu_attn_gqa(const df_attn_gqa_args *a) { df_cpu_attn_gqa_tiled(a, 0, 0); }
 
 /* One (token, head) of MLA given its absorbed query qlat [R]: scores over the
- * latent cache, softmax, and o_lat = sum_j p_j c_j written back into qlat. */
-static void mla_attend(const df_attn_mla_args *a, const float *q, float *qlat, float *sc, int len) {
+ * latent cache, softmax, and o_lat = sum_j p_j c_j written back into qlat;
+ * the arithmetic of mla_unit (attn_kernels.h), sc holding 2 len floats. */
+static void mla_attend(const df_attn_mla_args *a, const ka_fns *f, const float *q, float *qlat, float *sc, int len) {
     const int nope = a->nope, rope = a->rope, R = a->kv_lora;
-    const size_t cdim = (size_t)R + rope;
+    const int64_t cdim = (int64_t)R + rope;
+    const float *cache = DF_CF(a->cache);
+    float *sr = sc + len;
+    f->scores(qlat, 1, cache, cdim, len, R, 1.0f, sc, len);
+    f->scores(q + nope, 1, cache + R, cdim, len, rope, 1.0f, sr, len);
     for (int j = 0; j < len; j++) {
-        const float *cj = DF_CF(a->cache) + (size_t)j * cdim;
-        sc[j] = (df_cpu_dot(qlat, cj, R) + df_cpu_dot(q + nope, cj + R, rope)) * a->scale;
+        const float x = sc[j] + sr[j];
+        sc[j] = x * a->scale;
     }
-    df_cpu_softmax(sc, len);
+    const float inv = 1.0f / f->softmax(sc, len);
     memset(qlat, 0, (size_t)R * sizeof(float));
-    for (int j = 0; j < len; j++) df_cpu_axpy(qlat, sc[j], DF_CF(a->cache) + (size_t)j * cdim, R);
+    for (int j0 = 0; j0 < len; j0 += 64)
+        f->pv(sc + j0, len, 1, cache + (size_t)j0 * cdim, cdim, len - j0 < 64 ? len - j0 : 64, R, qlat);
+    for (int r = 0; r < R; r++) qlat[r] *= inv;
 }
 
 /* Decode: (token, head) items; the absorbed query q_lat = W_uk^T q_nope is a
@@ -156,8 +149,9 @@ static void mla_task(void *p, int tid, int nth) {
     const df_attn_mla_args *a = p;
     const int NH = a->n_heads, nope = a->nope, rope = a->rope, R = a->kv_lora, vd = a->v_dim;
     const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
-    float *sc = df_cpu_scratch(SC_SCORES, (size_t)(a->pos0 + a->n));
+    float *sc = df_cpu_scratch(SC_SCORES, 2 * (size_t)(a->pos0 + a->n));
     float *qlat = df_cpu_scratch(SC_QLAT, cdim); /* [R] absorbed q, then reused for o_lat */
+    const ka_fns f = ka_kernels();
     const int items = a->n * NH;
     for (int it = tid; it < items; it += nth) {
         int t = it / NH, h = it % NH, len = a->pos0 + t + 1;
@@ -167,7 +161,7 @@ static void mla_task(void *p, int tid, int nth) {
             for (int c2 = 0; c2 < R; c2++) qlat[c2] = df_dot_row(a->k_b, (int64_t)h * R + c2, q);
         else
             df_cpu_matvec_t_rows(a->kv_b, kv_row0, nope, q, qlat);
-        mla_attend(a, q, qlat, sc, len);
+        mla_attend(a, &f, q, qlat, sc, len);
         float *out = DF_F(a->out) + ((size_t)t * NH + h) * vd;
         if (a->v_b->data)
             for (int i = 0; i < vd; i++) out[i] = df_dot_row(a->v_b, (int64_t)h * vd + i, qlat);
@@ -180,8 +174,11 @@ static void mla_task(void *p, int tid, int nth) {
  * MLA_QT consecutive positions). The head's W_uk and W_uv rows are
  * dequantized into thread scratch once per unit (the per-(token, head) path
  * would dequantize them per token), the tile's absorbed queries are formed,
- * then the latent cache is read in chunks of MLA_KC rows, each chunk once
- * for all the tile's queries (scores, then o_lat = sum_j p_j c_j). Each
+ * then attn_kernels.h's scores (q_lat . c_j and q_rope . k_rot_j, added,
+ * times the scale), softmax and o_lat = sum_j e_j c_j / sum run over the
+ * latent cache (P x V in chunks of MLA_KC rows, each chunk read once for all
+ * the tile's queries); mla_attend, the decode path's, is the same
+ * arithmetic for one query. Each
  * (token, head) is computed with the same operations in the same order
  * whatever the tile, so the results do not depend on the tiling, the thread
  * count or how positions are batched (n >= 2; one position takes the decode
@@ -190,15 +187,16 @@ enum { MLA_QT = 16, MLA_KC = 64 };
 typedef struct {
     const df_attn_mla_args *a;
     int qt, tiles; /* positions per tile, tiles per head */
+    ka_fns f;
 } mla_batch_ctx;
 
-static void mla_unit(const df_attn_mla_args *a, int h, int t0, int t1) {
+static void mla_unit(const mla_batch_ctx *c, int h, int t0, int t1) {
+    const df_attn_mla_args *a = c->a;
     const int NH = a->n_heads, nope = a->nope, rope = a->rope, R = a->kv_lora, vd = a->v_dim, nt = t1 - t0;
     const size_t cdim = (size_t)R + rope, qh = (size_t)nope + rope;
     const int maxlen = a->pos0 + t1;
-    const dot_fn dot = dot_kernel();
-    const axpy_fn axpy = axpy_kernel();
-    float *sc = df_cpu_scratch(SC_SCORES, (size_t)nt * maxlen);  /* a row of maxlen scores per position */
+    /* per position: a row of maxlen scores, the rope query, a row of rope scores, 1 / sum */
+    float *sc = df_cpu_scratch(SC_SCORES, (size_t)nt * (2 * (size_t)maxlen + rope + 1));
     float *qlat = df_cpu_scratch(SC_QLAT, (size_t)nt * R);       /* [nt][R] absorbed q, then o_lat */
     float *wk = df_cpu_scratch(SC_MLAW, (size_t)(nope + vd) * R); /* [nope x R] (kv_b) or [R x nope] (k_b) */
     float *wv = wk + (size_t)nope * R;                            /* [vd x R] */
@@ -221,31 +219,30 @@ static void mla_unit(const df_attn_mla_args *a, int h, int t0, int t1) {
             for (int d = 0; d < nope; d++) df_cpu_axpy(ql, q[d], wk + (size_t)d * R, R);
         }
     }
-    for (int j0 = 0; j0 < maxlen; j0 += MLA_KC) {
-        const int j1 = maxlen - j0 < MLA_KC ? maxlen : j0 + MLA_KC;
-        for (int t = t0; t < t1; t++) {
-            const int je = a->pos0 + t + 1 < j1 ? a->pos0 + t + 1 : j1;
-            const float *q = DF_CF(a->q) + ((size_t)t * NH + h) * qh, *ql = qlat + (size_t)(t - t0) * R;
-            float *s = sc + (size_t)(t - t0) * maxlen;
-            for (int j = j0; j < je; j++) {
-                const float *cj = cache + (size_t)j * cdim;
-                s[j] = (dot(ql, cj, R) + dot(q + nope, cj + R, rope)) * a->scale;
-            }
+    /* scores: (q_lat . c_j + q_rope . k_rot_j) * scale, each dot attn_kernels.h's (scale 1: exact) */
+    float *qr = sc + (size_t)nt * maxlen; /* [nt][rope] rotated queries, then [nt][maxlen] rope scores */
+    float *sr = qr + (size_t)nt * rope, *inv = sr + (size_t)nt * maxlen;
+    for (int t = t0; t < t1; t++)
+        memcpy(qr + (size_t)(t - t0) * rope, DF_CF(a->q) + ((size_t)t * NH + h) * qh + nope, (size_t)rope * sizeof(float));
+    c->f.scores(qlat, nt, cache, (int64_t)cdim, maxlen, R, 1.0f, sc, maxlen);
+    c->f.scores(qr, nt, cache + R, (int64_t)cdim, maxlen, rope, 1.0f, sr, maxlen);
+    for (int i = 0; i < nt; i++) {
+        const int len = a->pos0 + t0 + i + 1;
+        float *s = sc + (size_t)i * maxlen;
+        const float *s2 = sr + (size_t)i * maxlen;
+        for (int j = 0; j < len; j++) {
+            const float x = s[j] + s2[j];
+            s[j] = x * a->scale;
         }
+        inv[i] = 1.0f / c->f.softmax(s, len);
+        if (len < maxlen) memset(s + len, 0, (size_t)(maxlen - len) * sizeof(float));
     }
-    for (int t = t0; t < t1; t++) {
-        df_cpu_softmax(sc + (size_t)(t - t0) * maxlen, a->pos0 + t + 1);
-        memset(qlat + (size_t)(t - t0) * R, 0, (size_t)R * sizeof(float));
-    }
-    for (int j0 = 0; j0 < maxlen; j0 += MLA_KC) {
-        const int j1 = maxlen - j0 < MLA_KC ? maxlen : j0 + MLA_KC;
-        for (int t = t0; t < t1; t++) {
-            const int je = a->pos0 + t + 1 < j1 ? a->pos0 + t + 1 : j1;
-            float *ol = qlat + (size_t)(t - t0) * R;
-            const float *s = sc + (size_t)(t - t0) * maxlen;
-            for (int j = j0; j < je; j++) axpy(ol, s[j], cache + (size_t)j * cdim, R);
-        }
-    }
+    /* o_lat = sum_j e_j c_j / sum, into qlat */
+    memset(qlat, 0, (size_t)nt * R * sizeof(float));
+    for (int j0 = 0; j0 < maxlen; j0 += MLA_KC)
+        c->f.pv(sc + j0, maxlen, nt, cache + (size_t)j0 * cdim, (int64_t)cdim, maxlen - j0 < MLA_KC ? maxlen - j0 : MLA_KC, R, qlat);
+    for (int i = 0; i < nt; i++)
+        for (int r = 0; r < R; r++) qlat[(size_t)i * R + r] *= inv[i];
     for (int t = t0; t < t1; t++) {
         float *out = DF_F(a->out) + ((size_t)t * NH + h) * vd;
         for (int i = 0; i < vd; i++) out[i] = df_cpu_dot(wv + (size_t)i * R, qlat + (size_t)(t - t0) * R, R);
@@ -259,14 +256,14 @@ static void mla_batch_task(void *p, int sh, int nsh) {
     const int64_t units = (int64_t)a->n_heads * c->tiles;
     for (int64_t u = units * sh / nsh, e = units * (sh + 1) / nsh; u < e; u++) {
         const int h = (int)(u / c->tiles), t0 = (int)(u % c->tiles) * c->qt;
-        mla_unit(a, h, t0, a->n - t0 < c->qt ? a->n : t0 + c->qt);
+        mla_unit(c, h, t0, a->n - t0 < c->qt ? a->n : t0 + c->qt);
     }
 }
 
 void df_cpu_attn_mla(const df_attn_mla_args *a) {
     if (a->n == 1) { df_pool_run(mla_task, (void *)a); return; }
-    mla_batch_ctx c = {a, a->n < MLA_QT ? a->n : MLA_QT, 0};
-    while (c.qt > 1 && (int64_t)c.qt * (a->pos0 + a->n) > ATTN_SCRATCH_FLOATS) c.qt /= 2; /* scores scratch per thread */
+    mla_batch_ctx c = {a, a->n < MLA_QT ? a->n : MLA_QT, 0, ka_kernels()};
+    while (c.qt > 1 && (int64_t)c.qt * 2 * (a->pos0 + a->n) > ATTN_SCRATCH_FLOATS) c.qt /= 2; /* scores scratch per thread */
     c.tiles = (a->n + c.qt - 1) / c.qt;
     df_pool_run_shares(mla_batch_task, &c, a->n_heads * c.tiles);
 }
