@@ -2,6 +2,7 @@
  * AVX-512 file, 8 lanes). Tails fall back to scalar code. */
 #include "backend/cpu/kernels.h"
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 static inline float hsum8(__m256 v) {
@@ -73,39 +74,52 @@ float df_k_dot_f16_avx2(const uint16_t *w, const float *x, int64_t n) {
     return s;
 }
 
-static inline __m256 fp8x8(const uint8_t *p) {
-    __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
-    __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x7f)), 7),
-                             _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x80)), 8));
-    return _mm256_cvtph_ps(h);
-}
-
 /* 16 E4M3 bytes -> their f16 bits / 256 in 16-bit lanes: sign-extend to 16
  * bits, shift left 7 (exponent and mantissa land in the f16 fields, the sign
  * in bit 15), clear the copy of the sign in bit 14: three integer ops per 16
- * weights instead of six per 8 (fp8x8); the same bits as fp8x8. Normal and
- * subnormal values are exact (the value times 2^-8); E4M3FN's NaN code
- * (S.1111.111) is not special-cased here, as in fp8x8: it reads as +-480
- * where the scalar table gives NaN (checkpoints hold no NaN weights). */
+ * weights. Normal and subnormal values are exact (the value times 2^-8).
+ * E4M3FN's NaN code (S.1111.111) reads as +-480 here: the dot kernels look
+ * for it separately (fp8_nan_*), the dequantization patches it (fp8x16_hn). */
 static inline __m256i fp8x16_h(const uint8_t *p) {
     __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
     return _mm256_and_si256(_mm256_slli_epi16(v, 7), _mm256_set1_epi16((short)0xbfff));
 }
+/* the same with the NaN code as an f16 NaN (exponent bits set: 0x3f80 | 0x7c00) */
+static inline __m256i fp8x16_hn(const uint8_t *p) {
+    const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)), m7f = _mm256_set1_epi16(0x7f);
+    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(v, 7), _mm256_set1_epi16((short)0xbfff));
+    const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(v, m7f), m7f);
+    return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7c00)));
+}
 #define F16LO(h) _mm256_cvtph_ps(_mm256_castsi256_si128(h))
 #define F16HI(h) _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))
 
+/* NaN codes in the dot kernels: the running byte max of (code & 0x7f) is
+ * 0x7f once a NaN code was read (two ops per 16 or 32 weights); a row that
+ * has one gets NaN, what the scalar sum of its products gives. */
+static inline __m128i fp8_nan_acc16(__m128i acc, const uint8_t *p) {
+    return _mm_max_epu8(acc, _mm_and_si128(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8(0x7f)));
+}
+static inline int fp8_nan_seen16(__m128i acc) { return _mm_movemask_epi8(_mm_cmpeq_epi8(acc, _mm_set1_epi8(0x7f))) != 0; }
+static int fp8_row_has_nan(const uint8_t *p, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if ((p[i] & 0x7f) == 0x7f) return 1;
+    return 0;
+}
+
 float df_k_dot_fp8_avx2(const uint8_t *w, const float *x, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m128i nan = _mm_setzero_si128();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m256i h = fp8x16_h(w + i);
+        nan = fp8_nan_acc16(nan, w + i);
         a0 = _mm256_fmadd_ps(F16LO(h), _mm256_loadu_ps(x + i), a0);
         a1 = _mm256_fmadd_ps(F16HI(h), _mm256_loadu_ps(x + i + 8), a1);
     }
-    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(fp8x8(w + i), _mm256_loadu_ps(x + i), a0);
     float s = hsum8(_mm256_add_ps(a0, a1)) * 256.0f;
     for (; i < n; i++) s += df_fp8_lut[w[i]] * x[i];
-    return s;
+    return fp8_nan_seen16(nan) ? NAN : s;
 }
 
 float df_k_dot_int4_avx2(const uint8_t *p, const float *scales, int group, const float *x, int64_t n) {
@@ -278,11 +292,10 @@ void df_k_deq_fp8_avx2(const uint8_t *w, float scale, float *out, int64_t n) {
     const __m256 s = _mm256_set1_ps(scale * 256.0f);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m256i h = fp8x16_h(w + i);
+        const __m256i h = fp8x16_hn(w + i);
         _mm256_storeu_ps(out + i, _mm256_mul_ps(F16LO(h), s));
         _mm256_storeu_ps(out + i + 8, _mm256_mul_ps(F16HI(h), s));
     }
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(fp8x8(w + i), s));
     for (; i < n; i++) out[i] = df_fp8_lut[w[i]] * scale;
 }
 
@@ -376,6 +389,7 @@ void df_k_dot4_bf16p_avx2(const uint16_t *w, int64_t ld, const float *x, const f
 void df_k_dot4_fp8s_avx2(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk, const float *const *sc,
                          float *out) {
     __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m128i nan = _mm_setzero_si128(); /* of the four rows together */
     for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) {
         const int64_t c1 = n - c0 < blk ? n : c0 + blk;
         __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0, u0 = t0, u1 = t0, u2 = t0, u3 = t0;
@@ -383,6 +397,8 @@ void df_k_dot4_fp8s_avx2(const uint8_t *w, int64_t ld, const float *x, int64_t n
             const __m256 xl = _mm256_loadu_ps(x + i), xh = _mm256_loadu_ps(x + i + 8);
             const __m256i h0 = fp8x16_h(w + i), h1 = fp8x16_h(w + ld + i), h2 = fp8x16_h(w + 2 * ld + i),
                           h3 = fp8x16_h(w + 3 * ld + i);
+            nan = fp8_nan_acc16(fp8_nan_acc16(nan, w + i), w + ld + i);
+            nan = fp8_nan_acc16(fp8_nan_acc16(nan, w + 2 * ld + i), w + 3 * ld + i);
             t0 = _mm256_fmadd_ps(F16LO(h0), xl, t0), u0 = _mm256_fmadd_ps(F16HI(h0), xh, u0);
             t1 = _mm256_fmadd_ps(F16LO(h1), xl, t1), u1 = _mm256_fmadd_ps(F16HI(h1), xh, u1);
             t2 = _mm256_fmadd_ps(F16LO(h2), xl, t2), u2 = _mm256_fmadd_ps(F16HI(h2), xh, u2);
@@ -393,7 +409,8 @@ void df_k_dot4_fp8s_avx2(const uint8_t *w, int64_t ld, const float *x, int64_t n
         a[2] = _mm256_fmadd_ps(_mm256_add_ps(t2, u2), _mm256_set1_ps(sc[2][b]), a[2]);
         a[3] = _mm256_fmadd_ps(_mm256_add_ps(t3, u3), _mm256_set1_ps(sc[3][b]), a[3]);
     }
-    for (int k = 0; k < 4; k++) out[k] = hsum8(a[k]) * 256.0f;
+    const int anynan = fp8_nan_seen16(nan);
+    for (int k = 0; k < 4; k++) out[k] = anynan && fp8_row_has_nan(w + k * ld, n) ? NAN : hsum8(a[k]) * 256.0f;
 }
 
 /* ---- MXFP4 ------------------------------------------------------------- */
