@@ -330,6 +330,9 @@ static void test_fp8_nan(void) {
         float (*f8[3])(const uint8_t *, const float *, int64_t) = {df_k_dot_fp8_scalar, df_k_dot_fp8_avx2, df_k_dot_fp8_avx512};
         void (*d48[3])(const uint8_t *, int64_t, const float *, int64_t, int, const float *const *, float *) = {
             df_k_dot4_fp8s_scalar, df_k_dot4_fp8s_avx2, df_k_dot4_fp8s_avx512};
+        float (*prep8[3])(const float *, float *, int64_t) = {df_k_fp8x_prep_scalar, df_k_fp8x_prep_avx2, df_k_fp8x_prep_avx512};
+        float (*d8sp[3])(const uint8_t *, const float *, float, int64_t, int, const float *) = {df_k_dot_fp8sp_scalar, df_k_dot_fp8sp_avx2, df_k_dot_fp8sp_avx512};
+        void (*d48sp[3])(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) = {df_k_dot4_fp8sp_scalar, df_k_dot4_fp8sp_avx2, df_k_dot4_fp8sp_avx512};
         for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
             const int64_t n = lens[li], ld = n + 32, nb = n - n % 32; /* dot4: n % 32 == 0 */
             uint8_t *w = malloc((size_t)(4 * ld));
@@ -354,8 +357,19 @@ static void test_fp8_nan(void) {
                         bad = 1;
                     }
                     if (at[p] >= nb) continue;
-                    float g4[4], r4[4];
+                    float g4[4], r4[4], xp[512];
                     d48[isa](w, ld, x, nb, 32, sc, g4), d48[0](w, ld, x, nb, 32, sc, r4);
+                    const float xs = prep8[isa](x, xp, nb);
+                    float gp[4];
+                    d48sp[isa](w, ld, xp, xs, nb, 32, sc, gp);
+                    for (int k = 0; k < 4 && !bad4; k++) {
+                        const float g1 = d8sp[isa](w + k * ld, xp, xs, nb, 32, sc[k]);
+                        if (isnan(gp[k]) != isnan(r4[k]) || isnan(g1) != isnan(r4[k])) {
+                            CHECK(0, "fp8 dot4sp/dotsp isa=%s n=%lld code 0x%02x at %lld row %d: got %g / %g ref %g", df_isa_name(isa),
+                                  (long long)nb, code, (long long)at[p], k, gp[k], g1, r4[k]);
+                            bad4 = 1;
+                        }
+                    }
                     for (int k = 0; k < 4 && !bad4; k++)
                         if (isnan(g4[k]) != isnan(r4[k]) || (!isnan(r4[k]) && fabsf(g4[k] - r4[k]) > 1e-5f * mag * 2 + 1e-6f)) {
                             CHECK(0, "fp8 dot4s isa=%s n=%lld code 0x%02x at %lld row %d: got %g ref %g", df_isa_name(isa),
@@ -365,6 +379,67 @@ static void test_fp8_nan(void) {
                 }
             }
             free(w), free(x);
+        }
+    }
+    df_set_isa(-1);
+}
+
+/* ---- FP8 decode on prepared x (fp8x_prep, dot_fp8sp, dot4_fp8sp) -------
+ * Every E4M3 code alone in a row (the other columns +0) at even and odd
+ * positions of the kernels' 16-element order: the dot is one product,
+ * exactly the table's value x x x scale (subnormal codes included, NaN for
+ * the NaN codes). Then rows against activations near f32's top (the prep
+ * scales x down, not up) and with an infinity, against the scalar sums. */
+static void test_fp8_prepared(void) {
+    enum { N = 64 };
+    for (int isa = DF_ISA_AVX2; isa <= DF_ISA_AVX512; isa++) {
+        df_set_isa(isa);
+        if (df_isa() != isa) continue;
+        float (*prep8[3])(const float *, float *, int64_t) = {df_k_fp8x_prep_scalar, df_k_fp8x_prep_avx2, df_k_fp8x_prep_avx512};
+        float (*d8sp[3])(const uint8_t *, const float *, float, int64_t, int, const float *) = {df_k_dot_fp8sp_scalar, df_k_dot_fp8sp_avx2, df_k_dot_fp8sp_avx512};
+        void (*d48sp[3])(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) = {df_k_dot4_fp8sp_scalar, df_k_dot4_fp8sp_avx2, df_k_dot4_fp8sp_avx512};
+        uint8_t w[4 * N];
+        float x[N], xp[N], scs[4][2] = {{0.375f, 0.375f}, {0.375f, 0.375f}, {0.375f, 0.375f}, {0.375f, 0.375f}};
+        const float *sc[4] = {scs[0], scs[1], scs[2], scs[3]};
+        for (int i = 0; i < N; i++) x[i] = (float)(i % 7) - 3.0f;
+        const int pos[] = {0, 1, 2, 14, 15, 16, 17, 31, 32, 47, 63};
+        int bad = 0;
+        for (int code = 0; code < 256 && !bad; code++)
+            for (size_t p = 0; p < sizeof pos / sizeof *pos && !bad; p++) {
+                const int j = pos[p];
+                x[j] = 1.5f;
+                const float xs = prep8[isa](x, xp, N), want = (code & 0x7f) ? df_fp8_lut[code] * 1.5f * 0.375f : 0.0f; /* a sum from +0: -0 adds to +0 */
+                memset(w, 0, sizeof w);
+                w[j] = (uint8_t)code, w[3 * N + j] = (uint8_t)code;
+                float got[4];
+                d48sp[isa](w, N, xp, xs, N, 32, sc, got);
+                const float one = d8sp[isa](w, xp, xs, N, 32, sc[0]);
+                if (!same_f32(got[0], want) || !same_f32(got[3], want) || !same_f32(one, want) || got[1] != 0 || got[2] != 0) {
+                    CHECK(0, "fp8sp isa=%s code 0x%02x at %d: dot4 %g %g %g %g, dot %g, want %g", df_isa_name(isa), code, j,
+                          got[0], got[1], got[2], got[3], one, want);
+                    bad = 1;
+                }
+                x[j] = (float)(j % 7) - 3.0f;
+            }
+        /* x near the top of f32, then with +inf: as the scalar sums */
+        for (int trial = 0; trial < 2; trial++) {
+            float mag = 0, ref[4], got[4];
+            for (int i = 0; i < 4 * N; i++) w[i] = (uint8_t)(rnd() & 0xff), w[i] = (w[i] & 0x7f) == 0x7f ? 0x3a : w[i];
+            for (int i = 0; i < N; i++) x[i] = frand() * 1e30f, mag += fabsf(x[i]) * 448;
+            if (trial == 1) x[9] = INFINITY;
+            const float xs = prep8[isa](x, xp, N);
+            df_k_dot4_fp8s_scalar(w, N, x, N, 32, sc, ref);
+            d48sp[isa](w, N, xp, xs, N, 32, sc, got);
+            for (int k = 0; k < 4; k++) {
+                const float one = d8sp[isa](w + k * N, xp, xs, N, 32, sc[k]);
+                if (trial == 0) {
+                    close_enough("dot4 fp8sp, x ~1e30", isa, N, got[k], ref[k], mag);
+                    close_enough("dot fp8sp, x ~1e30", isa, N, one, ref[k], mag);
+                } else {
+                    CHECK(same_f32(got[k], ref[k]) && same_f32(one, ref[k]), "fp8sp isa=%s x with inf row %d: dot4 %g dot %g ref %g",
+                          df_isa_name(isa), k, got[k], one, ref[k]);
+                }
+            }
         }
     }
     df_set_isa(-1);
@@ -476,10 +551,20 @@ int main(void) {
                 for (int k = 0; k < 4; k++)
                     for (int b = 0; b < 64; b++) scs[k][b] = frand();
                 void (*d48[3])(const uint8_t *, int64_t, const float *, int64_t, int, const float *const *, float *) = {df_k_dot4_fp8s_scalar, df_k_dot4_fp8s_avx2, df_k_dot4_fp8s_avx512};
+                float (*prep8[3])(const float *, float *, int64_t) = {df_k_fp8x_prep_scalar, df_k_fp8x_prep_avx2, df_k_fp8x_prep_avx512};
+                float (*d8sp[3])(const uint8_t *, const float *, float, int64_t, int, const float *) = {df_k_dot_fp8sp_scalar, df_k_dot_fp8sp_avx2, df_k_dot_fp8sp_avx512};
+                void (*d48sp[3])(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) = {df_k_dot4_fp8sp_scalar, df_k_dot4_fp8sp_avx2, df_k_dot4_fp8sp_avx512};
+                float *xp = malloc((size_t)n * 4);
+                const float xs = prep8[isa](x, xp, n);
                 for (int blk = 32; blk <= 128; blk *= 2) {
                     d48[isa](w8, ld, x, n, blk, sc, got), d48[0](w8, ld, x, n, blk, sc, ref);
                     for (int k = 0; k < 4; k++) close_enough("dot4 fp8s", isa, n, got[k], ref[k], mag);
+                    /* prepared x: against the plain scalar kernel on x */
+                    d48sp[isa](w8, ld, xp, xs, n, blk, sc, got);
+                    for (int k = 0; k < 4; k++) close_enough("dot4 fp8sp", isa, n, got[k], ref[k], mag);
+                    for (int k = 0; k < 4; k++) close_enough("dot fp8sp", isa, n, d8sp[isa](w8 + k * ld, xp, xs, n, blk, sc[k]), ref[k], mag);
                 }
+                free(xp);
             }
             void (*ax[3])(float *, float, const float *, int64_t) = {df_k_axpy_scalar, df_k_axpy_avx2, df_k_axpy_avx512};
             ax[isa](y0, 0.37f, x, n), ax[0](y1, 0.37f, x, n);
@@ -546,6 +631,7 @@ int main(void) {
     }
     test_mxfp4();
     test_fp8_nan();
+    test_fp8_prepared();
     test_traits();
     test_gemm();
     printf("%s: %d failures\n", __FILE__, fails);

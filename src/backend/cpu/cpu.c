@@ -66,12 +66,16 @@ typedef struct {
     float (*i8)(const int8_t *, const float *, int64_t);
     float (*mxfp4)(const uint8_t *, const uint8_t *, const float *, int64_t);
     void (*deq_mxfp4)(const uint8_t *, const uint8_t *, float *, int64_t);
+    float (*fp8x_prep)(const float *, float *, int64_t);
+    float (*dot_fp8sp)(const uint8_t *, const float *, float, int64_t, int, const float *);
+    void (*dot4_fp8sp)(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *);
 } ktab;
 #define KT(isa)                                                                                                       \
     {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_pack16_##isa, df_k_gemm16_##isa, df_k_gemm32_##isa, \
      df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
      df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_bf16x_prep_##isa, df_k_dot_bf16p_##isa, df_k_dot4_bf16p_##isa, \
-     df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa}
+     df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa, df_k_fp8x_prep_##isa,     \
+     df_k_dot_fp8sp_##isa, df_k_dot4_fp8sp_##isa}
 static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
 static inline const ktab *kt(void) { return &ktabs[df_isa()]; }
 
@@ -199,6 +203,17 @@ static const float *fp8_scale_row(const df_weight *w, int64_t sr) {
     return f;
 }
 
+/* the thread's buffer for x in a kernel's order (BF16, FP8 decode) */
+static float *xp_buf(int64_t n) {
+    if ((size_t)n > tl_xp_cap) {
+        free(tl_xp);
+        tl_xp = df_aligned_alloc((size_t)n * sizeof(float));
+        tl_xp_cap = (size_t)n;
+        scratch_register();
+    }
+    return tl_xp;
+}
+
 /* y[i] = W[r0+i,:] . x for i < nr: four rows per kernel call where the format
  * has a four-row kernel (x is then read once per four rows), single rows
  * otherwise and for the remainder. */
@@ -215,13 +230,7 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
         if (w->row_bytes % 2 == 0) {
             /* x in the kernel's order once per call (K floats: noise next to nr x K
              * weights), then one wide load per 16 weights and a shift or an and */
-            if ((size_t)w->cols > tl_xp_cap) {
-                free(tl_xp);
-                tl_xp = df_aligned_alloc((size_t)w->cols * sizeof(float));
-                tl_xp_cap = (size_t)w->cols;
-                scratch_register();
-            }
-            k->bf16x_prep(x, tl_xp, w->cols);
+            k->bf16x_prep(x, xp_buf(w->cols), w->cols);
             if (w->cols <= 4096) {
                 /* one row at a time: a single sequential stream, measured 1.2-1.45x
                  * faster than four interleaved rows for BF16 matrices with rows of
@@ -243,12 +252,19 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
          * which a reused buffer (an expert cache slot) keeps for other
          * contents: the cache lives for one call only */
         tl_fsc_w = NULL;
-        if (w->blk_c % 32 == 0 && w->cols % 32 == 0 && w->blk_r > 0)
+        if (w->blk_c % 32 == 0 && w->cols % 32 == 0 && w->blk_r > 0) {
+            /* x prepared once per call (kernels.h: fp8x_prep), four rows per
+             * kernel call, the rest one at a time on the same prepared x */
+            const float xs = k->fp8x_prep(x, xp_buf(w->cols), w->cols);
             for (; i + 4 <= nr; i += 4) {
                 const float *sc[4];
                 for (int j = 0; j < 4; j++) sc[j] = fp8_scale_row(w, (r0 + i + j) / w->blk_r);
-                k->dot4_fp8s(w->data + (size_t)(r0 + i) * w->row_bytes, (int64_t)w->row_bytes, x, w->cols, w->blk_c, sc, y + i);
+                k->dot4_fp8sp(w->data + (size_t)(r0 + i) * w->row_bytes, (int64_t)w->row_bytes, tl_xp, xs, w->cols, w->blk_c, sc, y + i);
             }
+            for (; i < nr; i++)
+                y[i] = k->dot_fp8sp(w->data + (size_t)(r0 + i) * w->row_bytes, tl_xp, xs, w->cols, w->blk_c,
+                                    fp8_scale_row(w, (r0 + i) / w->blk_r));
+        }
         break;
     case DF_W_GGML: {
         /* x prepared once for all nr rows (ggml_quant.h: df_ggml_px); the

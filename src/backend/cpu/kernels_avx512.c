@@ -212,6 +212,22 @@ void df_k_dot4_fp8s_avx512(const uint8_t *w, int64_t ld, const float *x, int64_t
             if (fp8_row_has_nan(w + k * ld, n)) out[k] = NAN;
 }
 
+/* FP8 with prepared x: the plain kernels (kernels.h) */
+float df_k_fp8x_prep_avx512(const float *x, float *xp, int64_t n) {
+    memcpy(xp, x, (size_t)n * sizeof(float));
+    return 1.0f;
+}
+float df_k_dot_fp8sp_avx512(const uint8_t *w, const float *xp, float xs, int64_t n, int blk, const float *sc) {
+    float s = 0;
+    for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) s += sc[b] * df_k_dot_fp8_avx512(w + c0, xp + c0, n - c0 < blk ? n - c0 : blk);
+    return s * xs;
+}
+void df_k_dot4_fp8sp_avx512(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
+                            const float *const *sc, float *out) {
+    df_k_dot4_fp8s_avx512(w, ld, xp, n, blk, sc, out);
+    for (int k = 0; k < 4; k++) out[k] *= xs;
+}
+
 void df_k_axpy_avx512(float *y, float a, const float *x, int64_t n) {
     const __m512 av = _mm512_set1_ps(a);
     int64_t i = 0;
