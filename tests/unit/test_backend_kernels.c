@@ -294,6 +294,53 @@ static void test_gemm(void) {
     df_set_isa(-1);
 }
 
+/* Decode products (n = 1) of the float formats through the driver, rows
+ * short and long enough for each path (one row at a time below 2 KiB,
+ * four-row kernels with prefetch above; BF16: one row up to 4096 columns),
+ * R odd so groups of four leave a remainder: within the bound of a double
+ * sum, the same bits on one thread and on two, and an FP8 NaN code makes its
+ * row NaN and no other. */
+static void test_decode_rows(void) {
+    df_pool_init(2);
+    static const int fmts[] = {DF_W_F32, DF_W_BF16, DF_W_F16, DF_W_FP8};
+    static const int64_t cols[] = {96, 576, 1024, 2048, 4608};
+    enum { R = 37 };
+    for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+        for (size_t ci = 0; ci < sizeof cols / sizeof *cols; ci++) {
+            const int64_t C = cols[ci];
+            gw g;
+            gw_make(&g, fmts[f], 0, R, C);
+            float *x = malloc((size_t)C * 4), *y = malloc(R * 4), *y1 = malloc(R * 4), *row = malloc((size_t)C * 4);
+            for (int64_t i = 0; i < C; i++) x[i] = frand();
+            df_pool_serial(0);
+            run_mm(&g.w, x, 1, y);
+            for (int r = 0; r < R; r++) {
+                df_dequant_row(&g.w, r, row);
+                double ref = 0, mag = 0;
+                for (int64_t c = 0; c < C; c++) ref += (double)row[c] * x[c], mag += fabs((double)row[c] * x[c]);
+                if (!(fabs(y[r] - ref) <= 1e-5 * mag + 1e-30)) {
+                    CHECK(0, "decode fmt %d %dx%lld row %d: got %.9g ref %.9g", fmts[f], R, (long long)C, r, y[r], ref);
+                    break;
+                }
+            }
+            df_pool_serial(1);
+            run_mm(&g.w, x, 1, y1);
+            df_pool_serial(0);
+            CHECK(!memcmp(y, y1, R * 4), "decode fmt %d %dx%lld: 1 thread != 2 threads", fmts[f], R, (long long)C);
+            if (fmts[f] == DF_W_FP8) {
+                uint8_t *d = g.data;
+                const int nanrows[] = {2, 9, 36}; /* in a group of four, another group, the remainder */
+                for (int k = 0; k < 3; k++) d[(size_t)nanrows[k] * (size_t)C + (size_t)(C / 2 + k)] = (uint8_t)(k & 1 ? 0xff : 0x7f);
+                run_mm(&g.w, x, 1, y1);
+                for (int r = 0; r < R; r++) {
+                    const int want = r == 2 || r == 9 || r == 36;
+                    CHECK((isnan(y1[r]) != 0) == want, "decode fp8 %dx%lld with NaN codes: row %d = %g", R, (long long)C, r, y1[r]);
+                }
+            }
+            free(x), free(y), free(y1), free(row), free(g.data), free(g.scale);
+        }
+}
+
 /* The traits table: an entry per format, and byte counts that agree with the
  * layouts the loaders build. */
 static void test_traits(void) {
@@ -634,6 +681,7 @@ int main(void) {
     test_fp8_prepared();
     test_traits();
     test_gemm();
+    test_decode_rows();
     printf("%s: %d failures\n", __FILE__, fails);
     return fails != 0;
 }
