@@ -317,22 +317,22 @@ static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu
  * stream ends before it is trained. So every kernel also prefetches the
  * lines of the next four rows (w + 4 ld, the group dot_rows calls it on
  * next) at the offsets it is reading, one prefetch per row per cache line.
- * Measured on the 2-core EPYC VM, one thread, 256 MiB FP8 matrices, GB/s of
- * CPU time: rows of 576 2.7-3.4 -> 5.8-6.1, 2048 4.8-5.5 -> 7-9, 7168 7.2-7.7
- * -> 9-11. A prefetch is a hint: past the end of the matrix it reads
- * nothing and cannot fault. */
+ * Measured on the 2-core EPYC VM (loaded), one thread, 256 MiB FP8 matrices,
+ * GB/s of CPU time: rows of 576 2.7-3.4 -> 5.8-6.1, 2048 4.8-5.5 -> 7-9, 7168
+ * 7.2-7.7 -> 9-11; F16 rows of 7168 9.2-10.9 -> 12.3-13.1. A prefetch is a
+ * hint: past the end of the matrix it reads nothing and cannot fault. */
 #define PF_NEXT4(base, ld, off)                                                                                   \
     _mm_prefetch((const char *)(base) + 4 * (ld) + (off), _MM_HINT_T0),                                          \
         _mm_prefetch((const char *)(base) + 5 * (ld) + (off), _MM_HINT_T0),                                      \
         _mm_prefetch((const char *)(base) + 6 * (ld) + (off), _MM_HINT_T0),                                      \
         _mm_prefetch((const char *)(base) + 7 * (ld) + (off), _MM_HINT_T0)
 
-#define DOT4_8(NAME, T, LD8, ONE)                                                                                 \
+#define DOT4_8(NAME, T, LD8, ONE, PF)                                                                             \
     void NAME(const T *w, int64_t ld, const float *x, int64_t n, float *out) {                                    \
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                               \
         int64_t i = 0;                                                                                            \
         for (; i + 8 <= n; i += 8) {                                                                              \
-            if (!((i * (int64_t)sizeof(T)) & 63)) PF_NEXT4(w, ld * (int64_t)sizeof(T), i * (int64_t)sizeof(T));  \
+            if (PF && !((i * (int64_t)sizeof(T)) & 63)) PF_NEXT4(w, ld * (int64_t)sizeof(T), i * (int64_t)sizeof(T)); \
             __m256 xv = _mm256_loadu_ps(x + i);                                                                   \
             a0 = _mm256_fmadd_ps(LD8(w + i), xv, a0);                                                             \
             a1 = _mm256_fmadd_ps(LD8(w + ld + i), xv, a1);                                                        \
@@ -344,9 +344,12 @@ static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu
             for (int k = 0; k < 4; k++) out[k] += ONE(w[k * ld + i]) * x[i];                                      \
     }
 static inline float id_f32(float f) { return f; }
-DOT4_8(df_k_dot4_f32_avx2, float, f32x8, id_f32)
-DOT4_8(df_k_dot4_bf16_avx2, uint16_t, bf16x8, df_bf16_to_f32)
-DOT4_8(df_k_dot4_f16_avx2, uint16_t, f16x8, df_f16_to_f32)
+/* F32 without the prefetch: its rows are long in bytes, the hardware
+ * prefetcher follows them, and the prefetch (four rows = 32-112 KiB ahead)
+ * measured slower (rows of 2048: 12.3-12.9 -> 10.7-11.0 GB/s of CPU time) */
+DOT4_8(df_k_dot4_f32_avx2, float, f32x8, id_f32, 0)
+DOT4_8(df_k_dot4_bf16_avx2, uint16_t, bf16x8, df_bf16_to_f32, 1)
+DOT4_8(df_k_dot4_f16_avx2, uint16_t, f16x8, df_f16_to_f32, 1)
 
 /* ---- BF16 decode with prepared x -------------------------------------- */
 /* xp per 16 elements: x[0], x[2], ..., x[14], then x[1], x[3], ..., x[15]. A
