@@ -244,10 +244,15 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
             /* x in the kernel's order once per call (K floats: noise next to nr x K
              * weights), then one wide load per 16 weights and a shift or an and */
             k->bf16x_prep(x, xp_buf(w->cols), w->cols);
-            if (w->cols <= 4096) {
+            /* AVX-512 (four-row kernel without prefetch): up to 4096 columns */
+            if (w->cols <= (df_isa() == DF_ISA_AVX2 ? 2048 : 4096)) {
                 /* one row at a time: a single sequential stream, measured 1.2-1.45x
                  * faster than four interleaved rows for BF16 matrices with rows of
-                 * 2048 (docs/PERFORMANCE.md); x (<= 16 KB) stays in L1 */
+                 * 2048 (docs/PERFORMANCE.md); x (<= 16 KB) stays in L1. The AVX2
+                 * four-row kernel prefetches the next four rows: from 2049 columns
+                 * it is the faster one there (one thread, 256 MiB, GB/s of CPU time
+                 * on the loaded EPYC VM: rows of 4096 6.6-7.3 one at a time,
+                 * 7.6-8.9 four; 2048 about even; 1024 8.4-8.6 against 6.9-7.4) */
                 for (; i < nr; i++) y[i] = k->bf16p((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, tl_xp, w->cols);
                 break;
             }
