@@ -11,7 +11,10 @@
  *  - prefill: GFLOP/s (2 x rows x cols x n) of the same call with n tokens
  *    per format and batch size, best of --reps; % of the FMA peak.
  *
- * Usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill] [--isa scalar|avx2|avx512]
+ *  - --float-decode: BF16/F16/FP8/F32 decode at rows of 576, 2048 and 7168,
+ *    each run interleaved with a floor pass (float_decode below).
+ *
+ * Usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P]] [--isa scalar|avx2|avx512]
  * Prints one JSON object. Not a timed test: numbers swing with load. */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/floors.h"
@@ -60,7 +63,9 @@ static int make_weight(df_weight *w, const fmt_def *f, int64_t rows, int64_t col
     uint8_t *d = df_aligned_alloc(rb * (size_t)rows);
     madvise(d, rb * (size_t)rows, MADV_HUGEPAGE);
     uint32_t *d32 = (uint32_t *)(void *)d;
-    for (size_t i = 0; i < rb * (size_t)rows / 4; i++) d32[i] = rnd() & 0x3b7f3b7fu; /* finite in every format */
+    for (size_t i = 0; i < rb * (size_t)rows / 4; i++) d32[i] = rnd() & 0x3b7f3b7fu; /* finite in every format... */
+    if (f->fmt == DF_W_FP8) /* ...but E4M3, where 0x7f is NaN: the kernels give such a row NaN by a slow path */
+        for (size_t i = 0; i < rb * (size_t)rows; i++) d[i] = (d[i] & 0x7f) == 0x7f ? 0x3b : d[i];
     if (f->fmt == DF_W_F32)
         for (size_t i = 0; i < (size_t)(rows * cols); i++) ((float *)(void *)d)[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
     w->data = d;
@@ -99,8 +104,57 @@ static double time_mm(const df_weight *w, const float *X, int n, float *Y, int r
     return best;
 }
 
+/* --float-decode: the float formats' decode (n = 1) against the read floor,
+ * interleaved: for each format and row length, `pairs` times a two-thread
+ * floor pass (floors.c, 256 MiB buffer) then the product (best of 3 over a
+ * 256 MiB matrix, 64 with --quick), so both see the same minutes of a host
+ * whose bandwidth moves; prints every pair and the medians (GB/s, % of the
+ * floor of its own pair). */
+static int cmp_d(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+static void float_decode(int quick, int pairs) {
+    static const int fmts[] = {1, 2, 3, 0}; /* bf16, f16, fp8, f32 (FMTS) */
+    static const int64_t cols_l[] = {576, 2048, 7168};
+    printf(" \"float_decode\": [");
+    int first = 1;
+    for (size_t fi = 0; fi < sizeof fmts / sizeof *fmts; fi++)
+        for (size_t ci = 0; ci < sizeof cols_l / sizeof *cols_l; ci++) {
+            const fmt_def *fd = &FMTS[fmts[fi]];
+            const int64_t cols = cols_l[ci];
+            df_weight w;
+            if (make_weight(&w, fd, 16, cols)) continue;
+            int64_t rows = (int64_t)((quick ? 64e6 : 256e6) / (double)w.row_bytes) / 16 * 16;
+            free_weight(&w);
+            make_weight(&w, fd, rows, cols);
+            float *x = df_aligned_alloc((size_t)cols * 4), *y = df_aligned_alloc((size_t)rows * 4);
+            for (int64_t i = 0; i < cols; i++) x[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
+            double fl[64], gb[64], pct[64];
+            const int np = pairs < 64 ? pairs : 64;
+            for (int p = 0; p < np; p++) {
+                df_floors f;
+                df_bench_floors((size_t)256 << 20, 1000, &f);
+                const double dt = time_mm(&w, x, 1, y, 3, 1);
+                fl[p] = f.mem_read_gbs, gb[p] = (double)w.row_bytes * (double)rows / dt / 1e9, pct[p] = 100 * gb[p] / fl[p];
+                printf("%s\n  {\"fmt\": \"%s\", \"cols\": %lld, \"pair\": %d, \"floor_gbs\": %.2f, \"gbs\": %.2f, \"pct_floor\": %.1f}",
+                       first ? "" : ",", fd->name, (long long)cols, p, fl[p], gb[p], pct[p]);
+                first = 0;
+                fflush(stdout);
+            }
+            const double mf = median(fl, np), mg = median(gb, np), mp = median(pct, np);
+            printf(",\n  {\"fmt\": \"%s\", \"cols\": %lld, \"median_of\": %d, \"floor_gbs\": %.2f, \"gbs\": %.2f, \"pct_floor\": %.1f}",
+                   fd->name, (long long)cols, np, mf, mg, mp);
+            fflush(stdout);
+            free(x), free(y), free_weight(&w);
+        }
+    printf("]}\n");
+}
+
 int main(int argc, char **argv) {
-    int threads = 2, reps = 5, quick = 0, only = 0; /* only: 1 decode, 2 prefill */
+    int threads = 2, reps = 5, quick = 0, only = 0; /* only: 1 decode, 2 prefill, 3 float decode vs floor */
+    int pairs = 5;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
@@ -108,18 +162,25 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cpu-time")) g_cpu_time = 1;
         else if (!strcmp(argv[i], "--decode")) only = 1;
         else if (!strcmp(argv[i], "--prefill")) only = 2;
+        else if (!strcmp(argv[i], "--float-decode")) only = 3;
+        else if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
             df_set_isa(!strcmp(s, "scalar") ? DF_ISA_SCALAR : !strcmp(s, "avx2") ? DF_ISA_AVX2 : DF_ISA_AVX512);
         } else {
-            fprintf(stderr, "usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill] [--isa scalar|avx2|avx512]\n");
+            fprintf(stderr, "usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P]] [--isa scalar|avx2|avx512]\n");
             return 2;
         }
     }
-    if (threads < 1 || reps < 1) { fprintf(stderr, "kernel_bench: expected --threads >= 1 and --reps >= 1\n"); return 2; }
+    if (threads < 1 || reps < 1 || pairs < 1) { fprintf(stderr, "kernel_bench: expected --threads >= 1, --reps >= 1 and --pairs >= 1\n"); return 2; }
     df_kernels_init();
     df_pool_init(threads);
     const int nth = df_pool_size();
+    if (only == 3) {
+        printf("{\"threads\": %d, \"isa\": \"%s\",\n", nth, df_isa_name(df_isa()));
+        float_decode(quick, pairs);
+        return 0;
+    }
 
     /* floors: the same code as `deltafin bench floors` (backend/cpu/floors.c) */
     df_floors fl;

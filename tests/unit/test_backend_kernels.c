@@ -294,6 +294,53 @@ static void test_gemm(void) {
     df_set_isa(-1);
 }
 
+/* Decode products (n = 1) of the float formats through the driver, rows
+ * short and long enough for each path (one row at a time below 2 KiB,
+ * four-row kernels with prefetch above; BF16: one row up to 4096 columns),
+ * R odd so groups of four leave a remainder: within the bound of a double
+ * sum, the same bits on one thread and on two, and an FP8 NaN code makes its
+ * row NaN and no other. */
+static void test_decode_rows(void) {
+    df_pool_init(2);
+    static const int fmts[] = {DF_W_F32, DF_W_BF16, DF_W_F16, DF_W_FP8};
+    static const int64_t cols[] = {96, 576, 1024, 2048, 4608};
+    enum { R = 37 };
+    for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+        for (size_t ci = 0; ci < sizeof cols / sizeof *cols; ci++) {
+            const int64_t C = cols[ci];
+            gw g;
+            gw_make(&g, fmts[f], 0, R, C);
+            float *x = malloc((size_t)C * 4), *y = malloc(R * 4), *y1 = malloc(R * 4), *row = malloc((size_t)C * 4);
+            for (int64_t i = 0; i < C; i++) x[i] = frand();
+            df_pool_serial(0);
+            run_mm(&g.w, x, 1, y);
+            for (int r = 0; r < R; r++) {
+                df_dequant_row(&g.w, r, row);
+                double ref = 0, mag = 0;
+                for (int64_t c = 0; c < C; c++) ref += (double)row[c] * x[c], mag += fabs((double)row[c] * x[c]);
+                if (!(fabs(y[r] - ref) <= 1e-5 * mag + 1e-30)) {
+                    CHECK(0, "decode fmt %d %dx%lld row %d: got %.9g ref %.9g", fmts[f], R, (long long)C, r, y[r], ref);
+                    break;
+                }
+            }
+            df_pool_serial(1);
+            run_mm(&g.w, x, 1, y1);
+            df_pool_serial(0);
+            CHECK(!memcmp(y, y1, R * 4), "decode fmt %d %dx%lld: 1 thread != 2 threads", fmts[f], R, (long long)C);
+            if (fmts[f] == DF_W_FP8) {
+                uint8_t *d = g.data;
+                const int nanrows[] = {2, 9, 36}; /* in a group of four, another group, the remainder */
+                for (int k = 0; k < 3; k++) d[(size_t)nanrows[k] * (size_t)C + (size_t)(C / 2 + k)] = (uint8_t)(k & 1 ? 0xff : 0x7f);
+                run_mm(&g.w, x, 1, y1);
+                for (int r = 0; r < R; r++) {
+                    const int want = r == 2 || r == 9 || r == 36;
+                    CHECK((isnan(y1[r]) != 0) == want, "decode fp8 %dx%lld with NaN codes: row %d = %g", R, (long long)C, r, y1[r]);
+                }
+            }
+            free(x), free(y), free(y1), free(row), free(g.data), free(g.scale);
+        }
+}
+
 /* The traits table: an entry per format, and byte counts that agree with the
  * layouts the loaders build. */
 static void test_traits(void) {
@@ -316,6 +363,135 @@ static void test_traits(void) {
     CHECK(df_weight_scale_bytes(&bf) == 0 && df_weight_bytes(&bf) == 640, "BF16 bytes");
 }
 
+/* ---- FP8 NaN codes in the dot kernels ------------------------------------
+ * E4M3FN has no infinities; S.1111.111 (0x7f, 0xff) is NaN, and a product
+ * with it makes the row's dot NaN in the scalar reference. Every code at
+ * several positions (SIMD body, last column, scalar tail) of rows of several
+ * lengths: each ISA's result is NaN exactly where the scalar one is, and
+ * within the usual bound elsewhere. */
+static void test_fp8_nan(void) {
+    const int64_t lens[] = {32, 96, 256 + 13};
+    for (int isa = DF_ISA_AVX2; isa <= DF_ISA_AVX512; isa++) {
+        df_set_isa(isa);
+        if (df_isa() != isa) continue;
+        float (*f8[3])(const uint8_t *, const float *, int64_t) = {df_k_dot_fp8_scalar, df_k_dot_fp8_avx2, df_k_dot_fp8_avx512};
+        void (*d48[3])(const uint8_t *, int64_t, const float *, int64_t, int, const float *const *, float *) = {
+            df_k_dot4_fp8s_scalar, df_k_dot4_fp8s_avx2, df_k_dot4_fp8s_avx512};
+        float (*prep8[3])(const float *, float *, int64_t) = {df_k_fp8x_prep_scalar, df_k_fp8x_prep_avx2, df_k_fp8x_prep_avx512};
+        float (*d8sp[3])(const uint8_t *, const float *, float, int64_t, int, const float *) = {df_k_dot_fp8sp_scalar, df_k_dot_fp8sp_avx2, df_k_dot_fp8sp_avx512};
+        void (*d48sp[3])(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) = {df_k_dot4_fp8sp_scalar, df_k_dot4_fp8sp_avx2, df_k_dot4_fp8sp_avx512};
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            const int64_t n = lens[li], ld = n + 32, nb = n - n % 32; /* dot4: n % 32 == 0 */
+            uint8_t *w = malloc((size_t)(4 * ld));
+            float *x = malloc((size_t)n * 4), scs[4][16];
+            const float *sc[4] = {scs[0], scs[1], scs[2], scs[3]};
+            for (int k = 0; k < 4; k++)
+                for (int b = 0; b < 16; b++) scs[k][b] = 0.5f + 0.25f * (float)((k + b) % 3);
+            for (int64_t i = 0; i < n; i++) x[i] = frand();
+            int bad = 0, bad4 = 0;
+            for (int code = 0; code < 256 && !(bad && bad4); code++) {
+                const int64_t at[3] = {5, nb - 1, n - 1};
+                for (int p = 0; p < 3; p++) {
+                    for (int64_t i = 0; i < 4 * ld; i++) w[i] = (uint8_t)(0x30 + (i * 7) % 16);
+                    w[at[p]] = (uint8_t)code;            /* row 0 */
+                    w[2 * ld + (at[p] + 3) % nb] = (uint8_t)code; /* row 2, another column */
+                    float mag = 0;
+                    for (int64_t i = 0; i < n; i++) mag += fabsf(x[i]) * 448;
+                    const float got = f8[isa](w, x, n), ref = f8[0](w, x, n);
+                    if (!bad && (isnan(got) != isnan(ref) || (!isnan(ref) && fabsf(got - ref) > 1e-5f * mag + 1e-6f))) {
+                        CHECK(0, "fp8 dot isa=%s n=%lld code 0x%02x at %lld: got %g ref %g", df_isa_name(isa), (long long)n, code,
+                              (long long)at[p], got, ref);
+                        bad = 1;
+                    }
+                    if (at[p] >= nb) continue;
+                    float g4[4], r4[4], xp[512];
+                    d48[isa](w, ld, x, nb, 32, sc, g4), d48[0](w, ld, x, nb, 32, sc, r4);
+                    const float xs = prep8[isa](x, xp, nb);
+                    float gp[4];
+                    d48sp[isa](w, ld, xp, xs, nb, 32, sc, gp);
+                    for (int k = 0; k < 4 && !bad4; k++) {
+                        const float g1 = d8sp[isa](w + k * ld, xp, xs, nb, 32, sc[k]);
+                        if (isnan(gp[k]) != isnan(r4[k]) || isnan(g1) != isnan(r4[k])) {
+                            CHECK(0, "fp8 dot4sp/dotsp isa=%s n=%lld code 0x%02x at %lld row %d: got %g / %g ref %g", df_isa_name(isa),
+                                  (long long)nb, code, (long long)at[p], k, gp[k], g1, r4[k]);
+                            bad4 = 1;
+                        }
+                    }
+                    for (int k = 0; k < 4 && !bad4; k++)
+                        if (isnan(g4[k]) != isnan(r4[k]) || (!isnan(r4[k]) && fabsf(g4[k] - r4[k]) > 1e-5f * mag * 2 + 1e-6f)) {
+                            CHECK(0, "fp8 dot4s isa=%s n=%lld code 0x%02x at %lld row %d: got %g ref %g", df_isa_name(isa),
+                                  (long long)nb, code, (long long)at[p], k, g4[k], r4[k]);
+                            bad4 = 1;
+                        }
+                }
+            }
+            free(w), free(x);
+        }
+    }
+    df_set_isa(-1);
+}
+
+/* ---- FP8 decode on prepared x (fp8x_prep, dot_fp8sp, dot4_fp8sp) -------
+ * Every E4M3 code alone in a row (the other columns +0) at even and odd
+ * positions of the kernels' 16-element order: the dot is one product,
+ * exactly the table's value x x x scale (subnormal codes included, NaN for
+ * the NaN codes). Then rows against activations near f32's top (the prep
+ * scales x down, not up) and with an infinity, against the scalar sums. */
+static void test_fp8_prepared(void) {
+    enum { N = 64 };
+    for (int isa = DF_ISA_AVX2; isa <= DF_ISA_AVX512; isa++) {
+        df_set_isa(isa);
+        if (df_isa() != isa) continue;
+        float (*prep8[3])(const float *, float *, int64_t) = {df_k_fp8x_prep_scalar, df_k_fp8x_prep_avx2, df_k_fp8x_prep_avx512};
+        float (*d8sp[3])(const uint8_t *, const float *, float, int64_t, int, const float *) = {df_k_dot_fp8sp_scalar, df_k_dot_fp8sp_avx2, df_k_dot_fp8sp_avx512};
+        void (*d48sp[3])(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) = {df_k_dot4_fp8sp_scalar, df_k_dot4_fp8sp_avx2, df_k_dot4_fp8sp_avx512};
+        uint8_t w[4 * N];
+        float x[N], xp[N], scs[4][2] = {{0.375f, 0.375f}, {0.375f, 0.375f}, {0.375f, 0.375f}, {0.375f, 0.375f}};
+        const float *sc[4] = {scs[0], scs[1], scs[2], scs[3]};
+        for (int i = 0; i < N; i++) x[i] = (float)(i % 7) - 3.0f;
+        const int pos[] = {0, 1, 2, 14, 15, 16, 17, 31, 32, 47, 63};
+        int bad = 0;
+        for (int code = 0; code < 256 && !bad; code++)
+            for (size_t p = 0; p < sizeof pos / sizeof *pos && !bad; p++) {
+                const int j = pos[p];
+                x[j] = 1.5f;
+                const float xs = prep8[isa](x, xp, N), want = (code & 0x7f) ? df_fp8_lut[code] * 1.5f * 0.375f : 0.0f; /* a sum from +0: -0 adds to +0 */
+                memset(w, 0, sizeof w);
+                w[j] = (uint8_t)code, w[3 * N + j] = (uint8_t)code;
+                float got[4];
+                d48sp[isa](w, N, xp, xs, N, 32, sc, got);
+                const float one = d8sp[isa](w, xp, xs, N, 32, sc[0]);
+                if (!same_f32(got[0], want) || !same_f32(got[3], want) || !same_f32(one, want) || got[1] != 0 || got[2] != 0) {
+                    CHECK(0, "fp8sp isa=%s code 0x%02x at %d: dot4 %g %g %g %g, dot %g, want %g", df_isa_name(isa), code, j,
+                          got[0], got[1], got[2], got[3], one, want);
+                    bad = 1;
+                }
+                x[j] = (float)(j % 7) - 3.0f;
+            }
+        /* x near the top of f32, then with +inf: as the scalar sums */
+        for (int trial = 0; trial < 2; trial++) {
+            float mag = 0, ref[4], got[4];
+            for (int i = 0; i < 4 * N; i++) w[i] = (uint8_t)(rnd() & 0xff), w[i] = (w[i] & 0x7f) == 0x7f ? 0x3a : w[i];
+            for (int i = 0; i < N; i++) x[i] = frand() * 1e30f, mag += fabsf(x[i]) * 448;
+            if (trial == 1) x[9] = INFINITY;
+            const float xs = prep8[isa](x, xp, N);
+            df_k_dot4_fp8s_scalar(w, N, x, N, 32, sc, ref);
+            d48sp[isa](w, N, xp, xs, N, 32, sc, got);
+            for (int k = 0; k < 4; k++) {
+                const float one = d8sp[isa](w + k * N, xp, xs, N, 32, sc[k]);
+                if (trial == 0) {
+                    close_enough("dot4 fp8sp, x ~1e30", isa, N, got[k], ref[k], mag);
+                    close_enough("dot fp8sp, x ~1e30", isa, N, one, ref[k], mag);
+                } else {
+                    CHECK(same_f32(got[k], ref[k]) && same_f32(one, ref[k]), "fp8sp isa=%s x with inf row %d: dot4 %g dot %g ref %g",
+                          df_isa_name(isa), k, got[k], one, ref[k]);
+                }
+            }
+        }
+    }
+    df_set_isa(-1);
+}
+
 int main(void) {
     df_kernels_init();
     /* FP8 E4M3FN table: the values of the format's definition */
@@ -325,16 +501,12 @@ int main(void) {
     CHECK(df_fp8_lut[0x01] == ldexpf(1, -9), "fp8 min subnormal");
     CHECK(df_fp8_lut[0xb8] == -1.0f, "fp8 -1");
     CHECK(isnan(df_fp8_lut[0x7f]), "fp8 nan");
-    /* every E4M3 code but NaN (S.1111.111: the SIMD conversions do not
-     * special-case it) through each ISA's row dequantization (16- and 8-wide
-     * bodies, scalar tail) = table x scale */
+    /* every E4M3 code, NaN (S.1111.111) included, through each ISA's row
+     * dequantization (SIMD body, scalar tail) = table x scale */
     {
         uint8_t codes[256 + 7];
         float out[256 + 7];
-        for (int i = 0; i < 256 + 7; i++) {
-            codes[i] = (uint8_t)(i * 97 + 13);
-            if ((codes[i] & 0x7f) == 0x7f) codes[i] ^= 1;
-        }
+        for (int i = 0; i < 256 + 7; i++) codes[i] = (uint8_t)(i * 97 + 13);
         void (*dq[3])(const uint8_t *, float, float *, int64_t) = {df_k_deq_fp8_scalar, df_k_deq_fp8_avx2, df_k_deq_fp8_avx512};
         for (int isa = 0; isa <= df_isa(); isa++) {
             dq[isa](codes, 0.375f, out, 256 + 7);
@@ -426,10 +598,20 @@ int main(void) {
                 for (int k = 0; k < 4; k++)
                     for (int b = 0; b < 64; b++) scs[k][b] = frand();
                 void (*d48[3])(const uint8_t *, int64_t, const float *, int64_t, int, const float *const *, float *) = {df_k_dot4_fp8s_scalar, df_k_dot4_fp8s_avx2, df_k_dot4_fp8s_avx512};
+                float (*prep8[3])(const float *, float *, int64_t) = {df_k_fp8x_prep_scalar, df_k_fp8x_prep_avx2, df_k_fp8x_prep_avx512};
+                float (*d8sp[3])(const uint8_t *, const float *, float, int64_t, int, const float *) = {df_k_dot_fp8sp_scalar, df_k_dot_fp8sp_avx2, df_k_dot_fp8sp_avx512};
+                void (*d48sp[3])(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) = {df_k_dot4_fp8sp_scalar, df_k_dot4_fp8sp_avx2, df_k_dot4_fp8sp_avx512};
+                float *xp = malloc((size_t)n * 4);
+                const float xs = prep8[isa](x, xp, n);
                 for (int blk = 32; blk <= 128; blk *= 2) {
                     d48[isa](w8, ld, x, n, blk, sc, got), d48[0](w8, ld, x, n, blk, sc, ref);
                     for (int k = 0; k < 4; k++) close_enough("dot4 fp8s", isa, n, got[k], ref[k], mag);
+                    /* prepared x: against the plain scalar kernel on x */
+                    d48sp[isa](w8, ld, xp, xs, n, blk, sc, got);
+                    for (int k = 0; k < 4; k++) close_enough("dot4 fp8sp", isa, n, got[k], ref[k], mag);
+                    for (int k = 0; k < 4; k++) close_enough("dot fp8sp", isa, n, d8sp[isa](w8 + k * ld, xp, xs, n, blk, sc[k]), ref[k], mag);
                 }
+                free(xp);
             }
             void (*ax[3])(float *, float, const float *, int64_t) = {df_k_axpy_scalar, df_k_axpy_avx2, df_k_axpy_avx512};
             ax[isa](y0, 0.37f, x, n), ax[0](y1, 0.37f, x, n);
@@ -495,8 +677,11 @@ int main(void) {
         }
     }
     test_mxfp4();
+    test_fp8_nan();
+    test_fp8_prepared();
     test_traits();
     test_gemm();
+    test_decode_rows();
     printf("%s: %d failures\n", __FILE__, fails);
     return fails != 0;
 }

@@ -66,12 +66,16 @@ typedef struct {
     float (*i8)(const int8_t *, const float *, int64_t);
     float (*mxfp4)(const uint8_t *, const uint8_t *, const float *, int64_t);
     void (*deq_mxfp4)(const uint8_t *, const uint8_t *, float *, int64_t);
+    float (*fp8x_prep)(const float *, float *, int64_t);
+    float (*dot_fp8sp)(const uint8_t *, const float *, float, int64_t, int, const float *);
+    void (*dot4_fp8sp)(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *);
 } ktab;
 #define KT(isa)                                                                                                       \
     {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_pack16_##isa, df_k_gemm16_##isa, df_k_gemm32_##isa, \
      df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
      df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_bf16x_prep_##isa, df_k_dot_bf16p_##isa, df_k_dot4_bf16p_##isa, \
-     df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa}
+     df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa, df_k_fp8x_prep_##isa,     \
+     df_k_dot_fp8sp_##isa, df_k_dot4_fp8sp_##isa}
 static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
 static inline const ktab *kt(void) { return &ktabs[df_isa()]; }
 
@@ -199,14 +203,38 @@ static const float *fp8_scale_row(const df_weight *w, int64_t sr) {
     return f;
 }
 
+/* the thread's buffer for x in a kernel's order (BF16, FP8 decode) */
+static float *xp_buf(int64_t n) {
+    if ((size_t)n > tl_xp_cap) {
+        free(tl_xp);
+        tl_xp = df_aligned_alloc((size_t)n * sizeof(float));
+        tl_xp_cap = (size_t)n;
+        scratch_register();
+    }
+    return tl_xp;
+}
+
 /* y[i] = W[r0+i,:] . x for i < nr: four rows per kernel call where the format
  * has a four-row kernel (x is then read once per four rows), single rows
- * otherwise and for the remainder. */
+ * otherwise and for the remainder. Rows shorter than SHORT_ROW_BYTES go one
+ * at a time in every float format: four short rows read side by side are
+ * four streams too short for the hardware prefetcher (the four-row kernels
+ * prefetch the next group themselves, which recovers most of it), and one
+ * row after another is one sequential stream. Single thread, 256 MiB
+ * matrices, GB/s of CPU time on the loaded 2-core EPYC VM: FP8 rows of 576
+ * four-row 2.0-2.1 (before) / 3.9-4.0 (with the prefetch) / 4.5-5.2 one row;
+ * F16 rows of 576 4.1-4.7 / 5.7-5.8 / 6.0-6.5; FP8 rows of 2048 3.6-3.8 /
+ * 4.9-6.1 / 4.9-5.3 (so four rows from 2 KiB up). */
+#define SHORT_ROW_BYTES 2048
 static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y) {
     const ktab *k = kt();
     int64_t i = 0;
     switch (w->fmt) {
     case DF_W_F32:
+        if (w->row_bytes < SHORT_ROW_BYTES) {
+            for (; i < nr; i++) y[i] = k->f32((const float *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, w->cols);
+            break;
+        }
         if (w->row_bytes % 4 == 0)
             for (; i + 4 <= nr; i += 4)
                 k->dot4_f32((const float *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 4, x, w->cols, y + i);
@@ -215,17 +243,16 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
         if (w->row_bytes % 2 == 0) {
             /* x in the kernel's order once per call (K floats: noise next to nr x K
              * weights), then one wide load per 16 weights and a shift or an and */
-            if ((size_t)w->cols > tl_xp_cap) {
-                free(tl_xp);
-                tl_xp = df_aligned_alloc((size_t)w->cols * sizeof(float));
-                tl_xp_cap = (size_t)w->cols;
-                scratch_register();
-            }
-            k->bf16x_prep(x, tl_xp, w->cols);
-            if (w->cols <= 4096) {
+            k->bf16x_prep(x, xp_buf(w->cols), w->cols);
+            /* AVX-512 (four-row kernel without prefetch): up to 4096 columns */
+            if (w->cols <= (df_isa() == DF_ISA_AVX2 ? 2048 : 4096)) {
                 /* one row at a time: a single sequential stream, measured 1.2-1.45x
                  * faster than four interleaved rows for BF16 matrices with rows of
-                 * 2048 (docs/PERFORMANCE.md); x (<= 16 KB) stays in L1 */
+                 * 2048 (docs/PERFORMANCE.md); x (<= 16 KB) stays in L1. The AVX2
+                 * four-row kernel prefetches the next four rows: from 2049 columns
+                 * it is the faster one there (one thread, 256 MiB, GB/s of CPU time
+                 * on the loaded EPYC VM: rows of 4096 6.6-7.3 one at a time,
+                 * 7.6-8.9 four; 2048 about even; 1024 8.4-8.6 against 6.9-7.4) */
                 for (; i < nr; i++) y[i] = k->bf16p((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, tl_xp, w->cols);
                 break;
             }
@@ -234,6 +261,10 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
         }
         break;
     case DF_W_F16:
+        if (w->row_bytes < SHORT_ROW_BYTES) {
+            for (; i < nr; i++) y[i] = k->f16((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, w->cols);
+            break;
+        }
         if (w->row_bytes % 2 == 0)
             for (; i + 4 <= nr; i += 4)
                 k->dot4_f16((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 2, x, w->cols, y + i);
@@ -243,12 +274,20 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
          * which a reused buffer (an expert cache slot) keeps for other
          * contents: the cache lives for one call only */
         tl_fsc_w = NULL;
-        if (w->blk_c % 32 == 0 && w->cols % 32 == 0 && w->blk_r > 0)
-            for (; i + 4 <= nr; i += 4) {
+        if (w->blk_c % 32 == 0 && w->cols % 32 == 0 && w->blk_r > 0) {
+            /* x prepared once per call (kernels.h: fp8x_prep), four rows per
+             * kernel call (short rows: one at a time), the rest one at a time
+             * on the same prepared x */
+            const float xs = k->fp8x_prep(x, xp_buf(w->cols), w->cols);
+            for (; i + 4 <= nr && w->row_bytes >= SHORT_ROW_BYTES; i += 4) {
                 const float *sc[4];
                 for (int j = 0; j < 4; j++) sc[j] = fp8_scale_row(w, (r0 + i + j) / w->blk_r);
-                k->dot4_fp8s(w->data + (size_t)(r0 + i) * w->row_bytes, (int64_t)w->row_bytes, x, w->cols, w->blk_c, sc, y + i);
+                k->dot4_fp8sp(w->data + (size_t)(r0 + i) * w->row_bytes, (int64_t)w->row_bytes, tl_xp, xs, w->cols, w->blk_c, sc, y + i);
             }
+            for (; i < nr; i++)
+                y[i] = k->dot_fp8sp(w->data + (size_t)(r0 + i) * w->row_bytes, tl_xp, xs, w->cols, w->blk_c,
+                                    fp8_scale_row(w, (r0 + i) / w->blk_r));
+        }
         break;
     case DF_W_GGML: {
         /* x prepared once for all nr rows (ggml_quant.h: df_ggml_px); the

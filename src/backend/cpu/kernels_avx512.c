@@ -5,6 +5,7 @@
  * and subnormals), INT4 nibbles by integer unpacking. */
 #include "backend/cpu/kernels.h"
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
@@ -76,11 +77,25 @@ float df_k_dot_f16_avx512(const uint16_t *w, const float *x, int64_t n) {
     return hsum(_mm512_add_ps(a0, a1));
 }
 
+/* 16 FP8 bytes -> f32, E4M3FN's NaN code (S.1111.111) as NaN (the shifts
+ * alone read it as +-480) */
 static inline __m512 fp8x16(__m128i b) {
     __m256i v = _mm256_cvtepu8_epi16(b);
     __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7),
                                 _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
-    return _mm512_cvtph_ps(h);
+    const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(b, _mm_set1_epi8(0x7f)), _mm_set1_epi8(0x7f));
+    return _mm512_mask_mov_ps(_mm512_cvtph_ps(h), nan, _mm512_set1_ps(NAN));
+}
+/* NaN codes in n bytes at p (a multiple of 32), for the dot kernels whose
+ * fast conversion (fp8x32_h) reads them as +-480: a row with one gets NaN */
+static inline __mmask32 fp8_nan32(const uint8_t *p) {
+    return _mm256_cmpeq_epi8_mask(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8(0x7f)),
+                                  _mm256_set1_epi8(0x7f));
+}
+static int fp8_row_has_nan(const uint8_t *p, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if ((p[i] & 0x7f) == 0x7f) return 1;
+    return 0;
 }
 
 /* 32 FP8 bytes -> f16 bits in one zmm: sign-extending b to 16 bits puts the
@@ -96,8 +111,10 @@ static inline __m512 h_hi(__m512i h) { return _mm512_cvtph_ps(_mm512_extracti64x
 
 float df_k_dot_fp8_avx512(const uint8_t *w, const float *x, int64_t n) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = a0, a3 = a0;
+    __mmask32 nan = 0;
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
+        nan |= fp8_nan32(w + i) | fp8_nan32(w + i + 32);
         __m512i h0 = fp8x32_h(w + i), h1 = fp8x32_h(w + i + 32);
         a0 = _mm512_fmadd_ps(h_lo(h0), _mm512_loadu_ps(x + i), a0);
         a1 = _mm512_fmadd_ps(h_hi(h0), _mm512_loadu_ps(x + i + 16), a1);
@@ -110,7 +127,7 @@ float df_k_dot_fp8_avx512(const uint8_t *w, const float *x, int64_t n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
         a1 = _mm512_fmadd_ps(fp8x16(_mm_maskz_loadu_epi8(m, w + i)), _mm512_maskz_loadu_ps(m, x + i), a1);
     }
-    return hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) * 256.0f;
+    return nan ? NAN : hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) * 256.0f;
 }
 
 /* ---- four rows per call ------------------------------------------------ */
@@ -170,10 +187,12 @@ DOT4_16(df_k_dot4_f16_avx512, uint16_t, f16x16, f16x16_mask)
 void df_k_dot4_fp8s_avx512(const uint8_t *w, int64_t ld, const float *x, int64_t n, int blk, const float *const *sc,
                            float *out) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __mmask32 nan = 0; /* of the four rows together */
     for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) {
         const int64_t c1 = n - c0 < blk ? n : c0 + blk;
         __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
         for (int64_t i = c0; i < c1; i += 32) {
+            nan |= fp8_nan32(w + i) | fp8_nan32(w + ld + i) | fp8_nan32(w + 2 * ld + i) | fp8_nan32(w + 3 * ld + i);
             __m512 xv = _mm512_loadu_ps(x + i), xw = _mm512_loadu_ps(x + i + 16);
             __m512i h0 = fp8x32_h(w + i), h1 = fp8x32_h(w + ld + i), h2 = fp8x32_h(w + 2 * ld + i),
                     h3 = fp8x32_h(w + 3 * ld + i);
@@ -188,6 +207,25 @@ void df_k_dot4_fp8s_avx512(const uint8_t *w, int64_t ld, const float *x, int64_t
         a3 = _mm512_fmadd_ps(t3, _mm512_set1_ps(sc[3][b]), a3);
     }
     out[0] = hsum(a0) * 256.0f, out[1] = hsum(a1) * 256.0f, out[2] = hsum(a2) * 256.0f, out[3] = hsum(a3) * 256.0f;
+    if (nan)
+        for (int k = 0; k < 4; k++)
+            if (fp8_row_has_nan(w + k * ld, n)) out[k] = NAN;
+}
+
+/* FP8 with prepared x: the plain kernels (kernels.h) */
+float df_k_fp8x_prep_avx512(const float *x, float *xp, int64_t n) {
+    memcpy(xp, x, (size_t)n * sizeof(float));
+    return 1.0f;
+}
+float df_k_dot_fp8sp_avx512(const uint8_t *w, const float *xp, float xs, int64_t n, int blk, const float *sc) {
+    float s = 0;
+    for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) s += sc[b] * df_k_dot_fp8_avx512(w + c0, xp + c0, n - c0 < blk ? n - c0 : blk);
+    return s * xs;
+}
+void df_k_dot4_fp8sp_avx512(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
+                            const float *const *sc, float *out) {
+    df_k_dot4_fp8s_avx512(w, ld, xp, n, blk, sc, out);
+    for (int k = 0; k < 4; k++) out[k] *= xs;
 }
 
 void df_k_axpy_avx512(float *y, float a, const float *x, int64_t n) {

@@ -143,3 +143,18 @@ float df_k_dot_mxfp4_scalar(const uint8_t *p, const uint8_t *scales, const float
 void df_k_deq_mxfp4_scalar(const uint8_t *p, const uint8_t *scales, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = df_e2m1_lut[e2m1_code(p, i)] * df_e8m0_to_f32(scales[i / 32]);
 }
+
+float df_k_fp8x_prep_scalar(const float *x, float *xp, int64_t n) {
+    memcpy(xp, x, (size_t)n * sizeof(float));
+    return 1.0f;
+}
+float df_k_dot_fp8sp_scalar(const uint8_t *w, const float *xp, float xs, int64_t n, int blk, const float *sc) {
+    float s = 0;
+    for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) s += sc[b] * df_k_dot_fp8_scalar(w + c0, xp + c0, n - c0 < blk ? n - c0 : blk);
+    return s * xs;
+}
+void df_k_dot4_fp8sp_scalar(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
+                            const float *const *sc, float *out) {
+    df_k_dot4_fp8s_scalar(w, ld, xp, n, blk, sc, out);
+    for (int k = 0; k < 4; k++) out[k] *= xs;
+}
