@@ -409,6 +409,9 @@ static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
             const int nr = (int)(e - r0 < GEMM_MR ? e - r0 : GEMM_MR);
             if (direct) {
                 k->pack16((const float *)(w->data + (size_t)r0 * w->row_bytes), (int64_t)w->row_bytes / 4, nr, K, pk + (size_t)p * GEMM_MR * K);
+            } else if (w->fmt == DF_W_GGML && nr == GEMM_MR && k != &ktabs[DF_ISA_SCALAR] &&
+                       !df_ggml_pack16(w->ggml_type, w->data + (size_t)r0 * w->row_bytes, w->row_bytes, K, pk + (size_t)p * GEMM_MR * K)) {
+                /* dequantized straight into the panel: the same values (ggml_quant.h) */
             } else {
                 for (int i = 0; i < nr; i++) df_dequant_row(w, r0 + i, rb + (size_t)i * K);
                 k->pack16(rb, K, nr, K, pk + (size_t)p * GEMM_MR * K);
