@@ -484,7 +484,7 @@ static void bench(int64_t mib, int64_t n) {
  * signed zeros and both signs); the types the Q4_1 and Q4_K_M files use
  * must have one on an AVX2 CPU. */
 static void test_pack16(int type) {
-    int64_t ns[8];
+    int64_t ns[16]; /* sizes_for writes up to 12 */
     const int nn = sizes_for(type, ns);
     const df_ggml_traits *t = df_ggml_traits_of(type);
     for (int ni = 0; ni < nn; ni++) {
