@@ -35,7 +35,9 @@
 /* ---- weights --------------------------------------------------------------- */
 typedef struct { const char *name; int fmt, gtype; } fmt_def;
 static const fmt_def FMTS[] = {{"f32", DF_W_F32, 0}, {"bf16", DF_W_BF16, 0}, {"f16", DF_W_F16, 0}, {"fp8", DF_W_FP8, 0},
-                               {"q8_0", DF_W_GGML, 8}, {"q4_1", DF_W_GGML, 3}, {"q4_k", DF_W_GGML, 12}};
+                               {"q8_0", DF_W_GGML, 8}, {"q4_1", DF_W_GGML, 3}, {"q4_k", DF_W_GGML, 12},
+                               /* the rest of the Q4_K_M file's types (bench/make_q4km_gguf.py) */
+                               {"q5_0", DF_W_GGML, 6}, {"q6_k", DF_W_GGML, 14}};
 #define NFMT (int)(sizeof FMTS / sizeof *FMTS)
 
 static uint64_t rs = 0x9e3779b97f4a7c15ull;

@@ -54,6 +54,15 @@ void df_ggml_dot_multi(int type, const void *row, const float *x, int64_t n, int
  * (decode is bound by x traffic from L1/L2, not only by the weight stream). */
 void df_ggml_dot4(int type, const void *row, size_t row_stride, const float *x, int64_t n, float *out);
 
+/* The prefill GEMM's k-major panel of 16 rows (backend/cpu/cpu.c mm_rows):
+ * P[k*16 + i] = weight k of row i (at rows + i*row_stride), k < n, the
+ * values df_ggml_dequant_row gives, bit for bit, dequantized straight into
+ * the panel (no row buffer, no float transpose). Returns 0, or -1 when the
+ * ISA in effect has no panel kernel for type (the caller then dequantizes
+ * rows and packs them). Kernels (AVX2, also used on AVX-512 CPUs): Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K. */
+int df_ggml_pack16(int type, const void *rows, size_t row_stride, int64_t n, float *P);
+
 /* ---- prepared activations (decode) --------------------------------------
  * A matrix-vector product reads one x against many rows. df_ggml_px_init
  * computes, once per (x, type), what the ISA's decode kernels share across

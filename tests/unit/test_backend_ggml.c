@@ -478,6 +478,55 @@ static void bench(int64_t mib, int64_t n) {
     free(x);
 }
 
+/* df_ggml_pack16 (the prefill GEMM's panel, issue 17 round 2): where a
+ * kernel exists, P[k*16 + i] is bit for bit the scalar df_ggml_dequant_row
+ * of row i (a padded row stride, scales wide enough to reach subnormals,
+ * signed zeros and both signs); the types the Q4_1 and Q4_K_M files use
+ * must have one on an AVX2 CPU. */
+static void test_pack16(int type) {
+    int64_t ns[16]; /* sizes_for writes up to 12 */
+    const int nn = sizes_for(type, ns);
+    const df_ggml_traits *t = df_ggml_traits_of(type);
+    for (int ni = 0; ni < nn; ni++) {
+        const int64_t n = ns[ni];
+        if (n > 1056) continue;
+        const size_t rb = (size_t)df_ggml_row_bytes(type, n), stride = rb + 3;
+        uint8_t *r = malloc(16 * stride);
+        float *P = malloc((size_t)(16 * n) * 4), *ref = malloc((size_t)n * 4);
+        for (int rep = 0; rep < 3; rep++) {
+            for (int i = 0; i < 16; i++) fill_random(type, r + i * stride, n, rep > 0);
+            if (rep == 2) /* zero scales in some rows: d*q and m of both signs of zero */
+                for (int i = 0; i < 16; i += 3)
+                    for (int64_t b = 0; b < n / t->block_elems; b++) {
+                        uint8_t *blk = r + i * stride + b * t->block_bytes;
+                        int o = type == DF_GGML_Q6_K ? 208 : 0;
+                        put16(blk + o, (uint16_t)(i & 4 ? 0x8000 : 0));
+                    }
+            df_ggml_set_isa(isa_list[n_isa - 1]);
+            const int rc = df_ggml_pack16(type, r, stride, n, P);
+            df_ggml_set_isa(DF_GGML_ISA_AUTO);
+            const int want = df_ggml_isa_supported(DF_GGML_ISA_AVX2) &&
+                             (type == DF_GGML_Q4_0 || type == DF_GGML_Q4_1 || type == DF_GGML_Q5_0 || type == DF_GGML_Q5_1 ||
+                              type == DF_GGML_Q8_0 || type == DF_GGML_Q4_K || type == DF_GGML_Q6_K);
+            CHECK((rc == 0) == want, "pack16 %s: rc %d, expected a kernel: %d", t->name, rc, want);
+            if (rc) break;
+            df_ggml_set_isa(DF_GGML_ISA_SCALAR);
+            for (int i = 0; i < 16; i++) {
+                df_ggml_dequant_row(type, r + i * stride, ref, n);
+                for (int64_t k = 0; k < n; k++)
+                    if (memcmp(&P[k * 16 + i], &ref[k], 4)) {
+                        CHECK(0, "pack16 %s n=%lld rep %d row %d k=%lld: %a, dequant_row %a", t->name, (long long)n, rep, i, (long long)k,
+                              P[k * 16 + i], ref[k]);
+                        i = 16;
+                        break;
+                    }
+            }
+            df_ggml_set_isa(DF_GGML_ISA_AUTO);
+        }
+        free(r), free(P), free(ref);
+    }
+}
+
 int main(int argc, char **argv) {
     for (int isa = DF_GGML_ISA_SCALAR; isa <= DF_GGML_ISA_AVX512; isa++)
         if (df_ggml_isa_supported(isa)) isa_list[n_isa++] = isa;
@@ -494,6 +543,7 @@ int main(int argc, char **argv) {
     for (int ti = 0; ti < N_TYPES; ti++) test_dot4(TYPES[ti]);
     for (int ti = 0; ti < N_TYPES; ti++) test_px(TYPES[ti]);
     for (int ti = 0; ti < N_TYPES; ti++) test_px_extreme(TYPES[ti]);
+    for (int ti = 0; ti < N_TYPES; ti++) test_pack16(TYPES[ti]);
     if (failures) {
         printf("test_backend_ggml: %d failures\n", failures);
         return 1;

@@ -209,8 +209,8 @@ static void gw_make(gw *g, int fmt, int gtype, int64_t R, int64_t C) {
         if (fmt == DF_W_GGML) /* finite f16 scale (and min) at the head of every block */
             for (size_t b = 0; b < rb; b += (size_t)df_ggml_traits_of(gtype)->block_bytes) {
                 uint16_t h = (uint16_t)(0x2000 + rnd() % 0x400), m = (uint16_t)(0xa000 + rnd() % 0x400);
-                memcpy(row + b, &h, 2);
-                if (gtype == 3) memcpy(row + b + 2, &m, 2); /* Q4_1's min */
+                memcpy(row + b + (gtype == 14 ? 208 : 0), &h, 2); /* Q6_K's d is at the end */
+                if (gtype == 3 || gtype == 7 || gtype == 12) memcpy(row + b + 2, &m, 2); /* Q4_1/Q5_1's min, Q4_K's dmin */
             }
     }
     w->data = d, g->data = d;
@@ -230,14 +230,18 @@ static void test_gemm(void) {
     const int best = df_isa();
     static const struct { int fmt, gtype; const char *name; } F[] = {
         {DF_W_F32, 0, "f32"}, {DF_W_BF16, 0, "bf16"}, {DF_W_F16, 0, "f16"}, {DF_W_FP8, 0, "fp8"}, {DF_W_INT4, 0, "int4"},
-        {DF_W_I8ROW, 0, "i8row"}, {DF_W_MXFP4, 0, "mxfp4"}, {DF_W_GGML, 8, "q8_0"}, {DF_W_GGML, 3, "q4_1"}};
-    static const int64_t shapes[][2] = {{37, 300}, {130, 544}, {16, 96}, {81, 256}};
+        {DF_W_I8ROW, 0, "i8row"}, {DF_W_MXFP4, 0, "mxfp4"}, {DF_W_GGML, 8, "q8_0"}, {DF_W_GGML, 3, "q4_1"},
+        /* the Q4_K_M file's types and the other 32-blocks with panel kernels (df_ggml_pack16) */
+        {DF_W_GGML, 2, "q4_0"}, {DF_W_GGML, 6, "q5_0"}, {DF_W_GGML, 7, "q5_1"}, {DF_W_GGML, 12, "q4_k"}, {DF_W_GGML, 14, "q6_k"}};
+    static const int64_t shapes[][2] = {{37, 300}, {130, 544}, {16, 96}, {81, 256}, {50, 768}};
     static const int ns[] = {2, 3, 4, 5, 6, 7, 13, 64, 130};
     enum { NMAX = 130 };
     for (size_t f = 0; f < sizeof F / sizeof *F; f++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             const int64_t R = shapes[si][0], C = shapes[si][1];
             if ((F[f].fmt == DF_W_MXFP4 || F[f].fmt == DF_W_GGML) && C % 32) continue;
+            if (F[f].fmt == DF_W_GGML && C % df_ggml_traits_of(F[f].gtype)->block_elems) continue;
+            if (C == 768 && F[f].fmt != DF_W_GGML) continue; /* the K-quant shape: K-quants (and the 32-blocks) only */
             gw g;
             gw_make(&g, F[f].fmt, F[f].gtype, R, C);
             float *X = malloc((size_t)(NMAX * C) * 4), *Y = malloc((size_t)(NMAX * R) * 4), *Y2 = malloc((size_t)(NMAX * R) * 4);

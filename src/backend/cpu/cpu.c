@@ -448,6 +448,9 @@ static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
             const int nr = (int)(e - r0 < GEMM_MR ? e - r0 : GEMM_MR);
             if (direct) {
                 k->pack16((const float *)(w->data + (size_t)r0 * w->row_bytes), (int64_t)w->row_bytes / 4, nr, K, pk + (size_t)p * GEMM_MR * K);
+            } else if (w->fmt == DF_W_GGML && nr == GEMM_MR && k != &ktabs[DF_ISA_SCALAR] &&
+                       !df_ggml_pack16(w->ggml_type, w->data + (size_t)r0 * w->row_bytes, w->row_bytes, K, pk + (size_t)p * GEMM_MR * K)) {
+                /* dequantized straight into the panel: the same values (ggml_quant.h) */
             } else {
                 for (int i = 0; i < nr; i++) df_dequant_row(w, r0 + i, rb + (size_t)i * K);
                 k->pack16(rb, K, nr, K, pk + (size_t)p * GEMM_MR * K);
@@ -479,17 +482,37 @@ static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
     }
 }
 
-static void mm_task(void *p, int tid, int nth) {
+/* Shares of a prefill product of `rows` rows (rows of several jobs
+ * together): GEMM_MC-row blocks, or GEMM_MC/2 when that gives fewer than 8
+ * per thread (SmolLM2's 576-row products: 18 shares, not 9). The threads
+ * claim shares one at a time (pool.c), so a thread that is descheduled or
+ * slowed (another process, an interrupt) hands the rest of its rows to the
+ * others instead of holding the product back: with one share per thread the
+ * product took as long as its slowest half, which is why two threads
+ * measured 29-61% of the two-core FMA peak where one thread reached 64-77%
+ * of one core's (docs/PERFORMANCE.md, issue 17 round 2). Rows only, never K:
+ * mm_rows gives the same bits for any row range, so the share count changes
+ * no result. */
+static int gemm_shares(int64_t rows) {
+    const int nth = df_pool_size();
+    if (nth <= 1) return 1;
+    int64_t s = (rows + GEMM_MC - 1) / GEMM_MC;
+    if (s < 8 * (int64_t)nth) s = (rows + GEMM_MC / 2 - 1) / (GEMM_MC / 2);
+    if (s < nth) s = nth;
+    return s > DF_POOL_MAX_SHARES ? DF_POOL_MAX_SHARES : (int)s;
+}
+
+static void mm_task(void *p, int share, int shares) {
     mv_ctx *c = p;
     int64_t b, e;
-    split(c->w->rows, tid, nth, GEMM_MR, &b, &e);
+    split(c->w->rows, share, shares, GEMM_MR, &b, &e);
     mm_rows(c, b, e);
 }
 
 static void matmul(const df_weight *w, const float *X, int n, float *Y) {
     if (n == 1) { matvec(w, X, Y); return; }
     mv_ctx c = {w, 0, w->rows, X, Y, n};
-    df_pool_run(mm_task, &c);
+    df_pool_run_shares(mm_task, &c, gemm_shares(w->rows));
 }
 
 typedef struct {
@@ -499,10 +522,10 @@ typedef struct {
     int64_t al;    /* 4 (decode: four-row kernels) or GEMM_MR (prefill panels) */
 } batch_ctx;
 
-static void batch_task(void *p, int tid, int nth) {
+static void batch_task(void *p, int share, int shares) {
     batch_ctx *c = p;
     int64_t b, e;
-    split(c->total, tid, nth, c->al, &b, &e);
+    split(c->total, share, shares, c->al, &b, &e);
     int64_t base = 0;
     for (int j = 0; j < c->n_jobs && base < e; j++) {
         const df_weight *w = c->jobs[j].w;
@@ -527,7 +550,8 @@ void df_cpu_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     int64_t work = 0;
     for (int j = 0; j < n_jobs; j++) c.total += (jobs[j].w->rows + c.al - 1) / c.al * c.al, work += jobs[j].w->rows * jobs[j].w->cols;
     if (n == 1 && work < 65536) batch_task(&c, 0, 1);
-    else df_pool_run(batch_task, &c);
+    else if (n == 1) df_pool_run(batch_task, &c);
+    else df_pool_run_shares(batch_task, &c, gemm_shares(c.total));
 }
 
 void df_cpu_matvec_t_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y) {

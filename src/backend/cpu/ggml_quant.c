@@ -402,6 +402,22 @@ void df_ggml_dequant_row(int type, const void *src, float *dst, int64_t n) {
     else scalar_dequant(type, src, dst, n);
 }
 
+int df_ggml_pack16(int type, const void *rows, size_t row_stride, int64_t n, float *P) {
+#if defined(__x86_64__) || defined(__i386__)
+    const df_ggml_traits *t = df_ggml_traits_of(type);
+    if (t && n % t->block_elems == 0 && df_ggml_get_isa() >= DF_GGML_ISA_AVX2) {
+        df_ggml_pack16_fn f = df_ggml_pack16_avx2(type);
+        if (f) {
+            f(rows, row_stride, n, P);
+            return 0;
+        }
+    }
+#else
+    (void)type, (void)rows, (void)row_stride, (void)n, (void)P;
+#endif
+    return -1;
+}
+
 float df_ggml_dot(int type, const void *row, const float *x, int64_t n) {
     const df_ggml_kernels *k = kernels(type);
     if (k && k->dot) return k->dot(row, x, n);

@@ -676,3 +676,277 @@ const df_ggml_kernels *df_ggml_kernels_avx2(int type) {
     default: return NULL;
     }
 }
+
+/* ---- GEMM panels (df_ggml_pack16, cpu.c mm_rows) ------------------------
+ * 16 rows dequantized straight into the prefill GEMM's k-major panel,
+ * P[k*16 + i] = weight k of row i, instead of dq_T per row and then an 8x8
+ * float transpose: the rows' code bytes are transposed 16x16 (row i to byte
+ * i of a vector), so that per k one conversion of 16 codes and one multiply
+ * (or FMA) by the 16 rows' scale vectors gives the panel's 16 floats.
+ * Values: dq_T's bit for bit. Where dq_T adds an offset after its multiply
+ * (Q4_1: d*q + m; Q4_K: dl*q - ml) the product is exact in f32 (an f16 or
+ * f16 x 6-bit scale times a 4-bit code), so the FMA here rounds the same
+ * exact sum once, as dq_T's add does; the other types multiply as dq_T. */
+
+/* a[r] = 16 bytes of row r -> a[l] = byte l of rows 0..15 (per 128-bit lane
+ * for the 256-bit version: lane 1 holds bytes 16..31 of each row) */
+#define TR16_U8(V, UL8, UH8, UL16, UH16, UL32, UH32, UL64, UH64)                                \
+    static inline void tr16x16_##V(V a[16]) {                                                   \
+        V s1[16], s2[16], s3[16];                                                               \
+        for (int p = 0; p < 8; p++) s1[2 * p] = UL8(a[2 * p], a[2 * p + 1]), s1[2 * p + 1] = UH8(a[2 * p], a[2 * p + 1]); \
+        /* s1[2p + h]: rows 2p, 2p+1 in words, columns 8h.. */                                  \
+        for (int q = 0; q < 4; q++)                                                             \
+            for (int h = 0; h < 2; h++) {                                                       \
+                s2[4 * q + 2 * h] = UL16(s1[4 * q + h], s1[4 * q + 2 + h]);                     \
+                s2[4 * q + 2 * h + 1] = UH16(s1[4 * q + h], s1[4 * q + 2 + h]);                 \
+            }                                                                                   \
+        /* s2[4q + j]: rows 4q..4q+3 in dwords, columns 4j.. */                                 \
+        for (int o = 0; o < 2; o++)                                                             \
+            for (int j = 0; j < 4; j++) {                                                       \
+                s3[8 * o + 2 * j] = UL32(s2[8 * o + j], s2[8 * o + 4 + j]);                     \
+                s3[8 * o + 2 * j + 1] = UH32(s2[8 * o + j], s2[8 * o + 4 + j]);                 \
+            }                                                                                   \
+        /* s3[8o + m]: rows 8o..8o+7 in qwords, columns 2m, 2m+1 */                             \
+        for (int m = 0; m < 8; m++) a[2 * m] = UL64(s3[m], s3[8 + m]), a[2 * m + 1] = UH64(s3[m], s3[8 + m]); \
+    }
+TR16_U8(__m128i, _mm_unpacklo_epi8, _mm_unpackhi_epi8, _mm_unpacklo_epi16, _mm_unpackhi_epi16, _mm_unpacklo_epi32,
+        _mm_unpackhi_epi32, _mm_unpacklo_epi64, _mm_unpackhi_epi64)
+TR16_U8(__m256i, _mm256_unpacklo_epi8, _mm256_unpackhi_epi8, _mm256_unpacklo_epi16, _mm256_unpackhi_epi16,
+        _mm256_unpacklo_epi32, _mm256_unpackhi_epi32, _mm256_unpacklo_epi64, _mm256_unpackhi_epi64)
+
+/* 16 rows' 16 bytes at p (row r at p + r*rs), transposed: t[l] = byte l of rows 0..15 */
+static inline void cols16(const uint8_t *p, size_t rs, __m128i t[16]) {
+    for (int r = 0; r < 16; r++) t[r] = _mm_loadu_si128((const __m128i *)(p + r * rs));
+    tr16x16___m128i(t);
+}
+/* the same for 32 bytes: t[l] = byte l, t[16 + l] = byte 16 + l */
+static inline void cols32(const uint8_t *p, size_t rs, __m128i t[32]) {
+    __m256i a[16];
+    for (int r = 0; r < 16; r++) a[r] = _mm256_loadu_si256((const __m256i *)(p + r * rs));
+    tr16x16___m256i(a);
+    for (int l = 0; l < 16; l++) t[l] = _mm256_castsi256_si128(a[l]), t[16 + l] = _mm256_extracti128_si256(a[l], 1);
+}
+/* h[c] = byte c (< 4) of the 4 bytes at p of rows 0..15 */
+static inline void cols4(const uint8_t *p, size_t rs, __m128i h[4]) {
+    const __m128i g = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m128i x[4];
+    for (int j = 0; j < 4; j++) {
+        int v[4];
+        for (int r = 0; r < 4; r++) memcpy(&v[r], p + (size_t)(4 * j + r) * rs, 4);
+        x[j] = _mm_shuffle_epi8(_mm_setr_epi32(v[0], v[1], v[2], v[3]), g); /* dword c: byte c of rows 4j.. */
+    }
+    __m128i a = _mm_unpacklo_epi32(x[0], x[1]), b = _mm_unpacklo_epi32(x[2], x[3]);
+    __m128i c = _mm_unpackhi_epi32(x[0], x[1]), d = _mm_unpackhi_epi32(x[2], x[3]);
+    h[0] = _mm_unpacklo_epi64(a, b), h[1] = _mm_unpackhi_epi64(a, b);
+    h[2] = _mm_unpacklo_epi64(c, d), h[3] = _mm_unpackhi_epi64(c, d);
+}
+/* the f16 at byte offset o (0 or 2) of the 4 bytes cols4 read, as f32: rows 0..7, 8..15 */
+static inline void f16cols(const __m128i h[4], int o, __m256 *v0, __m256 *v1) {
+    *v0 = _mm256_cvtph_ps(_mm_unpacklo_epi8(h[o], h[o + 1]));
+    *v1 = _mm256_cvtph_ps(_mm_unpackhi_epi8(h[o], h[o + 1]));
+}
+static inline __m256 u8f(__m128i q) { return cvt(_mm256_cvtepu8_epi32(q)); }
+static inline __m256 i8f(__m128i q) { return cvt(_mm256_cvtepi8_epi32(q)); }
+static inline __m128i hi8(__m128i q) { return _mm_unpackhi_epi64(q, q); }
+/* panel row k: 16 unsigned codes q -> d*q + m (m may be zero: then the FMA is d*q exactly) */
+static inline void put_u(float *P, __m128i q, __m256 d0, __m256 d1, __m256 m0, __m256 m1) {
+    _mm256_storeu_ps(P, _mm256_fmadd_ps(d0, u8f(q), m0));
+    _mm256_storeu_ps(P + 8, _mm256_fmadd_ps(d1, u8f(hi8(q)), m1));
+}
+/* 16 signed codes q -> d*q */
+static inline void put_s(float *P, __m128i q, __m256 d0, __m256 d1) {
+    _mm256_storeu_ps(P, _mm256_mul_ps(d0, i8f(q)));
+    _mm256_storeu_ps(P + 8, _mm256_mul_ps(d1, i8f(hi8(q))));
+}
+/* 8 rows x 8 columns of floats: r[j] = column j (the GEMM pack's transpose, kernels_avx2.c) */
+static inline void tr8x8(__m256 r[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20), r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20), r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31), r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31), r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+/* rows' 16 f32 values v[i][0..15] (row i at v + 16 i) -> c[j][0..1]: value j of rows 0-7, 8-15 */
+static inline void cols_f32(const float *v, __m256 c[16][2]) {
+    for (int h = 0; h < 2; h++)
+        for (int j0 = 0; j0 < 16; j0 += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(v + (8 * h + i) * 16 + j0);
+            tr8x8(r);
+            for (int j = 0; j < 8; j++) c[j0 + j][h] = r[j];
+        }
+}
+
+static void pk_q4_0(const uint8_t *row, size_t rs, int64_t n, float *P) {
+    const __m128i m4 = _mm_set1_epi8(15), o8 = _mm_set1_epi8(8);
+    for (int64_t i = 0; i < n / 32; i++, P += 32 * 16) {
+        const uint8_t *b = row + i * 18;
+        __m128i h[4], t[16];
+        __m256 d0, d1;
+        cols4(b, rs, h), f16cols(h, 0, &d0, &d1);
+        cols16(b + offsetof(df_blk_q4_0, qs), rs, t);
+        for (int l = 0; l < 16; l++) {
+            put_s(P + l * 16, _mm_sub_epi8(_mm_and_si128(t[l], m4), o8), d0, d1);
+            put_s(P + (l + 16) * 16, _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(t[l], 4), m4), o8), d0, d1);
+        }
+    }
+}
+
+static void pk_q4_1(const uint8_t *row, size_t rs, int64_t n, float *P) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int64_t i = 0; i < n / 32; i++, P += 32 * 16) {
+        const uint8_t *b = row + i * 20;
+        __m128i h[4], t[16];
+        __m256 d0, d1, m0, m1;
+        cols4(b, rs, h), f16cols(h, 0, &d0, &d1), f16cols(h, 2, &m0, &m1);
+        cols16(b + offsetof(df_blk_q4_1, qs), rs, t);
+        for (int l = 0; l < 16; l++) {
+            put_u(P + l * 16, _mm_and_si128(t[l], m4), d0, d1, m0, m1);
+            put_u(P + (l + 16) * 16, _mm_and_si128(_mm_srli_epi16(t[l], 4), m4), d0, d1, m0, m1);
+        }
+    }
+}
+
+/* bit j (< 8) of each byte of h, moved to bit 4 (0 or 16) */
+static inline __m128i bit_to4(__m128i h, int j) {
+    const __m128i b4 = _mm_set1_epi8(16);
+    switch (j) { /* epi16 shifts: the bits that cross into the other byte are masked off */
+    case 0: return _mm_and_si128(_mm_slli_epi16(h, 4), b4);
+    case 1: return _mm_and_si128(_mm_slli_epi16(h, 3), b4);
+    case 2: return _mm_and_si128(_mm_slli_epi16(h, 2), b4);
+    case 3: return _mm_and_si128(_mm_slli_epi16(h, 1), b4);
+    case 4: return _mm_and_si128(h, b4);
+    case 5: return _mm_and_si128(_mm_srli_epi16(h, 1), b4);
+    case 6: return _mm_and_si128(_mm_srli_epi16(h, 2), b4);
+    default: return _mm_and_si128(_mm_srli_epi16(h, 3), b4);
+    }
+}
+
+static void pk_q5_0(const uint8_t *row, size_t rs, int64_t n, float *P) {
+    const __m128i m4 = _mm_set1_epi8(15), o16 = _mm_set1_epi8(16);
+    for (int64_t i = 0; i < n / 32; i++, P += 32 * 16) {
+        const uint8_t *b = row + i * 22;
+        __m128i h[4], qh[4], t[16];
+        __m256 d0, d1;
+        cols4(b, rs, h), f16cols(h, 0, &d0, &d1);
+        cols4(b + offsetof(df_blk_q5_0, qh), rs, qh); /* qh[c]: bits of elements 8c..8c+7 */
+        cols16(b + offsetof(df_blk_q5_0, qs), rs, t);
+        for (int l = 0; l < 16; l++) {
+            __m128i lo = _mm_or_si128(_mm_and_si128(t[l], m4), bit_to4(qh[l / 8], l % 8));
+            __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(t[l], 4), m4), bit_to4(qh[2 + l / 8], l % 8));
+            put_s(P + l * 16, _mm_sub_epi8(lo, o16), d0, d1);
+            put_s(P + (l + 16) * 16, _mm_sub_epi8(hi, o16), d0, d1);
+        }
+    }
+}
+
+static void pk_q5_1(const uint8_t *row, size_t rs, int64_t n, float *P) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int64_t i = 0; i < n / 32; i++, P += 32 * 16) {
+        const uint8_t *b = row + i * 24;
+        __m128i h[4], qh[4], t[16];
+        __m256 d0, d1, m0, m1;
+        cols4(b, rs, h), f16cols(h, 0, &d0, &d1), f16cols(h, 2, &m0, &m1);
+        cols4(b + offsetof(df_blk_q5_1, qh), rs, qh);
+        cols16(b + offsetof(df_blk_q5_1, qs), rs, t);
+        for (int l = 0; l < 16; l++) {
+            __m128i lo = _mm_or_si128(_mm_and_si128(t[l], m4), bit_to4(qh[l / 8], l % 8));
+            __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(t[l], 4), m4), bit_to4(qh[2 + l / 8], l % 8));
+            put_u(P + l * 16, lo, d0, d1, m0, m1); /* d*q exact (16 bits): the FMA rounds d*q + m once */
+            put_u(P + (l + 16) * 16, hi, d0, d1, m0, m1);
+        }
+    }
+}
+
+static void pk_q8_0(const uint8_t *row, size_t rs, int64_t n, float *P) {
+    for (int64_t i = 0; i < n / 32; i++, P += 32 * 16) {
+        const uint8_t *b = row + i * 34;
+        __m128i h[4], t[32];
+        __m256 d0, d1;
+        cols4(b, rs, h), f16cols(h, 0, &d0, &d1);
+        cols32(b + offsetof(df_blk_q8_0, qs), rs, t);
+        for (int l = 0; l < 32; l++) put_s(P + l * 16, t[l], d0, d1);
+    }
+}
+
+static void pk_q4_k(const uint8_t *row, size_t rs, int64_t n, float *P) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int64_t i = 0; i < n / 256; i++, P += 256 * 16) {
+        const uint8_t *b = row + i * 144;
+        _Alignas(32) float sm[16 * 16];
+        for (int r = 0; r < 16; r++) k4_scales(b + r * rs, sm + 16 * r); /* dq's f32 products d*sc, dmin*m */
+        __m256 s[16][2];
+        cols_f32(sm, s); /* s[sb]: d*sc_sb, s[8 + sb]: dmin*m_sb */
+        for (int c = 0; c < 4; c++) {
+            __m128i t[32];
+            cols32(b + offsetof(df_blk_q4_k, qs) + 32 * c, rs, t);
+            const int sb = 2 * c;
+            const __m256 sg = _mm256_set1_ps(-0.0f); /* -ml by the sign bit: -(+0) is -0 */
+            const __m256 nm0 = _mm256_xor_ps(s[8 + sb][0], sg), nm1 = _mm256_xor_ps(s[8 + sb][1], sg);
+            const __m256 nn0 = _mm256_xor_ps(s[9 + sb][0], sg), nn1 = _mm256_xor_ps(s[9 + sb][1], sg);
+            for (int l = 0; l < 32; l++) {
+                /* dl*q - ml: dl*q exact (f16 x 6 bits x 4 bits), so fma(dl, q, -ml) rounds as the subtraction */
+                put_u(P + (64 * c + l) * 16, _mm_and_si128(t[l], m4), s[sb][0], s[sb][1], nm0, nm1);
+                put_u(P + (64 * c + 32 + l) * 16, _mm_and_si128(_mm_srli_epi16(t[l], 4), m4), s[sb + 1][0], s[sb + 1][1], nn0, nn1);
+            }
+        }
+    }
+}
+
+/* bits 2j, 2j+1 (j < 4) of each byte of h, moved to bits 4, 5 */
+static inline __m128i bits2_to4(__m128i h, int j) {
+    const __m128i b45 = _mm_set1_epi8(0x30);
+    switch (j) {
+    case 0: return _mm_and_si128(_mm_slli_epi16(h, 4), b45);
+    case 1: return _mm_and_si128(_mm_slli_epi16(h, 2), b45);
+    case 2: return _mm_and_si128(h, b45);
+    default: return _mm_and_si128(_mm_srli_epi16(h, 2), b45);
+    }
+}
+
+static void pk_q6_k(const uint8_t *row, size_t rs, int64_t n, float *P) {
+    const __m128i m4 = _mm_set1_epi8(15), o32 = _mm_set1_epi8(32);
+    for (int64_t i = 0; i < n / 256; i++, P += 256 * 16) {
+        const uint8_t *b = row + i * 210;
+        _Alignas(32) float sc[16 * 16];
+        for (int r = 0; r < 16; r++) { /* dq's f32 products d*sc_k */
+            const uint8_t *br = b + r * rs;
+            const __m256 d = _mm256_set1_ps(h2f(br + offsetof(df_blk_q6_k, d)));
+            for (int h = 0; h < 2; h++)
+                _mm256_store_ps(sc + 16 * r + 8 * h, _mm256_mul_ps(d, cvt(i8x8(br + offsetof(df_blk_q6_k, scales) + 8 * h))));
+        }
+        __m256 s[16][2];
+        cols_f32(sc, s);
+        for (int h = 0; h < 2; h++) {
+            __m128i ql[64], qh[32];
+            cols32(b + 64 * h, rs, ql), cols32(b + 64 * h + 32, rs, ql + 32);
+            cols32(b + offsetof(df_blk_q6_k, qh) + 32 * h, rs, qh);
+            for (int r = 0; r < 128; r++) {
+                const __m128i lo = r < 64 ? _mm_and_si128(ql[r], m4) : _mm_and_si128(_mm_srli_epi16(ql[r - 64], 4), m4);
+                const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, bits2_to4(qh[r % 32], r / 32)), o32);
+                const int e = 128 * h + r;
+                put_s(P + e * 16, q, s[e / 16][0], s[e / 16][1]);
+            }
+        }
+    }
+}
+
+df_ggml_pack16_fn df_ggml_pack16_avx2(int type) {
+    switch (type) {
+    case DF_GGML_Q4_0: return pk_q4_0;
+    case DF_GGML_Q4_1: return pk_q4_1;
+    case DF_GGML_Q5_0: return pk_q5_0;
+    case DF_GGML_Q5_1: return pk_q5_1;
+    case DF_GGML_Q8_0: return pk_q8_0;
+    case DF_GGML_Q4_K: return pk_q4_k;
+    case DF_GGML_Q6_K: return pk_q6_k;
+    default: return NULL;
+    }
+}

@@ -55,6 +55,10 @@ typedef struct {
                    int64_t n, float *out);
 } df_ggml_kernels;
 
+/* The prefill GEMM's panel of 16 rows (df_ggml_pack16); NULL: no kernel. */
+typedef void (*df_ggml_pack16_fn)(const uint8_t *rows, size_t row_stride, int64_t n, float *P);
+df_ggml_pack16_fn df_ggml_pack16_avx2(int type);
+
 /* NULL when that ISA has no kernels for type. Only call when the CPU
  * supports the ISA. */
 const df_ggml_kernels *df_ggml_kernels_avx2(int type);
