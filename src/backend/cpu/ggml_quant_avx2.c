@@ -9,6 +9,7 @@
  * hmask), this file shifts the bit into place with variable shifts.
  */
 #include "backend/cpu/ggml_quant_impl.h"
+#include "backend/cpu/avx2_tr.h"
 #include "format/gguf.h"
 
 #include <immintrin.h>
@@ -758,28 +759,13 @@ static inline void put_s(float *P, __m128i q, __m256 d0, __m256 d1) {
     _mm256_storeu_ps(P, _mm256_mul_ps(d0, i8f(q)));
     _mm256_storeu_ps(P + 8, _mm256_mul_ps(d1, i8f(hi8(q))));
 }
-/* 8 rows x 8 columns of floats: r[j] = column j (the GEMM pack's transpose, kernels_avx2.c) */
-static inline void tr8x8(__m256 r[8]) {
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20), r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20), r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31), r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31), r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
 /* rows' 16 f32 values v[i][0..15] (row i at v + 16 i) -> c[j][0..1]: value j of rows 0-7, 8-15 */
 static inline void cols_f32(const float *v, __m256 c[16][2]) {
     for (int h = 0; h < 2; h++)
         for (int j0 = 0; j0 < 16; j0 += 8) {
             __m256 r[8];
             for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(v + (8 * h + i) * 16 + j0);
-            tr8x8(r);
+            df_tr8x8_avx2(r);
             for (int j = 0; j < 8; j++) c[j0 + j][h] = r[j];
         }
 }

@@ -1,6 +1,7 @@
 /* kernels_avx2.c - AVX2 + FMA + F16C kernels (same conversions as the
  * AVX-512 file, 8 lanes). Tails fall back to scalar code. */
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/avx2_tr.h"
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -141,21 +142,6 @@ float df_k_dot_int4_avx2(const uint8_t *p, const float *scales, int group, const
 }
 
 /* ---- prefill GEMM ------------------------------------------------------ */
-/* 8 rows x 8 columns: out[j] = column j (element i = row i) */
-static inline void tr8x8(__m256 r[8]) {
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20), r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20), r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31), r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31), r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
 
 void df_k_pack16_avx2(const float *src, int64_t ld, int nr, int64_t kc, float *P) {
     if (nr != 16) { df_k_pack16_scalar(src, ld, nr, kc, P); return; }
@@ -164,7 +150,7 @@ void df_k_pack16_avx2(const float *src, int64_t ld, int nr, int64_t kc, float *P
         for (int h = 0; h < 2; h++) {
             __m256 r[8];
             for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (h * 8 + i) * ld + k);
-            tr8x8(r);
+            df_tr8x8_avx2(r);
             for (int j = 0; j < 8; j++) _mm256_storeu_ps(P + (k + j) * 16 + h * 8, r[j]);
         }
     for (; k < kc; k++)
