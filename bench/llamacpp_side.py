@@ -5,8 +5,9 @@ repetition), medians and min-max, `deltafin bench floors` before and after.
 
     python3 bench/llamacpp_side.py [--bin ./build/deltafin] [--threads 2] [--reps 5] MODEL.gguf [MODEL2.gguf ...]
 
-llama.cpp comes from its Python package (`pip install llama-cpp-python`, which builds llama.cpp from source with
-this machine's compiler; CMAKE_ARGS="-DGGML_NATIVE=ON" targets this CPU as a plain llama.cpp build does). It is a
+llama.cpp comes from its Python package (`CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python diskcache`:
+pip builds llama.cpp from source with this machine's compiler, ~10 minutes on 2 cores; GGML_NATIVE targets this CPU
+as a plain llama.cpp build does; the binding imports diskcache). It is a
 benchmark-only dependency: nothing of it is linked into deltafin, and tools/install_deps.sh does not install it.
 
 What is timed:
@@ -108,7 +109,7 @@ def main():
     try:
         import llama_cpp
     except ImportError:
-        sys.exit("llama_cpp not installed: CMAKE_ARGS='-DGGML_NATIVE=ON' pip install llama-cpp-python")
+        sys.exit("llama_cpp not installed: CMAKE_ARGS='-DGGML_NATIVE=ON' pip install llama-cpp-python diskcache")
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"machine: {cpu}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, "
           f"load {open('/proc/loadavg').read().split()[:3]}, llama-cpp-python {llama_cpp.__version__}, "
