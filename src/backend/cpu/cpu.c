@@ -179,9 +179,10 @@ float df_dot_row(const df_weight *w, int64_t r, const float *x) {
     return 0;
 }
 
-/* The f32 scales of FP8 scale row sr (kept in one of 4 thread-local slots,
- * reused while consecutive rows share a scale row). */
-static const float *fp8_scale_row(const df_weight *w, int64_t sr) {
+/* The f32 scales of FP8 scale row sr, kept in thread-local slot `slot` (0..3:
+ * one per stream of the four-row driver, whose stream k moves to its next
+ * scale row every blk_r rows) and reused while that slot holds row sr. */
+static const float *fp8_scale_row(const df_weight *w, int64_t sr, int slot) {
     const size_t nc = (size_t)w->scale_cols;
     if (4 * nc > tl_fsc_cap) {
         free(tl_fsc);
@@ -194,7 +195,6 @@ static const float *fp8_scale_row(const df_weight *w, int64_t sr) {
         for (int k = 0; k < 4; k++) tl_fsc_row[k] = -1;
         tl_fsc_w = w->scale;
     }
-    int slot = (int)(sr & 3);
     float *f = tl_fsc + (size_t)slot * nc;
     if (tl_fsc_row[slot] != sr) {
         for (size_t b = 0; b < nc; b++) f[b] = scale_at(w, sr * (int64_t)nc + (int64_t)b);
@@ -214,60 +214,57 @@ static float *xp_buf(int64_t n) {
     return tl_xp;
 }
 
-/* y[i] = W[r0+i,:] . x for i < nr: four rows per kernel call where the format
- * has a four-row kernel (x is then read once per four rows), single rows
- * otherwise and for the remainder. Rows shorter than SHORT_ROW_BYTES go one
- * at a time in every float format: four short rows read side by side are
- * four streams too short for the hardware prefetcher (the four-row kernels
- * prefetch the next group themselves, which recovers most of it), and one
- * row after another is one sequential stream. Single thread, 256 MiB
- * matrices, GB/s of CPU time on the loaded 2-core EPYC VM: FP8 rows of 576
- * four-row 2.0-2.1 (before) / 3.9-4.0 (with the prefetch) / 4.5-5.2 one row;
- * F16 rows of 576 4.1-4.7 / 5.7-5.8 / 6.0-6.5; FP8 rows of 2048 3.6-3.8 /
- * 4.9-6.1 / 4.9-5.3 (so four rows from 2 KiB up). */
-#define SHORT_ROW_BYTES 2048
+/* y[i] = W[r0+i,:] . x for i < nr.
+ *
+ * Float formats (F32, BF16, F16, FP8): four rows per kernel call (x, or the
+ * x prepared for the kernel, read once per four rows), and the four rows
+ * are a quarter of the range apart: with q = nr / 4, call j reads rows
+ * j, j + q, j + 2q and j + 3q, so the call sequence reads four long
+ * sequential streams, one per quarter, that the hardware prefetcher
+ * follows from start to end. Four adjacent rows (round 2) are four streams
+ * of one row's length each (576-7168 weights: 0.6-28 KiB), which restart
+ * at every group and which the prefetcher barely trains on; one row at a
+ * time is one stream, which one core cannot keep as many lines in flight
+ * on. The remainder (nr % 4 rows) goes one row at a time. Measured:
+ * docs/PERFORMANCE.md, "Issue 17: float decode, round 3".
+ *
+ * Bits: a four-row kernel's result for a row depends on that row and x
+ * only (not on the other three rows or their distance), and the rows left
+ * to the one-row kernel are the last nr % 4 of the range; the callers'
+ * ranges start at multiples of 4 and all but a matrix's last range hold a
+ * multiple of 4 rows, so those are the matrix's last rows % 4 at any
+ * thread count: the result does not depend on the split. */
+#define DOT4_FAR(CALL)                                                                                                 \
+    do {                                                                                                               \
+        const int64_t q = nr / 4;                                                                                      \
+        for (int64_t j = 0; j < q; j++) {                                                                              \
+            const uint8_t *row = w->data + (size_t)(r0 + j) * w->row_bytes;                                            \
+            const int64_t ldb = q * (int64_t)w->row_bytes; /* bytes between the four rows */                           \
+            float o4[4];                                                                                               \
+            CALL;                                                                                                      \
+            y[j] = o4[0], y[j + q] = o4[1], y[j + 2 * q] = o4[2], y[j + 3 * q] = o4[3];                                \
+        }                                                                                                              \
+        i = 4 * q;                                                                                                     \
+    } while (0)
 static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x, float *y) {
     const ktab *k = kt();
     int64_t i = 0;
     switch (w->fmt) {
     case DF_W_F32:
-        if (w->row_bytes < SHORT_ROW_BYTES) {
-            for (; i < nr; i++) y[i] = k->f32((const float *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, w->cols);
-            break;
-        }
-        if (w->row_bytes % 4 == 0)
-            for (; i + 4 <= nr; i += 4)
-                k->dot4_f32((const float *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 4, x, w->cols, y + i);
+        if (w->row_bytes % 4 == 0) DOT4_FAR(k->dot4_f32((const float *)row, ldb / 4, x, w->cols, o4));
         break;
     case DF_W_BF16:
         if (w->row_bytes % 2 == 0) {
             /* x in the kernel's order once per call (K floats: noise next to nr x K
              * weights), then one wide load per 16 weights and a shift or an and */
-            k->bf16x_prep(x, xp_buf(w->cols), w->cols);
-            /* AVX-512 (four-row kernel without prefetch): up to 4096 columns */
-            if (w->cols <= (df_isa() == DF_ISA_AVX2 ? 2048 : 4096)) {
-                /* one row at a time: a single sequential stream, measured 1.2-1.45x
-                 * faster than four interleaved rows for BF16 matrices with rows of
-                 * 2048 (docs/PERFORMANCE.md); x (<= 16 KB) stays in L1. The AVX2
-                 * four-row kernel prefetches the next four rows: from 2049 columns
-                 * it is the faster one there (one thread, 256 MiB, GB/s of CPU time
-                 * on the loaded EPYC VM: rows of 4096 6.6-7.3 one at a time,
-                 * 7.6-8.9 four; 2048 about even; 1024 8.4-8.6 against 6.9-7.4) */
-                for (; i < nr; i++) y[i] = k->bf16p((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, tl_xp, w->cols);
-                break;
-            }
-            for (; i + 4 <= nr; i += 4)
-                k->dot4_bf16p((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 2, x, tl_xp, w->cols, y + i);
+            float *xp = xp_buf(w->cols);
+            k->bf16x_prep(x, xp, w->cols);
+            DOT4_FAR(k->dot4_bf16p((const uint16_t *)row, ldb / 2, x, xp, w->cols, o4));
+            for (; i < nr; i++) y[i] = k->bf16p((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, xp, w->cols);
         }
         break;
     case DF_W_F16:
-        if (w->row_bytes < SHORT_ROW_BYTES) {
-            for (; i < nr; i++) y[i] = k->f16((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), x, w->cols);
-            break;
-        }
-        if (w->row_bytes % 2 == 0)
-            for (; i + 4 <= nr; i += 4)
-                k->dot4_f16((const uint16_t *)(w->data + (size_t)(r0 + i) * w->row_bytes), (int64_t)w->row_bytes / 2, x, w->cols, y + i);
+        if (w->row_bytes % 2 == 0) DOT4_FAR(k->dot4_f16((const uint16_t *)row, ldb / 2, x, w->cols, o4));
         break;
     case DF_W_FP8:
         /* the scale rows cached by fp8_scale_row are keyed by the scale pointer,
@@ -275,18 +272,18 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
          * contents: the cache lives for one call only */
         tl_fsc_w = NULL;
         if (w->blk_c % 32 == 0 && w->cols % 32 == 0 && w->blk_r > 0) {
-            /* x prepared once per call (kernels.h: fp8x_prep), four rows per
-             * kernel call (short rows: one at a time), the rest one at a time
-             * on the same prepared x */
+            /* x prepared once per call (kernels.h: fp8x_prep); the scales of
+             * stream k in slot k */
             const float xs = k->fp8x_prep(x, xp_buf(w->cols), w->cols);
-            for (; i + 4 <= nr && w->row_bytes >= SHORT_ROW_BYTES; i += 4) {
+            const float *xp = tl_xp;
+            DOT4_FAR({
                 const float *sc[4];
-                for (int j = 0; j < 4; j++) sc[j] = fp8_scale_row(w, (r0 + i + j) / w->blk_r);
-                k->dot4_fp8sp(w->data + (size_t)(r0 + i) * w->row_bytes, (int64_t)w->row_bytes, tl_xp, xs, w->cols, w->blk_c, sc, y + i);
-            }
+                for (int s = 0; s < 4; s++) sc[s] = fp8_scale_row(w, (r0 + j + s * q) / w->blk_r, s);
+                k->dot4_fp8sp(row, ldb, xp, xs, w->cols, w->blk_c, sc, o4);
+            });
             for (; i < nr; i++)
-                y[i] = k->dot_fp8sp(w->data + (size_t)(r0 + i) * w->row_bytes, tl_xp, xs, w->cols, w->blk_c,
-                                    fp8_scale_row(w, (r0 + i) / w->blk_r));
+                y[i] = k->dot_fp8sp(w->data + (size_t)(r0 + i) * w->row_bytes, xp, xs, w->cols, w->blk_c,
+                                    fp8_scale_row(w, (r0 + i) / w->blk_r, 0));
         }
         break;
     case DF_W_GGML: {

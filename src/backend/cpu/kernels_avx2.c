@@ -297,28 +297,19 @@ void df_k_axpy_avx2(float *y, float a, const float *x, int64_t n) {
 static inline __m256 f32x8(const float *p) { return _mm256_loadu_ps(p); }
 static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* Software prefetch in the four-row kernels: the four rows are read side by
- * side, four streams of one row's length each, and when rows are short
- * (576-2048 weights) the hardware prefetcher does not follow them: each
- * stream ends before it is trained. So every kernel also prefetches the
- * lines of the next four rows (w + 4 ld, the group dot_rows calls it on
- * next) at the offsets it is reading, one prefetch per row per cache line.
- * Measured on the 2-core EPYC VM (loaded), one thread, 256 MiB FP8 matrices,
- * GB/s of CPU time: rows of 576 2.7-3.4 -> 5.8-6.1, 2048 4.8-5.5 -> 7-9, 7168
- * 7.2-7.7 -> 9-11; F16 rows of 7168 9.2-10.9 -> 12.3-13.1. A prefetch is a
- * hint: past the end of the matrix it reads nothing and cannot fault. */
-#define PF_NEXT4(base, ld, off)                                                                                   \
-    _mm_prefetch((const char *)(base) + 4 * (ld) + (off), _MM_HINT_T0),                                          \
-        _mm_prefetch((const char *)(base) + 5 * (ld) + (off), _MM_HINT_T0),                                      \
-        _mm_prefetch((const char *)(base) + 6 * (ld) + (off), _MM_HINT_T0),                                      \
-        _mm_prefetch((const char *)(base) + 7 * (ld) + (off), _MM_HINT_T0)
-
-#define DOT4_8(NAME, T, LD8, ONE, PF)                                                                             \
+/* The four-row kernels issue no software prefetch. The decode driver
+ * (cpu.c, dot_rows) gives them four rows a quarter of its row range apart,
+ * so each of the four is one long sequential stream that the hardware
+ * prefetcher follows over the whole quarter. (Round 2 read four adjacent
+ * rows and prefetched the next four: streams of one row's length, too short
+ * for the hardware prefetcher, and a prefetch that lands in the next
+ * thread's rows when the rows are not adjacent; docs/PERFORMANCE.md, issue
+ * 17 float decode round 3.) */
+#define DOT4_8(NAME, T, LD8, ONE)                                                                             \
     void NAME(const T *w, int64_t ld, const float *x, int64_t n, float *out) {                                    \
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                               \
         int64_t i = 0;                                                                                            \
         for (; i + 8 <= n; i += 8) {                                                                              \
-            if (PF && !((i * (int64_t)sizeof(T)) & 63)) PF_NEXT4(w, ld * (int64_t)sizeof(T), i * (int64_t)sizeof(T)); \
             __m256 xv = _mm256_loadu_ps(x + i);                                                                   \
             a0 = _mm256_fmadd_ps(LD8(w + i), xv, a0);                                                             \
             a1 = _mm256_fmadd_ps(LD8(w + ld + i), xv, a1);                                                        \
@@ -330,12 +321,9 @@ static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu
             for (int k = 0; k < 4; k++) out[k] += ONE(w[k * ld + i]) * x[i];                                      \
     }
 static inline float id_f32(float f) { return f; }
-/* F32 without the prefetch: its rows are long in bytes, the hardware
- * prefetcher follows them, and the prefetch (four rows = 32-112 KiB ahead)
- * measured slower (rows of 2048: 12.3-12.9 -> 10.7-11.0 GB/s of CPU time) */
-DOT4_8(df_k_dot4_f32_avx2, float, f32x8, id_f32, 0)
-DOT4_8(df_k_dot4_bf16_avx2, uint16_t, bf16x8, df_bf16_to_f32, 1)
-DOT4_8(df_k_dot4_f16_avx2, uint16_t, f16x8, df_f16_to_f32, 1)
+DOT4_8(df_k_dot4_f32_avx2, float, f32x8, id_f32)
+DOT4_8(df_k_dot4_bf16_avx2, uint16_t, bf16x8, df_bf16_to_f32)
+DOT4_8(df_k_dot4_f16_avx2, uint16_t, f16x8, df_f16_to_f32)
 
 /* ---- BF16 decode with prepared x -------------------------------------- */
 /* xp per 16 elements: x[0], x[2], ..., x[14], then x[1], x[3], ..., x[15]. A
@@ -378,7 +366,6 @@ void df_k_dot4_bf16p_avx2(const uint16_t *w, int64_t ld, const float *x, const f
     __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        if (!(i & 31)) PF_NEXT4(w, 2 * ld, 2 * i);
         const __m256 xe = _mm256_loadu_ps(xp + i), xo = _mm256_loadu_ps(xp + i + 8);
         const __m256i v0 = _mm256_loadu_si256((const __m256i *)(w + i)), v1 = _mm256_loadu_si256((const __m256i *)(w + ld + i));
         const __m256i v2 = _mm256_loadu_si256((const __m256i *)(w + 2 * ld + i)), v3 = _mm256_loadu_si256((const __m256i *)(w + 3 * ld + i));
@@ -504,7 +491,6 @@ void df_k_dot4_fp8sp_avx2(const uint8_t *w, int64_t ld, const float *xp, float x
         const int64_t c1 = n - c0 < blk ? n : c0 + blk;
         __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0, u0 = t0, u1 = t0, u2 = t0, u3 = t0;
         for (int64_t i = c0; i < c1; i += 32) {
-            if (!(i & 63)) PF_NEXT4(w, ld, i);
             nan = fp8_nan_acc32(fp8_nan_acc32(nan, w + i), w + ld + i);
             nan = fp8_nan_acc32(fp8_nan_acc32(nan, w + 2 * ld + i), w + 3 * ld + i);
             F8STEP(i)
