@@ -62,7 +62,15 @@ static int make_weight(df_weight *w, const fmt_def *f, int64_t rows, int64_t col
         w->ggml_type = f->gtype, rb = (size_t)df_ggml_row_bytes(f->gtype, cols);
     }
     w->row_bytes = rb;
-    uint8_t *d = df_aligned_alloc(rb * (size_t)rows);
+    /* on huge pages, as the engine's resident weights (model/loader.c: a 2 MiB
+     * rounded mapping advised MADV_HUGEPAGE) and the floor's buffer: madvise
+     * needs a page-aligned start, and the 64-byte aligned block this took
+     * before was never advised (4 KiB pages where THP is "madvise", as on the
+     * dev VM), which made the products read slower than the engine's: BF16
+     * rows of 7168, one thread, 10.6 against 12.7 GB/s of CPU time
+     * (docs/PERFORMANCE.md, issue 17 float decode round 3) */
+    uint8_t *d = NULL;
+    if (posix_memalign((void **)&d, (size_t)2 << 20, rb * (size_t)rows)) d = df_aligned_alloc(rb * (size_t)rows);
     madvise(d, rb * (size_t)rows, MADV_HUGEPAGE);
     uint32_t *d32 = (uint32_t *)(void *)d;
     for (size_t i = 0; i < rb * (size_t)rows / 4; i++) d32[i] = rnd() & 0x3b7f3b7fu; /* finite in every format... */
