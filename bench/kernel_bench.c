@@ -116,10 +116,12 @@ static double time_mm(const df_weight *w, const float *X, int n, float *Y, int r
 
 /* --float-decode: the float formats' decode (n = 1) against the read floor,
  * interleaved: for each format and row length, `pairs` times a two-thread
- * floor pass (floors.c, 256 MiB buffer) then the product (best of 3 over a
+ * floor pass (floors.c, 256 MiB buffer) then the product (best of 12 over a
  * 256 MiB matrix, 64 with --quick), so both see the same minutes of a host
  * whose bandwidth moves; prints every pair and the medians (GB/s, % of the
- * floor of its own pair). */
+ * floor of its own pair). 12: the floor is the best of 12 passes (4 of each
+ * read method), so the product gets as many tries; with 3 it read lower on a
+ * loaded host for that alone (a pass that a descheduled thread stretches). */
 static int cmp_d(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
@@ -146,7 +148,7 @@ static void float_decode(int quick, int pairs) {
             for (int p = 0; p < np; p++) {
                 df_floors f;
                 df_bench_floors((size_t)256 << 20, 1000, &f);
-                const double dt = time_mm(&w, x, 1, y, 3, 1);
+                const double dt = time_mm(&w, x, 1, y, 12, 1);
                 fl[p] = f.mem_read_gbs, gb[p] = (double)w.row_bytes * (double)rows / dt / 1e9, pct[p] = 100 * gb[p] / fl[p];
                 printf("%s\n  {\"fmt\": \"%s\", \"cols\": %lld, \"pair\": %d, \"floor_gbs\": %.2f, \"gbs\": %.2f, \"pct_floor\": %.1f}",
                        first ? "" : ",", fd->name, (long long)cols, p, fl[p], gb[p], pct[p]);
