@@ -299,9 +299,9 @@ static void test_gemm(void) {
 }
 
 /* Decode products (n = 1) of the float formats through the driver, rows
- * short and long enough for each path (one row at a time below 2 KiB,
- * four-row kernels with prefetch above; BF16: one row up to 4096 columns),
- * R odd so groups of four leave a remainder: within the bound of a double
+ * short and long (four-row kernels on rows a quarter of the range apart,
+ * the remainder one row at a time), R odd so groups of four leave a
+ * remainder: within the bound of a double
  * sum, the same bits on one thread and on two, and an FP8 NaN code makes its
  * row NaN and no other. */
 static void test_decode_rows(void) {
@@ -343,6 +343,99 @@ static void test_decode_rows(void) {
             }
             free(x), free(y), free(y1), free(row), free(g.data), free(g.scale);
         }
+}
+
+/* The decode driver's bit contract (cpu.c, dot_rows), every float format on
+ * the best ISA: the product's value for a row is what the four-row kernel
+ * gives for that row (with three neighbours, any distance apart) for every
+ * row but the matrix's last rows % 4, which are the one-row kernel's, at one
+ * thread and at two, as one job or as the second job of a batch (a row range
+ * that starts inside the dispatch). That is what makes the result
+ * independent of the thread split; round 2 ran short rows one at a time
+ * (BF16 up to 2048 columns), which this rejects. */
+static void test_decode_kernel_contract(void) {
+    df_pool_init(2);
+    const int isa = df_isa();
+    static const int fmts[] = {DF_W_F32, DF_W_BF16, DF_W_F16, DF_W_FP8};
+    static const int64_t cols[] = {96, 200, 576, 2048};
+    static const int Rs[] = {5, 37, 64, 203};
+    void (*d4f[3])(const float *, int64_t, const float *, int64_t, float *) = {df_k_dot4_f32_scalar, df_k_dot4_f32_avx2, df_k_dot4_f32_avx512};
+    void (*d4h[3])(const uint16_t *, int64_t, const float *, int64_t, float *) = {df_k_dot4_f16_scalar, df_k_dot4_f16_avx2, df_k_dot4_f16_avx512};
+    void (*bprep[3])(const float *, float *, int64_t) = {df_k_bf16x_prep_scalar, df_k_bf16x_prep_avx2, df_k_bf16x_prep_avx512};
+    void (*d4bp[3])(const uint16_t *, int64_t, const float *, const float *, int64_t, float *) = {df_k_dot4_bf16p_scalar, df_k_dot4_bf16p_avx2, df_k_dot4_bf16p_avx512};
+    float (*dbp[3])(const uint16_t *, const float *, const float *, int64_t) = {df_k_dot_bf16p_scalar, df_k_dot_bf16p_avx2, df_k_dot_bf16p_avx512};
+    float (*f8prep[3])(const float *, float *, int64_t) = {df_k_fp8x_prep_scalar, df_k_fp8x_prep_avx2, df_k_fp8x_prep_avx512};
+    void (*d48sp[3])(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) = {df_k_dot4_fp8sp_scalar, df_k_dot4_fp8sp_avx2, df_k_dot4_fp8sp_avx512};
+    float (*d8sp[3])(const uint8_t *, const float *, float, int64_t, int, const float *) = {df_k_dot_fp8sp_scalar, df_k_dot_fp8sp_avx2, df_k_dot_fp8sp_avx512};
+    float (*d1f[3])(const float *, const float *, int64_t) = {df_k_dot_f32_scalar, df_k_dot_f32_avx2, df_k_dot_f32_avx512};
+    float (*d1h[3])(const uint16_t *, const float *, int64_t) = {df_k_dot_f16_scalar, df_k_dot_f16_avx2, df_k_dot_f16_avx512};
+    for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+        for (size_t ci = 0; ci < sizeof cols / sizeof *cols; ci++)
+            for (size_t ri = 0; ri < sizeof Rs / sizeof *Rs; ri++) {
+                const int64_t C = cols[ci];
+                const int R = Rs[ri];
+                if (fmts[f] == DF_W_FP8 && C % 32) continue; /* the FP8 kernels' requirement (cpu.c falls back) */
+                gw g, h;
+                gw_make(&g, fmts[f], 0, R, C);
+                gw_make(&h, DF_W_BF16, 0, 9, 64); /* the first job of the batch */
+                float *x = malloc((size_t)C * 4), *xp = malloc((size_t)C * 4), *want = malloc((size_t)R * 4);
+                float *y[3], *xh = malloc(64 * 4), *yh = malloc(9 * 4);
+                for (int k = 0; k < 3; k++) y[k] = malloc((size_t)R * 4);
+                for (int64_t i = 0; i < C; i++) x[i] = frand();
+                for (int i = 0; i < 64; i++) xh[i] = frand();
+                /* the kernels on groups of four adjacent rows (the driver groups them otherwise) */
+                const uint8_t *d = g.data;
+                const size_t rb = g.w.row_bytes;
+                float xs = 1;
+                if (fmts[f] == DF_W_BF16) bprep[isa](x, xp, C);
+                if (fmts[f] == DF_W_FP8) xs = f8prep[isa](x, xp, C);
+                const float *scf = g.scale;
+                for (int r = 0; r < R; r++) {
+                    const int four = r < R / 4 * 4;
+                    const int r4 = r / 4 * 4;
+                    float o[4];
+                    switch (fmts[f]) {
+                    case DF_W_F32:
+                        if (four) d4f[isa]((const float *)(const void *)(d + r4 * rb), (int64_t)rb / 4, x, C, o), want[r] = o[r - r4];
+                        else want[r] = d1f[isa]((const float *)(const void *)(d + r * rb), x, C);
+                        break;
+                    case DF_W_F16:
+                        if (four) d4h[isa]((const uint16_t *)(const void *)(d + r4 * rb), (int64_t)rb / 2, x, C, o), want[r] = o[r - r4];
+                        else want[r] = d1h[isa]((const uint16_t *)(const void *)(d + r * rb), x, C);
+                        break;
+                    case DF_W_BF16:
+                        if (four) d4bp[isa]((const uint16_t *)(const void *)(d + r4 * rb), (int64_t)rb / 2, x, xp, C, o), want[r] = o[r - r4];
+                        else want[r] = dbp[isa]((const uint16_t *)(const void *)(d + r * rb), x, xp, C);
+                        break;
+                    case DF_W_FP8: {
+                        const float *sc[4];
+                        for (int k = 0; k < 4; k++) sc[k] = scf + (size_t)((r4 + k) / g.w.blk_r * g.w.scale_cols);
+                        if (four) d48sp[isa](d + r4 * rb, (int64_t)rb, xp, xs, C, g.w.blk_c, sc, o), want[r] = o[r - r4];
+                        else want[r] = d8sp[isa](d + r * rb, xp, xs, C, g.w.blk_c, scf + (size_t)(r / g.w.blk_r * g.w.scale_cols));
+                        break;
+                    }
+                    }
+                }
+                df_pool_serial(0);
+                run_mm(&g.w, x, 1, y[0]);
+                df_pool_serial(1);
+                run_mm(&g.w, x, 1, y[1]);
+                df_pool_serial(0);
+                const df_mv_job jobs[2] = {{&h.w, (const df_act *)(const void *)xh, (df_act *)(void *)yh},
+                                           {&g.w, (const df_act *)(const void *)x, (df_act *)(void *)y[2]}};
+                df_cpu_matmul_batch(jobs, 2, 1);
+                static const char *how[3] = {"2 threads", "1 thread", "second job of a batch"};
+                for (int k = 0; k < 3; k++)
+                    for (int r = 0; r < R; r++)
+                        if (memcmp(&y[k][r], &want[r], 4)) {
+                            CHECK(0, "decode contract fmt %d %dx%lld (%s): row %d = %.9g, the %s kernel gives %.9g", fmts[f], R,
+                                  (long long)C, how[k], r, y[k][r], r < R / 4 * 4 ? "four-row" : "one-row", want[r]);
+                            break;
+                        }
+                free(x), free(xp), free(want), free(xh), free(yh);
+                for (int k = 0; k < 3; k++) free(y[k]);
+                free(g.data), free(g.scale), free(h.data), free(h.scale);
+            }
 }
 
 /* The traits table: an entry per format, and byte counts that agree with the
@@ -686,6 +779,7 @@ int main(void) {
     test_traits();
     test_gemm();
     test_decode_rows();
+    test_decode_kernel_contract();
     printf("%s: %d failures\n", __FILE__, fails);
     return fails != 0;
 }
