@@ -297,19 +297,35 @@ void df_k_axpy_avx2(float *y, float a, const float *x, int64_t n) {
 static inline __m256 f32x8(const float *p) { return _mm256_loadu_ps(p); }
 static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* The four-row kernels issue no software prefetch. The decode driver
- * (cpu.c, dot_rows) gives them four rows a quarter of its row range apart,
- * so each of the four is one long sequential stream that the hardware
- * prefetcher follows over the whole quarter. (Round 2 read four adjacent
- * rows and prefetched the next four: streams of one row's length, too short
- * for the hardware prefetcher, and a prefetch that lands in the next
- * thread's rows when the rows are not adjacent; docs/PERFORMANCE.md, issue
- * 17 float decode round 3.) */
+/* The four-row kernels are given four rows a quarter of the decode
+ * driver's row range apart (cpu.c, dot_rows), so each of the four is one
+ * long sequential stream that the hardware prefetcher follows over the whole
+ * quarter; they issue no software prefetch by default. (Round 2 read four
+ * adjacent rows and prefetched the next four: streams of one row's length,
+ * too short for the hardware prefetcher.) DF_DOT4_PF > 0 (a build option:
+ * OPT="-O2 -DDF_DOT4_PF=2048") prefetches every stream that many bytes
+ * ahead, one prefetch per stream per cache line (past a row's end: the next
+ * row of the same stream; past the matrix: a hint that reads nothing and
+ * cannot fault): 512-2048 measured within the noise of the loaded dev VM,
+ * one thread, GB/s of CPU time (docs/PERFORMANCE.md, issue 17 float decode
+ * round 3), so it stays off. */
+#ifndef DF_DOT4_PF
+#define DF_DOT4_PF 0
+#endif
+#define PF4(w, ldb, off)                                                                                          \
+    do {                                                                                                          \
+        if (DF_DOT4_PF) {                                                                                         \
+            const char *pf_ = (const char *)(w) + (off) + DF_DOT4_PF;                                             \
+            _mm_prefetch(pf_, _MM_HINT_T0), _mm_prefetch(pf_ + (ldb), _MM_HINT_T0);                               \
+            _mm_prefetch(pf_ + 2 * (ldb), _MM_HINT_T0), _mm_prefetch(pf_ + 3 * (ldb), _MM_HINT_T0);               \
+        }                                                                                                         \
+    } while (0)
 #define DOT4_8(NAME, T, LD8, ONE)                                                                             \
     void NAME(const T *w, int64_t ld, const float *x, int64_t n, float *out) {                                    \
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                               \
         int64_t i = 0;                                                                                            \
         for (; i + 8 <= n; i += 8) {                                                                              \
+            if (!((i * (int64_t)sizeof(T)) & 63)) PF4(w, ld * (int64_t)sizeof(T), i * (int64_t)sizeof(T));       \
             __m256 xv = _mm256_loadu_ps(x + i);                                                                   \
             a0 = _mm256_fmadd_ps(LD8(w + i), xv, a0);                                                             \
             a1 = _mm256_fmadd_ps(LD8(w + ld + i), xv, a1);                                                        \
@@ -366,6 +382,7 @@ void df_k_dot4_bf16p_avx2(const uint16_t *w, int64_t ld, const float *x, const f
     __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
+        if (!(i & 31)) PF4(w, 2 * ld, 2 * i);
         const __m256 xe = _mm256_loadu_ps(xp + i), xo = _mm256_loadu_ps(xp + i + 8);
         const __m256i v0 = _mm256_loadu_si256((const __m256i *)(w + i)), v1 = _mm256_loadu_si256((const __m256i *)(w + ld + i));
         const __m256i v2 = _mm256_loadu_si256((const __m256i *)(w + 2 * ld + i)), v3 = _mm256_loadu_si256((const __m256i *)(w + 3 * ld + i));
@@ -491,6 +508,7 @@ void df_k_dot4_fp8sp_avx2(const uint8_t *w, int64_t ld, const float *xp, float x
         const int64_t c1 = n - c0 < blk ? n : c0 + blk;
         __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0, u0 = t0, u1 = t0, u2 = t0, u3 = t0;
         for (int64_t i = c0; i < c1; i += 32) {
+            if (!(i & 63)) PF4(w, ld, i);
             nan = fp8_nan_acc32(fp8_nan_acc32(nan, w + i), w + ld + i);
             nan = fp8_nan_acc32(fp8_nan_acc32(nan, w + 2 * ld + i), w + 3 * ld + i);
             F8STEP(i)
