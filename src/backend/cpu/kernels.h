@@ -76,8 +76,8 @@ float *df_cpu_scratch(int slot, size_t n);
     /* FP8 decode with x prepared once per product. fp8x_prep writes xp and returns xs; dot_fp8sp (one row, scales  \
      * sc[b]) and dot4_fp8sp (four rows, as dot4_fp8s) read xp and multiply their sums by xs; the same            \
      * requirements (n % 32 == 0, blk % 32 == 0 for SIMD). AVX2: weights become f32 by integer ops alone (the      \
-     * value times 2^-120, E4M3 subnormals as f32 subnormals, exact), so xp is x times 2^k (per 16 elements the 8   \
-     * even then the 8 odd ones, as bf16x_prep), k <= 120 the largest that keeps xp finite, and xs = 2^(120-k):   \
+     * value times 2^-120, E4M3 subnormals as f32 subnormals, exact), so xp is x times 2^k (per 32 elements   \
+     * x[4j], then x[4j+1], x[4j+2], x[4j+3], j < 8), k <= 120 the largest that keeps xp finite, xs = 2^(120-k):  \
      * the products are the scalar ones times 2^(k-120) (the same unless below f32's normal range). Scalar and   \
      * AVX-512: xp is a copy of x, xs = 1, the plain kernels run. */                                              \
     float df_k_fp8x_prep_##isa(const float *x, float *xp, int64_t n);                                             \
