@@ -193,6 +193,24 @@ PY
     elif [ "${MOE_SET:-all}" = r7 ]; then # round 7: DELTAFIN_CUDA_LEAN=14 (round 6) against the default (110: + bit 32 programmatic
         # launches, + bit 64 the register-resident route), alternated twice; 46 (PDL alone) and 78 (route alone); PROF=3 of 14 and
         # 110; sampled 14 and 110; the ids compared; ncu's time of each decode kernel of 14 and 110 (R7_NCU=0: none)
+        if [ -n "${R7_AB:-}" ]; then # R7_AB="110 238": only those masks alternated three times, 512 tokens, ncu of the last
+            for r in 1 2 3; do
+                for L in $R7_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done
+            done
+            for L in $R7_AB; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512" --gpu-memory 100G; done
+            for L in $R7_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
+            for L in $R7_AB; do for r in 1 2 3; do
+                cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-r$r.log" | head -1) && echo "ids lean$L-r$r: same as resident" || echo "ids lean$L-r$r: DIFFER from resident"
+            done; done
+            set -- $R7_AB
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-512.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$2-512.log" | head -1) && echo "ids 512: the same" || echo "ids 512: DIFFER"
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$2-sampled.log" | head -1) && echo "ids sampled: the same" || echo "ids sampled: DIFFER"
+            NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+            L=$2
+            [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv --launch-skip "${NCU_SKIP:-30000}" \
+                --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-256}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_lean$L.csv" 2>&1 && python3 "$S/ncu_sum.py" "$OUT/ncu_lean$L.csv"
+            echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+        else
         for r in 1 2; do
             for L in 14 110; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done
         done
@@ -217,6 +235,7 @@ PY
             done
         fi
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log "$OUT"/moe_pinned*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+        fi
     elif [ "${MOE_SET:-all}" = r6b ]; then # round 6, later calls: 512-token A/B of LEAN 6 and 14, host time of each (R6B_AB=0: none),
         # ncu's time of each kernel of launches NCU_SKIP.. (a 512-token prefill is more than 9400 launches: its rows are scattered one
         # launch each; NCU_SKIP=30000 NCU_NEW=256 lands in decode)

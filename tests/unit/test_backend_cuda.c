@@ -149,9 +149,11 @@ static void fused_moe_checks(void) {
         df_moe_fused_args fa = {.route = ra, .layer = LAYER, .x = x, .out = fout, .g = fg, .u = fu, .d = fdd, .D = D, .I = I, .gate = gk,
                                 .p0 = gp0, .p1 = gp1, .ids_out = fids};
         fa.route.ids = NULL, fa.route.w = fwd;
-        const int64_t l0 = df_cuda_moe_launches(), rf0 = df_cuda_route_fast_launches(), pd0 = df_cuda_pdl_launches();
+        const int64_t l0 = df_cuda_moe_launches(), rf0 = df_cuda_route_fast_launches(), pd0 = df_cuda_pdl_launches(),
+                      sh0 = df_cuda_moe_down_sh_launches();
         int rc = B->moe_fused(&fa);
-        const int64_t launches = df_cuda_moe_launches() - l0, fast = df_cuda_route_fast_launches() - rf0, pdl = df_cuda_pdl_launches() - pd0;
+        const int64_t launches = df_cuda_moe_launches() - l0, fast = df_cuda_route_fast_launches() - rf0, pdl = df_cuda_pdl_launches() - pd0,
+                      sh = df_cuda_moe_down_sh_launches() - sh0;
         B->tier_stats(&s1);
         df_cuda_set_lean(1);
         CHECK(rc == 0, "trial %d: moe_fused rc %d", trial, rc);
@@ -159,6 +161,8 @@ static void fused_moe_checks(void) {
         /* round 7: the softmax routes in the register-resident kernel, and every launch programmatic, with the savings */
         CHECK(fast == (lean && kind != 2), "trial %d (kind %d, lean %d): %lld register-resident routes", trial, kind, lean, (long long)fast);
         CHECK(pdl == (lean ? launches : 0), "trial %d (lean %d): %lld of %lld launches programmatic", trial, lean, (long long)pdl, (long long)launches);
+        /* bit 128 (in df_cuda_set_lean(1)): the down launch with the gate once per block, the same rows and output bits */
+        CHECK(sh == lean, "trial %d (lean %d): %lld down launches with the gate in shared memory", trial, lean, (long long)sh);
         CHECK(s1.cache_hits - s0.cache_hits == 3 * K, "trial %d: %lld hits counted, expected %d", trial, (long long)(s1.cache_hits - s0.cache_hits), 3 * K);
         float fif[K];
         B->read(fif, fids, K);

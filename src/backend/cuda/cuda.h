@@ -37,6 +37,8 @@ void df_cuda_set_lean(int on);
 int64_t df_cuda_pdl_launches(void);
 /* Launches of the register-resident route kernel (bit 64) so far (tests). */
 int64_t df_cuda_route_fast_launches(void);
+/* Launches of the MoE down launch with the gate once per block (bit 128, opt-in) so far (tests). */
+int64_t df_cuda_moe_down_sh_launches(void);
 
 #ifdef __cplusplus
 }

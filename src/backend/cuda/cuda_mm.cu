@@ -157,7 +157,7 @@ static __device__ __forceinline__ void mm_warp(const MmJob &J, int64_t r0, int n
                 const float wv = wget(w, r0 + i, c);
 #pragma unroll
                 for (int t = 0; t < NT; t++)
-                    if (t < nt) acc[i][t] = fmaf(wv, A ? gate_apply(ga.kind, __ldg(x + c), __ldg(x + ga.uoff + c), ga.p0, ga.p1) : __ldg(x + (int64_t)t * K + c), acc[i][t]);
+                    if (t < nt) acc[i][t] = fmaf(wv, A == 1 ? gate_apply(ga.kind, __ldg(x + c), __ldg(x + ga.uoff + c), ga.p0, ga.p1) : A == 2 ? x[(int64_t)t * K + c] : __ldg(x + (int64_t)t * K + c), acc[i][t]);
             }
     } else if (nr) {
         constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
@@ -208,10 +208,10 @@ static __device__ __forceinline__ void mm_warp(const MmJob &J, int64_t r0, int n
                             float xv[C];
 #pragma unroll
                             for (int qq = 0; qq < C / 4; qq++) {
-                                const float4 f = __ldg(xp + qq);
+                                const float4 f = A == 2 ? xp[qq] : __ldg(xp + qq); /* A 2: x in shared memory */
                                 xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
                             }
-                            if (A) {
+                            if (A == 1) {
                                 const float4 *up = (const float4 *)(x + ga.uoff + c0 + h * C);
 #pragma unroll
                                 for (int qq = 0; qq < C / 4; qq++) {
@@ -309,7 +309,9 @@ __global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS
 /* the job table in device memory, written by an earlier kernel (the device-routed MoE: the device chose the
  * experts); the same body, so each row's arithmetic is the same */
 template <int V, int NT, int WP, int MJ, int U>
-__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) { pdl_entry(); mm_body<V, NT, WP, MJ, U>(*b); }
+__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) {
+    /* the wait first: a kernel launched after this one (k_moe_down) then knows the route that wrote this table has finished */
+    pdl_wait(), pdl_go(); mm_body<V, NT, WP, MJ, U>(*b); }
 
 /* Round 6 (DELTAFIN_CUDA_LEAN bit 8): the device-routed MoE's gate, down products and combine in ONE launch.
  * A block per group of MM_R output rows, a warp per chosen expert k (the k-th job of the down table: its rows
@@ -317,8 +319,26 @@ __global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS
  * as it is loaded (gate_apply, as k_gate writes it: the same bits), each expert's rows written to d as before,
  * then out = the block's K rows combined by the route's weights in k order (k_moe_combine's arithmetic). */
 template <int V, int U>
-__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, GateIn ga, const float *__restrict__ wr, float *out) { pdl_entry();
+__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, GateIn ga, const float *__restrict__ wr, float *out) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    pdl_go();
+    {
+        /* round 7 (bit 32): launched early, this kernel's predecessor is the gate/up launch, which lets it launch only
+         * after its own wait: the route that wrote this table has finished. So the table is read now (through L2:
+         * __ldcg) and the block's rows of expert `warp` are asked of L2 before the wait for the gate/up products. */
+        const MmJob *Jp = &b->j[warp];
+        const uint8_t *data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
+        const size_t rb = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
+        const int64_t rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), r0 = (int64_t)blockIdx.x * MM_R;
+        const int nr = r0 >= rows ? 0 : rows - r0 < MM_R ? (int)(rows - r0) : MM_R;
+        const uint8_t *base = data + (size_t)r0 * rb;
+        for (size_t off = (size_t)lane * 128; off < (size_t)nr * rb; off += 32 * 128) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+#endif
+        }
+    }
+    pdl_wait();
     const MmJob &J = b->j[warp];
     const int64_t rows = J.w.rows, r0 = (int64_t)blockIdx.x * MM_R;
     const int nr = r0 >= rows ? 0 : rows - r0 < MM_R ? (int)(rows - r0) : MM_R;
@@ -338,6 +358,60 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down(const MmBatchT<MM
         float o = 0.0f;
         for (int j = 0; j < K; j++) o += wr[j] * part[j][threadIdx.x];
         out[r0 + threadIdx.x] = o;
+    }
+}
+
+/* Round 7 (DELTAFIN_CUDA_LEAN bit 128): k_moe_down with the gate computed once per block instead of once per row
+ * group: each warp writes gate(g, u) of its expert's input into shared memory (gate_apply, the same values k_gate
+ * writes), then reads it from there (A = 2) for M row groups of MM_R rows; each row's products, its write and the
+ * combine are k_moe_down's (the same bits). M = 2 puts the launch in one wave of two blocks per SM. */
+template <int V, int U, int M>
+__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_sh(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int I, GateIn ga, const float *__restrict__ wr, float *out) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    pdl_go();
+    { /* as k_moe_down: the table is final (see there); the block's M row groups of expert `warp` asked of L2 */
+        const MmJob *Jp = &b->j[warp];
+        const uint8_t *data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
+        const size_t rb = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
+        const int64_t rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), r0 = (int64_t)blockIdx.x * M * MM_R;
+        const int nr = r0 >= rows ? 0 : rows - r0 < M * MM_R ? (int)(rows - r0) : M * MM_R;
+        const uint8_t *base = data + (size_t)r0 * rb;
+        for (size_t off = (size_t)lane * 128; off < (size_t)nr * rb; off += 32 * 128) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+#endif
+        }
+    }
+    pdl_wait();
+    extern __shared__ __align__(16) float hsh[];
+    const MmJob &J = b->j[warp];
+    float *h = hsh + (size_t)warp * I;
+    for (int c = lane; c < I; c += 32) h[c] = gate_apply(ga.kind, __ldg(J.x + c), __ldg(J.x + ga.uoff + c), ga.p0, ga.p1);
+    __syncwarp();
+    MmJob Js = J;
+    Js.x = h;
+    const int64_t rows = J.w.rows;
+    __shared__ float part[FUSED_MAX_K][MM_R];
+    for (int m = 0; m < M; m++) {
+        const int64_t r0 = ((int64_t)blockIdx.x * M + m) * MM_R;
+        const int nr = r0 >= rows ? 0 : rows - r0 < MM_R ? (int)(rows - r0) : MM_R;
+        float acc[MM_R][1];
+        mm_warp<V, 1, U, 2>(Js, r0, nr, 0, 1, 0, 1, ga, acc);
+#pragma unroll
+        for (int i = 0; i < MM_R; i++) {
+            const float sum = warp_sum(acc[i][0]);
+            if (!lane) {
+                part[warp][i] = sum;
+                if (i < nr) J.y[r0 + i] = sum;
+            }
+        }
+        __syncthreads();
+        if ((int)threadIdx.x < nr) {
+            float o = 0.0f;
+            for (int j = 0; j < K; j++) o += wr[j] * part[j][threadIdx.x];
+            out[r0 + threadIdx.x] = o;
+        }
+        __syncthreads();
     }
 }
 
@@ -391,18 +465,19 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * H200 (docs/PERFORMANCE.md, CUDA rounds 3 and 6: bit 16's kernel took 20.6 us against 18.8), so they stay
  * opt-in; DELTAFIN_CUDA_LEAN=6 restores round 5's kernels, 2 round 4's. Round 7: 32 programmatic dependent
  * launches (every kernel begins with pdl_entry; the one-token products of resident weights prefetch their rows
- * into L2 before they wait), 64 the register-resident route (k_route_soft); default 14 | 32 | 64 = 110,
- * DELTAFIN_CUDA_LEAN=14 restores round 6's launches. Every bit gives the same bits of every result.
- * df_cuda_set_lean(on) sets 127 or 0 (the test of both paths). */
+ * into L2 before they wait), 64 the register-resident route (k_route_soft), 128 (opt-in) the MoE down launch with
+ * the gate once per block (k_moe_down_sh); default 14 | 32 | 64 = 110, DELTAFIN_CUDA_LEAN=14 restores round 6's
+ * launches. Every bit gives the same bits of every result. df_cuda_set_lean(on) sets 255 or 0 (the test of both
+ * paths). */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 127 : 14 | 32 | 64;
+        g_lean = e && *e ? atoi(e) & 255 : 14 | 32 | 64;
     }
     return g_lean;
 }
-extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 127 : 0; }
+extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 255 : 0; }
 /* bit 32 (round 7): programmatic dependent launches (launch_k); off for good once the launch API refuses one */
 int64_t g_pdl_launches;
 static int g_pdl_refused;
@@ -828,7 +903,8 @@ __global__ void __launch_bounds__(64) k_route_soft(const __grid_constant__ Route
     __syncwarp();
     route_tables(p, ids, wk, lane);
 }
-static int64_t g_route_fast;
+static int64_t g_route_fast, g_moe_down_sh;
+extern "C" int64_t df_cuda_moe_down_sh_launches(void) { return g_moe_down_sh; }
 extern "C" int64_t df_cuda_route_fast_launches(void) { return g_route_fast; }
 /* the weights, and the job tables of the two product launches (one warp) */
 static __device__ void route_tables(const RouteK &p, const int *ids, const float *wk, int lane) {
@@ -926,6 +1002,23 @@ int g_moe_fused(const df_moe_fused_args *a) {
         const unsigned nb = (unsigned)((D + MM_R - 1) / MM_R);
         const float *wr = DCP(r->w);
         float *out = DP(a->out);
+        /* bit 128: the gate once per block into shared memory (K x I floats within the default 48 KiB), 2 row groups per block */
+        const size_t shb = (size_t)K * I * sizeof(float);
+        if ((lean_mask() & 128) && shb <= 48 * 1024 && !(I % 4) && vec_dn != V_GENERIC) {
+            const unsigned nb2 = (nb + 1) / 2;
+            switch (vec_dn) {
+#define MOE_DOWN_SH(VV) u == 4 ? launch_k(k_moe_down_sh<VV, 4, 2>, dim3(nb2), dim3(32 * K), shb, &p.fd->dn, K, I, ga, wr, out) : u == 2 ? launch_k(k_moe_down_sh<VV, 2, 2>, dim3(nb2), dim3(32 * K), shb, &p.fd->dn, K, I, ga, wr, out) : launch_k(k_moe_down_sh<VV, 1, 2>, dim3(nb2), dim3(32 * K), shb, &p.fd->dn, K, I, ga, wr, out)
+            case V_F32: MOE_DOWN_SH(V_F32); break;
+            case V_F16: MOE_DOWN_SH(V_F16); break;
+            case V_BF16: MOE_DOWN_SH(V_BF16); break;
+            case V_FP8: MOE_DOWN_SH(V_FP8); break;
+            case V_INT4: MOE_DOWN_SH(V_INT4); break;
+            case V_I8ROW: MOE_DOWN_SH(V_I8ROW); break;
+            default: MOE_DOWN_SH(V_MXFP4); break;
+#undef MOE_DOWN_SH
+            }
+            g_moe_down_sh++;
+        } else
         switch (vec_dn) {
 #define MOE_DOWN(VV) u == 4 ? launch_k(k_moe_down<VV, 4>, dim3(nb), dim3(32 * K), 0, &p.fd->dn, K, ga, wr, out) : u == 2 ? launch_k(k_moe_down<VV, 2>, dim3(nb), dim3(32 * K), 0, &p.fd->dn, K, ga, wr, out) : launch_k(k_moe_down<VV, 1>, dim3(nb), dim3(32 * K), 0, &p.fd->dn, K, ga, wr, out)
         case V_F32: MOE_DOWN(V_F32); break;

@@ -220,8 +220,30 @@ static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &
     }
     if (!threadIdx.x) P[0] = m, P[1] = (float)l;
 }
+/* Round 7 (DELTAFIN_CUDA_LEAN bit 32): before the wait, a split block asks L2 for its chunk's key and value rows
+ * (128-byte lines), so a launch that starts early finds the cache there: prefetch.global.L2 fills no L1 line,
+ * and L2 stays coherent with the kernel before it that writes the newest position (the reads come after the wait) */
+static __device__ __forceinline__ void attn_prefetch(const df_attn_gqa_args &a, int ch) {
+    const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z, hd = a.head_dim, kvh = h / (a.n_heads / a.n_kv_heads);
+    const int len = a.pos0 + t + 1, j0 = z * ch, cnt = len - j0 < ch ? len - j0 : ch;
+    if (cnt <= 0) return;
+    const size_t kdim = (size_t)a.n_kv_heads * hd, rb = (size_t)hd * sizeof(float), lines = (rb + 127) / 128;
+    const char *kc = (const char *)(DCP(a.kv) + (size_t)kvh * hd + (size_t)j0 * 2 * kdim);
+    for (size_t i = threadIdx.x; i < (size_t)cnt * 2 * lines; i += AT_TH) {
+        const size_t row = i / lines, l = i % lines; /* row 2j: position j's key, 2j + 1 its value */
+        const char *p = kc + (row >> 1) * 2 * kdim * sizeof(float) + (row & 1) * kdim * sizeof(float) + l * 128;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+    }
+}
 template <int PR>
-__global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, float *part, int S, int vec, int ch) { pdl_entry(); attn_split_block<PR>(a, part, S, vec, ch); }
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, float *part, int S, int vec, int ch) {
+    pdl_go();
+    attn_prefetch(a, ch);
+    pdl_wait();
+    attn_split_block<PR>(a, part, S, vec, ch);
+}
 /* the combine of head h, token t (a block of AT_TH threads); the parts are read from L2 (__ldcg): in the
  * fused kernel other blocks wrote them */
 #define AS_MAXS 256 /* par: parts combined from shared memory (longer caches take the serial loop) */
@@ -279,7 +301,10 @@ __global__ void __launch_bounds__(AT_TH) k_attn_gqa_combine(df_attn_gqa_args a, 
 /* split and combine in ONE launch: the last of a (head, token)'s S blocks to finish (a counter per pair,
  * which that block sets back to 0) combines them, with the combine kernel's arithmetic: the same bits. */
 template <int PR>
-__global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, float *part, int S, int vec, unsigned *counts, int par, int ch) { pdl_entry();
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, float *part, int S, int vec, unsigned *counts, int par, int ch) {
+    pdl_go();
+    attn_prefetch(a, ch);
+    pdl_wait();
     attn_split_block<PR>(a, part, S, vec, ch);
     __shared__ int last;
     __threadfence(); /* this block's parts are visible device-wide before it counts itself */
