@@ -64,9 +64,7 @@ date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
 
 if has isa; then # the device CPU's ISA, and the CPU backend's AVX-512 kernels against the scalar reference (round 7: the integrator's ask)
-    echo "== isa: $(grep -o -w 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-    nproc
-    lscpu | grep -i 'model name'
+    { echo "== isa: $(grep -o -w 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"; nproc; lscpu | grep -i 'model name'; } | tee "$OUT/isa.log"
     if grep -q -w avx512f /proc/cpuinfo; then
         for I in avx512 avx2; do
             DELTAFIN_ISA=$I step "test_backend_ops --backend cpu --ref cpu-scalar, DELTAFIN_ISA=$I" 300 "cpu_$I.log" "$S/bin/test_backend_ops" --backend cpu --ref cpu-scalar
