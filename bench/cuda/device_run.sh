@@ -23,8 +23,11 @@
 #         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
-# Steps: STEPS="unit conf e2e mtp tiers bench moe" (default all but mtp; mtp: tests/py/test_spec_mtp.py -k transformers,
-# the CPU backend against transformers' modules). MOE_SET=r6: resident decode with DELTAFIN_CUDA_LEAN=6 (round 5's
+# Steps: STEPS="isa unit conf e2e mtp tiers bench moe" (default all but isa and mtp; isa: the CPU's AVX-512 flags and the CPU
+# backend's conformance under DELTAFIN_ISA=avx512 and avx2; mtp: tests/py/test_spec_mtp.py -k transformers,
+# the CPU backend against transformers' modules). MOE_SET=r7: resident decode with DELTAFIN_CUDA_LEAN=14 (round 6) and 110
+# (the default: + bit 32 programmatic dependent launches, + bit 64 the register-resident route) alternated twice, 46 and 78
+# (each bit alone), 512 tokens, PROF=3, sampled, the pinned 600M tier, the ids compared, ncu per kernel of 14 and 110. MOE_SET=r6: resident decode with DELTAFIN_CUDA_LEAN=6 (round 5's
 # kernels) and 14 (the default: + round 6's fused MoE down launch; the binary of the round-6 calls also had the attention
 # change, now opt-in bit 16, under bit 8) alternated twice,
 # LEAN=15, DELTAFIN_CUDA_MOE_U=1/4, PROF=3 of 6 and 14, PROF=1, sampled 6 and 14, the ids compared, and ncu's GPU time per
@@ -60,6 +63,15 @@ step() { # name timeout log cmd...
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
 
+if has isa; then # the device CPU's ISA, and the CPU backend's AVX-512 kernels against the scalar reference (round 7: the integrator's ask)
+    { echo "== isa: $(grep -o -w 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"; nproc; lscpu | grep -i 'model name'; } | tee "$OUT/isa.log"
+    if grep -q -w avx512f /proc/cpuinfo; then
+        for I in avx512 avx2; do
+            DELTAFIN_ISA=$I step "test_backend_ops --backend cpu --ref cpu-scalar, DELTAFIN_ISA=$I" 300 "cpu_$I.log" "$S/bin/test_backend_ops" --backend cpu --ref cpu-scalar
+            tail -15 "$OUT/cpu_$I.log"
+        done
+    fi
+fi
 if has unit; then
     step "test_backend_cuda" 60 cuda_unit.log "$S/bin/test_backend_cuda"
     tail -3 "$OUT/cuda_unit.log"
@@ -176,6 +188,52 @@ PY
             done
         fi
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    elif [ "${MOE_SET:-all}" = r7 ]; then # round 7: DELTAFIN_CUDA_LEAN=14 (round 6) against the default (110: + bit 32 programmatic
+        # launches, + bit 64 the register-resident route), alternated twice; 46 (PDL alone) and 78 (route alone); PROF=3 of 14 and
+        # 110; sampled 14 and 110; the ids compared; ncu's time of each decode kernel of 14 and 110 (R7_NCU=0: none)
+        if [ -n "${R7_AB:-}" ]; then # R7_AB="110 238": only those masks alternated three times, 512 tokens, ncu of the last
+            for r in 1 2 3; do
+                for L in $R7_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done
+            done
+            for L in $R7_AB; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512" --gpu-memory 100G; done
+            for L in $R7_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
+            for L in $R7_AB; do for r in 1 2 3; do
+                cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-r$r.log" | head -1) && echo "ids lean$L-r$r: same as resident" || echo "ids lean$L-r$r: DIFFER from resident"
+            done; done
+            set -- $R7_AB
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-512.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$2-512.log" | head -1) && echo "ids 512: the same" || echo "ids 512: DIFFER"
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$2-sampled.log" | head -1) && echo "ids sampled: the same" || echo "ids sampled: DIFFER"
+            NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+            L=$2
+            [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv --launch-skip "${NCU_SKIP:-30000}" \
+                --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-256}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_lean$L.csv" 2>&1 && python3 "$S/ncu_sum.py" "$OUT/ncu_lean$L.csv"
+            echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+        else
+        for r in 1 2; do
+            for L in 14 110; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done
+        done
+        for L in 46 78; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L" --gpu-memory 100G; done
+        for L in 14 110; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512" --gpu-memory 100G; done
+        for L in 14 110; do DELTAFIN_CUDA_LEAN=$L DELTAFIN_CUDA_PROF=3 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-lean$L-prof3" --gpu-memory 100G; done
+        for L in 14 110; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
+        DELTAFIN_CUDA_LEAN=110 moe pinned-600M-lean110 --gpu-memory 600M --expert-cache 8G --temperature 1 --seed 1
+        for n in resident-lean14-r1 resident-lean110-r1 resident-lean14-r2 resident-lean110-r2 resident-lean46 resident-lean78 resident-lean14-prof3 resident-lean110-prof3; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+        done
+        cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean14-512.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean110-512.log" | head -1) && echo "ids 512: lean 14 and 110 the same" || echo "ids 512: lean 14 and 110 DIFFER"
+        cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean14-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean110-sampled.log" | head -1) && echo "ids sampled: lean 14 and 110 the same" || echo "ids sampled: lean 14 and 110 DIFFER"
+        cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean110-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_pinned-600M-lean110.log" | head -1) && echo "ids pinned-600M: same as resident sampled" || echo "ids pinned-600M: DIFFER from resident sampled"
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        if [ -n "$NCU" ] && [ "${R7_NCU:-1}" = 1 ]; then
+            for L in 14 110; do
+                DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv --launch-skip "${NCU_SKIP:-30000}" \
+                    --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-256}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_lean$L.csv" 2>&1
+                echo "== ncu lean $L: exit $?"
+                python3 "$S/ncu_sum.py" "$OUT/ncu_lean$L.csv"
+            done
+        fi
+        echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log "$OUT"/moe_pinned*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+        fi
     elif [ "${MOE_SET:-all}" = r6b ]; then # round 6, later calls: 512-token A/B of LEAN 6 and 14, host time of each (R6B_AB=0: none),
         # ncu's time of each kernel of launches NCU_SKIP.. (a 512-token prefill is more than 9400 launches: its rows are scattered one
         # launch each; NCU_SKIP=30000 NCU_NEW=256 lands in decode)

@@ -67,7 +67,8 @@ static void attn_split_checks(void) {
 }
 
 static void fused_moe_checks(void) {
-    enum { E = 16, K = 4, D = 256, I = 128, LAYER = 5, TRIALS = 60 };
+    /* E = 40: the register-resident route (bit 64) holds experts lane and lane + 32 */
+    enum { E = 40, K = 4, D = 256, I = 128, LAYER = 5, TRIALS = 60 };
     const df_backend_ops *B = &df_backend_cuda;
     CHECK(B->moe_resident && B->moe_fused, "the CUDA backend offers the device-routed MoE");
     if (!B->moe_resident || !B->moe_fused) return;
@@ -148,13 +149,20 @@ static void fused_moe_checks(void) {
         df_moe_fused_args fa = {.route = ra, .layer = LAYER, .x = x, .out = fout, .g = fg, .u = fu, .d = fdd, .D = D, .I = I, .gate = gk,
                                 .p0 = gp0, .p1 = gp1, .ids_out = fids};
         fa.route.ids = NULL, fa.route.w = fwd;
-        const int64_t l0 = df_cuda_moe_launches();
+        const int64_t l0 = df_cuda_moe_launches(), rf0 = df_cuda_route_fast_launches(), pd0 = df_cuda_pdl_launches(),
+                      sh0 = df_cuda_moe_down_sh_launches();
         int rc = B->moe_fused(&fa);
-        const int64_t launches = df_cuda_moe_launches() - l0;
+        const int64_t launches = df_cuda_moe_launches() - l0, fast = df_cuda_route_fast_launches() - rf0, pdl = df_cuda_pdl_launches() - pd0,
+                      sh = df_cuda_moe_down_sh_launches() - sh0;
         B->tier_stats(&s1);
         df_cuda_set_lean(1);
         CHECK(rc == 0, "trial %d: moe_fused rc %d", trial, rc);
         CHECK(launches == (lean ? 3 : 5), "trial %d (lean %d): moe_fused in %lld launches, expected %d", trial, lean, (long long)launches, lean ? 3 : 5);
+        /* round 7: the softmax routes in the register-resident kernel, and every launch programmatic, with the savings */
+        CHECK(fast == (lean && kind != 2), "trial %d (kind %d, lean %d): %lld register-resident routes", trial, kind, lean, (long long)fast);
+        CHECK(pdl == (lean ? launches : 0), "trial %d (lean %d): %lld of %lld launches programmatic", trial, lean, (long long)pdl, (long long)launches);
+        /* bit 128 (in df_cuda_set_lean(1)): the down launch with the gate once per block, the same rows and output bits */
+        CHECK(sh == lean, "trial %d (lean %d): %lld down launches with the gate in shared memory", trial, lean, (long long)sh);
         CHECK(s1.cache_hits - s0.cache_hits == 3 * K, "trial %d: %lld hits counted, expected %d", trial, (long long)(s1.cache_hits - s0.cache_hits), 3 * K);
         float fif[K];
         B->read(fif, fids, K);
@@ -325,10 +333,12 @@ int main(void) {
             }
             for (int lean = 1; lean >= 0; lean--) {
                 df_cuda_set_lean(lean);
-                const int64_t l0 = df_cuda_mm_launches(), n0 = df_cuda_mm_narrow_launches();
+                const int64_t l0 = df_cuda_mm_launches(), n0 = df_cuda_mm_narrow_launches(), p0 = df_cuda_pdl_launches();
                 df_backend_cuda.matmul_batch(dj, ND, 1);
-                const int64_t launches = df_cuda_mm_launches() - l0, narrow = df_cuda_mm_narrow_launches() - n0;
+                const int64_t launches = df_cuda_mm_launches() - l0, narrow = df_cuda_mm_narrow_launches() - n0, pdl = df_cuda_pdl_launches() - p0;
                 CHECK(launches == 1 && narrow == lean, "lean %d: %lld launches (%lld narrow), expected 1 (%d)", lean, (long long)launches, (long long)narrow, lean);
+                /* round 7 (bit 32): launched programmatically, its registered rows prefetched before it waits: the same bits */
+                CHECK(pdl == lean, "lean %d: %lld programmatic launches, expected %d", lean, (long long)pdl, lean);
                 for (int k = 0; k < ND; k++) df_backend_cuda.read(dy[lean][k], yd[k], (size_t)DR[k]);
             }
             df_cuda_set_lean(1);

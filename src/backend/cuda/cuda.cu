@@ -281,7 +281,7 @@ static void g_copy_rows(df_act *dst, size_t ds, const df_act *src, size_t ss, in
     CK("copy_rows", cudaMemcpy2D(dst, ds * sizeof(float), src, ss * sizeof(float), (size_t)cols * sizeof(float), (size_t)rows, cudaMemcpyDeviceToDevice));
 }
 
-__global__ void k_gather(float *dst, const float *src, const int *idx, int n, int cols, int scatter) {
+__global__ void k_gather(float *dst, const float *src, const int *idx, int n, int cols, int scatter) { pdl_entry();
     for (int j = blockIdx.x; j < n; j += gridDim.x) {
         const int64_t d = scatter ? (int64_t)idx[j] : j, s = scatter ? j : (int64_t)idx[j];
         for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[d * cols + c] = src[s * cols + c];
@@ -295,10 +295,10 @@ static void gather_scatter(df_act *dst, const df_act *src, const int *idx, int n
     CK(op, cudaMemcpy(di, idx, (size_t)n * sizeof(int), cudaMemcpyHostToDevice));
     if (scatter) {
         /* rows in order, as the CPU does (a repeated index: the last row wins) */
-        for (int j = 0; j < n; j++) k_gather<<<1, 128>>>(DP(dst), DCP(src), di + j, 1, cols, 1), post(op), src = (const df_act *)(DCP(src) + cols);
+        for (int j = 0; j < n; j++) launch_k(k_gather, dim3(1), dim3(128), 0, DP(dst), DCP(src), di + j, 1, cols, 1), post(op), src = (const df_act *)(DCP(src) + cols);
         return;
     }
-    k_gather<<<n < 65535 ? n : 65535, 128>>>(DP(dst), DCP(src), di, n, cols, 0);
+    launch_k(k_gather, dim3(n < 65535 ? n : 65535), dim3(128), 0, DP(dst), DCP(src), di, n, cols, 0);
     post(op);
 }
 static void g_gather(df_act *dst, const df_act *src, const int *idx, int n, int cols) { gather_scatter(dst, src, idx, n, cols, 0, "gather_rows"); }
@@ -808,6 +808,7 @@ static void *op_scratch(size_t bytes, const char *op) {
     return b->p;
 }
 
+int w_resident(const df_weight *w) { return w->handle && !((const cw *)w->handle)->host; }
 int w_get(const df_weight *w, int sd, int ss, DW *out, const char *op) {
     const size_t db = (size_t)w->rows * w->row_bytes, sb = (size_t)df_weight_scale_bytes(w);
     int tier = 0; /* copied by a tier: into per-op scratch, not the caller's slots */

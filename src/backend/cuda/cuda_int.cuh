@@ -90,6 +90,47 @@ struct ProfScope {
 #define PROF_SCOPE() ProfScope prof_(__func__)
 /* DELTAFIN_CUDA_LEAN: the mask of the decode-step savings in force (cuda_mm.cu: 1 products, 2 attention) */
 int lean_mask(void);
+/* ---- programmatic dependent launch (DELTAFIN_CUDA_LEAN bit 32, round 7) ----------------------------------
+ * Every kernel of the backend begins with pdl_entry(): it lets the next kernel of the stream be launched now
+ * (griddepcontrol.launch_dependents), then waits until the kernel before it in the stream has finished and its
+ * writes are visible (griddepcontrol.wait). Launched the plain way both are no-ops; launched through launch_k
+ * with the bit on, a kernel's launch, block scheduling and (the decode products: pdl_go(), then the prefetch of
+ * their own weights into L2, then pdl_wait()) the first reads of its weights overlap the kernel before it, and
+ * nothing it reads or writes that an earlier kernel wrote is touched before the wait: the same bits. */
+static __device__ __forceinline__ void pdl_go(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_entry(void) { pdl_go(), pdl_wait(); }
+/* launches with the programmatic-serialization attribute since the start (tests: 0 with the bit off) */
+extern int64_t g_pdl_launches;
+/* 1: launch_k launches with the attribute (bit 32 of the mask, and the launch API accepted it once) */
+int pdl_on(void);
+void pdl_refused(cudaError_t e);
+/* k<<<g, b, sm>>>(args...) on the legacy stream, with the attribute when pdl_on() */
+template <typename... P, typename... A> static inline void launch_k(void (*k)(P...), dim3 g, dim3 b, size_t sm, A... args) {
+    if (pdl_on()) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = g, cfg.blockDim = b, cfg.dynamicSmemBytes = sm, cfg.stream = 0, cfg.attrs = at, cfg.numAttrs = 1;
+        const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+        if (e == cudaSuccess) {
+            g_pdl_launches++;
+            return;
+        }
+        pdl_refused(e); /* reported once; every later launch the plain way */
+    }
+    k<<<g, b, sm>>>(args...);
+}
+
 /* kernel launches of matmul_batch (the decode kernel) since the start: tests check the batching */
 extern int64_t g_mm_launches;
 
@@ -113,6 +154,8 @@ struct DW {
 };
 /* The device view of w: its registered copy, or an upload into scratch slots (sd, ss) for this call. */
 int w_get(const df_weight *w, int sd, int ss, DW *out, const char *op);
+/* 1: w's registered copy lives in VRAM for good (no kernel or copy writes it while it is registered) */
+int w_resident(const df_weight *w);
 
 /* ---- decoding one stored element (bit-exact to the CPU decoders) ---------------------- */
 static __device__ __forceinline__ float bitsf(uint32_t u) { return __uint_as_float(u); }

@@ -51,6 +51,7 @@ template <int MJ> struct MmBatchT {
     MmJob j[MJ];
     int nj, n;         /* jobs, tokens of this launch (<= MM_TN) */
     int t0;            /* first token of this launch (grid.y tiles add to it) */
+    int pf;            /* 1: every job's weight is resident and written by no kernel: prefetch it before pdl_wait */
 };
 typedef MmBatchT<MM_MAXJ> MmBatch;
 /* A decode launch of at most MM_SMALLJ jobs travels in a table of that size: the launch copies the
@@ -156,7 +157,7 @@ static __device__ __forceinline__ void mm_warp(const MmJob &J, int64_t r0, int n
                 const float wv = wget(w, r0 + i, c);
 #pragma unroll
                 for (int t = 0; t < NT; t++)
-                    if (t < nt) acc[i][t] = fmaf(wv, A ? gate_apply(ga.kind, __ldg(x + c), __ldg(x + ga.uoff + c), ga.p0, ga.p1) : __ldg(x + (int64_t)t * K + c), acc[i][t]);
+                    if (t < nt) acc[i][t] = fmaf(wv, A == 1 ? gate_apply(ga.kind, __ldg(x + c), __ldg(x + ga.uoff + c), ga.p0, ga.p1) : A == 2 ? x[(int64_t)t * K + c] : __ldg(x + (int64_t)t * K + c), acc[i][t]);
             }
     } else if (nr) {
         constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
@@ -207,10 +208,10 @@ static __device__ __forceinline__ void mm_warp(const MmJob &J, int64_t r0, int n
                             float xv[C];
 #pragma unroll
                             for (int qq = 0; qq < C / 4; qq++) {
-                                const float4 f = __ldg(xp + qq);
+                                const float4 f = A == 2 ? xp[qq] : __ldg(xp + qq); /* A 2: x in shared memory */
                                 xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
                             }
-                            if (A) {
+                            if (A == 1) {
                                 const float4 *up = (const float4 *)(x + ga.uoff + c0 + h * C);
 #pragma unroll
                                 for (int qq = 0; qq < C / 4; qq++) {
@@ -275,13 +276,42 @@ template <int V, int NT, int WP, int MJ, int U> static __device__ __forceinline_
         for (int i = 0; i < MM_R; i++)
             if (i < nr) J.y[(int64_t)(t0 + lane) * w.rows + r0 + i] = mine[i];
 }
+/* Round 7 (bit 32): before it waits for the kernel before it, a warp asks L2 for the stored rows of its row
+ * group (one prefetch per 128-byte line; the first warp of a row group's wk covers the whole rows), so the
+ * weight's bytes stream in while that kernel still runs; the product then reads them as before (the same bits). */
+template <int WP, int MJ> static __device__ __forceinline__ void mm_prefetch(const MmBatchT<MJ> &b) {
+    int j = 0;
+    while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
+    const MmJob &J = b.j[j];
+    const DW &w = J.w;
+    const int wk = J.wk, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp % wk || blockIdx.y) return;
+    const int64_t r0 = ((int64_t)(blockIdx.x - J.blk0) * (WP / wk) + warp / wk) * MM_R;
+    const int nr = r0 >= w.rows ? 0 : w.rows - r0 < MM_R ? (int)(w.rows - r0) : MM_R;
+    if (!nr) return;
+    /* the group's rows are contiguous: nr * row_bytes bytes from row r0 */
+    const uint8_t *base = w.data + (size_t)r0 * w.row_bytes;
+    const size_t bytes = (size_t)nr * w.row_bytes;
+    for (size_t off = (size_t)lane * 128; off < bytes; off += 32 * 128) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+#endif
+    }
+}
 /* the job table as a kernel parameter (the host knows the weights) */
 template <int V, int NT, int WP, int MJ, int U>
-__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm(const __grid_constant__ MmBatchT<MJ> b) { mm_body<V, NT, WP, MJ, U>(b); }
+__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm(const __grid_constant__ MmBatchT<MJ> b) {
+    pdl_go();
+    if (b.pf) mm_prefetch<WP, MJ>(b);
+    pdl_wait();
+    mm_body<V, NT, WP, MJ, U>(b);
+}
 /* the job table in device memory, written by an earlier kernel (the device-routed MoE: the device chose the
  * experts); the same body, so each row's arithmetic is the same */
 template <int V, int NT, int WP, int MJ, int U>
-__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) { mm_body<V, NT, WP, MJ, U>(*b); }
+__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) {
+    /* the wait first: a kernel launched after this one (k_moe_down) then knows the route that wrote this table has finished */
+    pdl_wait(), pdl_go(); mm_body<V, NT, WP, MJ, U>(*b); }
 
 /* Round 6 (DELTAFIN_CUDA_LEAN bit 8): the device-routed MoE's gate, down products and combine in ONE launch.
  * A block per group of MM_R output rows, a warp per chosen expert k (the k-th job of the down table: its rows
@@ -291,6 +321,24 @@ __global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS
 template <int V, int U>
 __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, GateIn ga, const float *__restrict__ wr, float *out) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    pdl_go();
+    {
+        /* round 7 (bit 32): launched early, this kernel's predecessor is the gate/up launch, which lets it launch only
+         * after its own wait: the route that wrote this table has finished. So the table is read now (through L2:
+         * __ldcg) and the block's rows of expert `warp` are asked of L2 before the wait for the gate/up products. */
+        const MmJob *Jp = &b->j[warp];
+        const uint8_t *data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
+        const size_t rb = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
+        const int64_t rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), r0 = (int64_t)blockIdx.x * MM_R;
+        const int nr = r0 >= rows ? 0 : rows - r0 < MM_R ? (int)(rows - r0) : MM_R;
+        const uint8_t *base = data + (size_t)r0 * rb;
+        for (size_t off = (size_t)lane * 128; off < (size_t)nr * rb; off += 32 * 128) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+#endif
+        }
+    }
+    pdl_wait();
     const MmJob &J = b->j[warp];
     const int64_t rows = J.w.rows, r0 = (int64_t)blockIdx.x * MM_R;
     const int nr = r0 >= rows ? 0 : rows - r0 < MM_R ? (int)(rows - r0) : MM_R;
@@ -310,6 +358,60 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down(const MmBatchT<MM
         float o = 0.0f;
         for (int j = 0; j < K; j++) o += wr[j] * part[j][threadIdx.x];
         out[r0 + threadIdx.x] = o;
+    }
+}
+
+/* Round 7 (DELTAFIN_CUDA_LEAN bit 128): k_moe_down with the gate computed once per block instead of once per row
+ * group: each warp writes gate(g, u) of its expert's input into shared memory (gate_apply, the same values k_gate
+ * writes), then reads it from there (A = 2) for M row groups of MM_R rows; each row's products, its write and the
+ * combine are k_moe_down's (the same bits). M = 2 puts the launch in one wave of two blocks per SM. */
+template <int V, int U, int M>
+__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_sh(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int I, GateIn ga, const float *__restrict__ wr, float *out) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    pdl_go();
+    { /* as k_moe_down: the table is final (see there); the block's M row groups of expert `warp` asked of L2 */
+        const MmJob *Jp = &b->j[warp];
+        const uint8_t *data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
+        const size_t rb = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
+        const int64_t rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), r0 = (int64_t)blockIdx.x * M * MM_R;
+        const int nr = r0 >= rows ? 0 : rows - r0 < M * MM_R ? (int)(rows - r0) : M * MM_R;
+        const uint8_t *base = data + (size_t)r0 * rb;
+        for (size_t off = (size_t)lane * 128; off < (size_t)nr * rb; off += 32 * 128) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+#endif
+        }
+    }
+    pdl_wait();
+    extern __shared__ __align__(16) float hsh[];
+    const MmJob &J = b->j[warp];
+    float *h = hsh + (size_t)warp * I;
+    for (int c = lane; c < I; c += 32) h[c] = gate_apply(ga.kind, __ldg(J.x + c), __ldg(J.x + ga.uoff + c), ga.p0, ga.p1);
+    __syncwarp();
+    MmJob Js = J;
+    Js.x = h;
+    const int64_t rows = J.w.rows;
+    __shared__ float part[FUSED_MAX_K][MM_R];
+    for (int m = 0; m < M; m++) {
+        const int64_t r0 = ((int64_t)blockIdx.x * M + m) * MM_R;
+        const int nr = r0 >= rows ? 0 : rows - r0 < MM_R ? (int)(rows - r0) : MM_R;
+        float acc[MM_R][1];
+        mm_warp<V, 1, U, 2>(Js, r0, nr, 0, 1, 0, 1, ga, acc);
+#pragma unroll
+        for (int i = 0; i < MM_R; i++) {
+            const float sum = warp_sum(acc[i][0]);
+            if (!lane) {
+                part[warp][i] = sum;
+                if (i < nr) J.y[r0 + i] = sum;
+            }
+        }
+        __syncthreads();
+        if ((int)threadIdx.x < nr) {
+            float o = 0.0f;
+            for (int j = 0; j < K; j++) o += wr[j] * part[j][threadIdx.x];
+            out[r0 + threadIdx.x] = o;
+        }
+        __syncthreads();
     }
 }
 
@@ -344,14 +446,14 @@ static int vec_kind(const DW &d, const float *x) {
 template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatchT<MJ> &b, unsigned blocks) {
     const dim3 grid(blocks, (unsigned)((b.n + NT - 1) / NT)), th(WP * 32);
     switch (b.j[0].vec) {
-    case V_F32: k_mm<V_F32, NT, WP, MJ, U><<<grid, th>>>(b); break;
-    case V_F16: k_mm<V_F16, NT, WP, MJ, U><<<grid, th>>>(b); break;
-    case V_BF16: k_mm<V_BF16, NT, WP, MJ, U><<<grid, th>>>(b); break;
-    case V_FP8: k_mm<V_FP8, NT, WP, MJ, U><<<grid, th>>>(b); break;
-    case V_INT4: k_mm<V_INT4, NT, WP, MJ, U><<<grid, th>>>(b); break;
-    case V_I8ROW: k_mm<V_I8ROW, NT, WP, MJ, U><<<grid, th>>>(b); break;
-    case V_MXFP4: k_mm<V_MXFP4, NT, WP, MJ, U><<<grid, th>>>(b); break;
-    default: k_mm<V_GENERIC, NT, WP, MJ, U><<<grid, th>>>(b); break;
+    case V_F32: launch_k(k_mm<V_F32, NT, WP, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_F16: launch_k(k_mm<V_F16, NT, WP, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_BF16: launch_k(k_mm<V_BF16, NT, WP, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_FP8: launch_k(k_mm<V_FP8, NT, WP, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_INT4: launch_k(k_mm<V_INT4, NT, WP, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_I8ROW: launch_k(k_mm<V_I8ROW, NT, WP, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_MXFP4: launch_k(k_mm<V_MXFP4, NT, WP, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    default: launch_k(k_mm<V_GENERIC, NT, WP, MJ, U>, dim3(grid), dim3(th), 0, b); break;
     }
 }
 /* DELTAFIN_CUDA_LEAN (a measurement aid): a mask of the decode-step savings: 1 the product launches below
@@ -361,17 +463,32 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * and combine in one launch (k_moe_down); 16 (round 6, opt-in) the split attention keeps more loads in flight
  * and its combine reads its parts in parallel (cuda_ops.cu). Default 14: bits 1 and 16 measured no gain on the
  * H200 (docs/PERFORMANCE.md, CUDA rounds 3 and 6: bit 16's kernel took 20.6 us against 18.8), so they stay
- * opt-in; DELTAFIN_CUDA_LEAN=6 restores round 5's kernels, 2 round 4's. Every bit gives the same bits of every
- * result. df_cuda_set_lean(on) sets 31 or 0 (the test of both paths). */
+ * opt-in; DELTAFIN_CUDA_LEAN=6 restores round 5's kernels, 2 round 4's. Round 7: 32 programmatic dependent
+ * launches (every kernel begins with pdl_entry; the one-token products of resident weights prefetch their rows
+ * into L2 before they wait), 64 the register-resident route (k_route_soft), 128 (opt-in) the MoE down launch with
+ * the gate once per block (k_moe_down_sh); default 14 | 32 | 64 = 110, DELTAFIN_CUDA_LEAN=14 restores round 6's
+ * launches. Every bit gives the same bits of every result. df_cuda_set_lean(on) sets 255 or 0 (the test of both
+ * paths). */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 31 : 14;
+        g_lean = e && *e ? atoi(e) & 255 : 14 | 32 | 64;
     }
     return g_lean;
 }
-extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 31 : 0; }
+extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 255 : 0; }
+/* bit 32 (round 7): programmatic dependent launches (launch_k); off for good once the launch API refuses one */
+int64_t g_pdl_launches;
+static int g_pdl_refused;
+int pdl_on(void) { return (lean_mask() & 32) && !g_pdl_refused; }
+void pdl_refused(cudaError_t e) {
+    cudaGetLastError();
+    if (!g_pdl_refused)
+        fprintf(stderr, "deltafin: cuda backend: programmatic dependent launch refused (%s); kernels launch the plain way\n", cudaGetErrorString(e));
+    g_pdl_refused = 1;
+}
+extern "C" int64_t df_cuda_pdl_launches(void) { return g_pdl_launches; }
 static int64_t g_mm_narrow;
 extern "C" int64_t df_cuda_mm_narrow_launches(void) { return g_mm_narrow; }
 /* One token, few blocks (a dense product of decode: q/k/v, o, the router, lm_head): with 8-warp blocks they
@@ -401,7 +518,7 @@ static void mm_flush_one(MmBatch *b, unsigned blocks) {
     if (lean && b->nj <= MM_SMALLJ) {
         MmBatchT<MM_SMALLJ> s;
         memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
-        s.nj = b->nj, s.n = b->n, s.t0 = b->t0;
+        s.nj = b->nj, s.n = b->n, s.t0 = b->t0, s.pf = b->pf;
         if (narrow) U == 4 ? mm_launch<1, MM_WARPS / 2, MM_SMALLJ, 4>(s, blocks) : U == 2 ? mm_launch<1, MM_WARPS / 2, MM_SMALLJ, 2>(s, blocks) : mm_launch<1, MM_WARPS / 2, MM_SMALLJ>(s, blocks);
         else U == 4 ? mm_launch<1, MM_WARPS, MM_SMALLJ, 4>(s, blocks) : U == 2 ? mm_launch<1, MM_WARPS, MM_SMALLJ, 2>(s, blocks) : mm_launch<1, MM_WARPS, MM_SMALLJ>(s, blocks);
     } else if (narrow) U == 4 ? mm_launch<1, MM_WARPS / 2, MM_MAXJ, 4>(*b, blocks) : U == 2 ? mm_launch<1, MM_WARPS / 2, MM_MAXJ, 2>(*b, blocks) : mm_launch<1, MM_WARPS / 2, MM_MAXJ>(*b, blocks);
@@ -409,6 +526,7 @@ static void mm_flush_one(MmBatch *b, unsigned blocks) {
 }
 static void mm_flush(MmBatch *b, unsigned blocks, int n) {
     if (!b->nj) return;
+    if (n != 1 || !pdl_on()) b->pf = 0;
     const int per = 65535 * MM_TN;
     for (int t0 = 0; t0 < n; t0 += per) {
         b->t0 = t0;
@@ -420,11 +538,11 @@ static void mm_flush(MmBatch *b, unsigned blocks, int n) {
         post("matmul_batch");
         g_mm_launches++;
     }
-    b->nj = 0;
+    b->nj = 0, b->pf = 1;
 }
 
 /* ---- prefill: exact f32 slab + SGEMM, or split-bf16 on tensor cores ---------------------- */
-__global__ void k_dequant(DW w, int64_t r0, int64_t nr, float *out) {
+__global__ void k_dequant(DW w, int64_t r0, int64_t nr, float *out) { pdl_entry();
     const size_t N = (size_t)nr * w.cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x)
         out[i] = wget(w, r0 + (int64_t)(i / w.cols), (int64_t)(i % w.cols));
@@ -442,12 +560,12 @@ static __device__ __forceinline__ void split3(float v, size_t i, __nv_bfloat16 *
     p[2][i] = __float2bfloat16_rn(r1 - __bfloat162float(b));
 }
 struct Pieces { __nv_bfloat16 *p[3]; };
-__global__ void k_dequant_split(DW w, int64_t r0, int64_t nr, Pieces o) {
+__global__ void k_dequant_split(DW w, int64_t r0, int64_t nr, Pieces o) { pdl_entry();
     const size_t N = (size_t)nr * w.cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x)
         split3(wget(w, r0 + (int64_t)(i / w.cols), (int64_t)(i % w.cols)), i, o.p);
 }
-__global__ void k_split(const float *x, size_t N, Pieces o) {
+__global__ void k_split(const float *x, size_t N, Pieces o) { pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x) split3(x[i], i, o.p);
 }
 
@@ -503,7 +621,7 @@ static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
         const size_t N = (size_t)n * d.cols;
         for (int i = 0; i < 3; i++)
             if (!(xp.p[i] = (__nv_bfloat16 *)slot(S_X0 + i, N * 2, "matmul_batch"))) return -1;
-        k_split<<<blocks_for(N, 256), 256>>>(X, N, xp);
+        launch_k(k_split, dim3(blocks_for(N, 256)), dim3(256), 0, X, N, xp);
         post("matmul_batch");
     }
     const float one = 1.0f, zero = 0.0f;
@@ -513,14 +631,14 @@ static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
         const unsigned g = blocks_for((size_t)nr * d.cols, 256);
         /* column-major view: Y^T[rows x n] (ld rows) = (W chunk, ld cols)^T . X^T[cols x n] (ld cols) */
         if (!split) {
-            k_dequant<<<g, 256>>>(d, r0, nr, (float *)(void *)wp.p[0]);
+            launch_k(k_dequant, dim3(g), dim3(256), 0, d, r0, nr, (float *)(void *)wp.p[0]);
             post("matmul_batch");
             cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
             cublasStatus_t s = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, K, &one, (const float *)(void *)wp.p[0], K, X, K, &zero, Y + r0, ldc);
             if (s != CUBLAS_STATUS_SUCCESS) return blas_fail("cublasSgemm", d, nr, n, s);
             continue;
         }
-        k_dequant_split<<<g, 256>>>(d, r0, nr, wp);
+        launch_k(k_dequant_split, dim3(g), dim3(256), 0, d, r0, nr, wp);
         post("matmul_batch");
         cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
         int first = 1;
@@ -540,7 +658,7 @@ void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     if (n <= 0) return;
     if (n > 1 && g_prof > 0) prof_restart();
     MmBatch b;
-    b.nj = 0;
+    b.nj = 0, b.pf = 1;
     unsigned blocks = 0;
     for (int j = 0; j < n_jobs; j++) {
         DW d;
@@ -557,6 +675,7 @@ void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
         const unsigned nb = (unsigned)((d.rows + per_block - 1) / per_block);
         /* a launch holds jobs of one decoder (the kernel is compiled per decoder) */
         if (b.nj == MM_MAXJ || (b.nj && b.j[0].vec != vec) || (uint64_t)blocks + nb > 0x7fffffffu) mm_flush(&b, blocks, n), blocks = 0;
+        if (!w_resident(jobs[j].w)) b.pf = 0;
         MmJob &J = b.j[b.nj++];
         J.w = d, J.x = DCP(jobs[j].x), J.y = DP(jobs[j].y), J.vec = vec, J.wk = wk, J.blk0 = blocks;
         blocks += nb;
@@ -607,7 +726,8 @@ static __device__ int warp_take_max(const float *v, const unsigned char *taken, 
     }
     return __shfl_sync(0xffffffffu, bi, 0);
 }
-__global__ void __launch_bounds__(32) k_route_fused(const __grid_constant__ RouteK p) {
+static __device__ void route_tables(const RouteK &p, const int *ids, const float *wk, int lane);
+__global__ void __launch_bounds__(32) k_route_fused(const __grid_constant__ RouteK p) { pdl_entry();
     extern __shared__ float sm[];
     const int E = p.E, K = p.k, lane = threadIdx.x;
     float *lg = sm, *sc = sm + E, *ch = sm + 2 * E, *gs = sm + 3 * E;
@@ -683,7 +803,112 @@ __global__ void __launch_bounds__(32) k_route_fused(const __grid_constant__ Rout
         }
     }
     __syncwarp();
-    /* the weights, and the job tables of the two product launches */
+    route_tables(p, ids, wk, lane);
+}
+/* Round 7 (DELTAFIN_CUDA_LEAN bit 64): the softmax top-k route of at most 32 * RS_V experts in two warps, the
+ * logits in registers. Warp 1 computes the softmax denominator exactly as k_route_fused (the same max, the same
+ * exp, the same double sum in expert order: the same bits); warp 0 meanwhile picks the k experts: each lane
+ * keeps the best untaken logit of its own experts (the lowest index among equals), and the warp takes the
+ * largest key with one redux.sync and the lowest index holding it with a second (keys order the floats as `>`
+ * does, -0 as +0: the same choice and tie rule as warp_take_max). A NaN logit sends warp 0 to warp_take_max. */
+#define RS_V 8
+__global__ void __launch_bounds__(64) k_route_soft(const __grid_constant__ RouteK p) {
+    pdl_entry();
+    __shared__ __align__(16) float lg[32 * RS_V], sc[32 * RS_V];
+    __shared__ unsigned char taken[32 * RS_V];
+    __shared__ int ids[FUSED_MAX_K];
+    __shared__ float wk[FUSED_MAX_K];
+    __shared__ double total;
+    const int E = p.E, K = p.k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float v[RS_V];
+#pragma unroll
+    for (int i = 0; i < RS_V; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < E ? p.logits[e] : 0.0f;
+        if (e < E && warp == 0) lg[e] = v[i], taken[e] = 0;
+    }
+    if (warp == 1) { /* the denominator, as k_route_fused */
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < RS_V; i++)
+            if (lane + 32 * i < E && v[i] > mx) mx = v[i];
+        for (int o = 16; o; o >>= 1) {
+            const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+            if (om > mx) mx = om;
+        }
+#pragma unroll
+        for (int i = 0; i < RS_V; i++)
+            if (lane + 32 * i < E) sc[lane + 32 * i] = exp_host(__fsub_rn(v[i], mx));
+        __syncwarp();
+        if (!lane) {
+            double sum = 0;
+            int e = 0;
+            for (; e + 4 <= E; e += 4) {
+                const float4 f = *(const float4 *)(sc + e);
+                sum = __dadd_rn(sum, (double)f.x), sum = __dadd_rn(sum, (double)f.y), sum = __dadd_rn(sum, (double)f.z), sum = __dadd_rn(sum, (double)f.w);
+            }
+            for (; e < E; e++) sum = __dadd_rn(sum, (double)sc[e]);
+            total = sum;
+        }
+    } else {
+        int nan = 0;
+#pragma unroll
+        for (int i = 0; i < RS_V; i++) nan |= lane + 32 * i < E && v[i] != v[i];
+        if (__any_sync(0xffffffffu, nan)) {
+            __syncwarp();
+            for (int k = 0; k < K; k++) {
+                const int best = warp_take_max(lg, taken, E);
+                if (!lane) taken[best] = 1, ids[k] = best;
+                __syncwarp();
+            }
+        } else {
+            unsigned key[RS_V];
+#pragma unroll
+            for (int i = 0; i < RS_V; i++) {
+                const uint32_t u = __float_as_uint(__fadd_rn(v[i], 0.0f)); /* -0 -> +0 */
+                key[i] = lane + 32 * i >= E ? 0u : (u & 0x80000000u) ? ~u : u | 0x80000000u; /* > 0 for every float */
+            }
+            unsigned bk = 0;
+            int bi = 0x7fffffff;
+#pragma unroll
+            for (int i = 0; i < RS_V; i++)
+                if (key[i] > bk) bk = key[i], bi = lane + 32 * i;
+            for (int k = 0; k < K; k++) {
+                const unsigned m = __reduce_max_sync(0xffffffffu, bk);
+                const int best = (int)__reduce_min_sync(0xffffffffu, bk == m ? (unsigned)bi : 0x7fffffffu);
+                if (!lane) ids[k] = best;
+                if ((best & 31) == lane) { /* the winner's lane drops it and finds its next best */
+#pragma unroll
+                    for (int i = 0; i < RS_V; i++)
+                        if (i == best >> 5) key[i] = 0;
+                    bk = 0, bi = 0x7fffffff;
+#pragma unroll
+                    for (int i = 0; i < RS_V; i++)
+                        if (key[i] > bk) bk = key[i], bi = lane + 32 * i;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    if (warp) return;
+    if (!lane) {
+        const double sum = total;
+        for (int k = 0; k < K; k++) wk[k] = __double2float_rn(__ddiv_rn((double)sc[ids[k]], sum));
+        if (p.norm) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++) s = __fadd_rn(s, wk[k]);
+            for (int k = 0; k < K; k++) wk[k] = __fdiv_rn(wk[k], s);
+        }
+    }
+    __syncwarp();
+    route_tables(p, ids, wk, lane);
+}
+static int64_t g_route_fast, g_moe_down_sh;
+extern "C" int64_t df_cuda_moe_down_sh_launches(void) { return g_moe_down_sh; }
+extern "C" int64_t df_cuda_route_fast_launches(void) { return g_route_fast; }
+/* the weights, and the job tables of the two product launches (one warp) */
+static __device__ void route_tables(const RouteK &p, const int *ids, const float *wk, int lane) {
+    const int K = p.k;
     for (int j = lane; j < K; j += 32) {
         const int e = ids[j];
         p.w[j] = wk[j];
@@ -693,19 +918,19 @@ __global__ void __launch_bounds__(32) k_route_fused(const __grid_constant__ Rout
         u->w = p.tab[3 * e + 1], u->x = p.x, u->y = p.u + (size_t)j * p.I, u->vec = p.vec_gu, u->wk = p.wk_gu, u->blk0 = (unsigned)(2 * j + 1) * p.nb_gu;
         dn->w = p.tab[3 * e + 2], dn->x = p.g + (size_t)j * p.I, dn->y = p.d + (size_t)j * p.D, dn->vec = p.vec_dn, dn->wk = p.wk_dn, dn->blk0 = (unsigned)j * p.nb_dn;
     }
-    if (!lane) p.fd->gu.nj = 2 * K, p.fd->gu.n = 1, p.fd->gu.t0 = 0, p.fd->dn.nj = K, p.fd->dn.n = 1, p.fd->dn.t0 = 0;
+    if (!lane) p.fd->gu.nj = 2 * K, p.fd->gu.n = 1, p.fd->gu.t0 = 0, p.fd->gu.pf = 0, p.fd->dn.nj = K, p.fd->dn.n = 1, p.fd->dn.t0 = 0, p.fd->dn.pf = 0;
 }
 template <int MJ, int U> static void mm_launch_dev(const MmBatchT<MJ> *b, int vec, unsigned blocks) {
     const dim3 grid(blocks, 1), th(MM_WARPS * 32);
     switch (vec) {
-    case V_F32: k_mm_dev<V_F32, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
-    case V_F16: k_mm_dev<V_F16, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
-    case V_BF16: k_mm_dev<V_BF16, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
-    case V_FP8: k_mm_dev<V_FP8, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
-    case V_INT4: k_mm_dev<V_INT4, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
-    case V_I8ROW: k_mm_dev<V_I8ROW, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
-    case V_MXFP4: k_mm_dev<V_MXFP4, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
-    default: k_mm_dev<V_GENERIC, 1, MM_WARPS, MJ, U><<<grid, th>>>(b); break;
+    case V_F32: launch_k(k_mm_dev<V_F32, 1, MM_WARPS, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_F16: launch_k(k_mm_dev<V_F16, 1, MM_WARPS, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_BF16: launch_k(k_mm_dev<V_BF16, 1, MM_WARPS, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_FP8: launch_k(k_mm_dev<V_FP8, 1, MM_WARPS, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_INT4: launch_k(k_mm_dev<V_INT4, 1, MM_WARPS, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_I8ROW: launch_k(k_mm_dev<V_I8ROW, 1, MM_WARPS, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    case V_MXFP4: launch_k(k_mm_dev<V_MXFP4, 1, MM_WARPS, MJ, U>, dim3(grid), dim3(th), 0, b); break;
+    default: launch_k(k_mm_dev<V_GENERIC, 1, MM_WARPS, MJ, U>, dim3(grid), dim3(th), 0, b); break;
     }
     post("moe_fused");
     g_mm_launches++;
@@ -750,7 +975,8 @@ int g_moe_fused(const df_moe_fused_args *a) {
     const size_t smem = (size_t)3 * E * sizeof(float) + (size_t)(p.G > 0 ? p.G : 1) * sizeof(float) + (size_t)E + (size_t)(p.G > 0 ? p.G : 1) + 16;
     {
         ProfScope ps("moe_fused.route");
-        k_route_fused<<<1, 32, smem>>>(p);
+        if ((lean_mask() & 64) && p.kind == DF_ROUTE_SOFTMAX_TOPK && E <= 32 * RS_V) launch_k(k_route_soft, dim3(1), dim3(64), 0, p), g_route_fast++;
+        else launch_k(k_route_fused, dim3(1), dim3(32), smem, p);
         post("moe_fused");
         g_moe_launches++;
     }
@@ -776,8 +1002,25 @@ int g_moe_fused(const df_moe_fused_args *a) {
         const unsigned nb = (unsigned)((D + MM_R - 1) / MM_R);
         const float *wr = DCP(r->w);
         float *out = DP(a->out);
+        /* bit 128: the gate once per block into shared memory (K x I floats within the default 48 KiB), 2 row groups per block */
+        const size_t shb = (size_t)K * I * sizeof(float);
+        if ((lean_mask() & 128) && shb <= 48 * 1024 && !(I % 4) && vec_dn != V_GENERIC) {
+            const unsigned nb2 = (nb + 1) / 2;
+            switch (vec_dn) {
+#define MOE_DOWN_SH(VV) u == 4 ? launch_k(k_moe_down_sh<VV, 4, 2>, dim3(nb2), dim3(32 * K), shb, &p.fd->dn, K, I, ga, wr, out) : u == 2 ? launch_k(k_moe_down_sh<VV, 2, 2>, dim3(nb2), dim3(32 * K), shb, &p.fd->dn, K, I, ga, wr, out) : launch_k(k_moe_down_sh<VV, 1, 2>, dim3(nb2), dim3(32 * K), shb, &p.fd->dn, K, I, ga, wr, out)
+            case V_F32: MOE_DOWN_SH(V_F32); break;
+            case V_F16: MOE_DOWN_SH(V_F16); break;
+            case V_BF16: MOE_DOWN_SH(V_BF16); break;
+            case V_FP8: MOE_DOWN_SH(V_FP8); break;
+            case V_INT4: MOE_DOWN_SH(V_INT4); break;
+            case V_I8ROW: MOE_DOWN_SH(V_I8ROW); break;
+            default: MOE_DOWN_SH(V_MXFP4); break;
+#undef MOE_DOWN_SH
+            }
+            g_moe_down_sh++;
+        } else
         switch (vec_dn) {
-#define MOE_DOWN(VV) u == 4 ? k_moe_down<VV, 4><<<nb, 32 * K>>>(&p.fd->dn, K, ga, wr, out) : u == 2 ? k_moe_down<VV, 2><<<nb, 32 * K>>>(&p.fd->dn, K, ga, wr, out) : k_moe_down<VV, 1><<<nb, 32 * K>>>(&p.fd->dn, K, ga, wr, out)
+#define MOE_DOWN(VV) u == 4 ? launch_k(k_moe_down<VV, 4>, dim3(nb), dim3(32 * K), 0, &p.fd->dn, K, ga, wr, out) : u == 2 ? launch_k(k_moe_down<VV, 2>, dim3(nb), dim3(32 * K), 0, &p.fd->dn, K, ga, wr, out) : launch_k(k_moe_down<VV, 1>, dim3(nb), dim3(32 * K), 0, &p.fd->dn, K, ga, wr, out)
         case V_F32: MOE_DOWN(V_F32); break;
         case V_F16: MOE_DOWN(V_F16); break;
         case V_BF16: MOE_DOWN(V_BF16); break;
@@ -785,7 +1028,7 @@ int g_moe_fused(const df_moe_fused_args *a) {
         case V_INT4: MOE_DOWN(V_INT4); break;
         case V_I8ROW: MOE_DOWN(V_I8ROW); break;
         case V_MXFP4: MOE_DOWN(V_MXFP4); break;
-        default: k_moe_down<V_GENERIC, 1><<<nb, 32 * K>>>(&p.fd->dn, K, ga, wr, out); break;
+        default: launch_k(k_moe_down<V_GENERIC, 1>, dim3(nb), dim3(32 * K), 0, &p.fd->dn, K, ga, wr, out); break;
 #undef MOE_DOWN
         }
         post("moe_fused");

@@ -44,7 +44,7 @@ static int chunk_tokens(int n, int heads, int pos0) {
  * step has few blocks (one per head), so it runs 512 threads per block: the loads in flight per SM, not the
  * bandwidth, bound it (a 128-thread block read its head's cache at about 2.5 GB/s). */
 template <int TH>
-__global__ void __launch_bounds__(TH) k_attn_gqa(df_attn_gqa_args a, float *scores, int vec) {
+__global__ void __launch_bounds__(TH) k_attn_gqa(df_attn_gqa_args a, float *scores, int vec) { pdl_entry();
     const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, hd = a.head_dim, kvh = h / (NH / a.n_kv_heads), T = a.pos0 + a.n;
     const int len = a.pos0 + t + 1;
     const size_t kdim = (size_t)a.n_kv_heads * hd;
@@ -220,8 +220,30 @@ static __device__ __forceinline__ void attn_split_block(const df_attn_gqa_args &
     }
     if (!threadIdx.x) P[0] = m, P[1] = (float)l;
 }
+/* Round 7 (DELTAFIN_CUDA_LEAN bit 32): before the wait, a split block asks L2 for its chunk's key and value rows
+ * (128-byte lines), so a launch that starts early finds the cache there: prefetch.global.L2 fills no L1 line,
+ * and L2 stays coherent with the kernel before it that writes the newest position (the reads come after the wait) */
+static __device__ __forceinline__ void attn_prefetch(const df_attn_gqa_args &a, int ch) {
+    const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z, hd = a.head_dim, kvh = h / (a.n_heads / a.n_kv_heads);
+    const int len = a.pos0 + t + 1, j0 = z * ch, cnt = len - j0 < ch ? len - j0 : ch;
+    if (cnt <= 0) return;
+    const size_t kdim = (size_t)a.n_kv_heads * hd, rb = (size_t)hd * sizeof(float), lines = (rb + 127) / 128;
+    const char *kc = (const char *)(DCP(a.kv) + (size_t)kvh * hd + (size_t)j0 * 2 * kdim);
+    for (size_t i = threadIdx.x; i < (size_t)cnt * 2 * lines; i += AT_TH) {
+        const size_t row = i / lines, l = i % lines; /* row 2j: position j's key, 2j + 1 its value */
+        const char *p = kc + (row >> 1) * 2 * kdim * sizeof(float) + (row & 1) * kdim * sizeof(float) + l * 128;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+    }
+}
 template <int PR>
-__global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, float *part, int S, int vec, int ch) { attn_split_block<PR>(a, part, S, vec, ch); }
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_split(df_attn_gqa_args a, float *part, int S, int vec, int ch) {
+    pdl_go();
+    attn_prefetch(a, ch);
+    pdl_wait();
+    attn_split_block<PR>(a, part, S, vec, ch);
+}
 /* the combine of head h, token t (a block of AT_TH threads); the parts are read from L2 (__ldcg): in the
  * fused kernel other blocks wrote them */
 #define AS_MAXS 256 /* par: parts combined from shared memory (longer caches take the serial loop) */
@@ -275,11 +297,14 @@ static __device__ __forceinline__ void attn_combine_head(const df_attn_gqa_args 
         out[d] = o * inv;
     }
 }
-__global__ void __launch_bounds__(AT_TH) k_attn_gqa_combine(df_attn_gqa_args a, const float *part, int S, int par, int ch) { attn_combine_head(a, part, S, blockIdx.x, blockIdx.y, par, ch); }
+__global__ void __launch_bounds__(AT_TH) k_attn_gqa_combine(df_attn_gqa_args a, const float *part, int S, int par, int ch) { pdl_entry(); attn_combine_head(a, part, S, blockIdx.x, blockIdx.y, par, ch); }
 /* split and combine in ONE launch: the last of a (head, token)'s S blocks to finish (a counter per pair,
  * which that block sets back to 0) combines them, with the combine kernel's arithmetic: the same bits. */
 template <int PR>
 __global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, float *part, int S, int vec, unsigned *counts, int par, int ch) {
+    pdl_go();
+    attn_prefetch(a, ch);
+    pdl_wait();
     attn_split_block<PR>(a, part, S, vec, ch);
     __shared__ int last;
     __threadfence(); /* this block's parts are visible device-wide before it counts itself */
@@ -334,22 +359,22 @@ void g_attn_gqa(const df_attn_gqa_args *a) {
             }
             const int par = (lean_mask() & 16) != 0; /* opt-in: measured slower on the H200 (round 6) */
             const dim3 sg((unsigned)c.n_heads, (unsigned)c.n, (unsigned)S);
-            if (cnt && par) k_attn_gqa_fused<1><<<sg, AT_TH>>>(c, part, S, vec, cnt, par, ch);
-            else if (cnt) k_attn_gqa_fused<0><<<sg, AT_TH>>>(c, part, S, vec, cnt, par, ch);
+            if (cnt && par) launch_k(k_attn_gqa_fused<1>, dim3(sg), dim3(AT_TH), 0, c, part, S, vec, cnt, par, ch);
+            else if (cnt) launch_k(k_attn_gqa_fused<0>, dim3(sg), dim3(AT_TH), 0, c, part, S, vec, cnt, par, ch);
             else {
-                if (par) k_attn_gqa_split<1><<<sg, AT_TH>>>(c, part, S, vec, ch);
-                else k_attn_gqa_split<0><<<sg, AT_TH>>>(c, part, S, vec, ch);
+                if (par) launch_k(k_attn_gqa_split<1>, dim3(sg), dim3(AT_TH), 0, c, part, S, vec, ch);
+                else launch_k(k_attn_gqa_split<0>, dim3(sg), dim3(AT_TH), 0, c, part, S, vec, ch);
                 post("attn_gqa");
-                k_attn_gqa_combine<<<grid, AT_TH>>>(c, part, S, par, ch);
+                launch_k(k_attn_gqa_combine, dim3(grid), dim3(AT_TH), 0, c, part, S, par, ch);
             }
-        } else if ((size_t)c.n * c.n_heads < 512) k_attn_gqa<512><<<grid, 512>>>(c, sc, vec);
-        else k_attn_gqa<AT_TH><<<grid, AT_TH>>>(c, sc, vec);
+        } else if ((size_t)c.n * c.n_heads < 512) launch_k(k_attn_gqa<512>, dim3(grid), dim3(512), 0, c, sc, vec);
+        else launch_k(k_attn_gqa<AT_TH>, dim3(grid), dim3(AT_TH), 0, c, sc, vec);
         post("attn_gqa");
     }
 }
 
 /* block (h, t); shared: q [nope + rope], qlat [R], olat [R] */
-__global__ void __launch_bounds__(AT_TH) k_attn_mla(df_attn_mla_args a, DW kvb, DW kb, DW vb, int split_k, int split_v, float *scores) {
+__global__ void __launch_bounds__(AT_TH) k_attn_mla(df_attn_mla_args a, DW kvb, DW kb, DW vb, int split_k, int split_v, float *scores) { pdl_entry();
     extern __shared__ float sh[];
     const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, nope = a.nope, rope = a.rope, R = a.kv_lora, vd = a.v_dim;
     const int T = a.pos0 + a.n, len = a.pos0 + t + 1;
@@ -416,13 +441,13 @@ void g_attn_mla(const df_attn_mla_args *a) {
         const size_t T = (size_t)c.pos0 + c.n;
         float *sc = (float *)slot(S_SCORES, (size_t)c.n * c.n_heads * T * sizeof(float), "attn_mla");
         if (!sc) return;
-        k_attn_mla<<<dim3((unsigned)c.n_heads, (unsigned)c.n), AT_TH, shb>>>(c, kvb, kb, vb, split_k, split_v, sc);
+        launch_k(k_attn_mla, dim3(dim3((unsigned)c.n_heads, (unsigned)c.n)), dim3(AT_TH), shb, c, kvb, kb, vb, split_k, split_v, sc);
         post("attn_mla");
     }
 }
 
 /* ---- rows ------------------------------------------------------------------------------- */
-__global__ void k_rmsnorm(float *out, size_t os, const float *x, size_t xs, const float *g, int rows, int n, float eps) {
+__global__ void k_rmsnorm(float *out, size_t os, const float *x, size_t xs, const float *g, int rows, int n, float eps) { pdl_entry();
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *xr = x + (size_t)r * xs;
         float *o = out + (size_t)r * os;
@@ -446,11 +471,11 @@ void g_rmsnorm(df_act *out, size_t os, const df_act *x, size_t xs, const float *
         const unsigned want = ((unsigned)((cols + 1) / 2) + 31u) / 32u * 32u;
         th = want > 1024u ? 1024u : want < 32u ? 32u : want;
     }
-    k_rmsnorm<<<rows < 65535 ? rows : 65535, th>>>(DP(out), os, DCP(x), xs, dg, rows, cols, eps);
+    launch_k(k_rmsnorm, dim3(rows < 65535 ? rows : 65535), dim3(th), 0, DP(out), os, DCP(x), xs, dg, rows, cols, eps);
     post("rmsnorm");
 }
 
-__global__ void k_rope_table(float *p, int pos0, int n, const float *inv_freq, int half, float scale) {
+__global__ void k_rope_table(float *p, int pos0, int n, const float *inv_freq, int half, float scale) { pdl_entry();
     const size_t N = (size_t)n * half;
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < N; k += (size_t)gridDim.x * blockDim.x) {
         const int t = (int)(k / half), i = (int)(k % half);
@@ -465,11 +490,11 @@ void g_rope_table(df_act *cs, int pos0, int n, const float *inv_freq, int half, 
     const float *di = param(inv_freq, (size_t)half, S_P0, "rope_table");
     if (!di) return;
     const size_t N = (size_t)n * half;
-    k_rope_table<<<blocks_for(N, 256), 256>>>(DP(cs), pos0, n, di, half, scale);
+    launch_k(k_rope_table, dim3(blocks_for(N, 256)), dim3(256), 0, DP(cs), pos0, n, di, half, scale);
     post("rope_table");
 }
 
-__global__ void k_rope(float *x, int n, int nh, size_t ts, size_t hs, int dim, const float *cs, int interleaved) {
+__global__ void k_rope(float *x, int n, int nh, size_t ts, size_t hs, int dim, const float *cs, int interleaved) { pdl_entry();
     const int half = dim / 2;
     const size_t N = (size_t)n * nh * half;
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < N; k += (size_t)gridDim.x * blockDim.x) {
@@ -487,41 +512,41 @@ void g_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_ac
     PROF_SCOPE();
     if (n <= 0 || nh <= 0 || dim < 2) return;
     const size_t N = (size_t)n * nh * (dim / 2);
-    k_rope<<<blocks_for(N, 256), 256>>>(DP(x), n, nh, ts, hs, dim, DCP(cs), interleaved);
+    launch_k(k_rope, dim3(blocks_for(N, 256)), dim3(256), 0, DP(x), n, nh, ts, hs, dim, DCP(cs), interleaved);
     post("rope");
 }
 
 /* ---- element-wise ----------------------------------------------------------------------- */
 #define GRID_LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
-__global__ void k_add(float *y, const float *x, size_t n) { GRID_LOOP(i, n) y[i] += x[i]; }
-__global__ void k_add_bias(float *y, const float *b, size_t n, int cols) { GRID_LOOP(i, n) y[i] += b[i % cols]; }
-__global__ void k_axpy(float *y, float a, const float *x, size_t n) { GRID_LOOP(i, n) y[i] += a * x[i]; }
-__global__ void k_scale(float *y, float a, size_t n) { GRID_LOOP(i, n) y[i] *= a; }
-__global__ void k_sigmoid(float *y, size_t n) { GRID_LOOP(i, n) y[i] = d_sigm(y[i]); }
-__global__ void k_gate(float *o, const float *g, const float *u, size_t n, int kind, float p0, float p1) {
+__global__ void k_add(float *y, const float *x, size_t n) { pdl_entry(); GRID_LOOP(i, n) y[i] += x[i]; }
+__global__ void k_add_bias(float *y, const float *b, size_t n, int cols) { pdl_entry(); GRID_LOOP(i, n) y[i] += b[i % cols]; }
+__global__ void k_axpy(float *y, float a, const float *x, size_t n) { pdl_entry(); GRID_LOOP(i, n) y[i] += a * x[i]; }
+__global__ void k_scale(float *y, float a, size_t n) { pdl_entry(); GRID_LOOP(i, n) y[i] *= a; }
+__global__ void k_sigmoid(float *y, size_t n) { pdl_entry(); GRID_LOOP(i, n) y[i] = d_sigm(y[i]); }
+__global__ void k_gate(float *o, const float *g, const float *u, size_t n, int kind, float p0, float p1) { pdl_entry();
     GRID_LOOP(i, n) o[i] = gate_apply(kind, g[i], u[i], p0, p1);
 }
-void g_add(df_act *y, const df_act *x, size_t n) { PROF_SCOPE(); if (n) k_add<<<blocks_for(n, 256), 256>>>(DP(y), DCP(x), n), post("add"); }
+void g_add(df_act *y, const df_act *x, size_t n) { PROF_SCOPE(); if (n) launch_k(k_add, dim3(blocks_for(n, 256)), dim3(256), 0, DP(y), DCP(x), n), post("add"); }
 void g_add_bias(df_act *y, const float *b, int rows, int cols) {
     LOCK();
     if (rows <= 0 || cols <= 0) return;
     const float *db = param(b, (size_t)cols, S_P0, "add_bias");
     if (!db) return;
     const size_t n = (size_t)rows * cols;
-    k_add_bias<<<blocks_for(n, 256), 256>>>(DP(y), db, n, cols);
+    launch_k(k_add_bias, dim3(blocks_for(n, 256)), dim3(256), 0, DP(y), db, n, cols);
     post("add_bias");
 }
-void g_axpy(df_act *y, float a, const df_act *x, size_t n) { if (n) k_axpy<<<blocks_for(n, 256), 256>>>(DP(y), a, DCP(x), n), post("axpy"); }
-void g_scale(df_act *y, float a, size_t n) { if (n) k_scale<<<blocks_for(n, 256), 256>>>(DP(y), a, n), post("scale"); }
-void g_sigmoid(df_act *x, size_t n) { if (n) k_sigmoid<<<blocks_for(n, 256), 256>>>(DP(x), n), post("sigmoid"); }
+void g_axpy(df_act *y, float a, const df_act *x, size_t n) { if (n) launch_k(k_axpy, dim3(blocks_for(n, 256)), dim3(256), 0, DP(y), a, DCP(x), n), post("axpy"); }
+void g_scale(df_act *y, float a, size_t n) { if (n) launch_k(k_scale, dim3(blocks_for(n, 256)), dim3(256), 0, DP(y), a, n), post("scale"); }
+void g_sigmoid(df_act *x, size_t n) { if (n) launch_k(k_sigmoid, dim3(blocks_for(n, 256)), dim3(256), 0, DP(x), n), post("sigmoid"); }
 void g_gate(df_act *out, const df_act *g, const df_act *u, size_t n, df_gate_kind kind, float p0, float p1) {
     if (!n || kind < 0 || kind >= DF_GATE_N) return;
-    k_gate<<<blocks_for(n, 256), 256>>>(DP(out), DCP(g), DCP(u), n, (int)kind, p0, p1);
+    launch_k(k_gate, dim3(blocks_for(n, 256)), dim3(256), 0, DP(out), DCP(g), DCP(u), n, (int)kind, p0, p1);
     post("gate");
 }
 
-__global__ void k_l2norm(float *x, int rows, int cols, float eps, float scale) {
+__global__ void k_l2norm(float *x, int rows, int cols, float eps, float scale) { pdl_entry();
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
         float *v = x + (size_t)r * cols, ss = 0.0f;
         for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += v[i] * v[i];
@@ -533,12 +558,12 @@ __global__ void k_l2norm(float *x, int rows, int cols, float eps, float scale) {
 }
 void g_l2norm(df_act *x, int rows, int cols, float eps, float scale) {
     if (rows <= 0 || cols <= 0) return;
-    k_l2norm<<<rows < 65535 ? rows : 65535, 128>>>(DP(x), rows, cols, eps, scale);
+    launch_k(k_l2norm, dim3(rows < 65535 ? rows : 65535), dim3(128), 0, DP(x), rows, cols, eps, scale);
     post("l2norm");
 }
 
 /* block per token */
-__global__ void k_attn_res(df_attn_res_args a, const float *nw, const float *pw) {
+__global__ void k_attn_res(df_attn_res_args a, const float *nw, const float *pw) { pdl_entry();
     __shared__ float sc[1 + DF_ATTN_RES_MAX_BLOCKS];
     __shared__ float total;
     const int h = a.h, nb = a.nb;
@@ -583,7 +608,7 @@ void g_attn_res(const df_attn_res_args *a) {
     }
     const float *nw = param(a->norm_w, (size_t)a->h, S_P0, "attn_res"), *pw = param(a->proj_w, (size_t)a->h, S_P1, "attn_res");
     if (!nw || !pw) return;
-    k_attn_res<<<a->n < 65535 ? a->n : 65535, 128>>>(*a, nw, pw);
+    launch_k(k_attn_res, dim3(a->n < 65535 ? a->n : 65535), dim3(128), 0, *a, nw, pw);
     post("attn_res");
 }
 
@@ -626,7 +651,7 @@ void g_route(const df_route_args *a) {
     if (a->w) CK("route", cudaMemcpyAsync(a->w, w, nw * sizeof(float), cudaMemcpyHostToDevice, 0));
 }
 
-__global__ void k_moe_combine(float *out, const float *x, const float *w, int n, int k, int cols) {
+__global__ void k_moe_combine(float *out, const float *x, const float *w, int n, int k, int cols) { pdl_entry();
     const size_t N = (size_t)n * cols;
     GRID_LOOP(i, N) {
         const size_t t = i / cols, c = i % cols;
@@ -639,13 +664,13 @@ void g_moe_combine(df_act *out, const df_act *x, const df_act *w, int n, int k, 
     PROF_SCOPE();
     if (n <= 0 || cols <= 0) return;
     const size_t N = (size_t)n * cols;
-    k_moe_combine<<<blocks_for(N, 256), 256>>>(DP(out), DCP(x), DCP(w), n, k, cols);
+    launch_k(k_moe_combine, dim3(blocks_for(N, 256)), dim3(256), 0, DP(out), DCP(x), DCP(w), n, k, cols);
     post("moe_combine");
 }
 
 /* ---- recurrent mixers ------------------------------------------------------------------- */
 /* thread per channel, tokens in order (as the CPU loop) */
-__global__ void k_conv1d(df_conv1d_args a, const float *wt, const float *bias) {
+__global__ void k_conv1d(df_conv1d_args a, const float *wt, const float *bias) { pdl_entry();
     const int C = a.C, W = a.W, n = a.n, M = W - 1;
     const float *x = DCP(a.x);
     float *y = DP(a.y), *st = DP(a.state);
@@ -676,12 +701,12 @@ void g_causal_conv1d(const df_conv1d_args *a) {
     if (a->n <= 0 || a->C <= 0 || a->W <= 0) return;
     const float *wt = param(a->w, (size_t)a->C * a->W, S_P0, "causal_conv1d"), *b = param(a->bias, (size_t)a->C, S_P1, "causal_conv1d");
     if (!wt || (a->bias && !b)) return;
-    k_conv1d<<<blocks_for((size_t)a->C, 128), 128>>>(*a, wt, b);
+    launch_k(k_conv1d, dim3(blocks_for((size_t)a->C, 128)), dim3(128), 0, *a, wt, b);
     post("causal_conv1d");
 }
 
 /* block per head; thread j owns column j of S (S[i][j] for every key channel i) */
-__global__ void k_kda_scan(df_kda_args a) {
+__global__ void k_kda_scan(df_kda_args a) { pdl_entry();
     const int h = blockIdx.x, dk = a.dk, dv = a.dv, nh = a.nh;
     float *S = DP(a.S) + (size_t)h * dk * dv;
     for (int j = threadIdx.x; j < dv; j += blockDim.x)
@@ -709,12 +734,12 @@ void g_kda_scan(const df_kda_args *a) {
     if (a->n <= 0 || a->nh <= 0) return;
     int th = (a->dv + 31) / 32 * 32;
     if (th > 256) th = 256;
-    k_kda_scan<<<(unsigned)a->nh, th>>>(*a);
+    launch_k(k_kda_scan, dim3((unsigned)a->nh), dim3(th), 0, *a);
     post("kda_scan");
 }
 
 __device__ __forceinline__ float d_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-__global__ void k_kda_gate(df_kda_gate_args a, const float *A_log, const float *dt_bias) {
+__global__ void k_kda_gate(df_kda_gate_args a, const float *A_log, const float *dt_bias) { pdl_entry();
     const size_t N = (size_t)a.n * a.nh * a.d;
     GRID_LOOP(o, N) {
         const int h = (int)((o / a.d) % a.nh), i = (int)(o % a.d);
@@ -728,7 +753,7 @@ void g_kda_gate(const df_kda_gate_args *a) {
     const float *al = param(a->A_log, (size_t)a->nh, S_P0, "kda_gate"), *dt = param(a->dt_bias, (size_t)a->nh * a->d, S_P1, "kda_gate");
     if (!al || !dt) return;
     const size_t N = (size_t)a->n * a->nh * a->d;
-    k_kda_gate<<<blocks_for(N, 256), 256>>>(*a, al, dt);
+    launch_k(k_kda_gate, dim3(blocks_for(N, 256)), dim3(256), 0, *a, al, dt);
     post("kda_gate");
 }
 
