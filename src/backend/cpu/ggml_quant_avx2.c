@@ -308,7 +308,8 @@ GEN(q6_k, 256, 210)
  * Per block the integer codes q are converted to f32 and multiplied by f32
  * x; the block scale multiplies the block's partial sum once, and the
  * offset/min terms use the sums of x prepared once per x (px_prep):
- *   Q4_0/Q5_0: d * (sum q x) + d * (-8 | -16) * S32
+ *   Q4_0:      d * (sum q x) + d * -8 * S32
+ *   Q5_0:      d * (sum (q - 16) x)               (nothing prepared)
  *   Q4_1/Q5_1: d * (sum q x) + m * S32
  *   Q8_0:      d * (sum q x)                       (nothing prepared)
  *   Q4_K/Q5_K: sum_sb (d*sc_sb) * (sum q x) - sum_sb (dmin*m_sb) * S32_sb
@@ -349,7 +350,6 @@ static inline void prep_off(const float *x, int64_t n, float *aux, float c, int 
     }
 }
 static void prep_q4_0(const float *x, int64_t n, float *aux) { prep_off(x, n, aux, -8.0f, 0); }
-static void prep_q5_0(const float *x, int64_t n, float *aux) { prep_off(x, n, aux, -16.0f, 0); }
 static void prep_q4_1(const float *x, int64_t n, float *aux) { prep_off(x, n, aux, 1.0f, 1); }
 static void prep_none(const float *x, int64_t n, float *aux) { (void)x, (void)n, (void)aux; }
 /* aux[j] = S32_j for every 32 weights (Q4_K/Q5_K sub-blocks). */
@@ -390,38 +390,44 @@ static inline void bx_q4_1(const uint8_t *b, const float *xb, const float *ab, p
     s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), t, s->a);
     s->m = _mm_fmadd_ps(dm, _mm_loadu_ps(ab), s->m);
 }
-/* Q5 codes of a 32-block in element order, built on bytes: low nibbles
- * (elements 0..15) and high nibbles (16..31) side by side, bit e of qh
- * expanded to 0x10 in byte e (broadcast, byte shuffle, test against the
- * bit's mask); widened to dwords 8 at a time. */
-static inline void q5_codes(const uint8_t *qhp, const uint8_t *qs, __m256i *q) {
+/* Q5 codes of a 32-block in element order, built on bytes and widened
+ * from memory (the cheapest widening: one load-and-extend per 8 codes).
+ * Low nibbles (elements 0..15) and high nibbles (16..31) side by side: the
+ * 16 code bytes broadcast to both 128-bit lanes, the upper lane shifted by
+ * 4. Bit e of qh expanded to byte e (broadcast, byte shuffle, test against
+ * the bit's mask). Q5_0 (SIGNED) builds q - 16 directly: a clear bit gives
+ * 0xf0, so nibble | 0xf0 = nibble - 16 as a signed byte and a set bit leaves
+ * the nibble; no offset term. Q5_1 builds q = nibble | 0x10 * bit. The 32
+ * bytes go to c[], which the caller widens with pmov[sz]xbd from memory. */
+static inline __attribute__((always_inline)) void q5_bytes(const uint8_t *qhp, const uint8_t *qs, int sgn, uint8_t *c) {
     const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
                                          3, 3, 3, 3, 3, 3);
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     uint32_t qh;
     memcpy(&qh, qhp, 4);
-    __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel);
-    hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), _mm256_set1_epi8(16));
-    __m128i v = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(15);
-    __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-    __m256i c = _mm256_or_si256(nib, hb);
-    __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
-    q[0] = _mm256_cvtepu8_epi32(c0), q[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8));
-    q[2] = _mm256_cvtepu8_epi32(c1), q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8));
+    __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bit);
+    __m256i hb = sgn ? _mm256_andnot_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8((char)0xf0))
+                     : _mm256_and_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8(16));
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    __m256i nib = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
+    _mm256_store_si256((__m256i *)c, _mm256_or_si256(nib, hb));
+    /* keep the store and the widening loads (else the compiler widens from
+     * the register: three more shuffles) */
+    __asm__("" : "+m"(*(uint8_t(*)[32])c));
 }
 static inline void bx_q5_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
-    __m128 d = ph1(b);
-    __m256i q[4];
-    q5_codes(b + 2, b + 6, q);
-    __m256 t = dot32(q[0], q[1], q[2], q[3], xb);
-    s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), t, s->a);
-    s->m = _mm_fmadd_ps(d, _mm_loadu_ps(ab), s->m);
+    (void)ab;
+    __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)(b[0] | b[1] << 8)));
+    _Alignas(32) uint8_t c[32];
+    q5_bytes(b + 2, b + 6, 1, c);
+    __m256 t = dot32(i8x8(c), i8x8(c + 8), i8x8(c + 16), i8x8(c + 24), xb);
+    s->a = _mm256_fmadd_ps(d, t, s->a);
 }
 static inline void bx_q5_1(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     __m128 dm = ph2(b);
-    __m256i q[4];
-    q5_codes(b + 4, b + 8, q);
-    __m256 t = dot32(q[0], q[1], q[2], q[3], xb);
+    _Alignas(32) uint8_t c[32];
+    q5_bytes(b + 4, b + 8, 0, c);
+    __m256 t = dot32(u8x8(c), u8x8(c + 8), u8x8(c + 16), u8x8(c + 24), xb);
     s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), t, s->a);
     s->m = _mm_fmadd_ps(dm, _mm_loadu_ps(ab), s->m);
 }
@@ -579,7 +585,7 @@ static inline pxs pxs0(void) { return (pxs){_mm256_setzero_ps(), _mm_setzero_ps(
 
 GEN_PX(q4_0, 32, 18, 4, 0, prep_q4_0)
 GEN_PX(q4_1, 32, 20, 4, 1, prep_q4_1)
-GEN_PX(q5_0, 32, 22, 4, 0, prep_q5_0)
+GEN_PX(q5_0, 32, 22, 0, -1, prep_none)
 GEN_PX(q5_1, 32, 24, 4, 1, prep_q4_1)
 GEN_PX(q8_0, 32, 34, 0, -1, prep_none)
 GEN_PX(q4_k, 256, 144, 8, -1, prep_s32)
