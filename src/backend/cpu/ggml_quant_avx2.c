@@ -330,10 +330,10 @@ static inline __m128 ph2(const uint8_t *p) {
     memcpy(&u, p, 4);
     return _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
 }
-static inline __m128 ph1(const uint8_t *p) {
-    uint16_t u;
-    memcpy(&u, p, 2);
-    return _mm_cvtph_ps(_mm_cvtsi32_si128(u));
+/* the f16 at p in all 8 lanes: a broadcast load and one conversion (the
+ * same value as converting it once and broadcasting the float) */
+static inline __m256 ph1x8(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)(p[0] | p[1] << 8)));
 }
 
 static inline float hsum8(const float *x) {
@@ -377,11 +377,11 @@ static inline __m256 dot32(__m256i q0, __m256i q1, __m256i q2, __m256i q3, const
 }
 
 static inline void bx_q4_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
-    __m128 d = ph1(b);
+    __m256 d = ph1x8(b);
     __m256i q0 = u8x8(b + 2), q1 = u8x8(b + 10);
     __m256 t = dot32(and15(q0), and15(q1), hi4(q0), hi4(q1), xb);
-    s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), t, s->a);
-    s->m = _mm_fmadd_ps(d, _mm_loadu_ps(ab), s->m);
+    s->a = _mm256_fmadd_ps(d, t, s->a);
+    s->m = _mm_fmadd_ps(_mm256_castps256_ps128(d), _mm_loadu_ps(ab), s->m);
 }
 static inline void bx_q4_1(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     __m128 dm = ph2(b);
@@ -417,7 +417,7 @@ static inline __attribute__((always_inline)) void q5_bytes(const uint8_t *qhp, c
 }
 static inline void bx_q5_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     (void)ab;
-    __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)(b[0] | b[1] << 8)));
+    __m256 d = ph1x8(b);
     _Alignas(32) uint8_t c[32];
     q5_bytes(b + 2, b + 6, 1, c);
     __m256 t = dot32(i8x8(c), i8x8(c + 8), i8x8(c + 16), i8x8(c + 24), xb);
@@ -433,9 +433,9 @@ static inline void bx_q5_1(const uint8_t *b, const float *xb, const float *ab, p
 }
 static inline void bx_q8_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     (void)ab;
-    __m128 d = ph1(b);
+    __m256 d = ph1x8(b);
     __m256 t = dot32(i8x8(b + 2), i8x8(b + 10), i8x8(b + 18), i8x8(b + 26), xb);
-    s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), t, s->a);
+    s->a = _mm256_fmadd_ps(d, t, s->a);
 }
 
 /* Q4_K: 32-byte chunk c holds sub-blocks 2c (low nibbles) and 2c+1 (high). */
