@@ -13,8 +13,14 @@
  *
  *  - --float-decode: BF16/F16/FP8/F32 decode at rows of 576, 2048 and 7168,
  *    each run interleaved with a floor pass (float_decode below).
+ *  - --px TYPE ROWS COLS: one prepared-x decode product (df_ggml_px_init +
+ *    df_ggml_px_dot) of a GGML type id over ROWS x COLS random blocks, for
+ *    callgrind: `valgrind --tool=callgrind --toggle-collect=df_ggml_px_dot
+ *    kernel_bench --px 6 512 1536` minus the same with 256 rows, divided by
+ *    256 x 1536, is the kernel's instructions per weight (load-free).
  *
  * Usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P]] [--isa scalar|avx2|avx512]
+ *        kernel_bench --px TYPE ROWS COLS
  * Prints one JSON object. Not a timed test: numbers swing with load. */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/floors.h"
@@ -164,7 +170,39 @@ static void float_decode(int quick, int pairs) {
     printf("]}\n");
 }
 
+/* --px: random code bytes with f16 scales in [2^-4, 2^-3) (Q6_K: d at byte 208) */
+static int px_once(int type, int64_t rows, int64_t cols) {
+    const df_ggml_traits *t = df_ggml_traits_of(type);
+    if (!t || t->block_elems < 32 || rows < 1 || cols < 1 || cols % t->block_elems) {
+        fprintf(stderr, "kernel_bench --px: expected a GGML block type id and COLS a multiple of its block (type %d, cols %lld)\n", type, (long long)cols);
+        return 2;
+    }
+    const int64_t rb = df_ggml_row_bytes(type, cols), nb = rows * (cols / t->block_elems);
+    uint8_t *w = df_aligned_alloc((size_t)(rb * rows));
+    for (int64_t i = 0; i < rb * rows; i++) w[i] = (uint8_t)rnd();
+    const int doff = type == 14 ? 208 : type == 10 ? 80 : type == 11 ? 108 : 0, two = type == 3 || type == 7 || type == 12 || type == 13 || type == 10;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *p = w + b * t->block_bytes + doff;
+        for (int k = 0; k <= two; k++) {
+            uint16_t h = (uint16_t)(0x2c00 + (rnd() & 0x3ff));
+            memcpy(p + 2 * k, &h, 2);
+        }
+    }
+    float *x = df_aligned_alloc((size_t)cols * 4), *y = df_aligned_alloc((size_t)rows * 4);
+    float *aux = df_aligned_alloc(df_ggml_px_floats(type, cols) * 4);
+    for (int64_t i = 0; i < cols; i++) x[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
+    df_ggml_px px;
+    df_ggml_px_init(&px, type, x, cols, aux);
+    df_ggml_px_dot(&px, w, (size_t)rb, rows, y);
+    double s = 0;
+    for (int64_t r = 0; r < rows; r++) s += y[r];
+    printf("{\"px\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"sum\": %.6g}\n", t->name, (long long)rows, (long long)cols, s);
+    free(w), free(x), free(y), free(aux);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "--px")) return px_once(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]));
     int threads = 2, reps = 5, quick = 0, only = 0; /* only: 1 decode, 2 prefill, 3 float decode vs floor */
     int pairs = 5;
     for (int i = 1; i < argc; i++) {
@@ -180,7 +218,8 @@ int main(int argc, char **argv) {
             const char *s = argv[++i];
             df_set_isa(!strcmp(s, "scalar") ? DF_ISA_SCALAR : !strcmp(s, "avx2") ? DF_ISA_AVX2 : DF_ISA_AVX512);
         } else {
-            fprintf(stderr, "usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P]] [--isa scalar|avx2|avx512]\n");
+            fprintf(stderr, "usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P]] [--isa scalar|avx2|avx512]\n"
+                            "       kernel_bench --px TYPE ROWS COLS\n");
             return 2;
         }
     }

@@ -308,7 +308,8 @@ GEN(q6_k, 256, 210)
  * Per block the integer codes q are converted to f32 and multiplied by f32
  * x; the block scale multiplies the block's partial sum once, and the
  * offset/min terms use the sums of x prepared once per x (px_prep):
- *   Q4_0/Q5_0: d * (sum q x) + d * (-8 | -16) * S32
+ *   Q4_0:      d * (sum q x) + d * -8 * S32
+ *   Q5_0:      d * (sum (q - 16) x)               (nothing prepared)
  *   Q4_1/Q5_1: d * (sum q x) + m * S32
  *   Q8_0:      d * (sum q x)                       (nothing prepared)
  *   Q4_K/Q5_K: sum_sb (d*sc_sb) * (sum q x) - sum_sb (dmin*m_sb) * S32_sb
@@ -329,10 +330,10 @@ static inline __m128 ph2(const uint8_t *p) {
     memcpy(&u, p, 4);
     return _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
 }
-static inline __m128 ph1(const uint8_t *p) {
-    uint16_t u;
-    memcpy(&u, p, 2);
-    return _mm_cvtph_ps(_mm_cvtsi32_si128(u));
+/* the f16 at p in all 8 lanes: a broadcast load and one conversion (the
+ * same value as converting it once and broadcasting the float) */
+static inline __m256 ph1x8(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)(p[0] | p[1] << 8)));
 }
 
 static inline float hsum8(const float *x) {
@@ -349,7 +350,6 @@ static inline void prep_off(const float *x, int64_t n, float *aux, float c, int 
     }
 }
 static void prep_q4_0(const float *x, int64_t n, float *aux) { prep_off(x, n, aux, -8.0f, 0); }
-static void prep_q5_0(const float *x, int64_t n, float *aux) { prep_off(x, n, aux, -16.0f, 0); }
 static void prep_q4_1(const float *x, int64_t n, float *aux) { prep_off(x, n, aux, 1.0f, 1); }
 static void prep_none(const float *x, int64_t n, float *aux) { (void)x, (void)n, (void)aux; }
 /* aux[j] = S32_j for every 32 weights (Q4_K/Q5_K sub-blocks). */
@@ -377,11 +377,11 @@ static inline __m256 dot32(__m256i q0, __m256i q1, __m256i q2, __m256i q3, const
 }
 
 static inline void bx_q4_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
-    __m128 d = ph1(b);
+    __m256 d = ph1x8(b);
     __m256i q0 = u8x8(b + 2), q1 = u8x8(b + 10);
     __m256 t = dot32(and15(q0), and15(q1), hi4(q0), hi4(q1), xb);
-    s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), t, s->a);
-    s->m = _mm_fmadd_ps(d, _mm_loadu_ps(ab), s->m);
+    s->a = _mm256_fmadd_ps(d, t, s->a);
+    s->m = _mm_fmadd_ps(_mm256_castps256_ps128(d), _mm_loadu_ps(ab), s->m);
 }
 static inline void bx_q4_1(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     __m128 dm = ph2(b);
@@ -390,46 +390,52 @@ static inline void bx_q4_1(const uint8_t *b, const float *xb, const float *ab, p
     s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), t, s->a);
     s->m = _mm_fmadd_ps(dm, _mm_loadu_ps(ab), s->m);
 }
-/* Q5 codes of a 32-block in element order, built on bytes: low nibbles
- * (elements 0..15) and high nibbles (16..31) side by side, bit e of qh
- * expanded to 0x10 in byte e (broadcast, byte shuffle, test against the
- * bit's mask); widened to dwords 8 at a time. */
-static inline void q5_codes(const uint8_t *qhp, const uint8_t *qs, __m256i *q) {
+/* Q5 codes of a 32-block in element order, built on bytes and widened
+ * from memory (the cheapest widening: one load-and-extend per 8 codes).
+ * Low nibbles (elements 0..15) and high nibbles (16..31) side by side: the
+ * 16 code bytes broadcast to both 128-bit lanes, the upper lane shifted by
+ * 4. Bit e of qh expanded to byte e (broadcast, byte shuffle, test against
+ * the bit's mask). Q5_0 (SIGNED) builds q - 16 directly: a clear bit gives
+ * 0xf0, so nibble | 0xf0 = nibble - 16 as a signed byte and a set bit leaves
+ * the nibble; no offset term. Q5_1 builds q = nibble | 0x10 * bit. The 32
+ * bytes go to c[], which the caller widens with pmov[sz]xbd from memory. */
+static inline __attribute__((always_inline)) void q5_bytes(const uint8_t *qhp, const uint8_t *qs, int sgn, uint8_t *c) {
     const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
                                          3, 3, 3, 3, 3, 3);
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     uint32_t qh;
     memcpy(&qh, qhp, 4);
-    __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel);
-    hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), _mm256_set1_epi8(16));
-    __m128i v = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(15);
-    __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-    __m256i c = _mm256_or_si256(nib, hb);
-    __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
-    q[0] = _mm256_cvtepu8_epi32(c0), q[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8));
-    q[2] = _mm256_cvtepu8_epi32(c1), q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8));
+    __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bit);
+    __m256i hb = sgn ? _mm256_andnot_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8((char)0xf0))
+                     : _mm256_and_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8(16));
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    __m256i nib = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
+    _mm256_store_si256((__m256i *)c, _mm256_or_si256(nib, hb));
+    /* keep the store and the widening loads (else the compiler widens from
+     * the register: three more shuffles) */
+    __asm__("" : "+m"(*(uint8_t(*)[32])c));
 }
 static inline void bx_q5_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
-    __m128 d = ph1(b);
-    __m256i q[4];
-    q5_codes(b + 2, b + 6, q);
-    __m256 t = dot32(q[0], q[1], q[2], q[3], xb);
-    s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), t, s->a);
-    s->m = _mm_fmadd_ps(d, _mm_loadu_ps(ab), s->m);
+    (void)ab;
+    __m256 d = ph1x8(b);
+    _Alignas(32) uint8_t c[32];
+    q5_bytes(b + 2, b + 6, 1, c);
+    __m256 t = dot32(i8x8(c), i8x8(c + 8), i8x8(c + 16), i8x8(c + 24), xb);
+    s->a = _mm256_fmadd_ps(d, t, s->a);
 }
 static inline void bx_q5_1(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     __m128 dm = ph2(b);
-    __m256i q[4];
-    q5_codes(b + 4, b + 8, q);
-    __m256 t = dot32(q[0], q[1], q[2], q[3], xb);
+    _Alignas(32) uint8_t c[32];
+    q5_bytes(b + 4, b + 8, 0, c);
+    __m256 t = dot32(u8x8(c), u8x8(c + 8), u8x8(c + 16), u8x8(c + 24), xb);
     s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), t, s->a);
     s->m = _mm_fmadd_ps(dm, _mm_loadu_ps(ab), s->m);
 }
 static inline void bx_q8_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     (void)ab;
-    __m128 d = ph1(b);
+    __m256 d = ph1x8(b);
     __m256 t = dot32(i8x8(b + 2), i8x8(b + 10), i8x8(b + 18), i8x8(b + 26), xb);
-    s->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), t, s->a);
+    s->a = _mm256_fmadd_ps(d, t, s->a);
 }
 
 /* Q4_K: 32-byte chunk c holds sub-blocks 2c (low nibbles) and 2c+1 (high). */
@@ -496,13 +502,16 @@ static inline __attribute__((always_inline)) void bx_q6_k(const uint8_t *b, cons
             _mm256_or_si256(_mm256_and_si256(lb, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4), _mm256_and_si256(qh, m30)),
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
+        /* the codes go through memory: four load-and-extend instructions per
+         * 32 codes instead of an extract, two byte shifts and four extends */
+        _Alignas(32) uint8_t cb[4][32];
+        _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) _mm256_store_si256((__m256i *)cb[g], v[g]);
+        __asm__("" : "+m"(cb));
         _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
-            __m128i c[2] = {_mm256_castsi256_si128(v[g]), _mm256_extracti128_si256(v[g], 1)};
             _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
                 /* 16 codes: weights r = 32g + 16e .., sub-block 8h + 2g + e */
                 const float *xk = xb + 128 * h + 32 * g + 16 * e;
-                __m256 t = _mm256_fmadd_ps(cvt(_mm256_cvtepu8_epi32(_mm_srli_si128(c[e], 8))), ldx(xk + 8),
-                                           _mm256_mul_ps(cvt(_mm256_cvtepu8_epi32(c[e])), ldx(xk)));
+                __m256 t = _mm256_fmadd_ps(cvt(u8x8(cb[g] + 16 * e + 8)), ldx(xk + 8), _mm256_mul_ps(cvt(u8x8(cb[g] + 16 * e)), ldx(xk)));
                 s->a = _mm256_fmadd_ps(_mm256_broadcast_ss(dl + 8 * h + 2 * g + e), t, s->a);
             }
         }
@@ -579,7 +588,7 @@ static inline pxs pxs0(void) { return (pxs){_mm256_setzero_ps(), _mm_setzero_ps(
 
 GEN_PX(q4_0, 32, 18, 4, 0, prep_q4_0)
 GEN_PX(q4_1, 32, 20, 4, 1, prep_q4_1)
-GEN_PX(q5_0, 32, 22, 4, 0, prep_q5_0)
+GEN_PX(q5_0, 32, 22, 0, -1, prep_none)
 GEN_PX(q5_1, 32, 24, 4, 1, prep_q4_1)
 GEN_PX(q8_0, 32, 34, 0, -1, prep_none)
 GEN_PX(q4_k, 256, 144, 8, -1, prep_s32)
