@@ -936,3 +936,10 @@ df_ggml_pack16_fn df_ggml_pack16_avx2(int type) {
     default: return NULL;
     }
 }
+
+/* ---- prepared x, several tokens (a verify pass: ggml_quant_impl.h) ------ */
+df_ggml_pxm_fn df_ggml_pxm_avx2(int type,
+                                void (*px_dot)(const uint8_t *, size_t, int64_t, const float *, const float *, int64_t, float *)) {
+    (void)type, (void)px_dot;
+    return NULL;
+}
