@@ -52,7 +52,6 @@ static void check_model(const char *path, int64_t expert_cache, const char *how)
     df_session *a = df_session_new(e, 128), *b = df_session_new(e, 128);
     CHECK(a && b, "%s: sessions", path);
     if (!a || !b || !df_session_truncatable(a)) { df_session_free(a), df_session_free(b), df_engine_close(e); return; }
-    CHECK(df_session_verify_exact(a), "%s: the CPU backend's verify is exact", path);
     /* plain steps: the logits after each pushed id */
     float *plain = malloc((size_t)(P + 3 * N) * V * 4), *out = malloc((size_t)N * V * 4);
     CHECK(!df_session_sync(a, ids, P), "%s: sync", path);
