@@ -965,25 +965,22 @@ static inline __m256 dot32f(__m256 c0, __m256 c1, __m256 c2, __m256 c3, const fl
                                                                float *out, int64_t os) {          \
         for (int64_t r = 0; r < nr; r++) {                                                        \
             const uint8_t *p = row + (size_t)r * rs;                                              \
-            pxs s[DF_GGML_PXM];                                                                   \
-            for (int t = 0; t < NT; t++) s[t] = pxs0();                                           \
+            pxs s[3];                                                                             \
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) s[t] = pxs0();                   \
             __VA_ARGS__                                                                           \
-            for (int t = 0; t < NT; t++) out[(int64_t)t * os + r] = fin_##T(s[t]);                \
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) out[(int64_t)t * os + r] = fin_##T(s[t]); \
         }                                                                                         \
     }                                                                                             \
     static void pxm_##T(const uint8_t *row, size_t rs, int64_t nr, int nt, const float *const *x,  \
                         const float *const *aux, int64_t n, float *out, int64_t os) {             \
-        switch (nt) {                                                                             \
-        case 2: pxmk_##T(row, rs, nr, 2, x, aux, n, out, os); break;                              \
-        case 3: pxmk_##T(row, rs, nr, 3, x, aux, n, out, os); break;                              \
-        case 4: pxmk_##T(row, rs, nr, 4, x, aux, n, out, os); break;                              \
-        case 5: pxmk_##T(row, rs, nr, 5, x, aux, n, out, os); break;                              \
-        case 6: pxmk_##T(row, rs, nr, 6, x, aux, n, out, os); break;                              \
-        case 7: pxmk_##T(row, rs, nr, 7, x, aux, n, out, os); break;                              \
-        default: pxmk_##T(row, rs, nr, 8, x, aux, n, out, os); break;                             \
+        for (int t0 = 0; t0 < nt;) {                                                              \
+            const int left = nt - t0, g = left == 4 ? 2 : left < 3 ? left : 3;                    \
+            if (g == 3) pxmk_##T(row, rs, nr, 3, x + t0, aux + t0, n, out + (int64_t)t0 * os, os); \
+            else if (g == 2) pxmk_##T(row, rs, nr, 2, x + t0, aux + t0, n, out + (int64_t)t0 * os, os); \
+            else pxmk_##T(row, rs, nr, 1, x + t0, aux + t0, n, out + (int64_t)t0 * os, os);        \
+            t0 += g;                                                                              \
         }                                                                                         \
     }
-_Static_assert(DF_GGML_PXM == 8, "pxm_* instances: 2..8 tokens");
 
 /* bx_q4_1 */
 PXM_ROWS(q4_1, 20, {
@@ -994,7 +991,7 @@ PXM_ROWS(q4_1, 20, {
         const __m256 db = _mm256_broadcastss_ps(dm);
         const __m256i q0 = u8x8(b + 4), q1 = u8x8(b + 12);
         const __m256 c0 = cvt(and15(q0)), c1 = cvt(and15(q1)), c2 = cvt(hi4(q0)), c3 = cvt(hi4(q1));
-        for (int t = 0; t < NT; t++) {
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {
             const __m256 d = dot32f(c0, c1, c2, c3, x[t] + i * 32);
             s[t].a = _mm256_fmadd_ps(db, d, s[t].a);
             s[t].m = _mm_fmadd_ps(dm, _mm_loadu_ps(aux[t] + i * 4), s[t].m);
@@ -1010,7 +1007,7 @@ PXM_ROWS(q8_0, 34, {
         _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
         const __m256 db = _mm256_broadcastss_ps(ph1(b));
         const __m256 c0 = cvt(i8x8(b + 2)), c1 = cvt(i8x8(b + 10)), c2 = cvt(i8x8(b + 18)), c3 = cvt(i8x8(b + 26));
-        for (int t = 0; t < NT; t++) s[t].a = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), s[t].a);
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) s[t].a = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), s[t].a);
     }
 })
 
@@ -1024,7 +1021,7 @@ PXM_ROWS(q4_k, 144, {
         _Alignas(32) float sm[16];
         k4_scales(b, sm);
         const __m256 mins = _mm256_load_ps(sm + 8);
-        for (int t = 0; t < NT; t++) s[t].a = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(aux[t] + i * 8), s[t].a);
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) s[t].a = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(aux[t] + i * 8), s[t].a);
         const uint8_t *qs = b + offsetof(df_blk_q4_k, qs);
         for (int c = 0; c < 4; c++) {
             const __m256i q0 = u8x8(qs + 32 * c), q1 = u8x8(qs + 32 * c + 8), q2 = u8x8(qs + 32 * c + 16),
@@ -1032,7 +1029,7 @@ PXM_ROWS(q4_k, 144, {
             const __m256 l0 = cvt(and15(q0)), l1 = cvt(and15(q1)), l2 = cvt(and15(q2)), l3 = cvt(and15(q3));
             const __m256 h0 = cvt(hi4(q0)), h1 = cvt(hi4(q1)), h2 = cvt(hi4(q2)), h3 = cvt(hi4(q3));
             const __m256 sl = _mm256_broadcast_ss(sm + 2 * c), sh = _mm256_broadcast_ss(sm + 2 * c + 1);
-            for (int t = 0; t < NT; t++) {
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {
                 const float *xb = x[t] + i * 256 + 64 * c;
                 const __m256 tl = dot32f(l0, l1, l2, l3, xb), th = dot32f(h0, h1, h2, h3, xb + 32);
                 s[t].a = _mm256_fmadd_ps(sl, tl, s[t].a);
@@ -1057,7 +1054,7 @@ PXM_ROWS(q6_k, 210, {
         const __m256 d0 = _mm256_mul_ps(d, cvt(i8x8(sc))), d1 = _mm256_mul_ps(d, cvt(i8x8(sc + 8)));
         _mm256_store_ps(dl, d0);
         _mm256_store_ps(dl + 8, d1);
-        for (int t = 0; t < NT; t++) {
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {
             s[t].a = _mm256_fnmadd_ps(d0, _mm256_loadu_ps(aux[t] + i * 16), s[t].a);
             s[t].a = _mm256_fnmadd_ps(d1, _mm256_loadu_ps(aux[t] + i * 16 + 8), s[t].a);
         }
@@ -1076,7 +1073,7 @@ PXM_ROWS(q6_k, 210, {
                 for (int e = 0; e < 2; e++) {
                     const __m256 f0 = cvt(_mm256_cvtepu8_epi32(c[e])), f1 = cvt(_mm256_cvtepu8_epi32(_mm_srli_si128(c[e], 8)));
                     const __m256 sd = _mm256_broadcast_ss(dl + 8 * h + 2 * g + e);
-                    for (int t = 0; t < NT; t++) {
+                    _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {
                         const float *xk = x[t] + i * 256 + 128 * h + 32 * g + 16 * e;
                         const __m256 tt = _mm256_fmadd_ps(f1, ldx(xk + 8), _mm256_mul_ps(f0, ldx(xk)));
                         s[t].a = _mm256_fmadd_ps(sd, tt, s[t].a);
