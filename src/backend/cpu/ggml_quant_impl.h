@@ -57,7 +57,8 @@ typedef struct {
 
 /* px_dot for nt (2..DF_GGML_PXM) prepared activations at once (a verify
  * pass): out[t*os + k] the bits px_dot gives for x[t], aux[t]; each weight
- * block decoded once for all of them. df_ggml_pxm_avx2 returns the fused
+ * block decoded once per group of up to 3 of them (the accumulators of 3
+ * tokens and a block's codes fill the 16 AVX2 registers). df_ggml_pxm_avx2 returns the fused
  * kernel of type when px_dot is the AVX2 prepared-x kernel it matches, else
  * NULL (the caller then runs px_dot once per activation). */
 #define DF_GGML_PXM 8
