@@ -8,8 +8,12 @@
  * cache, on two threads and on the scalar kernels, for passes of 2 to 9
  * positions; and SmolLM2 Q4_1 (the default model) where it is installed.
  * The pass then continues like plain steps: after a cut back to an accepted
- * prefix, the next step's logits equal the plain session's.
+ * prefix, the next step's logits equal the plain session's. And `auto`
+ * speculates only on a backend whose verify pass is exact: with the CPU
+ * table's exact_products hidden (as the CUDA table has none) it takes plain
+ * steps and its stats say why.
  * Runs from the repository root. */
+#include "backend/backend.h"
 #include "backend/cpu/cpu.h"
 #include "backend/ggml_quant.h"
 #include "core/core.h"
@@ -86,6 +90,37 @@ static void check_model(const char *path, int64_t expert_cache, const char *how)
     df_engine_close(e);
 }
 
+/* auto on a backend without exact products: off, with the reason; on the CPU: on */
+static void check_auto_needs_exact(void) {
+    df_engine *e = open_model("tests/data/models/qwen3-f16", -1);
+    CHECK(e, "open qwen3-f16");
+    if (!e) return;
+    static df_backend_ops hidden;
+    const df_backend_ops *cpu = df_be;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) hidden = *cpu, hidden.exact_products = NULL, df_be = &hidden;
+        df_session *s = df_session_new(e, 64);
+        int32_t ids[4] = {5, 6, 7, 8};
+        CHECK(s && !df_session_sync(s, ids, 4), "sync");
+        df_gen_config c;
+        memset(&c, 0, sizeof c);
+        c.spec = DF_SPEC_AUTO;
+        c.max_new = 4;
+        df_gen *g = s ? df_gen_new(e, s, &c) : NULL;
+        CHECK(g, "df_gen_new");
+        if (g) {
+            df_spec_stats ss;
+            df_gen_spec_stats(g, &ss);
+            if (pass == 0) CHECK(!ss.off_reason[0], "auto on the CPU: on, got off: %s", ss.off_reason);
+            else CHECK(strstr(ss.off_reason, "not bit-identical to plain steps"), "auto without exact products: off_reason '%s'", ss.off_reason);
+        }
+        df_gen_free(g);
+        df_session_free(s);
+    }
+    df_be = cpu;
+    df_engine_close(e);
+}
+
 int main(int argc, char **argv) {
     static const char *models[] = {
         "tests/data/models/llama-bf16", "tests/data/models/llama-f32-tied", "tests/data/models/qwen3-f16",
@@ -98,6 +133,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
         if (only < 0 || (size_t)only == i) check_model(models[i], -1, "resident");
     if (only < 0) {
+        check_auto_needs_exact();
         /* the experts streamed through a minimal expert cache */
         check_model("tests/data/models/qwen3-moe-k70", 0, "streamed");
         check_model("tests/data/models/kimi-k2-int4", 0, "streamed");
