@@ -140,6 +140,11 @@ $(O)/bench/kernel_bench: bench/kernel_bench.c $(call objs_of,backend format util
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# bench/verify_bench: a speculative verify pass against plain steps (docs/PERFORMANCE.md, issue 15 step 4)
+$(O)/bench/verify_bench: bench/verify_bench.c $(call objs_of,$(MODULES))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 unit: $(UNIT_BINS)
 	@fail=0; for t in $(UNIT_BINS); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 

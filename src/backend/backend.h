@@ -371,6 +371,15 @@ typedef struct df_backend_ops {
     /* copies the routed expert parts w[0..n) (ident set) that are not cached yet into free slots of the
      * device expert cache (never evicting); 0 or DF_E* */
     int (*moe_preload)(const df_weight *w, int n);
+
+    /* Exact products (optional; the speculative verify pass): on = 1 asks that,
+     * until on = 0, every matmul_batch issued by the calling thread with n > 1
+     * gives for each token's row of Y exactly the bits that the same product
+     * with n = 1 gives for that token's x alone (the decode product's order,
+     * not the prefill GEMM's), at about the compute of n one-token products.
+     * Returns 1 when honoured, 0 when the backend cannot (its verify pass is
+     * then not bit-identical to plain steps). NULL: not supported (0). */
+    int (*exact_products)(int on);
 } df_backend_ops;
 
 extern const df_backend_ops df_backend_cpu;        /* best ISA, all threads */
@@ -454,6 +463,9 @@ static inline void df_tier_reset(void) { if (df_be->tier_reset) df_be->tier_rese
 static inline int df_moe_resident(int layer, int n_experts, int k, int n) { return df_be->moe_resident && df_be->moe_fused ? df_be->moe_resident(layer, n_experts, k, n) : 0; }
 static inline int df_moe_fused(const df_moe_fused_args *a) { return df_be->moe_fused ? df_be->moe_fused(a) : 1; }
 static inline int df_moe_preload(const df_weight *w, int n) { return df_be->moe_preload ? df_be->moe_preload(w, n) : 0; }
+/* backend.h: exact_products. 1: honoured (the products from here on until
+ * off are the one-token bits), 0: the backend has no exact mode. */
+static inline int df_exact_products(int on) { return df_be->exact_products ? df_be->exact_products(on) : 0; }
 /* 0 with *out filled, or -1 (a backend without tiers; *out zeroed). */
 static inline int df_tier_stats_get(df_tier_stats *out) {
     memset(out, 0, sizeof *out);

@@ -100,6 +100,16 @@ void df_ggml_px_init(df_ggml_px *p, int type, const float *x, int64_t n, float *
  * prepared-x kernel for the type or is not the one p was prepared for. */
 void df_ggml_px_dot(const df_ggml_px *p, const void *row, size_t row_stride, int64_t nrows, float *out);
 
+/* The same for np prepared activations of one type and length (a verify
+ * pass's tokens): out[t*out_stride + k] = dot(row k, x of p[t]), each the
+ * bits df_ggml_px_dot(&p[t], ...) gives. Where the ISA has a fused kernel
+ * (AVX2: Q4_1, Q8_0, Q4_K, Q6_K) each weight block is decoded once per
+ * group of up to 3 tokens and each token runs the one-token kernel's
+ * arithmetic (same lanes, same order); otherwise one df_ggml_px_dot per
+ * token. */
+void df_ggml_px_dot_multi(const df_ggml_px *p, int np, const void *row, size_t row_stride, int64_t nrows, float *out,
+                          int64_t out_stride);
+
 enum { DF_GGML_ISA_AUTO = -1, DF_GGML_ISA_SCALAR = 0, DF_GGML_ISA_AVX2 = 1, DF_GGML_ISA_AVX512 = 2 };
 
 /* Forces an ISA (tests, benchmarks); DF_GGML_ISA_AUTO restores the best.

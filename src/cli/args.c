@@ -125,7 +125,7 @@ int df_args_model_opts(df_args *a, const char *opt, const char **model, df_optio
 }
 
 void df_spec_opts_default(df_spec_opts *s) {
-    s->mode = DF_SPEC_NONE; /* off by default: see docs/CLI.md (speculative decoding) for why */
+    s->mode = DF_SPEC_AUTO; /* prompt lookup while it pays; the ids are those of none (docs/CLI.md) */
     s->k = DF_SPEC_DEFAULT_K;
     s->draft = NULL;
 }

@@ -40,10 +40,11 @@ static const char *usage =
     "  --mmap              map weights from the files instead of reading them into owned memory\n"
     "  --backend B         cpu (default), cuda (a build with make CUDA=1), or auto (cuda when a GPU is present)\n"
     "  --gpu-memory SIZE   VRAM budget of the cuda backend (default: free VRAM minus max(512M, 5%)); spine first, routed experts cached in the rest\n"
-    "  --spec MODE         speculative decoding: none (default), auto (prompt lookup while it pays), ngram (prompt\n"
-    "                      lookup always), draft (--draft MODEL drafts), mtp (the checkpoint's MTP module: DeepSeek-V3/R1,\n"
-    "                      Kimi K2). The tokens are the same\n"
-    "                      as with none, for every temperature and seed (docs/CLI.md says where rounding could differ)\n"
+    "  --spec MODE         speculative decoding: auto (default: prompt lookup while it pays), none (plain steps),\n"
+    "                      ngram (prompt lookup always), draft (--draft MODEL drafts), mtp (the checkpoint's MTP module:\n"
+    "                      DeepSeek-V3/R1, Kimi K2). The tokens are those of none, for every temperature and seed (on\n"
+    "                      the CPU a verify pass computes each position as a plain step does; where a backend cannot,\n"
+    "                      cuda, auto takes plain steps). Off with a grammar and on recurrent models ([stats] says so)\n"
     "  --spec-max K        most drafted tokens per verify pass, 1..32 (default 8)\n"
     "  --draft MODEL       the draft model of --spec draft (same tokenizer: same size and bytes for every id)\n";
 

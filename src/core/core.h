@@ -32,8 +32,14 @@ size_t df_session_max_ctx(const df_session *s);
 int df_session_sample_logits(df_session *s, const float *logits, const df_sampling *sp, int32_t *out_id);
 /* Appends ids[0..n) (n <= 64) in one batched forward and writes the logits
  * after each into out (n * vocab); truncatable models only. Its time and
- * expert bytes count as decode; tokens are credited by df_session_cut. */
+ * expert bytes count as decode; tokens are credited by df_session_cut. On a
+ * backend with exact products (df_session_verify_exact) row i of out is,
+ * bit for bit, the logits of a plain step (df_session_push) of ids[i] after
+ * ids[0..i): the pass runs every product in the one-token order. */
 int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out);
+/* 1 when the session's backend makes verify passes bit-identical to plain
+ * steps (backend.h: exact_products; the CPU), 0 otherwise (CUDA). */
+int df_session_verify_exact(const df_session *s);
 /* Back to len (<= the length; truncation) with logits the distribution
  * there (NULL: unknown, recomputed when needed); credits `credited` decode
  * tokens to the engine's stats. */

@@ -130,6 +130,8 @@ static int spec_setup(df_gen *g) {
     if (c->spec == DF_SPEC_MTP && !df_engine_has_mtp(g->e)) off = "the model has no MTP module (or it is streamed): --spec mtp cannot draft";
     else if (c->constrained || c->grammar) off = "a constraint (grammar) chooses the tokens of this request";
     else if (!df_session_truncatable(g->s)) off = "the model has recurrent layers (Kimi Linear KDA): speculation is not built for them yet";
+    else if (c->spec == DF_SPEC_AUTO && !df_session_verify_exact(g->s))
+        off = "this backend's verify pass is not bit-identical to plain steps (no exact products): auto takes plain steps";
     else if (c->spec == DF_SPEC_DRAFT && !c->draft) off = "--spec draft without a draft model";
     if (off) {
         snprintf(g->ss.off_reason, sizeof g->ss.off_reason, "%s", off);

@@ -298,6 +298,11 @@ int df_session_sample_logits(df_session *s, const float *logits, const df_sampli
     return 0;
 }
 
+int df_session_verify_exact(const df_session *s) {
+    (void)s;
+    return df_be->exact_products != NULL;
+}
+
 int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out) {
     if (!df_state_truncatable(s->e->model))
         return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "verify: the model has recurrent layers (no truncation)");
@@ -313,7 +318,12 @@ int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out) {
     df_ecache_stats es0 = {0}, es1 = {0};
     if (e->ecache) df_ecache_stats_get(e->ecache, &es0);
     double t0 = df_now();
+    /* the products of the pass in the one-token order (backend.h:
+     * exact_products), so each position's logits are the bits a plain step
+     * gives; a backend without the mode runs its batched products */
+    (void)df_exact_products(1);
     rc = df_forward(e->model, &s->st, ids, (int)n, (int)s->len, out, 1);
+    (void)df_exact_products(0);
     if (rc) return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", s->len, s->st.err[0] ? s->st.err : "bad input");
     keep_hidden(s, s->len, n);
     memcpy(s->tokens + s->len, ids, n * sizeof(int32_t));

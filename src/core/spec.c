@@ -42,6 +42,9 @@
 #define DF_SPEC_BETA0 0.3        /* verify cost per drafted token / plain step, until measured */
 #define DF_SPEC_DECAY 0.9        /* weight of a bucket's past tries at each new pass */
 #define DF_SPEC_PROBE_SHARE 0.01 /* auto: what losing passes may cost, as a share of the decode time */
+#define DF_SPEC_LOSS_SHARE 0.03  /* auto: past this share lost, only passes expected to gain DF_SPEC_MARGIN run */
+#define DF_SPEC_MARGIN 1.2
+#define DF_SPEC_EXPLORE_TRIES 4 /* auto: at most 2 drafts until a bucket has this many (decayed) tries, prior included */
 #define DF_NGRAM_CAND 16  /* earlier occurrences of the suffix's 3-gram compared per lookup */
 #define DF_NGRAM_LONG 64  /* match lengths are compared up to this many tokens */
 
@@ -343,8 +346,15 @@ int df_spec_want(df_spec *sp, int room) {
     if (!sp->n_plain) return 0; /* a plain step first: its time is the unit */
     double g;
     int b = sp->bucket = bucket_of(m), k = choose(sp, b, &g);
+    /* auto: short passes while the bucket's rate is mostly the prior (a
+     * long pass that misses costs several steps: each position of a verify
+     * pass costs most of a plain step's compute) */
+    if (sp->mode == DF_SPEC_AUTO && sp->tries[b] < DF_SPEC_EXPLORE_TRIES && k > 2) k = 2;
     sp->k = k;
-    if (sp->mode == DF_SPEC_AUTO && g <= 1) {
+    /* auto: a marginal gain does not pay for passes once those that lost
+     * have cost DF_SPEC_LOSS_SHARE of the time (short passes on answers
+     * that rarely copy: each costs more than the steps it saves) */
+    if (sp->mode == DF_SPEC_AUTO && (g <= 1 || (g < DF_SPEC_MARGIN && sp->t_loss > DF_SPEC_LOSS_SHARE * sp->t_total))) {
         sp->k = 0;
         /* a probe: a pass that is expected to lose, to see whether this
          * bucket's rate moved; only on a match of 2+ tokens, and only while

@@ -204,7 +204,7 @@ def test_recurrent_model_says_speculation_is_off():
     (["--spec-max", "0"], "--spec-max: expected 1..32 drafted tokens per pass, got '0'"),
     (["--spec-max", "33"], "--spec-max: expected 1..32 drafted tokens per pass, got '33'"),
     (["--spec", "draft"], "--spec draft needs --draft MODEL"),
-    (["--draft", str(MODELS / "qwen3-f16")], "--draft MODEL is used by --spec draft only (got --spec none)"),
+    (["--draft", str(MODELS / "qwen3-f16")], "--draft MODEL is used by --spec draft only (got --spec auto)"),
     (["--spec", "draft", "--draft", str(MODELS / "llama-bf16")],
      "--draft: the draft model's vocabulary has 640 ids, the model's 768"),
     (["--spec", "draft", "--draft", "/nonexistent/model"], "--draft /nonexistent/model:"),

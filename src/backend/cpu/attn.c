@@ -261,7 +261,8 @@ static void mla_batch_task(void *p, int sh, int nsh) {
 }
 
 void df_cpu_attn_mla(const df_attn_mla_args *a) {
-    if (a->n == 1) { df_pool_run(mla_task, (void *)a); return; }
+    /* exact products (a verify pass: backend.h) take the decode path per (token, head): a plain step's bits */
+    if (a->n == 1 || df_cpu_exact_on()) { df_pool_run(mla_task, (void *)a); return; }
     mla_batch_ctx c = {a, a->n < MLA_QT ? a->n : MLA_QT, 0, ka_kernels()};
     while (c.qt > 1 && (int64_t)c.qt * 2 * (a->pos0 + a->n) > ATTN_SCRATCH_FLOATS) c.qt /= 2; /* scores scratch per thread */
     c.tiles = (a->n + c.qt - 1) / c.qt;

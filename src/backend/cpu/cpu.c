@@ -539,9 +539,86 @@ static void batch_task(void *p, int share, int shares) {
     }
 }
 
+/* ---- exact products (backend.h: exact_products) ------------------------
+ * A verify pass of speculative decoding asks for products whose every token
+ * row is the bits of the one-token product (dot_rows) of that token's x. The
+ * one-token path's bits depend on the row grouping only through the four-row
+ * kernels (groups of 4 from a multiple of 4, the remainder at the matrix's
+ * end one row at a time: matvec splits rows at multiples of 8, batch_task at
+ * multiples of 4), so rows are taken here in chunks that start at multiples
+ * of 4, and each chunk (a few KB of weights, in cache) is run for every token
+ * before the next. x is prepared once per token per call where the format
+ * prepares it apart from the rows (GGML: df_ggml_px, shared by every chunk;
+ * the fused kernels decode each weight block once for several tokens with
+ * the one-token kernel's arithmetic per token); the float formats prepare it
+ * inside dot_rows, once per chunk. */
+static _Thread_local int tl_exact;
+int df_cpu_exact_products(int on) {
+    tl_exact = on != 0;
+    return 1;
+}
+int df_cpu_exact_on(void) { return tl_exact; }
+
+#define EXACT_CHUNK_BYTES 16384 /* weights of a chunk of rows (L1 with the tokens' x) */
+#define EXACT_TOKENS 16         /* tokens prepared at a time (GGML) */
+
+static void exact_rows(const df_weight *w, int64_t b, int64_t e, const float *X, int n, float *Y) {
+    const int64_t K = w->cols, R = w->rows;
+    int64_t ch = ((int64_t)EXACT_CHUNK_BYTES / (w->row_bytes ? (int64_t)w->row_bytes : 1)) & ~(int64_t)3;
+    if (ch < 4) ch = 4;
+    if (w->fmt == DF_W_GGML) {
+        const size_t na = df_ggml_px_floats(w->ggml_type, K);
+        float *aux = scratch((na ? na : 1) * EXACT_TOKENS);
+        for (int t0 = 0; t0 < n; t0 += EXACT_TOKENS) {
+            const int nt = n - t0 < EXACT_TOKENS ? n - t0 : EXACT_TOKENS;
+            df_ggml_px px[EXACT_TOKENS];
+            for (int t = 0; t < nt; t++) df_ggml_px_init(&px[t], w->ggml_type, X + (int64_t)(t0 + t) * K, K, aux + (size_t)t * na);
+            for (int64_t r = b; r < e; r += ch) {
+                const int64_t nr = e - r < ch ? e - r : ch;
+                df_ggml_px_dot_multi(px, nt, w->data + (size_t)r * w->row_bytes, w->row_bytes, nr, Y + (int64_t)t0 * R + r, R);
+            }
+        }
+        return;
+    }
+    for (int64_t r = b; r < e; r += ch) {
+        const int64_t nr = e - r < ch ? e - r : ch;
+        for (int t = 0; t < n; t++) dot_rows(w, r, nr, X + (int64_t)t * K, Y + (int64_t)t * R + r);
+    }
+}
+
+typedef struct {
+    const df_mv_job *jobs;
+    int n_jobs, n;
+    int64_t total; /* rows of all jobs, each rounded up to a multiple of 4 */
+} exact_ctx;
+
+static void exact_task(void *p, int share, int shares) {
+    exact_ctx *c = p;
+    int64_t b, e, base = 0;
+    split(c->total, share, shares, 4, &b, &e);
+    for (int j = 0; j < c->n_jobs && base < e; j++) {
+        const df_weight *w = c->jobs[j].w;
+        const int64_t r0 = b > base ? b - base : 0, r1 = e - base < w->rows ? e - base : w->rows;
+        if (r0 < r1) exact_rows(w, r0, r1, DF_CF(c->jobs[j].x), c->n, DF_F(c->jobs[j].y));
+        base += (w->rows + 3) / 4 * 4;
+    }
+}
+
+static void exact_batch(const df_mv_job *jobs, int n_jobs, int n) {
+    exact_ctx c = {jobs, n_jobs, n, 0};
+    int64_t work = 0;
+    for (int j = 0; j < n_jobs; j++) c.total += (jobs[j].w->rows + 3) / 4 * 4, work += jobs[j].w->rows * jobs[j].w->cols;
+    if (work * n < 65536) { exact_task(&c, 0, 1); return; }
+    /* shares of about 64 rows (threads claim them one at a time: pool.c) */
+    int64_t s = (c.total + 63) / 64;
+    if (s < df_pool_size()) s = df_pool_size();
+    df_pool_run_shares(exact_task, &c, s > DF_POOL_MAX_SHARES ? DF_POOL_MAX_SHARES : (int)s);
+}
+
 /* One job: the single-product paths (a decode product shares rows across
  * threads from 32768 weights up); several: one dispatch over all their rows. */
 void df_cpu_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
+    if (n > 1 && tl_exact) { exact_batch(jobs, n_jobs, n); return; }
     if (n_jobs == 1) { matmul(jobs[0].w, DF_CF(jobs[0].x), n, DF_F(jobs[0].y)); return; }
     batch_ctx c = {jobs, n_jobs, n, 0, n == 1 ? 4 : GEMM_MR};
     int64_t work = 0;

@@ -41,6 +41,9 @@ void df_cpu_matvec_t_rows(const df_weight *w, int64_t r0, int64_t nr, const floa
 
 /* ---- the CPU implementations of the table (cpu.c, attn.c, ops.c) ----- */
 void df_cpu_matmul_batch(const df_mv_job *jobs, int n_jobs, int n);
+/* backend.h: exact_products (a flag of the calling thread; always honoured) */
+int df_cpu_exact_products(int on);
+int df_cpu_exact_on(void); /* the calling thread's exact mode (ops other than products follow it too) */
 void df_cpu_attn_gqa(const df_attn_gqa_args *a);
 /* the same with the tiling given (tests): qt positions per unit of work, each KV group's query heads split in
  * nsub ranges (qt or nsub <= 0: chosen from the shape and the thread count, as df_cpu_attn_gqa does) */

@@ -473,3 +473,26 @@ void df_ggml_px_dot(const df_ggml_px *p, const void *row, size_t row_stride, int
         for (; i + 4 <= nrows; i += 4) df_ggml_dot4(p->type, r + i * row_stride, row_stride, p->x, p->n, out + i);
     for (; i < nrows; i++) out[i] = df_ggml_dot(p->type, r + i * row_stride, p->x, p->n);
 }
+
+void df_ggml_px_dot_multi(const df_ggml_px *p, int np, const void *row, size_t row_stride, int64_t nrows, float *out,
+                          int64_t out_stride) {
+    if (np <= 0) return;
+    const df_ggml_kernels *k = kernels(p[0].type);
+#if defined(__x86_64__) || defined(__i386__)
+    const df_ggml_pxm_fn pxm = k && k->px_dot && p[0].isa >= DF_GGML_ISA_AVX2 ? df_ggml_pxm_avx2(p[0].type, k->px_dot) : NULL;
+#else
+    const df_ggml_pxm_fn pxm = NULL;
+    (void)k;
+#endif
+    int fused = pxm && p[0].isa == df_ggml_get_isa();
+    for (int t = 1; t < np && fused; t++) fused = p[t].isa == p[0].isa && p[t].type == p[0].type && p[t].n == p[0].n;
+    int t = 0;
+    if (fused)
+        for (; t + 1 < np; t += DF_GGML_PXM) { /* a lone token: the one-token kernel */
+            const int nt = np - t < DF_GGML_PXM ? np - t : DF_GGML_PXM;
+            const float *xs[DF_GGML_PXM], *as[DF_GGML_PXM];
+            for (int i = 0; i < nt; i++) xs[i] = p[t + i].x, as[i] = p[t + i].aux;
+            pxm((const uint8_t *)row, row_stride, nrows, nt, xs, as, p[0].n, out + (int64_t)t * out_stride, out_stride);
+        }
+    for (; t < np; t++) df_ggml_px_dot(&p[t], row, row_stride, nrows, out + (int64_t)t * out_stride);
+}

@@ -945,3 +945,165 @@ df_ggml_pack16_fn df_ggml_pack16_avx2(int type) {
     default: return NULL;
     }
 }
+
+/* ---- prepared x, several tokens (a verify pass: ggml_quant_impl.h) ------
+ * px_dot of the same rows for NT prepared activations, each weight block
+ * decoded once into registers (the code vectors as floats, the block's
+ * scales) and then run against every token with the operations of that
+ * type's bx_* above, in the same order per token: dot32's two chains, the
+ * block scale's FMA into the token's accumulator, the offset/min terms from
+ * the token's aux, and fin_* at the end of the row. So each token's result
+ * is the bits px_dot gives (tests/unit/test_backend_exact.c checks it for
+ * every row, token count and row count). One row at a time (px_dot's
+ * remainder rows run the same operations as its four-row groups), tokens
+ * in groups of up to 3 (4 = 2 + 2) whose accumulators stay in registers
+ * beside the block's codes (up to 8 per decode spilled them and gave back
+ * most of the gain: a 5-token Q4_1 pass 0.95 of 5 one-token products in
+ * instructions, 0.75 with groups of 3); NT is a compile-time constant in
+ * each instance. */
+
+/* dot32 on code vectors already converted to floats: the same two chains */
+static inline __m256 dot32f(__m256 c0, __m256 c1, __m256 c2, __m256 c3, const float *xb) {
+    __m256 t0 = _mm256_mul_ps(c0, ldx(xb));
+    __m256 t1 = _mm256_mul_ps(c1, ldx(xb + 8));
+    t0 = _mm256_fmadd_ps(c2, ldx(xb + 16), t0);
+    t1 = _mm256_fmadd_ps(c3, ldx(xb + 24), t1);
+    return _mm256_add_ps(t0, t1);
+}
+
+#define PXM_ROWS(T, BB, ...)                                                                      \
+    static inline __attribute__((always_inline)) void pxmk_##T(const uint8_t *row, size_t rs, int64_t nr, const int NT, \
+                                                               const float *const *x, const float *const *aux, int64_t n, \
+                                                               float *out, int64_t os) {          \
+        for (int64_t r = 0; r < nr; r++) {                                                        \
+            const uint8_t *p = row + (size_t)r * rs;                                              \
+            pxs s[3];                                                                             \
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) s[t] = pxs0();                   \
+            __VA_ARGS__                                                                           \
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) out[(int64_t)t * os + r] = fin_##T(s[t]); \
+        }                                                                                         \
+    }                                                                                             \
+    static void pxm_##T(const uint8_t *row, size_t rs, int64_t nr, int nt, const float *const *x,  \
+                        const float *const *aux, int64_t n, float *out, int64_t os) {             \
+        for (int t0 = 0; t0 < nt;) {                                                              \
+            const int left = nt - t0, g = left == 4 ? 2 : left < 3 ? left : 3;                    \
+            if (g == 3) pxmk_##T(row, rs, nr, 3, x + t0, aux + t0, n, out + (int64_t)t0 * os, os); \
+            else if (g == 2) pxmk_##T(row, rs, nr, 2, x + t0, aux + t0, n, out + (int64_t)t0 * os, os); \
+            else pxmk_##T(row, rs, nr, 1, x + t0, aux + t0, n, out + (int64_t)t0 * os, os);        \
+            t0 += g;                                                                              \
+        }                                                                                         \
+    }
+
+/* bx_q4_1 */
+PXM_ROWS(q4_1, 20, {
+    for (int64_t i = 0; i < n / 32; i++) {
+        const uint8_t *b = p + i * 20;
+        _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
+        const __m128 dm = ph2(b);
+        const __m256 db = _mm256_broadcastss_ps(dm);
+        const __m256i q0 = u8x8(b + 4), q1 = u8x8(b + 12);
+        const __m256 c0 = cvt(and15(q0)), c1 = cvt(and15(q1)), c2 = cvt(hi4(q0)), c3 = cvt(hi4(q1));
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {
+            const __m256 d = dot32f(c0, c1, c2, c3, x[t] + i * 32);
+            s[t].a = _mm256_fmadd_ps(db, d, s[t].a);
+            s[t].m = _mm_fmadd_ps(dm, _mm_loadu_ps(aux[t] + i * 4), s[t].m);
+        }
+    }
+})
+
+/* bx_q8_0 */
+PXM_ROWS(q8_0, 34, {
+    (void)aux;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const uint8_t *b = p + i * 34;
+        _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
+        const __m256 db = _mm256_broadcastss_ps(ph1(b));
+        const __m256 c0 = cvt(i8x8(b + 2)), c1 = cvt(i8x8(b + 10)), c2 = cvt(i8x8(b + 18)), c3 = cvt(i8x8(b + 26));
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) s[t].a = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), s[t].a);
+    }
+})
+
+/* bx_q4_k: the mins first, then per 64 weights the low and the high sub-block */
+PXM_ROWS(q4_k, 144, {
+    for (int64_t i = 0; i < n / 256; i++) {
+        const uint8_t *b = p + i * 144;
+        _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PX_PF + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PX_PF + 128, _MM_HINT_T0);
+        _Alignas(32) float sm[16];
+        k4_scales(b, sm);
+        const __m256 mins = _mm256_load_ps(sm + 8);
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) s[t].a = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(aux[t] + i * 8), s[t].a);
+        const uint8_t *qs = b + offsetof(df_blk_q4_k, qs);
+        for (int c = 0; c < 4; c++) {
+            const __m256i q0 = u8x8(qs + 32 * c), q1 = u8x8(qs + 32 * c + 8), q2 = u8x8(qs + 32 * c + 16),
+                          q3 = u8x8(qs + 32 * c + 24);
+            const __m256 l0 = cvt(and15(q0)), l1 = cvt(and15(q1)), l2 = cvt(and15(q2)), l3 = cvt(and15(q3));
+            const __m256 h0 = cvt(hi4(q0)), h1 = cvt(hi4(q1)), h2 = cvt(hi4(q2)), h3 = cvt(hi4(q3));
+            const __m256 sl = _mm256_broadcast_ss(sm + 2 * c), sh = _mm256_broadcast_ss(sm + 2 * c + 1);
+            _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {
+                const float *xb = x[t] + i * 256 + 64 * c;
+                const __m256 tl = dot32f(l0, l1, l2, l3, xb), th = dot32f(h0, h1, h2, h3, xb + 32);
+                s[t].a = _mm256_fmadd_ps(sl, tl, s[t].a);
+                s[t].a = _mm256_fmadd_ps(sh, th, s[t].a);
+            }
+        }
+    }
+})
+
+/* bx_q6_k: the -32 terms first, then per half, group and 16 codes */
+PXM_ROWS(q6_k, 210, {
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    for (int64_t i = 0; i < n / 256; i++) {
+        const uint8_t *b = p + i * 210;
+        _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PX_PF + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PX_PF + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)b + PX_PF + 192, _MM_HINT_T0);
+        _Alignas(32) float dl[16];
+        const __m256 d = _mm256_set1_ps(h2f(b + offsetof(df_blk_q6_k, d)));
+        const uint8_t *sc = b + offsetof(df_blk_q6_k, scales);
+        const __m256 d0 = _mm256_mul_ps(d, cvt(i8x8(sc))), d1 = _mm256_mul_ps(d, cvt(i8x8(sc + 8)));
+        _mm256_store_ps(dl, d0);
+        _mm256_store_ps(dl + 8, d1);
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {
+            s[t].a = _mm256_fnmadd_ps(d0, _mm256_loadu_ps(aux[t] + i * 16), s[t].a);
+            s[t].a = _mm256_fnmadd_ps(d1, _mm256_loadu_ps(aux[t] + i * 16 + 8), s[t].a);
+        }
+        const uint8_t *ql = b, *qhp = b + offsetof(df_blk_q6_k, qh);
+        for (int h = 0; h < 2; h++) {
+            const __m256i la = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+            const __m256i lb = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(qhp + 32 * h));
+            const __m256i v[4] = {
+                _mm256_or_si256(_mm256_and_si256(la, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+                _mm256_or_si256(_mm256_and_si256(lb, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4), _mm256_and_si256(qh, m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30))};
+            for (int g = 0; g < 4; g++) {
+                const __m128i c[2] = {_mm256_castsi256_si128(v[g]), _mm256_extracti128_si256(v[g], 1)};
+                for (int e = 0; e < 2; e++) {
+                    const __m256 f0 = cvt(_mm256_cvtepu8_epi32(c[e])), f1 = cvt(_mm256_cvtepu8_epi32(_mm_srli_si128(c[e], 8)));
+                    const __m256 sd = _mm256_broadcast_ss(dl + 8 * h + 2 * g + e);
+                    _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) {
+                        const float *xk = x[t] + i * 256 + 128 * h + 32 * g + 16 * e;
+                        const __m256 tt = _mm256_fmadd_ps(f1, ldx(xk + 8), _mm256_mul_ps(f0, ldx(xk)));
+                        s[t].a = _mm256_fmadd_ps(sd, tt, s[t].a);
+                    }
+                }
+            }
+        }
+    }
+})
+
+df_ggml_pxm_fn df_ggml_pxm_avx2(int type,
+                                void (*px_dot)(const uint8_t *, size_t, int64_t, const float *, const float *, int64_t, float *)) {
+    /* only where px_dot is the kernel whose arithmetic these repeat */
+    switch (type) {
+    case DF_GGML_Q4_1: return px_dot == pxd_q4_1 ? pxm_q4_1 : NULL;
+    case DF_GGML_Q8_0: return px_dot == pxd_q8_0 ? pxm_q8_0 : NULL;
+    case DF_GGML_Q4_K: return px_dot == pxd_q4_k ? pxm_q4_k : NULL;
+    case DF_GGML_Q6_K: return px_dot == pxd_q6_k ? pxm_q6_k : NULL;
+    default: return NULL;
+    }
+}

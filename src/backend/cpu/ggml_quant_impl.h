@@ -55,6 +55,18 @@ typedef struct {
                    int64_t n, float *out);
 } df_ggml_kernels;
 
+/* px_dot for nt (2..DF_GGML_PXM) prepared activations at once (a verify
+ * pass): out[t*os + k] the bits px_dot gives for x[t], aux[t]; each weight
+ * block decoded once per group of up to 3 of them (the accumulators of 3
+ * tokens and a block's codes fill the 16 AVX2 registers). df_ggml_pxm_avx2 returns the fused
+ * kernel of type when px_dot is the AVX2 prepared-x kernel it matches, else
+ * NULL (the caller then runs px_dot once per activation). */
+#define DF_GGML_PXM 8
+typedef void (*df_ggml_pxm_fn)(const uint8_t *row, size_t row_stride, int64_t nr, int nt, const float *const *x,
+                               const float *const *aux, int64_t n, float *out, int64_t os);
+df_ggml_pxm_fn df_ggml_pxm_avx2(int type,
+                                void (*px_dot)(const uint8_t *, size_t, int64_t, const float *, const float *, int64_t, float *));
+
 /* The prefill GEMM's panel of 16 rows (df_ggml_pack16); NULL: no kernel. */
 typedef void (*df_ggml_pack16_fn)(const uint8_t *rows, size_t row_stride, int64_t n, float *P);
 df_ggml_pack16_fn df_ggml_pack16_avx2(int type);

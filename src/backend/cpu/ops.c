@@ -344,6 +344,7 @@ const df_backend_ops df_backend_cpu = {
     .sigmoid = c_sigmoid, .l2norm = c_l2norm, .attn_res = c_attn_res,
     .route = c_route, .moe_combine = c_moe_combine,
     .causal_conv1d = c_causal_conv1d, .kda_scan = c_kda_scan, .kda_gate = c_kda_gate,
+    .exact_products = df_cpu_exact_products,
 };
 
 /* The reference: every computing op of the table on the scalar kernels
@@ -377,6 +378,7 @@ const df_backend_ops df_backend_cpu_scalar = {
     .sigmoid = c_sigmoid, .l2norm = c_l2norm, .attn_res = r_attn_res,
     .route = c_route, .moe_combine = r_moe_combine,
     .causal_conv1d = c_causal_conv1d, .kda_scan = r_kda_scan, .kda_gate = c_kda_gate,
+    .exact_products = df_cpu_exact_products,
 };
 
 void df_backend_init(int n_threads) { df_pool_init(n_threads); }
