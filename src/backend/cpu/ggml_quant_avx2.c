@@ -1017,7 +1017,7 @@ PXM_ROWS(q8_0, 34, {
     for (int64_t i = 0; i < n / 32; i++) {
         const uint8_t *b = p + i * 34;
         _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
-        const __m256 db = _mm256_broadcastss_ps(ph1(b));
+        const __m256 db = ph1x8(b);
         const __m256 c0 = cvt(i8x8(b + 2)), c1 = cvt(i8x8(b + 10)), c2 = cvt(i8x8(b + 18)), c3 = cvt(i8x8(b + 26));
         _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) s[t].a = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), s[t].a);
     }
