@@ -18,11 +18,14 @@
  *     match's length (1-2, 3-7, 8-15, 16+ tokens: a long match is a copy
  *     and goes on), and k is the one with the best expected tokens per unit
  *     of time: long accepted runs raise a and k up to --spec-max, misses
- *     lower them. ngram drafts whenever there is a match; auto takes a plain
- *     step where no k beats one, and probes such a bucket (k = 2) only on a
- *     match of 2+ tokens and only while the passes that lost have cost less
- *     than 1% of the time so far, so where drafting fails it costs ~1% and
- *     where nothing matches it costs nothing.
+ *     lower them. ngram drafts whenever there is a match. auto drafts only
+ *     in a bucket whose rate was measured (DF_SPEC_EVIDENCE scored drafts)
+ *     and where some k beats a plain step; at each plain step with a match
+ *     it keeps the draft the drafter would have made (a shadow) and scores
+ *     it against the tokens that follow, so a bucket's rate is measured,
+ *     and kept current, without paying for passes: where drafting fails
+ *     auto costs nothing but the drafter's lookups, and where the answer
+ *     starts copying the shadows raise the rate and passes begin.
  * Which tokens are chosen never depends on any of this (generate.c samples
  * every position as a plain step would), only how many forward passes it
  * takes. */
@@ -41,7 +44,7 @@
 #define DF_SPEC_BUCKETS 4
 #define DF_SPEC_BETA0 0.3        /* verify cost per drafted token / plain step, until measured */
 #define DF_SPEC_DECAY 0.9        /* weight of a bucket's past tries at each new pass */
-#define DF_SPEC_PROBE_SHARE 0.01 /* auto: what losing passes may cost, as a share of the decode time */
+#define DF_SPEC_EVIDENCE 3.0     /* auto: no pass in a bucket before this many (decayed) scored drafts, shadows included */
 #define DF_SPEC_LOSS_SHARE 0.03  /* auto: past this share lost, only passes expected to gain DF_SPEC_MARGIN run */
 #define DF_SPEC_MARGIN 1.2
 #define DF_SPEC_EXPLORE_TRIES 4 /* auto: at most 2 drafts until a bucket has this many (decayed) tries, prior included */
@@ -208,7 +211,12 @@ struct df_spec {
     double cost[DF_SPEC_MAX_K + 1]; /* seconds of a verify pass of k drafts, measured (0: not yet) */
     double succ[DF_SPEC_BUCKETS], tries[DF_SPEC_BUCKETS]; /* per match-length bucket: accepted drafts, and tries (accepted + the miss), decayed */
     double t_total, t_loss; /* auto: seconds of all steps and passes; what passes that lost cost beyond plain steps */
-    int n_plain, n_verify, bucket, probe;
+    int n_plain, n_verify, bucket;
+    double seen[DF_SPEC_BUCKETS]; /* auto: scored drafts per bucket (real and shadow tries, decayed; no prior) */
+    /* auto's shadow draft: what the drafter proposed at a plain step,
+     * scored against the tokens that followed (free acceptance data) */
+    int32_t sh[DF_SPEC_MAX_K];
+    int sh_n, sh_pos, sh_b;
     /* draft across tokenizers: the committed text (the target's detokenized
      * timeline) and where each timeline token ends in it */
     int text_level;
@@ -261,7 +269,29 @@ static int text_put(df_spec *sp, const char *p, size_t n) {
     return 0;
 }
 
+/* A draft of k tokens of which the first `accepted` were right, in bucket
+ * b: each accepted draft a success, the first rejected one a failure. */
+static void tally(df_spec *sp, int b, int k, int accepted) {
+    const double t = accepted + (accepted < k);
+    sp->succ[b] = DF_SPEC_DECAY * sp->succ[b] + accepted;
+    sp->tries[b] = DF_SPEC_DECAY * sp->tries[b] + t;
+    sp->seen[b] = DF_SPEC_DECAY * sp->seen[b] + t;
+}
+
+/* auto's shadow draft against the tokens the steps chose: scored as a pass
+ * of sh_n drafts would have been (tally's sums), at no cost, and credited
+ * token by token (the decay once, when the shadow starts), so a copy's
+ * rate rises as it is seen, not sh_n tokens later. */
+static void shadow_score(df_spec *sp, const int32_t *ids, size_t n) {
+    for (size_t i = 0; i < n && sp->sh_n; i++) {
+        const int b = sp->sh_b, ok = ids[i] == sp->sh[sp->sh_pos];
+        sp->succ[b] += ok, sp->tries[b] += 1, sp->seen[b] += 1;
+        if (!ok || ++sp->sh_pos == sp->sh_n) sp->sh_n = 0;
+    }
+}
+
 int df_spec_append(df_spec *sp, const int32_t *ids, size_t n) {
+    shadow_score(sp, ids, n);
     int rc = df_ngram_append(sp->ng, ids, n);
     if (rc || !sp->text_level) return rc;
     if (sp->n_text + n > sp->ocap) {
@@ -337,33 +367,47 @@ static int choose(const df_spec *sp, int b, double *g) {
     return best;
 }
 
+/* auto, taking a plain step where the drafter has a match: the draft it
+ * would have made becomes the shadow, scored as the tokens arrive. */
+static int plain_step(df_spec *sp, size_t m) {
+    sp->k = 0;
+    if (sp->mode == DF_SPEC_AUTO && m && !sp->sh_n) {
+        int n = df_ngram_draft(sp->ng, sp->k_max < DF_SPEC_MAX_K ? sp->k_max : DF_SPEC_MAX_K, sp->sh);
+        if (n > 0) {
+            const int b = sp->sh_b = bucket_of(m);
+            sp->sh_n = n, sp->sh_pos = 0;
+            sp->succ[b] *= DF_SPEC_DECAY, sp->tries[b] *= DF_SPEC_DECAY, sp->seen[b] *= DF_SPEC_DECAY;
+        }
+    }
+    return 0;
+}
+
 int df_spec_want(df_spec *sp, int room) {
-    sp->probe = 0;
     if (room <= 0) return 0;
     if (sp->mode != DF_SPEC_NGRAM && sp->mode != DF_SPEC_AUTO) return sp->k < room ? sp->k : room;
     const size_t m = df_ngram_match_len(sp->ng);
     if (!m) return 0; /* nothing to draft from: a plain step */
-    if (!sp->n_plain) return 0; /* a plain step first: its time is the unit */
+    if (!sp->n_plain) return plain_step(sp, m); /* a plain step first: its time is the unit */
     double g;
     int b = sp->bucket = bucket_of(m), k = choose(sp, b, &g);
-    /* auto: short passes while the bucket's rate is mostly the prior (a
-     * long pass that misses costs several steps: each position of a verify
-     * pass costs most of a plain step's compute) */
-    if (sp->mode == DF_SPEC_AUTO && sp->tries[b] < DF_SPEC_EXPLORE_TRIES && k > 2) k = 2;
-    sp->k = k;
-    /* auto: a marginal gain does not pay for passes once those that lost
-     * have cost DF_SPEC_LOSS_SHARE of the time (short passes on answers
-     * that rarely copy: each costs more than the steps it saves) */
-    if (sp->mode == DF_SPEC_AUTO && (g <= 1 || (g < DF_SPEC_MARGIN && sp->t_loss > DF_SPEC_LOSS_SHARE * sp->t_total))) {
-        sp->k = 0;
-        /* a probe: a pass that is expected to lose, to see whether this
-         * bucket's rate moved; only on a match of 2+ tokens, and only while
-         * what losing passes cost stays under DF_SPEC_PROBE_SHARE of the
-         * time so far */
-        if (m < 2 || sp->t_loss > DF_SPEC_PROBE_SHARE * sp->t_total) return 0;
-        sp->probe = 1;
-        k = 2 < sp->k_max ? 2 : sp->k_max;
+    if (sp->mode == DF_SPEC_AUTO) {
+        /* no pass on the prior alone: a bucket's rate is first measured on
+         * shadow drafts (plain steps cost nothing extra), so answers that
+         * do not copy never pay for exploring passes */
+        if (sp->seen[b] < DF_SPEC_EVIDENCE) return plain_step(sp, m);
+        /* short passes while the bucket has few tries (a long pass that
+         * misses costs several steps: each position of a verify pass costs
+         * most of a plain step's compute) */
+        if (sp->tries[b] < DF_SPEC_EXPLORE_TRIES && k > 2) k = 2;
+        /* a marginal gain does not pay for passes once those that lost have
+         * cost DF_SPEC_LOSS_SHARE of the time (short passes on answers that
+         * rarely copy: each costs more than the steps it saves); the
+         * bucket's rate keeps being measured on shadow drafts, so drafting
+         * resumes where the answer starts to copy */
+        if (g <= 1 || (g < DF_SPEC_MARGIN && sp->t_loss > DF_SPEC_LOSS_SHARE * sp->t_total)) return plain_step(sp, m);
+        sp->sh_n = 0; /* a pass measures this bucket itself */
     }
+    sp->k = k;
     return k < room ? k : room;
 }
 
@@ -375,10 +419,7 @@ void df_spec_note_plain(df_spec *sp, double secs) {
 void df_spec_note_verify(df_spec *sp, int k, int accepted, double secs) {
     sp->n_verify++;
     if ((sp->mode != DF_SPEC_NGRAM && sp->mode != DF_SPEC_AUTO) || k <= 0) return;
-    const int b = sp->bucket;
-    /* geometric: each accepted draft a success, the first rejected one a failure */
-    sp->succ[b] = DF_SPEC_DECAY * sp->succ[b] + accepted;
-    sp->tries[b] = DF_SPEC_DECAY * sp->tries[b] + accepted + (accepted < k);
+    tally(sp, sp->bucket, k, accepted); /* geometric: each accepted draft a success, the first rejected one a failure */
     sp->t_total += secs;
     if (k <= DF_SPEC_MAX_K) sp->cost[k] = sp->cost[k] > 0 ? 0.7 * sp->cost[k] + 0.3 * secs : secs;
     double loss = secs - sp->t1 * (accepted + 1); /* beyond the plain steps it saved */

@@ -35,9 +35,9 @@ int df_spec_append(df_spec *sp, const int32_t *ids, size_t n);
  * context and the token limit allow. ngram and auto: 0 without an n-gram
  * match, else the k of the best expected tokens per unit of time for the
  * match's length bucket (its measured acceptance, the measured cost of a
- * pass against a plain step); auto takes a plain step where no k gains,
- * except for probes (a match of 2+ tokens, while losing passes cost under
- * 1% of the time so far). */
+ * pass against a plain step); auto takes a plain step where no k gains
+ * or where the bucket's rate is not measured yet, and then scores the
+ * draft it would have made against the tokens that follow (a shadow). */
 int df_spec_want(df_spec *sp, int room);
 /* Up to k proposed tokens after the timeline into out; returns how many
  * (0: no proposal), or a DF_E* code (message in err). */

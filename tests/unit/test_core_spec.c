@@ -230,6 +230,8 @@ static void cost_tests(void) {
         au = simulate(DF_SPEC_AUTO, 8, t, 1000, 3000, beta);
         CHECK(au.spec_time < 1.03 * au.plain_time, "auto on chat, beta %.2f: %.1f vs %.1f plain (%ld passes)", beta, au.spec_time,
               au.plain_time, au.passes);
+        /* its rates are measured on shadow drafts, which never came true here: not one pass is paid for */
+        CHECK(au.passes == 0, "auto on chat, beta %.2f: %ld passes on drafts that were never right", beta, au.passes);
         au = simulate(DF_SPEC_AUTO, 8, t, 1000, 1120, beta); /* a short answer: the probes' share too */
         CHECK(au.spec_time < 1.03 * au.plain_time, "auto on a short chat answer, beta %.2f: %.1f vs %.1f plain (%ld passes)", beta,
               au.spec_time, au.plain_time, au.passes);
