@@ -2,7 +2,8 @@
  * called when the CPU reports avx512f/bw/vl). Conversions are exact:
  * bf16 by a 16-bit shift, f16 by vcvtph2ps, FP8 E4M3 by re-biasing into f16
  * (value = f16((b & 0x7f) << 7 | (b & 0x80) << 8) * 256, exact for normals
- * and subnormals), INT4 nibbles by integer unpacking. */
+ * and subnormals) outside decode; FP8 decode on prepared x runs the AVX2
+ * integer route (fp8_int_avx2.h); INT4 nibbles by integer unpacking. */
 #include "backend/cpu/kernels.h"
 #include <immintrin.h>
 #include <math.h>
@@ -212,20 +213,21 @@ void df_k_dot4_fp8s_avx512(const uint8_t *w, int64_t ld, const float *x, int64_t
             if (fp8_row_has_nan(w + k * ld, n)) out[k] = NAN;
 }
 
-/* FP8 with prepared x: the plain kernels (kernels.h) */
-float df_k_fp8x_prep_avx512(const float *x, float *xp, int64_t n) {
-    memcpy(xp, x, (size_t)n * sizeof(float));
-    return 1.0f;
-}
+/* FP8 with prepared x: the AVX2 file's integer route (E4M3 -> f32 by shifts
+ * and masks, x in its order, kernels.h), in 256-bit registers, from the
+ * shared header: the same bits as the AVX2 kernels. (It replaces the f16
+ * route of dot4_fp8s here, which vcvtph2ps bounds; a 512-bit form would
+ * need its own x order and was not written: nothing AVX-512 runs on the dev
+ * VM to test it.) */
+#define FP8I_PF(w, ld, off) ((void)0)
+#include "backend/cpu/fp8_int_avx2.h"
+float df_k_fp8x_prep_avx512(const float *x, float *xp, int64_t n) { return fp8i_prep(x, xp, n); }
 float df_k_dot_fp8sp_avx512(const uint8_t *w, const float *xp, float xs, int64_t n, int blk, const float *sc) {
-    float s = 0;
-    for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) s += sc[b] * df_k_dot_fp8_avx512(w + c0, xp + c0, n - c0 < blk ? n - c0 : blk);
-    return s * xs;
+    return fp8i_dot(w, xp, xs, n, blk, sc);
 }
 void df_k_dot4_fp8sp_avx512(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
                             const float *const *sc, float *out) {
-    df_k_dot4_fp8s_avx512(w, ld, xp, n, blk, sc, out);
-    for (int k = 0; k < 4; k++) out[k] *= xs;
+    fp8i_dot4(w, ld, xp, xs, n, blk, sc, out);
 }
 
 void df_k_axpy_avx512(float *y, float a, const float *x, int64_t n) {
