@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
     uint8_t *w = (uint8_t *)aligned_alloc(64, (size_t)R * C + 64) + 64; float *x = malloc(C * 4), *xp = malloc(C * 4), *sc = malloc(((C + 127) / 128) * 4 * 8);
     srand(1);
     for (int64_t i = 0; i < R * C; i++) { uint8_t c = rand() & 0xff; if ((c & 0x7f) == 0x7f) c = 0x31; w[i] = c; }
-    for (int64_t i = 0; i < C; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (int64_t i = 0; i < C; i++) x[i] = (float)(rand() % 20001) / 20000.0f - 0.5f;
     for (int64_t i = 0; i < (C + 127) / 128 * 8; i++) sc[i] = 0.01f * (1 + i % 7);
     const float xs = df_k_fp8x_prep_avx2(x, xp, C);
     const float *scp[8]; for (int k = 0; k < 8; k++) scp[k] = sc + k * ((C + 127) / 128);
