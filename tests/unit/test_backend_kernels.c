@@ -590,8 +590,9 @@ static void test_fp8_prepared(void) {
 }
 
 /* ---- AVX-512 FP8 decode = AVX2 FP8 decode, bit for bit ------------------
- * The AVX-512 build runs the AVX2 file's integer route (fp8_int_avx2.h): on
- * an AVX-512 machine, its prep (xp, xs), one-row and four-row kernels give
+ * The AVX-512 build runs the AVX2 file's integer route (fp8_int_avx2.h; the
+ * four-row kernel two rows per zmm, the same ops per lane): on an AVX-512
+ * machine, its prep (xp, xs), one-row and four-row kernels give
  * the AVX2 functions' bits, for rows of every DeepSeek-V3 length and the
  * odd ones, 32- and 128-column blocks, all codes (subnormals, both zeros),
  * a row with a NaN code, x with a wide spread of magnitudes. Before the

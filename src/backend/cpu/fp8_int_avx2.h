@@ -1,9 +1,9 @@
 /* fp8_int_avx2.h - the FP8 (E4M3) decode kernels on prepared x by integer
  * ops in 256-bit registers (AVX2), shared by kernels_avx2.c and
  * kernels_avx512.c: included by both, each compiled with its own ISA flags,
- * so an AVX-512 machine runs the same instructions (EVEX- or VEX-encoded as
- * the compiler picks) in the same order and gets the AVX2 file's bits
- * (tests/unit/test_backend_kernels.c: test_fp8_avx512_is_avx2). The
+ * so an AVX-512 machine runs the same prep and one-row kernel (its four-row
+ * kernel is the same per lane in 512-bit registers) and gets the AVX2
+ * file's bits (tests/unit/test_backend_kernels.c: test_fp8_avx512_is_avx2). The
  * includer defines FP8I_PF(w, ld, off) (a prefetch hook, may be empty). */
 #ifndef DF_FP8_INT_AVX2_H
 #define DF_FP8_INT_AVX2_H
