@@ -425,7 +425,25 @@ void df_k_dot4_fp8s_avx2(const uint8_t *w, int64_t ld, const float *x, int64_t n
 }
 
 /* ---- FP8 decode with prepared x: fp8_int_avx2.h (shared with AVX-512) -- */
-#define FP8I_PF(w, ld, off) PF4(w, ld, off)
+/* FP8's four streams are prefetched DF_FP8_PF bytes ahead (one line per
+ * stream per 64 columns), unlike the other formats' (DF_DOT4_PF, off): the
+ * FP8 kernel is compute-heavy (~14 G weights/s per core from L2), so its
+ * loads run ahead of the arithmetic less and the hardware prefetcher alone
+ * leaves it waiting on memory. Engine product, one thread, GB/s of CPU time
+ * on the loaded dev VM: 512 bytes ahead +21-30% over none in one set of
+ * interleaved runs, +7-12% in another; 256 and 768 less (docs/PERFORMANCE.md,
+ * "Issue 17: FP8 decode, round 4"). A build option: OPT="-O2 -DDF_FP8_PF=0". */
+#ifndef DF_FP8_PF
+#define DF_FP8_PF 512
+#endif
+#define FP8I_PF(w, ld, off)                                                                                       \
+    do {                                                                                                          \
+        if (DF_FP8_PF) {                                                                                          \
+            const char *pf_ = (const char *)(w) + (off) + DF_FP8_PF;                                              \
+            _mm_prefetch(pf_, _MM_HINT_T0), _mm_prefetch(pf_ + (ld), _MM_HINT_T0);                                \
+            _mm_prefetch(pf_ + 2 * (ld), _MM_HINT_T0), _mm_prefetch(pf_ + 3 * (ld), _MM_HINT_T0);                 \
+        }                                                                                                         \
+    } while (0)
 #include "backend/cpu/fp8_int_avx2.h"
 float df_k_fp8x_prep_avx2(const float *x, float *xp, int64_t n) { return fp8i_prep(x, xp, n); }
 float df_k_dot_fp8sp_avx2(const uint8_t *w, const float *xp, float xs, int64_t n, int blk, const float *sc) {

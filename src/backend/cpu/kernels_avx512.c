@@ -253,6 +253,8 @@ void df_k_dot4_fp8sp_avx512(const uint8_t *w, int64_t ld, const float *xp, float
         const int64_t c1 = n - c0 < blk ? n : c0 + blk;
         __m512 t01 = _mm512_setzero_ps(), u01 = t01, t23 = t01, u23 = t01;
         for (int64_t i = c0; i < c1; i += 32) {
+            if (!(i & 63)) /* as the AVX2 kernel (kernels_avx2.c, DF_FP8_PF): each row 512 bytes ahead */
+                for (int k = 0; k < 4; k++) _mm_prefetch((const char *)w + k * ld + i + 512, _MM_HINT_T0);
             const __m512 x0 = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp + i)), x1 = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp + i + 8));
             const __m512 x2 = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp + i + 16)), x3 = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp + i + 24));
             F8Z_PAIR(0, t01, u01)
