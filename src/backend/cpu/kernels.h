@@ -78,8 +78,9 @@ float *df_cpu_scratch(int slot, size_t n);
      * requirements (n % 32 == 0, blk % 32 == 0 for SIMD). AVX2: weights become f32 by integer ops alone (the      \
      * value times 2^-120, E4M3 subnormals as f32 subnormals, exact), so xp is x times 2^k (per 32 elements   \
      * x[4j], then x[4j+1], x[4j+2], x[4j+3], j < 8), k <= 120 the largest that keeps xp finite, xs = 2^(120-k):  \
-     * the products are the scalar ones times 2^(k-120) (the same unless below f32's normal range). Scalar and   \
-     * AVX-512: xp is a copy of x, xs = 1, the plain kernels run. */                                              \
+     * the products are the scalar ones times 2^(k-120) (the same unless below f32's normal range). AVX-512:    \
+     * the AVX2 code (fp8_int_avx2.h; its four-row kernel two rows per zmm), the same bits. Scalar: xp is a     \
+     * copy of x, xs = 1, the plain kernels. */                                                                 \
     float df_k_fp8x_prep_##isa(const float *x, float *xp, int64_t n);                                             \
     float df_k_dot_fp8sp_##isa(const uint8_t *w, const float *xp, float xs, int64_t n, int blk, const float *sc);   \
     void df_k_dot4_fp8sp_##isa(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,          \

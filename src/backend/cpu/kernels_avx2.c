@@ -424,115 +424,34 @@ void df_k_dot4_fp8s_avx2(const uint8_t *w, int64_t ld, const float *x, int64_t n
     for (int k = 0; k < 4; k++) out[k] = anynan && fp8_row_has_nan(w + k * ld, n) ? NAN : hsum8(a[k]) * 256.0f;
 }
 
-/* ---- FP8 decode with prepared x -------------------------------------- */
-/* 32 E4M3 bytes in one load (v): 32-bit lane j holds codes 4j, 4j+1, 4j+2,
- * 4j+3 in its bytes 0..3. An arithmetic shift right by 4 of each 16-bit half
- * (F8A) puts the code of the half's high byte (4j+1 low half, 4j+3 high
- * half) in bits 4..10 of the half and its sign in bits 11..15; F8B does the
- * same for the low bytes (4j, 4j+2) after a shift left by 8. In the high
- * half those bits are f32 bits 20..26 (exponent and mantissa) and 27..31
- * (sign, and copies of it in 27..30 that the mask 0x87f00000 clears, with
- * the low half): F8HI is codes 4j+3 / 4j+2 as f32, F8LO (the low half
- * shifted up 16 first) codes 4j+1 / 4j. Each f32 is the E4M3 value times
- * 2^-120, exactly, subnormal codes included (as f32 subnormals). Nine
- * integer ops per 32 weights, all within 128-bit lanes (no vpmovsxbw, no
- * conversion instruction: vcvtph2ps bounded the f16 route above at ~12 G
- * weights/s per core on the 2-core EPYC dev VM), and the one 32-byte load
- * serves the NaN-code check too. x is prepared in that order (fp8x_prep:
- * per 32 elements x[4j], then x[4j+1], x[4j+2], x[4j+3], j < 8) and times
- * 2^k; sums times 2^(120-k). */
-#define F8A(v) _mm256_srai_epi16(v, 4)
-#define F8B(v) _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4)
-#define F8HI(h) _mm256_castsi256_ps(_mm256_and_si256(h, m87))
-#define F8LO(h) _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(h, 16), m87))
-#define F8NAN(acc, v) _mm256_max_epu8(acc, _mm256_and_si256(v, _mm256_set1_epi8(0x7f)))
-static inline int fp8_nan_seen32(__m256i acc) { return _mm256_movemask_epi8(_mm256_cmpeq_epi8(acc, _mm256_set1_epi8(0x7f))) != 0; }
-
-float df_k_fp8x_prep_avx2(const float *x, float *xp, int64_t n) {
-    /* the largest finite |x| (infinities and NaNs pass through the scaling unchanged) */
-    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
-    __m256 mv = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absm);
-        mv = _mm256_max_ps(mv, _mm256_and_ps(a, _mm256_cmp_ps(a, inf, _CMP_LT_OQ)));
-    }
-    float t[8], m = 0;
-    _mm256_storeu_ps(t, mv);
-    for (int j = 0; j < 8; j++) m = t[j] > m ? t[j] : m;
-    for (; i < n; i++) m = fabsf(x[i]) < INFINITY && fabsf(x[i]) > m ? fabsf(x[i]) : m;
-    int e;
-    frexpf(m, &e); /* m < 2^e */
-    const int k = 127 - e < 120 ? 127 - e : 120;
-    const float up = ldexpf(1.0f, k);
-    const __m256 upv = _mm256_set1_ps(up);
-    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (i = 0; i + 32 <= n; i += 32) {
-        /* a 4 x 4 transpose in each 128-bit half, then the halves interleaved */
-        const __m256 a0 = _mm256_loadu_ps(x + i), a1 = _mm256_loadu_ps(x + i + 8), a2 = _mm256_loadu_ps(x + i + 16),
-                     a3 = _mm256_loadu_ps(x + i + 24);
-        const __m256 u0 = _mm256_unpacklo_ps(a0, a1), u1 = _mm256_unpackhi_ps(a0, a1), u2 = _mm256_unpacklo_ps(a2, a3),
-                     u3 = _mm256_unpackhi_ps(a2, a3);
-        const __m256 t[4] = {_mm256_shuffle_ps(u0, u2, 0x44), _mm256_shuffle_ps(u0, u2, 0xEE), _mm256_shuffle_ps(u1, u3, 0x44),
-                             _mm256_shuffle_ps(u1, u3, 0xEE)};
-        for (int q = 0; q < 4; q++) _mm256_storeu_ps(xp + i + 8 * q, _mm256_mul_ps(_mm256_permutevar8x32_ps(t[q], perm), upv));
-    }
-    for (; i < n; i++) xp[i] = x[i] * up;
-    return ldexpf(1.0f, 120 - k);
-}
-
+/* ---- FP8 decode with prepared x: fp8_int_avx2.h (shared with AVX-512) -- */
+/* FP8's four streams are prefetched DF_FP8_PF bytes ahead (one line per
+ * stream per 64 columns), unlike the other formats' (DF_DOT4_PF, off): the
+ * FP8 kernel is compute-heavy (~14 G weights/s per core from L2), so its
+ * loads run ahead of the arithmetic less and the hardware prefetcher alone
+ * leaves it waiting on memory. Engine product, one thread, GB/s of CPU time
+ * on the loaded dev VM: 512 bytes ahead +21-30% over none in one set of
+ * interleaved runs, +7-12% in another; 256 and 768 less (docs/PERFORMANCE.md,
+ * "Issue 17: FP8 decode, round 4"). A build option: OPT="-O2 -DDF_FP8_PF=0". */
+#ifndef DF_FP8_PF
+#define DF_FP8_PF 512
+#endif
+#define FP8I_PF(w, ld, off)                                                                                       \
+    do {                                                                                                          \
+        if (DF_FP8_PF) {                                                                                          \
+            const char *pf_ = (const char *)(w) + (off) + DF_FP8_PF;                                              \
+            _mm_prefetch(pf_, _MM_HINT_T0), _mm_prefetch(pf_ + (ld), _MM_HINT_T0);                                \
+            _mm_prefetch(pf_ + 2 * (ld), _MM_HINT_T0), _mm_prefetch(pf_ + 3 * (ld), _MM_HINT_T0);                 \
+        }                                                                                                         \
+    } while (0)
+#include "backend/cpu/fp8_int_avx2.h"
+float df_k_fp8x_prep_avx2(const float *x, float *xp, int64_t n) { return fp8i_prep(x, xp, n); }
 float df_k_dot_fp8sp_avx2(const uint8_t *w, const float *xp, float xs, int64_t n, int blk, const float *sc) {
-    const __m256i m87 = _mm256_set1_epi32((int)0x87f00000u);
-    __m256 a = _mm256_setzero_ps();
-    __m256i nan = _mm256_setzero_si256();
-    for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) {
-        const int64_t c1 = n - c0 < blk ? n : c0 + blk;
-        __m256 t0 = _mm256_setzero_ps(), t1 = t0, u0 = t0, u1 = t0;
-        for (int64_t i = c0; i < c1; i += 32) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + i)), hA = F8A(v), hB = F8B(v);
-            nan = F8NAN(nan, v);
-            t0 = _mm256_fmadd_ps(F8LO(hB), _mm256_loadu_ps(xp + i), t0);
-            u0 = _mm256_fmadd_ps(F8LO(hA), _mm256_loadu_ps(xp + i + 8), u0);
-            t1 = _mm256_fmadd_ps(F8HI(hB), _mm256_loadu_ps(xp + i + 16), t1);
-            u1 = _mm256_fmadd_ps(F8HI(hA), _mm256_loadu_ps(xp + i + 24), u1);
-        }
-        a = _mm256_fmadd_ps(_mm256_add_ps(_mm256_add_ps(t0, u0), _mm256_add_ps(t1, u1)), _mm256_set1_ps(sc[b]), a);
-    }
-    return fp8_nan_seen32(nan) ? NAN : hsum8(a) * xs;
+    return fp8i_dot(w, xp, xs, n, blk, sc);
 }
-
-/* one row's 32 weights at column i (x0..x3: xp's four vectors of the block) */
-#define F8ROW(r, t, u)                                                                                            \
-    {                                                                                                             \
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (r) * ld + i)), hA = F8A(v), hB = F8B(v);     \
-        nan = F8NAN(nan, v);                                                                                      \
-        t = _mm256_fmadd_ps(F8LO(hB), x0, t), u = _mm256_fmadd_ps(F8LO(hA), x1, u);                               \
-        t = _mm256_fmadd_ps(F8HI(hB), x2, t), u = _mm256_fmadd_ps(F8HI(hA), x3, u);                               \
-    }
 void df_k_dot4_fp8sp_avx2(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
                           const float *const *sc, float *out) {
-    const __m256i m87 = _mm256_set1_epi32((int)0x87f00000u);
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    __m256i nan = _mm256_setzero_si256(); /* of the four rows together */
-    for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) {
-        const int64_t c1 = n - c0 < blk ? n : c0 + blk;
-        __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0, u0 = t0, u1 = t0, u2 = t0, u3 = t0;
-        for (int64_t i = c0; i < c1; i += 32) {
-            if (!(i & 63)) PF4(w, ld, i);
-            const __m256 x0 = _mm256_loadu_ps(xp + i), x1 = _mm256_loadu_ps(xp + i + 8), x2 = _mm256_loadu_ps(xp + i + 16),
-                         x3 = _mm256_loadu_ps(xp + i + 24);
-            F8ROW(0, t0, u0)
-            F8ROW(1, t1, u1)
-            F8ROW(2, t2, u2)
-            F8ROW(3, t3, u3)
-        }
-        a[0] = _mm256_fmadd_ps(_mm256_add_ps(t0, u0), _mm256_set1_ps(sc[0][b]), a[0]);
-        a[1] = _mm256_fmadd_ps(_mm256_add_ps(t1, u1), _mm256_set1_ps(sc[1][b]), a[1]);
-        a[2] = _mm256_fmadd_ps(_mm256_add_ps(t2, u2), _mm256_set1_ps(sc[2][b]), a[2]);
-        a[3] = _mm256_fmadd_ps(_mm256_add_ps(t3, u3), _mm256_set1_ps(sc[3][b]), a[3]);
-    }
-    const int anynan = fp8_nan_seen32(nan);
-    for (int k = 0; k < 4; k++) out[k] = anynan && fp8_row_has_nan(w + k * ld, n) ? NAN : hsum8(a[k]) * xs;
+    fp8i_dot4(w, ld, xp, xs, n, blk, sc, out);
 }
 
 /* ---- MXFP4 ------------------------------------------------------------- */

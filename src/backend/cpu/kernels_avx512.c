@@ -2,7 +2,8 @@
  * called when the CPU reports avx512f/bw/vl). Conversions are exact:
  * bf16 by a 16-bit shift, f16 by vcvtph2ps, FP8 E4M3 by re-biasing into f16
  * (value = f16((b & 0x7f) << 7 | (b & 0x80) << 8) * 256, exact for normals
- * and subnormals), INT4 nibbles by integer unpacking. */
+ * and subnormals) outside decode; FP8 decode on prepared x runs the AVX2
+ * integer route (fp8_int_avx2.h); INT4 nibbles by integer unpacking. */
 #include "backend/cpu/kernels.h"
 #include <immintrin.h>
 #include <math.h>
@@ -212,20 +213,60 @@ void df_k_dot4_fp8s_avx512(const uint8_t *w, int64_t ld, const float *x, int64_t
             if (fp8_row_has_nan(w + k * ld, n)) out[k] = NAN;
 }
 
-/* FP8 with prepared x: the plain kernels (kernels.h) */
-float df_k_fp8x_prep_avx512(const float *x, float *xp, int64_t n) {
-    memcpy(xp, x, (size_t)n * sizeof(float));
-    return 1.0f;
-}
+/* FP8 with prepared x: the AVX2 file's integer route (E4M3 -> f32 by shifts
+ * and masks, x in its order, kernels.h), in 256-bit registers, from the
+ * shared header: the same bits as the AVX2 kernels; the four-row kernel
+ * below in 512-bit registers. (It replaces the f16 route of dot4_fp8s here,
+ * which vcvtph2ps bounds.) */
+#define FP8I_PF(w, ld, off) ((void)0)
+#include "backend/cpu/fp8_int_avx2.h"
+float df_k_fp8x_prep_avx512(const float *x, float *xp, int64_t n) { return fp8i_prep(x, xp, n); }
 float df_k_dot_fp8sp_avx512(const uint8_t *w, const float *xp, float xs, int64_t n, int blk, const float *sc) {
-    float s = 0;
-    for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) s += sc[b] * df_k_dot_fp8_avx512(w + c0, xp + c0, n - c0 < blk ? n - c0 : blk);
-    return s * xs;
+    return fp8i_dot(w, xp, xs, n, blk, sc);
+}
+/* The four-row kernel in 512-bit registers: rows 0 and 1 in the two halves
+ * of one zmm, rows 2 and 3 in another, x broadcast to both halves. Each
+ * lane does what the AVX2 kernel's lane does (the same conversion, the same
+ * FMAs in the same order, the block scale, the same horizontal sum of each
+ * half), so the bits are fp8i_dot4's (test_fp8_avx512_is_avx2) in half the
+ * instructions. */
+#define F8Z_HI(h) _mm512_castsi512_ps(_mm512_and_si512(h, m87))
+#define F8Z_LO(h) _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(h, 16), m87))
+#define F8Z_PAIR(p, t, u)                                                                                          \
+    {                                                                                                              \
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w + 2 * (p) * ld + i))), \
+                                             _mm256_loadu_si256((const __m256i *)(w + (2 * (p) + 1) * ld + i)), 1);  \
+        const __m512i hA = _mm512_srai_epi16(v, 4), hB = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 4);            \
+        nan = _mm512_max_epu8(nan, _mm512_and_si512(v, m7f));                                                      \
+        t = _mm512_fmadd_ps(F8Z_LO(hB), x0, t), u = _mm512_fmadd_ps(F8Z_LO(hA), x1, u);                             \
+        t = _mm512_fmadd_ps(F8Z_HI(hB), x2, t), u = _mm512_fmadd_ps(F8Z_HI(hA), x3, u);                             \
+    }
+static inline __m512 f8z_scales(const float *s0, const float *s1, int64_t b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(s0[b])), _mm256_set1_ps(s1[b]), 1);
 }
 void df_k_dot4_fp8sp_avx512(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
                             const float *const *sc, float *out) {
-    df_k_dot4_fp8s_avx512(w, ld, xp, n, blk, sc, out);
-    for (int k = 0; k < 4; k++) out[k] *= xs;
+    const __m512i m87 = _mm512_set1_epi32((int)0x87f00000u), m7f = _mm512_set1_epi8(0x7f);
+    __m512 a01 = _mm512_setzero_ps(), a23 = _mm512_setzero_ps();
+    __m512i nan = _mm512_setzero_si512(); /* of the four rows together */
+    for (int64_t c0 = 0, b = 0; c0 < n; c0 += blk, b++) {
+        const int64_t c1 = n - c0 < blk ? n : c0 + blk;
+        __m512 t01 = _mm512_setzero_ps(), u01 = t01, t23 = t01, u23 = t01;
+        for (int64_t i = c0; i < c1; i += 32) {
+            if (!(i & 63)) /* as the AVX2 kernel (kernels_avx2.c, DF_FP8_PF): each row 512 bytes ahead */
+                for (int k = 0; k < 4; k++) _mm_prefetch((const char *)w + k * ld + i + 512, _MM_HINT_T0);
+            const __m512 x0 = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp + i)), x1 = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp + i + 8));
+            const __m512 x2 = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp + i + 16)), x3 = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp + i + 24));
+            F8Z_PAIR(0, t01, u01)
+            F8Z_PAIR(1, t23, u23)
+        }
+        a01 = _mm512_fmadd_ps(_mm512_add_ps(t01, u01), f8z_scales(sc[0], sc[1], b), a01);
+        a23 = _mm512_fmadd_ps(_mm512_add_ps(t23, u23), f8z_scales(sc[2], sc[3], b), a23);
+    }
+    const int anynan = _mm512_cmpeq_epi8_mask(nan, m7f) != 0;
+    const __m256 h[4] = {_mm512_castps512_ps256(a01), _mm512_extractf32x8_ps(a01, 1), _mm512_castps512_ps256(a23),
+                         _mm512_extractf32x8_ps(a23, 1)};
+    for (int k = 0; k < 4; k++) out[k] = anynan && fp8i_row_has_nan(w + k * ld, n) ? NAN : fp8i_hsum8(h[k]) * xs;
 }
 
 void df_k_axpy_avx512(float *y, float a, const float *x, int64_t n) {
