@@ -447,8 +447,26 @@ size_t df_ggml_px_floats(int type, int64_t n) {
     return (size_t)(n / 8 + 16);
 }
 
-void df_ggml_px_init(df_ggml_px *p, int type, const float *x, int64_t n, float *aux) {
+/* The kernels of a decode product (the prepared-x path): kernels(type),
+ * except on AVX-512 where its table has no prepared-x kernels: then the
+ * AVX2 table's, whose rows give the same bits however they are grouped
+ * (the AVX-512 tables' four-row dot4 and one-row dot sum in different
+ * orders, so a row's value depended on whether it fell in a group of four:
+ * on the thread split and the row count; test_backend_ggml's pieces check,
+ * first run on an AVX-512 host on 2026-12-02, failed for 8 types). */
+static const df_ggml_kernels *px_kernels(int type) {
     const df_ggml_kernels *k = kernels(type);
+#if defined(__x86_64__) || defined(__i386__)
+    if (df_ggml_get_isa() == DF_GGML_ISA_AVX512 && !(k && k->px_dot)) {
+        const df_ggml_kernels *a = df_ggml_kernels_avx2(type);
+        if (a) return a;
+    }
+#endif
+    return k;
+}
+
+void df_ggml_px_init(df_ggml_px *p, int type, const float *x, int64_t n, float *aux) {
+    const df_ggml_kernels *k = px_kernels(type);
     p->type = type;
     p->n = n;
     p->x = x;
@@ -462,22 +480,27 @@ void df_ggml_px_init(df_ggml_px *p, int type, const float *x, int64_t n, float *
 }
 
 void df_ggml_px_dot(const df_ggml_px *p, const void *row, size_t row_stride, int64_t nrows, float *out) {
-    const df_ggml_kernels *k = kernels(p->type);
+    const df_ggml_kernels *k = px_kernels(p->type);
     const uint8_t *r = row;
     if (p->isa >= 0 && p->isa == df_ggml_get_isa() && k && k->px_dot) {
         k->px_dot(r, row_stride, nrows, p->x, p->aux, p->n, out);
         return;
     }
     int64_t i = 0;
-    if (df_ggml_get_isa() != DF_GGML_ISA_SCALAR)
-        for (; i + 4 <= nrows; i += 4) df_ggml_dot4(p->type, r + i * row_stride, row_stride, p->x, p->n, out + i);
+    if (k && k->dot && df_ggml_get_isa() != DF_GGML_ISA_SCALAR) { /* that table's kernels only */
+        for (; k->dot4 && i + 4 <= nrows; i += 4) k->dot4(r + i * row_stride, row_stride, p->x, p->n, out + i);
+        for (; i + 4 <= nrows; i += 4)
+            for (int j = 0; j < 4; j++) out[i + j] = k->dot(r + (i + j) * row_stride, p->x, p->n);
+        for (; i < nrows; i++) out[i] = k->dot(r + i * row_stride, p->x, p->n);
+        return;
+    }
     for (; i < nrows; i++) out[i] = df_ggml_dot(p->type, r + i * row_stride, p->x, p->n);
 }
 
 void df_ggml_px_dot_multi(const df_ggml_px *p, int np, const void *row, size_t row_stride, int64_t nrows, float *out,
                           int64_t out_stride) {
     if (np <= 0) return;
-    const df_ggml_kernels *k = kernels(p[0].type);
+    const df_ggml_kernels *k = px_kernels(p[0].type);
 #if defined(__x86_64__) || defined(__i386__)
     const df_ggml_pxm_fn pxm = k && k->px_dot && p[0].isa >= DF_GGML_ISA_AVX2 ? df_ggml_pxm_avx2(p[0].type, k->px_dot) : NULL;
 #else
