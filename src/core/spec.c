@@ -19,7 +19,7 @@
  *     and goes on), and k is the one with the best expected tokens per unit
  *     of time: long accepted runs raise a and k up to --spec-max, misses
  *     lower them. ngram drafts whenever there is a match. auto drafts only
- *     in a bucket whose rate was measured (DF_SPEC_EVIDENCE scored drafts)
+ *     in a bucket whose rate was measured (3-8 scored drafts, `evidence`)
  *     and where some k beats a plain step; at each plain step with a match
  *     it keeps the draft the drafter would have made (a shadow) and scores
  *     it against the tokens that follow, so a bucket's rate is measured,
@@ -44,9 +44,12 @@
 #define DF_SPEC_BUCKETS 4
 #define DF_SPEC_BETA0 0.3        /* verify cost per drafted token / plain step, until measured */
 #define DF_SPEC_DECAY 0.9        /* weight of a bucket's past tries at each new pass */
-#define DF_SPEC_EVIDENCE 3.0     /* auto: no pass in a bucket before this many (decayed) scored drafts, shadows included */
+/* auto: no pass in a bucket before this many (decayed) scored drafts, shadows
+ * included; more for 1-2 token matches, the weakest evidence of a copy */
+static const double evidence[DF_SPEC_BUCKETS] = {8, 3, 3, 3};
 #define DF_SPEC_LOSS_SHARE 0.03  /* auto: past this share lost, only passes expected to gain DF_SPEC_MARGIN run */
 #define DF_SPEC_MARGIN 1.2
+#define DF_SPEC_MARGIN0 1.1 /* auto: a pass must be expected to gain this much (its cost and rate are estimates) */
 #define DF_SPEC_EXPLORE_TRIES 4 /* auto: at most 2 drafts until a bucket has this many (decayed) tries, prior included */
 #define DF_NGRAM_CAND 16  /* earlier occurrences of the suffix's 3-gram compared per lookup */
 #define DF_NGRAM_LONG 64  /* match lengths are compared up to this many tokens */
@@ -233,7 +236,12 @@ df_spec *df_spec_new(int mode, int k_max, df_engine *draft) {
     sp->k_max = k_max;
     sp->k = k_max;
     static const double prior[DF_SPEC_BUCKETS] = {0.3, 0.5, 0.7, 0.8}; /* longer matches go on more often */
-    for (int b = 0; b < DF_SPEC_BUCKETS; b++) sp->succ[b] = 2 * prior[b], sp->tries[b] = 2; /* worth two tries */
+    /* ngram: the prior is worth two tries; auto measures every bucket on
+     * shadow drafts before its first pass, so its prior only breaks ties
+     * (worth half a try: an optimistic prior over 3-4 scored drafts made
+     * passes on chat answers whose drafts come true 10-15% of the time) */
+    const double w = mode == DF_SPEC_AUTO ? 0.5 : 2;
+    for (int b = 0; b < DF_SPEC_BUCKETS; b++) sp->succ[b] = w * prior[b], sp->tries[b] = w;
     if (!(sp->ng = df_ngram_new())) { free(sp); return NULL; }
     if (mode == DF_SPEC_DRAFT) {
         sp->draft = draft;
@@ -340,18 +348,30 @@ double df_spec_gain(double a, double beta, int k) {
 }
 
 /* The seconds of a pass of k drafts: the most of what passes of up to k
- * drafts measured (a pass is never cheaper than a shorter one; a k not
- * measured yet is guessed as cheap as the longest measured below it, so it
- * gets tried and measured when its acceptance would pay for it), or with
- * none measured t1 * (1 + DF_SPEC_BETA0 * k). Measured per k, not as a
- * line through a plain step: a pass of 2 positions runs the batched
- * kernels and can cost much more than a step where one of 9 costs little
- * more than that. */
+ * drafts measured (a pass is never cheaper than a shorter one); a k longer
+ * than the longest measured, jm, is extrapolated from it at the cost per
+ * draft it showed ((c_jm - t1) / jm, at least 0), so a
+ * longer pass gets tried when its acceptance would pay even at that cost,
+ * and measured then; with none measured, t1 * (1 + DF_SPEC_BETA0 * k).
+ * Measured per k, not as one line through a plain step: batched kernels
+ * can give a pass a fixed cost (2 positions costing much more than a step
+ * where 9 cost little more than that), and the exact verify products cost
+ * most of a step per position. */
 static double pass_cost(const df_spec *sp, int k) {
     double c = 0;
+    int jm = 0;
     for (int j = 1; j <= k; j++)
-        if (sp->cost[j] > c) c = sp->cost[j];
-    return c > 0 ? c : sp->t1 * (1 + DF_SPEC_BETA0 * k);
+        if (sp->cost[j] > 0) {
+            if (sp->cost[j] > c) c = sp->cost[j];
+            jm = j;
+        }
+    if (!jm) return sp->t1 * (1 + DF_SPEC_BETA0 * k);
+    if (jm < k) {
+        double per = (sp->cost[jm] - sp->t1) / jm;
+        if (per < 0) per = 0;
+        if (sp->cost[jm] + per * (k - jm) > c) c = sp->cost[jm] + per * (k - jm);
+    }
+    return c;
 }
 
 /* The k of the best expected tokens per plain step's time for bucket b
@@ -394,7 +414,7 @@ int df_spec_want(df_spec *sp, int room) {
         /* no pass on the prior alone: a bucket's rate is first measured on
          * shadow drafts (plain steps cost nothing extra), so answers that
          * do not copy never pay for exploring passes */
-        if (sp->seen[b] < DF_SPEC_EVIDENCE) return plain_step(sp, m);
+        if (sp->seen[b] < evidence[b]) return plain_step(sp, m);
         /* short passes while the bucket has few tries (a long pass that
          * misses costs several steps: each position of a verify pass costs
          * most of a plain step's compute) */
@@ -404,7 +424,7 @@ int df_spec_want(df_spec *sp, int room) {
          * rarely copy: each costs more than the steps it saves); the
          * bucket's rate keeps being measured on shadow drafts, so drafting
          * resumes where the answer starts to copy */
-        if (g <= 1 || (g < DF_SPEC_MARGIN && sp->t_loss > DF_SPEC_LOSS_SHARE * sp->t_total)) return plain_step(sp, m);
+        if (g < DF_SPEC_MARGIN0 || (g < DF_SPEC_MARGIN && sp->t_loss > DF_SPEC_LOSS_SHARE * sp->t_total)) return plain_step(sp, m);
         sp->sh_n = 0; /* a pass measures this bucket itself */
     }
     sp->k = k;
