@@ -5,6 +5,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/ggml_quant.h"
 #include "util/util.h"
+#include "test_weights.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -177,50 +178,6 @@ static void test_mxfp4(void) {
  * exactly), and as one job or two jobs of a batch. Shapes: rows not a multiple of the
  * 16-row panel or of the 64-row block, K below, at and past the 256 slice
  * and not a multiple of it, n = 2..130 tokens. */
-typedef struct {
-    df_weight w;
-    void *data, *scale;
-} gw;
-static void gw_make(gw *g, int fmt, int gtype, int64_t R, int64_t C) {
-    memset(g, 0, sizeof *g);
-    df_weight *w = &g->w;
-    w->fmt = fmt, w->rows = R, w->cols = C;
-    size_t rb = 0, sb = 0;
-    switch (fmt) {
-    case DF_W_F32: rb = (size_t)C * 4; break;
-    case DF_W_F16: case DF_W_BF16: rb = (size_t)C * 2; break;
-    case DF_W_FP8: rb = (size_t)C, w->blk_r = 3, w->blk_c = 32, w->scale_cols = (C + 31) / 32, sb = (size_t)((R + 2) / 3 * w->scale_cols) * 4; break;
-    case DF_W_INT4: rb = (size_t)(C + 1) / 2, w->blk_r = 1, w->blk_c = 32, w->scale_cols = (C + 31) / 32, sb = (size_t)(R * w->scale_cols) * 4; break;
-    case DF_W_I8ROW: rb = (size_t)C, w->blk_r = 1, w->blk_c = (int)C, w->scale_cols = 1, sb = (size_t)R * 4; break;
-    case DF_W_MXFP4: rb = (size_t)C / 2, w->blk_r = 1, w->blk_c = 32, w->scale_cols = C / 32, sb = (size_t)(R * C / 32), w->scale_dtype = DF_SCALE_E8M0; break;
-    case DF_W_GGML: w->ggml_type = gtype, rb = (size_t)df_ggml_row_bytes(gtype, C); break;
-    }
-    w->row_bytes = rb;
-    uint8_t *d = malloc(rb * (size_t)R + 1);
-    for (size_t i = 0; i < rb * (size_t)R; i++) d[i] = (uint8_t)rnd();
-    for (int64_t r = 0; r < R; r++) {
-        uint8_t *row = d + (size_t)r * rb;
-        for (int64_t c = 0; c < C; c++) {
-            if (fmt == DF_W_F32) { float f = frand(); memcpy(row + 4 * c, &f, 4); }
-            if (fmt == DF_W_BF16) { uint16_t h = f2bf(frand()); memcpy(row + 2 * c, &h, 2); }
-            if (fmt == DF_W_F16) { uint16_t h = (uint16_t)(rnd() & 0xbbff); memcpy(row + 2 * c, &h, 2); } /* |v| < 1 */
-            if (fmt == DF_W_FP8 && (row[c] & 0x7f) == 0x7f) row[c] = 0x31; /* no NaN */
-        }
-        if (fmt == DF_W_GGML) /* finite f16 scale (and min) at the head of every block */
-            for (size_t b = 0; b < rb; b += (size_t)df_ggml_traits_of(gtype)->block_bytes) {
-                uint16_t h = (uint16_t)(0x2000 + rnd() % 0x400), m = (uint16_t)(0xa000 + rnd() % 0x400);
-                memcpy(row + b + (gtype == 14 ? 208 : 0), &h, 2); /* Q6_K's d is at the end */
-                if (gtype == 3 || gtype == 7 || gtype == 12) memcpy(row + b + 2, &m, 2); /* Q4_1/Q5_1's min, Q4_K's dmin */
-            }
-    }
-    w->data = d, g->data = d;
-    if (sb) {
-        uint8_t *sc = malloc(sb);
-        if (fmt == DF_W_MXFP4) for (size_t i = 0; i < sb; i++) sc[i] = (uint8_t)(120 + rnd() % 10);
-        else for (size_t i = 0; i < sb / 4; i++) { float f = frand(); memcpy(sc + 4 * i, &f, 4); }
-        w->scale = sc, g->scale = sc;
-    }
-}
 static void run_mm(const df_weight *w, const float *X, int n, float *Y) {
     const df_mv_job j = {w, (const df_act *)(const void *)X, (df_act *)(void *)Y};
     df_cpu_matmul_batch(&j, 1, n);
@@ -389,7 +346,7 @@ static void test_decode_kernel_contract(void) {
                 float xs = 1;
                 if (fmts[f] == DF_W_BF16) bprep[isa](x, xp, C);
                 if (fmts[f] == DF_W_FP8) xs = f8prep[isa](x, xp, C);
-                const float *scf = g.scale;
+                const float *scf = (const float *)(const void *)g.scale;
                 for (int r = 0; r < R; r++) {
                     const int four = r < R / 4 * 4;
                     const int r4 = r / 4 * 4;
