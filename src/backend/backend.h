@@ -69,7 +69,14 @@ typedef struct {
     int64_t scale_cols;     /* scale entries per scale row */
     void *handle;           /* the backend's copy (NULL: unregistered, or a backend that uses data in place) */
     uint64_t ident;         /* a routed expert's part: df_expert_ident (a device backend caches it under this key); 0: none */
+    /* DF_W_FP8: whether data holds an E4M3 NaN code (0x7f, 0xff), as far as known (DF_NAN_CODES_*). The CPU
+     * backend checks a weight left UNCHECKED (the zero default) once, on its first decode product, and keeps
+     * the answer here; a weight known to hold NONE decodes without the per-block check (the same bits). Whoever
+     * repoints data at other bytes (expert views: ffn.c) sets UNCHECKED or, for bytes that change while the
+     * struct lives, MAYBE: always the checking kernel. */
+    int nan_codes;
 } df_weight;
+enum { DF_NAN_CODES_UNCHECKED = 0, DF_NAN_CODES_NONE = 1, DF_NAN_CODES_MAYBE = 2 };
 
 /* The identity of part (0 gate, 1 up, 2 down) of routed expert e of layer l:
  * the same bytes for as long as the model is open, wherever they sit on the

@@ -69,13 +69,14 @@ typedef struct {
     float (*fp8x_prep)(const float *, float *, int64_t);
     float (*dot_fp8sp)(const uint8_t *, const float *, float, int64_t, int, const float *);
     void (*dot4_fp8sp)(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *);
+    void (*dot4_fp8spn)(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *);
 } ktab;
 #define KT(isa)                                                                                                       \
     {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_pack16_##isa, df_k_gemm16_##isa, df_k_gemm32_##isa, \
      df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
      df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_bf16x_prep_##isa, df_k_dot_bf16p_##isa, df_k_dot4_bf16p_##isa, \
      df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa, df_k_fp8x_prep_##isa,     \
-     df_k_dot_fp8sp_##isa, df_k_dot4_fp8sp_##isa}
+     df_k_dot_fp8sp_##isa, df_k_dot4_fp8sp_##isa, df_k_dot4_fp8spn_##isa}
 static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
 static inline const ktab *kt(void) { return &ktabs[df_isa()]; }
 
@@ -203,6 +204,43 @@ static const float *fp8_scale_row(const df_weight *w, int64_t sr, int slot) {
     return f;
 }
 
+/* Whether FP8 weight w is known to hold no E4M3 NaN code (0x7f, 0xff in the
+ * first cols bytes of a row). A weight left DF_NAN_CODES_UNCHECKED is
+ * scanned here once, on its first decode product (lazily: a checkpoint's
+ * weights are read when first used, not all at startup), and the answer is
+ * kept in w->nan_codes (backend.h): the four-row kernel then runs without
+ * its per-block check (dot4_fp8spn, the same bits for such rows; a weight
+ * with a NaN code keeps the checking kernel, which gives its rows NaN). Two
+ * threads that meet the weight unchecked both scan it and store the same
+ * answer. The scan: a byte b is a NaN code iff (b & 0x7f) + 1 carries into
+ * bit 7, eight bytes per 64-bit word (no carry crosses a byte: at most 0x80). */
+static int fp8_rows_have_nan(const uint8_t *p, size_t rb, int64_t rows, int64_t cols) {
+    const uint64_t lo7 = 0x7f7f7f7f7f7f7f7full, one = 0x0101010101010101ull, hi = 0x8080808080808080ull;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *q = p + (size_t)r * rb;
+        uint64_t acc = 0;
+        int64_t i = 0;
+        for (; i + 32 <= cols; i += 32) {
+            uint64_t u[4];
+            memcpy(u, q + i, 32);
+            acc |= ((u[0] & lo7) + one) | ((u[1] & lo7) + one) | ((u[2] & lo7) + one) | ((u[3] & lo7) + one);
+        }
+        if (acc & hi) return 1;
+        for (; i < cols; i++)
+            if ((q[i] & 0x7f) == 0x7f) return 1;
+    }
+    return 0;
+}
+static int fp8_nan_free(const df_weight *w) {
+    int s = __atomic_load_n(&w->nan_codes, __ATOMIC_ACQUIRE);
+    if (s == DF_NAN_CODES_UNCHECKED) {
+        s = fp8_rows_have_nan(w->data, w->row_bytes, w->rows, w->cols) ? DF_NAN_CODES_MAYBE : DF_NAN_CODES_NONE;
+        /* the weight objects are the model's (never const objects); the field is this cache */
+        __atomic_store_n(&((df_weight *)(uintptr_t)w)->nan_codes, s, __ATOMIC_RELEASE);
+    }
+    return s == DF_NAN_CODES_NONE;
+}
+
 /* the thread's buffer for x in a kernel's order (BF16, FP8 decode) */
 static float *xp_buf(int64_t n) {
     if ((size_t)n > tl_xp_cap) {
@@ -276,10 +314,12 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
              * stream k in slot k */
             const float xs = k->fp8x_prep(x, xp_buf(w->cols), w->cols);
             const float *xp = tl_xp;
+            void (*const dot4)(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) =
+                fp8_nan_free(w) ? k->dot4_fp8spn : k->dot4_fp8sp;
             DOT4_FAR({
                 const float *sc[4];
                 for (int s = 0; s < 4; s++) sc[s] = fp8_scale_row(w, (r0 + j + s * q) / w->blk_r, s);
-                k->dot4_fp8sp(row, ldb, xp, xs, w->cols, w->blk_c, sc, o4);
+                dot4(row, ldb, xp, xs, w->cols, w->blk_c, sc, o4);
             });
             for (; i < nr; i++)
                 y[i] = k->dot_fp8sp(w->data + (size_t)(r0 + i) * w->row_bytes, xp, xs, w->cols, w->blk_c,

@@ -52,6 +52,7 @@ static void expert_view(const df_ffn *t, int l, int e, const uint8_t *const *par
         ws[w]->data = parts[p++];
         if (df_weight_scale_bytes(ws[w])) ws[w]->scale = parts[p++];
         ws[w]->ident = df_expert_ident(l, e, w);
+        ws[w]->nan_codes = DF_NAN_CODES_MAYBE; /* a view of bytes that change (cache slots): not cached (backend.h) */
     }
 }
 
