@@ -622,6 +622,25 @@ static void test_fp8_nan_flag(void) {
                 for (int k = 1; k < 4; k++)
                     CHECK(!memcmp(y[0], y[k], (size_t)R * 4), "fp8 isa=%s %dx%lld: product %d (%s, %s) != the checking kernel's, 2 threads",
                           df_isa_name(isa), R, (long long)C, k, k < 2 ? "2 threads" : "1 thread", k & 1 ? "checked: no check" : "MAYBE");
+                /* the host helper (backend.h) that the product and the expert views use: found once, then kept */
+                g.w.nan_codes = DF_NAN_CODES_UNCHECKED;
+                CHECK(df_weight_nan_codes(&g.w) == DF_NAN_CODES_NONE && g.w.nan_codes == DF_NAN_CODES_NONE, "df_weight_nan_codes clean: %d",
+                      g.w.nan_codes);
+                const uint8_t keep0 = g.data[(size_t)(R / 2) * (size_t)C + 3];
+                g.data[(size_t)(R / 2) * (size_t)C + 3] = 0xff;
+                CHECK(df_weight_nan_codes(&g.w) == DF_NAN_CODES_NONE, "df_weight_nan_codes rescanned a checked weight");
+                g.w.nan_codes = DF_NAN_CODES_UNCHECKED;
+                CHECK(df_weight_nan_codes(&g.w) == DF_NAN_CODES_MAYBE && g.w.nan_codes == DF_NAN_CODES_MAYBE, "df_weight_nan_codes 0xff: %d",
+                      g.w.nan_codes);
+                g.data[(size_t)(R / 2) * (size_t)C + 3] = keep0;
+                {
+                    df_weight nd = g.w;
+                    nd.nan_codes = DF_NAN_CODES_UNCHECKED, nd.data = NULL;
+                    CHECK(df_weight_nan_codes(&nd) == DF_NAN_CODES_MAYBE && nd.nan_codes == DF_NAN_CODES_UNCHECKED, "no data: MAYBE");
+                    nd = g.w;
+                    nd.fmt = DF_W_BF16, nd.nan_codes = DF_NAN_CODES_UNCHECKED;
+                    CHECK(df_weight_nan_codes(&nd) == DF_NAN_CODES_MAYBE, "not FP8: MAYBE");
+                }
                 /* one NaN code at column c of row r: only row r is NaN (rows in the four-row groups and the remainder) */
                 uint8_t *d = g.data;
                 const int rows_at[] = {0, R / 4 * 4 - 1, R - 1};

@@ -204,42 +204,14 @@ static const float *fp8_scale_row(const df_weight *w, int64_t sr, int slot) {
     return f;
 }
 
-/* Whether FP8 weight w is known to hold no E4M3 NaN code (0x7f, 0xff in the
- * first cols bytes of a row). A weight left DF_NAN_CODES_UNCHECKED is
- * scanned here once, on its first decode product (lazily: a checkpoint's
+/* Whether FP8 weight w is known to hold no E4M3 NaN code (0x7f, 0xff). A
+ * weight left DF_NAN_CODES_UNCHECKED is scanned once, on its first decode
+ * product (backend.h, df_weight_nan_codes: lazily, so a checkpoint's
  * weights are read when first used, not all at startup), and the answer is
- * kept in w->nan_codes (backend.h): the four-row kernel then runs without
- * its per-block check (dot4_fp8spn, the same bits for such rows; a weight
- * with a NaN code keeps the checking kernel, which gives its rows NaN). Two
- * threads that meet the weight unchecked both scan it and store the same
- * answer. The scan: a byte b is a NaN code iff (b & 0x7f) + 1 carries into
- * bit 7, eight bytes per 64-bit word (no carry crosses a byte: at most 0x80). */
-static int fp8_rows_have_nan(const uint8_t *p, size_t rb, int64_t rows, int64_t cols) {
-    const uint64_t lo7 = 0x7f7f7f7f7f7f7f7full, one = 0x0101010101010101ull, hi = 0x8080808080808080ull;
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *q = p + (size_t)r * rb;
-        uint64_t acc = 0;
-        int64_t i = 0;
-        for (; i + 32 <= cols; i += 32) {
-            uint64_t u[4];
-            memcpy(u, q + i, 32);
-            acc |= ((u[0] & lo7) + one) | ((u[1] & lo7) + one) | ((u[2] & lo7) + one) | ((u[3] & lo7) + one);
-        }
-        if (acc & hi) return 1;
-        for (; i < cols; i++)
-            if ((q[i] & 0x7f) == 0x7f) return 1;
-    }
-    return 0;
-}
-static int fp8_nan_free(const df_weight *w) {
-    int s = __atomic_load_n(&w->nan_codes, __ATOMIC_ACQUIRE);
-    if (s == DF_NAN_CODES_UNCHECKED) {
-        s = fp8_rows_have_nan(w->data, w->row_bytes, w->rows, w->cols) ? DF_NAN_CODES_MAYBE : DF_NAN_CODES_NONE;
-        /* the weight objects are the model's (never const objects); the field is this cache */
-        __atomic_store_n(&((df_weight *)(uintptr_t)w)->nan_codes, s, __ATOMIC_RELEASE);
-    }
-    return s == DF_NAN_CODES_NONE;
-}
+ * kept in w->nan_codes: the four-row kernel then runs without its per-block
+ * check (dot4_fp8spn, the same bits for such rows; a weight with a NaN code
+ * keeps the checking kernel, which gives its rows NaN). */
+static int fp8_nan_free(const df_weight *w) { return df_weight_nan_codes(w) == DF_NAN_CODES_NONE; }
 
 /* the thread's buffer for x in a kernel's order (BF16, FP8 decode) */
 static float *xp_buf(int64_t n) {
