@@ -40,7 +40,9 @@
  *         quarter apart; group 1: with the NaN check, 0: without; pf 3 T0 /
  *         4 NTA dist bytes ahead in each stream
  * FDX_BYTES=N in the environment: matrices of ~N bytes instead of 256e6
- * (256e3: L2-resident, the compute ceiling). */
+ * (256e3: L2-resident, the compute ceiling). FDX_FP8_CHECK=1: FP8 weights
+ * marked DF_NAN_CODES_MAYBE (the four-row kernel with its NaN-code check;
+ * unset, the product checks the weight once and runs the kernel without). */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/floors.h"
 #include "backend/cpu/kernels.h"
@@ -386,6 +388,7 @@ int main(int argc, char **argv) {
             if (v[j].alloc == alloc && v[j].fmt == v[i].fmt && v[j].cols == cols) { same = j; break; }
         if (same >= 0) m[i] = m[same];
         else make(&m[i], alloc, v[i].fmt, cols, getenv("FDX_BYTES") ? atof(getenv("FDX_BYTES")) : 256e6);
+        if (getenv("FDX_FP8_CHECK")) m[i].w.nan_codes = DF_NAN_CODES_MAYBE; /* the kernel with the NaN-code check */
     }
     fprintf(stderr, "AnonHugePages %ld kB\n", anon_huge_kb());
     double *gb = calloc((size_t)(nv * rounds), sizeof *gb), *rel = calloc((size_t)(nv * rounds), sizeof *rel), *fl = calloc((size_t)rounds, sizeof *fl);

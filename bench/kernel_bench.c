@@ -12,14 +12,18 @@
  *    per format and batch size, best of --reps; % of the FMA peak.
  *
  *  - --float-decode: BF16/F16/FP8/F32 decode at rows of 576, 2048 and 7168,
- *    each run interleaved with a floor pass (float_decode below).
+ *    each run interleaved with a floor pass (float_decode below); --fmt NAME
+ *    (bf16, f16, fp8, f32): that format only; --fp8-check: FP8 weights
+ *    marked as possibly holding NaN codes (df_weight.nan_codes), i.e. the
+ *    kernel with the per-block check, as NaN-holding weights and expert
+ *    views run it.
  *  - --px TYPE ROWS COLS: one prepared-x decode product (df_ggml_px_init +
  *    df_ggml_px_dot) of a GGML type id over ROWS x COLS random blocks, for
  *    callgrind: `valgrind --tool=callgrind --toggle-collect=df_ggml_px_dot
  *    kernel_bench --px 6 512 1536` minus the same with 256 rows, divided by
  *    256 x 1536, is the kernel's instructions per weight (load-free).
  *
- * Usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P]] [--isa scalar|avx2|avx512]
+ * Usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P] [--fmt NAME] [--fp8-check]] [--isa scalar|avx2|avx512]
  *        kernel_bench --px TYPE ROWS COLS
  * Prints one JSON object. Not a timed test: numbers swing with load. */
 #include "backend/cpu/cpu.h"
@@ -133,6 +137,8 @@ static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+static const char *g_fd_fmt;  /* --fmt: only this format's rows */
+static int g_fp8_check;       /* --fp8-check: FP8 weights marked DF_NAN_CODES_MAYBE (the kernel with the NaN-code check) */
 static void float_decode(int quick, int pairs) {
     static const int fmts[] = {1, 2, 3, 0}; /* bf16, f16, fp8, f32 (FMTS) */
     static const int64_t cols_l[] = {576, 2048, 7168};
@@ -142,11 +148,13 @@ static void float_decode(int quick, int pairs) {
         for (size_t ci = 0; ci < sizeof cols_l / sizeof *cols_l; ci++) {
             const fmt_def *fd = &FMTS[fmts[fi]];
             const int64_t cols = cols_l[ci];
+            if (g_fd_fmt && strcmp(g_fd_fmt, fd->name)) continue;
             df_weight w;
             if (make_weight(&w, fd, 16, cols)) continue;
             int64_t rows = (int64_t)((quick ? 64e6 : 256e6) / (double)w.row_bytes) / 16 * 16;
             free_weight(&w);
             make_weight(&w, fd, rows, cols);
+            if (g_fp8_check) w.nan_codes = DF_NAN_CODES_MAYBE;
             float *x = df_aligned_alloc((size_t)cols * 4), *y = df_aligned_alloc((size_t)rows * 4);
             for (int64_t i = 0; i < cols; i++) x[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
             double fl[64], gb[64], pct[64];
@@ -214,11 +222,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prefill")) only = 2;
         else if (!strcmp(argv[i], "--float-decode")) only = 3;
         else if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--fmt") && i + 1 < argc) g_fd_fmt = argv[++i];
+        else if (!strcmp(argv[i], "--fp8-check")) g_fp8_check = 1;
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
             df_set_isa(!strcmp(s, "scalar") ? DF_ISA_SCALAR : !strcmp(s, "avx2") ? DF_ISA_AVX2 : DF_ISA_AVX512);
         } else {
-            fprintf(stderr, "usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P]] [--isa scalar|avx2|avx512]\n"
+            fprintf(stderr, "usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P] [--fmt NAME] [--fp8-check]] [--isa scalar|avx2|avx512]\n"
                             "       kernel_bench --px TYPE ROWS COLS\n");
             return 2;
         }

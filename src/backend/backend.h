@@ -69,7 +69,15 @@ typedef struct {
     int64_t scale_cols;     /* scale entries per scale row */
     void *handle;           /* the backend's copy (NULL: unregistered, or a backend that uses data in place) */
     uint64_t ident;         /* a routed expert's part: df_expert_ident (a device backend caches it under this key); 0: none */
+    /* DF_W_FP8: whether data holds an E4M3 NaN code (0x7f, 0xff), as far as known (DF_NAN_CODES_*). The CPU
+     * backend checks a weight left UNCHECKED (the zero default) once, on its first decode product
+     * (df_weight_nan_codes), and keeps the answer here; a weight known to hold NONE decodes without the
+     * per-block check (the same bits). Whoever repoints data at other bytes sets UNCHECKED or, for bytes that
+     * change while the struct lives, MAYBE: always the checking kernel. Expert views (ffn.c) take their
+     * template's answer where they view its own resident bytes, else MAYBE (expert-cache slots). */
+    int nan_codes;
 } df_weight;
+enum { DF_NAN_CODES_UNCHECKED = 0, DF_NAN_CODES_NONE = 1, DF_NAN_CODES_MAYBE = 2 };
 
 /* The identity of part (0 gate, 1 up, 2 down) of routed expert e of layer l:
  * the same bytes for as long as the model is open, wherever they sit on the
@@ -103,6 +111,10 @@ const char *df_wfmt_name(const df_weight *w);
 int64_t df_weight_bytes(const df_weight *w);
 /* Bytes of the weight's scale sidecar, a separate tensor (FP8, INT4, MXFP4, row-int8); 0 for formats without one. */
 int64_t df_weight_scale_bytes(const df_weight *w);
+/* DF_W_FP8: w->nan_codes, found now if it is DF_NAN_CODES_UNCHECKED (a scan of every row's first cols bytes
+ * for 0x7f / 0xff, one read of the weight) and stored in *w (the model's weight objects are never const
+ * objects; two threads that both scan store the same answer). Other formats: DF_NAN_CODES_MAYBE. */
+int df_weight_nan_codes(const df_weight *w);
 /* Host helpers on stored bytes (the loaders' embedding rows and small vectors): W[r,:] -> f32, W[r,:] . x. */
 void df_dequant_row(const df_weight *w, int64_t r, float *out);
 float df_dot_row(const df_weight *w, int64_t r, const float *x);

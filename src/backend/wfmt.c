@@ -63,3 +63,32 @@ int64_t df_weight_scale_bytes(const df_weight *w) {
 }
 
 int64_t df_weight_bytes(const df_weight *w) { return (int64_t)w->row_bytes * w->rows + df_weight_scale_bytes(w); }
+
+/* A byte b is a NaN code iff (b & 0x7f) + 1 carries into bit 7: eight bytes
+ * per 64-bit word (no carry crosses a byte: at most 0x80). */
+static int fp8_rows_have_nan(const uint8_t *p, size_t rb, int64_t rows, int64_t cols) {
+    const uint64_t lo7 = 0x7f7f7f7f7f7f7f7full, one = 0x0101010101010101ull, hi = 0x8080808080808080ull;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *q = p + (size_t)r * rb;
+        uint64_t acc = 0;
+        int64_t i = 0;
+        for (; i + 32 <= cols; i += 32) {
+            uint64_t u[4];
+            memcpy(u, q + i, 32);
+            acc |= ((u[0] & lo7) + one) | ((u[1] & lo7) + one) | ((u[2] & lo7) + one) | ((u[3] & lo7) + one);
+        }
+        if (acc & hi) return 1;
+        for (; i < cols; i++)
+            if ((q[i] & 0x7f) == 0x7f) return 1;
+    }
+    return 0;
+}
+int df_weight_nan_codes(const df_weight *w) {
+    if (w->fmt != DF_W_FP8 || !w->data) return DF_NAN_CODES_MAYBE;
+    int s = __atomic_load_n(&w->nan_codes, __ATOMIC_ACQUIRE);
+    if (s == DF_NAN_CODES_UNCHECKED) {
+        s = fp8_rows_have_nan(w->data, w->row_bytes, w->rows, w->cols) ? DF_NAN_CODES_MAYBE : DF_NAN_CODES_NONE;
+        __atomic_store_n(&((df_weight *)(uintptr_t)w)->nan_codes, s, __ATOMIC_RELEASE);
+    }
+    return s;
+}

@@ -289,10 +289,16 @@ static void test_decode_rows(void) {
             df_pool_serial(0);
             CHECK(!memcmp(y, y1, R * 4), "decode fmt %d %dx%lld: 1 thread != 2 threads", fmts[f], R, (long long)C);
             if (fmts[f] == DF_W_FP8) {
+                /* the first product checked the weight for NaN codes (cpu.c, fp8_nan_free) */
+                CHECK(g.w.nan_codes == DF_NAN_CODES_NONE, "decode fp8 %dx%lld: nan_codes %d after a product, want NONE", R, (long long)C,
+                      g.w.nan_codes);
                 uint8_t *d = g.data;
                 const int nanrows[] = {2, 9, 36}; /* in a group of four, another group, the remainder */
                 for (int k = 0; k < 3; k++) d[(size_t)nanrows[k] * (size_t)C + (size_t)(C / 2 + k)] = (uint8_t)(k & 1 ? 0xff : 0x7f);
+                g.w.nan_codes = DF_NAN_CODES_UNCHECKED; /* other bytes (backend.h: whoever rewrites data says so) */
                 run_mm(&g.w, x, 1, y1);
+                CHECK(g.w.nan_codes == DF_NAN_CODES_MAYBE, "decode fp8 %dx%lld with NaN codes: nan_codes %d, want MAYBE", R,
+                      (long long)C, g.w.nan_codes);
                 for (int r = 0; r < R; r++) {
                     const int want = r == 2 || r == 9 || r == 36;
                     CHECK((isnan(y1[r]) != 0) == want, "decode fp8 %dx%lld with NaN codes: row %d = %g", R, (long long)C, r, y1[r]);
@@ -546,6 +552,123 @@ static void test_fp8_prepared(void) {
     df_set_isa(-1);
 }
 
+/* ---- FP8 decode without the NaN-code check (round 5) --------------------
+ * The product checks an FP8 weight for E4M3 NaN codes once (cpu.c,
+ * fp8_nan_free: df_weight.nan_codes) and runs the four-row kernel without its
+ * per-block check (dot4_fp8spn) where there is none. Both paths:
+ *  - kernels: dot4_fp8spn gives dot4_fp8sp's bits on rows without NaN codes
+ *    (every code but the two NaNs, subnormals included; blocks of 32 and 128);
+ *  - products: a weight without NaN codes gives the same bits when it is
+ *    checked (UNCHECKED -> NONE: the kernel without the check) and when it is
+ *    marked MAYBE (the checking kernel), at one thread and two; a NaN code at
+ *    any column of any row (every column of the scan's 32-byte words and its
+ *    tail) is found by the check (-> MAYBE) and makes exactly that row NaN.
+ * Before the change there was no flag (MAYBE and UNCHECKED ran the same
+ * kernel); a check that missed a NaN code fails the last part. */
+static void test_fp8_nan_flag(void) {
+    df_pool_init(2);
+    for (int isa = DF_ISA_AVX2; isa <= DF_ISA_AVX512; isa++) {
+        df_set_isa(isa);
+        if (df_isa() != isa) continue;
+        float (*prep8[3])(const float *, float *, int64_t) = {df_k_fp8x_prep_scalar, df_k_fp8x_prep_avx2, df_k_fp8x_prep_avx512};
+        void (*d48sp[3])(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) = {
+            df_k_dot4_fp8sp_scalar, df_k_dot4_fp8sp_avx2, df_k_dot4_fp8sp_avx512};
+        void (*d48spn[3])(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) = {
+            df_k_dot4_fp8spn_scalar, df_k_dot4_fp8spn_avx2, df_k_dot4_fp8spn_avx512};
+        static const int64_t ns[] = {32, 96, 576, 2048, 7168};
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+            for (int blk = 32; blk <= 128; blk *= 4) {
+                const int64_t n = ns[ni], ld = n + 64, nb = (n + blk - 1) / blk;
+                uint8_t *w = malloc((size_t)(4 * ld));
+                float *x = malloc((size_t)n * 4), *xp = malloc((size_t)n * 4), *sc = malloc((size_t)(4 * nb) * 4);
+                for (int64_t i = 0; i < 4 * ld; i++) {
+                    w[i] = (uint8_t)(rnd() & 0xff);
+                    if ((w[i] & 0x7f) == 0x7f) w[i] = (uint8_t)(rnd() & 7); /* subnormals and zeros, not NaN */
+                }
+                for (int64_t i = 0; i < n; i++) x[i] = ldexpf(frand(), (int)(rnd() % 41) - 20);
+                for (int i = 0; i < 4 * nb; i++) sc[i] = ldexpf(1.0f + (float)(i % 5) / 8, (int)(i % 7) - 3);
+                const float *scp[4] = {sc, sc + nb, sc + 2 * nb, sc + 3 * nb};
+                const float xs = prep8[isa](x, xp, n);
+                float a[4], b[4];
+                d48sp[isa](w, ld, xp, xs, n, blk, scp, a);
+                d48spn[isa](w, ld, xp, xs, n, blk, scp, b);
+                for (int k = 0; k < 4; k++)
+                    CHECK(same_f32(a[k], b[k]) && !isnan(a[k]), "dot4_fp8spn isa=%s n=%lld blk=%d row %d: %.9g, dot4_fp8sp %.9g",
+                          df_isa_name(isa), (long long)n, blk, k, b[k], a[k]);
+                free(w), free(x), free(xp), free(sc);
+            }
+        static const int64_t cols[] = {96, 576, 2048};
+        static const int Rs[] = {37, 203};
+        for (size_t ci = 0; ci < sizeof cols / sizeof *cols; ci++)
+            for (size_t ri = 0; ri < sizeof Rs / sizeof *Rs; ri++) {
+                const int64_t C = cols[ci];
+                const int R = Rs[ri];
+                gw g;
+                gw_make(&g, DF_W_FP8, 0, R, C);
+                float *x = malloc((size_t)C * 4), *y[4];
+                for (int k = 0; k < 4; k++) y[k] = malloc((size_t)R * 4);
+                for (int64_t i = 0; i < C; i++) x[i] = frand();
+                for (int th = 0; th < 2; th++) {
+                    df_pool_serial(th);
+                    g.w.nan_codes = DF_NAN_CODES_MAYBE;
+                    run_mm(&g.w, x, 1, y[2 * th]);
+                    CHECK(g.w.nan_codes == DF_NAN_CODES_MAYBE, "fp8 MAYBE stays MAYBE (%d)", g.w.nan_codes);
+                    g.w.nan_codes = DF_NAN_CODES_UNCHECKED;
+                    run_mm(&g.w, x, 1, y[2 * th + 1]);
+                    CHECK(g.w.nan_codes == DF_NAN_CODES_NONE, "fp8 isa=%s %dx%lld: checked %d, want NONE", df_isa_name(isa), R,
+                          (long long)C, g.w.nan_codes);
+                }
+                df_pool_serial(0);
+                for (int k = 1; k < 4; k++)
+                    CHECK(!memcmp(y[0], y[k], (size_t)R * 4), "fp8 isa=%s %dx%lld: product %d (%s, %s) != the checking kernel's, 2 threads",
+                          df_isa_name(isa), R, (long long)C, k, k < 2 ? "2 threads" : "1 thread", k & 1 ? "checked: no check" : "MAYBE");
+                /* the host helper (backend.h) that the product and the expert views use: found once, then kept */
+                g.w.nan_codes = DF_NAN_CODES_UNCHECKED;
+                CHECK(df_weight_nan_codes(&g.w) == DF_NAN_CODES_NONE && g.w.nan_codes == DF_NAN_CODES_NONE, "df_weight_nan_codes clean: %d",
+                      g.w.nan_codes);
+                const uint8_t keep0 = g.data[(size_t)(R / 2) * (size_t)C + 3];
+                g.data[(size_t)(R / 2) * (size_t)C + 3] = 0xff;
+                CHECK(df_weight_nan_codes(&g.w) == DF_NAN_CODES_NONE, "df_weight_nan_codes rescanned a checked weight");
+                g.w.nan_codes = DF_NAN_CODES_UNCHECKED;
+                CHECK(df_weight_nan_codes(&g.w) == DF_NAN_CODES_MAYBE && g.w.nan_codes == DF_NAN_CODES_MAYBE, "df_weight_nan_codes 0xff: %d",
+                      g.w.nan_codes);
+                g.data[(size_t)(R / 2) * (size_t)C + 3] = keep0;
+                {
+                    df_weight nd = g.w;
+                    nd.nan_codes = DF_NAN_CODES_UNCHECKED, nd.data = NULL;
+                    CHECK(df_weight_nan_codes(&nd) == DF_NAN_CODES_MAYBE && nd.nan_codes == DF_NAN_CODES_UNCHECKED, "no data: MAYBE");
+                    nd = g.w;
+                    nd.fmt = DF_W_BF16, nd.nan_codes = DF_NAN_CODES_UNCHECKED;
+                    CHECK(df_weight_nan_codes(&nd) == DF_NAN_CODES_MAYBE, "not FP8: MAYBE");
+                }
+                /* one NaN code at column c of row r: only row r is NaN (rows in the four-row groups and the remainder) */
+                uint8_t *d = g.data;
+                const int rows_at[] = {0, R / 4 * 4 - 1, R - 1};
+                int bad = 0;
+                for (int64_t c = 0; c < C && !bad; c += (C > 96 ? 37 : 1))
+                    for (int ri2 = 0; ri2 < 3 && !bad; ri2++) {
+                        const int r = rows_at[ri2];
+                        const uint8_t keep = d[(size_t)r * (size_t)C + (size_t)c];
+                        d[(size_t)r * (size_t)C + (size_t)c] = (uint8_t)((c + ri2) & 1 ? 0xff : 0x7f);
+                        g.w.nan_codes = DF_NAN_CODES_UNCHECKED;
+                        run_mm(&g.w, x, 1, y[1]);
+                        for (int rr = 0; rr < R && !bad; rr++)
+                            if (rr == r ? !isnan(y[1][rr]) : memcmp(&y[1][rr], &y[0][rr], 4)) {
+                                CHECK(0, "fp8 isa=%s %dx%lld NaN code at row %d col %lld: row %d = %g (flag %d)", df_isa_name(isa), R,
+                                      (long long)C, r, (long long)c, rr, y[1][rr], g.w.nan_codes);
+                                bad = 1;
+                            }
+                        CHECK(bad || g.w.nan_codes == DF_NAN_CODES_MAYBE, "fp8 NaN code at row %d col %lld: flag %d, want MAYBE", r,
+                              (long long)c, g.w.nan_codes);
+                        d[(size_t)r * (size_t)C + (size_t)c] = keep;
+                    }
+                free(x), free(g.data), free(g.scale);
+                for (int k = 0; k < 4; k++) free(y[k]);
+            }
+    }
+    df_set_isa(-1);
+}
+
 /* ---- AVX-512 FP8 decode = AVX2 FP8 decode, bit for bit ------------------
  * The AVX-512 build runs the AVX2 file's integer route (fp8_int_avx2.h; the
  * four-row kernel two rows per zmm, the same ops per lane): on an AVX-512
@@ -588,6 +711,11 @@ static void test_fp8_avx512_is_avx2(void) {
                 CHECK(same_f32(d2, d5), "dot_fp8sp avx512 %.9g != avx2 %.9g, n=%lld blk=%d row %d", d5, d2, (long long)n, blk, k);
             }
             CHECK(isnan(o5[2]) && !isnan(o5[0]), "dot4_fp8sp avx512 NaN row: %g %g", o5[0], o5[2]);
+            w[2 * ld + n / 2] = 0x01; /* no NaN code: the kernels without the check, the same bits */
+            df_k_dot4_fp8sp_avx2(w, ld, xp2, xs2, n, blk, scp, o2);
+            df_k_dot4_fp8spn_avx512(w, ld, xp2, xs2, n, blk, scp, o5);
+            for (int k = 0; k < 4; k++)
+                CHECK(same_f32(o2[k], o5[k]), "dot4_fp8spn avx512 %.9g != avx2 %.9g, n=%lld blk=%d row %d", o5[k], o2[k], (long long)n, blk, k);
             free(w), free(x), free(xp2), free(xp5), free(sc);
         }
     df_set_isa(-1);
@@ -781,6 +909,7 @@ int main(void) {
     test_fp8_nan();
     test_fp8_prepared();
     test_fp8_avx512_is_avx2();
+    test_fp8_nan_flag();
     test_traits();
     test_gemm();
     test_decode_rows();

@@ -69,13 +69,14 @@ typedef struct {
     float (*fp8x_prep)(const float *, float *, int64_t);
     float (*dot_fp8sp)(const uint8_t *, const float *, float, int64_t, int, const float *);
     void (*dot4_fp8sp)(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *);
+    void (*dot4_fp8spn)(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *);
 } ktab;
 #define KT(isa)                                                                                                       \
     {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_pack16_##isa, df_k_gemm16_##isa, df_k_gemm32_##isa, \
      df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
      df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_bf16x_prep_##isa, df_k_dot_bf16p_##isa, df_k_dot4_bf16p_##isa, \
      df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa, df_k_fp8x_prep_##isa,     \
-     df_k_dot_fp8sp_##isa, df_k_dot4_fp8sp_##isa}
+     df_k_dot_fp8sp_##isa, df_k_dot4_fp8sp_##isa, df_k_dot4_fp8spn_##isa}
 static const ktab ktabs[3] = {KT(scalar), KT(avx2), KT(avx512)};
 static inline const ktab *kt(void) { return &ktabs[df_isa()]; }
 
@@ -203,6 +204,15 @@ static const float *fp8_scale_row(const df_weight *w, int64_t sr, int slot) {
     return f;
 }
 
+/* Whether FP8 weight w is known to hold no E4M3 NaN code (0x7f, 0xff). A
+ * weight left DF_NAN_CODES_UNCHECKED is scanned once, on its first decode
+ * product (backend.h, df_weight_nan_codes: lazily, so a checkpoint's
+ * weights are read when first used, not all at startup), and the answer is
+ * kept in w->nan_codes: the four-row kernel then runs without its per-block
+ * check (dot4_fp8spn, the same bits for such rows; a weight with a NaN code
+ * keeps the checking kernel, which gives its rows NaN). */
+static int fp8_nan_free(const df_weight *w) { return df_weight_nan_codes(w) == DF_NAN_CODES_NONE; }
+
 /* the thread's buffer for x in a kernel's order (BF16, FP8 decode) */
 static float *xp_buf(int64_t n) {
     if ((size_t)n > tl_xp_cap) {
@@ -276,10 +286,12 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
              * stream k in slot k */
             const float xs = k->fp8x_prep(x, xp_buf(w->cols), w->cols);
             const float *xp = tl_xp;
+            void (*const dot4)(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) =
+                fp8_nan_free(w) ? k->dot4_fp8spn : k->dot4_fp8sp;
             DOT4_FAR({
                 const float *sc[4];
                 for (int s = 0; s < 4; s++) sc[s] = fp8_scale_row(w, (r0 + j + s * q) / w->blk_r, s);
-                k->dot4_fp8sp(row, ldb, xp, xs, w->cols, w->blk_c, sc, o4);
+                dot4(row, ldb, xp, xs, w->cols, w->blk_c, sc, o4);
             });
             for (; i < nr; i++)
                 y[i] = k->dot_fp8sp(w->data + (size_t)(r0 + i) * w->row_bytes, xp, xs, w->cols, w->blk_c,

@@ -100,16 +100,41 @@ static inline float fp8i_dot(const uint8_t *w, const float *xp, float xs, int64_
     return fp8i_nan_seen32(nan) ? NAN : fp8i_hsum8(a) * xs;
 }
 
-/* one row's 32 weights at column i (x0..x3: xp's four vectors of the block) */
+/* c + a * (the 8 floats at p), one fused multiply-add with a memory operand
+ * (the same bits as _mm256_fmadd_ps(a, load(p), c)). The four-row kernel
+ * reads x this way in each row's FMAs instead of loading x once into four
+ * registers: the loads ride in the FMA instructions (Zen 3 issues 3 loads a
+ * cycle, and x is in L1), and the four registers it frees end the
+ * compiler's spills of the 16 it has (x4, 8 accumulators, the mask, the
+ * conversion's temporaries): gcc 12 reloaded each row's weights twice and
+ * added 4 register moves per 128 weights (docs/PERFORMANCE.md, "Issue 17:
+ * FP8 decode and two-thread GEMM, round 5"). DF_FP8_XMEM=0 builds the
+ * register form. */
+#ifndef DF_FP8_XMEM
+#define DF_FP8_XMEM 1
+#endif
+#if DF_FP8_XMEM && defined(__GNUC__)
+#define FP8I_FMAM(a, p, c) __asm__("vfmadd231ps %2, %1, %0" : "+x"(c) : "x"(a), "m"(*(const __m256 *)(const void *)(p)))
+#else
+#define FP8I_FMAM(a, p, c) ((c) = _mm256_fmadd_ps((a), _mm256_loadu_ps(p), (c)))
+#endif
+/* one row's 32 weights at column i (x: xp + i, the block's four vectors) */
 #define F8ROW(r, t, u)                                                                                            \
     {                                                                                                             \
         const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (r) * ld + i)), hA = F8A(v), hB = F8B(v);     \
-        nan = F8NAN(nan, v);                                                                                      \
-        t = _mm256_fmadd_ps(F8LO(hB), x0, t), u = _mm256_fmadd_ps(F8LO(hA), x1, u);                               \
-        t = _mm256_fmadd_ps(F8HI(hB), x2, t), u = _mm256_fmadd_ps(F8HI(hA), x3, u);                               \
+        if (chk) nan = F8NAN(nan, v);                                                                             \
+        FP8I_FMAM(F8LO(hB), xp + i, t);                                                                           \
+        FP8I_FMAM(F8LO(hA), xp + i + 8, u);                                                                       \
+        FP8I_FMAM(F8HI(hB), xp + i + 16, t);                                                                      \
+        FP8I_FMAM(F8HI(hA), xp + i + 24, u);                                                                      \
     }
-static inline void fp8i_dot4(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
-                             const float *const *sc, float *out) {
+/* chk 1: rows with an E4M3 NaN code (0x7f, 0xff) give NaN (two ops per row and
+ * 32 weights, and a scan of the four rows when one is seen); chk 0: the
+ * caller knows the rows hold none (kernels.h: dot4_fp8spn), the same bits
+ * for such rows. A compile-time constant at each use (always inlined). */
+static inline __attribute__((always_inline)) void fp8i_dot4(const uint8_t *w, int64_t ld, const float *xp, float xs,
+                                                            int64_t n, int blk, const float *const *sc, float *out,
+                                                            const int chk) {
     const __m256i m87 = _mm256_set1_epi32((int)0x87f00000u);
     __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     __m256i nan = _mm256_setzero_si256(); /* of the four rows together */
@@ -118,8 +143,6 @@ static inline void fp8i_dot4(const uint8_t *w, int64_t ld, const float *xp, floa
         __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0, u0 = t0, u1 = t0, u2 = t0, u3 = t0;
         for (int64_t i = c0; i < c1; i += 32) {
             if (!(i & 63)) FP8I_PF(w, ld, i);
-            const __m256 x0 = _mm256_loadu_ps(xp + i), x1 = _mm256_loadu_ps(xp + i + 8), x2 = _mm256_loadu_ps(xp + i + 16),
-                         x3 = _mm256_loadu_ps(xp + i + 24);
             F8ROW(0, t0, u0)
             F8ROW(1, t1, u1)
             F8ROW(2, t2, u2)
@@ -130,7 +153,7 @@ static inline void fp8i_dot4(const uint8_t *w, int64_t ld, const float *xp, floa
         a[2] = _mm256_fmadd_ps(_mm256_add_ps(t2, u2), _mm256_set1_ps(sc[2][b]), a[2]);
         a[3] = _mm256_fmadd_ps(_mm256_add_ps(t3, u3), _mm256_set1_ps(sc[3][b]), a[3]);
     }
-    const int anynan = fp8i_nan_seen32(nan);
+    const int anynan = chk && fp8i_nan_seen32(nan);
     for (int k = 0; k < 4; k++) out[k] = anynan && fp8i_row_has_nan(w + k * ld, n) ? NAN : fp8i_hsum8(a[k]) * xs;
 }
 

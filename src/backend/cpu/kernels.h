@@ -84,7 +84,12 @@ float *df_cpu_scratch(int slot, size_t n);
     float df_k_fp8x_prep_##isa(const float *x, float *xp, int64_t n);                                             \
     float df_k_dot_fp8sp_##isa(const uint8_t *w, const float *xp, float xs, int64_t n, int blk, const float *sc);   \
     void df_k_dot4_fp8sp_##isa(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,          \
-                               const float *const *sc, float *out);
+                               const float *const *sc, float *out);                                              \
+    /* dot4_fp8sp for rows known to hold no E4M3 NaN code (0x7f, 0xff: cpu.c keeps that per weight,             \
+     * df_weight.nan_codes): the same bits for such rows, without the per-block check (undefined for a row     \
+     * with one: finite garbage, not NaN) */                                                                      \
+    void df_k_dot4_fp8spn_##isa(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,         \
+                                const float *const *sc, float *out);
 
 DF_DECL_KERNELS(scalar)
 DF_DECL_KERNELS(avx2)

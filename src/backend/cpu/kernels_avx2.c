@@ -451,7 +451,11 @@ float df_k_dot_fp8sp_avx2(const uint8_t *w, const float *xp, float xs, int64_t n
 }
 void df_k_dot4_fp8sp_avx2(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
                           const float *const *sc, float *out) {
-    fp8i_dot4(w, ld, xp, xs, n, blk, sc, out);
+    fp8i_dot4(w, ld, xp, xs, n, blk, sc, out, 1);
+}
+void df_k_dot4_fp8spn_avx2(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
+                           const float *const *sc, float *out) {
+    fp8i_dot4(w, ld, xp, xs, n, blk, sc, out, 0);
 }
 
 /* ---- MXFP4 ------------------------------------------------------------- */

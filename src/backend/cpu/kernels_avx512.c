@@ -237,15 +237,17 @@ float df_k_dot_fp8sp_avx512(const uint8_t *w, const float *xp, float xs, int64_t
         const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w + 2 * (p) * ld + i))), \
                                              _mm256_loadu_si256((const __m256i *)(w + (2 * (p) + 1) * ld + i)), 1);  \
         const __m512i hA = _mm512_srai_epi16(v, 4), hB = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 4);            \
-        nan = _mm512_max_epu8(nan, _mm512_and_si512(v, m7f));                                                      \
+        if (chk) nan = _mm512_max_epu8(nan, _mm512_and_si512(v, m7f));                                             \
         t = _mm512_fmadd_ps(F8Z_LO(hB), x0, t), u = _mm512_fmadd_ps(F8Z_LO(hA), x1, u);                             \
         t = _mm512_fmadd_ps(F8Z_HI(hB), x2, t), u = _mm512_fmadd_ps(F8Z_HI(hA), x3, u);                             \
     }
 static inline __m512 f8z_scales(const float *s0, const float *s1, int64_t b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(s0[b])), _mm256_set1_ps(s1[b]), 1);
 }
-void df_k_dot4_fp8sp_avx512(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
-                            const float *const *sc, float *out) {
+/* chk: as fp8i_dot4's (1: NaN codes give NaN; 0: the rows hold none) */
+static inline __attribute__((always_inline)) void f8z_dot4(const uint8_t *w, int64_t ld, const float *xp, float xs,
+                                                           int64_t n, int blk, const float *const *sc, float *out,
+                                                           const int chk) {
     const __m512i m87 = _mm512_set1_epi32((int)0x87f00000u), m7f = _mm512_set1_epi8(0x7f);
     __m512 a01 = _mm512_setzero_ps(), a23 = _mm512_setzero_ps();
     __m512i nan = _mm512_setzero_si512(); /* of the four rows together */
@@ -263,10 +265,18 @@ void df_k_dot4_fp8sp_avx512(const uint8_t *w, int64_t ld, const float *xp, float
         a01 = _mm512_fmadd_ps(_mm512_add_ps(t01, u01), f8z_scales(sc[0], sc[1], b), a01);
         a23 = _mm512_fmadd_ps(_mm512_add_ps(t23, u23), f8z_scales(sc[2], sc[3], b), a23);
     }
-    const int anynan = _mm512_cmpeq_epi8_mask(nan, m7f) != 0;
+    const int anynan = chk && _mm512_cmpeq_epi8_mask(nan, m7f) != 0;
     const __m256 h[4] = {_mm512_castps512_ps256(a01), _mm512_extractf32x8_ps(a01, 1), _mm512_castps512_ps256(a23),
                          _mm512_extractf32x8_ps(a23, 1)};
     for (int k = 0; k < 4; k++) out[k] = anynan && fp8i_row_has_nan(w + k * ld, n) ? NAN : fp8i_hsum8(h[k]) * xs;
+}
+void df_k_dot4_fp8sp_avx512(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
+                            const float *const *sc, float *out) {
+    f8z_dot4(w, ld, xp, xs, n, blk, sc, out, 1);
+}
+void df_k_dot4_fp8spn_avx512(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
+                             const float *const *sc, float *out) {
+    f8z_dot4(w, ld, xp, xs, n, blk, sc, out, 0);
 }
 
 void df_k_axpy_avx512(float *y, float a, const float *x, int64_t n) {

@@ -158,3 +158,7 @@ void df_k_dot4_fp8sp_scalar(const uint8_t *w, int64_t ld, const float *xp, float
     df_k_dot4_fp8s_scalar(w, ld, xp, n, blk, sc, out);
     for (int k = 0; k < 4; k++) out[k] *= xs;
 }
+void df_k_dot4_fp8spn_scalar(const uint8_t *w, int64_t ld, const float *xp, float xs, int64_t n, int blk,
+                             const float *const *sc, float *out) {
+    df_k_dot4_fp8sp_scalar(w, ld, xp, xs, n, blk, sc, out);
+}

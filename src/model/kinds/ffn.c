@@ -44,14 +44,19 @@ int df_ffn_dense(const df_model *m, df_state *s, const df_layer *L, int n) {
 /* The weights of expert e of layer l (template t) at the bytes parts[]
  * (data, then the scale sidecar where the format has one, for gate, up,
  * down), each tagged with its identity so a device backend can cache it. */
-static void expert_view(const df_ffn *t, int l, int e, const uint8_t *const *parts, df_glu *out) {
+static void expert_view(const df_ffn *t, int l, int e, const uint8_t *const *parts, df_glu *out, int nan_check) {
     out->gate = t->gate, out->up = t->up, out->down = t->down;
     df_weight *ws[3] = {&out->gate, &out->up, &out->down};
+    const df_weight *tw[3] = {&t->gate, &t->up, &t->down};
     int p = 0;
     for (int w = 0; w < 3; w++) {
         ws[w]->data = parts[p++];
         if (df_weight_scale_bytes(ws[w])) ws[w]->scale = parts[p++];
         ws[w]->ident = df_expert_ident(l, e, w);
+        /* FP8 NaN codes (backend.h, nan_codes): a view of the template's own resident bytes takes the
+         * template's answer (found on the expert's first use, kept in the model's template); a view of an
+         * expert-cache slot, whose bytes change, keeps the checking kernel */
+        ws[w]->nan_codes = nan_check && tw[w]->data && ws[w]->data == tw[w]->data ? df_weight_nan_codes(tw[w]) : DF_NAN_CODES_MAYBE;
     }
 }
 
@@ -97,7 +102,7 @@ static void expert_ready(void *p, int i, const uint8_t *const *parts) {
     }
     const int D = c->D, K = c->m->cfg.n_experts_used, e = c->ids[i];
     df_glu f;
-    expert_view(&c->L->experts[e], c->l, e, parts, &f);
+    expert_view(&c->L->experts[e], c->l, e, parts, &f, 1);
     if (c->n == 1) { /* decode: slot k of the one token, batched until the next flush */
         int k = 0;
         while (s->sel[k] != e) k++;
@@ -160,7 +165,7 @@ static int moe_preload(const df_model *m, const df_layer *L, int l) {
             if (df_weight_scale_bytes(ws[k])) parts[p++] = ws[k]->scale;
         }
         df_glu g;
-        expert_view(f, l, e, parts, &g);
+        expert_view(f, l, e, parts, &g, 0); /* for a device: no host scan */
         w[3 * e] = g.gate, w[3 * e + 1] = g.up, w[3 * e + 2] = g.down;
     }
     int rc = df_moe_preload(w, 3 * E);
