@@ -204,9 +204,10 @@ PY
             cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-512.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$2-512.log" | head -1) && echo "ids 512: the same" || echo "ids 512: DIFFER"
             cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$2-sampled.log" | head -1) && echo "ids sampled: the same" || echo "ids sampled: DIFFER"
             NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-            L=$2
+            for L in ${R7_NCU_LIST:-$2}; do # R7_NCU_LIST="110 366": ncu of each (round 8)
             [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv --launch-skip "${NCU_SKIP:-30000}" \
-                --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-256}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_lean$L.csv" 2>&1 && python3 "$S/ncu_sum.py" "$OUT/ncu_lean$L.csv"
+                --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-256}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_lean$L.csv" 2>&1 && echo "ncu of DELTAFIN_CUDA_LEAN=$L:" && python3 "$S/ncu_sum.py" "$OUT/ncu_lean$L.csv"
+            done
             echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
         else
         for r in 1 2; do

@@ -29,7 +29,8 @@ int64_t df_cuda_mm_narrow_launches(void);
 int64_t df_cuda_moe_launches(void);
 /* 1: every decode-step launch saving (narrow blocks and small job tables for one-token products, the
  * one-launch split attention, round 5's deeper loads, round 6's fused MoE down launch and split attention with
- * more loads in flight, round 7's programmatic dependent launches and register-resident route); 0: none.
+ * more loads in flight, round 7's programmatic dependent launches and register-resident route, round 8's fused
+ * add + norm and q/k norm + rope); 0: none.
  * Default (DELTAFIN_CUDA_LEAN unset): all but the narrow product blocks and the round-6 attention. The results
  * are the same bits either way. */
 void df_cuda_set_lean(int on);
@@ -39,6 +40,8 @@ int64_t df_cuda_pdl_launches(void);
 int64_t df_cuda_route_fast_launches(void);
 /* Launches of the MoE down launch with the gate once per block (bit 128, opt-in) so far (tests). */
 int64_t df_cuda_moe_down_sh_launches(void);
+/* Launches of the fused row ops (add_rmsnorm, qk_norm_rope; DELTAFIN_CUDA_LEAN bit 256, round 8) so far (tests). */
+int64_t df_cuda_fused_launches(void);
 
 #ifdef __cplusplus
 }

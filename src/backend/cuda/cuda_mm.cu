@@ -473,11 +473,11 @@ int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 255 : 14 | 32 | 64;
+        g_lean = e && *e ? atoi(e) & 511 : 14 | 32 | 64 | 256;
     }
     return g_lean;
 }
-extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 255 : 0; }
+extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 511 : 0; }
 /* bit 32 (round 7): programmatic dependent launches (launch_k); off for good once the launch API refuses one */
 int64_t g_pdl_launches;
 static int g_pdl_refused;
