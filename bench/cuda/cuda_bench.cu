@@ -251,8 +251,8 @@ static void prefill_row(const char *name, W &wt, cublasHandle_t h, int n) {
     }, 2, g_quick ? 5 : 10);
     std::vector<float> yb((size_t)n * R), yt((size_t)n * R);
     CKB(cudaMemcpy(yb.data(), dY, yb.size() * 4, cudaMemcpyDeviceToHost));
-    /* cuBLAS on the f32 data with TF32 tensor cores, 3 passes (CUBLAS_COMPUTE_32F_FAST_TF32: the mode whose
-     * rounding comes closest to the f32 product) */
+    /* cuBLAS on the f32 data with TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: the inputs rounded to TF32's
+     * 10-bit mantissa, f32 accumulation) */
     const double t_tf = time_ms([&](int) {
         cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)R, n, (int)C, &one, dW, CUDA_R_32F, (int)C, dX, CUDA_R_32F, (int)C, &zero, dY, CUDA_R_32F, (int)R,
                      CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);

@@ -426,6 +426,26 @@ int main(void) {
                 for (int k = 0; k < ND; k++) df_backend_cuda.read(dy[lean][k], yd[k], (size_t)DR[k]);
             }
             df_cuda_set_lean(1);
+            /* round 8 (bit 512, DELTAFIN_CUDA_MM_SPLIT1): rows split over more warps (job 1's 32 steps per lane over 8
+             * warps at 8, job 0's 4 steps still over 1): one launch, near the CPU, and a row that is not split keeps its bits */
+            for (int s1 = 8; s1 >= 1; s1 /= 2) {
+                static float ys[ND][200];
+                df_cuda_set_split1(s1);
+                const int64_t l0 = df_cuda_mm_launches();
+                df_backend_cuda.matmul_batch(dj, ND, 1);
+                CHECK(df_cuda_mm_launches() - l0 == 1, "split %d: %lld launches, expected 1", s1, (long long)(df_cuda_mm_launches() - l0));
+                for (int k = 0; k < ND; k++) {
+                    df_backend_cuda.read(ys[k], yd[k], (size_t)DR[k]);
+                    double d = 0, n2 = 0;
+                    for (int r = 0; r < DR[k]; r++) {
+                        const float c = df_dot_row(&w2[k], r, dx);
+                        d += (double)(ys[k][r] - c) * (ys[k][r] - c), n2 += (double)c * c;
+                    }
+                    CHECK(d <= 1e-10 * n2, "split %d, dense job %d: rel L2^2 %g against the CPU", s1, k, n2 > 0 ? d / n2 : d);
+                }
+                if (s1 == 8) CHECK(!memcmp(ys[0], dy[1][0], (size_t)DR[0] * sizeof(float)), "split 8: job 0 (4 steps per lane, not split) changed bits");
+            }
+            df_cuda_set_split1(0);
             for (int k = 0; k < ND; k++) {
                 CHECK(!memcmp(dy[0][k], dy[1][k], (size_t)DR[k] * sizeof(float)), "dense job %d: the narrow launch changed bits", k);
                 double d = 0, n2 = 0;
