@@ -13,7 +13,8 @@
  *   prefill: products of 2,048 tokens on the same matrices, in TFLOP/s, ours
  *     in both forms (exact f32: dequantize + SGEMM; split-bf16 on tensor
  *     cores), with the rel L2 error of each and of a plain BF16 GEMM (x
- *     rounded to bf16) against a double-precision reference on sampled rows.
+ *     rounded to bf16) and of cuBLAS with CUBLAS_COMPUTE_32F_FAST_TF32 on the f32 data, against a
+ *     double-precision reference on sampled rows.
  * Timing: CUDA events on the default stream, warm-up, then the median of
  * repeats. Random weights (valid values; the content does not matter for
  * speed). */
@@ -248,12 +249,19 @@ static void prefill_row(const char *name, W &wt, cublasHandle_t h, int n) {
         cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)R, n, (int)C, &one, bW, CUDA_R_16BF, (int)C, bX, CUDA_R_16BF, (int)C, &zero, dY, CUDA_R_32F, (int)R,
                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }, 2, g_quick ? 5 : 10);
-    std::vector<float> yb((size_t)n * R);
+    std::vector<float> yb((size_t)n * R), yt((size_t)n * R);
     CKB(cudaMemcpy(yb.data(), dY, yb.size() * 4, cudaMemcpyDeviceToHost));
+    /* cuBLAS on the f32 data with TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: the inputs rounded to TF32's
+     * 10-bit mantissa, f32 accumulation) */
+    const double t_tf = time_ms([&](int) {
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)R, n, (int)C, &one, dW, CUDA_R_32F, (int)C, dX, CUDA_R_32F, (int)C, &zero, dY, CUDA_R_32F, (int)R,
+                     CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+    }, 2, g_quick ? 5 : 10);
+    CKB(cudaMemcpy(yt.data(), dY, yt.size() * 4, cudaMemcpyDeviceToHost));
     /* double reference on sampled rows (every token) */
     const int NR = 48;
     std::vector<double> ref;
-    std::vector<float> go, gb, gs;
+    std::vector<float> go, gb, gs, gt;
     for (int k = 0; k < NR; k++) {
         const int64_t r = (int64_t)(rnd64() % (uint64_t)R);
         for (int t = 0; t < n; t++) {
@@ -261,13 +269,14 @@ static void prefill_row(const char *name, W &wt, cublasHandle_t h, int n) {
             const float *wr = wf.data() + (size_t)r * C, *xr = xh.data() + (size_t)t * C;
             for (int64_t c = 0; c < C; c++) s += (double)wr[c] * xr[c];
             ref.push_back(s), go.push_back(yo[(size_t)t * R + r]), gb.push_back(yb[(size_t)t * R + r]), gs.push_back(ys[(size_t)t * R + r]);
+            gt.push_back(yt[(size_t)t * R + r]);
         }
     }
-    const double sg = flop / t_sg / 1e9, bf = flop / t_bf / 1e9, f32 = flop / t_ours / 1e9, sp = flop / t_split / 1e9;
-    printf("prefill %-32s [%5lld x %5lld] n=%4d | cuBLAS SGEMM %5.1f TFLOP/s, BF16 %5.1f (rel L2 %.1e) | ours f32 (dequant+SGEMM) %5.1f = %3.0f%% of SGEMM "
-           "(rel L2 %.1e) | ours split-bf16 %5.1f = %3.0f%% of BF16, %3.0f%% of SGEMM (rel L2 %.1e)\n",
-           name, (long long)R, (long long)C, n, sg, bf, rel_l2(gb, ref), f32, 100.0 * f32 / sg, rel_l2(go, ref), sp, 100.0 * sp / bf, 100.0 * sp / sg,
-           rel_l2(gs, ref));
+    const double sg = flop / t_sg / 1e9, bf = flop / t_bf / 1e9, f32 = flop / t_ours / 1e9, sp = flop / t_split / 1e9, tf = flop / t_tf / 1e9;
+    printf("prefill %-32s [%5lld x %5lld] n=%4d | cuBLAS SGEMM %5.1f TFLOP/s, BF16 %5.1f (rel L2 %.1e), FAST_TF32 %5.1f (rel L2 %.1e) | ours f32 "
+           "(dequant+SGEMM) %5.1f = %3.0f%% of SGEMM (rel L2 %.1e) | ours split-bf16 %5.1f = %3.0f%% of BF16, %3.0f%% of SGEMM, %3.0f%% of TF32 (rel L2 %.1e)\n",
+           name, (long long)R, (long long)C, n, sg, bf, rel_l2(gb, ref), tf, rel_l2(gt, ref), f32, 100.0 * f32 / sg, rel_l2(go, ref), sp, 100.0 * sp / bf,
+           100.0 * sp / sg, 100.0 * sp / tf, rel_l2(gs, ref));
     cudaFree(dW), cudaFree(dY), cudaFree(bW), cudaFree(bX);
     B->free(x), B->free(y);
     B->weight_unregister(&wt.w);

@@ -25,7 +25,9 @@
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
 # Steps: STEPS="isa unit conf e2e mtp tiers bench moe" (default all but isa and mtp; isa: the CPU's AVX-512 flags and the CPU
 # backend's conformance under DELTAFIN_ISA=avx512 and avx2; mtp: tests/py/test_spec_mtp.py -k transformers,
-# the CPU backend against transformers' modules). MOE_SET=r7: resident decode with DELTAFIN_CUDA_LEAN=14 (round 6) and 110
+# the CPU backend against transformers' modules). MOE_SET=r8: resident decode with the masks of R8_AB (default "110 366 878":
+# round 7, + the fused row ops, + the one-token spine products' row split) alternated three times, 512 tokens and sampled
+# each, ncu of each; R8_SPLITS="8 4" adds DELTAFIN_CUDA_MM_SPLIT1 runs. MOE_SET=r7: resident decode with DELTAFIN_CUDA_LEAN=14 (round 6) and 110
 # (the default: + bit 32 programmatic dependent launches, + bit 64 the register-resident route) alternated twice, 46 and 78
 # (each bit alone), 512 tokens, PROF=3, sampled, the pinned 600M tier, the ids compared, ncu per kernel of 14 and 110. MOE_SET=r6: resident decode with DELTAFIN_CUDA_LEAN=6 (round 5's
 # kernels) and 14 (the default: + round 6's fused MoE down launch; the binary of the round-6 calls also had the attention
@@ -188,6 +190,35 @@ PY
             done
         fi
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    elif [ "${MOE_SET:-all}" = r8 ]; then # round 8: the masks of R8_AB (default "110 366 878": round 7; + bit 256, the fused add +
+        # norm and q/k norm + rope + cache rows; + bit 512, the default: one-token spine products' rows over more warps) alternated
+        # three times, 512 tokens and sampled each; R8_SPLITS="8 4": DELTAFIN_CUDA_MM_SPLIT1=S runs alternated with the second mask
+        # twice; ncu of each mask (and split); the ids compared with the first (default) run
+        R8_AB=${R8_AB:-110 366 878}
+        for r in 1 2 3; do for L in $R8_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done; done
+        set -- $R8_AB
+        if [ -n "${R8_SPLITS:-}" ]; then
+            for r in 1 2; do
+                DELTAFIN_CUDA_LEAN=$2 moe "resident-lean$2-s$r" --gpu-memory 100G
+                for S1 in $R8_SPLITS; do DELTAFIN_CUDA_LEAN=$2 DELTAFIN_CUDA_MM_SPLIT1=$S1 moe "resident-split$S1-r$r" --gpu-memory 100G; done
+            done
+        fi
+        for L in $R8_AB; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512" --gpu-memory 100G; done
+        for L in $R8_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
+        for n in $(for r in 1 2 3; do for L in $R8_AB; do echo resident-lean$L-r$r; done; done) $(for S1 in ${R8_SPLITS:-}; do echo resident-split$S1-r1 resident-split$S1-r2; done); do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+        done
+        for k in 512 sampled; do for L in $R8_AB; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: DIFFER from lean$1"
+        done; done
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        for V in ${R8_NCU:-$R8_AB} $(for S1 in ${R8_SPLITS:-}; do echo s$S1; done); do
+            case $V in s*) L=$2 S1=${V#s} ;; *) L=$V S1= ;; esac
+            [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L DELTAFIN_CUDA_MM_SPLIT1=$S1 timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
+                --launch-skip "${NCU_SKIP:-30000}" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-384}" --ignore-eos \
+                --gpu-memory 100G >"$OUT/ncu_$V.csv" 2>&1 && echo "ncu of $V:" && python3 "$S/ncu_sum.py" "$OUT/ncu_$V.csv"
+        done
+        echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
     elif [ "${MOE_SET:-all}" = r7 ]; then # round 7: DELTAFIN_CUDA_LEAN=14 (round 6) against the default (110: + bit 32 programmatic
         # launches, + bit 64 the register-resident route), alternated twice; 46 (PDL alone) and 78 (route alone); PROF=3 of 14 and
         # 110; sampled 14 and 110; the ids compared; ncu's time of each decode kernel of 14 and 110 (R7_NCU=0: none)
@@ -204,9 +235,10 @@ PY
             cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-512.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$2-512.log" | head -1) && echo "ids 512: the same" || echo "ids 512: DIFFER"
             cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$2-sampled.log" | head -1) && echo "ids sampled: the same" || echo "ids sampled: DIFFER"
             NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-            L=$2
+            for L in ${R7_NCU_LIST:-$2}; do # R7_NCU_LIST="110 366": ncu of each (round 8)
             [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv --launch-skip "${NCU_SKIP:-30000}" \
-                --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-256}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_lean$L.csv" 2>&1 && python3 "$S/ncu_sum.py" "$OUT/ncu_lean$L.csv"
+                --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-256}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_lean$L.csv" 2>&1 && echo "ncu of DELTAFIN_CUDA_LEAN=$L:" && python3 "$S/ncu_sum.py" "$OUT/ncu_lean$L.csv"
+            done
             echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
         else
         for r in 1 2; do

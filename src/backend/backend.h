@@ -276,6 +276,25 @@ typedef struct {
     float eps;
 } df_attn_res_args;
 
+/* Per-head q/k RMSNorm then RoPE of one attention layer (qk_norm_rope, optional):
+ * rmsnorm(q rows of hd by q_norm, k rows of hd by k_norm, eps) in place, then
+ * rope(q: n tokens x nq heads, k: n x nk heads, dims [0, rope_dim), cs,
+ * interleaved), then (kc set) copy_rows of the n rotated k rows [nk*hd] to
+ * kc + t*kv_stride and of the n v rows [nk*hd] to vc + t*kv_stride (the K/V
+ * cache rows of these positions): exactly those operations issued in that
+ * order (the wrapper df_qk_norm_rope issues them when the entry is NULL). */
+typedef struct {
+    df_act *q, *k;                 /* [n][nq][hd], [n][nk][hd], contiguous, in place */
+    const float *q_norm, *k_norm;  /* params [hd] */
+    int n, nq, nk, hd, rope_dim;   /* rope_dim even, <= hd */
+    float eps;
+    const df_act *cs;              /* rope_table's [n][rope_dim/2][cos, sin] */
+    int interleaved;
+    const df_act *v;               /* [n][nk][hd] (with kc) */
+    df_act *kc, *vc;               /* NULL: no copy; else the cache rows, kv_stride floats apart, not overlapping q, k, v */
+    size_t kv_stride;
+} df_qk_norm_rope_args;
+
 /* What a backend with memory tiers keeps where (tier_stats); bytes. */
 typedef struct {
     int64_t budget;                 /* device memory budget (--gpu-memory, or free memory minus a margin at start) */
@@ -392,6 +411,16 @@ typedef struct df_backend_ops {
      * Returns 1 when honoured, 0 when the backend cannot (its verify pass is
      * then not bit-identical to plain steps). NULL: not supported (0). */
     int (*exact_products)(int on);
+
+    /* Fused operations (optional; NULL: the wrappers below issue the plain
+     * operations they stand for, so a backend that names one must give the
+     * composition's result; the CUDA backend gives its bits, one launch).
+     * add_rmsnorm: y += x over rows x cols (contiguous rows), then
+     * out = rmsnorm(y) by g as rmsnorm does (out [rows][cols], not aliasing y or x):
+     * the residual add and the next norm of a layer. */
+    void (*add_rmsnorm)(df_act *out, df_act *y, const df_act *x, const float *g, int rows, int cols, float eps);
+    /* qk_norm_rope: see df_qk_norm_rope_args (q/k norms and the rotation of a GQA layer) */
+    void (*qk_norm_rope)(const df_qk_norm_rope_args *a);
 } df_backend_ops;
 
 extern const df_backend_ops df_backend_cpu;        /* best ISA, all threads */
@@ -478,6 +507,37 @@ static inline int df_moe_preload(const df_weight *w, int n) { return df_be->moe_
 /* backend.h: exact_products. 1: honoured (the products from here on until
  * off are the one-token bits), 0: the backend has no exact mode. */
 static inline int df_exact_products(int on) { return df_be->exact_products ? df_be->exact_products(on) : 0; }
+/* The fused operations on backend be, or their plain composition where be has none (tests call these with a
+ * named backend; the model calls the df_be forms below). */
+static inline void df_add_rmsnorm_on(const df_backend_ops *be, df_act *out, df_act *y, const df_act *x, const float *g, int rows, int cols,
+                                     float eps) {
+    if (be->add_rmsnorm) {
+        be->add_rmsnorm(out, y, x, g, rows, cols, eps);
+        return;
+    }
+    be->add(y, x, (size_t)rows * (size_t)cols);
+    be->rmsnorm(out, (size_t)cols, y, (size_t)cols, g, rows, cols, eps);
+}
+static inline void df_qk_norm_rope_on(const df_backend_ops *be, const df_qk_norm_rope_args *a) {
+    if (be->qk_norm_rope) {
+        be->qk_norm_rope(a);
+        return;
+    }
+    const size_t hd = (size_t)a->hd;
+    be->rmsnorm(a->q, hd, a->q, hd, a->q_norm, a->n * a->nq, a->hd, a->eps);
+    be->rmsnorm(a->k, hd, a->k, hd, a->k_norm, a->n * a->nk, a->hd, a->eps);
+    be->rope(a->q, a->n, a->nq, (size_t)a->nq * hd, hd, a->rope_dim, a->cs, a->interleaved);
+    be->rope(a->k, a->n, a->nk, (size_t)a->nk * hd, hd, a->rope_dim, a->cs, a->interleaved);
+    if (a->kc) {
+        be->copy_rows(a->kc, a->kv_stride, a->k, (size_t)a->nk * hd, a->n, a->nk * a->hd);
+        be->copy_rows(a->vc, a->kv_stride, a->v, (size_t)a->nk * hd, a->n, a->nk * a->hd);
+    }
+}
+/* y += x; out = rmsnorm(y) (rows of cols, contiguous) */
+static inline void df_add_rmsnorm(df_act *out, df_act *y, const df_act *x, const float *g, int rows, int cols, float eps) {
+    df_add_rmsnorm_on(df_be, out, y, x, g, rows, cols, eps);
+}
+static inline void df_qk_norm_rope(const df_qk_norm_rope_args *a) { df_qk_norm_rope_on(df_be, a); }
 /* 0 with *out filled, or -1 (a backend without tiers; *out zeroed). */
 static inline int df_tier_stats_get(df_tier_stats *out) {
     memset(out, 0, sizeof *out);

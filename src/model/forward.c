@@ -201,6 +201,10 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
     const size_t NH_ = (size_t)n * H, bstride = (size_t)s->max_batch * H;
     const int bs = c->attn_res_block;
     int nb = 0; /* attention residuals: completed blocks in s->blocks; s->x is the partial sum of this block */
+    const int first = all ? 0 : n - 1, cnt = all ? n : 1;
+    /* normed: s->xn already holds the next norm of s->x (the residual add before it was df_add_rmsnorm: one
+     * backend op for the add and the norm, the same two ops where the backend has no fused one) */
+    int normed = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const df_layer *L = &m->layers[l];
         const int ar = L->kind.resid == DF_RESID_ATTNRES;
@@ -217,40 +221,47 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
             }
             if (l % bs == 0 && nb < s->max_blocks) df_copy(DF_AT(s->blocks, (size_t)nb++ * bstride), s->x, NH_), restart = 1;
             df_rmsnorm_rows(s->xn, H, in, H, L->attn_norm, n, H, eps);
-        } else {
+        } else if (!normed) {
             df_rmsnorm_rows(s->xn, H, s->x, H, L->attn_norm, n, H, eps);
         }
+        normed = 0;
         df_mixer_of(L->kind.mixer)->forward(m, s, l, n, pos0);
         if (restart) df_copy(s->x, s->o, NH_);
+        else if (!ar) df_add_rmsnorm(s->xn, s->x, s->o, L->ffn_norm, n, H, eps);
         else df_add(s->x, s->o, NH_);
         double a1 = df_now();
         if (ar) {
             const df_attn_res_args r = {s->xn, s->blocks, bstride, nb, s->x, L->res_norm[1], L->res_proj[1], n, H, eps};
             df_attn_res(&r);
             df_rmsnorm_rows(s->xn, H, s->xn, H, L->ffn_norm, n, H, eps);
-        } else {
-            df_rmsnorm_rows(s->xn, H, s->x, H, L->ffn_norm, n, H, eps);
         }
         int rc = L->kind.ffn == DF_FFN_MOE ? df_ffn_moe(m, s, L, l, n) : df_ffn_dense(m, s, L, n);
         if (rc) {
             df_be_layer = -1;
             return rc;
         }
-        df_add(s->x, s->ffn_out, NH_);
+        const df_layer *L2 = l + 1 < c->n_layers ? &m->layers[l + 1] : NULL;
+        if (L2 && L2->kind.resid != DF_RESID_ATTNRES) /* the add and the next layer's first norm */
+            df_add_rmsnorm(s->xn, s->x, s->ffn_out, L2->attn_norm, n, H, eps), normed = 1;
+        else if (!L2 && !(m->out_res_norm && nb) && cnt == n) /* the add and the final norm */
+            df_add_rmsnorm(s->xn, s->x, s->ffn_out, m->final_norm, n, H, eps), normed = 1;
+        else
+            df_add(s->x, s->ffn_out, NH_);
         double a2 = df_now();
         s->t_attn += a1 - a0;
         s->t_ffn += a2 - a1;
     }
     df_be_layer = -1;
     double t2 = df_now();
-    int first = all ? 0 : n - 1, cnt = all ? n : 1;
     const df_act *fin = DF_AT(s->x, (size_t)first * H);
-    if (m->out_res_norm && nb) { /* the output mixes the blocks and the last partial sum too */
+    if (normed) {
+        /* s->xn holds the final norm already */
+    } else if (m->out_res_norm && nb) { /* the output mixes the blocks and the last partial sum too */
         const df_attn_res_args r = {s->xn, DF_AT(s->blocks, (size_t)first * H), bstride, nb, fin, m->out_res_norm, m->out_res_proj, cnt, H, eps};
         df_attn_res(&r);
         fin = s->xn;
     }
-    df_rmsnorm_rows(s->xn, H, fin, H, m->final_norm, cnt, H, eps);
+    if (!normed) df_rmsnorm_rows(s->xn, H, fin, H, m->final_norm, cnt, H, eps);
     df_matmul(&m->lm_head, s->xn, cnt, s->logits);
     df_read(logits, s->logits, (size_t)cnt * c->vocab);
     s->t_other += df_now() - t2;

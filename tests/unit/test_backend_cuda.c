@@ -14,6 +14,7 @@
 #endif
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int failures;
@@ -239,6 +240,89 @@ static void fused_moe_checks(void) {
 }
 #endif
 
+/* Round 8's fused row ops (DELTAFIN_CUDA_LEAN bit 256): add_rmsnorm and qk_norm_rope in one launch each with the
+ * savings on, giving the bits of the plain ops they stand for (add then rmsnorm; rmsnorm q, rmsnorm k, rope q,
+ * rope k) issued on this backend with the same mask; with the savings off the entries issue those plain ops
+ * (no fused launch). Rows of 2048 (a Qwen3-30B-A3B hidden row) and 37, heads of 128 and 16, both rotations, a
+ * partial rotation, 1 and 5 tokens. */
+static float frnd(void) { return (float)((int)(rnd() % 4001) - 2000) / 700.0f; }
+static void fused_rows_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    static const int AC[][2] = {{1, 2048}, {5, 2048}, {3, 37}};
+    for (size_t ci = 0; ci < sizeof AC / sizeof *AC; ci++)
+        for (int lean = 1; lean >= 0; lean--) {
+            const int rows = AC[ci][0], cols = AC[ci][1];
+            const size_t N = (size_t)rows * cols;
+            float *y = malloc(N * 4), *x = malloc(N * 4), *g = malloc((size_t)cols * 4), *r[2][2];
+            for (size_t i = 0; i < N; i++) y[i] = frnd(), x[i] = frnd();
+            for (int i = 0; i < cols; i++) g[i] = frnd();
+            df_cuda_set_lean(lean);
+            for (int way = 0; way < 2; way++) { /* 0: the fused entry, 1: the plain ops */
+                df_act *dy = B->alloc(N), *dx = B->alloc(N), *dout = B->alloc(N);
+                B->write(dy, y, N), B->write(dx, x, N);
+                const int64_t f0 = df_cuda_fused_launches();
+                if (!way) B->add_rmsnorm(dout, dy, dx, g, rows, cols, 1e-6f);
+                else B->add(dy, dx, N), B->rmsnorm(dout, (size_t)cols, dy, (size_t)cols, g, rows, cols, 1e-6f);
+                const int64_t f = df_cuda_fused_launches() - f0;
+                CHECK(f == (!way && lean), "add_rmsnorm %dx%d (lean %d, way %d): %lld fused launches", rows, cols, lean, way, (long long)f);
+                r[way][0] = malloc(N * 4), r[way][1] = malloc(N * 4);
+                B->read(r[way][0], dy, N), B->read(r[way][1], dout, N);
+                B->free(dy), B->free(dx), B->free(dout);
+            }
+            CHECK(!memcmp(r[0][0], r[1][0], N * 4) && !memcmp(r[0][1], r[1][1], N * 4), "add_rmsnorm %dx%d (lean %d): bits differ from add + rmsnorm", rows,
+                  cols, lean);
+            for (int w = 0; w < 2; w++) free(r[w][0]), free(r[w][1]);
+            free(y), free(x), free(g);
+        }
+    static const int QC[][6] = {/* n, nq, nk, hd, rope_dim, interleaved */
+                                {1, 32, 4, 128, 128, 0}, {5, 32, 4, 128, 128, 0}, {1, 6, 2, 16, 16, 1}, {3, 6, 2, 16, 10, 0}, {2, 3, 1, 16, 10, 1}};
+    for (size_t ci = 0; ci < sizeof QC / sizeof *QC; ci++)
+        for (int lean = 1; lean >= 0; lean--) {
+            const int n = QC[ci][0], nq = QC[ci][1], nk = QC[ci][2], hd = QC[ci][3], rd = QC[ci][4], il = QC[ci][5];
+            const size_t NQ = (size_t)n * nq * hd, NK = (size_t)n * nk * hd, NC = (size_t)n * rd;
+            float *q = malloc(NQ * 4), *k = malloc(NK * 4), *gq = malloc((size_t)hd * 4), *gk = malloc((size_t)hd * 4), *cs = malloc(NC * 4);
+            for (size_t i = 0; i < NQ; i++) q[i] = frnd();
+            for (size_t i = 0; i < NK; i++) k[i] = frnd();
+            for (int i = 0; i < hd; i++) gq[i] = frnd(), gk[i] = frnd();
+            for (size_t i = 0; i < NC; i++) cs[i] = frnd() / 3;
+            const int cache = ci != 2; /* with the K/V cache rows copied (the model's call), and without */
+            const size_t KVS = 2 * (size_t)nk * hd + 3, NKV = (size_t)n * KVS; /* cache rows, a stride that is not 2 x the row */
+            float *vh = malloc(NK * 4), *r[2][3];
+            for (size_t i = 0; i < NK; i++) vh[i] = frnd();
+            df_cuda_set_lean(lean);
+            for (int way = 0; way < 2; way++) {
+                df_act *dq = B->alloc(NQ), *dk = B->alloc(NK), *dc = B->alloc(NC), *dv = B->alloc(NK), *dkv = B->alloc(NKV);
+                B->write(dq, q, NQ), B->write(dk, k, NK), B->write(dc, cs, NC), B->write(dv, vh, NK);
+                df_qk_norm_rope_args a = {dq, dk, gq, gk, n, nq, nk, hd, rd, 1e-6f, dc, il, NULL, NULL, NULL, 0};
+                if (cache) a.v = dv, a.kc = dkv, a.vc = DF_AT(dkv, (size_t)nk * hd), a.kv_stride = KVS;
+                const int64_t f0 = df_cuda_fused_launches();
+                if (!way) B->qk_norm_rope(&a);
+                else {
+                    B->rmsnorm(dq, (size_t)hd, dq, (size_t)hd, gq, n * nq, hd, 1e-6f), B->rmsnorm(dk, (size_t)hd, dk, (size_t)hd, gk, n * nk, hd, 1e-6f);
+                    B->rope(dq, n, nq, (size_t)nq * hd, (size_t)hd, rd, dc, il), B->rope(dk, n, nk, (size_t)nk * hd, (size_t)hd, rd, dc, il);
+                    if (cache) B->copy_rows(a.kc, KVS, dk, (size_t)nk * hd, n, nk * hd), B->copy_rows(a.vc, KVS, dv, (size_t)nk * hd, n, nk * hd);
+                }
+                const int64_t f = df_cuda_fused_launches() - f0;
+                CHECK(f == (!way && lean), "qk_norm_rope case %zu (lean %d, way %d): %lld fused launches", ci, lean, way, (long long)f);
+                r[way][0] = malloc(NQ * 4), r[way][1] = malloc(NK * 4), r[way][2] = malloc(NKV * 4);
+                B->read(r[way][0], dq, NQ), B->read(r[way][1], dk, NK), B->read(r[way][2], dkv, NKV);
+                B->free(dq), B->free(dk), B->free(dc), B->free(dv), B->free(dkv);
+            }
+            CHECK(!memcmp(r[0][0], r[1][0], NQ * 4) && !memcmp(r[0][1], r[1][1], NK * 4) && !memcmp(r[0][2], r[1][2], NKV * 4),
+                  "qk_norm_rope case %zu (lean %d): bits differ from the plain ops", ci, lean);
+            if (cache) { /* the cache holds the rotated k and the v rows (and zeros between) */
+                int ok = 1;
+                for (int t = 0; t < n; t++)
+                    for (int i = 0; i < nk * hd; i++)
+                        ok &= fbits(r[0][2][t * KVS + i]) == fbits(r[0][1][(size_t)t * nk * hd + i]) && fbits(r[0][2][t * KVS + nk * hd + i]) == fbits(vh[(size_t)t * nk * hd + i]);
+                CHECK(ok, "qk_norm_rope case %zu (lean %d): the cache rows are not k and v", ci, lean);
+            }
+            for (int w = 0; w < 2; w++) free(r[w][0]), free(r[w][1]), free(r[w][2]);
+            free(q), free(k), free(gq), free(gk), free(cs), free(vh);
+        }
+    df_cuda_set_lean(1);
+}
+
 int main(void) {
     char err[256] = "";
     CHECK(df_backend_choose(NULL, err, sizeof err) == 0 && df_be == &df_backend_cpu, "NULL keeps the default (cpu)");
@@ -342,6 +426,26 @@ int main(void) {
                 for (int k = 0; k < ND; k++) df_backend_cuda.read(dy[lean][k], yd[k], (size_t)DR[k]);
             }
             df_cuda_set_lean(1);
+            /* round 8 (bit 512, DELTAFIN_CUDA_MM_SPLIT1): rows split over more warps (job 1's 32 steps per lane over 8
+             * warps at 8, job 0's 4 steps still over 1): one launch, near the CPU, and a row that is not split keeps its bits */
+            for (int s1 = 8; s1 >= 1; s1 /= 2) {
+                static float ys[ND][200];
+                df_cuda_set_split1(s1);
+                const int64_t l0 = df_cuda_mm_launches();
+                df_backend_cuda.matmul_batch(dj, ND, 1);
+                CHECK(df_cuda_mm_launches() - l0 == 1, "split %d: %lld launches, expected 1", s1, (long long)(df_cuda_mm_launches() - l0));
+                for (int k = 0; k < ND; k++) {
+                    df_backend_cuda.read(ys[k], yd[k], (size_t)DR[k]);
+                    double d = 0, n2 = 0;
+                    for (int r = 0; r < DR[k]; r++) {
+                        const float c = df_dot_row(&w2[k], r, dx);
+                        d += (double)(ys[k][r] - c) * (ys[k][r] - c), n2 += (double)c * c;
+                    }
+                    CHECK(d <= 1e-10 * n2, "split %d, dense job %d: rel L2^2 %g against the CPU", s1, k, n2 > 0 ? d / n2 : d);
+                }
+                if (s1 == 8) CHECK(!memcmp(ys[0], dy[1][0], (size_t)DR[0] * sizeof(float)), "split 8: job 0 (4 steps per lane, not split) changed bits");
+            }
+            df_cuda_set_split1(0);
             for (int k = 0; k < ND; k++) {
                 CHECK(!memcmp(dy[0][k], dy[1][k], (size_t)DR[k] * sizeof(float)), "dense job %d: the narrow launch changed bits", k);
                 double d = 0, n2 = 0;
@@ -360,6 +464,7 @@ int main(void) {
         if (df_backend_cuda.tier_reset) df_backend_cuda.tier_reset();
         fused_moe_checks();
         attn_split_checks();
+        fused_rows_checks();
         df_backend_select("cpu");
     } else
         printf("test_backend_cuda: no CUDA device: the device checks (batching of cached experts, narrow launches, the device-routed MoE) are SKIPPED\n");

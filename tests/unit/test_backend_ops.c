@@ -596,6 +596,57 @@ static void test_rows(void) {
     }
 }
 
+/* ---- fused ops (optional entries: each side runs its own, or the composition the wrapper issues where it has
+ * none; cpu-scalar has none, so the candidate's fused op is checked against the plain ops) ------------------ */
+static void test_fused(void) {
+    for (int ni = 0; ni < 4; ni++)
+        for (int ci = 0; ci < 2; ci++) {
+            const int n = NS[ni], C = ci ? 300 : 37;
+            const size_t N = (size_t)n * C;
+            float *y = rnd(N, 3), *x = rnd(N, 3), *o = rnd(N, 1), *g = rnd(C, 1);
+            float *h[3] = {y, x, o};
+            size_t sz[3] = {N, N, N};
+            side c, r;
+            side_up(&c, CAND, h, sz, 3), side_up(&r, REF, h, sz, 3);
+            df_add_rmsnorm_on(CAND, c.p[2], c.p[0], c.p[1], g, n, C, 1e-6f);
+            df_add_rmsnorm_on(REF, r.p[2], r.p[0], r.p[1], g, n, C, 1e-6f);
+            char what[80];
+            snprintf(what, sizeof what, "add_rmsnorm rows=%d cols=%d (sum)", n, C), side_cmp(what, &c, &r, 0, N, TOL_ELEM);
+            snprintf(what, sizeof what, "add_rmsnorm rows=%d cols=%d (norm)", n, C), side_cmp(what, &c, &r, 2, N, TOL_RED);
+            side_free(&c, 3), side_free(&r, 3);
+            free(y), free(x), free(o), free(g);
+        }
+    for (int ni = 0; ni < 4; ni++)
+        for (int il = 0; il < 2; il++)
+            for (int part = 0; part < 2; part++) {
+                const int n = NS[ni], pos0 = 5 + 60 * ni, NQ = 4, NK = 2, hd = 12, rd = part ? 8 : hd;
+                float *inv = malloc((rd / 2) * sizeof(float));
+                for (int i = 0; i < rd / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / rd);
+                float *q = rnd((size_t)n * NQ * hd, 2), *k = rnd((size_t)n * NK * hd, 2), *cs = calloc((size_t)n * rd, 4), *gq = rnd(hd, 1), *gk = rnd(hd, 1);
+                /* the K/V cache rows (part 0: copied, at a stride of 2 rows + 1; part 1: no copy) */
+                const size_t KVS = 2 * (size_t)NK * hd + 1;
+                float *v = rnd((size_t)n * NK * hd, 2), *kv = rnd((size_t)n * KVS, 1);
+                float *h[5] = {q, k, cs, v, kv};
+                size_t sz[5] = {(size_t)n * NQ * hd, (size_t)n * NK * hd, (size_t)n * rd, (size_t)n * NK * hd, (size_t)n * KVS};
+                side c, r;
+                side_up(&c, CAND, h, sz, 5), side_up(&r, REF, h, sz, 5);
+                CAND->rope_table(c.p[2], pos0, n, inv, rd / 2, 1.0f), REF->rope_table(r.p[2], pos0, n, inv, rd / 2, 1.0f);
+                df_qk_norm_rope_args ac = {c.p[0], c.p[1], gq, gk, n, NQ, NK, hd, rd, 1e-6f, c.p[2], il, NULL, NULL, NULL, 0};
+                df_qk_norm_rope_args ar = {r.p[0], r.p[1], gq, gk, n, NQ, NK, hd, rd, 1e-6f, r.p[2], il, NULL, NULL, NULL, 0};
+                if (!part) {
+                    ac.v = c.p[3], ac.kc = c.p[4], ac.vc = DF_AT(c.p[4], (size_t)NK * hd), ac.kv_stride = KVS;
+                    ar.v = r.p[3], ar.kc = r.p[4], ar.vc = DF_AT(r.p[4], (size_t)NK * hd), ar.kv_stride = KVS;
+                }
+                df_qk_norm_rope_on(CAND, &ac), df_qk_norm_rope_on(REF, &ar);
+                char what[80];
+                snprintf(what, sizeof what, "qk_norm_rope q n=%d il=%d rope %d/%d", n, il, rd, hd), side_cmp(what, &c, &r, 0, sz[0], TOL_RED);
+                snprintf(what, sizeof what, "qk_norm_rope k n=%d il=%d rope %d/%d", n, il, rd, hd), side_cmp(what, &c, &r, 1, sz[1], TOL_RED);
+                snprintf(what, sizeof what, "qk_norm_rope cache n=%d il=%d rope %d/%d", n, il, rd, hd), side_cmp(what, &c, &r, 4, sz[4], TOL_RED);
+                side_free(&c, 5), side_free(&r, 5);
+                free(inv), free(q), free(k), free(cs), free(gq), free(gk), free(v), free(kv);
+            }
+}
+
 /* ---- memory ops: exact --------------------------------------------------------------- */
 static void test_memory(void) {
     const int n = 7, C = 33;
@@ -897,6 +948,7 @@ int main(int argc, char **argv) {
     test_attn_gqa();
     test_attn_mla();
     test_rows();
+    test_fused();
     test_route();
     test_conv1d();
     test_kda();

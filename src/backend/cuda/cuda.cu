@@ -868,5 +868,6 @@ extern "C" const df_backend_ops df_backend_cuda = {
     g_host_pin, g_host_unpin, g_host_fence, g_experts_done, g_tier_reset, g_tier_stats,
     g_moe_resident, g_moe_fused, g_moe_preload,
     NULL, /* exact_products: not honoured (auto takes plain steps on this backend) */
+    g_add_rmsnorm, g_qk_norm_rope,
 };
 

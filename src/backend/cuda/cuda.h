@@ -29,9 +29,10 @@ int64_t df_cuda_mm_narrow_launches(void);
 int64_t df_cuda_moe_launches(void);
 /* 1: every decode-step launch saving (narrow blocks and small job tables for one-token products, the
  * one-launch split attention, round 5's deeper loads, round 6's fused MoE down launch and split attention with
- * more loads in flight, round 7's programmatic dependent launches and register-resident route); 0: none.
- * Default (DELTAFIN_CUDA_LEAN unset): all but the narrow product blocks and the round-6 attention. The results
- * are the same bits either way. */
+ * more loads in flight, round 7's programmatic dependent launches and register-resident route, round 8's fused
+ * add + norm and q/k norm + rope; not round 8's split of one-token spine rows, bit 512, which changes bits); 0: none.
+ * Default (DELTAFIN_CUDA_LEAN unset, 878): all but the narrow product blocks, the round-6 attention and the
+ * round-7 shared-gate down launch, plus bit 512. The results are the same bits either way (1 or 0). */
 void df_cuda_set_lean(int on);
 /* Kernel launches with the programmatic-serialization attribute so far (DELTAFIN_CUDA_LEAN bit 32; tests). */
 int64_t df_cuda_pdl_launches(void);
@@ -39,6 +40,12 @@ int64_t df_cuda_pdl_launches(void);
 int64_t df_cuda_route_fast_launches(void);
 /* Launches of the MoE down launch with the gate once per block (bit 128, opt-in) so far (tests). */
 int64_t df_cuda_moe_down_sh_launches(void);
+/* The one-token products' row split (DELTAFIN_CUDA_MM_SPLIT1; tests): at least s 16-byte steps per lane (1, 2,
+ * 4, 8 or 16) for every one-token product; 0: the default (8 for spine weights with DELTAFIN_CUDA_LEAN bit 512,
+ * else 16). */
+void df_cuda_set_split1(int s);
+/* Launches of the fused row ops (add_rmsnorm, qk_norm_rope; DELTAFIN_CUDA_LEAN bit 256, round 8) so far (tests). */
+int64_t df_cuda_fused_launches(void);
 
 #ifdef __cplusplus
 }

@@ -357,6 +357,8 @@ void g_rmsnorm(df_act *out, size_t os, const df_act *x, size_t xs, const float *
 void g_rope_table(df_act *cs, int pos0, int n, const float *inv_freq, int half, float scale);
 void g_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_act *cs, int interleaved);
 void g_add(df_act *y, const df_act *x, size_t n);
+void g_add_rmsnorm(df_act *out, df_act *y, const df_act *x, const float *g, int rows, int cols, float eps);
+void g_qk_norm_rope(const df_qk_norm_rope_args *a);
 void g_add_bias(df_act *y, const float *b, int rows, int cols);
 void g_axpy(df_act *y, float a, const df_act *x, size_t n);
 void g_scale(df_act *y, float a, size_t n);

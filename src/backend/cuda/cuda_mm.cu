@@ -419,13 +419,32 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_sh(const MmBatchT
  * rows: more blocks, and a lane's loop stays long enough to keep its loads in
  * flight; measured: splitting rows of 8 steps lost 10-15% on the MoE experts);
  * from the weight's own shape only. */
-static int split_of(const DW &d, int vec) {
+static int split_at(const DW &d, int vec, int64_t min_steps) {
     const int64_t E = vec == V_F32 ? 4 : vec == V_F16 || vec == V_BF16 ? 8 : vec == V_FP8 || vec == V_I8ROW ? 16 : vec == V_GENERIC ? 1 : 32;
     const int64_t steps = d.cols / E / 32;
     int wk = 1;
-    while (wk < MM_WARPS && steps >= 16 * wk) wk *= 2;
+    while (wk < MM_WARPS && steps >= min_steps * wk) wk *= 2;
     return wk;
 }
+static int split_of(const DW &d, int vec) { return split_at(d, vec, 16); }
+/* DELTAFIN_CUDA_LEAN bit 512 (round 8, on by default): the one-token products of spine weights (no expert
+ * identity: q/k/v, o, the router, lm_head) split a row over warps while each keeps at least 8 16-byte steps per
+ * lane instead of 16 (a 2048-column BF16 row over 2 warps, 4 steps each, all in flight at U = 4; twice the
+ * blocks; the router's 128 rows in 8 blocks instead of 4). Each such row is then summed in another order: NOT
+ * round 7's bits (within the conformance bounds; DELTAFIN_CUDA_LEAN=366 keeps round 7's products). Routed
+ * experts keep split_of (the device-routed MoE's rows must equal the host-routed launches'). DELTAFIN_CUDA_MM_SPLIT1=S
+ * (a measurement aid: 1, 2, 4, 8 or 16) sets the threshold for every one-token product, experts included. */
+static int g_split1 = -1; /* the env's value, 0: unset */
+static int split1(int expert) {
+    if (g_split1 < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_MM_SPLIT1");
+        const int v = e && *e ? atoi(e) : 0;
+        g_split1 = v == 1 || v == 2 || v == 4 || v == 8 || v == 16 ? v : 0;
+    }
+    if (g_split1) return g_split1;
+    return !expert && (lean_mask() & 512) ? 8 : 16;
+}
+extern "C" void df_cuda_set_split1(int s) { g_split1 = s == 1 || s == 2 || s == 4 || s == 8 || s == 16 ? s : 0; }
 
 /* Which 16-byte decoder fits weight d read with activations x (V_GENERIC when none does). */
 static int vec_kind(const DW &d, const float *x) {
@@ -466,18 +485,20 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * opt-in; DELTAFIN_CUDA_LEAN=6 restores round 5's kernels, 2 round 4's. Round 7: 32 programmatic dependent
  * launches (every kernel begins with pdl_entry; the one-token products of resident weights prefetch their rows
  * into L2 before they wait), 64 the register-resident route (k_route_soft), 128 (opt-in) the MoE down launch with
- * the gate once per block (k_moe_down_sh); default 14 | 32 | 64 = 110, DELTAFIN_CUDA_LEAN=14 restores round 6's
- * launches. Every bit gives the same bits of every result. df_cuda_set_lean(on) sets 255 or 0 (the test of both
- * paths). */
+ * the gate once per block (k_moe_down_sh); 14 | 32 | 64 = 110 was round 7's default, DELTAFIN_CUDA_LEAN=14
+ * restores round 6's launches. Round 8: 256 the fused row ops (cuda_ops.cu: add_rmsnorm, qk_norm_rope), 512 the
+ * one-token spine products' rows over more warps (split1 below); default 878 = 110 | 256 | 512; DELTAFIN_CUDA_LEAN=110
+ * restores round 7's launches and bits, 366 round 8 without bit 512. Every bit but 512 gives the same bits of every
+ * result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of both paths). */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 255 : 14 | 32 | 64;
+        g_lean = e && *e ? atoi(e) & 1023 : 14 | 32 | 64 | 256 | 512;
     }
     return g_lean;
 }
-extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 255 : 0; }
+extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 511 : 0; }
 /* bit 32 (round 7): programmatic dependent launches (launch_k); off for good once the launch API refuses one */
 int64_t g_pdl_launches;
 static int g_pdl_refused;
@@ -671,7 +692,7 @@ void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
         if (w_get(jobs[j].w, S_WD0, S_WS0, &d, "matmul_batch")) continue;
         if (d.rows <= 0) continue;
         if (n >= MM_GEMM_MIN_N && !mm_gemm(d, DCP(jobs[j].x), DP(jobs[j].y), n)) continue;
-        const int vec = vec_kind(d, DCP(jobs[j].x)), wk = split_of(d, vec), per_block = MM_WARPS / wk * MM_R;
+        const int vec = vec_kind(d, DCP(jobs[j].x)), wk = n == 1 ? split_at(d, vec, split1(jobs[j].w->ident != 0)) : split_of(d, vec), per_block = MM_WARPS / wk * MM_R;
         const unsigned nb = (unsigned)((d.rows + per_block - 1) / per_block);
         /* a launch holds jobs of one decoder (the kernel is compiled per decoder) */
         if (b.nj == MM_MAXJ || (b.nj && b.j[0].vec != vec) || (uint64_t)blocks + nb > 0x7fffffffu) mm_flush(&b, blocks, n), blocks = 0;

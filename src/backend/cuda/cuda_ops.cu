@@ -447,6 +447,15 @@ void g_attn_mla(const df_attn_mla_args *a) {
 }
 
 /* ---- rows ------------------------------------------------------------------------------- */
+/* the threads of a row's block (the sums' order depends on it: the fused ops below use the same count) */
+static unsigned rms_threads(int cols) {
+    unsigned th = 128;
+    if (lean_mask() & 4) {
+        const unsigned want = ((unsigned)((cols + 1) / 2) + 31u) / 32u * 32u;
+        th = want > 1024u ? 1024u : want < 32u ? 32u : want;
+    }
+    return th;
+}
 __global__ void k_rmsnorm(float *out, size_t os, const float *x, size_t xs, const float *g, int rows, int n, float eps) { pdl_entry();
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *xr = x + (size_t)r * xs;
@@ -466,11 +475,7 @@ void g_rmsnorm(df_act *out, size_t os, const df_act *x, size_t xs, const float *
     if (!dg) return;
     /* DELTAFIN_CUDA_LEAN bit 4: a row's block has a thread per 2 columns (up to 1024): a 2048-column row in
      * 128 threads was 16 dependent load rounds per pass, about 9 us on the H200 for 8 KB */
-    unsigned th = 128;
-    if (lean_mask() & 4) {
-        const unsigned want = ((unsigned)((cols + 1) / 2) + 31u) / 32u * 32u;
-        th = want > 1024u ? 1024u : want < 32u ? 32u : want;
-    }
+    const unsigned th = rms_threads(cols);
     launch_k(k_rmsnorm, dim3(rows < 65535 ? rows : 65535), dim3(th), 0, DP(out), os, DCP(x), xs, dg, rows, cols, eps);
     post("rmsnorm");
 }
@@ -494,6 +499,12 @@ void g_rope_table(df_act *cs, int pos0, int n, const float *inv_freq, int half, 
     post("rope_table");
 }
 
+/* one rotated pair (k_rope and the fused k_qk_norm_rope: the same expression, the same bits) */
+static __device__ __forceinline__ void rope_pair(float *p0, float *p1, float c, float s) {
+    const float a = *p0, b = *p1;
+    *p0 = a * c - b * s;
+    *p1 = b * c + a * s;
+}
 __global__ void k_rope(float *x, int n, int nh, size_t ts, size_t hs, int dim, const float *cs, int interleaved) { pdl_entry();
     const int half = dim / 2;
     const size_t N = (size_t)n * nh * half;
@@ -503,9 +514,7 @@ __global__ void k_rope(float *x, int n, int nh, size_t ts, size_t hs, int dim, c
         float *v = x + (size_t)t * ts + (size_t)h * hs;
         const float c = c2[2 * i], s = c2[2 * i + 1];
         const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
-        const float a = v[i0], b = v[i1];
-        v[i0] = a * c - b * s;
-        v[i1] = b * c + a * s;
+        rope_pair(v + i0, v + i1, c, s);
     }
 }
 void g_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_act *cs, int interleaved) {
@@ -514,6 +523,102 @@ void g_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_ac
     const size_t N = (size_t)n * nh * (dim / 2);
     launch_k(k_rope, dim3(blocks_for(N, 256)), dim3(256), 0, DP(x), n, nh, ts, hs, dim, DCP(cs), interleaved);
     post("rope");
+}
+
+/* ---- fused row ops (DELTAFIN_CUDA_LEAN bit 256, round 8): one launch for what the model issues back to back,
+ * each value computed by k_add / k_rmsnorm / k_rope's own expressions in the same order (same thread count per
+ * row, so the same double sums): the same bits as the plain launches, which run instead with the bit off. ---- */
+int64_t g_fused_launches;
+extern "C" int64_t df_cuda_fused_launches(void) { return g_fused_launches; }
+/* y += x, then out = rmsnorm(y) by g, rows of n contiguous floats */
+__global__ void k_add_rmsnorm(float *out, float *y, const float *x, const float *g, int rows, int n, float eps) { pdl_entry();
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        float *yr = y + (size_t)r * n;
+        const float *xr = x + (size_t)r * n;
+        float *o = out + (size_t)r * n;
+        double ss = 0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = yr[i] + xr[i];
+            yr[i] = v;
+            ss += (double)v * v;
+        }
+        ss = block_sum(ss);
+        const float inv = 1.0f / sqrtf((float)(ss / n) + eps);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = g[i] * (yr[i] * inv);
+        __syncthreads();
+    }
+}
+void g_add_rmsnorm(df_act *out, df_act *y, const df_act *x, const float *g, int rows, int cols, float eps) {
+    if (rows <= 0 || cols <= 0) return;
+    if (!(lean_mask() & 256)) { /* round 7's two launches */
+        g_add(y, x, (size_t)rows * cols);
+        g_rmsnorm(out, (size_t)cols, y, (size_t)cols, g, rows, cols, eps);
+        return;
+    }
+    LOCK();
+    const float *dg = param(g, (size_t)cols, S_P0, "add_rmsnorm");
+    if (!dg) return;
+    launch_k(k_add_rmsnorm, dim3(rows < 65535 ? rows : 65535), dim3(rms_threads(cols)), 0, DP(out), DP(y), DCP(x), dg, rows, cols, eps);
+    g_fused_launches++;
+    post("add_rmsnorm");
+}
+/* a block per head row (the q rows, the k rows, then with kc the v rows): k_rmsnorm's norm in place, then k_rope's
+ * pairs, then (kc) a k row's copy into the cache; a v row's block only copies it */
+__global__ void k_qk_norm_rope(float *q, float *k, const float *gq, const float *gk, int n, int nq, int nk, int hd, int dim, float eps,
+                               const float *cs, int interleaved, const float *vv, float *kc, float *vc, size_t kvs) { pdl_entry();
+    const int rq = n * nq, rk = rq + n * nk, rows = kc ? rk + n * nk : rk, half = dim / 2;
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        if (r >= rk) { /* a v row into the cache */
+            const int rr = r - rk, t = rr / nk, h = rr % nk;
+            const float *src = vv + (size_t)rr * hd;
+            float *dst = vc + (size_t)t * kvs + (size_t)h * hd;
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = src[i];
+            continue;
+        }
+        const int isq = r < rq, rr = isq ? r : r - rq, t = rr / (isq ? nq : nk);
+        float *v = (isq ? q : k) + (size_t)rr * hd;
+        const float *g = isq ? gq : gk;
+        double ss = 0;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += (double)v[i] * v[i];
+        ss = block_sum(ss);
+        const float inv = 1.0f / sqrtf((float)(ss / hd) + eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = g[i] * (v[i] * inv);
+        __syncthreads();
+        const float *c2 = cs + (size_t)t * half * 2;
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+            rope_pair(v + i0, v + i1, c2[2 * i], c2[2 * i + 1]);
+        }
+        __syncthreads();
+        if (!isq && kc) {
+            float *dst = kc + (size_t)t * kvs + (size_t)(rr % nk) * hd;
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = v[i];
+        }
+    }
+}
+void g_qk_norm_rope(const df_qk_norm_rope_args *a) {
+    if (a->n <= 0 || a->hd <= 0) return;
+    if (!(lean_mask() & 256) || a->rope_dim > a->hd) { /* round 7's four launches */
+        const size_t hd = (size_t)a->hd;
+        g_rmsnorm(a->q, hd, a->q, hd, a->q_norm, a->n * a->nq, a->hd, a->eps);
+        g_rmsnorm(a->k, hd, a->k, hd, a->k_norm, a->n * a->nk, a->hd, a->eps);
+        g_rope(a->q, a->n, a->nq, (size_t)a->nq * hd, hd, a->rope_dim, a->cs, a->interleaved);
+        g_rope(a->k, a->n, a->nk, (size_t)a->nk * hd, hd, a->rope_dim, a->cs, a->interleaved);
+        if (a->kc) {
+            df_backend_cuda.copy_rows(a->kc, a->kv_stride, a->k, (size_t)a->nk * hd, a->n, a->nk * a->hd);
+            df_backend_cuda.copy_rows(a->vc, a->kv_stride, a->v, (size_t)a->nk * hd, a->n, a->nk * a->hd);
+        }
+        return;
+    }
+    LOCK();
+    const float *gq = param(a->q_norm, (size_t)a->hd, S_P0, "qk_norm_rope");
+    const float *gk = gq ? param(a->k_norm, (size_t)a->hd, S_P1, "qk_norm_rope") : NULL;
+    if (!gk) return;
+    const int rows = a->n * (a->nq + (a->kc ? 2 : 1) * a->nk);
+    launch_k(k_qk_norm_rope, dim3(rows < 65535 ? rows : 65535), dim3(rms_threads(a->hd)), 0, DP(a->q), DP(a->k), gq, gk, a->n, a->nq, a->nk,
+             a->hd, a->rope_dim < 2 ? 0 : a->rope_dim, a->eps, DCP(a->cs), a->interleaved, DCP(a->v), DP(a->kc), DP(a->vc), a->kv_stride);
+    g_fused_launches++;
+    post("qk_norm_rope");
 }
 
 /* ---- element-wise ----------------------------------------------------------------------- */

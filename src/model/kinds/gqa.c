@@ -18,14 +18,20 @@ static void gqa_forward(const df_model *m, df_state *s, int l, int n, int pos0) 
     if (L->bq) df_add_bias(s->q, L->bq, n, (int)qdim);
     if (L->bk) df_add_bias(s->k, L->bk, n, (int)kdim);
     if (L->bv) df_add_bias(s->v, L->bv, n, (int)kdim);
-    if (L->q_norm) df_rmsnorm_rows(s->q, hd, s->q, hd, L->q_norm, n * NH, hd, eps);
-    if (L->k_norm) df_rmsnorm_rows(s->k, hd, s->k, hd, L->k_norm, n * KV, hd, eps);
-    df_rope(s->q, n, NH, qdim, hd, hd, s->rope_cs, m->rope_adjacent);
-    df_rope(s->k, n, KV, kdim, hd, hd, s->rope_cs, m->rope_adjacent);
-    /* the K and V rows of positions pos0.. into the cache */
+    /* the K and V rows of positions pos0.. go into the cache after the norms and the rotation */
     df_act *row = DF_AT(s->ls[l].cache, (size_t)pos0 * 2 * kdim);
-    df_copy_rows(row, 2 * kdim, s->k, kdim, n, (int)kdim);
-    df_copy_rows(DF_AT(row, kdim), 2 * kdim, s->v, kdim, n, (int)kdim);
+    if (L->q_norm && L->k_norm) { /* the six ops below in one (backend.h: qk_norm_rope; the same ops where the backend has none) */
+        const df_qk_norm_rope_args qa = {s->q, s->k, L->q_norm, L->k_norm, n, NH, KV, hd, hd, eps, s->rope_cs, m->rope_adjacent,
+                                         s->v, row, DF_AT(row, kdim), 2 * kdim};
+        df_qk_norm_rope(&qa);
+    } else {
+        if (L->q_norm) df_rmsnorm_rows(s->q, hd, s->q, hd, L->q_norm, n * NH, hd, eps);
+        if (L->k_norm) df_rmsnorm_rows(s->k, hd, s->k, hd, L->k_norm, n * KV, hd, eps);
+        df_rope(s->q, n, NH, qdim, hd, hd, s->rope_cs, m->rope_adjacent);
+        df_rope(s->k, n, KV, kdim, hd, hd, s->rope_cs, m->rope_adjacent);
+        df_copy_rows(row, 2 * kdim, s->k, kdim, n, (int)kdim);
+        df_copy_rows(DF_AT(row, kdim), 2 * kdim, s->v, kdim, n, (int)kdim);
+    }
     const df_attn_gqa_args a = {s->q, s->ls[l].cache, s->att, n, pos0, NH, KV, hd, m->attn_scale};
     df_attn_gqa(&a);
     df_matmul(&L->w.wo, s->att, n, s->o);
