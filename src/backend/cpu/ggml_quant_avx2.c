@@ -1182,6 +1182,20 @@ PXM_ROWS(q8_0, 34, {
     }
 })
 
+/* bx_q5_0: the codes of a block built once (q5_bytes), d * dot32 per token */
+PXM_ROWS(q5_0, 22, {
+    (void)aux;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const uint8_t *b = p + i * 22;
+        _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
+        const __m256 db = ph1x8(b);
+        _Alignas(32) uint8_t c[32];
+        q5_bytes(b + 2, b + 6, 1, c);
+        const __m256 c0 = cvt(i8x8(c)), c1 = cvt(i8x8(c + 8)), c2 = cvt(i8x8(c + 16)), c3 = cvt(i8x8(c + 24));
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) s[t].a = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), s[t].a);
+    }
+})
+
 /* bx_q4_k: the mins first, then per 64 weights the low and the high sub-block */
 PXM_ROWS(q4_k, 144, {
     for (int64_t i = 0; i < n / 256; i++) {
@@ -1261,6 +1275,7 @@ df_ggml_pxm_fn df_ggml_pxm_avx2(int type,
     switch (type) {
     case DF_GGML_Q4_1: return px_dot == pxd_q4_1 ? pxm_q4_1 : NULL;
     case DF_GGML_Q8_0: return px_dot == pxd_q8_0 ? pxm_q8_0 : NULL;
+    case DF_GGML_Q5_0: return px_dot == pxd_q5_0 ? pxm_q5_0 : NULL;
     case DF_GGML_Q4_K: return px_dot == pxd_q4_k ? pxm_q4_k : NULL;
     case DF_GGML_Q6_K: return px_dot == pxd_q6_k ? pxm_q6_k : NULL;
     default: return NULL;
