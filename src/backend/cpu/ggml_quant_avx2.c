@@ -394,20 +394,28 @@ static inline void bx_q4_1(const uint8_t *b, const float *xb, const float *ab, p
  * from memory (the cheapest widening: one load-and-extend per 8 codes).
  * Low nibbles (elements 0..15) and high nibbles (16..31) side by side: the
  * 16 code bytes broadcast to both 128-bit lanes, the upper lane shifted by
- * 4. Bit e of qh expanded to byte e (broadcast, byte shuffle, test against
- * the bit's mask). Q5_0 (SIGNED) builds q - 16 directly: a clear bit gives
- * 0xf0, so nibble | 0xf0 = nibble - 16 as a signed byte and a set bit leaves
- * the nibble; no offset term. Q5_1 builds q = nibble | 0x10 * bit. The 32
- * bytes go to c[], which the caller widens with pmov[sz]xbd from memory. */
+ * 4. Bit e of qh goes to byte e by a broadcast and a byte shuffle (byte e
+ * holds qh byte e/8), then an and (Q5_1) or and-not (Q5_0) with the bit's
+ * mask leaves in byte e the bit's value (1..128) where the bit is set (Q5_1)
+ * or clear (Q5_0), else 0; vpsignb turns that into the code's high part in
+ * one instruction: it keeps, negates or zeroes a constant by the sign of
+ * that byte (the lanes of bit 7 read 0x80, negative, so their constant has
+ * the other sign). Q5_1 builds q = nibble | 16 (bit set); Q5_0 (SIGNED)
+ * builds q - 16 directly: nibble | 0xf0 (bit clear) = nibble - 16 as a
+ * signed byte, the nibble (bit set); no offset term. The same bytes as the
+ * compare-and-mask of round 3, in one instruction fewer. The 32 bytes go to
+ * c[], which the caller widens with pmov[sz]xbd from memory. */
 static inline __attribute__((always_inline)) void q5_bytes(const uint8_t *qhp, const uint8_t *qs, int sgn, uint8_t *c) {
     const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
                                          3, 3, 3, 3, 3, 3);
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    /* 16 in the lanes of bits 0..6, -16 in those of bit 7 (Q5_1); negated for Q5_0 */
+    const __m256i hi16 = _mm256_set1_epi64x((long long)0xf010101010101010ull);
     uint32_t qh;
     memcpy(&qh, qhp, 4);
-    __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bit);
-    __m256i hb = sgn ? _mm256_andnot_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8((char)0xf0))
-                     : _mm256_and_si256(_mm256_cmpeq_epi8(t, bit), _mm256_set1_epi8(16));
+    __m256i u = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel);
+    __m256i hb = sgn ? _mm256_sign_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), hi16), _mm256_andnot_si256(u, bit))
+                     : _mm256_sign_epi8(hi16, _mm256_and_si256(u, bit));
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
     __m256i nib = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
     _mm256_store_si256((__m256i *)c, _mm256_or_si256(nib, hb));
@@ -415,13 +423,17 @@ static inline __attribute__((always_inline)) void q5_bytes(const uint8_t *qhp, c
      * the register: three more shuffles) */
     __asm__("" : "+m"(*(uint8_t(*)[32])c));
 }
-static inline void bx_q5_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
-    (void)ab;
-    __m256 d = ph1x8(b);
+/* Q5_0 with its block scale given (the four-row loop converts the four
+ * rows' scales with one vcvtph2ps: the same floats as ph1x8) */
+static inline __attribute__((always_inline)) void bx_q5_0d(const uint8_t *b, __m256 d, const float *xb, pxs *s) {
     _Alignas(32) uint8_t c[32];
     q5_bytes(b + 2, b + 6, 1, c);
     __m256 t = dot32(i8x8(c), i8x8(c + 8), i8x8(c + 16), i8x8(c + 24), xb);
     s->a = _mm256_fmadd_ps(d, t, s->a);
+}
+static inline void bx_q5_0(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
+    (void)ab;
+    bx_q5_0d(b, ph1x8(b), xb, s);
 }
 static inline void bx_q5_1(const uint8_t *b, const float *xb, const float *ab, pxs *s) {
     __m128 dm = ph2(b);
@@ -532,9 +544,91 @@ static inline __attribute__((always_inline)) void bx_q6_k(const uint8_t *b, cons
 
 static inline pxs pxs0(void) { return (pxs){_mm256_setzero_ps(), _mm_setzero_ps()}; }
 
+/* The four-row step: the one-row body on each row, in row order (Q5_0
+ * has its own pxd below). */
+#define BX4(T)                                                                                  \
+    static inline __attribute__((always_inline)) void bx4_##T(const uint8_t *b, size_t rs, const float *xb, \
+                                                              const float *ab, pxs *s0, pxs *s1, pxs *s2, pxs *s3) { \
+        bx_##T(b, xb, ab, s0);                                                                  \
+        bx_##T(b + rs, xb, ab, s1);                                                             \
+        bx_##T(b + 2 * rs, xb, ab, s2);                                                         \
+        bx_##T(b + 3 * rs, xb, ab, s3);                                                         \
+    }
+BX4(q4_0)
+BX4(q4_1)
+BX4(q5_1)
+BX4(q8_0)
+BX4(q5_k)
+/* Q4_K and Q6_K four-row steps that issue the latency-long setup of all four
+ * rows before the products (256 rows of 1536 from L2, best of 5000: Q4_K
+ * 0.074 -> 0.069 ns per weight, Q6_K 0.102 -> 0.084). */
+/* Q4_K four rows: the scales and mins of the four rows (and the mins'
+ * terms) first, then each row's chunks: bx_q4_k's operations per row, in
+ * its order (the same bits), without the chunks waiting on the scales'
+ * unpacking. */
+static inline __attribute__((always_inline)) void bx4_q4_k(const uint8_t *b, size_t rs, const float *xb, const float *ab,
+                                                           pxs *s0, pxs *s1, pxs *s2, pxs *s3) {
+    pxs *ss[4] = {s0, s1, s2, s3};
+    _Alignas(32) float sm[4][16];
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) k4_scales(b + k * rs, sm[k]);
+    __asm__("" : "+m"(sm));
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) ss[k]->a = _mm256_fnmadd_ps(_mm256_load_ps(sm[k] + 8), _mm256_loadu_ps(ab), ss[k]->a);
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+        const uint8_t *qs = b + k * rs + offsetof(df_blk_q4_k, qs);
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+            __m256i q0 = u8x8(qs + 32 * c), q1 = u8x8(qs + 32 * c + 8), q2 = u8x8(qs + 32 * c + 16),
+                    q3 = u8x8(qs + 32 * c + 24);
+            __m256 tl = dot32(and15(q0), and15(q1), and15(q2), and15(q3), xb + 64 * c);
+            __m256 th = dot32(hi4(q0), hi4(q1), hi4(q2), hi4(q3), xb + 64 * c + 32);
+            ss[k]->a = _mm256_fmadd_ps(_mm256_broadcast_ss(sm[k] + 2 * c), tl, ss[k]->a);
+            ss[k]->a = _mm256_fmadd_ps(_mm256_broadcast_ss(sm[k] + 2 * c + 1), th, ss[k]->a);
+        }
+    }
+}
+/* Q6_K four rows: the scales, the -32 terms and the codes of all four rows
+ * first (codes stored, 1 KB), then the products: bx_q6_k's operations per
+ * row, in its order (the same bits). */
+static inline __attribute__((always_inline)) void bx4_q6_k(const uint8_t *b, size_t rs, const float *xb, const float *ab,
+                                                           pxs *s0, pxs *s1, pxs *s2, pxs *s3) {
+    pxs *ss[4] = {s0, s1, s2, s3};
+    _Alignas(32) float dl[4][16];
+    _Alignas(32) uint8_t cb[4][2][4][32];
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+        const uint8_t *bk = b + k * rs;
+        __m256 d = _mm256_set1_ps(h2f(bk + offsetof(df_blk_q6_k, d)));
+        const uint8_t *sc = bk + offsetof(df_blk_q6_k, scales);
+        __m256 d0 = _mm256_mul_ps(d, cvt(i8x8(sc))), d1 = _mm256_mul_ps(d, cvt(i8x8(sc + 8)));
+        _mm256_store_ps(dl[k], d0);
+        _mm256_store_ps(dl[k] + 8, d1);
+        ss[k]->a = _mm256_fnmadd_ps(d0, _mm256_loadu_ps(ab), ss[k]->a);
+        ss[k]->a = _mm256_fnmadd_ps(d1, _mm256_loadu_ps(ab + 8), ss[k]->a);
+        const uint8_t *ql = bk, *qhp = bk + offsetof(df_blk_q6_k, qh);
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            __m256i la = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+            __m256i lb = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(qhp + 32 * h));
+            _mm256_store_si256((__m256i *)cb[k][h][0], _mm256_or_si256(_mm256_and_si256(la, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
+            _mm256_store_si256((__m256i *)cb[k][h][1], _mm256_or_si256(_mm256_and_si256(lb, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
+            _mm256_store_si256((__m256i *)cb[k][h][2], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4), _mm256_and_si256(qh, m30)));
+            _mm256_store_si256((__m256i *)cb[k][h][3], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
+        }
+    }
+    __asm__("" : "+m"(cb), "+m"(dl));
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+            _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
+                const float *xk = xb + 128 * h + 32 * g + 16 * e;
+                const uint8_t *c = cb[k][h][g] + 16 * e;
+                __m256 t = _mm256_fmadd_ps(cvt(u8x8(c + 8)), ldx(xk + 8), _mm256_mul_ps(cvt(u8x8(c)), ldx(xk)));
+                ss[k]->a = _mm256_fmadd_ps(_mm256_broadcast_ss(dl[k] + 8 * h + 2 * g + e), t, ss[k]->a);
+            }
+        }
+    }
+}
 /* Blocks of BE weights in BB bytes, AS floats of aux per block; LANE: the
  * lane of the offset accumulator that holds the offset sum (-1: none). */
-#define GEN_PX(T, BE, BB, AS, LANE, PREP)                                                       \
+#define GEN_PX_FIN(T, LANE)                                                                     \
     static inline float fin_##T(pxs s) {                                                        \
         float r = hsum(s.a);                                                                    \
         if ((LANE) >= 0) {                                                                      \
@@ -543,7 +637,9 @@ static inline pxs pxs0(void) { return (pxs){_mm256_setzero_ps(), _mm_setzero_ps(
             r += m[(LANE) < 0 ? 0 : (LANE)];                                                    \
         }                                                                                       \
         return r;                                                                               \
-    }                                                                                           \
+    }
+#define GEN_PX(T, BE, BB, AS, LANE, PREP)                                                       \
+    GEN_PX_FIN(T, LANE)                                                                         \
     static void pxd_##T(const uint8_t *row, size_t rs, int64_t nr, const float *x, const float *aux, \
                         int64_t n, float *out) {                                                \
         const int64_t nb = n / (BE);                                                            \
@@ -561,10 +657,7 @@ static inline pxs pxs0(void) { return (pxs){_mm256_setzero_ps(), _mm_setzero_ps(
                         _Pragma("GCC unroll 4") for (int k_ = 0; k_ < 4; k_++)                  \
                             _mm_prefetch((const char *)b + (k_ + 4) * rs + o_, _MM_HINT_T0);    \
                 }                                                                               \
-                bx_##T(b, xb, ab, &s0);                                                         \
-                bx_##T(b + rs, xb, ab, &s1);                                                    \
-                bx_##T(b + 2 * rs, xb, ab, &s2);                                                \
-                bx_##T(b + 3 * rs, xb, ab, &s3);                                                \
+                bx4_##T(b, rs, xb, ab, &s0, &s1, &s2, &s3);                                     \
             }                                                                                   \
             out[r] = fin_##T(s0), out[r + 1] = fin_##T(s1);                                     \
             out[r + 2] = fin_##T(s2), out[r + 3] = fin_##T(s3);                                 \
@@ -588,7 +681,73 @@ static inline pxs pxs0(void) { return (pxs){_mm256_setzero_ps(), _mm_setzero_ps(
 
 GEN_PX(q4_0, 32, 18, 4, 0, prep_q4_0)
 GEN_PX(q4_1, 32, 20, 4, 1, prep_q4_1)
-GEN_PX(q5_0, 32, 22, 0, -1, prep_none)
+GEN_PX_FIN(q5_0, -1)
+/* Q5_0 four-row loop, Q5B blocks per step: the codes of all 4 x Q5B
+ * row-blocks are built and stored first (and the four rows' f16 scales of a
+ * block converted by one vcvtph2ps, from a general register: the floats
+ * ph1x8 gives), then their products run, so that a product does not wait
+ * for its own codes' shuffles and store-to-load forwarding: the kernel was
+ * latency-bound (~10 cycles per row-block for ~26 instructions). 256 rows
+ * of 1536 from L2, best of 5000: 42.3 us before, 37.6 with one block a
+ * step, 31.6 with two, 30.0 with four (docs/PERFORMANCE.md, "Issue 17:
+ * Q4_K_M decode, round 4"). Per row, blocks in order,
+ * the arithmetic of bx_q5_0: the same bits as the one-row loop. */
+#ifndef Q5B
+#define Q5B 4
+#endif
+static inline __attribute__((always_inline)) void q5_0_step(const uint8_t *b, size_t rs, const float *xb, pxs *s, const int nbk) {
+    _Alignas(32) uint8_t c[Q5B][4][32];
+    _Alignas(16) float d[Q5B][4];
+    _Pragma("GCC unroll 4") for (int j = 0; j < nbk; j++) {
+        const uint8_t *bj = b + 22 * j;
+        uint16_t h0, h1, h2, h3;
+        memcpy(&h0, bj, 2), memcpy(&h1, bj + rs, 2), memcpy(&h2, bj + 2 * rs, 2), memcpy(&h3, bj + 3 * rs, 2);
+        const uint64_t hh = (uint64_t)h0 | (uint64_t)h1 << 16 | (uint64_t)h2 << 32 | (uint64_t)h3 << 48;
+        _mm_store_ps(d[j], _mm_cvtph_ps(_mm_cvtsi64_si128((long long)hh)));
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) q5_bytes(bj + k * rs + 2, bj + k * rs + 6, 1, c[j][k]);
+    }
+    __asm__("" : "+m"(d), "+m"(c));
+    _Pragma("GCC unroll 4") for (int j = 0; j < nbk; j++) _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+        const float *xj = xb + 32 * j;
+        __m256 t = dot32(i8x8(c[j][k]), i8x8(c[j][k] + 8), i8x8(c[j][k] + 16), i8x8(c[j][k] + 24), xj);
+        s[k].a = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[j][k]), t, s[k].a);
+    }
+}
+static void pxd_q5_0(const uint8_t *row, size_t rs, int64_t nr, const float *x, const float *aux, int64_t n, float *out) {
+    (void)aux;
+    const int64_t nb = n / 32;
+    int64_t r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        const uint8_t *p = row + (size_t)r * rs;
+        pxs s[4] = {pxs0(), pxs0(), pxs0(), pxs0()};
+        int64_t i = 0;
+        for (; i + Q5B <= nb; i += Q5B) {
+            const uint8_t *b = p + i * 22;
+            /* the same lines of the next four rows as the generic loop: one per stream per 64 bytes */
+            _Pragma("GCC unroll 4") for (int o_ = 0; o_ < 22 * Q5B; o_ += 64)
+                _Pragma("GCC unroll 4") for (int k_ = 0; k_ < 4; k_++)
+                    _mm_prefetch((const char *)b + (k_ + 4) * rs + o_, _MM_HINT_T0);
+            q5_0_step(b, rs, x + i * 32, s, Q5B);
+        }
+        for (; i < nb; i++) q5_0_step(p + i * 22, rs, x + i * 32, s, 1);
+        out[r] = fin_q5_0(s[0]), out[r + 1] = fin_q5_0(s[1]);
+        out[r + 2] = fin_q5_0(s[2]), out[r + 3] = fin_q5_0(s[3]);
+    }
+    for (; r < nr; r++) {
+        const uint8_t *p = row + (size_t)r * rs;
+        pxs s0 = pxs0();
+        int pf_ = 0;
+        for (int64_t i = 0; i < nb; i++) {
+            if (--pf_ <= 0) {
+                pf_ = PX_PFS(22);
+                _mm_prefetch((const char *)p + i * 22 + PX_PF, _MM_HINT_T0);
+            }
+            bx_q5_0(p + i * 22, x + i * 32, NULL, &s0);
+        }
+        out[r] = fin_q5_0(s0);
+    }
+}
+static const df_ggml_kernels KP_q5_0 = {dq_q5_0, dot_q5_0, dotm_q5_0, NULL, prep_none, pxd_q5_0};
 GEN_PX(q5_1, 32, 24, 4, 1, prep_q4_1)
 GEN_PX(q8_0, 32, 34, 0, -1, prep_none)
 GEN_PX(q4_k, 256, 144, 8, -1, prep_s32)
@@ -1023,6 +1182,20 @@ PXM_ROWS(q8_0, 34, {
     }
 })
 
+/* bx_q5_0: the codes of a block built once (q5_bytes), d * dot32 per token */
+PXM_ROWS(q5_0, 22, {
+    (void)aux;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const uint8_t *b = p + i * 22;
+        _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
+        const __m256 db = ph1x8(b);
+        _Alignas(32) uint8_t c[32];
+        q5_bytes(b + 2, b + 6, 1, c);
+        const __m256 c0 = cvt(i8x8(c)), c1 = cvt(i8x8(c + 8)), c2 = cvt(i8x8(c + 16)), c3 = cvt(i8x8(c + 24));
+        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) s[t].a = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), s[t].a);
+    }
+})
+
 /* bx_q4_k: the mins first, then per 64 weights the low and the high sub-block */
 PXM_ROWS(q4_k, 144, {
     for (int64_t i = 0; i < n / 256; i++) {
@@ -1102,6 +1275,7 @@ df_ggml_pxm_fn df_ggml_pxm_avx2(int type,
     switch (type) {
     case DF_GGML_Q4_1: return px_dot == pxd_q4_1 ? pxm_q4_1 : NULL;
     case DF_GGML_Q8_0: return px_dot == pxd_q8_0 ? pxm_q8_0 : NULL;
+    case DF_GGML_Q5_0: return px_dot == pxd_q5_0 ? pxm_q5_0 : NULL;
     case DF_GGML_Q4_K: return px_dot == pxd_q4_k ? pxm_q4_k : NULL;
     case DF_GGML_Q6_K: return px_dot == pxd_q6_k ? pxm_q6_k : NULL;
     default: return NULL;
