@@ -238,7 +238,6 @@ static void fused_moe_checks(void) {
     df_act *all[] = {x, scr, dlg, hwd, fwd, rwd, hg, hu, hdd, hout, fg, fu, fdd, fout, rout, fids};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) B->free(all[i]);
 }
-#endif
 
 /* Round 8's fused row ops (DELTAFIN_CUDA_LEAN bit 256): add_rmsnorm and qk_norm_rope in one launch each with the
  * savings on, giving the bits of the plain ops they stand for (add then rmsnorm; rmsnorm q, rmsnorm k, rope q,
@@ -322,6 +321,7 @@ static void fused_rows_checks(void) {
         }
     df_cuda_set_lean(1);
 }
+#endif
 
 int main(void) {
     char err[256] = "";
