@@ -23,7 +23,7 @@
  *    kernel_bench --px 6 512 1536` minus the same with 256 rows, divided by
  *    256 x 1536, is the kernel's instructions per weight (load-free).
  *
- * Usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P] [--fmt NAME] [--fp8-check]] [--isa scalar|avx2|avx512]
+ * Usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P] [--fmt NAME] [--fp8-check]] [--prefill [--fmt NAME] [--n N] [--rows R]] [--isa scalar|avx2|avx512]
  *        kernel_bench --px TYPE ROWS COLS
  * Prints one JSON object. Not a timed test: numbers swing with load. */
 #include "backend/cpu/cpu.h"
@@ -137,7 +137,9 @@ static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
-static const char *g_fd_fmt;  /* --fmt: only this format's rows */
+static const char *g_fd_fmt;  /* --fmt: only this format's rows (--float-decode), only this format (--prefill) */
+static int g_pf_n;            /* --n: prefill at this batch size only */
+static int64_t g_pf_rows;     /* --rows: prefill shapes of this many rows only */
 static int g_fp8_check;       /* --fp8-check: FP8 weights marked DF_NAN_CODES_MAYBE (the kernel with the NaN-code check) */
 static void float_decode(int quick, int pairs) {
     static const int fmts[] = {1, 2, 3, 0}; /* bf16, f16, fp8, f32 (FMTS) */
@@ -223,12 +225,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--float-decode")) only = 3;
         else if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--fmt") && i + 1 < argc) g_fd_fmt = argv[++i];
+        else if (!strcmp(argv[i], "--n") && i + 1 < argc) g_pf_n = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) g_pf_rows = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--fp8-check")) g_fp8_check = 1;
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
             df_set_isa(!strcmp(s, "scalar") ? DF_ISA_SCALAR : !strcmp(s, "avx2") ? DF_ISA_AVX2 : DF_ISA_AVX512);
         } else {
-            fprintf(stderr, "usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P] [--fmt NAME] [--fp8-check]] [--isa scalar|avx2|avx512]\n"
+            fprintf(stderr, "usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P] [--fmt NAME] [--fp8-check]] [--prefill [--fmt NAME] [--n N] [--rows R]] [--isa scalar|avx2|avx512]\n"
                             "       kernel_bench --px TYPE ROWS COLS\n");
             return 2;
         }
@@ -292,12 +296,14 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < 512 * CMAX; i++) X[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
     for (int si = 0; si < (quick ? 2 : 3); si++) {
         const int64_t R = quick ? qshapes[si][0] : shapes[si][0], C = quick ? qshapes[si][1] : shapes[si][1];
+        if (g_pf_rows && R != g_pf_rows) continue;
         for (int f = 0; f < NFMT && only != 1; f++) {
             df_weight w;
+            if (g_fd_fmt && strcmp(g_fd_fmt, FMTS[f].name)) continue;
             if (make_weight(&w, &FMTS[f], R, C)) continue;
             for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
                 const int n = ns[ni];
-                if (quick && n > 128) continue;
+                if ((quick && n > 128) || (g_pf_n && n != g_pf_n)) continue;
                 double dt = time_mm(&w, X, n, Y, reps, 1), gf = 2.0 * (double)R * (double)C * n / dt / 1e9;
                 printf("%s\n  {\"fmt\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"n\": %d, \"gflops\": %.1f, \"pct_peak\": %.1f}",
                        first ? "" : ",", FMTS[f].name, (long long)R, (long long)C, n, gf, peak > 0 ? 100 * gf / peak : 0.0);

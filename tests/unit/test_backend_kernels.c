@@ -255,6 +255,48 @@ static void test_gemm(void) {
     df_set_isa(-1);
 }
 
+/* The GEMM's bit contract stated directly: every output is the single FMA
+ * chain fmaf(w[k], x[k], s) over k = 0..K-1 in order from 0, whatever the
+ * driver's blocking. Shapes that cross its edges: several 64-row blocks in
+ * one range (one thread) and a last panel of 8 rows, K in 3 slices of 367
+ * columns (slices that start at columns not a multiple of 8: the packed
+ * panel's slice offsets and the tail of the 8-column transposes), token
+ * blocks of 6 and 4; F32 (packed straight from the weight) and BF16
+ * (dequantized rows), one thread and two. A blocking or packing change
+ * that alters any output's order or operands fails it (issue 17 round 6:
+ * a slice packed from a column one off was caught). */
+static void test_gemm_chain(void) {
+    df_pool_init(2);
+    const int64_t R = 200, C = 1101;
+    const int fmts[2] = {DF_W_F32, DF_W_BF16};
+    float *X = malloc((size_t)(64 * C) * 4), *Y = malloc((size_t)(64 * R) * 4), *Wd = malloc((size_t)(R * C) * 4);
+    for (int64_t i = 0; i < 64 * C; i++) X[i] = frand();
+    for (int f = 0; f < 2; f++) {
+        gw g;
+        gw_make(&g, fmts[f], 0, R, C);
+        for (int64_t r = 0; r < R; r++) df_dequant_row(&g.w, r, Wd + r * C);
+        for (int serial = 0; serial < 2; serial++)
+            for (int n = 6; n <= 64; n += 58) {
+                df_pool_serial(serial);
+                run_mm(&g.w, X, n, Y);
+                int bad = 0;
+                for (int t = 0; t < n && !bad; t++)
+                    for (int64_t r = 0; r < R && !bad; r++) {
+                        float s = 0;
+                        for (int64_t c = 0; c < C; c++) s = fmaf(Wd[r * C + c], X[t * C + c], s);
+                        if (memcmp(&s, Y + t * R + r, 4)) {
+                            bad = 1;
+                            CHECK(0, "gemm chain %s n=%d threads=%d t=%d r=%lld got %.9g want %.9g", fmts[f] == DF_W_F32 ? "f32" : "bf16", n,
+                                  serial ? 1 : 2, t, (long long)r, Y[t * R + r], s);
+                        }
+                    }
+            }
+        free(g.data), free(g.scale);
+    }
+    df_pool_serial(0);
+    free(X), free(Y), free(Wd);
+}
+
 /* Decode products (n = 1) of the float formats through the driver, rows
  * short and long (four-row kernels on rows a quarter of the range apart,
  * the remainder one row at a time), R odd so groups of four leave a
@@ -912,6 +954,7 @@ int main(void) {
     test_fp8_nan_flag();
     test_traits();
     test_gemm();
+    test_gemm_chain();
     test_decode_rows();
     test_decode_kernel_contract();
     printf("%s: %d failures\n", __FILE__, fails);
