@@ -1026,34 +1026,64 @@ PXM_ROWS(q4_1, 20, {
 #define PXW_NB 1024 /* blocks of a row (n <= 32768) that pxw_m holds; longer rows: pxm_q4_1 */
 static _Thread_local _Alignas(32) float pxw_m[PXW_NB * 8];
 
+/* Rows in tiles of PXW_RT and, where the tokens' x would not stay in L1
+ * (NT * n floats over PXW_XB bytes, of a 32 KB L1: the FFN's down product
+ * of SmolLM2 with 6 tokens is 36 KB), the blocks of a row in segments whose x does: each
+ * row's accumulators are stored after a segment and reloaded for the next,
+ * so every row still adds its blocks in order, one after the other. */
+#define PXW_RT 16
+#define PXW_XB 24576
+static inline int64_t pxw_seg(int64_t nb, int NT) {
+    const int64_t s = PXW_XB / (NT * 128);
+    return nb * NT * 128 <= PXW_XB ? nb : s < 4 ? 4 : s;
+}
+
 static inline __attribute__((always_inline)) void pxwk_q4_1(const uint8_t *row, size_t rs, int64_t nr, const int NT,
                                                              const float *const *x, int64_t n, float *out, int64_t os) {
-    const int64_t nb = n / 32;
+    const int64_t nb = n / 32, seg = pxw_seg(nb, NT);
     const float *am = pxw_m;
-    for (int64_t r = 0; r < nr; r++) {
-        const uint8_t *p = row + (size_t)r * rs;
-        __m256 a[6];
-        _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) a[t] = _mm256_setzero_ps();
-        __m128 m4 = _mm_setzero_ps();
-        __m256 m8 = _mm256_setzero_ps();
-        for (int64_t i = 0; i < nb; i++) {
-            const uint8_t *b = p + i * 20;
-            _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
-            const __m128 dm = ph2(b);
-            if (NT <= 4) m4 = _mm_fmadd_ps(_mm_permute_ps(dm, 0x55), _mm_load_ps(am + 4 * i), m4);
-            else m8 = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_load_ps(am + 8 * i), m8);
-            const __m256 db = _mm256_broadcastss_ps(dm);
-            const __m256i q0 = u8x8(b + 4), q1 = u8x8(b + 12);
-            const __m256 c0 = cvt(and15(q0)), c1 = cvt(and15(q1)), c2 = cvt(hi4(q0)), c3 = cvt(hi4(q1));
-            _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) a[t] = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), a[t]);
-        }
-        _Alignas(32) float m[8];
-        if (NT <= 4) _mm_store_ps(m, m4);
-        else _mm256_store_ps(m, m8);
-        _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) {
-            float v = hsum(a[t]);
-            v += m[t];
-            out[(int64_t)t * os + r] = v;
+    for (int64_t r0 = 0; r0 < nr; r0 += PXW_RT) {
+        const int64_t rt = nr - r0 < PXW_RT ? nr - r0 : PXW_RT;
+        __m256 sa[PXW_RT][6], sm[PXW_RT];
+        for (int64_t i0 = 0; i0 < nb; i0 += seg) {
+            const int64_t i1 = nb - i0 < seg ? nb : i0 + seg;
+            for (int64_t r = 0; r < rt; r++) {
+                const uint8_t *p = row + (size_t)(r0 + r) * rs;
+                __m256 a[6], m8;
+                __m128 m4;
+                if (i0 == 0) {
+                    _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) a[t] = _mm256_setzero_ps();
+                    m8 = _mm256_setzero_ps();
+                } else {
+                    _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) a[t] = sa[r][t];
+                    m8 = sm[r];
+                }
+                m4 = _mm256_castps256_ps128(m8);
+                for (int64_t i = i0; i < i1; i++) {
+                    const uint8_t *b = p + i * 20;
+                    _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
+                    const __m128 dm = ph2(b);
+                    if (NT <= 4) m4 = _mm_fmadd_ps(_mm_permute_ps(dm, 0x55), _mm_load_ps(am + 4 * i), m4);
+                    else m8 = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_load_ps(am + 8 * i), m8);
+                    const __m256 db = _mm256_broadcastss_ps(dm);
+                    const __m256i q0 = u8x8(b + 4), q1 = u8x8(b + 12);
+                    const __m256 c0 = cvt(and15(q0)), c1 = cvt(and15(q1)), c2 = cvt(hi4(q0)), c3 = cvt(hi4(q1));
+                    _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) a[t] = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), a[t]);
+                }
+                if (NT <= 4) m8 = _mm256_castps128_ps256(m4);
+                if (i1 < nb) {
+                    _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) sa[r][t] = a[t];
+                    sm[r] = m8;
+                    continue;
+                }
+                _Alignas(32) float m[8];
+                _mm256_store_ps(m, m8);
+                _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) {
+                    float v = hsum(a[t]);
+                    v += m[t];
+                    out[(int64_t)t * os + r0 + r] = v;
+                }
+            }
         }
     }
 }
@@ -1082,19 +1112,30 @@ static void pxw_q4_1(const uint8_t *row, size_t rs, int64_t nr, int nt, const fl
 
 static inline __attribute__((always_inline)) void pxwk_q8_0(const uint8_t *row, size_t rs, int64_t nr, const int NT,
                                                              const float *const *x, int64_t n, float *out, int64_t os) {
-    const int64_t nb = n / 32;
-    for (int64_t r = 0; r < nr; r++) {
-        const uint8_t *p = row + (size_t)r * rs;
-        __m256 a[8];
-        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) a[t] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < nb; i++) {
-            const uint8_t *b = p + i * 34;
-            _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
-            const __m256 db = ph1x8(b);
-            const __m256 c0 = cvt(i8x8(b + 2)), c1 = cvt(i8x8(b + 10)), c2 = cvt(i8x8(b + 18)), c3 = cvt(i8x8(b + 26));
-            _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) a[t] = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), a[t]);
+    const int64_t nb = n / 32, seg = pxw_seg(nb, NT);
+    for (int64_t r0 = 0; r0 < nr; r0 += PXW_RT) {
+        const int64_t rt = nr - r0 < PXW_RT ? nr - r0 : PXW_RT;
+        __m256 sa[PXW_RT][8];
+        for (int64_t i0 = 0; i0 < nb; i0 += seg) {
+            const int64_t i1 = nb - i0 < seg ? nb : i0 + seg;
+            for (int64_t r = 0; r < rt; r++) {
+                const uint8_t *p = row + (size_t)(r0 + r) * rs;
+                __m256 a[8];
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) a[t] = i0 ? sa[r][t] : _mm256_setzero_ps();
+                for (int64_t i = i0; i < i1; i++) {
+                    const uint8_t *b = p + i * 34;
+                    _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
+                    const __m256 db = ph1x8(b);
+                    const __m256 c0 = cvt(i8x8(b + 2)), c1 = cvt(i8x8(b + 10)), c2 = cvt(i8x8(b + 18)), c3 = cvt(i8x8(b + 26));
+                    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) a[t] = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), a[t]);
+                }
+                if (i1 < nb) {
+                    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) sa[r][t] = a[t];
+                    continue;
+                }
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) out[(int64_t)t * os + r0 + r] = hsum(a[t]);
+            }
         }
-        _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) out[(int64_t)t * os + r] = hsum(a[t]);
     }
 }
 
