@@ -960,7 +960,8 @@ df_ggml_pack16_fn df_ggml_pack16_avx2(int type) {
  * beside the block's codes (up to 8 per decode spilled them and gave back
  * most of the gain: a 5-token Q4_1 pass 0.95 of 5 one-token products in
  * instructions, 0.75 with groups of 3); NT is a compile-time constant in
- * each instance. */
+ * each instance. Q4_1 and Q8_0 use pxw_* below instead (6 and 8 tokens per
+ * decode); pxm_q4_1 stays for rows longer than pxw_m holds. */
 
 /* dot32 on code vectors already converted to floats: the same two chains */
 static inline __m256 dot32f(__m256 c0, __m256 c1, __m256 c2, __m256 c3, const float *xb) {
