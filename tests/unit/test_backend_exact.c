@@ -65,7 +65,7 @@ static void test_format(int f, int64_t R, int64_t C, int *differed) {
     float *want[2], *got[2], *one[2];
     for (int j = 0; j < 2; j++)
         want[j] = malloc((size_t)(NMAX * Rs[j]) * 4), got[j] = malloc((size_t)(NMAX * Rs[j]) * 4), one[j] = malloc((size_t)Rs[j] * 4);
-    static const int ns[] = {2, 3, 5, 8, 9, 17, NMAX};
+    static const int ns[] = {2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 17, NMAX}; /* every group split of the fused kernels (up to 6 and 8 tokens per decode) */
     const int best = (df_set_isa(-1), df_isa());
     for (int isa = 0; isa <= (best < 1 ? best : 1); isa++) {
         df_set_isa(isa), df_ggml_set_isa(isa);
@@ -126,7 +126,9 @@ int main(int argc, char **argv) {
     df_pool_init(2);
     if (argc > 1 && !strcmp(argv[1], "--bench")) { bench(); return 0; }
     /* rows: 4k+1 and 4k+2 (the one-row tail); columns: short rows (one-row float kernels) and rows of 2 KB+ (four-row) */
-    static const int64_t shapes[][2] = {{37, 256}, {70, 576}, {21, 1024}, {13, 2304}, {66, 4352}};
+    /* 9 x 33024: rows over 32768 (Q4_1's fused kernel gathers the tokens' offsets for up to 1024 blocks, else
+     * it runs groups of 3) and x over L1 (its rows are run in segments) */
+    static const int64_t shapes[][2] = {{37, 256}, {70, 576}, {21, 1024}, {13, 2304}, {66, 4352}, {9, 33024}};
     int differed = 0;
     for (int f = 0; f < NF; f++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {

@@ -621,9 +621,12 @@ static void exact_batch(const df_mv_job *jobs, int n_jobs, int n) {
     int64_t work = 0;
     for (int j = 0; j < n_jobs; j++) c.total += (jobs[j].w->rows + 3) / 4 * 4, work += jobs[j].w->rows * jobs[j].w->cols;
     if (work * n < 65536) { exact_task(&c, 0, 1); return; }
-    /* shares of about 64 rows (threads claim them one at a time: pool.c) */
-    int64_t s = (c.total + 63) / 64;
-    if (s < df_pool_size()) s = df_pool_size();
+    /* shares of about 32 rows (threads claim them one at a time: pool.c), a
+     * multiple of the threads: a dispatch of 9 shares of 64 rows (SmolLM2's
+     * 576-row products) kept one of 2 threads idle for a ninth of it */
+    const int64_t th = df_pool_size() > 0 ? df_pool_size() : 1;
+    int64_t s = (c.total + 31) / 32;
+    s = (s + th - 1) / th * th;
     df_pool_run_shares(exact_task, &c, s > DF_POOL_MAX_SHARES ? DF_POOL_MAX_SHARES : (int)s);
 }
 

@@ -1119,7 +1119,8 @@ df_ggml_pack16_fn df_ggml_pack16_avx2(int type) {
  * beside the block's codes (up to 8 per decode spilled them and gave back
  * most of the gain: a 5-token Q4_1 pass 0.95 of 5 one-token products in
  * instructions, 0.75 with groups of 3); NT is a compile-time constant in
- * each instance. */
+ * each instance. Q4_1 and Q8_0 use pxw_* below instead (6 and 8 tokens per
+ * decode); pxm_q4_1 stays for rows longer than pxw_m holds. */
 
 /* dot32 on code vectors already converted to floats: the same two chains */
 static inline __m256 dot32f(__m256 c0, __m256 c1, __m256 c2, __m256 c3, const float *xb) {
@@ -1170,17 +1171,154 @@ PXM_ROWS(q4_1, 20, {
     }
 })
 
-/* bx_q8_0 */
-PXM_ROWS(q8_0, 34, {
-    (void)aux;
-    for (int64_t i = 0; i < n / 32; i++) {
-        const uint8_t *b = p + i * 34;
-        _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
-        const __m256 db = ph1x8(b);
-        const __m256 c0 = cvt(i8x8(b + 2)), c1 = cvt(i8x8(b + 10)), c2 = cvt(i8x8(b + 18)), c3 = cvt(i8x8(b + 26));
-        _Pragma("GCC unroll 3") for (int t = 0; t < NT; t++) s[t].a = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), s[t].a);
+/* Wider groups for Q4_1 and Q8_0 (issue 15 step 5): one row at a time, up
+ * to 6 (Q4_1) or 8 (Q8_0) tokens per decoded block. A token's work per
+ * block is dot32's two chains and the scale's FMA into its 8-lane
+ * accumulator, the operations of bx_*; what made more than 3 tokens spill
+ * for Q4_1 was each token's 4-lane offset accumulator (s.m, of which fin
+ * reads only lane 1: m * S32, an FMA per block). Here that lane of every
+ * token sits in one vector, lane t for token t: per block one FMA of m
+ * (broadcast) with the tokens' S32 (aux lane 1, gathered per call into
+ * pxw_m, block-major), the same single-rounding fma(m, S32, acc) per token
+ * in the same block order; fin's hsum(s.a) + that lane follows. Registers:
+ * 4 code vectors, the scale, NT accumulators, the offset vector and two
+ * chain temporaries: 15 for Q4_1 with 6 tokens and for Q8_0 with 8. */
+#define PXW_NB 1024 /* blocks of a row (n <= 32768) that pxw_m holds; longer rows: pxm_q4_1 */
+static _Thread_local _Alignas(32) float pxw_m[PXW_NB * 8];
+
+/* Rows in tiles of PXW_RT and, where the tokens' x would not stay in L1
+ * (NT * n floats over PXW_XB bytes, of a 32 KB L1: the FFN's down product
+ * of SmolLM2 with 6 tokens is 36 KB), the blocks of a row in segments whose x does: each
+ * row's accumulators are stored after a segment and reloaded for the next,
+ * so every row still adds its blocks in order, one after the other. */
+#define PXW_RT 16
+#define PXW_XB 24576
+static inline int64_t pxw_seg(int64_t nb, int NT) {
+    const int64_t s = PXW_XB / (NT * 128);
+    return nb * NT * 128 <= PXW_XB ? nb : s < 4 ? 4 : s;
+}
+
+static inline __attribute__((always_inline)) void pxwk_q4_1(const uint8_t *row, size_t rs, int64_t nr, const int NT,
+                                                             const float *const *x, int64_t n, float *out, int64_t os) {
+    const int64_t nb = n / 32, seg = pxw_seg(nb, NT);
+    const float *am = pxw_m;
+    for (int64_t r0 = 0; r0 < nr; r0 += PXW_RT) {
+        const int64_t rt = nr - r0 < PXW_RT ? nr - r0 : PXW_RT;
+        __m256 sa[PXW_RT][6], sm[PXW_RT];
+        for (int64_t i0 = 0; i0 < nb; i0 += seg) {
+            const int64_t i1 = nb - i0 < seg ? nb : i0 + seg;
+            for (int64_t r = 0; r < rt; r++) {
+                const uint8_t *p = row + (size_t)(r0 + r) * rs;
+                __m256 a[6], m8;
+                __m128 m4;
+                if (i0 == 0) {
+                    _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) a[t] = _mm256_setzero_ps();
+                    m8 = _mm256_setzero_ps();
+                } else {
+                    _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) a[t] = sa[r][t];
+                    m8 = sm[r];
+                }
+                m4 = _mm256_castps256_ps128(m8);
+                for (int64_t i = i0; i < i1; i++) {
+                    const uint8_t *b = p + i * 20;
+                    _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
+                    const __m128 dm = ph2(b);
+                    if (NT <= 4) m4 = _mm_fmadd_ps(_mm_permute_ps(dm, 0x55), _mm_load_ps(am + 4 * i), m4);
+                    else m8 = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_load_ps(am + 8 * i), m8);
+                    const __m256 db = _mm256_broadcastss_ps(dm);
+                    const __m256i q0 = u8x8(b + 4), q1 = u8x8(b + 12);
+                    const __m256 c0 = cvt(and15(q0)), c1 = cvt(and15(q1)), c2 = cvt(hi4(q0)), c3 = cvt(hi4(q1));
+                    _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) a[t] = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), a[t]);
+                }
+                if (NT <= 4) m8 = _mm256_castps128_ps256(m4);
+                if (i1 < nb) {
+                    _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) sa[r][t] = a[t];
+                    sm[r] = m8;
+                    continue;
+                }
+                _Alignas(32) float m[8];
+                _mm256_store_ps(m, m8);
+                _Pragma("GCC unroll 6") for (int t = 0; t < NT; t++) {
+                    float v = hsum(a[t]);
+                    v += m[t];
+                    out[(int64_t)t * os + r0 + r] = v;
+                }
+            }
+        }
     }
-})
+}
+
+static void pxw_q4_1(const uint8_t *row, size_t rs, int64_t nr, int nt, const float *const *x, const float *const *aux,
+                     int64_t n, float *out, int64_t os) {
+    const int64_t nb = n / 32;
+    if (nb > PXW_NB) { pxm_q4_1(row, rs, nr, nt, x, aux, n, out, os); return; }
+    for (int t0 = 0; t0 < nt;) {
+        const int left = nt - t0, groups = (left + 5) / 6, g = (left + groups - 1) / groups, st = g <= 4 ? 4 : 8;
+        for (int64_t i = 0; i < nb; i++)
+            for (int t = 0; t < st; t++) pxw_m[st * i + t] = t < g ? aux[t0 + t][4 * i + 1] : 0.0f;
+        const float *const *xg = x + t0;
+        float *og = out + (int64_t)t0 * os;
+        switch (g) {
+        case 1: pxwk_q4_1(row, rs, nr, 1, xg, n, og, os); break;
+        case 2: pxwk_q4_1(row, rs, nr, 2, xg, n, og, os); break;
+        case 3: pxwk_q4_1(row, rs, nr, 3, xg, n, og, os); break;
+        case 4: pxwk_q4_1(row, rs, nr, 4, xg, n, og, os); break;
+        case 5: pxwk_q4_1(row, rs, nr, 5, xg, n, og, os); break;
+        default: pxwk_q4_1(row, rs, nr, 6, xg, n, og, os); break;
+        }
+        t0 += g;
+    }
+}
+
+static inline __attribute__((always_inline)) void pxwk_q8_0(const uint8_t *row, size_t rs, int64_t nr, const int NT,
+                                                             const float *const *x, int64_t n, float *out, int64_t os) {
+    const int64_t nb = n / 32, seg = pxw_seg(nb, NT);
+    for (int64_t r0 = 0; r0 < nr; r0 += PXW_RT) {
+        const int64_t rt = nr - r0 < PXW_RT ? nr - r0 : PXW_RT;
+        __m256 sa[PXW_RT][8];
+        for (int64_t i0 = 0; i0 < nb; i0 += seg) {
+            const int64_t i1 = nb - i0 < seg ? nb : i0 + seg;
+            for (int64_t r = 0; r < rt; r++) {
+                const uint8_t *p = row + (size_t)(r0 + r) * rs;
+                __m256 a[8];
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) a[t] = i0 ? sa[r][t] : _mm256_setzero_ps();
+                for (int64_t i = i0; i < i1; i++) {
+                    const uint8_t *b = p + i * 34;
+                    _mm_prefetch((const char *)b + PX_PF, _MM_HINT_T0);
+                    const __m256 db = ph1x8(b);
+                    const __m256 c0 = cvt(i8x8(b + 2)), c1 = cvt(i8x8(b + 10)), c2 = cvt(i8x8(b + 18)), c3 = cvt(i8x8(b + 26));
+                    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) a[t] = _mm256_fmadd_ps(db, dot32f(c0, c1, c2, c3, x[t] + i * 32), a[t]);
+                }
+                if (i1 < nb) {
+                    _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) sa[r][t] = a[t];
+                    continue;
+                }
+                _Pragma("GCC unroll 8") for (int t = 0; t < NT; t++) out[(int64_t)t * os + r0 + r] = hsum(a[t]);
+            }
+        }
+    }
+}
+
+static void pxw_q8_0(const uint8_t *row, size_t rs, int64_t nr, int nt, const float *const *x, const float *const *aux,
+                     int64_t n, float *out, int64_t os) {
+    (void)aux;
+    for (int t0 = 0; t0 < nt;) {
+        const int left = nt - t0, groups = (left + 7) / 8, g = (left + groups - 1) / groups;
+        const float *const *xg = x + t0;
+        float *og = out + (int64_t)t0 * os;
+        switch (g) {
+        case 1: pxwk_q8_0(row, rs, nr, 1, xg, n, og, os); break;
+        case 2: pxwk_q8_0(row, rs, nr, 2, xg, n, og, os); break;
+        case 3: pxwk_q8_0(row, rs, nr, 3, xg, n, og, os); break;
+        case 4: pxwk_q8_0(row, rs, nr, 4, xg, n, og, os); break;
+        case 5: pxwk_q8_0(row, rs, nr, 5, xg, n, og, os); break;
+        case 6: pxwk_q8_0(row, rs, nr, 6, xg, n, og, os); break;
+        case 7: pxwk_q8_0(row, rs, nr, 7, xg, n, og, os); break;
+        default: pxwk_q8_0(row, rs, nr, 8, xg, n, og, os); break;
+        }
+        t0 += g;
+    }
+}
 
 /* bx_q5_0: the codes of a block built once (q5_bytes), d * dot32 per token */
 PXM_ROWS(q5_0, 22, {
@@ -1273,8 +1411,8 @@ df_ggml_pxm_fn df_ggml_pxm_avx2(int type,
                                 void (*px_dot)(const uint8_t *, size_t, int64_t, const float *, const float *, int64_t, float *)) {
     /* only where px_dot is the kernel whose arithmetic these repeat */
     switch (type) {
-    case DF_GGML_Q4_1: return px_dot == pxd_q4_1 ? pxm_q4_1 : NULL;
-    case DF_GGML_Q8_0: return px_dot == pxd_q8_0 ? pxm_q8_0 : NULL;
+    case DF_GGML_Q4_1: return px_dot == pxd_q4_1 ? pxw_q4_1 : NULL;
+    case DF_GGML_Q8_0: return px_dot == pxd_q8_0 ? pxw_q8_0 : NULL;
     case DF_GGML_Q5_0: return px_dot == pxd_q5_0 ? pxm_q5_0 : NULL;
     case DF_GGML_Q4_K: return px_dot == pxd_q4_k ? pxm_q4_k : NULL;
     case DF_GGML_Q6_K: return px_dot == pxd_q6_k ? pxm_q6_k : NULL;

@@ -57,11 +57,13 @@ typedef struct {
 
 /* px_dot for nt (2..DF_GGML_PXM) prepared activations at once (a verify
  * pass): out[t*os + k] the bits px_dot gives for x[t], aux[t]; each weight
- * block decoded once per group of up to 3 of them (the accumulators of 3
- * tokens and a block's codes fill the 16 AVX2 registers). df_ggml_pxm_avx2 returns the fused
+ * block decoded once per group of them: up to 6 for Q4_1, 8 for Q8_0, 3 for
+ * the K-quants (the tokens' accumulators and a block's codes fill the 16
+ * AVX2 registers; ggml_quant_avx2.c). 16: a pass of --spec-max 8..15 drafts
+ * is one call, not a call and a lone token. df_ggml_pxm_avx2 returns the fused
  * kernel of type when px_dot is the AVX2 prepared-x kernel it matches, else
  * NULL (the caller then runs px_dot once per activation). */
-#define DF_GGML_PXM 8
+#define DF_GGML_PXM 16
 typedef void (*df_ggml_pxm_fn)(const uint8_t *row, size_t row_stride, int64_t nr, int nt, const float *const *x,
                                const float *const *aux, int64_t n, float *out, int64_t os);
 df_ggml_pxm_fn df_ggml_pxm_avx2(int type,
