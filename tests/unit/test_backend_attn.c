@@ -119,6 +119,39 @@ static void test_batched_vs_steps(void) {
     if (verbose) printf("ok   batched == one-position steps: %d cases\n", cases);
 }
 
+/* 1b: long caches (>= 512 keys), few positions, KV heads not a multiple of the threads: the automatic path
+ * splits keys, rows and dimensions over the pool in three rounds (attn.c gqa_long); it must give the bits of
+ * the unit path (a forced tiling) and of one-position steps (which take it too), on 2 threads and serially */
+static void test_long_cache(void) {
+    static const int KVS[] = {3, 1}, RATIO[] = {3, 1}, HD[] = {64, 36}, POS0[] = {600, 1100}, NS[] = {1, 2, 6, 13};
+    int cases = 0;
+    for (int ki = 0; ki < 2; ki++)
+        for (int ri = 0; ri < 2; ri++)
+            for (int hi = 0; hi < 2; hi++)
+                for (int pi = 0; pi < 2; pi++)
+                    for (int ni = 0; ni < 4; ni++) {
+                        if (HD[hi] == 36 && ni % 2) continue;
+                        const int KV = KVS[ki], NH = KV * RATIO[ri], n = NS[ni];
+                        shape s = mk(n, POS0[pi], NH, KV, HD[hi], 1.0f);
+                        float *ref = batched(&s, 1, 1); /* the unit path: one position per tile, one head per unit */
+                        for (int serial = 0; serial < 2; serial++) {
+                            df_pool_serial(serial);
+                            float *o = batched(&s, 0, 0), *st = steps(&s);
+                            size_t at = 0;
+                            CHECK(same_bits(o, ref, outn(&s), &at), "GQA long n=%d pos0=%d heads %d/%d hd=%d %s: automatic path differs from units at %zu (%.9g vs %.9g)",
+                                  n, s.pos0, NH, KV, s.hd, serial ? "1 thread" : "2 threads", at, o[at], ref[at]);
+                            CHECK(same_bits(st, ref, outn(&s), &at), "GQA long n=%d pos0=%d heads %d/%d hd=%d %s: one-position steps differ from units at %zu",
+                                  n, s.pos0, NH, KV, s.hd, serial ? "1 thread" : "2 threads", at);
+                            free(o), free(st);
+                            cases++;
+                        }
+                        df_pool_serial(0);
+                        free(ref);
+                        unmk(&s);
+                    }
+    if (verbose) printf("ok   long caches: the three-round path == units: %d cases\n", cases);
+}
+
 /* 2: every ISA the same bits (op and kernels) */
 static void test_isa(void) {
     if (df_isa() == DF_ISA_SCALAR) { printf("skip ISA comparison: no SIMD ISA on this CPU\n"); return; }
@@ -305,6 +338,7 @@ int main(int argc, char **argv) {
     verbose = argc > 1 && !strcmp(argv[1], "-v");
     df_pool_init(2);
     test_batched_vs_steps();
+    test_long_cache();
     test_isa();
     test_accuracy();
     test_mla();

@@ -17,7 +17,7 @@
 
 #include <string.h>
 
-enum { SC_SCORES = 0, SC_QLAT = 1, SC_MLAW = 2 };
+enum { SC_SCORES = 0, SC_QLAT = 1, SC_MLAW = 2, SC_LONG = 4 }; /* (ops.c uses 3) */
 /* the batched paths shrink their tiles of positions to keep the per-thread
  * scores scratch under this (4 MB; a tile of one position always fits
  * what the one-position path needs) */
@@ -98,7 +98,94 @@ static void gqa_task(void *p, int sh, int nsh) {
     }
 }
 
+/* Long caches, one position (a decode step): in the units above every unit
+ * reads its KV head's whole cache, so a thread's share is whole KV heads (SmolLM2's 3 over 2 threads: one
+ * thread does two thirds) and a batch of tiles reads the cache once per tile. Here the same arithmetic runs in
+ * three rounds over the pool, each split evenly: (1) every score, units of (KV head, a range of keys), the
+ * cache's K rows read once for all positions and heads of the group; (2) each query's softmax over its own
+ * length; (3) P x V, units of (KV head, 32 dimensions), the V rows read once. Each score, softmax and output
+ * is computed by exactly the kernels' calls of gqa_unit on the same rows (scores per (query, key), P x V per
+ * (query, dimension) over the keys in order in chunks of GQA_KC), so the bits are the same. */
+/* Only for one position: with several (a verify pass) the units' tiles of positions are 3+ per KV head, so
+ * the threads are balanced already and their repeated cache reads come from L2/L3 (a layer's cache is a few
+ * MB); measured (verify_bench, SmolLM2, 1,346 positions, medians of 8 interleaved): one-position steps 7%
+ * faster (195 -> 182 ms per 8), a 6-position pass 11% slower (53 -> 59 ms) on this path. */
+enum { GQA_LONG_KEYS = 512, GQA_LONG_N = 1, GQA_LONG_KC = 256 };
+typedef struct {
+    const df_attn_gqa_args *a;
+    ka_fns f;
+    float *sc, *inv; /* [KV][n][grp] rows of maxlen scores; 1 / sum per row */
+    int maxlen, kchunks, slabs, slab;
+} gqa_long_ctx;
+
+static void gqa_long_scores(void *p, int sh, int nsh) {
+    const gqa_long_ctx *c = p;
+    const df_attn_gqa_args *a = c->a;
+    const int NH = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = NH / KV, n = a->n, nq = n * grp;
+    const size_t kdim = (size_t)KV * hd;
+    const int64_t units = (int64_t)KV * c->kchunks;
+    for (int64_t u = units * sh / nsh, e = units * (sh + 1) / nsh; u < e; u++) {
+        const int kvh = (int)(u / c->kchunks), j0 = (int)(u % c->kchunks) * GQA_LONG_KC;
+        const int nk = c->maxlen - j0 < GQA_LONG_KC ? c->maxlen - j0 : GQA_LONG_KC;
+        float *qp = df_cpu_scratch(SC_QLAT, (size_t)nq * hd);
+        for (int t = 0; t < n; t++)
+            memcpy(qp + (size_t)t * grp * hd, DF_CF(a->q) + ((size_t)t * NH + (size_t)kvh * grp) * hd, (size_t)grp * hd * sizeof(float));
+        const float *kc = DF_CF(a->kv) + (size_t)kvh * hd + (size_t)j0 * 2 * kdim;
+        c->f.scores(qp, nq, kc, 2 * (int64_t)kdim, nk, hd, a->scale, c->sc + (size_t)kvh * nq * c->maxlen + j0, c->maxlen);
+    }
+}
+
+static void gqa_long_softmax(void *p, int sh, int nsh) {
+    const gqa_long_ctx *c = p;
+    const df_attn_gqa_args *a = c->a;
+    const int grp = a->n_heads / a->n_kv_heads, rows = a->n_kv_heads * a->n * grp;
+    for (int r = rows * sh / nsh, e = rows * (sh + 1) / nsh; r < e; r++) {
+        const int t = r / grp % a->n, len = a->pos0 + t + 1;
+        float *s = c->sc + (size_t)r * c->maxlen;
+        c->inv[r] = 1.0f / c->f.softmax(s, len);
+        if (len < c->maxlen) memset(s + len, 0, (size_t)(c->maxlen - len) * sizeof(float));
+    }
+}
+
+static void gqa_long_pv(void *p, int sh, int nsh) {
+    const gqa_long_ctx *c = p;
+    const df_attn_gqa_args *a = c->a;
+    const int NH = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = NH / KV, n = a->n, nq = n * grp, w = c->slab;
+    const size_t kdim = (size_t)KV * hd;
+    const int64_t ld = 2 * (int64_t)kdim, units = (int64_t)KV * c->slabs;
+    for (int64_t u = units * sh / nsh, e = units * (sh + 1) / nsh; u < e; u++) {
+        const int kvh = (int)(u / c->slabs), d0 = (int)(u % c->slabs) * w;
+        const float *vc = DF_CF(a->kv) + kdim + (size_t)kvh * hd + d0, *P = c->sc + (size_t)kvh * nq * c->maxlen;
+        float *op = df_cpu_scratch(SC_QLAT, (size_t)nq * w);
+        memset(op, 0, (size_t)nq * w * sizeof(float));
+        for (int j0 = 0; j0 < c->maxlen; j0 += GQA_KC)
+            c->f.pv(P + j0, c->maxlen, nq, vc + (size_t)j0 * ld, ld, c->maxlen - j0 < GQA_KC ? c->maxlen - j0 : GQA_KC, w, op);
+        for (int i = 0; i < nq; i++) {
+            const int t = i / grp, g = i % grp;
+            float *out = DF_F(a->out) + ((size_t)t * NH + (size_t)kvh * grp + g) * hd + d0;
+            const float *o = op + (size_t)i * w, iv = c->inv[(size_t)kvh * nq + i];
+            for (int d = 0; d < w; d++) out[d] = o[d] * iv;
+        }
+    }
+}
+
+/* 1 if it ran (a long cache, few positions, more than one thread) */
+static int gqa_long(const df_attn_gqa_args *a) {
+    const int nth = df_pool_size(), maxlen = a->pos0 + a->n;
+    if (nth < 2 || a->n > GQA_LONG_N || maxlen < GQA_LONG_KEYS || a->n_kv_heads % nth == 0) return 0;
+    gqa_long_ctx c = {a, ka_kernels(), NULL, NULL, maxlen, (maxlen + GQA_LONG_KC - 1) / GQA_LONG_KC, 1, a->head_dim};
+    if (a->head_dim % 32 == 0) c.slabs = a->head_dim / 32, c.slab = 32;
+    const size_t rows = (size_t)a->n_heads * a->n;
+    c.sc = df_cpu_scratch(SC_LONG, rows * ((size_t)maxlen + 1)); /* the caller's buffer, shared for the three rounds */
+    c.inv = c.sc + rows * (size_t)maxlen;
+    df_pool_run_shares(gqa_long_scores, &c, a->n_kv_heads * c.kchunks);
+    df_pool_run_shares(gqa_long_softmax, &c, (int)(rows < 64 ? rows : 64));
+    df_pool_run_shares(gqa_long_pv, &c, a->n_kv_heads * c.slabs);
+    return 1;
+}
+
 void df_cpu_attn_gqa_tiled(const df_attn_gqa_args *a, int qt, int nsub) {
+    if (qt <= 0 && gqa_long(a)) return;
     const int small = (int64_t)a->n * a->n_heads * (a->pos0 + a->n) * a->head_dim < 32768; /* too little work to share */
     const int nth = df_pool_size(), KV = a->n_kv_heads, grp = a->n_heads / KV;
     gqa_ctx c = {a, ka_kernels(), 1, a->n, 1};

@@ -103,8 +103,8 @@ static _Thread_local float *tl_fsc;
 static _Thread_local size_t tl_fsc_cap;
 static _Thread_local int64_t tl_fsc_row[4];
 static _Thread_local const void *tl_fsc_w;
-static _Thread_local float *tl_slot[4];
-static _Thread_local size_t tl_slot_cap[4];
+static _Thread_local float *tl_slot[5];
+static _Thread_local size_t tl_slot_cap[5];
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static void scratch_free(void *p) {
@@ -116,7 +116,7 @@ static void scratch_free(void *p) {
     tl_xp = NULL, tl_xp_cap = 0;
     free(tl_sc);
     free(tl_fsc);
-    for (int i = 0; i < 4; i++) free(tl_slot[i]), tl_slot[i] = NULL, tl_slot_cap[i] = 0;
+    for (int i = 0; i < 5; i++) free(tl_slot[i]), tl_slot[i] = NULL, tl_slot_cap[i] = 0;
     tl_buf = tl_sc = tl_fsc = NULL;
     tl_cap = tl_sc_cap = tl_fsc_cap = 0;
     tl_fsc_w = NULL;
