@@ -102,7 +102,8 @@ UNIT_BINS = $(UNIT_SRCS:tests/unit/%.c=$(O)/tests/%)
 FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
 .PHONY: all test unit asan hostile-asan deps demo clean fuzz fuzz-objs bench cuda-check deltafin
-all: $(O)/deltafin
+# the benchmark drivers too: a stale bench binary measures the kernels it was linked with, not the tree's
+all: $(O)/deltafin $(O)/bench/kernel_bench $(O)/bench/verify_bench
 ifeq ($(O),$(if $(filter 1,$(CUDA)),build-cuda,build))
 all: deltafin
 # phony: ./deltafin follows the last build, CPU-only or CUDA=1
