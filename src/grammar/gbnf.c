@@ -517,6 +517,21 @@ static int build(builder *b, const ast *a, int start) {
     }
     case A_REP: {
         int cur = start;
+        if (a->max < 0 && a->min > 0) { /* x{m,}: m - 1 copies, then one copy that loops back to itself */
+            for (int k = 0; k < a->min - 1 && !b->over; k++) {
+                int s = new_node(b);
+                edge(b, cur, GE_EPS, 0, 0, s, -1);
+                cur = build(b, a->kid[0], s);
+            }
+            /* not m copies and a loop over another: a second copy of a rule call is a second return
+             * node, so (x*)+ would keep 2^depth distinct stacks of equal meaning */
+            int s = new_node(b), exit = new_node(b);
+            edge(b, cur, GE_EPS, 0, 0, s, -1);
+            int e = build(b, a->kid[0], s);
+            edge(b, e, GE_EPS, 0, 0, s, -1);
+            edge(b, e, GE_EPS, 0, 0, exit, -1);
+            return exit;
+        }
         for (int k = 0; k < a->min && !b->over; k++) {
             int s = new_node(b);
             edge(b, cur, GE_EPS, 0, 0, s, -1);

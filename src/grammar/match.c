@@ -62,6 +62,11 @@ struct df_gmatch {
     /* frames: stack = index of the top frame; ROOT / BOTTOM below the first */
     int32_t *fret, *fpar;
     size_t fn, fcap, fperm;
+    /* frames are hash-consed: one frame per (return node, parent) among the
+     * live frames [0, fn), so equal stacks are equal indices (fh: index + 1,
+     * 0 empty; entries past fn or whose frame was reused are skipped) */
+    uint32_t *fh;
+    size_t fhcap, fhcount;
     /* the committed heads */
     int32_t *cn, *cs;
     int ncur, ccap, complete;
@@ -219,10 +224,51 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem, int arrays, voi
     return 0;
 }
 
+static size_t frame_slot(const df_gmatch *m, int32_t ret, int32_t par) {
+    uint64_t key = (uint64_t)(uint32_t)ret << 32 | (uint32_t)par;
+    return (size_t)((key * 0x9e3779b97f4a7c15ull) >> 32) & (m->fhcap - 1);
+}
+
+/* Rebuilds the frame table from the live frames, sized for growth. */
+static int frame_rehash(df_gmatch *m) {
+    size_t cap = 1024;
+    while (cap < 4 * (m->fn + 1)) cap *= 2;
+    if (cap != m->fhcap) {
+        uint32_t *t = realloc(m->fh, cap * sizeof *t);
+        if (!t) return -1;
+        m->fh = t;
+        m->fhcap = cap;
+    }
+    memset(m->fh, 0, m->fhcap * sizeof *m->fh);
+    m->fhcount = 0;
+    for (size_t f = 0; f < m->fn; f++) {
+        size_t i = frame_slot(m, m->fret[f], m->fpar[f]);
+        while (m->fh[i]) {
+            uint32_t e = m->fh[i] - 1;
+            if (m->fret[e] == m->fret[f] && m->fpar[e] == m->fpar[f]) break; /* an older equal frame */
+            i = (i + 1) & (m->fhcap - 1);
+        }
+        if (!m->fh[i]) { m->fh[i] = (uint32_t)f + 1; m->fhcount++; }
+    }
+    return 0;
+}
+
+/* The frame (ret, par): an existing live one, else a new one. Sharing keeps
+ * equal stacks equal, so the visited set merges them: a nested nullable
+ * repetition (x ::= "a" x*+ ...) would otherwise double its heads per byte. */
 static int32_t frame(df_gmatch *m, int32_t ret, int32_t par) {
-    if (grow((void **)&m->fret, &m->fcap, m->fn + 1, sizeof(int32_t), 2, (void **)&m->fpar)) { m->over = 2; return ROOT; }
+    if ((m->fhcount + 1) * 2 > m->fhcap && frame_rehash(m)) { m->over = 2; return ROOT; }
+    size_t i = frame_slot(m, ret, par);
+    for (; m->fh[i]; i = (i + 1) & (m->fhcap - 1)) {
+        uint32_t e = m->fh[i] - 1;
+        if (e < m->fn && m->fret[e] == ret && m->fpar[e] == par) return (int32_t)e;
+    }
+    if (m->fn >= INT32_MAX - 1 ||
+        grow((void **)&m->fret, &m->fcap, m->fn + 1, sizeof(int32_t), 2, (void **)&m->fpar)) { m->over = 2; return ROOT; }
     m->fret[m->fn] = ret;
     m->fpar[m->fn] = par;
+    m->fh[i] = (uint32_t)m->fn + 1;
+    m->fhcount++;
     return (int32_t)m->fn++;
 }
 
@@ -533,7 +579,7 @@ void df_gmatch_free(df_gmatch *m) {
         for (int i = 0; i < m->g->n_nodes; i++) cache_free(m->cache[i]);
         free(m->cache);
     }
-    free(m->fret); free(m->fpar);
+    free(m->fret); free(m->fpar); free(m->fh);
     free(m->cn); free(m->cs);
     free(m->hn); free(m->hs);
     free(m->hoff); free(m->ftop); free(m->ctxf); free(m->sd);

@@ -381,6 +381,45 @@ static void test_ambiguity_limit(void) {
     df_grammar_free(g);
 }
 
+/* Open-ended repetitions keep one copy of their body per loop: (x*)+ over
+ * a recursive rule once kept 2^depth equal-meaning stacks (two return nodes
+ * per level) and was refused as too ambiguous after 12 bytes (a fuzz find).
+ * Their meaning is checked against the counts they allow. */
+static void test_nested_repetition(void) {
+    char err[256];
+    df_gvocab *v = byte_vocab();
+    df_grammar *g = compile("root ::= \"a\" x* | \"b\"\nx ::= \"a\" x*+ \")\"", err, sizeof err);
+    CHECK(g, "nested repetition: %s", err);
+    df_gmatch *m = g && v ? df_gmatch_new(g, v, err, sizeof err) : NULL;
+    int rc = 0, i;
+    for (i = 0; m && i < 300 && !rc; i++) rc = df_gmatch_accept_bytes(m, "a", 1);
+    CHECK(m && !rc, "(x*)+: rc %d after %d bytes: %s", rc, i, m ? df_gmatch_error(m) : err);
+    df_gmatch_free(m);
+    if (g) CHECK(judge(g, v, "aa)") == 1 && judge(g, v, "aaa))") == 1 && judge(g, v, "aa)a)") == 1 && judge(g, v, "a)") == -1 &&
+                     judge(g, v, "aa))") == -1 && judge(g, v, "aaa)") == 0,
+                 "(x*)+ meaning");
+    df_grammar_free(g);
+    static const struct { const char *g; int lo, hi; } reps[] = {
+        {"root ::= \"a\"+", 1, -1}, {"root ::= \"a\"{3,}", 3, -1}, {"root ::= \"a\"{2,4}", 2, 4},
+        {"root ::= (\"a\"?)+", 0, -1}, {"root ::= (\"a\" | \"\")+", 0, -1}, {"root ::= (\"a\"{2})+", -2, -1},
+    };
+    for (size_t r = 0; r < sizeof reps / sizeof *reps; r++) {
+        g = compile(reps[r].g, err, sizeof err);
+        CHECK(g, "%s: %s", reps[r].g, err);
+        if (!g) continue;
+        char text[16] = {0};
+        for (int n = 0; n < 12; n++) {
+            memset(text, 'a', (size_t)n);
+            text[n] = 0;
+            int want = reps[r].lo == -2 ? (n >= 2 && n % 2 == 0 ? 1 : 0)
+                                        : (n >= reps[r].lo && (reps[r].hi < 0 || n <= reps[r].hi) ? 1 : reps[r].hi >= 0 && n > reps[r].hi ? -1 : 0);
+            CHECK(judge(g, v, text) == want, "%s on %d a's: %d, want %d", reps[r].g, n, judge(g, v, text), want);
+        }
+        df_grammar_free(g);
+    }
+    df_gvocab_free(v);
+}
+
 /* The process-wide cache: equal texts share one grammar; a grammar evicted
  * while in use stays alive for its holder. */
 static void test_compile_cached(void) {
@@ -516,6 +555,7 @@ int main(int argc, char **argv) {
     test_schema_refusals();
     test_compile_cached();
     test_ambiguity_limit();
+    test_nested_repetition();
     test_big_rule_graphs();
     test_masks_small();
     test_masks_qwen3();
