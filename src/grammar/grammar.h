@@ -32,6 +32,7 @@ typedef struct df_gmatch df_gmatch;
 #define DF_GRAMMAR_MAX_NODES 2000000      /* automaton nodes after expanding repetitions */
 #define DF_GRAMMAR_MAX_REPEAT 10000       /* m and n of {m,n} */
 #define DF_GRAMMAR_MAX_HEADS 4096         /* live parse positions at one byte (ambiguous grammars) */
+#define DF_GRAMMAR_MAX_WORK (1ull << 27)  /* parse steps in one mask / accept / reset call (matcher default) */
 
 /* Compiles grammar text (len bytes) with start rule root. 0, or a negative
  * DF_E* code and a message naming the line:column and the rule. */
@@ -72,9 +73,16 @@ df_gmatch *df_gmatch_new(df_grammar *g, const df_gvocab *v, char *err, size_t er
 void df_gmatch_free(df_gmatch *m);
 /* Back to the empty document (keeps the memory). 0 or a negative code. */
 int df_gmatch_reset(df_gmatch *m);
+/* The most parse steps (positions visited, trie nodes walked) one call may
+ * take before it is refused (DF_EUNSUPPORTED, state unchanged): a bound on
+ * CPU time per token whatever the grammar (nested optional repetitions,
+ * (x?){5000}, make every byte's closure thousands wide). Default
+ * DF_GRAMMAR_MAX_WORK. */
+void df_gmatch_set_work_limit(df_gmatch *m, uint64_t steps);
 /* bits (df_gvocab_mask_words words): bit i set iff token i may come next.
  * 0, or a negative code (DF_EUNSUPPORTED: the grammar is too ambiguous, more
- * than DF_GRAMMAR_MAX_HEADS live positions). */
+ * than DF_GRAMMAR_MAX_HEADS live positions, or the call passed its work
+ * limit). */
 int df_gmatch_mask(df_gmatch *m, uint32_t *bits);
 /* Advances by one token's bytes; DF_EINPUT (state unchanged) if the token is
  * not allowed. */

@@ -83,7 +83,8 @@ struct df_gmatch {
     int vcount;
     int32_t *wn, *ws;
     size_t wcap;
-    int over;
+    uint64_t work, work_max; /* parse steps in this call, the limit */
+    int over;                /* 1 too many positions, 2 out of memory, 3 past the work limit */
     char err[200];
 };
 
@@ -290,6 +291,7 @@ static int visited(df_gmatch *m, int32_t node, int32_t stk) {
         i = (i + 1) & mask;
     }
     if (++m->vcount > VMAX) { m->over = 1; return 1; }
+    if (++m->work > m->work_max) { m->over = 3; return 1; }
     m->vg[i] = m->gen;
     m->vk[i] = key;
     return 0;
@@ -373,6 +375,12 @@ static int level0(df_gmatch *m, int one, int32_t n, int32_t s) {
 
 static int fail_over(df_gmatch *m) {
     if (m->over == 2) { snprintf(m->err, sizeof m->err, "grammar matcher: out of memory"); return DF_ENOMEM; }
+    if (m->over == 3) {
+        snprintf(m->err, sizeof m->err,
+                 "grammar matcher: more than %llu parse steps for one token (the grammar is too complex to match: "
+                 "nested optional repetitions?)", (unsigned long long)m->work_max);
+        return DF_EUNSUPPORTED;
+    }
     snprintf(m->err, sizeof m->err, "grammar matcher: more than %d live parse positions at one byte (the grammar is too ambiguous)",
              DF_GRAMMAR_MAX_HEADS);
     return DF_EUNSUPPORTED;
@@ -475,6 +483,7 @@ static df_gnode_cache *cache_build(df_gmatch *m, int32_t x) {
     sd[0] = dfa_intern(a, &x, 1);
     int nunc = 0;
     for (int32_t i = 0; i < t->n;) {
+        if (++m->work > m->work_max) { m->over = 3; goto fail; }
         int d = t->depth[i], fl, nonempty;
         int32_t p = sd[d - 1], tr = p >= 0 ? a->trans[(size_t)p * 256 + t->byte[i]] : -2;
         if (tr >= 0) { /* a known step: no closure to run */
@@ -589,6 +598,7 @@ void df_gmatch_free(df_gmatch *m) {
 }
 
 const char *df_gmatch_error(const df_gmatch *m) { return m->err; }
+void df_gmatch_set_work_limit(df_gmatch *m, uint64_t steps) { m->work_max = steps ? steps : 1; }
 int df_gmatch_complete(const df_gmatch *m) { return m->complete; }
 int df_gmatch_done(const df_gmatch *m) { return m->complete && m->ncur == 0; }
 
@@ -615,6 +625,7 @@ static int commit(df_gmatch *m, int d, int complete) {
 int df_gmatch_reset(df_gmatch *m) {
     const df_grammar *g = m->g;
     m->over = 0;
+    m->work = 0;
     m->fn = m->fperm = 0;
     m->hoff[0] = 0;
     m->ftop[0] = 0;
@@ -639,6 +650,7 @@ df_gmatch *df_gmatch_new(df_grammar *g, const df_gvocab *v, char *err, size_t er
     if (!m) goto oom;
     m->g = g;
     m->v = v;
+    m->work_max = DF_GRAMMAR_MAX_WORK;
     size_t L = (size_t)v->maxlen + 3;
     m->hoff = calloc(L, sizeof *m->hoff);
     m->ftop = calloc(L, sizeof *m->ftop);
@@ -675,6 +687,7 @@ oom:
 
 int df_gmatch_accept_bytes(df_gmatch *m, const char *p, size_t n) {
     if (m->over) return fail_over(m);
+    m->work = 0;
     if (n == 0) return 0;
     /* levels alternate between 0 and 1 so that long texts need no deep arrays */
     if (level0(m, 0, 0, 0)) return DF_ENOMEM;
@@ -729,6 +742,7 @@ int df_gmatch_mask(df_gmatch *m, uint32_t *bits) {
     size_t W = m->v->words;
     memset(bits, 0, W * sizeof *bits);
     if (m->over) return fail_over(m);
+    m->work = 0;
     for (int h = 0; h < m->ncur; h++) {
         int32_t n = m->cn[h];
         int dup = 0;
