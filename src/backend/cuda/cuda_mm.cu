@@ -419,7 +419,8 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_sh(const MmBatchT
 /* ---- round 9: rows streamed through cp.async into shared memory -------------------------------------------
  * The loads of a lane's 16-byte steps go global -> shared memory asynchronously (cp.async.cg: through L2 only,
  * no registers held while they fly), several stages ahead of the products; each lane copies exactly the steps it
- * then multiplies, so a lane waits only for its own copies (cp.async.wait_group: no barrier, no __syncwarp).
+ * then multiplies, so a lane waits only for its own copies (cp.async.wait_group: no block barrier; k_mm_cp's one
+ * __syncwarp per stage orders the reads of a ring slot before its refill).
  * Each row is summed as a one-warp row of mm_warp sums it (wk = 1): lane l takes the row's 16-byte steps
  * l, l + 32, ... in order, decodes each (decode<V>) and chains fmaf over its elements in order, then warp_sum:
  * the bits of the launch with wk = 1, whatever the rows per warp or the jobs of the launch. */
@@ -516,7 +517,9 @@ __global__ void __launch_bounds__(CP_WARPS * 32) k_mm_cp(const __grid_constant__
     int64_t cg = 0, crow = 0;
     int cq = 0;
     for (int s = 0; cg < nst; s = s + 1 == CP_NS ? 0 : s + 1) {
-        /* the slot of the stage multiplied last time round (this lane's reads of it are done: in-order issue) */
+        /* refill the slot of the stage multiplied last time round; __syncwarp orders this lane's reads of it
+         * before the asynchronous copies that overwrite it (PTX orders cp.async with nothing else by itself) */
+        __syncwarp();
         issue(s == 0 ? CP_NS - 1 : s - 1);
         cp_wait<CP_NS - 1>(); /* this lane's copies of stage slot s have landed */
 #pragma unroll
@@ -638,6 +641,28 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_cp(const MmBatchT
     }
 }
 
+/* A kernel's dynamic shared memory opted in once per kernel and size (whatever the size: the kernel's static
+ * shared memory counts against the same 48 KiB default), and its preferred carveout set to the most shared memory
+ * (round 9's kernels are bound by shared memory: k_mm_cp's 4 blocks of 32 KiB an SM need more than a smaller
+ * carveout leaves; a refused carveout is only a hint lost). -1 (launch something else) where the opt-in is refused. */
+static int smem_optin(const void *k, size_t bytes) {
+    static const void *ks[64];
+    static size_t got[64];
+    static int nk;
+    int i = 0;
+    while (i < nk && ks[i] != k) i++;
+    if (i < nk && got[i] >= bytes) return 0;
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    if (cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess) cudaGetLastError();
+    if (i == nk && nk < 64) nk++;
+    if (i < 64) ks[i] = k, got[i] = bytes;
+    return 0;
+}
+
 /* Warps per row group: as many as keep at least 8 16-byte steps per lane (long
  * rows: more blocks, and a lane's loop stays long enough to keep its loads in
  * flight; measured: splitting rows of 8 steps lost 10-15% on the MoE experts);
@@ -750,10 +775,11 @@ static int64_t g_mm_cp;
 extern "C" int64_t df_cuda_mm_cp_launches(void) { return g_mm_cp; }
 template <int MJ> static void mm_launch_cp(const MmBatchT<MJ> &b, unsigned blocks) {
     const dim3 grid(blocks, 1), th(CP_WARPS * 32);
+    /* CP_SMEM is under the default limit: a refused opt-in changes nothing (the carveout is a hint) */
     switch (b.j[0].vec) {
-    case V_F32: launch_k(k_mm_cp<V_F32, MJ>, dim3(grid), dim3(th), CP_SMEM, b); break;
-    case V_F16: launch_k(k_mm_cp<V_F16, MJ>, dim3(grid), dim3(th), CP_SMEM, b); break;
-    default: launch_k(k_mm_cp<V_BF16, MJ>, dim3(grid), dim3(th), CP_SMEM, b); break;
+    case V_F32: smem_optin((const void *)k_mm_cp<V_F32, MJ>, CP_SMEM), launch_k(k_mm_cp<V_F32, MJ>, dim3(grid), dim3(th), CP_SMEM, b); break;
+    case V_F16: smem_optin((const void *)k_mm_cp<V_F16, MJ>, CP_SMEM), launch_k(k_mm_cp<V_F16, MJ>, dim3(grid), dim3(th), CP_SMEM, b); break;
+    default: smem_optin((const void *)k_mm_cp<V_BF16, MJ>, CP_SMEM), launch_k(k_mm_cp<V_BF16, MJ>, dim3(grid), dim3(th), CP_SMEM, b); break;
     }
 }
 static void mm_flush_cp(MmBatch *b) {
@@ -1199,24 +1225,6 @@ extern "C" int64_t df_cuda_moe_down_sh_launches(void) { return g_moe_down_sh; }
 extern "C" int64_t df_cuda_moe_down_cp_launches(void) { return g_moe_down_cp; }
 /* rows per block of k_moe_down_cp (round 9, bit 2048): D = 2048 gives 512 blocks of K warps */
 #define DN_RT 4
-/* a kernel's dynamic shared memory opted in once per kernel and size (whatever the size: the kernel's static
- * shared memory counts against the same 48 KiB default); -1 (nothing launched) where the device refuses */
-static int smem_optin(const void *k, size_t bytes) {
-    static const void *ks[64];
-    static size_t got[64];
-    static int nk;
-    int i = 0;
-    while (i < nk && ks[i] != k) i++;
-    if (i < nk && got[i] >= bytes) return 0;
-    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return -1;
-    }
-    if (i == nk && nk < 64) nk++;
-    if (i < 64) ks[i] = k, got[i] = bytes;
-    return 0;
-}
 extern "C" int64_t df_cuda_route_fast_launches(void) { return g_route_fast; }
 /* the weights, and the job tables of the two product launches (one warp) */
 static __device__ void route_tables(const RouteK &p, const int *ids, const float *wk, int lane) {
