@@ -25,7 +25,9 @@
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
 # Steps: STEPS="isa unit conf e2e mtp tiers bench moe" (default all but isa and mtp; isa: the CPU's AVX-512 flags and the CPU
 # backend's conformance under DELTAFIN_ISA=avx512 and avx2; mtp: tests/py/test_spec_mtp.py -k transformers,
-# the CPU backend against transformers' modules). MOE_SET=r8: resident decode with the masks of R8_AB (default "110 366 878":
+# the CPU backend against transformers' modules). CONF_MASKS / E2E_MASKS="3950": conformance / model parity again under each
+# DELTAFIN_CUDA_LEAN mask. MOE_SET=r9: resident decode with the masks of R9_AB (default "878 1902 2926 3950": the default, + bit
+# 1024, + bit 2048, both) alternated three times, ncu of each, the ids compared (R9_LONG=1: 512 tokens and sampled too). MOE_SET=r8: resident decode with the masks of R8_AB (default "110 366 878":
 # round 7, + the fused row ops, + the one-token spine products' row split) alternated three times, 512 tokens and sampled
 # each, ncu of each; R8_SPLITS="8 4" adds DELTAFIN_CUDA_MM_SPLIT1 runs. MOE_SET=r7: resident decode with DELTAFIN_CUDA_LEAN=14 (round 6) and 110
 # (the default: + bit 32 programmatic dependent launches, + bit 64 the register-resident route) alternated twice, 46 and 78
@@ -81,6 +83,10 @@ fi
 if has conf; then
     step "conformance (test_backend_ops --backend cuda --ref cpu-scalar)" 240 conformance.log "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
     grep -E "FAIL|failures" "$OUT/conformance.log" | tail -15
+    for L in ${CONF_MASKS:-}; do # round 9: conformance again under each DELTAFIN_CUDA_LEAN mask of CONF_MASKS (e.g. "3950")
+        DELTAFIN_CUDA_LEAN=$L step "conformance, DELTAFIN_CUDA_LEAN=$L" 240 "conformance_lean$L.log" "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
+        grep -E "FAIL|failures" "$OUT/conformance_lean$L.log" | tail -15
+    done
     if [ "${MOE_SET:-all}" = all ]; then
         DELTAFIN_CUDA_ATTN_SPLIT=0 step "conformance, decode attention without the position split" 240 conformance_nosplit.log \
             "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
@@ -90,6 +96,10 @@ fi
 if has e2e; then
     step "model parity (cuda_e2e.py, every tiny model)" 300 parity.log python3 "$S/cuda_e2e.py" "$BIN"
     cut -c1-200 "$OUT/parity.log" | tail -25
+    for L in ${E2E_MASKS:-}; do # round 9: model parity again under each DELTAFIN_CUDA_LEAN mask of E2E_MASKS (e.g. "3950")
+        DELTAFIN_CUDA_LEAN=$L step "model parity, DELTAFIN_CUDA_LEAN=$L" 300 "parity_lean$L.log" python3 "$S/cuda_e2e.py" "$BIN"
+        cut -c1-200 "$OUT/parity_lean$L.log" | tail -25
+    done
 fi
 if has mtp; then # the MTP check against transformers' own modules (torch is on the device), on the CPU backend
     # ../shared (the tokenizer fixtures conftest.py asks for) does not travel: without it, the test file alone
@@ -190,6 +200,39 @@ PY
             done
         fi
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    elif [ "${MOE_SET:-all}" = r9 ]; then # round 9: the masks of R9_AB (default "878 1902 2926 3950": the default; + bit 1024,
+        # the one-token spine products through the cp.async pipeline; + bit 2048, the MoE down launch through cp.async; both)
+        # alternated three times (128 tokens), ncu of each (R9_NCU: the masks to profile, default R9_AB; R9_NCU=none: none),
+        # R9_LONG=1 adds 512 tokens and sampled of each; the ids of each run compared with the first (default) run's: bit 2048
+        # keeps the bits, bit 1024 sums the dense rows in another order (a different id there is not a failure)
+        R9_AB=${R9_AB:-878 1902 2926 3950}
+        for r in 1 2 3; do for L in $R9_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done; done
+        if [ "${R9_LONG:-0}" = 1 ]; then
+            for L in $R9_AB; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512" --gpu-memory 100G; done
+            for L in $R9_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
+        fi
+        for r in 1 2 3; do for L in $R9_AB; do
+            n=resident-lean$L-r$r
+            note="DIFFER from resident"
+            [ $((L & 1024)) -ne 0 ] && note="differ from resident (bit 1024: other sums of the dense rows)"
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: $note"
+        done; done
+        set -- $R9_AB
+        if [ "${R9_LONG:-0}" = 1 ]; then for k in 512 sampled; do for L in $R9_AB; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: differ from lean$1"
+        done; done; fi
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        R9_NCU=${R9_NCU:-$R9_AB}
+        [ "$R9_NCU" = none ] && R9_NCU=
+        for L in $R9_NCU; do
+            [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
+                --launch-skip "${NCU_SKIP:-30000}" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-384}" --ignore-eos \
+                --gpu-memory 100G >"$OUT/ncu_$L.csv" 2>&1 && echo "ncu of DELTAFIN_CUDA_LEAN=$L:" && python3 "$S/ncu_sum.py" "$OUT/ncu_$L.csv"
+        done
+        echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+        for L in $R9_AB; do # the mean of the alternated runs per mask
+            grep -h "^\[stats\] prefill" "$OUT"/moe_resident-lean$L-r[123].log | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | awk -v L="$L" '{s += $1; n++} END {if (n) printf "mask %s: mean %.1f tok/s over %d runs\n", L, s / n, n}'
+        done
     elif [ "${MOE_SET:-all}" = r8 ]; then # round 8: the masks of R8_AB (default "110 366 878": round 7; + bit 256, the fused add +
         # norm and q/k norm + rope + cache rows; + bit 512, the default: one-token spine products' rows over more warps) alternated
         # three times, 512 tokens and sampled each; R8_SPLITS="8 4": DELTAFIN_CUDA_MM_SPLIT1=S runs alternated with the second mask

@@ -67,15 +67,18 @@ static void attn_split_checks(void) {
     B->free(dq), B->free(dkv), B->free(dout);
 }
 
-static void fused_moe_checks(void) {
+/* K experts per token, I columns of a down row: (4, 128) one warp step per row, (8, 760) the benchmark's three
+ * (768 columns of BF16: here 95 16-byte steps, the last one partial) with its 8 experts */
+static void fused_moe_checks(const int K, const int I) {
     /* E = 40: the register-resident route (bit 64) holds experts lane and lane + 32 */
-    enum { E = 40, K = 4, D = 256, I = 128, LAYER = 5, TRIALS = 60 };
+    enum { E = 40, KM = 8, D = 256, IM = 768, LAYER = 5, TRIALS = 60 };
+    CHECK(K <= KM && I <= IM, "fused_moe_checks(%d, %d): the test's arrays hold K <= %d, I <= %d", K, I, KM, IM);
     const df_backend_ops *B = &df_backend_cuda;
     CHECK(B->moe_resident && B->moe_fused, "the CUDA backend offers the device-routed MoE");
     if (!B->moe_resident || !B->moe_fused) return;
     df_cuda_set_memory((int64_t)256 << 20, 0, (int64_t)2 * 3 * E * I * D * 2); /* room for two layers */
-    static uint16_t wb[E][3][I * D];
-    static float xv[D], lg[E], bias[E], hw[K], fw[K], ho[D], fo[D], ro[D], hd[K * D], fd[K * D];
+    static uint16_t wb[E][3][IM * D];
+    static float xv[D], lg[E], bias[E], hw[KM], fw[KM], ho[D], fo[D], ro[D], hd[KM * D], fd[KM * D];
     df_weight pw[E][3];
     for (int e = 0; e < E; e++)
         for (int p = 0; p < 3; p++) {
@@ -122,18 +125,21 @@ static void fused_moe_checks(void) {
         const df_gate_kind gk = (df_gate_kind)((trial / 3) % DF_GATE_N);
         const float gp0 = gk == DF_GATE_SITU ? 1.5f : 0.0f, gp1 = gk == DF_GATE_SITU ? (trial % 2 ? 2.0f : 0.0f) : 0.0f;
         const int lean = trial % 5 != 4;
+        /* round 9: every 5th trial (3, 8, ...) also with bits 1024 and 2048 (the down rows streamed through cp.async) */
+        const int r9 = trial % 5 == 3;
         df_cuda_set_lean(lean);
+        if (r9) df_cuda_set_lean_mask(511 | 1024 | 2048);
         for (int e = 0; e < E; e++) {
             lg[e] = ties ? (float)((int)(rnd() % 5) - 2) * 0.75f : (float)((int)(rnd() % 200001) - 100000) / 25000.0f;
             bias[e] = ties ? 0.0f : (float)((int)(rnd() % 101) - 50) / 400.0f;
         }
         B->write(dlg, lg, E);
-        int hids[K], fi[K];
+        int hids[KM], fi[KM];
         df_route_args ra = {.kind = kind == 2 ? DF_ROUTE_SIGMOID_GROUPS : DF_ROUTE_SOFTMAX_TOPK, .logits = dlg, .ids = hids, .w = hwd, .n = 1,
                             .n_experts = E, .k = K, .norm_topk = kind != 1, .n_group = 4, .topk_group = 2, .scaling = 2.5f, .bias = bias};
         /* the host-routed path, as ffn.c issues it for one token */
         B->route(&ra);
-        df_mv_job jobs[2 * K];
+        df_mv_job jobs[2 * KM];
         for (int k = 0; k < K; k++) {
             jobs[2 * k] = (df_mv_job){&pw[hids[k]][0], x, DF_AT(hg, (size_t)k * I)};
             jobs[2 * k + 1] = (df_mv_job){&pw[hids[k]][1], x, DF_AT(hu, (size_t)k * I)};
@@ -151,10 +157,10 @@ static void fused_moe_checks(void) {
                                 .p0 = gp0, .p1 = gp1, .ids_out = fids};
         fa.route.ids = NULL, fa.route.w = fwd;
         const int64_t l0 = df_cuda_moe_launches(), rf0 = df_cuda_route_fast_launches(), pd0 = df_cuda_pdl_launches(),
-                      sh0 = df_cuda_moe_down_sh_launches();
+                      sh0 = df_cuda_moe_down_sh_launches(), cp0 = df_cuda_moe_down_cp_launches();
         int rc = B->moe_fused(&fa);
         const int64_t launches = df_cuda_moe_launches() - l0, fast = df_cuda_route_fast_launches() - rf0, pdl = df_cuda_pdl_launches() - pd0,
-                      sh = df_cuda_moe_down_sh_launches() - sh0;
+                      sh = df_cuda_moe_down_sh_launches() - sh0, dcp = df_cuda_moe_down_cp_launches() - cp0;
         B->tier_stats(&s1);
         df_cuda_set_lean(1);
         CHECK(rc == 0, "trial %d: moe_fused rc %d", trial, rc);
@@ -163,9 +169,11 @@ static void fused_moe_checks(void) {
         CHECK(fast == (lean && kind != 2), "trial %d (kind %d, lean %d): %lld register-resident routes", trial, kind, lean, (long long)fast);
         CHECK(pdl == (lean ? launches : 0), "trial %d (lean %d): %lld of %lld launches programmatic", trial, lean, (long long)pdl, (long long)launches);
         /* bit 128 (in df_cuda_set_lean(1)): the down launch with the gate once per block, the same rows and output bits */
-        CHECK(sh == lean, "trial %d (lean %d): %lld down launches with the gate in shared memory", trial, lean, (long long)sh);
+        CHECK(sh == (lean && !r9), "trial %d (lean %d): %lld down launches with the gate in shared memory", trial, lean, (long long)sh);
+        /* bit 2048 (round 9): the down launch with its rows streamed through cp.async, the same rows and output bits */
+        CHECK(dcp == r9, "trial %d (I %d, r9 %d): %lld down launches through cp.async, expected %d", trial, I, r9, (long long)dcp, r9);
         CHECK(s1.cache_hits - s0.cache_hits == 3 * K, "trial %d: %lld hits counted, expected %d", trial, (long long)(s1.cache_hits - s0.cache_hits), 3 * K);
-        float fif[K];
+        float fif[KM];
         B->read(fif, fids, K);
         memcpy(fi, fif, sizeof fi);
         B->read(hw, hwd, K), B->read(fw, fwd, K), B->read(ho, hout, D), B->read(fo, fout, D), B->read(hd, hdd, K * D), B->read(fd, fdd, K * D);
@@ -178,16 +186,16 @@ static void fused_moe_checks(void) {
             if (d) ulp1++, same_w = 0;
             CHECK(d >= -1 && d <= 1, "trial %d (kind %d): weight %d: device %a, host %a", trial, kind, k, fw[k], hw[k]);
         }
-        CHECK(!memcmp(fd, hd, sizeof fd), "trial %d (kind %d, gate %d, lean %d): an expert output row differs from the host-routed launches'", trial, kind,
-              (int)gk, lean);
+        CHECK(!memcmp(fd, hd, (size_t)K * D * sizeof(float)), "trial %d (I %d, kind %d, gate %d, lean %d, r9 %d): an expert output row differs from the host-routed launches'",
+              trial, I, kind, (int)gk, lean, r9);
         B->write(rwd, fw, K);
         B->moe_combine(rout, hdd, rwd, 1, K, D);
         B->read(ro, rout, D);
         CHECK(!memcmp(fo, ro, sizeof fo), "trial %d (kind %d): the output is not the combine of the host-routed rows by the device weights", trial, kind);
         if (same_w) CHECK(!memcmp(fo, ho, sizeof fo), "trial %d (kind %d): equal weights, different output", trial, kind);
     }
-    printf("test_backend_cuda: device-routed MoE: %d trials, ids %s, %d of %d weights one ulp from the host route's (the rest equal)\n", TRIALS,
-           mism_ids ? "DIFFER" : "equal", ulp1, nw);
+    printf("test_backend_cuda: device-routed MoE (K %d, I %d): %d trials, ids %s, %d of %d weights one ulp from the host route's (the rest equal)\n", K, I,
+           TRIALS, mism_ids ? "DIFFER" : "equal", ulp1, nw);
     /* preload: a second layer of the same bytes, never routed: the cache has room, so moe_resident offers a
      * preload (2, once), after which the layer is resident and its fused output is the first layer's */
     {
@@ -320,6 +328,83 @@ static void fused_rows_checks(void) {
             free(q), free(k), free(gq), free(gk), free(cs), free(vh);
         }
     df_cuda_set_lean(1);
+}
+/* Round 9 (DELTAFIN_CUDA_LEAN bit 1024): one-token products of spine weights (F32, F16, BF16 rows of the 16-byte
+ * path) through the cp.async pipeline (k_mm_cp). Each row is summed as a one-warp row (wk = 1), so where the
+ * round-7 launch (mask 366: no bit 512, split1 16) also reads a row with one warp (fewer than 16 steps per lane)
+ * the bits are equal; every row near the CPU's. Shapes: the benchmark's q/k/v, o and router rows, a partial last
+ * warp step (600 columns), one step per row (8), several rows per warp and a partial last warp (5000 rows: 5534
+ * rows in the launch against 16 warps per SM), F32, an unregistered F16 weight (uploaded for the call: copied after
+ * the wait), and rows of 1202 bytes (not 16-byte aligned: the generic path, never k_mm_cp). */
+static void mm_cp_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    enum { NJ = 9, XC = 4096 };
+    static const struct { int fmt, rows, cols, reg; } S[NJ] = {
+        {DF_W_BF16, 300, 2048, 1}, {DF_W_BF16, 64, 4096, 1}, {DF_W_BF16, 128, 2048, 1}, {DF_W_BF16, 37, 600, 1}, {DF_W_BF16, 5, 8, 1},
+        {DF_W_BF16, 5000, 64, 1},  {DF_W_F32, 45, 1000, 1},  {DF_W_F16, 33, 520, 0},    {DF_W_BF16, 20, 601, 1},
+    };
+    static float xv[XC];
+    static float yv[3][NJ][5000];
+    df_weight w[NJ];
+    df_mv_job jobs[NJ];
+    uint8_t *data[NJ];
+    df_act *x = B->alloc(XC), *y[NJ];
+    for (int c = 0; c < XC; c++) xv[c] = frnd();
+    B->write(x, xv, XC);
+    for (int k = 0; k < NJ; k++) {
+        const int es = S[k].fmt == DF_W_F32 ? 4 : 2;
+        const size_t rb = (size_t)S[k].cols * es, n = (size_t)S[k].rows * S[k].cols;
+        data[k] = malloc((size_t)S[k].rows * rb);
+        for (size_t i = 0; i < n; i++) {
+            if (S[k].fmt == DF_W_F32) {
+                const float f = frnd();
+                memcpy(data[k] + 4 * i, &f, 4);
+            } else {
+                /* a finite value of either 16-bit format, magnitudes about 2^-5 .. 2^3 */
+                const uint32_t r = rnd(), sign = r & 1, m = (r >> 1) & (S[k].fmt == DF_W_BF16 ? 127 : 1023), ex = (r >> 12) % 8;
+                const uint16_t h = S[k].fmt == DF_W_BF16 ? (uint16_t)((sign << 15) | ((122 + ex) << 7) | m) : (uint16_t)((sign << 15) | ((10 + ex) << 10) | m);
+                memcpy(data[k] + 2 * i, &h, 2);
+            }
+        }
+        memset(&w[k], 0, sizeof w[k]);
+        w[k].fmt = S[k].fmt, w[k].rows = S[k].rows, w[k].cols = S[k].cols, w[k].data = data[k], w[k].row_bytes = rb;
+        if (S[k].reg) CHECK(B->weight_register(&w[k]) == 0 && w[k].handle, "cp weight %d registered", k);
+        y[k] = B->alloc((size_t)S[k].rows);
+        jobs[k].w = &w[k], jobs[k].x = x, jobs[k].y = y[k];
+    }
+    /* masks: 366 (round 7's products), 366 | 1024, 878 | 1024 (bit 512 leaves k_mm_cp's rows alone) */
+    static const int masks[3] = {366, 366 | 1024, 878 | 1024};
+    for (int m = 0; m < 3; m++) {
+        df_cuda_set_lean_mask(masks[m]);
+        const int64_t l0 = df_cuda_mm_launches(), c0 = df_cuda_mm_cp_launches();
+        B->matmul_batch(jobs, NJ, 1);
+        const int64_t launches = df_cuda_mm_launches() - l0, cp = df_cuda_mm_cp_launches() - c0;
+        /* BF16 jobs 0-5 in one launch, F32, the unregistered F16 alone, the generic BF16 */
+        CHECK(launches == 4, "mask %d: %lld product launches, expected 4", masks[m], (long long)launches);
+        CHECK(cp == (m ? 3 : 0), "mask %d: %lld launches of k_mm_cp, expected %d", masks[m], (long long)cp, m ? 3 : 0);
+        for (int k = 0; k < NJ; k++) {
+            B->read(yv[m][k], y[k], (size_t)S[k].rows);
+            double d = 0, n2 = 0;
+            for (int r = 0; r < S[k].rows; r++) {
+                const float c = df_dot_row(&w[k], r, xv);
+                d += (double)(yv[m][k][r] - c) * (yv[m][k][r] - c), n2 += (double)c * c;
+            }
+            CHECK(d <= 1e-10 * n2, "mask %d, cp job %d (%d x %d, fmt %d): rel L2^2 %g against the CPU", masks[m], k, S[k].rows, S[k].cols, S[k].fmt,
+                  n2 > 0 ? d / n2 : d);
+        }
+    }
+    df_cuda_set_lean_mask(-1);
+    for (int k = 0; k < NJ; k++) {
+        const size_t bytes = (size_t)S[k].rows * sizeof(float);
+        /* one warp per row in both (fewer than 16 steps per lane): the same bits; job 1 (16 steps) is split in round 7 */
+        if (k != 1) CHECK(!memcmp(yv[0][k], yv[1][k], bytes), "cp job %d (%d x %d): k_mm_cp's bits differ from the one-warp rows of mask 366", k, S[k].rows, S[k].cols);
+        if (k != 8) CHECK(!memcmp(yv[1][k], yv[2][k], bytes), "cp job %d: bit 512 changed k_mm_cp's bits", k);
+        if (S[k].reg) B->weight_unregister(&w[k]);
+        B->free(y[k]);
+        free(data[k]);
+    }
+    B->free(x);
+    printf("test_backend_cuda: cp.async one-token products (bit 1024): %d jobs, 3 masks\n", NJ);
 }
 #endif
 
@@ -462,7 +547,9 @@ int main(void) {
         for (int e = 0; e < NE; e++) df_backend_cuda.free(y[e]);
         df_backend_cuda.free(x);
         if (df_backend_cuda.tier_reset) df_backend_cuda.tier_reset();
-        fused_moe_checks();
+        fused_moe_checks(4, 128);
+        fused_moe_checks(8, 760);
+        mm_cp_checks();
         attn_split_checks();
         fused_rows_checks();
         df_backend_select("cpu");

@@ -52,6 +52,7 @@ template <int MJ> struct MmBatchT {
     int nj, n;         /* jobs, tokens of this launch (<= MM_TN) */
     int t0;            /* first token of this launch (grid.y tiles add to it) */
     int pf;            /* 1: every job's weight is resident and written by no kernel: prefetch it before pdl_wait */
+    int cp;            /* host side: 1 for a launch of k_mm_cp (round 9, bit 1024); the device never reads it */
 };
 typedef MmBatchT<MM_MAXJ> MmBatch;
 /* A decode launch of at most MM_SMALLJ jobs travels in a table of that size: the launch copies the
@@ -415,6 +416,253 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_sh(const MmBatchT
     }
 }
 
+/* ---- round 9: rows streamed through cp.async into shared memory -------------------------------------------
+ * The loads of a lane's 16-byte steps go global -> shared memory asynchronously (cp.async.cg: through L2 only,
+ * no registers held while they fly), several stages ahead of the products; each lane copies exactly the steps it
+ * then multiplies, so a lane waits only for its own copies (cp.async.wait_group: no block barrier; k_mm_cp's one
+ * __syncwarp per stage orders the reads of a ring slot before its refill).
+ * Each row is summed as a one-warp row of mm_warp sums it (wk = 1): lane l takes the row's 16-byte steps
+ * l, l + 32, ... in order, decodes each (decode<V>) and chains fmaf over its elements in order, then warp_sum:
+ * the bits of the launch with wk = 1, whatever the rows per warp or the jobs of the launch. */
+static __device__ __forceinline__ void cp16(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+#else
+    *(uint4 *)dst = *(const uint4 *)src;
+#endif
+}
+static __device__ __forceinline__ void cp_commit(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+/* at most N of this thread's committed groups still pending */
+template <int N> static __device__ __forceinline__ void cp_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+/* RT groups committed: group s (0-based) has landed (s a constant where the caller's loop is unrolled) */
+template <int RT> static __device__ __forceinline__ void cp_wait_rt(int s) {
+    switch (RT - 1 - s) {
+    case 0: cp_wait<0>(); break;
+    case 1: cp_wait<1>(); break;
+    case 2: cp_wait<2>(); break;
+    default: cp_wait<3>(); break; /* more pending than 3: waiting for those too is only early */
+    }
+}
+/* the dense kernel's pipeline: CP_P steps of 16 bytes per lane per stage, CP_NS stages per warp (CP_NS - 1 of
+ * them in flight while one is multiplied), CP_WARPS warps per block: 4 x 4 x 512 B x 4 = 32 KiB of shared memory
+ * per block (under the 48 KiB a launch gets without opting in) */
+#define CP_P 4
+#define CP_NS 4
+#define CP_WARPS 4
+#define CP_SMEM ((size_t)CP_WARPS * CP_NS * CP_P * 32 * 16)
+/* DELTAFIN_CUDA_LEAN bit 1024 (round 9): one-token products of spine weights (F32, F16, BF16 rows of the 16-byte
+ * path). A warp takes J.wk consecutive rows of its job (here wk is the rows per warp, set by mm_flush_cp) and
+ * streams their bytes as one sequence of steps (row by row, a row's steps 0 .. spr - 1, the last one partial
+ * where a row is not a multiple of 32 steps: lanes past its end copy and add nothing). The first CP_NS - 1 stages
+ * are copied before the wait for the kernel before (resident weights only: b.pf, as round 7's L2 prefetch). */
+template <int V, int MJ>
+__global__ void __launch_bounds__(CP_WARPS * 32) k_mm_cp(const __grid_constant__ MmBatchT<MJ> b) {
+    extern __shared__ __align__(16) uint4 cp_ring[];
+    pdl_go();
+    int j = 0;
+    while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
+    const MmJob &J = b.j[j];
+    const DW &w = J.w;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rpw = J.wk;
+    const int64_t ra = ((int64_t)(blockIdx.x - J.blk0) * CP_WARPS + warp) * rpw;
+    const int nrow = ra >= w.rows ? 0 : w.rows - ra < rpw ? (int)(w.rows - ra) : rpw;
+    if (!nrow) return; /* an idle warp: no barrier in this kernel */
+    constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
+    const int64_t upr = w.cols / E;               /* 16-byte steps of a row (vec_kind: cols % E == 0) */
+    const int spr = (int)((upr + 31) / 32);       /* warp steps per row */
+    const int64_t nst = (int64_t)nrow * spr;      /* warp steps of this warp */
+    const size_t rb = w.row_bytes;
+    const uint8_t *base = w.data + (size_t)ra * rb + (size_t)lane * 16;
+    uint4 *ring = cp_ring + (size_t)warp * CP_NS * CP_P * 32 + lane;
+    int64_t ig = 0, irow = 0;
+    int iq = 0;
+    /* copy the next CP_P steps into stage slot `slot`, one commit group (empty past the end: every lane commits
+     * the same groups, so wait_group counts alike) */
+    auto issue = [&](int slot) {
+#pragma unroll
+        for (int p = 0; p < CP_P; p++) {
+            if (ig < nst) {
+                if ((int64_t)iq * 32 + lane < upr) cp16(ring + (slot * CP_P + p) * 32, base + (size_t)irow * rb + (size_t)iq * 512);
+                ig++;
+                if (++iq == spr) iq = 0, irow++;
+            }
+        }
+        cp_commit();
+    };
+    if (b.pf) {
+        /* resident weights (no kernel writes them): the warp's rows asked of L2 and its first stages copied
+         * before the wait, while the kernel before still runs */
+        const uint8_t *wb = w.data + (size_t)ra * rb;
+        for (size_t off = (size_t)(CP_NS - 1) * CP_P * 512 + (size_t)lane * 128; off < (size_t)nrow * rb; off += 32 * 128) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + off));
+#endif
+        }
+    } else
+        pdl_wait();
+#pragma unroll
+    for (int s = 0; s < CP_NS - 1; s++) issue(s);
+    if (b.pf) pdl_wait();
+    const float *x = J.x;
+    float acc = 0.0f;
+    int64_t cg = 0, crow = 0;
+    int cq = 0;
+    for (int s = 0; cg < nst; s = s + 1 == CP_NS ? 0 : s + 1) {
+        /* refill the slot of the stage multiplied last time round; __syncwarp orders this lane's reads of it
+         * before the asynchronous copies that overwrite it (PTX orders cp.async with nothing else by itself) */
+        __syncwarp();
+        issue(s == 0 ? CP_NS - 1 : s - 1);
+        cp_wait<CP_NS - 1>(); /* this lane's copies of stage slot s have landed */
+#pragma unroll
+        for (int p = 0; p < CP_P; p++) {
+            if (cg < nst) { /* warp-uniform */
+                const int64_t v = (int64_t)cq * 32 + lane;
+                if (v < upr) {
+                    const uint4 u = ring[(s * CP_P + p) * 32];
+#pragma unroll
+                    for (int h = 0; h < E / C; h++) {
+                        float wv[C], xv[C];
+                        decode<V>(u, h, 1.0f, wv);
+                        const float4 *xp = (const float4 *)(x + v * E + h * C);
+#pragma unroll
+                        for (int qq = 0; qq < C / 4; qq++) {
+                            const float4 f = __ldg(xp + qq);
+                            xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
+                        }
+#pragma unroll
+                        for (int k = 0; k < C; k++) acc = fmaf(wv[k], xv[k], acc);
+                    }
+                }
+                cg++;
+                if (++cq == spr) {
+                    const float sum = warp_sum(acc);
+                    if (!lane) J.y[ra + crow] = sum;
+                    acc = 0.0f, cq = 0, crow++;
+                }
+            }
+        }
+    }
+    cp_wait<0>();
+}
+
+/* DELTAFIN_CUDA_LEAN bit 2048 (round 9): the device-routed MoE's gate + down + combine launch (k_moe_down's
+ * contract: each expert's rows written to d with the bits of the host-routed down launch, wk = 1, and out = the
+ * block's rows combined by the route's weights in k order, k_moe_down's arithmetic) with each warp's RT rows
+ * copied by cp.async into shared memory at once, one commit group per row, before the wait for the gate/up
+ * launch (the table and the resident experts are final then: see k_moe_down); after the wait each lane computes
+ * gate(g, u) of its own columns once (the same value for every row: SPR x E floats in registers, gate_apply as
+ * k_gate writes it) while the rows still fly, then multiplies row s as soon as its group has landed.
+ * SPR: warp steps per row (I / E / 32 rounded up, at most 4); shared memory K x RT x SPR x 512 bytes. */
+template <int V, int SPR, int RT>
+__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_cp(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, GateIn ga, const float *__restrict__ wr, float *out) {
+    extern __shared__ __align__(16) uint4 dn_ring[];
+    constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4 *ring = dn_ring + (size_t)warp * RT * SPR * 32 + lane;
+    pdl_go();
+    const int64_t r0 = (int64_t)blockIdx.x * RT;
+    int nr;
+    int64_t upr;
+    {
+        const MmJob *Jp = &b->j[warp];
+        const uint8_t *data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
+        const size_t rb = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
+        const int64_t rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), cols = (int64_t)__ldcg((const long long *)&Jp->w.cols);
+        nr = r0 >= rows ? 0 : rows - r0 < RT ? (int)(rows - r0) : RT;
+        upr = cols / E;
+        const uint8_t *base = data + (size_t)r0 * rb + (size_t)lane * 16;
+#pragma unroll
+        for (int s = 0; s < RT; s++) {
+#pragma unroll
+            for (int q = 0; q < SPR; q++)
+                if (s < nr && (int64_t)q * 32 + lane < upr) cp16(ring + (s * SPR + q) * 32, base + (size_t)s * rb + (size_t)q * 512);
+            cp_commit();
+        }
+    }
+    pdl_wait();
+    const MmJob &J = b->j[warp];
+    float xg[SPR][E];
+#pragma unroll
+    for (int q = 0; q < SPR; q++) {
+        const int64_t v = (int64_t)q * 32 + lane;
+        if (v < upr) {
+            const float4 *gp = (const float4 *)(J.x + v * E), *up = (const float4 *)(J.x + ga.uoff + v * E);
+#pragma unroll
+            for (int qq = 0; qq < E / 4; qq++) {
+                const float4 g = __ldg(gp + qq), u = __ldg(up + qq);
+                xg[q][4 * qq] = gate_apply(ga.kind, g.x, u.x, ga.p0, ga.p1);
+                xg[q][4 * qq + 1] = gate_apply(ga.kind, g.y, u.y, ga.p0, ga.p1);
+                xg[q][4 * qq + 2] = gate_apply(ga.kind, g.z, u.z, ga.p0, ga.p1);
+                xg[q][4 * qq + 3] = gate_apply(ga.kind, g.w, u.w, ga.p0, ga.p1);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; e++) xg[q][e] = 0.0f;
+        }
+    }
+    __shared__ float part[FUSED_MAX_K][RT];
+#pragma unroll
+    for (int s = 0; s < RT; s++) {
+        if (s < nr) { /* block-uniform: every expert's down projection has the same rows */
+            cp_wait_rt<RT>(s); /* row s's group has landed */
+            float acc = 0.0f;
+#pragma unroll
+            for (int q = 0; q < SPR; q++) {
+                if ((int64_t)q * 32 + lane < upr) {
+                    const uint4 u = ring[(s * SPR + q) * 32];
+#pragma unroll
+                    for (int h = 0; h < E / C; h++) {
+                        float wv[C];
+                        decode<V>(u, h, 1.0f, wv);
+#pragma unroll
+                        for (int k = 0; k < C; k++) acc = fmaf(wv[k], xg[q][h * C + k], acc);
+                    }
+                }
+            }
+            const float sum = warp_sum(acc);
+            if (!lane) part[warp][s] = sum, J.y[r0 + s] = sum;
+        }
+    }
+    cp_wait<0>();
+    __syncthreads();
+    if ((int)threadIdx.x < nr) {
+        float o = 0.0f;
+        for (int j = 0; j < K; j++) o += wr[j] * part[j][threadIdx.x];
+        out[r0 + threadIdx.x] = o;
+    }
+}
+
+/* A kernel's dynamic shared memory opted in once per kernel and size (whatever the size: the kernel's static
+ * shared memory counts against the same 48 KiB default), and its preferred carveout set to the most shared memory
+ * (round 9's kernels are bound by shared memory: k_mm_cp's 4 blocks of 32 KiB an SM need more than a smaller
+ * carveout leaves; a refused carveout is only a hint lost). -1 (launch something else) where the opt-in is refused. */
+static int smem_optin(const void *k, size_t bytes) {
+    static const void *ks[64];
+    static size_t got[64];
+    static int nk;
+    int i = 0;
+    while (i < nk && ks[i] != k) i++;
+    if (i < nk && got[i] >= bytes) return 0;
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    if (cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess) cudaGetLastError();
+    if (i == nk && nk < 64) nk++;
+    if (i < 64) ks[i] = k, got[i] = bytes;
+    return 0;
+}
+
 /* Warps per row group: as many as keep at least 8 16-byte steps per lane (long
  * rows: more blocks, and a lane's loop stays long enough to keep its loads in
  * flight; measured: splitting rows of 8 steps lost 10-15% on the MoE experts);
@@ -488,17 +736,21 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * the gate once per block (k_moe_down_sh); 14 | 32 | 64 = 110 was round 7's default, DELTAFIN_CUDA_LEAN=14
  * restores round 6's launches. Round 8: 256 the fused row ops (cuda_ops.cu: add_rmsnorm, qk_norm_rope), 512 the
  * one-token spine products' rows over more warps (split1 below); default 878 = 110 | 256 | 512; DELTAFIN_CUDA_LEAN=110
- * restores round 7's launches and bits, 366 round 8 without bit 512. Every bit but 512 gives the same bits of every
- * result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of both paths). */
+ * restores round 7's launches and bits, 366 round 8 without bit 512. Round 9 (opt-in, not in the default): 1024 the
+ * one-token spine products through the cp.async pipeline (k_mm_cp: the bits of a one-warp row, wk = 1), 2048 the MoE
+ * down launch with its rows streamed through cp.async (k_moe_down_cp: k_moe_down's bits). Every bit but 512 and
+ * 1024 gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
+ * both paths); df_cuda_set_lean_mask sets any mask. */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 1023 : 14 | 32 | 64 | 256 | 512;
+        g_lean = e && *e ? atoi(e) & 4095 : 14 | 32 | 64 | 256 | 512;
     }
     return g_lean;
 }
 extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 511 : 0; }
+extern "C" void df_cuda_set_lean_mask(int m) { g_lean = m < 0 ? -1 : m & 4095; }
 /* bit 32 (round 7): programmatic dependent launches (launch_k); off for good once the launch API refuses one */
 int64_t g_pdl_launches;
 static int g_pdl_refused;
@@ -516,7 +768,47 @@ extern "C" int64_t df_cuda_mm_narrow_launches(void) { return g_mm_narrow; }
  * fill fewer than two per SM and the SMs that get two set the time; 4-warp blocks (the same row groups, the
  * same split of each row over warps, so the same bits) spread them twice as finely. The job table shrinks
  * to MM_SMALLJ entries when the jobs fit. */
+/* Round 9 (bit 1024): a launch of k_mm_cp. Rows per warp: the launch's rows over CP_WPSM warps per SM (at least
+ * one), the same for every job (a row's bits do not depend on it). */
+#define CP_WPSM 16
+static int64_t g_mm_cp;
+extern "C" int64_t df_cuda_mm_cp_launches(void) { return g_mm_cp; }
+template <int MJ> static void mm_launch_cp(const MmBatchT<MJ> &b, unsigned blocks) {
+    const dim3 grid(blocks, 1), th(CP_WARPS * 32);
+    /* CP_SMEM is under the default limit: a refused opt-in changes nothing (the carveout is a hint) */
+    switch (b.j[0].vec) {
+    case V_F32: smem_optin((const void *)k_mm_cp<V_F32, MJ>, CP_SMEM), launch_k(k_mm_cp<V_F32, MJ>, dim3(grid), dim3(th), CP_SMEM, b); break;
+    case V_F16: smem_optin((const void *)k_mm_cp<V_F16, MJ>, CP_SMEM), launch_k(k_mm_cp<V_F16, MJ>, dim3(grid), dim3(th), CP_SMEM, b); break;
+    default: smem_optin((const void *)k_mm_cp<V_BF16, MJ>, CP_SMEM), launch_k(k_mm_cp<V_BF16, MJ>, dim3(grid), dim3(th), CP_SMEM, b); break;
+    }
+}
+static void mm_flush_cp(MmBatch *b) {
+    int64_t rows = 0;
+    for (int i = 0; i < b->nj; i++) rows += b->j[i].w.rows;
+    const int64_t target = (int64_t)sms() * CP_WPSM;
+    int64_t rpw = (rows + target - 1) / target;
+    if (rpw < 1) rpw = 1;
+    if (rpw > (1 << 30)) rpw = 1 << 30;
+    unsigned nb = 0;
+    for (int i = 0; i < b->nj; i++) {
+        const int64_t warps = (b->j[i].w.rows + rpw - 1) / rpw;
+        b->j[i].wk = (int)rpw, b->j[i].blk0 = nb;
+        nb += (unsigned)((warps + CP_WARPS - 1) / CP_WARPS);
+    }
+    if (b->nj <= MM_SMALLJ) {
+        MmBatchT<MM_SMALLJ> s;
+        memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
+        s.nj = b->nj, s.n = b->n, s.t0 = b->t0, s.pf = b->pf, s.cp = 1;
+        mm_launch_cp<MM_SMALLJ>(s, nb);
+    } else
+        mm_launch_cp<MM_MAXJ>(*b, nb);
+    g_mm_cp++;
+}
 static void mm_flush_one(MmBatch *b, unsigned blocks) {
+    if (b->cp) {
+        mm_flush_cp(b);
+        return;
+    }
     const int lean = lean_mask() & 1;
     int narrow = 0;
     if (lean && (uint64_t)blocks < 2 * (uint64_t)sms()) {
@@ -539,7 +831,7 @@ static void mm_flush_one(MmBatch *b, unsigned blocks) {
     if (lean && b->nj <= MM_SMALLJ) {
         MmBatchT<MM_SMALLJ> s;
         memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
-        s.nj = b->nj, s.n = b->n, s.t0 = b->t0, s.pf = b->pf;
+        s.nj = b->nj, s.n = b->n, s.t0 = b->t0, s.pf = b->pf, s.cp = 0;
         if (narrow) U == 4 ? mm_launch<1, MM_WARPS / 2, MM_SMALLJ, 4>(s, blocks) : U == 2 ? mm_launch<1, MM_WARPS / 2, MM_SMALLJ, 2>(s, blocks) : mm_launch<1, MM_WARPS / 2, MM_SMALLJ>(s, blocks);
         else U == 4 ? mm_launch<1, MM_WARPS, MM_SMALLJ, 4>(s, blocks) : U == 2 ? mm_launch<1, MM_WARPS, MM_SMALLJ, 2>(s, blocks) : mm_launch<1, MM_WARPS, MM_SMALLJ>(s, blocks);
     } else if (narrow) U == 4 ? mm_launch<1, MM_WARPS / 2, MM_MAXJ, 4>(*b, blocks) : U == 2 ? mm_launch<1, MM_WARPS / 2, MM_MAXJ, 2>(*b, blocks) : mm_launch<1, MM_WARPS / 2, MM_MAXJ>(*b, blocks);
@@ -679,7 +971,7 @@ void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     if (n <= 0) return;
     if (n > 1 && g_prof > 0) prof_restart();
     MmBatch b;
-    b.nj = 0, b.pf = 1;
+    b.nj = 0, b.pf = 1, b.cp = 0;
     unsigned blocks = 0;
     for (int j = 0; j < n_jobs; j++) {
         DW d;
@@ -694,8 +986,12 @@ void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
         if (n >= MM_GEMM_MIN_N && !mm_gemm(d, DCP(jobs[j].x), DP(jobs[j].y), n)) continue;
         const int vec = vec_kind(d, DCP(jobs[j].x)), wk = n == 1 ? split_at(d, vec, split1(jobs[j].w->ident != 0)) : split_of(d, vec), per_block = MM_WARPS / wk * MM_R;
         const unsigned nb = (unsigned)((d.rows + per_block - 1) / per_block);
+        /* round 9 (bit 1024): one-token products of spine weights of the plain 16-byte decoders through k_mm_cp
+         * (a job takes that kernel whatever the other jobs of its batch, so its bits do not depend on them) */
+        const int cp = n == 1 && !jobs[j].w->ident && (lean_mask() & 1024) && (vec == V_F32 || vec == V_F16 || vec == V_BF16);
         /* a launch holds jobs of one decoder (the kernel is compiled per decoder) */
-        if (b.nj == MM_MAXJ || (b.nj && b.j[0].vec != vec) || (uint64_t)blocks + nb > 0x7fffffffu) mm_flush(&b, blocks, n), blocks = 0;
+        if (b.nj == MM_MAXJ || (b.nj && (b.j[0].vec != vec || b.cp != cp)) || (uint64_t)blocks + nb > 0x7fffffffu) mm_flush(&b, blocks, n), blocks = 0;
+        b.cp = cp;
         if (!w_resident(jobs[j].w)) b.pf = 0;
         MmJob &J = b.j[b.nj++];
         J.w = d, J.x = DCP(jobs[j].x), J.y = DP(jobs[j].y), J.vec = vec, J.wk = wk, J.blk0 = blocks;
@@ -924,8 +1220,11 @@ __global__ void __launch_bounds__(64) k_route_soft(const __grid_constant__ Route
     __syncwarp();
     route_tables(p, ids, wk, lane);
 }
-static int64_t g_route_fast, g_moe_down_sh;
+static int64_t g_route_fast, g_moe_down_sh, g_moe_down_cp;
 extern "C" int64_t df_cuda_moe_down_sh_launches(void) { return g_moe_down_sh; }
+extern "C" int64_t df_cuda_moe_down_cp_launches(void) { return g_moe_down_cp; }
+/* rows per block of k_moe_down_cp (round 9, bit 2048): D = 2048 gives 512 blocks of K warps */
+#define DN_RT 4
 extern "C" int64_t df_cuda_route_fast_launches(void) { return g_route_fast; }
 /* the weights, and the job tables of the two product launches (one warp) */
 static __device__ void route_tables(const RouteK &p, const int *ids, const float *wk, int lane) {
@@ -1023,9 +1322,31 @@ int g_moe_fused(const df_moe_fused_args *a) {
         const unsigned nb = (unsigned)((D + MM_R - 1) / MM_R);
         const float *wr = DCP(r->w);
         float *out = DP(a->out);
+        /* bit 2048 (round 9): the rows streamed through cp.async, the gate once per lane in registers (F32, F16, BF16
+         * rows of at most 4 warp steps: I = 768 BF16 is 3); DN_RT rows per block, all in flight at once */
+        const int spr = (int)((I / E + 31) / 32);
+        const size_t cpb = (size_t)K * DN_RT * (size_t)spr * 512;
+        const void *kcp = NULL;
+        if ((lean_mask() & 2048) && (vec_dn == V_F32 || vec_dn == V_F16 || vec_dn == V_BF16) && spr >= 1 && spr <= 4) {
+#define DN_CP_K(VV) (spr == 1 ? (const void *)k_moe_down_cp<VV, 1, DN_RT> : spr == 2 ? (const void *)k_moe_down_cp<VV, 2, DN_RT> : spr == 3 ? (const void *)k_moe_down_cp<VV, 3, DN_RT> : (const void *)k_moe_down_cp<VV, 4, DN_RT>)
+            kcp = vec_dn == V_F32 ? DN_CP_K(V_F32) : vec_dn == V_F16 ? DN_CP_K(V_F16) : DN_CP_K(V_BF16);
+#undef DN_CP_K
+            if (smem_optin(kcp, cpb)) kcp = NULL;
+        }
         /* bit 128: the gate once per block into shared memory (K x I floats within the default 48 KiB), 2 row groups per block */
         const size_t shb = (size_t)K * I * sizeof(float);
-        if ((lean_mask() & 128) && shb <= 48 * 1024 && !(I % 4) && vec_dn != V_GENERIC) {
+        if (kcp) {
+            const unsigned nbr = (unsigned)((D + DN_RT - 1) / DN_RT);
+            switch (vec_dn * 8 + spr) {
+#define DN_CP(VV, S) case VV * 8 + S: launch_k(k_moe_down_cp<VV, S, DN_RT>, dim3(nbr), dim3(32 * K), cpb, &p.fd->dn, K, ga, wr, out); break
+                DN_CP(V_F32, 1); DN_CP(V_F32, 2); DN_CP(V_F32, 3); DN_CP(V_F32, 4);
+                DN_CP(V_F16, 1); DN_CP(V_F16, 2); DN_CP(V_F16, 3); DN_CP(V_F16, 4);
+                DN_CP(V_BF16, 1); DN_CP(V_BF16, 2); DN_CP(V_BF16, 3); DN_CP(V_BF16, 4);
+#undef DN_CP
+            default: break; /* unreachable: kcp is set for these only */
+            }
+            g_moe_down_cp++;
+        } else if ((lean_mask() & 128) && shb <= 48 * 1024 && !(I % 4) && vec_dn != V_GENERIC) {
             const unsigned nb2 = (nb + 1) / 2;
             switch (vec_dn) {
 #define MOE_DOWN_SH(VV) u == 4 ? launch_k(k_moe_down_sh<VV, 4, 2>, dim3(nb2), dim3(32 * K), shb, &p.fd->dn, K, I, ga, wr, out) : u == 2 ? launch_k(k_moe_down_sh<VV, 2, 2>, dim3(nb2), dim3(32 * K), shb, &p.fd->dn, K, I, ga, wr, out) : launch_k(k_moe_down_sh<VV, 1, 2>, dim3(nb2), dim3(32 * K), shb, &p.fd->dn, K, I, ga, wr, out)
