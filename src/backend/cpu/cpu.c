@@ -446,7 +446,7 @@ static void mm_rows_small(mv_ctx *c, int64_t b, int64_t e) {
 }
 
 /* Rows [b, e) of Y = X W^T (X [n][K], Y [n][R]), every format: each output
- * is one FMA chain over k in order (kernels.h, gemm16), so the result does
+ * is one FMA chain over k in order (kernels.h, gemm16 / gemm24), so the result does
  * not depend on b, e (the thread split), the blocking, the batch size (from
  * GEMM_MIN_N up) or the ISA. It is not the decode product's order (dot_rows: several partial sums
  * per row, added at the end): a token's row of Y may differ from df_matvec of
