@@ -115,6 +115,10 @@ int64_t df_weight_scale_bytes(const df_weight *w);
  * for 0x7f / 0xff, one read of the weight) and stored in *w (the model's weight objects are never const
  * objects; two threads that both scan store the same answer). Other formats: DF_NAN_CODES_MAYBE. */
 int df_weight_nan_codes(const df_weight *w);
+/* w->nan_codes for bytes whose answer is kept outside w, in *memo (an expert-cache slot's word, store/source.h
+ * part_notes: w is a view rebuilt per use, the word lives as long as the bytes): *memo UNCHECKED is found now
+ * (df_weight_nan_codes) and stored there, then copied to w->nan_codes; memo NULL: MAYBE. Returns it. */
+int df_weight_nan_codes_memo(df_weight *w, int *memo);
 /* Host helpers on stored bytes (the loaders' embedding rows and small vectors): W[r,:] -> f32, W[r,:] . x. */
 void df_dequant_row(const df_weight *w, int64_t r, float *out);
 float df_dot_row(const df_weight *w, int64_t r, const float *x);

@@ -92,3 +92,11 @@ int df_weight_nan_codes(const df_weight *w) {
     }
     return s;
 }
+int df_weight_nan_codes_memo(df_weight *w, int *memo) {
+    if (!memo) return w->nan_codes = DF_NAN_CODES_MAYBE;
+    if (*memo == DF_NAN_CODES_UNCHECKED) {
+        w->nan_codes = DF_NAN_CODES_UNCHECKED;
+        *memo = df_weight_nan_codes(w);
+    }
+    return w->nan_codes = *memo;
+}

@@ -55,7 +55,7 @@ static int in_acquire(df_expert_source *s, int l, const int *ids, int k, int pf_
 static void in_release(df_expert_source *s) { (void)s; }
 static int in_cap(const df_expert_source *s) { (void)s; return 8; }
 static int in_wants(const df_expert_source *s) { (void)s; return 1; }
-static const df_expert_source_ops in_ops = {in_acquire, in_release, in_cap, in_wants, NULL};
+static const df_expert_source_ops in_ops = {in_acquire, in_release, in_cap, in_wants, NULL, NULL};
 static void ready(void *ctx, int i, const uint8_t *const *p) { (void)ctx, (void)i, (void)p; }
 
 static int present_bytes_zero(const char *path, int l, int e) {
