@@ -288,9 +288,21 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
             const float *xp = tl_xp;
             void (*const dot4)(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *) =
                 fp8_nan_free(w) ? k->dot4_fp8spn : k->dot4_fp8sp;
+            /* stream s's scale row changes every blk_r rows: looked up (a division and
+             * a call) only when its row reaches nxt[s], not four times per call (at 576
+             * columns that was 6% of the product's instructions: docs/PERFORMANCE.md,
+             * "Issue 17: FP8 decode, round 6") */
+            const float *sc[4] = {NULL, NULL, NULL, NULL};
+            int64_t nxt[4] = {-1, -1, -1, -1};
             DOT4_FAR({
-                const float *sc[4];
-                for (int s = 0; s < 4; s++) sc[s] = fp8_scale_row(w, (r0 + j + s * q) / w->blk_r, s);
+                for (int s = 0; s < 4; s++) {
+                    const int64_t r = r0 + j + s * q;
+                    if (r >= nxt[s]) {
+                        const int64_t sr = r / w->blk_r;
+                        sc[s] = fp8_scale_row(w, sr, s);
+                        nxt[s] = (sr + 1) * w->blk_r;
+                    }
+                }
                 dot4(row, ldb, xp, xs, w->cols, w->blk_c, sc, o4);
             });
             for (; i < nr; i++)
