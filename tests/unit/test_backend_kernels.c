@@ -714,11 +714,12 @@ static void test_fp8_nan_flag(void) {
 /* ---- FP8 bytes of an expert-cache slot (backend.h: df_weight_nan_codes_memo) --
  * A streamed expert's weight is a view rebuilt at each use over a slot's
  * bytes; the answer lives in the slot's word (store/source.h, part_notes), 0
- * at each load. Loaded clean: the first use finds NONE (the kernel without
- * the check: the checking kernel's bits), later uses take the word without a
- * scan; loaded with a NaN code: MAYBE and exactly that row NaN; no word:
- * MAYBE. Per ISA, one and two threads. Before the word, slot views were
- * always MAYBE: the NONE checks fail there. */
+ * at each load. The first use of loaded bytes is MAYBE without a scan; loaded
+ * clean, the second use finds NONE (the kernel without the check: the
+ * checking kernel's bits), later uses take the word without a scan; loaded
+ * with a NaN code: MAYBE at every use and exactly that row NaN; no word, or
+ * not FP8: MAYBE. Per ISA, one and two threads. Before the word, slot views
+ * were always MAYBE: the NONE checks fail there. */
 static void test_fp8_slot_memo(void) {
     df_pool_init(2);
     for (int isa = DF_ISA_SCALAR; isa <= DF_ISA_AVX512; isa++) {
@@ -739,10 +740,18 @@ static void test_fp8_slot_memo(void) {
                 run_mm(&ref, x, 1, ya);
                 int word = 0; /* the slot was just loaded */
                 df_weight v = g.w;
-                v.nan_codes = DF_NAN_CODES_MAYBE; /* whatever the template said */
+                v.nan_codes = DF_NAN_CODES_NONE; /* whatever the template said */
+                CHECK(df_weight_nan_codes_memo(&v, &word) == DF_NAN_CODES_MAYBE && v.nan_codes == DF_NAN_CODES_MAYBE &&
+                          word == DF_NAN_CODES_USED_ONCE,
+                      "slot: the first use is MAYBE without a scan (view %d, word %d)", v.nan_codes, word);
+                run_mm(&v, x, 1, yb);
+                CHECK(!memcmp(ya, yb, (size_t)R * 4), "slot: first use != the checking kernel's bits");
+                v = g.w;
+                v.nan_codes = DF_NAN_CODES_MAYBE;
                 CHECK(df_weight_nan_codes_memo(&v, &word) == DF_NAN_CODES_NONE && v.nan_codes == DF_NAN_CODES_NONE &&
                           word == DF_NAN_CODES_NONE,
-                      "slot isa=%s %lld cols: clean bytes -> NONE (view %d, word %d)", df_isa_name(isa), (long long)C, v.nan_codes, word);
+                      "slot isa=%s %lld cols: clean bytes, second use -> NONE (view %d, word %d)", df_isa_name(isa), (long long)C,
+                      v.nan_codes, word);
                 run_mm(&v, x, 1, yb);
                 CHECK(!memcmp(ya, yb, (size_t)R * 4), "slot isa=%s %lld cols th=%d: NONE view != the checking kernel's bits",
                       df_isa_name(isa), (long long)C, th + 1);
@@ -753,23 +762,33 @@ static void test_fp8_slot_memo(void) {
                 df_weight v2 = g.w;
                 v2.nan_codes = DF_NAN_CODES_MAYBE;
                 CHECK(df_weight_nan_codes_memo(&v2, &word) == DF_NAN_CODES_NONE, "slot: a hit scanned again");
-                /* the slot loaded again, with a NaN code: word 0 -> MAYBE, that row NaN, the others the same bits */
+                /* the slot loaded again, with a NaN code: MAYBE at the first, second (the scan) and third use, that
+                 * row NaN, the others the same bits */
                 word = 0;
-                df_weight v3 = g.w;
-                v3.nan_codes = DF_NAN_CODES_NONE;
-                CHECK(df_weight_nan_codes_memo(&v3, &word) == DF_NAN_CODES_MAYBE && word == DF_NAN_CODES_MAYBE,
-                      "slot isa=%s: NaN code -> MAYBE (view %d, word %d)", df_isa_name(isa), v3.nan_codes, word);
-                run_mm(&v3, x, 1, yb);
-                for (int r = 0; r < R; r++)
-                    if (r == R - 3 ? !isnan(yb[r]) : memcmp(&ya[r], &yb[r], 4)) {
-                        CHECK(0, "slot isa=%s %lld cols th=%d NaN code in row %d: row %d = %g", df_isa_name(isa), (long long)C, th + 1, R - 3,
-                              r, yb[r]);
-                        break;
-                    }
+                for (int use = 0; use < 3; use++) {
+                    df_weight v3 = g.w;
+                    v3.nan_codes = DF_NAN_CODES_NONE;
+                    CHECK(df_weight_nan_codes_memo(&v3, &word) == DF_NAN_CODES_MAYBE && v3.nan_codes == DF_NAN_CODES_MAYBE &&
+                              word == (use ? DF_NAN_CODES_MAYBE : DF_NAN_CODES_USED_ONCE),
+                          "slot isa=%s: NaN code, use %d -> MAYBE (view %d, word %d)", df_isa_name(isa), use, v3.nan_codes, word);
+                    run_mm(&v3, x, 1, yb);
+                    for (int r = 0; r < R; r++)
+                        if (r == R - 3 ? !isnan(yb[r]) : memcmp(&ya[r], &yb[r], 4)) {
+                            CHECK(0, "slot isa=%s %lld cols th=%d use %d NaN code in row %d: row %d = %g", df_isa_name(isa), (long long)C,
+                                  th + 1, use, R - 3, r, yb[r]);
+                            break;
+                        }
+                }
                 g.data[at] = keep;
                 df_weight v4 = g.w;
                 v4.nan_codes = DF_NAN_CODES_NONE;
                 CHECK(df_weight_nan_codes_memo(&v4, NULL) == DF_NAN_CODES_MAYBE && v4.nan_codes == DF_NAN_CODES_MAYBE, "no word: MAYBE");
+                {
+                    int wb = DF_NAN_CODES_USED_ONCE;
+                    df_weight vb = g.w;
+                    vb.fmt = DF_W_BF16, vb.nan_codes = DF_NAN_CODES_NONE;
+                    CHECK(df_weight_nan_codes_memo(&vb, &wb) == DF_NAN_CODES_MAYBE && vb.nan_codes == DF_NAN_CODES_MAYBE, "not FP8: MAYBE");
+                }
                 free(x), free(ya), free(yb), free(g.data), free(g.scale);
             }
     }

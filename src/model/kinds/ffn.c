@@ -57,10 +57,11 @@ static void expert_view(const df_ffn *t, int l, int e, const uint8_t *const *par
         /* FP8 NaN codes (backend.h, nan_codes): a view of the template's own resident bytes takes the
          * template's answer (found on the expert's first use, kept in the model's template); a view of an
          * expert-cache slot, whose bytes change, takes the slot's word for that part (source.h, part_notes:
-         * 0 = UNCHECKED at each load of the slot), found here on the loaded bytes' first use and kept there
-         * until the slot is loaded again; a source without words: the checking kernel */
+         * 0 = UNCHECKED at each load of the slot): the loaded bytes' first use runs the checking kernel, the
+         * second scans them (backend.h, df_weight_nan_codes_memo), the answer is kept there until the slot
+         * is loaded again; a source without words: the checking kernel */
         if (nan_check && tw[w]->data && ws[w]->data == tw[w]->data) ws[w]->nan_codes = df_weight_nan_codes(tw[w]);
-        else df_weight_nan_codes_memo(ws[w], nan_check && notes ? &notes[dp] : NULL); /* one scan per load */
+        else df_weight_nan_codes_memo(ws[w], nan_check && notes ? &notes[dp] : NULL); /* at most one scan per load */
     }
 }
 
@@ -107,7 +108,10 @@ static void expert_ready(void *p, int i, const uint8_t *const *parts) {
     }
     const int D = c->D, K = c->m->cfg.n_experts_used, e = c->ids[i];
     df_glu f;
-    expert_view(&c->L->experts[e], c->l, e, parts, &f, 1, c->src->ops->part_notes ? c->src->ops->part_notes(c->src, c->l, e) : NULL);
+    /* slot words only for decode: the scan serves the decode kernels (dot_rows); a prefill's products do not
+     * look at nan_codes, and its experts are mostly fresh loads, so it leaves the words for the next decode use */
+    int *notes = c->n == 1 && c->src->ops->part_notes ? c->src->ops->part_notes(c->src, c->l, e) : NULL;
+    expert_view(&c->L->experts[e], c->l, e, parts, &f, 1, notes);
     if (c->n == 1) { /* decode: slot k of the one token, batched until the next flush */
         int k = 0;
         while (s->sel[k] != e) k++;
