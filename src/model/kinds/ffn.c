@@ -108,9 +108,11 @@ static void expert_ready(void *p, int i, const uint8_t *const *parts) {
     }
     const int D = c->D, K = c->m->cfg.n_experts_used, e = c->ids[i];
     df_glu f;
-    /* slot words only for decode: the scan serves the decode kernels (dot_rows); a prefill's products do not
-     * look at nan_codes, and its experts are mostly fresh loads, so it leaves the words for the next decode use */
-    int *notes = c->n == 1 && c->src->ops->part_notes ? c->src->ops->part_notes(c->src, c->l, e) : NULL;
+    /* slot words only for decode on the CPU backend: the scan serves the host decode kernels (dot_rows); a
+     * prefill's products do not look at nan_codes (and its experts are mostly fresh loads), a device backend's
+     * kernels neither: they leave the words for the next host decode use */
+    const int host_decode = c->n == 1 && (df_be == &df_backend_cpu || df_be == &df_backend_cpu_scalar);
+    int *notes = host_decode && c->src->ops->part_notes ? c->src->ops->part_notes(c->src, c->l, e) : NULL;
     expert_view(&c->L->experts[e], c->l, e, parts, &f, 1, notes);
     if (c->n == 1) { /* decode: slot k of the one token, batched until the next flush */
         int k = 0;
