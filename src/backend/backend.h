@@ -74,7 +74,9 @@ typedef struct {
      * (df_weight_nan_codes), and keeps the answer here; a weight known to hold NONE decodes without the
      * per-block check (the same bits). Whoever repoints data at other bytes sets UNCHECKED or, for bytes that
      * change while the struct lives, MAYBE: always the checking kernel. Expert views (ffn.c) take their
-     * template's answer where they view its own resident bytes, else MAYBE (expert-cache slots). */
+     * template's answer where they view its own resident bytes; views of expert-cache slots (host decode)
+     * the slot's word for the part (df_weight_nan_codes_memo: MAYBE at the first use of loaded bytes, scanned
+     * at the second); else MAYBE. */
     int nan_codes;
 } df_weight;
 enum { DF_NAN_CODES_UNCHECKED = 0, DF_NAN_CODES_NONE = 1, DF_NAN_CODES_MAYBE = 2,
