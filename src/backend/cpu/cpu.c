@@ -226,7 +226,8 @@ static int fp8_nan_free(const df_weight *w) { return df_weight_nan_codes(w) == D
  * distance mod 4 KiB, each capped at 1 KiB); the rows it leaves go four
  * adjacent rows per call. The same bits either way. Off by default: on the
  * shared dev VM the A/B of the spacing (one and two threads, the engine's
- * kernel) did not separate from the load's noise (docs/PERFORMANCE.md,
+ * kernel) did not separate from the load's noise, nor did this build lift the
+ * 2048-column row in the least-loaded interleaved runs (docs/PERFORMANCE.md,
  * "Issue 17: FP8 decode, round 6"); a quiet host decides. */
 #ifndef DF_FP8_SKEW
 #define DF_FP8_SKEW 0
