@@ -74,10 +74,13 @@ typedef struct {
      * (df_weight_nan_codes), and keeps the answer here; a weight known to hold NONE decodes without the
      * per-block check (the same bits). Whoever repoints data at other bytes sets UNCHECKED or, for bytes that
      * change while the struct lives, MAYBE: always the checking kernel. Expert views (ffn.c) take their
-     * template's answer where they view its own resident bytes, else MAYBE (expert-cache slots). */
+     * template's answer where they view its own resident bytes; views of expert-cache slots (host decode)
+     * the slot's word for the part (df_weight_nan_codes_memo: MAYBE at the first use of loaded bytes, scanned
+     * at the second); else MAYBE. */
     int nan_codes;
 } df_weight;
-enum { DF_NAN_CODES_UNCHECKED = 0, DF_NAN_CODES_NONE = 1, DF_NAN_CODES_MAYBE = 2 };
+enum { DF_NAN_CODES_UNCHECKED = 0, DF_NAN_CODES_NONE = 1, DF_NAN_CODES_MAYBE = 2,
+       DF_NAN_CODES_USED_ONCE = 3 /* df_weight_nan_codes_memo's word only: used once, not scanned */ };
 
 /* The identity of part (0 gate, 1 up, 2 down) of routed expert e of layer l:
  * the same bytes for as long as the model is open, wherever they sit on the
@@ -115,6 +118,12 @@ int64_t df_weight_scale_bytes(const df_weight *w);
  * for 0x7f / 0xff, one read of the weight) and stored in *w (the model's weight objects are never const
  * objects; two threads that both scan store the same answer). Other formats: DF_NAN_CODES_MAYBE. */
 int df_weight_nan_codes(const df_weight *w);
+/* w->nan_codes for FP8 bytes whose answer is kept outside w, in *memo (an expert-cache slot's word,
+ * store/source.h part_notes: w is a view rebuilt per use, the word lives as long as the bytes, 0 at each
+ * load). The first use of the bytes (*memo UNCHECKED) is MAYBE, no scan (*memo becomes USED_ONCE: an expert
+ * loaded for one token does not pay a read of its bytes); the second scans them (df_weight_nan_codes) and
+ * keeps the answer in *memo; later uses copy it. memo NULL or not FP8: MAYBE. Returns w->nan_codes. */
+int df_weight_nan_codes_memo(df_weight *w, int *memo);
 /* Host helpers on stored bytes (the loaders' embedding rows and small vectors): W[r,:] -> f32, W[r,:] . x. */
 void df_dequant_row(const df_weight *w, int64_t r, float *out);
 float df_dot_row(const df_weight *w, int64_t r, const float *x);

@@ -92,3 +92,15 @@ int df_weight_nan_codes(const df_weight *w) {
     }
     return s;
 }
+int df_weight_nan_codes_memo(df_weight *w, int *memo) {
+    if (!memo || w->fmt != DF_W_FP8) return w->nan_codes = DF_NAN_CODES_MAYBE;
+    if (*memo == DF_NAN_CODES_UNCHECKED) { /* the first use of these bytes: no scan yet */
+        *memo = DF_NAN_CODES_USED_ONCE;
+        return w->nan_codes = DF_NAN_CODES_MAYBE;
+    }
+    if (*memo == DF_NAN_CODES_USED_ONCE) { /* used again: scan once, keep the answer */
+        w->nan_codes = DF_NAN_CODES_UNCHECKED;
+        *memo = df_weight_nan_codes(w);
+    }
+    return w->nan_codes = *memo;
+}

@@ -112,7 +112,8 @@ static int res_capacity(const df_expert_source *s) { (void)s; return INT_MAX; }
 static int res_wants_prediction(const df_expert_source *s) { (void)s; return 0; }
 static void res_set_token(df_expert_source *s, int64_t pos) { (void)s, (void)pos; }
 
-static const df_expert_source_ops resident_ops = {res_acquire, res_release, res_capacity, res_wants_prediction, res_set_token};
+static const df_expert_source_ops resident_ops = {res_acquire, res_release, res_capacity, res_wants_prediction, res_set_token,
+                                                   NULL /* part_notes: ffn.c uses the model's own weights' nan_codes */};
 
 df_expert_source *df_model_resident_source(const df_model *m) {
     resident_src *r = df_xcalloc(1, sizeof *r);

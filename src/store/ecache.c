@@ -46,6 +46,7 @@ typedef struct {
     uint8_t *mem;
     int n_parts;
     const uint8_t *parts[DF_EXPERT_PARTS]; /* the expert's parts inside mem */
+    int notes[DF_EXPERT_PARTS]; /* source.h, part_notes: the caller's words for these bytes, 0 at each load */
 } slot;
 
 struct df_ecache {
@@ -378,6 +379,7 @@ static int start_load(df_ecache *c, int key) {
         c->slot_of[s->key] = -1;
     }
     s->n_parts = 0;
+    memset(s->notes, 0, sizeof s->notes); /* new bytes: nothing derived from the old ones holds */
     s->key = key, s->state = S_LOADING, s->failed = 0, s->prefetched = 0, s->dead = 0, s->uses = 0;
     c->slot_of[key] = v;
     const df_expert_loc *t = &c->loc[key];
@@ -625,6 +627,15 @@ static int src_capacity(const df_expert_source *s) { return ((const df_ecache *)
 static int src_wants_prediction(const df_expert_source *s) { return ((const df_ecache *)s)->pf_mode != DF_PF_NEVER; }
 static void src_set_token(df_expert_source *s, int64_t pos) { df_ecache_set_token((df_ecache *)s, pos); }
 
-static const df_expert_source_ops ecache_ops = {src_acquire, src_release, src_capacity, src_wants_prediction, src_set_token};
+/* the words of a loaded (pinned) expert's slot; NULL for one that is not loaded */
+static int *src_part_notes(df_expert_source *s, int l, int e) {
+    df_ecache *c = (df_ecache *)s;
+    if (l < 0 || l >= c->n_layers || e < 0 || e >= c->n_experts) return NULL;
+    const int v = c->slot_of[l * c->n_experts + e];
+    return v >= 0 && c->slots[v].state == S_READY && !c->slots[v].failed ? c->slots[v].notes : NULL;
+}
+
+static const df_expert_source_ops ecache_ops = {src_acquire, src_release, src_capacity, src_wants_prediction, src_set_token,
+                                                src_part_notes};
 
 df_expert_source *df_ecache_source(df_ecache *c) { return &c->base; }

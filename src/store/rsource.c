@@ -131,7 +131,11 @@ static void r_token(df_expert_source *s, int64_t pos) {
     df_rsource *r = (df_rsource *)s;
     if (r->inner->ops->set_token) r->inner->ops->set_token(r->inner, pos);
 }
-static const df_expert_source_ops r_ops = {r_acquire, r_release, r_capacity, r_wants, r_token};
+static int *r_notes(df_expert_source *s, int l, int e) {
+    df_rsource *r = (df_rsource *)s;
+    return r->inner->ops->part_notes ? r->inner->ops->part_notes(r->inner, l, e) : NULL;
+}
+static const df_expert_source_ops r_ops = {r_acquire, r_release, r_capacity, r_wants, r_token, r_notes};
 
 df_rsource *df_rsource_new(df_expert_source *inner, const char *const *paths, int n_files, int n_layers, int n_experts,
                            const df_expert_loc *locs, const char *state_path, int64_t disk_budget, df_rsource_fetch_fn fetch,

@@ -48,6 +48,12 @@ typedef struct {
     int (*capacity)(const df_expert_source *s); /* most experts one acquire may pin */
     int (*wants_prediction)(const df_expert_source *s); /* whether pf_* are used (compute them only then) */
     void (*set_token)(df_expert_source *s, int64_t pos); /* position of the batch, for traces */
+    /* Optional (NULL: none). DF_EXPERT_PARTS words that go with the bytes of expert e of layer l, which
+     * acquire has pinned: 0 each time the source (re)loads those bytes, kept while they stay loaded, valid
+     * until release(). A caller keeps there what it derived from a part's bytes (ffn.c: part p's FP8 NaN
+     * codes, df_weight.nan_codes), so it derives it once per load, not once per use. NULL: the source has
+     * none for this expert (the caller derives nothing, or derives it every time). */
+    int *(*part_notes)(df_expert_source *s, int l, int e);
 } df_expert_source_ops;
 
 struct df_expert_source {

@@ -756,6 +756,91 @@ static void test_fp8_nan_flag(void) {
     df_set_isa(-1);
 }
 
+/* ---- FP8 bytes of an expert-cache slot (backend.h: df_weight_nan_codes_memo) --
+ * A streamed expert's weight is a view rebuilt at each use over a slot's
+ * bytes; the answer lives in the slot's word (store/source.h, part_notes), 0
+ * at each load. The first use of loaded bytes is MAYBE without a scan; loaded
+ * clean, the second use finds NONE (the kernel without the check: the
+ * checking kernel's bits), later uses take the word without a scan; loaded
+ * with a NaN code: MAYBE at every use and exactly that row NaN; no word, or
+ * not FP8: MAYBE. Per ISA, one and two threads. Before the word, slot views
+ * were always MAYBE: the NONE checks fail there. */
+static void test_fp8_slot_memo(void) {
+    df_pool_init(2);
+    for (int isa = DF_ISA_SCALAR; isa <= DF_ISA_AVX512; isa++) {
+        df_set_isa(isa);
+        if (df_isa() != isa) continue;
+        static const int64_t cols[] = {576, 2048};
+        for (size_t ci = 0; ci < sizeof cols / sizeof *cols; ci++)
+            for (int th = 0; th < 2; th++) {
+                df_pool_serial(!th);
+                const int64_t C = cols[ci];
+                const int R = 67;
+                gw g; /* the model's template weight: shape and scales; data: the slot */
+                gw_make(&g, DF_W_FP8, 0, R, C);
+                float *x = malloc((size_t)C * 4), *ya = malloc((size_t)R * 4), *yb = malloc((size_t)R * 4);
+                for (int64_t i = 0; i < C; i++) x[i] = frand();
+                df_weight ref = g.w;
+                ref.nan_codes = DF_NAN_CODES_MAYBE; /* the checking kernel */
+                run_mm(&ref, x, 1, ya);
+                int word = 0; /* the slot was just loaded */
+                df_weight v = g.w;
+                v.nan_codes = DF_NAN_CODES_NONE; /* whatever the template said */
+                CHECK(df_weight_nan_codes_memo(&v, &word) == DF_NAN_CODES_MAYBE && v.nan_codes == DF_NAN_CODES_MAYBE &&
+                          word == DF_NAN_CODES_USED_ONCE,
+                      "slot: the first use is MAYBE without a scan (view %d, word %d)", v.nan_codes, word);
+                run_mm(&v, x, 1, yb);
+                CHECK(!memcmp(ya, yb, (size_t)R * 4), "slot: first use != the checking kernel's bits");
+                v = g.w;
+                v.nan_codes = DF_NAN_CODES_MAYBE;
+                CHECK(df_weight_nan_codes_memo(&v, &word) == DF_NAN_CODES_NONE && v.nan_codes == DF_NAN_CODES_NONE &&
+                          word == DF_NAN_CODES_NONE,
+                      "slot isa=%s %lld cols: clean bytes, second use -> NONE (view %d, word %d)", df_isa_name(isa), (long long)C,
+                      v.nan_codes, word);
+                run_mm(&v, x, 1, yb);
+                CHECK(!memcmp(ya, yb, (size_t)R * 4), "slot isa=%s %lld cols th=%d: NONE view != the checking kernel's bits",
+                      df_isa_name(isa), (long long)C, th + 1);
+                /* a later use (a hit): the word, not a scan (a byte changed behind the cache's back is not seen) */
+                const size_t at = (size_t)(R - 3) * (size_t)C + 5; /* a row of the four-row groups */
+                const uint8_t keep = g.data[at];
+                g.data[at] = 0x7f;
+                df_weight v2 = g.w;
+                v2.nan_codes = DF_NAN_CODES_MAYBE;
+                CHECK(df_weight_nan_codes_memo(&v2, &word) == DF_NAN_CODES_NONE, "slot: a hit scanned again");
+                /* the slot loaded again, with a NaN code: MAYBE at the first, second (the scan) and third use, that
+                 * row NaN, the others the same bits */
+                word = 0;
+                for (int use = 0; use < 3; use++) {
+                    df_weight v3 = g.w;
+                    v3.nan_codes = DF_NAN_CODES_NONE;
+                    CHECK(df_weight_nan_codes_memo(&v3, &word) == DF_NAN_CODES_MAYBE && v3.nan_codes == DF_NAN_CODES_MAYBE &&
+                              word == (use ? DF_NAN_CODES_MAYBE : DF_NAN_CODES_USED_ONCE),
+                          "slot isa=%s: NaN code, use %d -> MAYBE (view %d, word %d)", df_isa_name(isa), use, v3.nan_codes, word);
+                    run_mm(&v3, x, 1, yb);
+                    for (int r = 0; r < R; r++)
+                        if (r == R - 3 ? !isnan(yb[r]) : memcmp(&ya[r], &yb[r], 4)) {
+                            CHECK(0, "slot isa=%s %lld cols th=%d use %d NaN code in row %d: row %d = %g", df_isa_name(isa), (long long)C,
+                                  th + 1, use, R - 3, r, yb[r]);
+                            break;
+                        }
+                }
+                g.data[at] = keep;
+                df_weight v4 = g.w;
+                v4.nan_codes = DF_NAN_CODES_NONE;
+                CHECK(df_weight_nan_codes_memo(&v4, NULL) == DF_NAN_CODES_MAYBE && v4.nan_codes == DF_NAN_CODES_MAYBE, "no word: MAYBE");
+                {
+                    int wb = DF_NAN_CODES_USED_ONCE;
+                    df_weight vb = g.w;
+                    vb.fmt = DF_W_BF16, vb.nan_codes = DF_NAN_CODES_NONE;
+                    CHECK(df_weight_nan_codes_memo(&vb, &wb) == DF_NAN_CODES_MAYBE && vb.nan_codes == DF_NAN_CODES_MAYBE, "not FP8: MAYBE");
+                }
+                free(x), free(ya), free(yb), free(g.data), free(g.scale);
+            }
+    }
+    df_pool_serial(0);
+    df_set_isa(-1);
+}
+
 /* ---- AVX-512 FP8 decode = AVX2 FP8 decode, bit for bit ------------------
  * The AVX-512 build runs the AVX2 file's integer route (fp8_int_avx2.h; the
  * four-row kernel two rows per zmm, the same ops per lane): on an AVX-512
@@ -999,6 +1084,7 @@ int main(void) {
     test_fp8_prepared();
     test_fp8_avx512_is_avx2();
     test_fp8_nan_flag();
+    test_fp8_slot_memo();
     test_traits();
     test_gemm();
     test_gemm_chain();

@@ -55,7 +55,9 @@ static int in_acquire(df_expert_source *s, int l, const int *ids, int k, int pf_
 static void in_release(df_expert_source *s) { (void)s; }
 static int in_cap(const df_expert_source *s) { (void)s; return 8; }
 static int in_wants(const df_expert_source *s) { (void)s; return 1; }
-static const df_expert_source_ops in_ops = {in_acquire, in_release, in_cap, in_wants, NULL};
+static int in_words[DF_EXPERT_PARTS];
+static int *in_notes(df_expert_source *s, int l, int e) { (void)s; return l == 1 && e == 2 ? in_words : NULL; }
+static const df_expert_source_ops in_ops = {in_acquire, in_release, in_cap, in_wants, NULL, in_notes};
 static void ready(void *ctx, int i, const uint8_t *const *p) { (void)ctx, (void)i, (void)p; }
 
 static int present_bytes_zero(const char *path, int l, int e) {
@@ -92,6 +94,8 @@ int main(void) {
     CHECK(r != NULL, "new: %s", err);
     df_expert_source *s = df_rsource_source(r);
     CHECK(s->ops->wants_prediction(s) == 0, "no prediction: a prefetch could read an expert not fetched");
+    CHECK(s->ops->part_notes && s->ops->part_notes(s, 1, 2) == in_words && s->ops->part_notes(s, 0, 2) == NULL,
+          "part_notes: the inner source's words");
     int a[2] = {0, 1};
     int pf[2] = {2, 3};
     CHECK(s->ops->acquire(s, 0, a, 2, 1, pf, 2, ready, NULL, err, sizeof err) == 0, "acquire: %s", err);

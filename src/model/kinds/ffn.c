@@ -44,19 +44,24 @@ int df_ffn_dense(const df_model *m, df_state *s, const df_layer *L, int n) {
 /* The weights of expert e of layer l (template t) at the bytes parts[]
  * (data, then the scale sidecar where the format has one, for gate, up,
  * down), each tagged with its identity so a device backend can cache it. */
-static void expert_view(const df_ffn *t, int l, int e, const uint8_t *const *parts, df_glu *out, int nan_check) {
+static void expert_view(const df_ffn *t, int l, int e, const uint8_t *const *parts, df_glu *out, int nan_check, int *notes) {
     out->gate = t->gate, out->up = t->up, out->down = t->down;
     df_weight *ws[3] = {&out->gate, &out->up, &out->down};
     const df_weight *tw[3] = {&t->gate, &t->up, &t->down};
     int p = 0;
     for (int w = 0; w < 3; w++) {
+        const int dp = p;
         ws[w]->data = parts[p++];
         if (df_weight_scale_bytes(ws[w])) ws[w]->scale = parts[p++];
         ws[w]->ident = df_expert_ident(l, e, w);
         /* FP8 NaN codes (backend.h, nan_codes): a view of the template's own resident bytes takes the
          * template's answer (found on the expert's first use, kept in the model's template); a view of an
-         * expert-cache slot, whose bytes change, keeps the checking kernel */
-        ws[w]->nan_codes = nan_check && tw[w]->data && ws[w]->data == tw[w]->data ? df_weight_nan_codes(tw[w]) : DF_NAN_CODES_MAYBE;
+         * expert-cache slot, whose bytes change, takes the slot's word for that part (source.h, part_notes:
+         * 0 = UNCHECKED at each load of the slot): the loaded bytes' first use runs the checking kernel, the
+         * second scans them (backend.h, df_weight_nan_codes_memo), the answer is kept there until the slot
+         * is loaded again; a source without words: the checking kernel */
+        if (nan_check && tw[w]->data && ws[w]->data == tw[w]->data) ws[w]->nan_codes = df_weight_nan_codes(tw[w]);
+        else df_weight_nan_codes_memo(ws[w], nan_check && notes ? &notes[dp] : NULL); /* at most one scan per load */
     }
 }
 
@@ -70,6 +75,7 @@ typedef struct {
     int D;          /* its width */
     int n;          /* tokens in the batch */
     int npend;      /* decode: experts handed over and not computed yet */
+    df_expert_source *src; /* where the experts come from (part_notes) */
 } moe_ctx;
 
 /* Decode: the pending experts' gate/up products in one dispatch, their down
@@ -102,7 +108,12 @@ static void expert_ready(void *p, int i, const uint8_t *const *parts) {
     }
     const int D = c->D, K = c->m->cfg.n_experts_used, e = c->ids[i];
     df_glu f;
-    expert_view(&c->L->experts[e], c->l, e, parts, &f, 1);
+    /* slot words only for decode on the CPU backend: the scan serves the host decode kernels (dot_rows); a
+     * prefill's products do not look at nan_codes (and its experts are mostly fresh loads), a device backend's
+     * kernels neither: they leave the words for the next host decode use */
+    const int host_decode = c->n == 1 && (df_be == &df_backend_cpu || df_be == &df_backend_cpu_scalar);
+    int *notes = host_decode && c->src->ops->part_notes ? c->src->ops->part_notes(c->src, c->l, e) : NULL;
+    expert_view(&c->L->experts[e], c->l, e, parts, &f, 1, notes);
     if (c->n == 1) { /* decode: slot k of the one token, batched until the next flush */
         int k = 0;
         while (s->sel[k] != e) k++;
@@ -165,7 +176,7 @@ static int moe_preload(const df_model *m, const df_layer *L, int l) {
             if (df_weight_scale_bytes(ws[k])) parts[p++] = ws[k]->scale;
         }
         df_glu g;
-        expert_view(f, l, e, parts, &g, 0); /* for a device: no host scan */
+        expert_view(f, l, e, parts, &g, 0, NULL); /* for a device: no host scan */
         w[3 * e] = g.gate, w[3 * e + 1] = g.up, w[3 * e + 2] = g.down;
     }
     int rc = df_moe_preload(w, 3 * E);
@@ -199,7 +210,7 @@ int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) 
             if (seen[e]) s->exp_list[ne++] = e;
         int pf_l = n == 1 && src->ops->wants_prediction(src) ? predict_next(m, s, l) : -1;
         if (L->kind.latent) df_matmul(&L->w.lat_down, s->xn, n, s->lat);
-        moe_ctx mc = {.m = m, .s = s, .L = L, .l = l, .n = n, .xin = L->kind.latent ? s->lat : s->xn, .D = D};
+        moe_ctx mc = {.m = m, .s = s, .L = L, .l = l, .n = n, .xin = L->kind.latent ? s->lat : s->xn, .D = D, .src = src};
         const int wave = src->ops->capacity(src);
         if (wave <= 0) return df_err(s->err, sizeof s->err, DF_EINTERNAL, "layer %d: the expert source holds no experts", l);
         for (int w0 = 0; w0 < ne; w0 += wave) {
