@@ -68,5 +68,8 @@ void df_ngram_free(df_ngram *ng);
 int df_ngram_append(df_ngram *ng, const int32_t *ids, size_t n);
 int df_ngram_draft(const df_ngram *ng, int k, int32_t *out);
 size_t df_ngram_match_len(const df_ngram *ng);
+/* 1 when the match is a 1-2 token key found at or after the anchor (where
+ * the last copy of 4+ tokens broke off) rather than the most recent one */
+int df_ngram_anchored(const df_ngram *ng);
 
 #endif
