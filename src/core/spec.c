@@ -6,21 +6,26 @@
  *     token (a copied file is followed line by line, O(1) per token). When
  *     it breaks, the last 3 tokens are looked up in a hash index of every
  *     earlier 3-gram (chained to its earlier occurrences): the longest
- *     common suffix among the 16 most recent wins, else the most recent
- *     2-gram, then 1-gram. The tokens that followed the match are the draft.
+ *     common suffix among the 16 most recent wins, else a 2-gram, then a
+ *     1-gram. Where a copy of 8+ tokens broke off is kept (the anchor): a
+ *     1-2 token key takes its first occurrence at or after it, else its
+ *     most recent (an edit's answer comes back to the file further on).
+ *     The tokens that followed the match are the draft.
  *   - draft: a second engine with the same vocabulary drafts greedily in
  *     its own session, synced to the timeline before each draft (the common
  *     prefix is kept, so only the new tokens are computed).
  *   - how many to draft (ngram and auto): a plain step costs t1, a verify
  *     pass of k drafts c_k (both measured as it runs, c_k per k; see
- *     pass_cost); with acceptance a per drafted token, a pass yields
- *     (1 - a^(k+1)) / (1 - a) tokens. a is measured per bucket of the
- *     match's length (1-2, 3-7, 8-15, 16+ tokens: a long match is a copy
- *     and goes on), and k is the one with the best expected tokens per unit
- *     of time: long accepted runs raise a and k up to --spec-max, misses
- *     lower them. ngram drafts whenever there is a match. auto drafts only
- *     in a bucket whose rate was measured (3-8 scored drafts, `evidence`)
- *     and where some k beats a plain step; at each plain step with a match
+ *     pass_cost); draft i of a match of m tokens is accepted at the rate
+ *     a_i of the bucket of m + i (1-2, 3-7, 8-15, 16+ tokens: a long match
+ *     is a copy and goes on; 1-2 tokens found at the anchor: their own
+ *     bucket), so a pass yields 1 + a_0 + a_0 a_1 + ... tokens; each draft
+ *     is scored in its own position's bucket, and k is the one with the
+ *     best expected tokens per unit of time: long accepted runs raise a and
+ *     k up to --spec-max, misses lower them. ngram drafts whenever there is
+ *     a match. auto drafts only in a bucket whose rate was measured (3-8
+ *     scored drafts, `evidence`; 8-15 and 16+ take the shorter bucket's
+ *     while theirs is not) and where some k beats a plain step; at each plain step with a match
  *     it keeps the draft the drafter would have made (a shadow) and scores
  *     it against the tokens that follow, so a bucket's rate is measured,
  *     and kept current, without paying for passes: where drafting fails
