@@ -250,6 +250,25 @@ static void cost_tests(void) {
     au = simulate(DF_SPEC_AUTO, 8, t, p + 2, copy_n, 1.0);
     CHECK(au.spec_time < 1.03 * au.plain_time, "auto on the copy, beta 1.0: %.0f vs %.0f plain", au.spec_time, au.plain_time);
 
+    /* an edit's answer: the copy with a token changed every 40 and a line of 8 skipped every 120; each break
+     * leaves 1-2 token matches (found at the anchor) and a copy running again through the buckets. auto must
+     * keep up with ngram (it measured the buckets one by one, 3 shadows each, after every break: 6-9% slower) */
+    {
+        size_t m = p + 2;
+        for (size_t i = 0; i < p && m < p + 2 + 600;) {
+            if (i % 40 == 17) { t[m++] = 5000 + (int32_t)i, i++; continue; }
+            if (i % 120 == 60) { i += 8; continue; }
+            t[m++] = t[i++];
+        }
+        for (int c = 0; c < 2; c++) {
+            const double a = c ? 0.3 : 0.15, b = c ? 0.3 : 0.22;
+            sim_result sn = simulate_a(DF_SPEC_NGRAM, 8, t, p + 2, m, a, b), sa = simulate_a(DF_SPEC_AUTO, 8, t, p + 2, m, a, b);
+            CHECK(sa.spec_time < 1.03 * sn.spec_time && sn.spec_time < 0.7 * sn.plain_time,
+                  "an edit with changes and skips, pass %.2f + %.2f k: auto %.1f vs ngram %.1f (plain %.1f)", 1 + a, b, sa.spec_time,
+                  sn.spec_time, sn.plain_time);
+        }
+    }
+
     /* chat: random tokens over a 300-token alphabet after a random prompt: matches are short and wrong */
     srand(3);
     for (size_t i = 0; i < 3000; i++) t[i] = rand() % 300;
