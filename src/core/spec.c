@@ -6,21 +6,26 @@
  *     token (a copied file is followed line by line, O(1) per token). When
  *     it breaks, the last 3 tokens are looked up in a hash index of every
  *     earlier 3-gram (chained to its earlier occurrences): the longest
- *     common suffix among the 16 most recent wins, else the most recent
- *     2-gram, then 1-gram. The tokens that followed the match are the draft.
+ *     common suffix among the 16 most recent wins, else a 2-gram, then a
+ *     1-gram. Where a copy of 8+ tokens broke off is kept (the anchor): a
+ *     1-2 token key takes its first occurrence at or after it, else its
+ *     most recent (an edit's answer comes back to the file further on).
+ *     The tokens that followed the match are the draft.
  *   - draft: a second engine with the same vocabulary drafts greedily in
  *     its own session, synced to the timeline before each draft (the common
  *     prefix is kept, so only the new tokens are computed).
  *   - how many to draft (ngram and auto): a plain step costs t1, a verify
  *     pass of k drafts c_k (both measured as it runs, c_k per k; see
- *     pass_cost); with acceptance a per drafted token, a pass yields
- *     (1 - a^(k+1)) / (1 - a) tokens. a is measured per bucket of the
- *     match's length (1-2, 3-7, 8-15, 16+ tokens: a long match is a copy
- *     and goes on), and k is the one with the best expected tokens per unit
- *     of time: long accepted runs raise a and k up to --spec-max, misses
- *     lower them. ngram drafts whenever there is a match. auto drafts only
- *     in a bucket whose rate was measured (3-8 scored drafts, `evidence`)
- *     and where some k beats a plain step; at each plain step with a match
+ *     pass_cost); draft i of a match of m tokens is accepted at the rate
+ *     a_i of the bucket of m + i (1-2, 3-7, 8-15, 16+ tokens: a long match
+ *     is a copy and goes on; 1-2 tokens found at the anchor: their own
+ *     bucket), so a pass yields 1 + a_0 + a_0 a_1 + ... tokens; each draft
+ *     is scored in its own position's bucket, and k is the one with the
+ *     best expected tokens per unit of time: long accepted runs raise a and
+ *     k up to --spec-max, misses lower them. ngram drafts whenever there is
+ *     a match. auto drafts only in a bucket whose rate was measured (3-8
+ *     scored drafts, `evidence`; 8-15 and 16+ take the shorter bucket's
+ *     while theirs is not) and where some k beats a plain step; at each plain step with a match
  *     it keeps the draft the drafter would have made (a shadow) and scores
  *     it against the tokens that follow, so a bucket's rate is measured,
  *     and kept current, without paying for passes: where drafting fails
@@ -41,18 +46,20 @@
 #include <string.h>
 
 #define DF_NGRAM_MAX 3
-#define DF_SPEC_BUCKETS 4
+#define DF_SPEC_BUCKETS 5
 #define DF_SPEC_BETA0 0.3        /* verify cost per drafted token / plain step, until measured */
 #define DF_SPEC_DECAY 0.9        /* weight of a bucket's past tries at each new pass */
 /* auto: no pass in a bucket before this many (decayed) scored drafts, shadows
  * included; more for 1-2 token matches, the weakest evidence of a copy */
-static const double evidence[DF_SPEC_BUCKETS] = {8, 3, 3, 3};
+static const double evidence[DF_SPEC_BUCKETS] = {8, 3, 3, 3, 3};
 #define DF_SPEC_LOSS_SHARE 0.03  /* auto: past this share lost, only passes expected to gain DF_SPEC_MARGIN run */
 #define DF_SPEC_MARGIN 1.2
 #define DF_SPEC_MARGIN0 1.1 /* auto: a pass must be expected to gain this much (its cost and rate are estimates) */
 #define DF_SPEC_EXPLORE_TRIES 4 /* auto: at most 2 drafts until a bucket has this many (decayed) tries, prior included */
 #define DF_NGRAM_CAND 16  /* earlier occurrences of the suffix's 3-gram compared per lookup */
 #define DF_NGRAM_LONG 64  /* match lengths are compared up to this many tokens */
+#define DF_NGRAM_ANCHOR_MIN 8 /* a match this long that breaks sets the anchor */
+#define DF_NGRAM_WALK 512 /* occurrences of a 1-2 token key walked back to the anchor */
 
 /* ---- n-gram index --------------------------------------------------------- */
 
@@ -60,13 +67,21 @@ typedef struct { uint64_t h; int64_t end; } ng_slot; /* end < 0: empty */
 
 struct df_ngram {
     int32_t *hist;
-    int64_t *prev;        /* prev[e]: the previous end of the 3-gram ending at e (-1: none) */
+    int64_t *prev[DF_NGRAM_MAX]; /* prev[n-1][e]: the previous end of the n-gram ending at e (-1: none) */
     size_t len, cap, indexed; /* n-grams ending before `indexed` are in the tables */
     ng_slot *tab[DF_NGRAM_MAX];
     size_t tcap[DF_NGRAM_MAX], tused[DF_NGRAM_MAX];
     /* the match followed: hist[src - mlen .. src) equals the timeline's
      * last mlen tokens (src < len, mlen 0: none); hist[src] is drafted first */
     size_t src, mlen;
+    /* where a copy broke off: the source position the last match of
+     * DF_NGRAM_ANCHOR_MIN+ tokens would have drafted next (SIZE_MAX: none).
+     * An edit's answer leaves the file it copies (a changed line, a skipped
+     * block) and comes back to it further on: a short key (1-2 tokens) is
+     * then matched at its first occurrence from there, not the most recent
+     * one anywhere. anchored: the match was found that way. */
+    size_t anchor;
+    int anchored;
 };
 
 static uint64_t ng_hash(const int32_t *t, int n) {
@@ -79,13 +94,17 @@ static uint64_t ng_hash(const int32_t *t, int n) {
     return h | 1; /* never 0 */
 }
 
-df_ngram *df_ngram_new(void) { return calloc(1, sizeof(df_ngram)); }
+df_ngram *df_ngram_new(void) {
+    df_ngram *ng = calloc(1, sizeof(df_ngram));
+    if (ng) ng->anchor = SIZE_MAX;
+    return ng;
+}
 
 void df_ngram_free(df_ngram *ng) {
     if (!ng) return;
     for (int i = 0; i < DF_NGRAM_MAX; i++) free(ng->tab[i]);
     free(ng->hist);
-    free(ng->prev);
+    for (int i = 0; i < DF_NGRAM_MAX; i++) free(ng->prev[i]);
     free(ng);
 }
 
@@ -122,24 +141,30 @@ static size_t ng_common(const df_ngram *ng, size_t e) {
 
 /* A new match for the timeline's suffix: among the last DF_NGRAM_CAND
  * earlier occurrences of its 3-gram the one with the longest common suffix
- * (the most recent of equals), else the most recent 2-gram, else 1-gram.
- * Bounded work: O(DF_NGRAM_CAND * DF_NGRAM_LONG) whatever the length. */
+ * (of equals: the first at or after the anchor, else the most recent),
+ * else a 2-gram, then a 1-gram: its first occurrence at or after the anchor
+ * (among the DF_NGRAM_WALK most recent), else its most recent.
+ * Bounded work whatever the length. */
 static void ng_lookup(df_ngram *ng) {
-    ng->mlen = 0;
+    ng->mlen = 0, ng->anchored = 0;
+    const size_t an = ng->anchor;
     for (int n = DF_NGRAM_MAX; n >= 1; n--) {
         if ((size_t)n > ng->len || !ng->tcap[n - 1]) continue;
         const int32_t *key = ng->hist + ng->len - n;
         ng_slot *s = ng_find(ng, n, key, ng_hash(key, n));
         if (s->end < 0) continue;
-        int64_t best = s->end;
-        size_t bl = n == DF_NGRAM_MAX ? ng_common(ng, (size_t)s->end) : (size_t)n;
-        if (n == DF_NGRAM_MAX) {
-            int64_t e = ng->prev[s->end];
-            for (int c = 1; c < DF_NGRAM_CAND && e >= 0 && bl < DF_NGRAM_LONG; c++, e = ng->prev[e]) {
-                size_t l = ng_common(ng, (size_t)e);
-                if (l > bl) bl = l, best = e;
-            }
+        int64_t best = s->end, near = -1; /* near: the earliest occurrence seen whose continuation is at or after the anchor */
+        size_t bl = n == DF_NGRAM_MAX ? ng_common(ng, (size_t)s->end) : (size_t)n, nl = 0;
+        if (an != SIZE_MAX && (size_t)s->end + 1 >= an) near = s->end, nl = bl;
+        const int cand = n == DF_NGRAM_MAX ? DF_NGRAM_CAND : an != SIZE_MAX ? DF_NGRAM_WALK : 1;
+        int64_t e = ng->prev[n - 1][s->end];
+        for (int c = 1; c < cand && e >= 0; c++, e = ng->prev[n - 1][e]) {
+            size_t l = n == DF_NGRAM_MAX ? ng_common(ng, (size_t)e) : (size_t)n;
+            if (l > bl) bl = l, best = e;
+            if (an != SIZE_MAX && (size_t)e + 1 >= an && l >= nl) near = e, nl = l;
+            if (n < DF_NGRAM_MAX && (an == SIZE_MAX || (size_t)e + 1 < an)) break; /* past the anchor: the nearest is known */
         }
+        if (near >= 0 && nl == bl) best = near, ng->anchored = n < DF_NGRAM_MAX;
         ng->src = (size_t)best + 1, ng->mlen = bl;
         return;
     }
@@ -153,27 +178,33 @@ int df_ngram_append(df_ngram *ng, const int32_t *ids, size_t n) {
         int32_t *h = realloc(ng->hist, cap * sizeof *h);
         if (!h) return DF_ENOMEM;
         ng->hist = h;
-        int64_t *pv = realloc(ng->prev, cap * sizeof *pv);
-        if (!pv) return DF_ENOMEM;
-        ng->prev = pv, ng->cap = cap;
+        for (int k = 0; k < DF_NGRAM_MAX; k++) {
+            int64_t *pv = realloc(ng->prev[k], cap * sizeof *pv);
+            if (!pv) return DF_ENOMEM;
+            ng->prev[k] = pv;
+        }
+        ng->cap = cap;
     }
     for (size_t i = 0; i < n; i++) { /* the match followed goes on while the timeline repeats what followed it */
         if (ng->mlen && ng->hist[ng->src] == ids[i]) ng->src++, ng->mlen++;
-        else ng->mlen = 0;
+        else {
+            if (ng->mlen >= DF_NGRAM_ANCHOR_MIN) ng->anchor = ng->src; /* a copy broke off here */
+            ng->mlen = 0;
+        }
         ng->hist[ng->len++] = ids[i];
     }
     /* index every n-gram ending before the last token: a lookup of the
      * timeline's suffix then finds earlier occurrences only */
     for (; ng->indexed + 1 < ng->len; ng->indexed++) {
         size_t e = ng->indexed;
-        ng->prev[e] = -1;
+        for (int k = 1; k <= DF_NGRAM_MAX; k++) ng->prev[k - 1][e] = -1;
         for (int k = 1; k <= DF_NGRAM_MAX && (size_t)k <= e + 1; k++) {
             if ((ng->tused[k - 1] + 1) * 2 > ng->tcap[k - 1] && ng_grow(ng, k)) return DF_ENOMEM;
             const int32_t *key = ng->hist + e - k + 1;
             uint64_t h = ng_hash(key, k);
             ng_slot *s = ng_find(ng, k, key, h);
             if (s->end < 0) ng->tused[k - 1]++;
-            if (k == DF_NGRAM_MAX) ng->prev[e] = s->end; /* the chain of this 3-gram's occurrences, newest first */
+            ng->prev[k - 1][e] = s->end; /* the chain of this n-gram's occurrences, newest first */
             s->h = h, s->end = (int64_t)e; /* the most recent occurrence wins */
         }
     }
@@ -183,6 +214,7 @@ int df_ngram_append(df_ngram *ng, const int32_t *ids, size_t n) {
 }
 
 size_t df_ngram_match_len(const df_ngram *ng) { return ng->mlen; }
+int df_ngram_anchored(const df_ngram *ng) { return ng->mlen && ng->anchored; }
 
 int df_ngram_draft(const df_ngram *ng, int k, int32_t *out) {
     if (!ng->mlen) return 0;
@@ -215,11 +247,15 @@ struct df_spec {
     double succ[DF_SPEC_BUCKETS], tries[DF_SPEC_BUCKETS]; /* per match-length bucket: accepted drafts, and tries (accepted + the miss), decayed */
     double t_total, t_loss; /* auto: seconds of all steps and passes; what passes that lost cost beyond plain steps */
     int n_plain, n_verify, bucket;
+    int trace;           /* DELTAFIN_SPEC_TRACE set: one line per decision on stderr */
     double seen[DF_SPEC_BUCKETS]; /* auto: scored drafts per bucket (real and shadow tries, decayed; no prior) */
     /* auto's shadow draft: what the drafter proposed at a plain step,
      * scored against the tokens that followed (free acceptance data) */
     int32_t sh[DF_SPEC_MAX_K];
-    int sh_n, sh_pos, sh_b;
+    int sh_n, sh_pos, sh_anch, sh_last;
+    size_t sh_m;
+    size_t pm;            /* the match length the last pass drafted from */
+    int panch;            /* ... and whether it was anchored */
     /* draft across tokenizers: the committed text (the target's detokenized
      * timeline) and where each timeline token ends in it */
     int text_level;
@@ -235,7 +271,8 @@ df_spec *df_spec_new(int mode, int k_max, df_engine *draft) {
     sp->mode = mode;
     sp->k_max = k_max;
     sp->k = k_max;
-    static const double prior[DF_SPEC_BUCKETS] = {0.3, 0.5, 0.7, 0.8}; /* longer matches go on more often */
+    sp->trace = getenv("DELTAFIN_SPEC_TRACE") && *getenv("DELTAFIN_SPEC_TRACE");
+    static const double prior[DF_SPEC_BUCKETS] = {0.3, 0.5, 0.7, 0.8, 0.3}; /* longer matches go on more often */
     /* ngram: the prior is worth two tries; auto measures every bucket on
      * shadow drafts before its first pass, so its prior only breaks ties
      * (worth half a try: an optimistic prior over 3-4 scored drafts made
@@ -277,13 +314,22 @@ static int text_put(df_spec *sp, const char *p, size_t n) {
     return 0;
 }
 
-/* A draft of k tokens of which the first `accepted` were right, in bucket
- * b: each accepted draft a success, the first rejected one a failure. */
-static void tally(df_spec *sp, int b, int k, int accepted) {
-    const double t = accepted + (accepted < k);
-    sp->succ[b] = DF_SPEC_DECAY * sp->succ[b] + accepted;
-    sp->tries[b] = DF_SPEC_DECAY * sp->tries[b] + t;
-    sp->seen[b] = DF_SPEC_DECAY * sp->seen[b] + t;
+/* The bucket of draft i of a draft made from a match of m tokens (anch:
+ * the match was anchored): the match is m + i tokens long when draft i is
+ * scored, so a copy's long drafts measure the long buckets too. */
+static int bucket_at(size_t m, int anch) { return m < 3 ? (anch ? 4 : 0) : m < 8 ? 1 : m < 16 ? 2 : 3; }
+
+/* A draft of k tokens from a match of m of which the first `accepted` were
+ * right: each accepted draft a success, the first rejected one a failure,
+ * each in the bucket of its own position (a bucket's past decayed once per
+ * draft that reaches it). */
+static void tally(df_spec *sp, size_t m, int anch, int k, int accepted) {
+    int last = -1;
+    for (int i = 0; i < k && i <= accepted; i++) {
+        const int b = bucket_at(m + (size_t)i, anch), ok = i < accepted;
+        if (b != last) sp->succ[b] *= DF_SPEC_DECAY, sp->tries[b] *= DF_SPEC_DECAY, sp->seen[b] *= DF_SPEC_DECAY, last = b;
+        sp->succ[b] += ok, sp->tries[b] += 1, sp->seen[b] += 1;
+    }
 }
 
 /* auto's shadow draft against the tokens the steps chose: scored as a pass
@@ -292,7 +338,8 @@ static void tally(df_spec *sp, int b, int k, int accepted) {
  * rate rises as it is seen, not sh_n tokens later. */
 static void shadow_score(df_spec *sp, const int32_t *ids, size_t n) {
     for (size_t i = 0; i < n && sp->sh_n; i++) {
-        const int b = sp->sh_b, ok = ids[i] == sp->sh[sp->sh_pos];
+        const int b = bucket_at(sp->sh_m + (size_t)sp->sh_pos, sp->sh_anch), ok = ids[i] == sp->sh[sp->sh_pos];
+        if (b != sp->sh_last) sp->succ[b] *= DF_SPEC_DECAY, sp->tries[b] *= DF_SPEC_DECAY, sp->seen[b] *= DF_SPEC_DECAY, sp->sh_last = b;
         sp->succ[b] += ok, sp->tries[b] += 1, sp->seen[b] += 1;
         if (!ok || ++sp->sh_pos == sp->sh_n) sp->sh_n = 0;
     }
@@ -336,7 +383,7 @@ int df_spec_k_now(const df_spec *sp) { return sp->k; }
 
 /* The bucket of a match length: 1-2, 3-7, 8-15, 16+ tokens. A longer match
  * is more likely to go on (code being copied), so each has its own rate. */
-static int bucket_of(size_t m) { return m < 3 ? 0 : m < 8 ? 1 : m < 16 ? 2 : 3; }
+static int bucket_of(const df_spec *sp, size_t m) { return bucket_at(m, df_ngram_anchored(sp->ng)); }
 
 /* Expected tokens per unit of time (a plain step = 1) of a pass of k drafts
  * each accepted with probability a while the ones before it were: it yields
@@ -374,14 +421,33 @@ static double pass_cost(const df_spec *sp, int k) {
     return c;
 }
 
-/* The k of the best expected tokens per plain step's time for bucket b
- * (1..k_max), and that gain. */
-static int choose(const df_spec *sp, int b, double *g) {
-    const double a = sp->succ[b] / sp->tries[b];
+/* auto: bucket b's rate is measured (evidence[b] scored drafts), or it is
+ * a copy bucket (8-15, 16+) whose shorter neighbour's is: a longer match goes
+ * on at least as often as a shorter one, so until its own drafts are
+ * scored it takes that rate (rate_of); a copy that runs through the
+ * buckets is not stopped for three shadows at each. */
+static int measured(const df_spec *sp, int b) {
+    return sp->seen[b] >= evidence[b] || ((b == 2 || b == 3) && measured(sp, b - 1));
+}
+static double rate_of(const df_spec *sp, int b) {
+    if (sp->mode == DF_SPEC_AUTO && (b == 2 || b == 3) && sp->seen[b] < evidence[b] && measured(sp, b - 1)) return rate_of(sp, b - 1);
+    return sp->succ[b] / sp->tries[b];
+}
+
+/* The k of the best expected tokens per plain step's time for a draft
+ * from a match of m tokens (anch: anchored), 1..k_max, and that gain: draft
+ * i is accepted at the rate of bucket_at(m + i) while the ones before it
+ * were, so a pass yields 1 + a_0 + a_0 a_1 + ... tokens. */
+static int choose(const df_spec *sp, size_t m, int anch, double *g) {
     int best = 1;
+    double e = 1, p = 1;
     *g = -1;
     for (int k = 1; k <= sp->k_max; k++) {
-        double gk = df_spec_gain(a, 0, k) * sp->t1 / pass_cost(sp, k);
+        const int b = bucket_at(m + (size_t)k - 1, anch);
+        const double a = rate_of(sp, b);
+        p *= a > 0.99 ? 0.99 : a < 0 ? 0 : a;
+        e += p;
+        double gk = e * sp->t1 / pass_cost(sp, k);
         if (gk > *g) *g = gk, best = k;
     }
     return best;
@@ -394,27 +460,37 @@ static int plain_step(df_spec *sp, size_t m) {
     if (sp->mode == DF_SPEC_AUTO && m && !sp->sh_n) {
         int n = df_ngram_draft(sp->ng, sp->k_max < DF_SPEC_MAX_K ? sp->k_max : DF_SPEC_MAX_K, sp->sh);
         if (n > 0) {
-            const int b = sp->sh_b = bucket_of(m);
+            sp->sh_m = m, sp->sh_anch = df_ngram_anchored(sp->ng), sp->sh_last = -1;
             sp->sh_n = n, sp->sh_pos = 0;
-            sp->succ[b] *= DF_SPEC_DECAY, sp->tries[b] *= DF_SPEC_DECAY, sp->seen[b] *= DF_SPEC_DECAY;
         }
     }
     return 0;
+}
+
+/* DELTAFIN_SPEC_TRACE: the decision at timeline length len, its reason,
+ * the match length, its bucket's measured rate and the gain chosen. */
+static int trace(const df_spec *sp, const char *why, size_t m, int b, double g, int k) {
+    if (sp->trace)
+        fprintf(stderr, "[spec] at %zu: %s match %zu bucket %d rate %.2f seen %.1f gain %.2f k %d\n", sp->ng->len, why, m,
+                b, b >= 0 ? rate_of(sp, b) : 0, b >= 0 ? sp->seen[b] : 0, g, k);
+    return k;
 }
 
 int df_spec_want(df_spec *sp, int room) {
     if (room <= 0) return 0;
     if (sp->mode != DF_SPEC_NGRAM && sp->mode != DF_SPEC_AUTO) return sp->k < room ? sp->k : room;
     const size_t m = df_ngram_match_len(sp->ng);
-    if (!m) return 0; /* nothing to draft from: a plain step */
+    if (!m) return trace(sp, "plain: no match", 0, -1, 0, 0); /* nothing to draft from: a plain step */
     if (!sp->n_plain) return plain_step(sp, m); /* a plain step first: its time is the unit */
     double g;
-    int b = sp->bucket = bucket_of(m), k = choose(sp, b, &g);
+    const int anch = df_ngram_anchored(sp->ng);
+    int b = sp->bucket = bucket_of(sp, m), k = choose(sp, m, anch, &g);
+    sp->pm = m, sp->panch = anch;
     if (sp->mode == DF_SPEC_AUTO) {
         /* no pass on the prior alone: a bucket's rate is first measured on
          * shadow drafts (plain steps cost nothing extra), so answers that
          * do not copy never pay for exploring passes */
-        if (sp->seen[b] < evidence[b]) return plain_step(sp, m);
+        if (!measured(sp, b)) return trace(sp, "plain: evidence", m, b, g, plain_step(sp, m));
         /* short passes while the bucket has few tries (a long pass that
          * misses costs several steps: each position of a verify pass costs
          * most of a plain step's compute) */
@@ -424,10 +500,12 @@ int df_spec_want(df_spec *sp, int room) {
          * rarely copy: each costs more than the steps it saves); the
          * bucket's rate keeps being measured on shadow drafts, so drafting
          * resumes where the answer starts to copy */
-        if (g < DF_SPEC_MARGIN0 || (g < DF_SPEC_MARGIN && sp->t_loss > DF_SPEC_LOSS_SHARE * sp->t_total)) return plain_step(sp, m);
+        if (g < DF_SPEC_MARGIN0 || (g < DF_SPEC_MARGIN && sp->t_loss > DF_SPEC_LOSS_SHARE * sp->t_total))
+            return trace(sp, g < DF_SPEC_MARGIN0 ? "plain: gain" : "plain: loss share", m, b, g, plain_step(sp, m));
         sp->sh_n = 0; /* a pass measures this bucket itself */
     }
     sp->k = k;
+    trace(sp, "pass", m, b, g, k);
     return k < room ? k : room;
 }
 
@@ -439,7 +517,8 @@ void df_spec_note_plain(df_spec *sp, double secs) {
 void df_spec_note_verify(df_spec *sp, int k, int accepted, double secs) {
     sp->n_verify++;
     if ((sp->mode != DF_SPEC_NGRAM && sp->mode != DF_SPEC_AUTO) || k <= 0) return;
-    tally(sp, sp->bucket, k, accepted); /* geometric: each accepted draft a success, the first rejected one a failure */
+    if (sp->trace) fprintf(stderr, "[spec]   pass of %d: %d accepted, %.2f plain steps\n", k, accepted, sp->t1 > 0 ? secs / sp->t1 : 0);
+    tally(sp, sp->pm, sp->panch, k, accepted); /* geometric: each accepted draft a success, the first rejected one a failure */
     sp->t_total += secs;
     if (k <= DF_SPEC_MAX_K) sp->cost[k] = sp->cost[k] > 0 ? 0.7 * sp->cost[k] + 0.3 * secs : secs;
     double loss = secs - sp->t1 * (accepted + 1); /* beyond the plain steps it saved */

@@ -59,8 +59,10 @@ double df_spec_gain(double a, double beta, int k);
  * the match grows (O(1) per token). When it breaks (or is shorter than 3),
  * the last 3 tokens are looked up: of the 16 most recent earlier
  * occurrences the one with the longest common suffix (compared up to 64
- * tokens; the most recent of equals), else the most recent occurrence of
- * the last 2, then the last 1 token. df_ngram_draft proposes up to k tokens
+ * tokens; of equals the first at or after the anchor, else the most
+ * recent), else an occurrence of the last 2, then the last 1 token: the
+ * first at or after the anchor (the source position where the last match
+ * of 8+ tokens broke off), else the most recent. df_ngram_draft proposes up to k tokens
  * that followed the match (continued periodically past the end). */
 typedef struct df_ngram df_ngram;
 df_ngram *df_ngram_new(void);
@@ -68,5 +70,8 @@ void df_ngram_free(df_ngram *ng);
 int df_ngram_append(df_ngram *ng, const int32_t *ids, size_t n);
 int df_ngram_draft(const df_ngram *ng, int k, int32_t *out);
 size_t df_ngram_match_len(const df_ngram *ng);
+/* 1 when the match is a 1-2 token key found at or after the anchor (where
+ * the last copy of 4+ tokens broke off) rather than the most recent one */
+int df_ngram_anchored(const df_ngram *ng);
 
 #endif

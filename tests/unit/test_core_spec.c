@@ -98,6 +98,33 @@ static void index_tests(void) {
         CHECK(df_ngram_draft(ng, 3, out) == 0, "a single token is not its own earlier occurrence");
         df_ngram_free(ng);
     }
+    /* an edit's answer leaves the copy and comes back to it further on: a 1-token key is matched at its first
+     * occurrence after where the copy broke off (the anchor), not at its most recent one */
+    {
+        int32_t file[80];
+        for (int i = 0; i < 80; i++) file[i] = 1000 + i; /* distinct tokens ... */
+        file[20] = file[40] = file[60] = 7;                /* ... but one key that occurs three times */
+        df_ngram *ng = df_ngram_new();
+        df_ngram_append(ng, file, 80);
+        int32_t sep = 5, ins[2] = {900, 901};
+        df_ngram_append(ng, &sep, 1);
+        df_ngram_append(ng, file, 12); /* the copy: 12 tokens */
+        CHECK(df_ngram_match_len(ng) >= 8, "the copy is followed: %zu", df_ngram_match_len(ng));
+        df_ngram_append(ng, ins, 2); /* it breaks off at file[12]: two new tokens */
+        df_ngram_append(ng, &file[20], 1); /* back to the file at the key */
+        int n = df_ngram_draft(ng, 3, out);
+        CHECK(n == 3 && out[0] == file[21] && out[1] == file[22] && df_ngram_anchored(ng), "resync after the anchor: drafted %d: %d %d (want %d %d), anchored %d",
+              n, out[0], out[1], file[21], file[22], df_ngram_anchored(ng));
+        /* without a copy before (no anchor) the most recent occurrence is drafted, as before */
+        df_ngram_free(ng);
+        ng = df_ngram_new();
+        df_ngram_append(ng, file, 80);
+        df_ngram_append(ng, &sep, 1);
+        df_ngram_append(ng, &file[20], 1);
+        n = df_ngram_draft(ng, 2, out);
+        CHECK(n == 2 && out[0] == file[61] && !df_ngram_anchored(ng), "no anchor: the most recent occurrence: %d (want %d)", out[0], file[61]);
+        df_ngram_free(ng);
+    }
     /* random sequences over a small alphabet, appended in random pieces: whenever there is an earlier
      * occurrence of the last token there is a match; the match is real (the tokens before the drafted
      * continuation equal the timeline's last match_len tokens); a 3-gram that occurred earlier gives a
@@ -222,6 +249,25 @@ static void cost_tests(void) {
     /* passes cost one step per draft: a pass costs what its tokens would, auto must not lose more than 3% */
     au = simulate(DF_SPEC_AUTO, 8, t, p + 2, copy_n, 1.0);
     CHECK(au.spec_time < 1.03 * au.plain_time, "auto on the copy, beta 1.0: %.0f vs %.0f plain", au.spec_time, au.plain_time);
+
+    /* an edit's answer: the copy with a token changed every 40 and a line of 8 skipped every 120; each break
+     * leaves 1-2 token matches (found at the anchor) and a copy running again through the buckets. auto must
+     * keep up with ngram (it measured the buckets one by one, 3 shadows each, after every break: 6-9% slower) */
+    {
+        size_t m = p + 2;
+        for (size_t i = 0; i < p && m < p + 2 + 600;) {
+            if (i % 40 == 17) { t[m++] = 5000 + (int32_t)i, i++; continue; }
+            if (i % 120 == 60) { i += 8; continue; }
+            t[m++] = t[i++];
+        }
+        for (int c = 0; c < 2; c++) {
+            const double a = c ? 0.3 : 0.15, b = c ? 0.3 : 0.22;
+            sim_result sn = simulate_a(DF_SPEC_NGRAM, 8, t, p + 2, m, a, b), sa = simulate_a(DF_SPEC_AUTO, 8, t, p + 2, m, a, b);
+            CHECK(sa.spec_time < 1.03 * sn.spec_time && sn.spec_time < 0.7 * sn.plain_time,
+                  "an edit with changes and skips, pass %.2f + %.2f k: auto %.1f vs ngram %.1f (plain %.1f)", 1 + a, b, sa.spec_time,
+                  sn.spec_time, sn.plain_time);
+        }
+    }
 
     /* chat: random tokens over a 300-token alphabet after a random prompt: matches are short and wrong */
     srand(3);
