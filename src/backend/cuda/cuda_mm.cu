@@ -736,16 +736,17 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * the gate once per block (k_moe_down_sh); 14 | 32 | 64 = 110 was round 7's default, DELTAFIN_CUDA_LEAN=14
  * restores round 6's launches. Round 8: 256 the fused row ops (cuda_ops.cu: add_rmsnorm, qk_norm_rope), 512 the
  * one-token spine products' rows over more warps (split1 below); default 878 = 110 | 256 | 512; DELTAFIN_CUDA_LEAN=110
- * restores round 7's launches and bits, 366 round 8 without bit 512. Round 9 (opt-in, not in the default): 1024 the
- * one-token spine products through the cp.async pipeline (k_mm_cp: the bits of a one-warp row, wk = 1), 2048 the MoE
- * down launch with its rows streamed through cp.async (k_moe_down_cp: k_moe_down's bits). Every bit but 512 and
+ * restores round 7's launches and bits, 366 round 8 without bit 512. Round 9: 1024 (opt-in: 3.6% slower end to end
+ * on the H200) the one-token spine products through the cp.async pipeline (k_mm_cp: the bits of a one-warp row, wk =
+ * 1), 2048 (default: +4.9%) the MoE down launch with its rows streamed through cp.async (k_moe_down_cp: k_moe_down's
+ * bits); default 2926 = 878 | 2048, DELTAFIN_CUDA_LEAN=878 restores round 8. Every bit but 512 and
  * 1024 gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 4095 : 14 | 32 | 64 | 256 | 512;
+        g_lean = e && *e ? atoi(e) & 4095 : 14 | 32 | 64 | 256 | 512 | 2048;
     }
     return g_lean;
 }
