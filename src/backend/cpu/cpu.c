@@ -52,7 +52,6 @@ typedef struct {
     void (*pack16)(const float *, int64_t, int, int64_t, float *);
     void (*gemm16)(const float *, int64_t, const float *, int64_t, int, float *, int64_t, int, int);
     void (*gemm32)(const float *, int64_t, int64_t, const float *, int64_t, int, float *, int64_t, int);
-    void (*gemm24)(const float *, int64_t, int, int64_t, const float *, int64_t, int, float *, int64_t, int, int);
     void (*deq_bf16)(const uint16_t *, float *, int64_t);
     void (*deq_f16)(const uint16_t *, float *, int64_t);
     void (*deq_fp8)(const uint8_t *, float, float *, int64_t);
@@ -73,7 +72,7 @@ typedef struct {
     void (*dot4_fp8spn)(const uint8_t *, int64_t, const float *, float, int64_t, int, const float *const *, float *);
 } ktab;
 #define KT(isa)                                                                                                       \
-    {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_pack16_##isa, df_k_gemm16_##isa, df_k_gemm32_##isa, df_k_gemm24_##isa, \
+    {df_k_dot_f32_##isa, df_k_dot_bf16_##isa, df_k_dot_f16_##isa, df_k_dot_fp8_##isa, df_k_dot_int4_##isa, df_k_pack16_##isa, df_k_gemm16_##isa, df_k_gemm32_##isa, \
      df_k_deq_bf16_##isa, df_k_deq_f16_##isa, df_k_deq_fp8_##isa, df_k_axpy_##isa, df_k_dot4_f32_##isa,                \
      df_k_dot4_bf16_##isa, df_k_dot4_f16_##isa, df_k_bf16x_prep_##isa, df_k_dot_bf16p_##isa, df_k_dot4_bf16p_##isa, \
      df_k_dot4_fp8s_##isa, df_k_dot_i8_##isa, df_k_dot_mxfp4_##isa, df_k_deq_mxfp4_##isa, df_k_fp8x_prep_##isa,     \
@@ -441,27 +440,17 @@ static void matvec(const df_weight *w, const float *x, float *y) {
 }
 
 /* Prefill GEMM blocking: rows in panels of 16 (dequantized to f32 once per
- * call, exactly, and packed k-major), GEMM_MC rows packed at a time, K in
- * equal slices of at most GEMM_KC so that the slice of the packed panels
- * (GEMM_MC x GEMM_KC floats, 96 KB) stays in L2 and the block of up to
- * GEMM_NR tokens of x (8 KB) in L1 while the micro-kernel (gemm24: 24 rows,
- * i.e. three half panels, x 4 tokens) runs over the panels. GEMM_MC = 48:
- * whole 16-row panels and whole 24-row tiles; threads take shares of
- * GEMM_MA rows. Scratch per thread: GEMM_MC x K floats packed + GEMM_MR x K
- * dequantized. Measured on the 2-core AVX2 dev VM (bench/kernel_bench.c;
- * docs/PERFORMANCE.md, issue 17 round 7). */
+ * call, exactly, and packed k-major), up to GEMM_MC rows packed at a time,
+ * K in equal slices of at most GEMM_KC so that the slice of the packed
+ * panels (GEMM_MC x GEMM_KC floats, 128 KB) stays in L2 and the block of 6
+ * tokens of x (12 KB) in L1 while the micro-kernel runs over the panels.
+ * Scratch per thread: GEMM_MC x K floats packed + GEMM_MR x K dequantized.
+ * Measured on the 2-core AVX2 dev VM (bench/kernel_bench.c;
+ * docs/PERFORMANCE.md, issue 17). */
 #define GEMM_MR 16
-#define GEMM_TR 24 /* rows of a micro-kernel tile */
-#ifndef GEMM_NR
-#define GEMM_NR 4
-#endif
-#ifndef GEMM_KC
+#define GEMM_NR 6
 #define GEMM_KC 512
-#endif
-#ifndef GEMM_MC
-#define GEMM_MC 48
-#endif
-#define GEMM_MA 48 /* share alignment: a multiple of GEMM_MR and GEMM_TR */
+#define GEMM_MC 64
 
 static float *rows_scratch(size_t n) {
     if (n > tl_rows_cap) {
@@ -506,7 +495,7 @@ static void mm_rows_small(mv_ctx *c, int64_t b, int64_t e) {
 }
 
 /* Rows [b, e) of Y = X W^T (X [n][K], Y [n][R]), every format: each output
- * is one FMA chain over k in order (kernels.h, gemm16 / gemm24), so the result does
+ * is one FMA chain over k in order (kernels.h, gemm16 / gemm32), so the result does
  * not depend on b, e (the thread split), the blocking, the batch size (from
  * GEMM_MIN_N up) or the ISA. It is not the decode product's order (dot_rows: several partial sums
  * per row, added at the end): a token's row of Y may differ from df_matvec of
@@ -541,13 +530,20 @@ static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
         for (int64_t k0 = 0; k0 < K; k0 += kslice) {
             const int64_t kc = K - k0 < kslice ? K - k0 : kslice;
             for (int t = 0; t < c->n;) {
-                /* token blocks of equal size too (6 = 3 + 3, not 4 + 2: a block of nt
-                 * tokens keeps 3 nt FMA chains in flight) */
+                /* token blocks of equal size too (8 = 4 + 4, not 6 + 2: a block of nt
+                 * tokens keeps 2 nt FMA chains in flight) */
                 const int left = c->n - t, nt = (left + (left + GEMM_NR - 1) / GEMM_NR - 1) / ((left + GEMM_NR - 1) / GEMM_NR);
-                for (int64_t i0 = 0; i0 < mc; i0 += GEMM_TR) {
-                    const int nr = (int)(mc - i0 < GEMM_TR ? mc - i0 : GEMM_TR);
-                    k->gemm24(pk + (size_t)k0 * GEMM_MR, (int64_t)GEMM_MR * K, (int)(i0 / 8), kc, c->x + (int64_t)t * K + k0, K, nt,
-                              c->y + (int64_t)t * R + r + i0, R, nr, k0 > 0);
+                for (int p = 0; p < np; p++) {
+                    const int64_t r0 = r + (int64_t)p * GEMM_MR;
+                    const int nr = (int)(e - r0 < GEMM_MR ? e - r0 : GEMM_MR);
+                    if (nt <= 3 && (int64_t)(p + 2) * GEMM_MR <= mc) { /* few tokens: two panels per call, same bits */
+                        k->gemm32(pk + (size_t)p * GEMM_MR * K + (size_t)k0 * GEMM_MR, (int64_t)GEMM_MR * K, kc, c->x + (int64_t)t * K + k0,
+                                  K, nt, c->y + (int64_t)t * R + r0, R, k0 > 0);
+                        p++;
+                        continue;
+                    }
+                    k->gemm16(pk + (size_t)p * GEMM_MR * K + (size_t)k0 * GEMM_MR, kc, c->x + (int64_t)t * K + k0, K, nt,
+                              c->y + (int64_t)t * R + r0, R, nr, k0 > 0);
                 }
                 t += nt;
             }
@@ -556,8 +552,8 @@ static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
 }
 
 /* Shares of a prefill product of `rows` rows (rows of several jobs
- * together): blocks of GEMM_MA rows (whole panels and whole 24-row tiles;
- * SmolLM2's 576-row products: 12 shares, 2048 rows: 43). The threads
+ * together): GEMM_MC-row blocks, or GEMM_MC/2 when that gives fewer than 8
+ * per thread (SmolLM2's 576-row products: 18 shares, not 9). The threads
  * claim shares one at a time (pool.c), so a thread that is descheduled or
  * slowed (another process, an interrupt) hands the rest of its rows to the
  * others instead of holding the product back: with one share per thread the
@@ -569,7 +565,8 @@ static void mm_rows(mv_ctx *c, int64_t b, int64_t e) {
 static int gemm_shares(int64_t rows) {
     const int nth = df_pool_size();
     if (nth <= 1) return 1;
-    int64_t s = (rows + GEMM_MA - 1) / GEMM_MA;
+    int64_t s = (rows + GEMM_MC - 1) / GEMM_MC;
+    if (s < 8 * (int64_t)nth) s = (rows + GEMM_MC / 2 - 1) / (GEMM_MC / 2);
     if (s < nth) s = nth;
     return s > DF_POOL_MAX_SHARES ? DF_POOL_MAX_SHARES : (int)s;
 }
@@ -577,7 +574,7 @@ static int gemm_shares(int64_t rows) {
 static void mm_task(void *p, int share, int shares) {
     mv_ctx *c = p;
     int64_t b, e;
-    split(c->w->rows, share, shares, GEMM_MA, &b, &e);
+    split(c->w->rows, share, shares, GEMM_MR, &b, &e);
     mm_rows(c, b, e);
 }
 
@@ -591,7 +588,7 @@ typedef struct {
     const df_mv_job *jobs;
     int n_jobs, n;
     int64_t total; /* rows of all jobs (each rounded up to a block of al rows) */
-    int64_t al;    /* 4 (decode: four-row kernels) or GEMM_MA (prefill panels and tiles) */
+    int64_t al;    /* 4 (decode: four-row kernels) or GEMM_MR (prefill panels) */
 } batch_ctx;
 
 static void batch_task(void *p, int share, int shares) {
@@ -698,7 +695,7 @@ static void exact_batch(const df_mv_job *jobs, int n_jobs, int n) {
 void df_cpu_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     if (n > 1 && tl_exact) { exact_batch(jobs, n_jobs, n); return; }
     if (n_jobs == 1) { matmul(jobs[0].w, DF_CF(jobs[0].x), n, DF_F(jobs[0].y)); return; }
-    batch_ctx c = {jobs, n_jobs, n, 0, n == 1 ? 4 : GEMM_MA};
+    batch_ctx c = {jobs, n_jobs, n, 0, n == 1 ? 4 : GEMM_MR};
     int64_t work = 0;
     for (int j = 0; j < n_jobs; j++) c.total += (jobs[j].w->rows + c.al - 1) / c.al * c.al, work += jobs[j].w->rows * jobs[j].w->cols;
     if (n == 1 && work < 65536) batch_task(&c, 0, 1);
