@@ -98,7 +98,7 @@ static void gqa_task(void *p, int sh, int nsh) {
     }
 }
 
-/* Long caches, one position (a decode step): in the units above every unit
+/* Long caches, one position (a decode step) or a few: in the units above every unit
  * reads its KV head's whole cache, so a thread's share is whole KV heads (SmolLM2's 3 over 2 threads: one
  * thread does two thirds) and a batch of tiles reads the cache once per tile. Here the same arithmetic runs in
  * three rounds over the pool, each split evenly: (1) every score, units of (KV head, a range of keys), the
@@ -106,11 +106,14 @@ static void gqa_task(void *p, int sh, int nsh) {
  * length; (3) P x V, units of (KV head, 32 dimensions), the V rows read once. Each score, softmax and output
  * is computed by exactly the kernels' calls of gqa_unit on the same rows (scores per (query, key), P x V per
  * (query, dimension) over the keys in order in chunks of GQA_KC), so the bits are the same. */
-/* Only for one position: with several (a verify pass) the units' tiles of positions are 3+ per KV head, so
- * the threads are balanced already and their repeated cache reads come from L2/L3 (a layer's cache is a few
- * MB); measured (verify_bench, SmolLM2, 1,346 positions, medians of 8 interleaved): one-position steps 7%
- * faster (195 -> 182 ms per 8), a 6-position pass 11% slower (53 -> 59 ms) on this path. */
-enum { GQA_LONG_KEYS = 512, GQA_LONG_N = 1, GQA_LONG_KC = 256 };
+/* Also for a few positions (a verify pass of speculative decoding, up to GQA_LONG_N): the tiles of positions
+ * read each KV head's cache once per tile (1.4 reads of the cache per pass, cachegrind) where the rounds read it
+ * once. Measured (verify_bench, SmolLM2 Q4_1, 1,346 positions, 2 threads, 3 x 20 reps interleaved, quiet,
+ * 2026-12-02 09:03): a 6-position exact pass 33.2-33.5 -> 29.8-32.3 ms mean; on the same path in a slower phase
+ * of this host (05:50) it had read 53 -> 59 ms, so the choice follows the memory: the rounds' scores scratch is
+ * bounded (GQA_LONG_MAXF floats) and above it the tiles run. */
+enum { GQA_LONG_KEYS = 512, GQA_LONG_N = 8, GQA_LONG_KC = 256 };
+#define GQA_LONG_MAXF ((size_t)8 << 20) /* scores scratch of the rounds for more than one position: 32 MB */
 typedef struct {
     const df_attn_gqa_args *a;
     ka_fns f;
@@ -173,6 +176,7 @@ static void gqa_long_pv(void *p, int sh, int nsh) {
 static int gqa_long(const df_attn_gqa_args *a) {
     const int nth = df_pool_size(), maxlen = a->pos0 + a->n;
     if (nth < 2 || a->n > GQA_LONG_N || maxlen < GQA_LONG_KEYS || a->n_kv_heads % nth == 0) return 0;
+    if (a->n > 1 && (size_t)a->n_heads * a->n * ((size_t)maxlen + 1) > GQA_LONG_MAXF) return 0;
     gqa_long_ctx c = {a, ka_kernels(), NULL, NULL, maxlen, (maxlen + GQA_LONG_KC - 1) / GQA_LONG_KC, 1, a->head_dim};
     if (a->head_dim % 32 == 0) c.slabs = a->head_dim / 32, c.slab = 32;
     const size_t rows = (size_t)a->n_heads * a->n;
