@@ -213,41 +213,6 @@ static const float *fp8_scale_row(const df_weight *w, int64_t sr, int slot) {
  * keeps the checking kernel, which gives its rows NaN). */
 static int fp8_nan_free(const df_weight *w) { return df_weight_nan_codes(w) == DF_NAN_CODES_NONE; }
 
-/* FP8 decode: rows per stream of the four-stream driver for a range of
- * 4q (+ remainder) rows of rb bytes. DOT4_FAR puts its four streams q rows
- * apart, and where q * rb is a multiple of 4 KiB (rows of 2048 bytes and
- * q even, rows of 7168 and q a multiple of 4: kernel_bench's two-thread
- * splits of both, not of its 576-column rows) the four streams read the
- * same offset within their 4 KiB pages at each step: the same L1 sets, and
- * possibly the same DRAM banks.
- * DF_FP8_SKEW=1 (a build option: OPT="-O2 -DDF_FP8_SKEW=1") takes up to 7
- * rows less per stream, the count whose stream offsets s * (qs * rb) mod
- * 4096 lie farthest apart (the sum over the six stream pairs of their
- * distance mod 4 KiB, each capped at 1 KiB); the rows it leaves go four
- * adjacent rows per call. The same bits either way. Off by default: on the
- * shared dev VM the A/B of the spacing (one and two threads, the engine's
- * kernel) did not separate from the load's noise, nor did this build lift the
- * 2048-column row in the least-loaded interleaved runs (docs/PERFORMANCE.md,
- * "Issue 17: FP8 decode, round 6"); a quiet host decides. */
-#ifndef DF_FP8_SKEW
-#define DF_FP8_SKEW 0
-#endif
-static int64_t fp8_stream_rows(int64_t q, size_t rb) {
-    if (!DF_FP8_SKEW || q < 16) return q;
-    int64_t best = q, bs = -1;
-    for (int64_t d = 0; d < 8; d++) {
-        const uint64_t m = (uint64_t)(q - d) * (uint64_t)rb % 4096u;
-        int64_t sc = 0;
-        for (int a = 0; a < 4; a++)
-            for (int b = a + 1; b < 4; b++) {
-                const int64_t o = (int64_t)((uint64_t)(b - a) * m % 4096u), c = o < 4096 - o ? o : 4096 - o;
-                sc += c < 1024 ? c : 1024;
-            }
-        if (sc > bs) bs = sc, best = q - d;
-    }
-    return best;
-}
-
 /* the thread's buffer for x in a kernel's order (BF16, FP8 decode) */
 static float *xp_buf(int64_t n) {
     if ((size_t)n > tl_xp_cap) {
@@ -329,30 +294,17 @@ static void dot_rows(const df_weight *w, int64_t r0, int64_t nr, const float *x,
              * "Issue 17: FP8 decode, round 6") */
             const float *sc[4] = {NULL, NULL, NULL, NULL};
             int64_t nxt[4] = {-1, -1, -1, -1};
-            /* DOT4_FAR with qs <= q rows per stream (fp8_stream_rows), then the
-             * 4 (q - qs) rows between the streams' ends and 4q four adjacent
-             * rows per call: every row of [0, 4q) still goes through the
-             * four-row kernel, whose result for a row depends on that row
-             * and x only, so the bits are DOT4_FAR's */
-            const int64_t q = nr / 4, qs = fp8_stream_rows(q, w->row_bytes), ldb = qs * (int64_t)w->row_bytes;
-            for (int64_t j = 0; j < qs; j++) {
+            DOT4_FAR({
                 for (int s = 0; s < 4; s++) {
-                    const int64_t r = r0 + j + s * qs;
+                    const int64_t r = r0 + j + s * q;
                     if (r >= nxt[s]) {
                         const int64_t sr = r / w->blk_r;
                         sc[s] = fp8_scale_row(w, sr, s);
                         nxt[s] = (sr + 1) * w->blk_r;
                     }
                 }
-                float o4[4];
-                dot4(w->data + (size_t)(r0 + j) * w->row_bytes, ldb, xp, xs, w->cols, w->blk_c, sc, o4);
-                y[j] = o4[0], y[j + qs] = o4[1], y[j + 2 * qs] = o4[2], y[j + 3 * qs] = o4[3];
-            }
-            for (int64_t j = 4 * qs; j < 4 * q; j += 4) {
-                for (int s = 0; s < 4; s++) sc[s] = fp8_scale_row(w, (r0 + j + s) / w->blk_r, s);
-                dot4(w->data + (size_t)(r0 + j) * w->row_bytes, (int64_t)w->row_bytes, xp, xs, w->cols, w->blk_c, sc, y + j);
-            }
-            i = 4 * q;
+                dot4(row, ldb, xp, xs, w->cols, w->blk_c, sc, o4);
+            });
             for (; i < nr; i++)
                 y[i] = k->dot_fp8sp(w->data + (size_t)(r0 + i) * w->row_bytes, xp, xs, w->cols, w->blk_c,
                                     fp8_scale_row(w, (r0 + i) / w->blk_r, 0));
