@@ -31,6 +31,83 @@
 #include <string.h>
 #include <time.h>
 
+/* round 7's 24 x 4 micro-kernel (measured not ahead of gemm16 in the engine: docs/PERFORMANCE.md; kept here,
+ * not in the backend, so the experiment can be re-run). Each output the same fmaf chain over k as gemm16. */
+/* 24 rows x NT <= 4 tokens on the 16-row panels: the tile is NH <= 3 half
+ * panels (8 rows each, round 7's gemm24), three loads of W and NT broadcasts
+ * per 3 NT FMAs; at 24 x 4 twelve accumulators + 3 W vectors + 1 broadcast =
+ * the 16 ymm registers (16 x 6: 2 loads + 6 broadcasts per 12 FMAs). */
+#define Q_STEP(T)                                                                                                 \
+    if (T < nt_) {                                                                                                \
+        const __m256 xb = _mm256_broadcast_ss(x##T + k);                                                         \
+        a##T = _mm256_fmadd_ps(w0, xb, a##T);                                                                     \
+        if (nh_ > 1) b##T = _mm256_fmadd_ps(w1, xb, b##T);                                                        \
+        if (nh_ > 2) c##T = _mm256_fmadd_ps(w2, xb, c##T);                                                        \
+    }
+#define Q_LOAD(T)                                                                                                 \
+    if (T < nt_) {                                                                                                \
+        a##T = acc ? _mm256_loadu_ps(Y + T * ldy) : _mm256_setzero_ps();                                         \
+        if (nh_ > 1) b##T = acc ? _mm256_loadu_ps(Y + T * ldy + 8) : _mm256_setzero_ps();                        \
+        if (nh_ > 2) c##T = acc ? _mm256_loadu_ps(Y + T * ldy + 16) : _mm256_setzero_ps();                       \
+    }
+#define Q_STORE(T)                                                                                                \
+    if (T < nt_) {                                                                                                \
+        _mm256_storeu_ps(Y + T * ldy, a##T);                                                                      \
+        if (nh_ > 1) _mm256_storeu_ps(Y + T * ldy + 8, b##T);                                                     \
+        if (nh_ > 2) _mm256_storeu_ps(Y + T * ldy + 16, c##T);                                                    \
+    }
+#define GEMM24_NT(NH, NT)                                                                                         \
+    static void gemm24_##NH##_##NT(const float *H0, const float *H1, const float *H2, int64_t kc, const float *X, \
+                                   int64_t ldx, float *Y, int64_t ldy, int acc) {                                 \
+        enum { nh_ = NH, nt_ = NT };                                                                              \
+        const float *x0 = X, *x1 = 1 < NT ? X + ldx : X, *x2 = 2 < NT ? X + 2 * ldx : X;                          \
+        const float *x3 = 3 < NT ? X + 3 * ldx : X;                                                               \
+        __m256 a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3;                                                    \
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = _mm256_setzero_ps();                          \
+        Q_LOAD(0) Q_LOAD(1) Q_LOAD(2) Q_LOAD(3)                                                                   \
+        for (int64_t k = 0; k < kc; k++, H0 += 16, H1 += 16, H2 += 16) {                                          \
+            const __m256 w0 = _mm256_load_ps(H0);                                                                 \
+            const __m256 w1 = nh_ > 1 ? _mm256_load_ps(H1) : w0, w2 = nh_ > 2 ? _mm256_load_ps(H2) : w0;         \
+            Q_STEP(0) Q_STEP(1) Q_STEP(2) Q_STEP(3)                                                               \
+        }                                                                                                         \
+        Q_STORE(0) Q_STORE(1) Q_STORE(2) Q_STORE(3)                                                               \
+        (void)x1, (void)x2, (void)x3;                                                                             \
+    }
+GEMM24_NT(1, 1)
+GEMM24_NT(1, 2)
+GEMM24_NT(1, 3)
+GEMM24_NT(1, 4)
+GEMM24_NT(2, 1)
+GEMM24_NT(2, 2)
+GEMM24_NT(2, 3)
+GEMM24_NT(2, 4)
+GEMM24_NT(3, 1)
+GEMM24_NT(3, 2)
+GEMM24_NT(3, 3)
+GEMM24_NT(3, 4)
+
+/* P must be 32-byte aligned */
+static void gemm24_avx2(const float *P, int64_t ps, int h0, int64_t kc, const float *X, int64_t ldx, int nt, float *Y,
+                      int64_t ldy, int nr, int acc) {
+    typedef void (*fn_t)(const float *, const float *, const float *, int64_t, const float *, int64_t, float *, int64_t, int);
+    static const fn_t fn[3][4] = {{gemm24_1_1, gemm24_1_2, gemm24_1_3, gemm24_1_4},
+                                  {gemm24_2_1, gemm24_2_2, gemm24_2_3, gemm24_2_4},
+                                  {gemm24_3_1, gemm24_3_2, gemm24_3_3, gemm24_3_4}};
+    if (nt < 1 || nr < 1) return;
+    const int nh = (nr + 7) / 8;
+    const float *H[3];
+    for (int j = 0; j < 3; j++) {
+        const int h = h0 + (j < nh ? j : 0);
+        H[j] = P + (int64_t)(h / 2) * ps + (h % 2) * 8;
+    }
+    if (nr == 8 * nh) { fn[nh - 1][nt - 1](H[0], H[1], H[2], kc, X, ldx, Y, ldy, acc); return; }
+    float tmp[4 * 24];
+    if (acc)
+        for (int t = 0; t < nt; t++) memcpy(tmp + t * 24, Y + t * ldy, (size_t)nr * sizeof(float));
+    fn[nh - 1][nt - 1](H[0], H[1], H[2], kc, X, ldx, tmp, 24, acc);
+    for (int t = 0; t < nt; t++) memcpy(Y + t * ldy, tmp + t * 24, (size_t)nr * sizeof(float));
+}
+
 #define K 2048
 #define NTOK 64
 #define MC 48
@@ -58,7 +135,7 @@ static void run_g24(int64_t kc) {
     for (int64_t k0 = 0; k0 + kc <= K; k0 += kc)
         for (int t = 0; t < NTOK; t += 4)
             for (int i0 = 0; i0 < MC; i0 += 24)
-                df_k_gemm24_avx2(PK + (size_t)k0 * 16, (int64_t)16 * K, i0 / 8, kc, X + (int64_t)t * LDX + k0, LDX, 4, Y + (int64_t)t * MC + i0, MC,
+                gemm24_avx2(PK + (size_t)k0 * 16, (int64_t)16 * K, i0 / 8, kc, X + (int64_t)t * LDX + k0, LDX, 4, Y + (int64_t)t * MC + i0, MC,
                                  24, k0 > 0);
 }
 /* a 24-wide k-major panel (P[k*24 + i]): the layout a pack24 would give */

@@ -297,51 +297,6 @@ static void test_gemm_chain(void) {
     free(X), free(Y), free(Wd);
 }
 
-/* gemm24 (the prefill GEMM's 24-row x 4-token tile over 16-row panels,
- * issue 17 round 7) on every ISA: each output bit-equal to the contract,
- * fmaf over k in order from the packed weight (from Y when acc), for every
- * tile start (half panel 0-3 of two panels, so tiles that begin in the
- * second half of a panel and span into the next), every row count 1-24
- * (partial last half panel), 1-4 tokens, odd kc; rows outside the tile and
- * Y's padding untouched. */
-static void test_gemm24(void) {
-    const int best = df_isa();
-    void (*g24[3])(const float *, int64_t, int, int64_t, const float *, int64_t, int, float *, int64_t, int, int) = {
-        df_k_gemm24_scalar, df_k_gemm24_avx2, df_k_gemm24_avx512};
-    for (int trial = 0; trial < 3; trial++) {
-        const int64_t kc = trial == 0 ? 1 : trial == 1 ? 13 : 301, ld = kc + 3, ps = 16 * kc + 8;
-        float *src = malloc((size_t)(32 * ld) * 4), *X = malloc((size_t)(4 * ld) * 4);
-        float *P = df_aligned_alloc((size_t)(2 * ps) * 4);
-        for (int64_t i = 0; i < 32 * ld; i++) src[i] = frand();
-        for (int64_t i = 0; i < 4 * ld; i++) X[i] = frand();
-        df_k_pack16_scalar(src, ld, 16, kc, P), df_k_pack16_scalar(src + 16 * ld, ld, 16, kc, P + ps);
-        for (int isa = 0; isa <= best; isa++)
-            for (int h0 = 0; h0 < 4; h0++)
-                for (int nr = 1; nr <= 24 && 8 * h0 + nr <= 32; nr++)
-                    for (int nt = 1; nt <= 4; nt++)
-                        for (int acc = 0; acc < 2; acc++) {
-                            float Y[4 * 27], Y0[4 * 27];
-                            for (int i = 0; i < 4 * 27; i++) Y[i] = Y0[i] = frand();
-                            g24[isa](P, ps, h0, kc, X, ld, nt, Y, 27, nr, acc);
-                            int bad = 0;
-                            for (int t = 0; t < 4; t++)
-                                for (int i = 0; i < 27; i++) {
-                                    float want = Y0[t * 27 + i];
-                                    if (t < nt && i < nr) {
-                                        const float *w = src + (8 * h0 + i) * ld;
-                                        float s = acc ? want : 0.0f;
-                                        for (int64_t k = 0; k < kc; k++) s = fmaf(w[k], X[t * ld + k], s);
-                                        want = s;
-                                    }
-                                    bad += memcmp(&want, &Y[t * 27 + i], 4) != 0;
-                                }
-                            CHECK(!bad, "gemm24 isa=%s h0=%d nr=%d nt=%d kc=%lld acc=%d: %d outputs differ", df_isa_name(isa), h0, nr, nt,
-                                  (long long)kc, acc, bad);
-                        }
-        free(src), free(X), free(P);
-    }
-}
-
 /* Decode products (n = 1) of the float formats through the driver, rows
  * short and long (four-row kernels on rows a quarter of the range apart,
  * the remainder one row at a time), R odd so groups of four leave a
@@ -1088,7 +1043,6 @@ int main(void) {
     test_traits();
     test_gemm();
     test_gemm_chain();
-    test_gemm24();
     test_decode_rows();
     test_decode_kernel_contract();
     printf("%s: %d failures\n", __FILE__, fails);

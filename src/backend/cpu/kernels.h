@@ -55,13 +55,6 @@ float *df_cpu_scratch(int slot, size_t n);
      * where one panel would have 2 nt; the same bits as two gemm16 calls */                                     \
     void df_k_gemm32_##isa(const float *P, int64_t pstride, int64_t kc, const float *X, int64_t ldx, int nt,       \
                            float *Y, int64_t ldy, int acc);                                                       \
-    /* 24 rows x nt <= 4 tokens over the same 16-row panels (panel j at P + j*ps, P[k*16 + i]): the tile is    \
-     * the half panels (8 rows) h0, h0+1, h0+2 of the block, half h = rows 8h.. at P + (h/2)*ps + (h%2)*8, read  \
-     * 16 floats apart per k; Y[t*ldy + i] for i < nr <= 24 (row i in half h0 + i/8) is the same fma chain over  \
-     * k < kc as gemm16's for that row (from Y when acc, else from 0): the same bits as gemm16 on its panel.      \
-     * 3 loads of W + nt broadcasts per 3 nt FMAs (gemm16 at 6 tokens: 2 + 6 per 12). */                        \
-    void df_k_gemm24_##isa(const float *P, int64_t ps, int h0, int64_t kc, const float *X, int64_t ldx, int nt,    \
-                           float *Y, int64_t ldy, int nr, int acc);                                               \
     /* y += a x */                                                                                                \
     void df_k_axpy_##isa(float *y, float a, const float *x, int64_t n);                                           \
     /* Four rows at once (row k at w + k*ld elements) against one x: out[k] = W[k,:] . x. The rows share every    \

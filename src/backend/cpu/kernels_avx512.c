@@ -334,11 +334,6 @@ void df_k_gemm32_avx512(const float *P, int64_t pstride, int64_t kc, const float
     df_k_gemm32_avx2(P, pstride, kc, X, ldx, nt, Y, ldy, acc);
 }
 
-void df_k_gemm24_avx512(const float *P, int64_t ps, int h0, int64_t kc, const float *X, int64_t ldx, int nt, float *Y,
-                        int64_t ldy, int nr, int acc) {
-    df_k_gemm24_avx2(P, ps, h0, kc, X, ldx, nt, Y, ldy, nr, acc);
-}
-
 void df_k_deq_bf16_avx512(const uint16_t *w, float *out, int64_t n) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, bf16x16(w + i));

@@ -88,18 +88,6 @@ void df_k_gemm32_scalar(const float *P, int64_t pstride, int64_t kc, const float
     df_k_gemm16_scalar(P + pstride, kc, X, ldx, nt, Y + 16, ldy, 16, acc);
 }
 
-void df_k_gemm24_scalar(const float *P, int64_t ps, int h0, int64_t kc, const float *X, int64_t ldx, int nt, float *Y,
-                        int64_t ldy, int nr, int acc) {
-    for (int t = 0; t < nt; t++)
-        for (int i = 0; i < nr; i++) {
-            const int h = h0 + i / 8;
-            const float *W = P + (int64_t)(h / 2) * ps + (h % 2) * 8 + i % 8;
-            float s = acc ? Y[t * ldy + i] : 0.0f;
-            for (int64_t k = 0; k < kc; k++) s = fmaf(W[k * 16], X[t * ldx + k], s);
-            Y[t * ldy + i] = s;
-        }
-}
-
 void df_k_deq_bf16_scalar(const uint16_t *w, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = df_bf16_to_f32(w[i]);
 }
