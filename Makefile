@@ -103,7 +103,7 @@ FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
 .PHONY: all test unit asan hostile-asan deps demo clean fuzz fuzz-objs bench cuda-check deltafin
 # the benchmark drivers too: a stale bench binary measures the kernels it was linked with, not the tree's
-all: $(O)/deltafin $(O)/bench/kernel_bench $(O)/bench/verify_bench
+all: $(O)/deltafin $(O)/bench/kernel_bench $(O)/bench/verify_bench $(O)/bench/attn_read
 ifeq ($(O),$(if $(filter 1,$(CUDA)),build-cuda,build))
 all: deltafin
 # phony: ./deltafin follows the last build, CPU-only or CUDA=1
@@ -151,6 +151,11 @@ $(O)/bench/grammar_bench: bench/grammar_bench.c $(call objs_of,grammar tok forma
 $(O)/bench/kernel_bench: bench/kernel_bench.c $(call objs_of,backend format util)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# bench/attn_read: the read patterns of the attention rounds over a GQA KV cache (docs/PERFORMANCE.md, issue 15)
+$(O)/bench/attn_read: bench/attn_read.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) $(LDFLAGS) -o $@ $^
 
 # bench/verify_bench: a speculative verify pass against plain steps (docs/PERFORMANCE.md, issue 15 step 4)
 $(O)/bench/verify_bench: bench/verify_bench.c $(call objs_of,$(MODULES))

@@ -101,8 +101,8 @@ static void gqa_task(void *p, int sh, int nsh) {
 /* Long caches, one position (a decode step) or a few: in the units above every unit
  * reads its KV head's whole cache, so a thread's share is whole KV heads (SmolLM2's 3 over 2 threads: one
  * thread does two thirds) and a batch of tiles reads the cache once per tile. Here the same arithmetic runs in
- * three rounds over the pool, each split evenly: (1) every score, units of (KV head, a range of keys), the
- * cache's K rows read once for all positions and heads of the group; (2) each query's softmax over its own
+ * three rounds over the pool, each split evenly: (1) every score, units of a range of keys for every KV head (the
+ * range's whole rows touched first: touch_rows), the cache's K rows read once for all positions and heads; (2) each query's softmax over its own
  * length; (3) P x V, units of (KV head, 32 dimensions), the V rows read once. Each score, softmax and output
  * is computed by exactly the kernels' calls of gqa_unit on the same rows (scores per (query, key), P x V per
  * (query, dimension) over the keys in order in chunks of GQA_KC), so the bits are the same. */
@@ -112,7 +112,7 @@ static void gqa_task(void *p, int sh, int nsh) {
  * 2026-12-02 09:03): a 6-position exact pass 33.2-33.5 -> 29.8-32.3 ms mean; on the same path in a slower phase
  * of this host (05:50) it had read 53 -> 59 ms, so the choice follows the memory: the rounds' scores scratch is
  * bounded (GQA_LONG_MAXF floats) and above it the tiles run. */
-enum { GQA_LONG_KEYS = 512, GQA_LONG_N = 8, GQA_LONG_KC = 256 };
+enum { GQA_LONG_KEYS = 512, GQA_LONG_N = 8, GQA_LONG_KC = 128 };
 #define GQA_LONG_MAXF ((size_t)8 << 20) /* scores scratch of the rounds for more than one position: 32 MB */
 typedef struct {
     const df_attn_gqa_args *a;
@@ -121,20 +121,47 @@ typedef struct {
     int maxlen, kchunks, slabs, slab;
 } gqa_long_ctx;
 
+/* One load per 64-byte line of rows [0, n) of w floats, ld apart, four chains: the cache's rows (K and V of every
+ * KV head, 2 x kdim floats) are read whole, so the hardware prefetcher streams them into L2 and the rounds below read
+ * K and V from there. Reading only one head's K rows (256 B of every 1.5 KB for SmolLM2) and later its V rows
+ * streams at about half the rate: `build/bench/attn_read` (one thread, SmolLM2's cache at 1,346 positions, 30
+ * layers, 62 MB) read it in 7.5 ms that way, 4.1 ms with this touch first, 2.5 ms as whole rows once (its floor);
+ * at 8,192 positions 10.1 / 7.5 / 3.2 ms. Loads only: no result depends on it. */
+static void touch_rows(const float *p, int64_t ld, int n, size_t w) {
+    uint32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, u;
+    size_t d;
+    for (int r = 0; r < n; r++) {
+        const float *q = p + (size_t)r * ld;
+        for (d = 0; d + 64 <= w; d += 64) {
+            memcpy(&u, q + d, 4), a0 |= u;
+            memcpy(&u, q + d + 16, 4), a1 |= u;
+            memcpy(&u, q + d + 32, 4), a2 |= u;
+            memcpy(&u, q + d + 48, 4), a3 |= u;
+        }
+        for (; d < w; d += 16) memcpy(&u, q + d, 4), a0 |= u;
+    }
+    const uint32_t t = a0 | a1 | a2 | a3;
+    __asm__ volatile("" : : "r"(t)); /* keep the loads */
+}
+
+/* Round 1: units of GQA_LONG_KC keys, each for every KV head (the rows touched whole first, then each head's
+ * scores over them: the calls and bits of the per-head units before). */
 static void gqa_long_scores(void *p, int sh, int nsh) {
     const gqa_long_ctx *c = p;
     const df_attn_gqa_args *a = c->a;
     const int NH = a->n_heads, KV = a->n_kv_heads, hd = a->head_dim, grp = NH / KV, n = a->n, nq = n * grp;
     const size_t kdim = (size_t)KV * hd;
-    const int64_t units = (int64_t)KV * c->kchunks;
+    const int64_t units = c->kchunks;
+    float *qp = df_cpu_scratch(SC_QLAT, (size_t)nq * hd);
     for (int64_t u = units * sh / nsh, e = units * (sh + 1) / nsh; u < e; u++) {
-        const int kvh = (int)(u / c->kchunks), j0 = (int)(u % c->kchunks) * GQA_LONG_KC;
-        const int nk = c->maxlen - j0 < GQA_LONG_KC ? c->maxlen - j0 : GQA_LONG_KC;
-        float *qp = df_cpu_scratch(SC_QLAT, (size_t)nq * hd);
-        for (int t = 0; t < n; t++)
-            memcpy(qp + (size_t)t * grp * hd, DF_CF(a->q) + ((size_t)t * NH + (size_t)kvh * grp) * hd, (size_t)grp * hd * sizeof(float));
-        const float *kc = DF_CF(a->kv) + (size_t)kvh * hd + (size_t)j0 * 2 * kdim;
-        c->f.scores(qp, nq, kc, 2 * (int64_t)kdim, nk, hd, a->scale, c->sc + (size_t)kvh * nq * c->maxlen + j0, c->maxlen);
+        const int j0 = (int)u * GQA_LONG_KC, nk = c->maxlen - j0 < GQA_LONG_KC ? c->maxlen - j0 : GQA_LONG_KC;
+        touch_rows(DF_CF(a->kv) + (size_t)j0 * 2 * kdim, 2 * (int64_t)kdim, nk, 2 * kdim);
+        for (int kvh = 0; kvh < KV; kvh++) {
+            for (int t = 0; t < n; t++)
+                memcpy(qp + (size_t)t * grp * hd, DF_CF(a->q) + ((size_t)t * NH + (size_t)kvh * grp) * hd, (size_t)grp * hd * sizeof(float));
+            const float *kc = DF_CF(a->kv) + (size_t)kvh * hd + (size_t)j0 * 2 * kdim;
+            c->f.scores(qp, nq, kc, 2 * (int64_t)kdim, nk, hd, a->scale, c->sc + (size_t)kvh * nq * c->maxlen + j0, c->maxlen);
+        }
     }
 }
 
@@ -182,7 +209,7 @@ static int gqa_long(const df_attn_gqa_args *a) {
     const size_t rows = (size_t)a->n_heads * a->n;
     c.sc = df_cpu_scratch(SC_LONG, rows * ((size_t)maxlen + 1)); /* the caller's buffer, shared for the three rounds */
     c.inv = c.sc + rows * (size_t)maxlen;
-    df_pool_run_shares(gqa_long_scores, &c, a->n_kv_heads * c.kchunks);
+    df_pool_run_shares(gqa_long_scores, &c, c.kchunks);
     df_pool_run_shares(gqa_long_softmax, &c, (int)(rows < 64 ? rows : 64));
     df_pool_run_shares(gqa_long_pv, &c, a->n_kv_heads * c.slabs);
     return 1;
