@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda.h"
 #endif
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,69 @@ static void attn_split_checks(void) {
     }
     printf("test_backend_cuda: split decode attention: %d lengths, %s\n", (int)(sizeof lens / sizeof *lens), bad ? "bits DIFFER with the savings" : "the same bits with and without the savings");
     B->free(dq), B->free(dkv), B->free(dout);
+}
+
+/* Round 10 (DELTAFIN_CUDA_LEAN bit 4096): one-token GQA decode attention in one launch over (chunk of 16 positions,
+ * KV head) blocks, against the CPU (rel L2^2 <= 1e-10, and each head's largest output column where it leads by
+ * more than 1e-4) and the default mask's launches (the same bound: other sums, so not bit for bit), for q heads per
+ * KV head of 1, 3 (padded to 4), 8, 2 and 4 with 256-column heads, caches of 1, 2, 15, 16, 17, 100, 640, 641 and 700
+ * positions (one chunk, a partial last chunk, the benchmark's 640); one launch of k_attn_dec each; run twice, with
+ * the cache's rows read before the programmatic wait (the host read back since the last attention over this cache)
+ * and after it (no read between): the same bits. Shapes it does not take (16 q heads per KV head, head_dim 30) run
+ * the default launches (no k_attn_dec launch) and stay near the CPU. */
+static void attn_dec_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    enum { TMAX = 700, MAXQ = 32 * 128, MAXKV = TMAX * 2 * 8 * 256 };
+    static const struct { int nh, nkv, hd, takes; } SH[] = {
+        {32, 4, 128, 1}, {8, 8, 64, 1}, {12, 4, 64, 1}, {16, 2, 64, 1}, {8, 4, 256, 1}, {12, 3, 256, 1}, {16, 1, 64, 0}, {4, 2, 30, 0},
+    };
+    static const int lens[] = {1, 2, 15, 16, 17, 100, 640, 641, 700};
+    static float q[MAXQ], kv[MAXKV], o0[MAXQ], o1[MAXQ], o2[MAXQ], oc[MAXQ];
+    const int mask0 = 2926;
+    int bad = 0, launches = 0;
+    for (size_t si = 0; si < sizeof SH / sizeof *SH; si++) {
+        const int NH = SH[si].nh, NKV = SH[si].nkv, HD = SH[si].hd, nq = NH * HD, nkv = TMAX * 2 * NKV * HD;
+        for (int i = 0; i < nq; i++) q[i] = (float)((int)(rnd() % 2001) - 1000) / 400.0f;
+        for (int i = 0; i < nkv; i++) kv[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+        df_act *dq = B->alloc((size_t)nq), *dkv = B->alloc((size_t)nkv), *d0 = B->alloc((size_t)nq), *d1 = B->alloc((size_t)nq), *d2 = B->alloc((size_t)nq);
+        B->write(dq, q, (size_t)nq), B->write(dkv, kv, (size_t)nkv);
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            df_attn_gqa_args a = {.q = dq, .kv = dkv, .out = d0, .n = 1, .pos0 = lens[li] - 1, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 1.0f / 11.3f};
+            df_cuda_set_lean_mask(mask0);
+            B->attn_gqa(&a);
+            B->read(o0, d0, (size_t)nq);
+            df_cuda_set_lean_mask(mask0 | 4096);
+            const int64_t l0 = df_cuda_attn_dec_launches();
+            a.out = d1, B->attn_gqa(&a); /* the cache last attended before the read above: rows read before the wait */
+            a.out = d2, B->attn_gqa(&a); /* no read since: every row read after the wait */
+            const int64_t got = df_cuda_attn_dec_launches() - l0;
+            launches += (int)got;
+            CHECK(got == 2 * SH[si].takes, "decode attention %d/%d x %d over %d positions: %lld k_attn_dec launches, expected %d", NH, NKV, HD, lens[li], (long long)got, 2 * SH[si].takes);
+            B->read(o1, d1, (size_t)nq), B->read(o2, d2, (size_t)nq);
+            df_cuda_set_lean_mask(-1);
+            CHECK(!memcmp(o1, o2, (size_t)nq * sizeof(float)), "decode attention %d/%d x %d over %d positions: the rows read before the wait changed bits", NH, NKV, HD, lens[li]);
+            df_attn_gqa_args h = a;
+            h.q = (const df_act *)q, h.kv = (const df_act *)kv, h.out = (df_act *)oc;
+            df_backend_cpu.attn_gqa(&h);
+            double d = 0, dd = 0, n2 = 0;
+            for (int i = 0; i < nq; i++) d += (double)(o1[i] - oc[i]) * (o1[i] - oc[i]), dd += (double)(o1[i] - o0[i]) * (o1[i] - o0[i]), n2 += (double)oc[i] * oc[i];
+            if (d > 1e-10 * n2 || dd > 1e-10 * n2) bad++;
+            CHECK(d <= 1e-10 * n2, "decode attention %d/%d x %d over %d positions (bit 4096): rel L2^2 %g against the CPU", NH, NKV, HD, lens[li], n2 > 0 ? d / n2 : d);
+            CHECK(dd <= 1e-10 * n2, "decode attention %d/%d x %d over %d positions: rel L2^2 %g between bit 4096 and mask %d", NH, NKV, HD, lens[li], n2 > 0 ? dd / n2 : dd, mask0);
+            for (int hh = 0; hh < NH; hh++) { /* each head's largest column, where it leads clearly */
+                const float *c = oc + (size_t)hh * HD, *g = o1 + (size_t)hh * HD;
+                int bc = 0, bg = 0;
+                for (int i = 1; i < HD; i++) bc = c[i] > c[bc] ? i : bc, bg = g[i] > g[bg] ? i : bg;
+                float second = -1e30f;
+                for (int i = 0; i < HD; i++)
+                    if (i != bc && c[i] > second) second = c[i];
+                if (c[bc] - second > 1e-4f * (fabsf(c[bc]) + 1e-3f)) CHECK(bc == bg, "decode attention %d/%d x %d over %d positions, head %d: argmax %d, the CPU's %d", NH, NKV, HD, lens[li], hh, bg, bc);
+            }
+        }
+        B->free(dq), B->free(dkv), B->free(d0), B->free(d1), B->free(d2);
+    }
+    printf("test_backend_cuda: one-launch decode attention (bit 4096): %d shapes x %d lengths, %d launches, %s\n", (int)(sizeof SH / sizeof *SH),
+           (int)(sizeof lens / sizeof *lens), launches, bad ? "FAILED" : "near the CPU and the default launches");
 }
 
 /* K experts per token, I columns of a down row: (4, 128) one warp step per row, (8, 760) the benchmark's three
@@ -551,6 +615,7 @@ int main(void) {
         fused_moe_checks(8, 760);
         mm_cp_checks();
         attn_split_checks();
+        attn_dec_checks();
         fused_rows_checks();
         df_backend_select("cpu");
     } else

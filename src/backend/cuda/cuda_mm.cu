@@ -739,19 +739,21 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * restores round 7's launches and bits, 366 round 8 without bit 512. Round 9: 1024 (opt-in: 3.6% slower end to end
  * on the H200) the one-token spine products through the cp.async pipeline (k_mm_cp: the bits of a one-warp row, wk =
  * 1), 2048 (default: +4.9%) the MoE down launch with its rows streamed through cp.async (k_moe_down_cp: k_moe_down's
- * bits); default 2926 = 878 | 2048, DELTAFIN_CUDA_LEAN=878 restores round 8. Every bit but 512 and
- * 1024 gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
+ * bits); default 2926 = 878 | 2048, DELTAFIN_CUDA_LEAN=878 restores round 8. Round 10 (opt-in, the mask now
+ * keeps 16 bits): 4096 one-token GQA decode attention in one launch over (chunk, KV head) blocks (cuda_ops.cu,
+ * k_attn_dec: other sums than bits 2 / 16's launches). Every bit but 512, 1024 and 4096 gives the same bits of
+ * every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 4095 : 14 | 32 | 64 | 256 | 512 | 2048;
+        g_lean = e && *e ? atoi(e) & 65535 : 14 | 32 | 64 | 256 | 512 | 2048;
     }
     return g_lean;
 }
 extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 511 : 0; }
-extern "C" void df_cuda_set_lean_mask(int m) { g_lean = m < 0 ? -1 : m & 4095; }
+extern "C" void df_cuda_set_lean_mask(int m) { g_lean = m < 0 ? -1 : m & 65535; }
 /* bit 32 (round 7): programmatic dependent launches (launch_k); off for good once the launch API refuses one */
 int64_t g_pdl_launches;
 static int g_pdl_refused;
