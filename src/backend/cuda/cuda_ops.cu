@@ -513,16 +513,17 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
         const size_t zs = (size_t)NKV * GP * hd;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         int zz = 0;
-        for (; zz + 8 <= S; zz += 8) {
-            float4 r[8];
+        for (; zz + 16 <= S; zz += 16) {
+            float4 r[16];
 #pragma unroll
-            for (int u = 0; u < 8; u++) r[u] = ldcg4(pz + (size_t)(zz + u) * zs);
+            for (int u = 0; u < 16; u++) r[u] = ldcg4(pz + (size_t)(zz + u) * zs);
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
+            for (int u = 0; u < 16; u++) {
                 const float w = cw[g * S + zz + u];
                 o.x += w * r[u].x, o.y += w * r[u].y, o.z += w * r[u].z, o.w += w * r[u].w;
             }
         }
+#pragma unroll 4
         for (; zz < S; zz++) {
             const float4 r = ldcg4(pz + (size_t)zz * zs);
             const float w = cw[g * S + zz];
@@ -544,22 +545,25 @@ static int g_attn_split = -1; /* DELTAFIN_CUDA_ATTN_SPLIT=0: decode attention wi
  * are its own positions, and it attends over them in the same step), so those rows may be read before
  * griddepcontrol.wait. A cache not seen, or attended since the latest wait: none. */
 int64_t g_host_waits;
-static struct { const void *kv; int64_t waits; } g_kvseen[64];
+#define KV_SEEN 256
+static struct { const void *kv; int64_t waits; } g_kvseen[KV_SEEN];
 static int g_kvseen_next;
+/* every attention call over a cache (prefill, verify passes and decode alike) notes the count of host waits; the
+ * rows below pos0 count as final when the cache's previous attention came before the latest wait */
 static int final_rows(const void *kv, int pos0) {
     const int64_t now = __atomic_load_n(&g_host_waits, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 64; i++)
+    for (int i = 0; i < KV_SEEN; i++)
         if (g_kvseen[i].kv == kv) {
             const int pre = g_kvseen[i].waits < now ? pos0 : 0;
             g_kvseen[i].waits = now;
             return pre;
         }
     g_kvseen[g_kvseen_next].kv = kv, g_kvseen[g_kvseen_next].waits = now;
-    g_kvseen_next = (g_kvseen_next + 1) % 64;
+    g_kvseen_next = (g_kvseen_next + 1) % KV_SEEN;
     return 0;
 }
 /* 1 when k_attn_dec took the launch */
-static int attn_dec(const df_attn_gqa_args &c) {
+static int attn_dec(const df_attn_gqa_args &c, int pre) {
     const int NH = c.n_heads, NKV = c.n_kv_heads, hd = c.head_dim;
     if (c.n != 1 || NKV <= 0 || NH % NKV || hd <= 0 || hd % 4 || hd > 256 || ((uintptr_t)c.q | (uintptr_t)c.kv | (uintptr_t)c.out) & 15) return 0;
     const int G = NH / NKV, GP = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : G <= 8 ? 8 : 0, NF = hd <= 128 ? 1 : 2;
@@ -577,7 +581,6 @@ static int attn_dec(const df_attn_gqa_args &c) {
         CK("attn_gqa", cudaMemsetAsync(cnt, 0, ncnt * sizeof(unsigned), 0));
         g_att_cnt = cnt, g_att_cnt_n = ncnt;
     }
-    const int pre = final_rows(c.kv, c.pos0);
     const dim3 grid((unsigned)S, (unsigned)NKV);
 #define AD_L(GG, FF) launch_k(k_attn_dec<GG, FF>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre)
     if (NF == 1) GP == 1 ? AD_L(1, 1) : GP == 2 ? AD_L(2, 1) : GP == 4 ? AD_L(4, 1) : AD_L(8, 1);
@@ -589,6 +592,7 @@ static int attn_dec(const df_attn_gqa_args &c) {
 void g_attn_gqa(const df_attn_gqa_args *a) {
     LOCK();
     if (a->n <= 0 || a->n_heads <= 0) return;
+    const int pre = final_rows(a->kv, a->pos0); /* noted for every call (round 10's decode launch reads those rows early) */
     const int per = chunk_tokens(a->n, a->n_heads, a->pos0);
     for (int t0 = 0; t0 < a->n; t0 += per) {
         df_attn_gqa_args c = *a;
@@ -610,7 +614,7 @@ void g_attn_gqa(const df_attn_gqa_args *a) {
             g_attn_ch = v >= 8 && v <= AS_CH ? v : AS_CH;
         }
         if ((lean_mask() & 4096) && g_attn_split) { /* round 10: one-token decode attention over (chunk, KV head) blocks */
-            const int r = attn_dec(c);
+            const int r = attn_dec(c, pre);
             if (r < 0) return;
             if (r) {
                 post("attn_gqa");
