@@ -191,8 +191,12 @@ static void fused_moe_checks(const int K, const int I) {
         const int lean = trial % 5 != 4;
         /* round 9: every 5th trial (3, 8, ...) also with bits 1024 and 2048 (the down rows streamed through cp.async) */
         const int r9 = trial % 5 == 3;
+        /* round 10: every 5th trial (1, 6, ...) with the default mask and bit 8192 (the route inside the gate/up and down
+         * launches: softmax routes only, the sigmoid groups keep the three launches) */
+        const int r10 = trial % 5 == 1, rt = r10 && kind != 2;
         df_cuda_set_lean(lean);
         if (r9) df_cuda_set_lean_mask(511 | 1024 | 2048);
+        if (r10) df_cuda_set_lean_mask(2926 | 8192);
         for (int e = 0; e < E; e++) {
             lg[e] = ties ? (float)((int)(rnd() % 5) - 2) * 0.75f : (float)((int)(rnd() % 200001) - 100000) / 25000.0f;
             bias[e] = ties ? 0.0f : (float)((int)(rnd() % 101) - 50) / 400.0f;
@@ -221,21 +225,22 @@ static void fused_moe_checks(const int K, const int I) {
                                 .p0 = gp0, .p1 = gp1, .ids_out = fids};
         fa.route.ids = NULL, fa.route.w = fwd;
         const int64_t l0 = df_cuda_moe_launches(), rf0 = df_cuda_route_fast_launches(), pd0 = df_cuda_pdl_launches(),
-                      sh0 = df_cuda_moe_down_sh_launches(), cp0 = df_cuda_moe_down_cp_launches();
+                      sh0 = df_cuda_moe_down_sh_launches(), cp0 = df_cuda_moe_down_cp_launches(), rt0 = df_cuda_moe_rt_launches();
         int rc = B->moe_fused(&fa);
         const int64_t launches = df_cuda_moe_launches() - l0, fast = df_cuda_route_fast_launches() - rf0, pdl = df_cuda_pdl_launches() - pd0,
-                      sh = df_cuda_moe_down_sh_launches() - sh0, dcp = df_cuda_moe_down_cp_launches() - cp0;
+                      sh = df_cuda_moe_down_sh_launches() - sh0, dcp = df_cuda_moe_down_cp_launches() - cp0, rtl = df_cuda_moe_rt_launches() - rt0;
         B->tier_stats(&s1);
         df_cuda_set_lean(1);
         CHECK(rc == 0, "trial %d: moe_fused rc %d", trial, rc);
-        CHECK(launches == (lean ? 3 : 5), "trial %d (lean %d): moe_fused in %lld launches, expected %d", trial, lean, (long long)launches, lean ? 3 : 5);
+        CHECK(launches == (rt ? 2 : lean ? 3 : 5), "trial %d (lean %d, r10 %d): moe_fused in %lld launches, expected %d", trial, lean, r10, (long long)launches, rt ? 2 : lean ? 3 : 5);
+        CHECK(rtl == rt, "trial %d (kind %d, r10 %d): %lld layers with the route inside the product launches, expected %d", trial, kind, r10, (long long)rtl, rt);
         /* round 7: the softmax routes in the register-resident kernel, and every launch programmatic, with the savings */
-        CHECK(fast == (lean && kind != 2), "trial %d (kind %d, lean %d): %lld register-resident routes", trial, kind, lean, (long long)fast);
+        CHECK(fast == (lean && kind != 2 && !rt), "trial %d (kind %d, lean %d): %lld register-resident routes", trial, kind, lean, (long long)fast);
         CHECK(pdl == (lean ? launches : 0), "trial %d (lean %d): %lld of %lld launches programmatic", trial, lean, (long long)pdl, (long long)launches);
         /* bit 128 (in df_cuda_set_lean(1)): the down launch with the gate once per block, the same rows and output bits */
-        CHECK(sh == (lean && !r9), "trial %d (lean %d): %lld down launches with the gate in shared memory", trial, lean, (long long)sh);
+        CHECK(sh == (lean && !r9 && !r10), "trial %d (lean %d): %lld down launches with the gate in shared memory", trial, lean, (long long)sh);
         /* bit 2048 (round 9): the down launch with its rows streamed through cp.async, the same rows and output bits */
-        CHECK(dcp == r9, "trial %d (I %d, r9 %d): %lld down launches through cp.async, expected %d", trial, I, r9, (long long)dcp, r9);
+        CHECK(dcp == (r9 || (r10 && !rt)), "trial %d (I %d, r9 %d, r10 %d): %lld down launches through cp.async, expected %d", trial, I, r9, r10, (long long)dcp, r9 || (r10 && !rt));
         CHECK(s1.cache_hits - s0.cache_hits == 3 * K, "trial %d: %lld hits counted, expected %d", trial, (long long)(s1.cache_hits - s0.cache_hits), 3 * K);
         float fif[KM];
         B->read(fif, fids, K);
@@ -250,8 +255,8 @@ static void fused_moe_checks(const int K, const int I) {
             if (d) ulp1++, same_w = 0;
             CHECK(d >= -1 && d <= 1, "trial %d (kind %d): weight %d: device %a, host %a", trial, kind, k, fw[k], hw[k]);
         }
-        CHECK(!memcmp(fd, hd, (size_t)K * D * sizeof(float)), "trial %d (I %d, kind %d, gate %d, lean %d, r9 %d): an expert output row differs from the host-routed launches'",
-              trial, I, kind, (int)gk, lean, r9);
+        CHECK(!memcmp(fd, hd, (size_t)K * D * sizeof(float)), "trial %d (I %d, kind %d, gate %d, lean %d, r9 %d): an expert output row differs from the host-routed launches' (r10 %d)",
+              trial, I, kind, (int)gk, lean, r9, r10);
         B->write(rwd, fw, K);
         B->moe_combine(rout, hdd, rwd, 1, K, D);
         B->read(ro, rout, D);
