@@ -1144,8 +1144,9 @@ struct RsSh {
 /* 64 threads at once: the block's 64 (k_route_soft) or its first 64 (round 10's kernels, threads 64.. do not call
  * it): a named barrier (1) joins the two warps, so the other threads never meet it */
 static __device__ __forceinline__ void bar64(void) { asm volatile("bar.sync 1, 64;" ::: "memory"); }
-/* k_route_soft's route: the ids and (warp 0, after its lane 0 and a __syncwarp) the weights in s */
-static __device__ __forceinline__ void route_soft_ids(const RouteK &p, RsSh &s) {
+/* k_route_soft's route: the ids and (W, warp 0, after its lane 0 and a __syncwarp) the weights in s; without W warp 1
+ * skips the softmax denominator (round 10's gate/up blocks but the first need only the ids) */
+template <int W> static __device__ __forceinline__ void route_soft_ids(const RouteK &p, RsSh &s) {
     float *lg = s.lg, *sc = s.sc;
     unsigned char *taken = s.taken;
     int *ids = s.ids;
@@ -1158,7 +1159,8 @@ static __device__ __forceinline__ void route_soft_ids(const RouteK &p, RsSh &s) 
         v[i] = e < E ? __ldcg(p.logits + e) : 0.0f; /* through L2: round 10's down launch reads them before its wait */
         if (e < E && warp == 0) lg[e] = v[i], taken[e] = 0;
     }
-    if (warp == 1) { /* the denominator, as k_route_fused */
+    if (warp == 1 && !W) {
+    } else if (warp == 1) { /* the denominator, as k_route_fused */
         float mx = -INFINITY;
 #pragma unroll
         for (int i = 0; i < RS_V; i++)
@@ -1221,7 +1223,7 @@ static __device__ __forceinline__ void route_soft_ids(const RouteK &p, RsSh &s) 
         }
     }
     bar64();
-    if (warp) return;
+    if (warp || !W) return;
     if (!lane) {
         const double sum = s.total;
         for (int k = 0; k < K; k++) wk[k] = __double2float_rn(__ddiv_rn((double)sc[ids[k]], sum));
@@ -1236,7 +1238,7 @@ static __device__ __forceinline__ void route_soft_ids(const RouteK &p, RsSh &s) 
 __global__ void __launch_bounds__(64) k_route_soft(const __grid_constant__ RouteK p) {
     pdl_entry();
     __shared__ RsSh s;
-    route_soft_ids(p, s);
+    route_soft_ids<1>(p, s);
     if (threadIdx.x >= 32) return;
     route_tables(p, s.ids, s.wk, threadIdx.x & 31);
 }
@@ -1248,14 +1250,18 @@ __global__ void __launch_bounds__(64) k_route_soft(const __grid_constant__ Route
  * again BEFORE its own wait and copies its experts' rows (the resident table p.tab is written by no kernel) by
  * cp.async while the gate/up launch still runs, as k_moe_down_cp. Each block builds the one job it takes from the
  * ids (k_gu_rt: job blockIdx.x / nb_gu of the table route_tables writes: the same rows, x, y and row split) and runs
- * the decode kernel's body (k_mm_dev's: the same bits per row); block 0 of k_gu_rt writes the weights and ids out.
+ * the decode kernel's body (k_mm_dev's: the same bits per row); block 0 of k_gu_rt writes the weights and ids out
+ * (its other blocks need only the ids: their warp 1 skips the softmax denominator).
  * The down launch's combine reads its own weights (the same values). So every result has the bits of bits 64 + 2048. */
 template <int V, int U>
 __global__ void __launch_bounds__(MM_WARPS * 32, U > 2 ? 2 : 3) k_gu_rt(const __grid_constant__ RouteK p) {
     __shared__ RsSh rs;
     __shared__ MmBatchT<1> jb;
     pdl_wait(), pdl_go(); /* as k_mm_dev: the wait first */
-    if (threadIdx.x < 64) route_soft_ids(p, rs);
+    if (threadIdx.x < 64) { /* the weights in block 0 only (it writes them out) */
+        if (blockIdx.x) route_soft_ids<0>(p, rs);
+        else route_soft_ids<1>(p, rs);
+    }
     __syncthreads();
     const unsigned jj = blockIdx.x / p.nb_gu;
     if (!threadIdx.x) {
@@ -1282,7 +1288,7 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_c
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = p.k;
     uint4 *ring = dr_ring + (size_t)warp * RT * SPR * 32 + lane;
     pdl_go();
-    if (threadIdx.x < 64) route_soft_ids(p, rs);
+    if (threadIdx.x < 64) route_soft_ids<1>(p, rs);
     __syncthreads();
     const int64_t r0 = (int64_t)blockIdx.x * RT;
     const DW &w = p.tab[3 * rs.ids[warp] + 2];
