@@ -127,6 +127,49 @@ static void attn_dec_checks(void) {
         }
         B->free(dq), B->free(dkv), B->free(d0), B->free(d1), B->free(d2);
     }
+    /* decode steps as the model issues them: qk_norm_rope (bit 256's kernel) writes the new position's K/V cache rows,
+     * attention follows at once (launched programmatically: it may start while that kernel runs), the output is read
+     * back (the host's wait) before the next step. From the second step on every older row is read before the wait,
+     * the newest after it: a row read too early would be stale (the CPU over the read-back cache is the reference). */
+    {
+        enum { NH = 32, NKV = 4, HD = 128, P0 = 600, STEPS = 8, TT = P0 + STEPS, KD = NKV * HD };
+        static float ckv[TT * 2 * KD], cq[NH * HD], ck[KD], cv[KD], ccs[HD], gq[HD], gk[HD], go[NH * HD], gc[NH * HD];
+        for (int i = 0; i < TT * 2 * KD; i++) ckv[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+        for (int i = 0; i < HD; i++) gq[i] = 1.0f + (float)((int)(rnd() % 201) - 100) / 400.0f, gk[i] = 1.0f + (float)((int)(rnd() % 201) - 100) / 400.0f;
+        df_act *dkv = B->alloc(TT * 2 * KD), *dq = B->alloc(NH * HD), *dk = B->alloc(KD), *dv = B->alloc(KD), *dcs = B->alloc(HD), *dout = B->alloc(NH * HD);
+        B->write(dkv, ckv, TT * 2 * KD);
+        for (int m = 0; m < 2; m++) {
+            const int mask = m ? mask0 | 4096 : mask0;
+            const int64_t l0 = df_cuda_attn_dec_launches();
+            double worst = 0;
+            for (int st = 0; st < STEPS; st++) {
+                const int p = P0 + st;
+                for (int i = 0; i < NH * HD; i++) cq[i] = (float)((int)(rnd() % 2001) - 1000) / 400.0f;
+                for (int i = 0; i < KD; i++) ck[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f, cv[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+                for (int i = 0; i < HD / 2; i++) ccs[2 * i] = cosf(0.01f * (float)(p * (i + 1))), ccs[2 * i + 1] = sinf(0.01f * (float)(p * (i + 1)));
+                B->write(dq, cq, NH * HD), B->write(dk, ck, KD), B->write(dv, cv, KD), B->write(dcs, ccs, HD);
+                df_cuda_set_lean_mask(mask);
+                df_qk_norm_rope_args r = {dq, dk, gq, gk, 1, NH, NKV, HD, HD, 1e-6f, dcs, 0, dv, DF_AT(dkv, (size_t)p * 2 * KD), DF_AT(dkv, (size_t)p * 2 * KD + KD), 2 * KD};
+                B->qk_norm_rope(&r);
+                df_attn_gqa_args a = {.q = dq, .kv = dkv, .out = dout, .n = 1, .pos0 = p, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 1.0f / 11.3f};
+                B->attn_gqa(&a);
+                B->read(go, dout, NH * HD);
+                df_cuda_set_lean_mask(-1);
+                B->read(cq, dq, NH * HD), B->read(ckv, dkv, (size_t)(p + 1) * 2 * KD);
+                df_attn_gqa_args h = a;
+                h.q = (const df_act *)cq, h.kv = (const df_act *)ckv, h.out = (df_act *)gc;
+                df_backend_cpu.attn_gqa(&h);
+                double d = 0, n2 = 0;
+                for (int i = 0; i < NH * HD; i++) d += (double)(go[i] - gc[i]) * (go[i] - gc[i]), n2 += (double)gc[i] * gc[i];
+                if (n2 > 0 && d / n2 > worst) worst = d / n2;
+                CHECK(d <= 1e-10 * n2, "decode step at position %d (mask %d, after qk_norm_rope): rel L2^2 %g against the CPU", p, mask, n2 > 0 ? d / n2 : d);
+            }
+            const int64_t got = df_cuda_attn_dec_launches() - l0;
+            CHECK(got == (m ? STEPS : 0), "decode steps (mask %d): %lld k_attn_dec launches, expected %d", mask, (long long)got, m ? STEPS : 0);
+            printf("test_backend_cuda: %d decode steps after qk_norm_rope, mask %d: worst rel L2^2 %.2e against the CPU\n", STEPS, mask, worst);
+        }
+        B->free(dkv), B->free(dq), B->free(dk), B->free(dv), B->free(dcs), B->free(dout);
+    }
     printf("test_backend_cuda: one-launch decode attention (bit 4096): %d shapes x %d lengths, %d launches, %s\n", (int)(sizeof SH / sizeof *SH),
            (int)(sizeof lens / sizeof *lens), launches, bad ? "FAILED" : "near the CPU and the default launches");
 }
