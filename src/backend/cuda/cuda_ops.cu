@@ -550,7 +550,13 @@ static struct { const void *kv; int64_t waits; } g_kvseen[KV_SEEN];
 static int g_kvseen_next;
 /* every attention call over a cache (prefill, verify passes and decode alike) notes the count of host waits; the
  * rows below pos0 count as final when the cache's previous attention came before the latest wait */
+static int g_attn_early = -1; /* DELTAFIN_CUDA_ATTN_EARLY=0: no row read before the wait (a measurement aid) */
 static int final_rows(const void *kv, int pos0) {
+    if (g_attn_early < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_ATTN_EARLY");
+        g_attn_early = !(e && !strcmp(e, "0"));
+    }
+    if (!g_attn_early) pos0 = 0;
     const int64_t now = __atomic_load_n(&g_host_waits, __ATOMIC_SEQ_CST);
     for (int i = 0; i < KV_SEEN; i++)
         if (g_kvseen[i].kv == kv) {
