@@ -28,7 +28,7 @@
 # the CPU backend against transformers' modules). CONF_MASKS / E2E_MASKS="3950": conformance / model parity again under each
 # DELTAFIN_CUDA_LEAN mask. MOE_SET=r10: resident decode with the masks of R10_AB (default "2926 7022 11118 15214": the default,
 # + bit 4096, + bit 8192, both) alternated three times, ncu of R10_NCU (default "2926 15214"), the ids compared (R10_LONG=1: 512
-# tokens and sampled too). MOE_SET=r9: resident decode with the masks of R9_AB (default "878 1902 2926 3950": the default, + bit
+# tokens and sampled too; R10_EARLY0=MASK: that mask twice more with DELTAFIN_CUDA_ATTN_EARLY=0). MOE_SET=r9: resident decode with the masks of R9_AB (default "878 1902 2926 3950": the default, + bit
 # 1024, + bit 2048, both) alternated three times, ncu of each, the ids compared (R9_LONG=1: 512 tokens and sampled too). MOE_SET=r8: resident decode with the masks of R8_AB (default "110 366 878":
 # round 7, + the fused row ops, + the one-token spine products' row split) alternated three times, 512 tokens and sampled
 # each, ncu of each; R8_SPLITS="8 4" adds DELTAFIN_CUDA_MM_SPLIT1 runs. MOE_SET=r7: resident decode with DELTAFIN_CUDA_LEAN=14 (round 6) and 110
@@ -210,6 +210,9 @@ PY
         # there is not by itself a failure, but the conformance and cuda_e2e runs under CONF_MASKS / E2E_MASKS must pass)
         R10_AB=${R10_AB:-2926 7022 11118 15214}
         for r in 1 2 3; do for L in $R10_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done; done
+        if [ -n "${R10_EARLY0:-}" ]; then # e.g. R10_EARLY0=15214: that mask with DELTAFIN_CUDA_ATTN_EARLY=0 (no cache row read before the wait), twice
+            for r in 1 2; do DELTAFIN_CUDA_LEAN=$R10_EARLY0 DELTAFIN_CUDA_ATTN_EARLY=0 moe "resident-early0-lean$R10_EARLY0-r$r" --gpu-memory 100G; done
+        fi
         if [ "${R10_LONG:-0}" = 1 ]; then
             for L in $R10_AB; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512" --gpu-memory 100G; done
             for L in $R10_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
