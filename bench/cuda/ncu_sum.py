@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ncu_sum.py CSV - sums an `ncu --metrics gpu__time_duration.sum --csv` log by kernel (template
 arguments kept: k_mm<V, NT, WP, MJ, U>), and per decode token where the capture holds whole MoE
-layers (4 route launches, k_route_fused or k_route_soft, per token of the 4-layer benchmark model: MOE_LAYERS)."""
+layers (4 route launches, k_route_fused or k_route_soft or round 10's k_gu_rt, per token of the 4-layer benchmark model: MOE_LAYERS)."""
 import collections
 import csv
 import os
@@ -27,7 +27,8 @@ tot = sum(sum(v) for v in t.values())
 n = sum(len(v) for v in t.values())
 for k, v in sorted(t.items(), key=lambda kv: -sum(kv[1])):
     print(f"ncu {k:60s} n={len(v):4d} mean {sum(v) / len(v):8.2f} us  min {min(v):8.2f}  max {max(v):8.2f}  sum {sum(v):9.1f}")
-routes = sum(len(v) for k, v in t.items() if k.startswith("k_route_"))  # k_route_fused, or round 7's k_route_soft
+# one per MoE layer: k_route_fused, or round 7's k_route_soft, or (round 10, bit 8192: the route inside it) k_gu_rt
+routes = sum(len(v) for k, v in t.items() if k.startswith("k_route_") or k.startswith("k_gu_rt"))
 L = int(os.environ.get("MOE_LAYERS", "4"))
 line = f"ncu: {n} kernels, {tot:.1f} us of GPU time"
 if routes:

@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda.h"
 #endif
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,112 @@ static void attn_split_checks(void) {
     }
     printf("test_backend_cuda: split decode attention: %d lengths, %s\n", (int)(sizeof lens / sizeof *lens), bad ? "bits DIFFER with the savings" : "the same bits with and without the savings");
     B->free(dq), B->free(dkv), B->free(dout);
+}
+
+/* Round 10 (DELTAFIN_CUDA_LEAN bit 4096): one-token GQA decode attention in one launch over (chunk of 16 positions,
+ * KV head) blocks, against the CPU (rel L2^2 <= 1e-10, and each head's largest output column where it leads by
+ * more than 1e-4) and the default mask's launches (the same bound: other sums, so not bit for bit), for q heads per
+ * KV head of 1, 3 (padded to 4), 8, 2 and 4 with 256-column heads, caches of 1, 2, 15, 16, 17, 100, 640, 641 and 700
+ * positions (one chunk, a partial last chunk, the benchmark's 640); one launch of k_attn_dec each; run twice, with
+ * the cache's rows read before the programmatic wait (the host read back since the last attention over this cache)
+ * and after it (no read between): the same bits. Shapes it does not take (16 q heads per KV head, head_dim 30) run
+ * the default launches (no k_attn_dec launch) and stay near the CPU. */
+static void attn_dec_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    enum { TMAX = 700, MAXQ = 32 * 128, MAXKV = TMAX * 2 * 8 * 256 };
+    static const struct { int nh, nkv, hd, takes; } SH[] = {
+        {32, 4, 128, 1}, {8, 8, 64, 1}, {12, 4, 64, 1}, {16, 2, 64, 1}, {8, 4, 256, 1}, {12, 3, 256, 1}, {16, 1, 64, 0}, {4, 2, 30, 0},
+    };
+    static const int lens[] = {1, 2, 15, 16, 17, 100, 640, 641, 700};
+    static float q[MAXQ], kv[MAXKV], o0[MAXQ], o1[MAXQ], o2[MAXQ], oc[MAXQ];
+    const int mask0 = 2926;
+    int bad = 0, launches = 0;
+    for (size_t si = 0; si < sizeof SH / sizeof *SH; si++) {
+        const int NH = SH[si].nh, NKV = SH[si].nkv, HD = SH[si].hd, nq = NH * HD, nkv = TMAX * 2 * NKV * HD;
+        for (int i = 0; i < nq; i++) q[i] = (float)((int)(rnd() % 2001) - 1000) / 400.0f;
+        for (int i = 0; i < nkv; i++) kv[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+        df_act *dq = B->alloc((size_t)nq), *dkv = B->alloc((size_t)nkv), *d0 = B->alloc((size_t)nq), *d1 = B->alloc((size_t)nq), *d2 = B->alloc((size_t)nq);
+        B->write(dq, q, (size_t)nq), B->write(dkv, kv, (size_t)nkv);
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            df_attn_gqa_args a = {.q = dq, .kv = dkv, .out = d0, .n = 1, .pos0 = lens[li] - 1, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 1.0f / 11.3f};
+            df_cuda_set_lean_mask(mask0);
+            B->attn_gqa(&a);
+            B->read(o0, d0, (size_t)nq);
+            df_cuda_set_lean_mask(mask0 | 4096);
+            const int64_t l0 = df_cuda_attn_dec_launches();
+            a.out = d1, B->attn_gqa(&a); /* the cache last attended before the read above: rows read before the wait */
+            a.out = d2, B->attn_gqa(&a); /* no read since: every row read after the wait */
+            const int64_t got = df_cuda_attn_dec_launches() - l0;
+            launches += (int)got;
+            CHECK(got == 2 * SH[si].takes, "decode attention %d/%d x %d over %d positions: %lld k_attn_dec launches, expected %d", NH, NKV, HD, lens[li], (long long)got, 2 * SH[si].takes);
+            B->read(o1, d1, (size_t)nq), B->read(o2, d2, (size_t)nq);
+            df_cuda_set_lean_mask(-1);
+            CHECK(!memcmp(o1, o2, (size_t)nq * sizeof(float)), "decode attention %d/%d x %d over %d positions: the rows read before the wait changed bits", NH, NKV, HD, lens[li]);
+            df_attn_gqa_args h = a;
+            h.q = (const df_act *)q, h.kv = (const df_act *)kv, h.out = (df_act *)oc;
+            df_backend_cpu.attn_gqa(&h);
+            double d = 0, dd = 0, n2 = 0;
+            for (int i = 0; i < nq; i++) d += (double)(o1[i] - oc[i]) * (o1[i] - oc[i]), dd += (double)(o1[i] - o0[i]) * (o1[i] - o0[i]), n2 += (double)oc[i] * oc[i];
+            if (d > 1e-10 * n2 || dd > 1e-10 * n2) bad++;
+            CHECK(d <= 1e-10 * n2, "decode attention %d/%d x %d over %d positions (bit 4096): rel L2^2 %g against the CPU", NH, NKV, HD, lens[li], n2 > 0 ? d / n2 : d);
+            CHECK(dd <= 1e-10 * n2, "decode attention %d/%d x %d over %d positions: rel L2^2 %g between bit 4096 and mask %d", NH, NKV, HD, lens[li], n2 > 0 ? dd / n2 : dd, mask0);
+            for (int hh = 0; hh < NH; hh++) { /* each head's largest column, where it leads clearly */
+                const float *c = oc + (size_t)hh * HD, *g = o1 + (size_t)hh * HD;
+                int bc = 0, bg = 0;
+                for (int i = 1; i < HD; i++) bc = c[i] > c[bc] ? i : bc, bg = g[i] > g[bg] ? i : bg;
+                float second = -1e30f;
+                for (int i = 0; i < HD; i++)
+                    if (i != bc && c[i] > second) second = c[i];
+                if (c[bc] - second > 1e-4f * (fabsf(c[bc]) + 1e-3f)) CHECK(bc == bg, "decode attention %d/%d x %d over %d positions, head %d: argmax %d, the CPU's %d", NH, NKV, HD, lens[li], hh, bg, bc);
+            }
+        }
+        B->free(dq), B->free(dkv), B->free(d0), B->free(d1), B->free(d2);
+    }
+    /* decode steps as the model issues them: qk_norm_rope (bit 256's kernel) writes the new position's K/V cache rows,
+     * attention follows at once (launched programmatically: it may start while that kernel runs), the output is read
+     * back (the host's wait) before the next step. From the second step on every older row is read before the wait,
+     * the newest after it: a row read too early would be stale (the CPU over the read-back cache is the reference). */
+    {
+        enum { NH = 32, NKV = 4, HD = 128, P0 = 600, STEPS = 8, TT = P0 + STEPS, KD = NKV * HD };
+        static float ckv[TT * 2 * KD], cq[NH * HD], ck[KD], cv[KD], ccs[HD], gq[HD], gk[HD], go[NH * HD], gc[NH * HD];
+        for (int i = 0; i < TT * 2 * KD; i++) ckv[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+        for (int i = 0; i < HD; i++) gq[i] = 1.0f + (float)((int)(rnd() % 201) - 100) / 400.0f, gk[i] = 1.0f + (float)((int)(rnd() % 201) - 100) / 400.0f;
+        df_act *dkv = B->alloc(TT * 2 * KD), *dq = B->alloc(NH * HD), *dk = B->alloc(KD), *dv = B->alloc(KD), *dcs = B->alloc(HD), *dout = B->alloc(NH * HD);
+        B->write(dkv, ckv, TT * 2 * KD);
+        for (int m = 0; m < 2; m++) {
+            const int mask = m ? mask0 | 4096 : mask0;
+            const int64_t l0 = df_cuda_attn_dec_launches();
+            double worst = 0;
+            for (int st = 0; st < STEPS; st++) {
+                const int p = P0 + st;
+                for (int i = 0; i < NH * HD; i++) cq[i] = (float)((int)(rnd() % 2001) - 1000) / 400.0f;
+                for (int i = 0; i < KD; i++) ck[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f, cv[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+                for (int i = 0; i < HD / 2; i++) ccs[2 * i] = cosf(0.01f * (float)(p * (i + 1))), ccs[2 * i + 1] = sinf(0.01f * (float)(p * (i + 1)));
+                B->write(dq, cq, NH * HD), B->write(dk, ck, KD), B->write(dv, cv, KD), B->write(dcs, ccs, HD);
+                df_cuda_set_lean_mask(mask);
+                df_qk_norm_rope_args r = {dq, dk, gq, gk, 1, NH, NKV, HD, HD, 1e-6f, dcs, 0, dv, DF_AT(dkv, (size_t)p * 2 * KD), DF_AT(dkv, (size_t)p * 2 * KD + KD), 2 * KD};
+                B->qk_norm_rope(&r);
+                df_attn_gqa_args a = {.q = dq, .kv = dkv, .out = dout, .n = 1, .pos0 = p, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 1.0f / 11.3f};
+                B->attn_gqa(&a);
+                B->read(go, dout, NH * HD);
+                df_cuda_set_lean_mask(-1);
+                B->read(cq, dq, NH * HD), B->read(ckv, dkv, (size_t)(p + 1) * 2 * KD);
+                df_attn_gqa_args h = a;
+                h.q = (const df_act *)cq, h.kv = (const df_act *)ckv, h.out = (df_act *)gc;
+                df_backend_cpu.attn_gqa(&h);
+                double d = 0, n2 = 0;
+                for (int i = 0; i < NH * HD; i++) d += (double)(go[i] - gc[i]) * (go[i] - gc[i]), n2 += (double)gc[i] * gc[i];
+                if (n2 > 0 && d / n2 > worst) worst = d / n2;
+                CHECK(d <= 1e-10 * n2, "decode step at position %d (mask %d, after qk_norm_rope): rel L2^2 %g against the CPU", p, mask, n2 > 0 ? d / n2 : d);
+            }
+            const int64_t got = df_cuda_attn_dec_launches() - l0;
+            CHECK(got == (m ? STEPS : 0), "decode steps (mask %d): %lld k_attn_dec launches, expected %d", mask, (long long)got, m ? STEPS : 0);
+            printf("test_backend_cuda: %d decode steps after qk_norm_rope, mask %d: worst rel L2^2 %.2e against the CPU\n", STEPS, mask, worst);
+        }
+        B->free(dkv), B->free(dq), B->free(dk), B->free(dv), B->free(dcs), B->free(dout);
+    }
+    printf("test_backend_cuda: one-launch decode attention (bit 4096): %d shapes x %d lengths, %d launches, %s\n", (int)(sizeof SH / sizeof *SH),
+           (int)(sizeof lens / sizeof *lens), launches, bad ? "FAILED" : "near the CPU and the default launches");
 }
 
 /* K experts per token, I columns of a down row: (4, 128) one warp step per row, (8, 760) the benchmark's three
@@ -127,8 +234,12 @@ static void fused_moe_checks(const int K, const int I) {
         const int lean = trial % 5 != 4;
         /* round 9: every 5th trial (3, 8, ...) also with bits 1024 and 2048 (the down rows streamed through cp.async) */
         const int r9 = trial % 5 == 3;
+        /* round 10: every 5th trial (1, 6, ...) with the default mask and bit 8192 (the route inside the gate/up and down
+         * launches: softmax routes only, the sigmoid groups keep the three launches) */
+        const int r10 = trial % 5 == 1, rt = r10 && kind != 2;
         df_cuda_set_lean(lean);
         if (r9) df_cuda_set_lean_mask(511 | 1024 | 2048);
+        if (r10) df_cuda_set_lean_mask(2926 | 8192);
         for (int e = 0; e < E; e++) {
             lg[e] = ties ? (float)((int)(rnd() % 5) - 2) * 0.75f : (float)((int)(rnd() % 200001) - 100000) / 25000.0f;
             bias[e] = ties ? 0.0f : (float)((int)(rnd() % 101) - 50) / 400.0f;
@@ -157,21 +268,22 @@ static void fused_moe_checks(const int K, const int I) {
                                 .p0 = gp0, .p1 = gp1, .ids_out = fids};
         fa.route.ids = NULL, fa.route.w = fwd;
         const int64_t l0 = df_cuda_moe_launches(), rf0 = df_cuda_route_fast_launches(), pd0 = df_cuda_pdl_launches(),
-                      sh0 = df_cuda_moe_down_sh_launches(), cp0 = df_cuda_moe_down_cp_launches();
+                      sh0 = df_cuda_moe_down_sh_launches(), cp0 = df_cuda_moe_down_cp_launches(), rt0 = df_cuda_moe_rt_launches();
         int rc = B->moe_fused(&fa);
         const int64_t launches = df_cuda_moe_launches() - l0, fast = df_cuda_route_fast_launches() - rf0, pdl = df_cuda_pdl_launches() - pd0,
-                      sh = df_cuda_moe_down_sh_launches() - sh0, dcp = df_cuda_moe_down_cp_launches() - cp0;
+                      sh = df_cuda_moe_down_sh_launches() - sh0, dcp = df_cuda_moe_down_cp_launches() - cp0, rtl = df_cuda_moe_rt_launches() - rt0;
         B->tier_stats(&s1);
         df_cuda_set_lean(1);
         CHECK(rc == 0, "trial %d: moe_fused rc %d", trial, rc);
-        CHECK(launches == (lean ? 3 : 5), "trial %d (lean %d): moe_fused in %lld launches, expected %d", trial, lean, (long long)launches, lean ? 3 : 5);
+        CHECK(launches == (rt ? 2 : lean ? 3 : 5), "trial %d (lean %d, r10 %d): moe_fused in %lld launches, expected %d", trial, lean, r10, (long long)launches, rt ? 2 : lean ? 3 : 5);
+        CHECK(rtl == rt, "trial %d (kind %d, r10 %d): %lld layers with the route inside the product launches, expected %d", trial, kind, r10, (long long)rtl, rt);
         /* round 7: the softmax routes in the register-resident kernel, and every launch programmatic, with the savings */
-        CHECK(fast == (lean && kind != 2), "trial %d (kind %d, lean %d): %lld register-resident routes", trial, kind, lean, (long long)fast);
+        CHECK(fast == (lean && kind != 2 && !rt), "trial %d (kind %d, lean %d): %lld register-resident routes", trial, kind, lean, (long long)fast);
         CHECK(pdl == (lean ? launches : 0), "trial %d (lean %d): %lld of %lld launches programmatic", trial, lean, (long long)pdl, (long long)launches);
         /* bit 128 (in df_cuda_set_lean(1)): the down launch with the gate once per block, the same rows and output bits */
-        CHECK(sh == (lean && !r9), "trial %d (lean %d): %lld down launches with the gate in shared memory", trial, lean, (long long)sh);
+        CHECK(sh == (lean && !r9 && !r10), "trial %d (lean %d): %lld down launches with the gate in shared memory", trial, lean, (long long)sh);
         /* bit 2048 (round 9): the down launch with its rows streamed through cp.async, the same rows and output bits */
-        CHECK(dcp == r9, "trial %d (I %d, r9 %d): %lld down launches through cp.async, expected %d", trial, I, r9, (long long)dcp, r9);
+        CHECK(dcp == (r9 || (r10 && !rt)), "trial %d (I %d, r9 %d, r10 %d): %lld down launches through cp.async, expected %d", trial, I, r9, r10, (long long)dcp, r9 || (r10 && !rt));
         CHECK(s1.cache_hits - s0.cache_hits == 3 * K, "trial %d: %lld hits counted, expected %d", trial, (long long)(s1.cache_hits - s0.cache_hits), 3 * K);
         float fif[KM];
         B->read(fif, fids, K);
@@ -186,8 +298,8 @@ static void fused_moe_checks(const int K, const int I) {
             if (d) ulp1++, same_w = 0;
             CHECK(d >= -1 && d <= 1, "trial %d (kind %d): weight %d: device %a, host %a", trial, kind, k, fw[k], hw[k]);
         }
-        CHECK(!memcmp(fd, hd, (size_t)K * D * sizeof(float)), "trial %d (I %d, kind %d, gate %d, lean %d, r9 %d): an expert output row differs from the host-routed launches'",
-              trial, I, kind, (int)gk, lean, r9);
+        CHECK(!memcmp(fd, hd, (size_t)K * D * sizeof(float)), "trial %d (I %d, kind %d, gate %d, lean %d, r9 %d): an expert output row differs from the host-routed launches' (r10 %d)",
+              trial, I, kind, (int)gk, lean, r9, r10);
         B->write(rwd, fw, K);
         B->moe_combine(rout, hdd, rwd, 1, K, D);
         B->read(ro, rout, D);
@@ -551,6 +663,7 @@ int main(void) {
         fused_moe_checks(8, 760);
         mm_cp_checks();
         attn_split_checks();
+        attn_dec_checks();
         fused_rows_checks();
         df_backend_select("cpu");
     } else

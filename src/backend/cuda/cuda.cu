@@ -273,7 +273,13 @@ static void g_free(df_act *p) {
     dfree(p, &g_act_used, "free");
 }
 static void g_write(df_act *dst, const float *src, size_t n) { PROF_SCOPE(); if (n) CK("write", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice)); }
-static void g_read(float *dst, const df_act *src, size_t n) { PROF_SCOPE(); if (n) CK("read", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost)); }
+static void g_read(float *dst, const df_act *src, size_t n) {
+    PROF_SCOPE();
+    if (!n) return;
+    const cudaError_t e = cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) report("read", e);
+    else __atomic_add_fetch(&g_host_waits, 1, __ATOMIC_SEQ_CST); /* every kernel queued before the copy has finished */
+}
 static void g_copy(df_act *dst, const df_act *src, size_t n) { if (n) CK("copy", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice)); }
 static void g_zero(df_act *dst, size_t n) { if (n) CK("zero", cudaMemset(dst, 0, n * sizeof(float))); }
 static void g_copy_rows(df_act *dst, size_t ds, const df_act *src, size_t ss, int rows, int cols) {

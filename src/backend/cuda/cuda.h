@@ -47,12 +47,16 @@ void df_cuda_set_split1(int s);
 /* Launches of the fused row ops (add_rmsnorm, qk_norm_rope; DELTAFIN_CUDA_LEAN bit 256, round 8) so far (tests). */
 int64_t df_cuda_fused_launches(void);
 /* The whole DELTAFIN_CUDA_LEAN mask (tests; round 9's bits 1024 and 2048 are not in df_cuda_set_lean(1)):
- * m & 4095; a negative m: the default (or the env's value) again. */
+ * m & 65535; a negative m: the default (or the env's value) again. */
 void df_cuda_set_lean_mask(int m);
 /* Launches of round 9's one-token spine products through the cp.async pipeline (bit 1024) so far (tests). */
 int64_t df_cuda_mm_cp_launches(void);
 /* Launches of round 9's MoE down launch with its rows streamed through cp.async (bit 2048) so far (tests). */
 int64_t df_cuda_moe_down_cp_launches(void);
+/* Launches of round 10's one-token GQA decode attention over (chunk, KV head) blocks (bit 4096) so far (tests). */
+int64_t df_cuda_attn_dec_launches(void);
+/* Device-routed MoE layers run with the route inside the gate/up and down launches (round 10, bit 8192) so far (tests). */
+int64_t df_cuda_moe_rt_launches(void);
 
 #ifdef __cplusplus
 }

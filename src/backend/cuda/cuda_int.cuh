@@ -90,6 +90,8 @@ struct ProfScope {
 #define PROF_SCOPE() ProfScope prof_(__func__)
 /* DELTAFIN_CUDA_LEAN: the mask of the decode-step savings in force (cuda_mm.cu: 1 products, 2 attention) */
 int lean_mask(void);
+/* blocking host waits for the device so far (g_read; cuda_ops.cu's decode attention reads rows final before them early) */
+extern int64_t g_host_waits;
 /* ---- programmatic dependent launch (DELTAFIN_CUDA_LEAN bit 32, round 7) ----------------------------------
  * Every kernel of the backend begins with pdl_entry(): it lets the next kernel of the stream be launched now
  * (griddepcontrol.launch_dependents), then waits until the kernel before it in the stream has finished and its

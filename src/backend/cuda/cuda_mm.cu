@@ -739,19 +739,21 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * restores round 7's launches and bits, 366 round 8 without bit 512. Round 9: 1024 (opt-in: 3.6% slower end to end
  * on the H200) the one-token spine products through the cp.async pipeline (k_mm_cp: the bits of a one-warp row, wk =
  * 1), 2048 (default: +4.9%) the MoE down launch with its rows streamed through cp.async (k_moe_down_cp: k_moe_down's
- * bits); default 2926 = 878 | 2048, DELTAFIN_CUDA_LEAN=878 restores round 8. Every bit but 512 and
- * 1024 gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
+ * bits); default 2926 = 878 | 2048, DELTAFIN_CUDA_LEAN=878 restores round 8. Round 10 (opt-in, the mask now
+ * keeps 16 bits): 4096 one-token GQA decode attention in one launch over (chunk, KV head) blocks (cuda_ops.cu,
+ * k_attn_dec: other sums than bits 2 / 16's launches). Every bit but 512, 1024 and 4096 gives the same bits of
+ * every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 4095 : 14 | 32 | 64 | 256 | 512 | 2048;
+        g_lean = e && *e ? atoi(e) & 65535 : 14 | 32 | 64 | 256 | 512 | 2048;
     }
     return g_lean;
 }
 extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 511 : 0; }
-extern "C" void df_cuda_set_lean_mask(int m) { g_lean = m < 0 ? -1 : m & 4095; }
+extern "C" void df_cuda_set_lean_mask(int m) { g_lean = m < 0 ? -1 : m & 65535; }
 /* bit 32 (round 7): programmatic dependent launches (launch_k); off for good once the launch API refuses one */
 int64_t g_pdl_launches;
 static int g_pdl_refused;
@@ -1130,22 +1132,35 @@ __global__ void __launch_bounds__(32) k_route_fused(const __grid_constant__ Rout
  * largest key with one redux.sync and the lowest index holding it with a second (keys order the floats as `>`
  * does, -0 as +0: the same choice and tie rule as warp_take_max). A NaN logit sends warp 0 to warp_take_max. */
 #define RS_V 8
-__global__ void __launch_bounds__(64) k_route_soft(const __grid_constant__ RouteK p) {
-    pdl_entry();
-    __shared__ __align__(16) float lg[32 * RS_V], sc[32 * RS_V];
-    __shared__ unsigned char taken[32 * RS_V];
-    __shared__ int ids[FUSED_MAX_K];
-    __shared__ float wk[FUSED_MAX_K];
-    __shared__ double total;
+/* the route's shared memory (sc first: read as float4) */
+struct RsSh {
+    __align__(16) float sc[32 * RS_V];
+    float lg[32 * RS_V];
+    unsigned char taken[32 * RS_V];
+    int ids[FUSED_MAX_K];
+    float wk[FUSED_MAX_K];
+    double total;
+};
+/* 64 threads at once: the block's 64 (k_route_soft) or its first 64 (round 10's kernels, threads 64.. do not call
+ * it): a named barrier (1) joins the two warps, so the other threads never meet it */
+static __device__ __forceinline__ void bar64(void) { asm volatile("bar.sync 1, 64;" ::: "memory"); }
+/* k_route_soft's route: the ids and (W, warp 0, after its lane 0 and a __syncwarp) the weights in s; without W warp 1
+ * skips the softmax denominator (round 10's gate/up blocks but the first need only the ids) */
+template <int W> static __device__ __forceinline__ void route_soft_ids(const RouteK &p, RsSh &s) {
+    float *lg = s.lg, *sc = s.sc;
+    unsigned char *taken = s.taken;
+    int *ids = s.ids;
+    float *wk = s.wk;
     const int E = p.E, K = p.k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float v[RS_V];
 #pragma unroll
     for (int i = 0; i < RS_V; i++) {
         const int e = lane + 32 * i;
-        v[i] = e < E ? p.logits[e] : 0.0f;
+        v[i] = e < E ? __ldcg(p.logits + e) : 0.0f; /* through L2: round 10's down launch reads them before its wait */
         if (e < E && warp == 0) lg[e] = v[i], taken[e] = 0;
     }
-    if (warp == 1) { /* the denominator, as k_route_fused */
+    if (warp == 1 && !W) {
+    } else if (warp == 1) { /* the denominator, as k_route_fused */
         float mx = -INFINITY;
 #pragma unroll
         for (int i = 0; i < RS_V; i++)
@@ -1166,7 +1181,7 @@ __global__ void __launch_bounds__(64) k_route_soft(const __grid_constant__ Route
                 sum = __dadd_rn(sum, (double)f.x), sum = __dadd_rn(sum, (double)f.y), sum = __dadd_rn(sum, (double)f.z), sum = __dadd_rn(sum, (double)f.w);
             }
             for (; e < E; e++) sum = __dadd_rn(sum, (double)sc[e]);
-            total = sum;
+            s.total = sum;
         }
     } else {
         int nan = 0;
@@ -1207,21 +1222,144 @@ __global__ void __launch_bounds__(64) k_route_soft(const __grid_constant__ Route
             }
         }
     }
-    __syncthreads();
-    if (warp) return;
+    bar64();
+    if (warp || !W) return;
     if (!lane) {
-        const double sum = total;
+        const double sum = s.total;
         for (int k = 0; k < K; k++) wk[k] = __double2float_rn(__ddiv_rn((double)sc[ids[k]], sum));
         if (p.norm) {
-            float s = 0.0f;
-            for (int k = 0; k < K; k++) s = __fadd_rn(s, wk[k]);
-            for (int k = 0; k < K; k++) wk[k] = __fdiv_rn(wk[k], s);
+            float sm = 0.0f;
+            for (int k = 0; k < K; k++) sm = __fadd_rn(sm, wk[k]);
+            for (int k = 0; k < K; k++) wk[k] = __fdiv_rn(wk[k], sm);
         }
     }
     __syncwarp();
-    route_tables(p, ids, wk, lane);
 }
-static int64_t g_route_fast, g_moe_down_sh, g_moe_down_cp;
+__global__ void __launch_bounds__(64) k_route_soft(const __grid_constant__ RouteK p) {
+    pdl_entry();
+    __shared__ RsSh s;
+    route_soft_ids<1>(p, s);
+    if (threadIdx.x >= 32) return;
+    route_tables(p, s.ids, s.wk, threadIdx.x & 31);
+}
+/* ---- round 10 (DELTAFIN_CUDA_LEAN bit 8192): the route inside the gate/up and down launches --------------------
+ * The softmax top-k route (k_route_soft's code: route_soft_ids, the same bits) runs in the first two warps of EVERY
+ * block of the two product launches instead of in a launch of its own: a decode step's MoE layer is 2 launches.
+ * k_gu_rt waits for the router product first (the logits), then lets the down launch start, so that launch, when it
+ * starts early, knows the logits are final (its predecessor's blocks all passed their wait): k_moe_down_rt routes
+ * again BEFORE its own wait and copies its experts' rows (the resident table p.tab is written by no kernel) by
+ * cp.async while the gate/up launch still runs, as k_moe_down_cp. Each block builds the one job it takes from the
+ * ids (k_gu_rt: job blockIdx.x / nb_gu of the table route_tables writes: the same rows, x, y and row split) and runs
+ * the decode kernel's body (k_mm_dev's: the same bits per row); block 0 of k_gu_rt writes the weights and ids out
+ * (its other blocks need only the ids: their warp 1 skips the softmax denominator).
+ * The down launch's combine reads its own weights (the same values). So every result has the bits of bits 64 + 2048. */
+template <int V, int U>
+__global__ void __launch_bounds__(MM_WARPS * 32, U > 2 ? 2 : 3) k_gu_rt(const __grid_constant__ RouteK p) {
+    __shared__ RsSh rs;
+    __shared__ MmBatchT<1> jb;
+    pdl_wait(), pdl_go(); /* as k_mm_dev: the wait first */
+    if (threadIdx.x < 64) { /* the weights in block 0 only (it writes them out) */
+        if (blockIdx.x) route_soft_ids<0>(p, rs);
+        else route_soft_ids<1>(p, rs);
+    }
+    __syncthreads();
+    const unsigned jj = blockIdx.x / p.nb_gu;
+    if (!threadIdx.x) {
+        const int j = (int)(jj >> 1), e = rs.ids[j];
+        MmJob &J = jb.j[0];
+        J.w = p.tab[3 * e + (jj & 1)], J.x = p.x, J.y = ((jj & 1) ? p.u : p.g) + (size_t)j * p.I, J.vec = p.vec_gu, J.wk = p.wk_gu, J.blk0 = jj * p.nb_gu;
+        jb.nj = 1, jb.n = 1, jb.t0 = 0, jb.pf = 0, jb.cp = 0;
+    }
+    if (!blockIdx.x && threadIdx.x < 32)
+        for (int j = threadIdx.x; j < p.k; j += 32) {
+            p.w[j] = rs.wk[j];
+            if (p.ids_out) p.ids_out[j] = rs.ids[j];
+        }
+    __syncthreads();
+    mm_body<V, 1, MM_WARPS, 1, U>(jb);
+}
+/* k_moe_down_cp with its jobs from its own route (see above): warp k takes expert ids[k] (the rows of p.tab[3 ids[k]
+ * + 2], input p.g + k I, its rows into p.d + k D), the combine by the route's weights */
+template <int V, int SPR, int RT>
+__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_constant__ RouteK p, GateIn ga, float *out) {
+    extern __shared__ __align__(16) uint4 dr_ring[];
+    __shared__ RsSh rs;
+    constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = p.k;
+    uint4 *ring = dr_ring + (size_t)warp * RT * SPR * 32 + lane;
+    pdl_go();
+    if (threadIdx.x < 64) route_soft_ids<1>(p, rs);
+    __syncthreads();
+    const int64_t r0 = (int64_t)blockIdx.x * RT;
+    const DW &w = p.tab[3 * rs.ids[warp] + 2];
+    const int64_t rows = w.rows, upr = w.cols / E;
+    const int nr = r0 >= rows ? 0 : rows - r0 < RT ? (int)(rows - r0) : RT;
+    {
+        const size_t rb = w.row_bytes;
+        const uint8_t *base = w.data + (size_t)r0 * rb + (size_t)lane * 16;
+#pragma unroll
+        for (int s = 0; s < RT; s++) {
+#pragma unroll
+            for (int q = 0; q < SPR; q++)
+                if (s < nr && (int64_t)q * 32 + lane < upr) cp16(ring + (s * SPR + q) * 32, base + (size_t)s * rb + (size_t)q * 512);
+            cp_commit();
+        }
+    }
+    pdl_wait();
+    const float *x = p.g + (size_t)warp * p.I;
+    float *y = p.d + (size_t)warp * p.D;
+    float xg[SPR][E];
+#pragma unroll
+    for (int q = 0; q < SPR; q++) {
+        const int64_t v = (int64_t)q * 32 + lane;
+        if (v < upr) {
+            const float4 *gp = (const float4 *)(x + v * E), *up = (const float4 *)(x + ga.uoff + v * E);
+#pragma unroll
+            for (int qq = 0; qq < E / 4; qq++) {
+                const float4 g = __ldg(gp + qq), u = __ldg(up + qq);
+                xg[q][4 * qq] = gate_apply(ga.kind, g.x, u.x, ga.p0, ga.p1);
+                xg[q][4 * qq + 1] = gate_apply(ga.kind, g.y, u.y, ga.p0, ga.p1);
+                xg[q][4 * qq + 2] = gate_apply(ga.kind, g.z, u.z, ga.p0, ga.p1);
+                xg[q][4 * qq + 3] = gate_apply(ga.kind, g.w, u.w, ga.p0, ga.p1);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; e++) xg[q][e] = 0.0f;
+        }
+    }
+    __shared__ float part[FUSED_MAX_K][RT];
+#pragma unroll
+    for (int s = 0; s < RT; s++) {
+        if (s < nr) { /* block-uniform: every expert's down projection has the same rows */
+            cp_wait_rt<RT>(s);
+            float acc = 0.0f;
+#pragma unroll
+            for (int q = 0; q < SPR; q++) {
+                if ((int64_t)q * 32 + lane < upr) {
+                    const uint4 u = ring[(s * SPR + q) * 32];
+#pragma unroll
+                    for (int h = 0; h < E / C; h++) {
+                        float wv[C];
+                        decode<V>(u, h, 1.0f, wv);
+#pragma unroll
+                        for (int k = 0; k < C; k++) acc = fmaf(wv[k], xg[q][h * C + k], acc);
+                    }
+                }
+            }
+            const float sum = warp_sum(acc);
+            if (!lane) part[warp][s] = sum, y[r0 + s] = sum;
+        }
+    }
+    cp_wait<0>();
+    __syncthreads();
+    if ((int)threadIdx.x < nr) {
+        float o = 0.0f;
+        for (int j = 0; j < K; j++) o += rs.wk[j] * part[j][threadIdx.x];
+        out[r0 + threadIdx.x] = o;
+    }
+}
+static int64_t g_route_fast, g_moe_down_sh, g_moe_down_cp, g_moe_rt;
+extern "C" int64_t df_cuda_moe_rt_launches(void) { return g_moe_rt; }
 extern "C" int64_t df_cuda_moe_down_sh_launches(void) { return g_moe_down_sh; }
 extern "C" int64_t df_cuda_moe_down_cp_launches(void) { return g_moe_down_cp; }
 /* rows per block of k_moe_down_cp (round 9, bit 2048): D = 2048 gives 512 blocks of K warps */
@@ -1294,13 +1432,6 @@ int g_moe_fused(const df_moe_fused_args *a) {
     p.nb_gu = blocks_of(gw, p.wk_gu), p.nb_dn = blocks_of(dw, p.wk_dn);
     if (!(p.fd = (FusedDev *)slot(S_MOE, sizeof(FusedDev), "moe_fused"))) return DF_ENOMEM;
     const size_t smem = (size_t)3 * E * sizeof(float) + (size_t)(p.G > 0 ? p.G : 1) * sizeof(float) + (size_t)E + (size_t)(p.G > 0 ? p.G : 1) + 16;
-    {
-        ProfScope ps("moe_fused.route");
-        if ((lean_mask() & 64) && p.kind == DF_ROUTE_SOFTMAX_TOPK && E <= 32 * RS_V) launch_k(k_route_soft, dim3(1), dim3(64), 0, p), g_route_fast++;
-        else launch_k(k_route_fused, dim3(1), dim3(32), smem, p);
-        post("moe_fused");
-        g_moe_launches++;
-    }
     const unsigned bgu = 2 * (unsigned)K * p.nb_gu, bdn = (unsigned)K * p.nb_dn;
     int ugu = lean_mask() & 4 ? deep_u(bgu) : 1, udn = lean_mask() & 4 ? deep_u(bdn) : 1;
     if (g_moe_u < 0) {
@@ -1308,6 +1439,61 @@ int g_moe_fused(const df_moe_fused_args *a) {
         g_moe_u = e && *e ? atoi(e) : 0;
     }
     if (g_moe_u == 1 || g_moe_u == 2 || g_moe_u == 4) ugu = g_moe_u;
+    /* round 10 (bit 8192, with bits 8, 64 and 2048's launches): the route inside the two product launches */
+    if ((lean_mask() & (8192 | 64 | 8 | 2048)) == (8192 | 64 | 8 | 2048) && p.kind == DF_ROUTE_SOFTMAX_TOPK && E <= 32 * RS_V && K >= 2 && p.wk_dn == 1 &&
+        (vec_dn == V_F32 || vec_dn == V_F16 || vec_dn == V_BF16)) {
+        const int64_t Edn = vec_dn == V_F32 ? 4 : 8;
+        const int spr = (int)((I / Edn + 31) / 32);
+        const size_t cpb = (size_t)K * DN_RT * (size_t)spr * 512;
+        const void *krt = NULL;
+        if (spr >= 1 && spr <= 4) {
+#define DN_RT_K(VV) (spr == 1 ? (const void *)k_moe_down_rt<VV, 1, DN_RT> : spr == 2 ? (const void *)k_moe_down_rt<VV, 2, DN_RT> : spr == 3 ? (const void *)k_moe_down_rt<VV, 3, DN_RT> : (const void *)k_moe_down_rt<VV, 4, DN_RT>)
+            krt = vec_dn == V_F32 ? DN_RT_K(V_F32) : vec_dn == V_F16 ? DN_RT_K(V_F16) : DN_RT_K(V_BF16);
+#undef DN_RT_K
+            if (smem_optin(krt, cpb)) krt = NULL;
+        }
+        if (krt) {
+            {
+                ProfScope ps("moe_fused.gate_up");
+                const dim3 grid(bgu, 1), th(MM_WARPS * 32);
+                switch (vec_gu * 8 + ugu) {
+#define GU_RT(VV) \
+    case VV * 8 + 1: launch_k(k_gu_rt<VV, 1>, dim3(grid), dim3(th), 0, p); break; \
+    case VV * 8 + 2: launch_k(k_gu_rt<VV, 2>, dim3(grid), dim3(th), 0, p); break; \
+    case VV * 8 + 4: launch_k(k_gu_rt<VV, 4>, dim3(grid), dim3(th), 0, p); break
+                    GU_RT(V_GENERIC); GU_RT(V_F32); GU_RT(V_F16); GU_RT(V_BF16); GU_RT(V_FP8); GU_RT(V_INT4); GU_RT(V_I8ROW); GU_RT(V_MXFP4);
+#undef GU_RT
+                default: break; /* unreachable: ugu is 1, 2 or 4 */
+                }
+                post("moe_fused");
+            }
+            {
+                ProfScope ps("moe_fused.down_comb");
+                const GateIn ga = {(long long)(DCP(a->u) - DCP(a->g)), (int)a->gate, a->p0, a->p1};
+                const unsigned nbr = (unsigned)((D + DN_RT - 1) / DN_RT);
+                float *out = DP(a->out);
+                switch (vec_dn * 8 + spr) {
+#define DN_RTL(VV, S) case VV * 8 + S: launch_k(k_moe_down_rt<VV, S, DN_RT>, dim3(nbr), dim3(32 * K), cpb, p, ga, out); break
+                    DN_RTL(V_F32, 1); DN_RTL(V_F32, 2); DN_RTL(V_F32, 3); DN_RTL(V_F32, 4);
+                    DN_RTL(V_F16, 1); DN_RTL(V_F16, 2); DN_RTL(V_F16, 3); DN_RTL(V_F16, 4);
+                    DN_RTL(V_BF16, 1); DN_RTL(V_BF16, 2); DN_RTL(V_BF16, 3); DN_RTL(V_BF16, 4);
+#undef DN_RTL
+                default: break; /* unreachable: krt is set for these only */
+                }
+                post("moe_fused");
+            }
+            g_moe_rt++, g_moe_launches += 2, g_mm_launches += 2;
+            moe_count_hits(3 * (int64_t)K);
+            return 0;
+        }
+    }
+    {
+        ProfScope ps("moe_fused.route");
+        if ((lean_mask() & 64) && p.kind == DF_ROUTE_SOFTMAX_TOPK && E <= 32 * RS_V) launch_k(k_route_soft, dim3(1), dim3(64), 0, p), g_route_fast++;
+        else launch_k(k_route_fused, dim3(1), dim3(32), smem, p);
+        post("moe_fused");
+        g_moe_launches++;
+    }
     {
         ProfScope ps("moe_fused.gate_up");
         ugu == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->gu, vec_gu, bgu) : ugu == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->gu, vec_gu, bgu) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->gu, vec_gu, bgu);

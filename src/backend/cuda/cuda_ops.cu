@@ -317,13 +317,288 @@ __global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, fl
     attn_combine_head(a, part, S, blockIdx.x, blockIdx.y, par, ch);
     if (!threadIdx.x) *c = 0;
 }
+/* ---- round 10 (DELTAFIN_CUDA_LEAN bit 4096): one-token GQA decode attention in ONE launch over (chunk, KV head)
+ * blocks. A block of AD_TH threads takes DC_CH consecutive positions of one KV head for ALL the G = n_heads /
+ * n_kv_heads q heads that share it (each K/V row is loaded once for the group, not once per q head): warp w holds
+ * the K and V rows of positions w * DC_KW .. + DC_KW - 1 of its chunk in registers, 16 bytes a lane (NF float4s a
+ * row: head_dim <= 256), all issued at once. Rows already final when the launch was queued (`pre`: positions below
+ * the step's own, where the host has waited for the device since the last attention over this cache; see
+ * g_attn_gqa) are loaded BEFORE griddepcontrol.wait, while the kernel before (the one that writes the new
+ * position's row) still runs; the others are asked of L2 then and loaded after the wait. The scores of the
+ * warp's DC_KW positions x GP heads (GP: G rounded up to a power of two, <= 8) are reduced across the lanes in one
+ * reduce-scatter butterfly (31 shuffles for 32 sums instead of 5 each), the chunk's softmax of each head
+ * (max m, l = sum exp(s - m)) taken by a warp, the probabilities times the V rows summed per warp in registers and
+ * over the block's warps in shared memory, and (m, l, o) written as the chunk's part; the last block of a KV head to
+ * finish (a counter per KV head, set back to 0 by it) combines its S parts: M = max m, w = exp(m - M), L = sum w l,
+ * out = sum w o / L, every part's stats read at once and the o sums over 16-byte loads. softmax(s) v as the
+ * CPU's, rounded differently (f32 sums in other orders): NOT the bits of bits 2 / 16's launches; test_backend_cuda
+ * and the conformance test compare it with the CPU. */
+#define AD_TH 128
+#define DC_KW 4                          /* positions per warp */
+#define DC_CH (DC_KW * AD_TH / 32)       /* positions per block: 16 */
+#define DC_MAXP 2048                     /* S x GP parts at most (the combine's stats in shared memory) */
+static int64_t g_attn_dec;
+extern "C" int64_t df_cuda_attn_dec_launches(void) { return g_attn_dec; }
+/* NV sums of a lane's v[] over the warp's 32 lanes, scattered: the lane ends with the total of value *idx (lanes that
+ * differ only in their low 5 - log2(NV) bits hold the same one). NV: a power of two, 1..32. */
+template <int C, int ST, int NV> static __device__ __forceinline__ void rs_stage(float (&v)[NV], int lane, int &base) {
+    if constexpr (ST < 5) {
+        constexpr int o = 16 >> ST;
+        if constexpr (C > 1) {
+            constexpr int half = C / 2;
+            const bool up = (lane & o) != 0;
+#pragma unroll
+            for (int i = 0; i < half; i++) {
+                const float send = up ? v[i] : v[i + half], keep = up ? v[i + half] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+            if (up) base += half;
+            rs_stage<half, ST + 1, NV>(v, lane, base);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+            rs_stage<1, ST + 1, NV>(v, lane, base);
+        }
+    }
+}
+template <int NV> static __device__ __forceinline__ float warp_reduce_scatter(float (&v)[NV], int lane, int *idx) {
+    int base = 0;
+    rs_stage<NV, 0, NV>(v, lane, base);
+    *idx = base;
+    return v[0];
+}
+static __device__ __forceinline__ float4 ldcg4(const float *p) { return __ldcg((const float4 *)p); }
+static __device__ __forceinline__ void pf_l2(const void *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+/* GP: q heads per KV head rounded up to a power of two (<= 8); NF: float4s of a row per lane (head_dim <= 128 NF).
+ * po: [S][NKV][GP][hd] partial sums, pml: [S][NKV][GP][2] (m, l); counts: NKV zeroed counters. */
+template <int GP, int NF>
+__global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *po, float *pml, unsigned *counts, int pre) {
+    constexpr int NW = AD_TH / 32, NV = DC_KW * GP;
+    const int z = blockIdx.x, kvh = blockIdx.y, S = gridDim.x, NKV = a.n_kv_heads, hd = a.head_dim, G = a.n_heads / NKV, h0 = kvh * G;
+    const int T = a.pos0 + 1, j0 = z * DC_CH, cnt = T - j0 < DC_CH ? T - j0 : DC_CH;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd4 = hd >> 2;
+    const size_t kdim = (size_t)NKV * hd;
+    const float *kc = DCP(a.kv) + (size_t)kvh * hd;
+    float4 kr[DC_KW][NF], vr[DC_KW][NF];
+    pdl_go();
+    /* the rows of positions below pre are final (no kernel still running writes them): loaded now; the rest asked of L2 */
+#pragma unroll
+    for (int k = 0; k < DC_KW; k++) {
+        const int j = j0 + warp * DC_KW + k;
+        const float *kp = kc + (size_t)j * 2 * kdim, *vp = kp + kdim;
+#pragma unroll
+        for (int f = 0; f < NF; f++) {
+            const int c = 4 * (lane + 32 * f);
+            kr[k][f] = vr[k][f] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (j < T && c < hd) {
+                if (j < pre) kr[k][f] = ldcg4(kp + c), vr[k][f] = ldcg4(vp + c);
+                else if (!(c & 31)) pf_l2(kp + c), pf_l2(vp + c);
+            }
+        }
+    }
+    pdl_wait();
+#pragma unroll
+    for (int k = 0; k < DC_KW; k++) {
+        const int j = j0 + warp * DC_KW + k;
+        const float *kp = kc + (size_t)j * 2 * kdim, *vp = kp + kdim;
+#pragma unroll
+        for (int f = 0; f < NF; f++) {
+            const int c = 4 * (lane + 32 * f);
+            if (j >= pre && j < T && c < hd) kr[k][f] = ldcg4(kp + c), vr[k][f] = ldcg4(vp + c);
+        }
+    }
+    /* scores: v[k * GP + g] = this lane's share of q_g . K_k */
+    float v[NV];
+    {
+        float4 qr[GP][NF];
+#pragma unroll
+        for (int g = 0; g < GP; g++)
+#pragma unroll
+            for (int f = 0; f < NF; f++) {
+                const int c = 4 * (lane + 32 * f);
+                qr[g][f] = g < G && c < hd ? ldcg4(DCP(a.q) + (size_t)(h0 + g) * hd + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+        for (int k = 0; k < DC_KW; k++)
+#pragma unroll
+            for (int g = 0; g < GP; g++) {
+                float s = 0.0f;
+#pragma unroll
+                for (int f = 0; f < NF; f++) s += qr[g][f].x * kr[k][f].x + qr[g][f].y * kr[k][f].y + qr[g][f].z * kr[k][f].z + qr[g][f].w * kr[k][f].w;
+                v[k * GP + g] = s;
+            }
+    }
+    __shared__ float sc[GP][DC_CH];
+    __shared__ __align__(16) float red[NW][GP * 128 * NF];
+    {
+        int idx;
+        const float tot = warp_reduce_scatter<NV>(v, lane, &idx);
+        if (!(lane & (32 / NV - 1))) sc[idx % GP][warp * DC_KW + idx / GP] = tot * a.scale;
+    }
+    __syncthreads();
+    /* each head's softmax over the chunk: a warp per head, a lane per position */
+    for (int g = warp; g < G; g += NW) {
+        const float s = lane < cnt ? sc[g][lane] : -INFINITY;
+        const float m = warp_max(s);
+        const float e = lane < cnt ? expf(s - m) : 0.0f;
+        const float l = warp_sum(e);
+        if (lane < DC_CH) sc[g][lane] = e;
+        if (!lane) {
+            float *ml = pml + (((size_t)z * NKV + kvh) * GP + g) * 2;
+            ml[0] = m, ml[1] = l;
+        }
+    }
+    __syncthreads();
+    /* o_g = sum_k p_gk V_k: the warp's positions in registers, then the warps' sums in shared memory */
+#pragma unroll
+    for (int g = 0; g < GP; g++) {
+        if (g < G) {
+#pragma unroll
+            for (int f = 0; f < NF; f++) {
+                float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                for (int k = 0; k < DC_KW; k++) {
+                    const float p = sc[g][warp * DC_KW + k]; /* 0 past the cache */
+                    o.x += p * vr[k][f].x, o.y += p * vr[k][f].y, o.z += p * vr[k][f].z, o.w += p * vr[k][f].w;
+                }
+                const int c4 = lane + 32 * f;
+                if (c4 < hd4) *(float4 *)&red[warp][(g * hd4 + c4) * 4] = o;
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * hd4; i += AD_TH) {
+        float4 o = *(const float4 *)&red[0][i * 4];
+#pragma unroll
+        for (int w = 1; w < NW; w++) {
+            const float4 r = *(const float4 *)&red[w][i * 4];
+            o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
+        }
+        const int g = i / hd4, c4 = i % hd4;
+        *(float4 *)(po + (((size_t)z * NKV + kvh) * GP + g) * hd + 4 * c4) = o;
+    }
+    /* the last of the KV head's S blocks combines */
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    unsigned *ctr = counts + kvh;
+    if (!threadIdx.x) last = atomicAdd(ctr, 1u) == (unsigned)S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    __shared__ float cw[DC_MAXP];
+    __shared__ float cinv[GP];
+    for (int g = warp; g < G; g += NW) {
+        float M = -INFINITY;
+        for (int zz = lane; zz < S; zz += 32) M = fmaxf(M, __ldcg(pml + (((size_t)zz * NKV + kvh) * GP + g) * 2));
+        M = warp_max(M);
+        float L = 0.0f;
+        for (int zz = lane; zz < S; zz += 32) {
+            const float2 ml = __ldcg((const float2 *)(pml + (((size_t)zz * NKV + kvh) * GP + g) * 2));
+            const float w = expf(ml.x - M);
+            cw[g * S + zz] = w;
+            L += w * ml.y;
+        }
+        L = warp_sum(L);
+        if (!lane) cinv[g] = 1.0f / L;
+    }
+    __syncthreads();
+    float *out = DP(a.out) + (size_t)h0 * hd;
+    for (int i = threadIdx.x; i < G * hd4; i += AD_TH) {
+        const int g = i / hd4, c4 = i % hd4;
+        const float *pz = po + ((size_t)kvh * GP + g) * hd + 4 * c4;
+        const size_t zs = (size_t)NKV * GP * hd;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        int zz = 0;
+        for (; zz + 16 <= S; zz += 16) {
+            float4 r[16];
+#pragma unroll
+            for (int u = 0; u < 16; u++) r[u] = ldcg4(pz + (size_t)(zz + u) * zs);
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                const float w = cw[g * S + zz + u];
+                o.x += w * r[u].x, o.y += w * r[u].y, o.z += w * r[u].z, o.w += w * r[u].w;
+            }
+        }
+#pragma unroll 4
+        for (; zz < S; zz++) {
+            const float4 r = ldcg4(pz + (size_t)zz * zs);
+            const float w = cw[g * S + zz];
+            o.x += w * r.x, o.y += w * r.y, o.z += w * r.z, o.w += w * r.w;
+        }
+        const float inv = cinv[g];
+        o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+        *(float4 *)(out + (size_t)g * hd + 4 * c4) = o;
+    }
+    if (!threadIdx.x) *ctr = 0;
+}
 static unsigned *g_att_cnt; /* zeroed counters of k_attn_gqa_fused, g_att_cnt_n of them */
 static size_t g_att_cnt_n;
 static int g_attn_ch = -1;
 static int g_attn_split = -1; /* DELTAFIN_CUDA_ATTN_SPLIT=0: decode attention without the position split */
+/* The host's waits for the device (g_read: a blocking copy on the legacy stream, every kernel queued before it has
+ * finished when it returns) counted, and per K/V cache the count at its last decode attention: a cache whose last
+ * attention came before the latest wait has every row below this step's position final (the rows a forward writes
+ * are its own positions, and it attends over them in the same step), so those rows may be read before
+ * griddepcontrol.wait. A cache not seen, or attended since the latest wait: none. */
+int64_t g_host_waits;
+#define KV_SEEN 256
+static struct { const void *kv; int64_t waits; } g_kvseen[KV_SEEN];
+static int g_kvseen_next;
+/* every attention call over a cache (prefill, verify passes and decode alike) notes the count of host waits; the
+ * rows below pos0 count as final when the cache's previous attention came before the latest wait */
+static int g_attn_early = -1; /* DELTAFIN_CUDA_ATTN_EARLY=0: no row read before the wait (a measurement aid) */
+static int final_rows(const void *kv, int pos0) {
+    if (g_attn_early < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_ATTN_EARLY");
+        g_attn_early = !(e && !strcmp(e, "0"));
+    }
+    if (!g_attn_early) pos0 = 0;
+    const int64_t now = __atomic_load_n(&g_host_waits, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < KV_SEEN; i++)
+        if (g_kvseen[i].kv == kv) {
+            const int pre = g_kvseen[i].waits < now ? pos0 : 0;
+            g_kvseen[i].waits = now;
+            return pre;
+        }
+    g_kvseen[g_kvseen_next].kv = kv, g_kvseen[g_kvseen_next].waits = now;
+    g_kvseen_next = (g_kvseen_next + 1) % KV_SEEN;
+    return 0;
+}
+/* 1 when k_attn_dec took the launch */
+static int attn_dec(const df_attn_gqa_args &c, int pre) {
+    const int NH = c.n_heads, NKV = c.n_kv_heads, hd = c.head_dim;
+    if (c.n != 1 || NKV <= 0 || NH % NKV || hd <= 0 || hd % 4 || hd > 256 || ((uintptr_t)c.q | (uintptr_t)c.kv | (uintptr_t)c.out) & 15) return 0;
+    const int G = NH / NKV, GP = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : G <= 8 ? 8 : 0, NF = hd <= 128 ? 1 : 2;
+    if (!GP || GP * 128 * NF > 1024) return 0; /* the warps' sums: NW x GP x 128 NF floats of shared memory (16 KiB) */
+    const int T = c.pos0 + 1, S = (T + DC_CH - 1) / DC_CH;
+    if ((size_t)S * GP > DC_MAXP || S > 65535 || NKV > 65535) return 0;
+    const size_t np = (size_t)S * NKV * GP;
+    float *po = (float *)slot(S_SCORES, np * ((size_t)hd + 2) * sizeof(float), "attn_gqa");
+    if (!po) return -1;
+    float *pml = po + np * hd;
+    const size_t ncnt = (size_t)NKV > (size_t)NH ? (size_t)NKV : (size_t)NH;
+    unsigned *cnt = (unsigned *)slot(S_CNT, ncnt * sizeof(unsigned), "attn_gqa");
+    if (!cnt) return -1;
+    if (cnt != g_att_cnt || ncnt > g_att_cnt_n) { /* a new buffer: zero it once (k_attn_gqa_fused's counters share it) */
+        CK("attn_gqa", cudaMemsetAsync(cnt, 0, ncnt * sizeof(unsigned), 0));
+        g_att_cnt = cnt, g_att_cnt_n = ncnt;
+    }
+    const dim3 grid((unsigned)S, (unsigned)NKV);
+#define AD_L(GG, FF) launch_k(k_attn_dec<GG, FF>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre)
+    if (NF == 1) GP == 1 ? AD_L(1, 1) : GP == 2 ? AD_L(2, 1) : GP == 4 ? AD_L(4, 1) : AD_L(8, 1);
+    else GP == 1 ? AD_L(1, 2) : GP == 2 ? AD_L(2, 2) : AD_L(4, 2);
+#undef AD_L
+    g_attn_dec++;
+    return 1;
+}
 void g_attn_gqa(const df_attn_gqa_args *a) {
     LOCK();
     if (a->n <= 0 || a->n_heads <= 0) return;
+    const int pre = final_rows(a->kv, a->pos0); /* noted for every call (round 10's decode launch reads those rows early) */
     const int per = chunk_tokens(a->n, a->n_heads, a->pos0);
     for (int t0 = 0; t0 < a->n; t0 += per) {
         df_attn_gqa_args c = *a;
@@ -343,6 +618,14 @@ void g_attn_gqa(const df_attn_gqa_args *a) {
             const char *e = getenv("DELTAFIN_CUDA_ATTN_CH");
             const int v = e && *e ? atoi(e) : AS_CH;
             g_attn_ch = v >= 8 && v <= AS_CH ? v : AS_CH;
+        }
+        if ((lean_mask() & 4096) && g_attn_split) { /* round 10: one-token decode attention over (chunk, KV head) blocks */
+            const int r = attn_dec(c, pre);
+            if (r < 0) return;
+            if (r) {
+                post("attn_gqa");
+                continue;
+            }
         }
         const int ch = g_attn_ch, S = (int)((T + ch - 1) / ch);
         if (g_attn_split && (size_t)c.n * c.n_heads < 512 && T >= 2 * AS_CH && S <= 65535) {
