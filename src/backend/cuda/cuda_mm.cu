@@ -739,16 +739,18 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * restores round 7's launches and bits, 366 round 8 without bit 512. Round 9: 1024 (opt-in: 3.6% slower end to end
  * on the H200) the one-token spine products through the cp.async pipeline (k_mm_cp: the bits of a one-warp row, wk =
  * 1), 2048 (default: +4.9%) the MoE down launch with its rows streamed through cp.async (k_moe_down_cp: k_moe_down's
- * bits); default 2926 = 878 | 2048, DELTAFIN_CUDA_LEAN=878 restores round 8. Round 10 (opt-in, the mask now
+ * bits); 2926 = 878 | 2048 was round 9's default, DELTAFIN_CUDA_LEAN=878 restores round 8. Round 10 (the mask now
  * keeps 16 bits): 4096 one-token GQA decode attention in one launch over (chunk, KV head) blocks (cuda_ops.cu,
- * k_attn_dec: other sums than bits 2 / 16's launches). Every bit but 512, 1024 and 4096 gives the same bits of
+ * k_attn_dec: other sums than bits 2 / 16's launches; +5.6% end to end on the H200), 8192 the MoE route inside the
+ * gate/up and down launches (k_gu_rt, k_moe_down_rt: the same bits; +1.3%); default 15214 = 2926 | 4096 | 8192
+ * (+6.6%, docs/PERFORMANCE.md round 10), DELTAFIN_CUDA_LEAN=2926 restores round 9. Every bit but 512, 1024 and 4096 gives the same bits of
  * every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 65535 : 14 | 32 | 64 | 256 | 512 | 2048;
+        g_lean = e && *e ? atoi(e) & 65535 : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192;
     }
     return g_lean;
 }
