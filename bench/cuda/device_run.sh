@@ -26,8 +26,8 @@
 # Steps: STEPS="isa unit conf e2e mtp tiers bench moe" (default all but isa and mtp; isa: the CPU's AVX-512 flags and the CPU
 # backend's conformance under DELTAFIN_ISA=avx512 and avx2; mtp: tests/py/test_spec_mtp.py -k transformers,
 # the CPU backend against transformers' modules). CONF_MASKS / E2E_MASKS="3950": conformance / model parity again under each
-# DELTAFIN_CUDA_LEAN mask. MOE_SET=r11: resident decode with the masks of R11_AB (default "15214 31598": the default, + bit
-# 16384) alternated three times, ncu of R11_NCU (default "15214 31598"), the ids compared (R11_LONG=1: 512 tokens and sampled
+# DELTAFIN_CUDA_LEAN mask. MOE_SET=r11: resident decode with the masks of R11_AB (default "15214 31598 64366": the default, + bit
+# 16384, + bit 32768) alternated three times, ncu of R11_NCU (default "15214 64366"), the ids compared (R11_LONG=1: 512 tokens and sampled
 # too). MOE_SET=r10: resident decode with the masks of R10_AB (default "2926 7022 11118 15214": the default,
 # + bit 4096, + bit 8192, both) alternated three times, ncu of R10_NCU (default "2926 15214"), the ids compared (R10_LONG=1: 512
 # tokens and sampled too; R10_EARLY0=MASK: that mask twice more with DELTAFIN_CUDA_ATTN_EARLY=0). MOE_SET=r9: resident decode with the masks of R9_AB (default "878 1902 2926 3950": the default, + bit
@@ -204,11 +204,12 @@ PY
             done
         fi
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
-    elif [ "${MOE_SET:-all}" = r11 ]; then # round 11: the masks of R11_AB (default "15214 31598": the default; + bit 16384,
-        # the one-token spine products in one balanced wave, k_mm_bal) alternated three times (128 tokens), ncu of R11_NCU
-        # (default "15214 31598"; none: none), R11_LONG=1 adds 512 tokens and sampled of each; the ids of each run compared with
-        # the first (default) run's: bit 16384 keeps the bits (every run must give the same ids)
-        R11_AB=${R11_AB:-15214 31598}
+    elif [ "${MOE_SET:-all}" = r11 ]; then # round 11: the masks of R11_AB (default "15214 31598 64366": the default; + bit 16384,
+        # the one-token spine products in one balanced wave, k_mm_bal; + bit 32768, its first round of loads before the wait)
+        # alternated three times (128 tokens), ncu of R11_NCU
+        # (default "15214 64366"; none: none), R11_LONG=1 adds 512 tokens and sampled of each; the ids of each run compared with
+        # the first (default) run's: bits 16384 and 32768 keep the bits (every run must give the same ids)
+        R11_AB=${R11_AB:-15214 31598 64366}
         for r in 1 2 3; do for L in $R11_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done; done
         if [ "${R11_LONG:-0}" = 1 ]; then
             for L in $R11_AB; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512" --gpu-memory 100G; done
@@ -223,7 +224,7 @@ PY
             cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: DIFFER from lean$1"
         done; done; fi
         NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-        R11_NCU=${R11_NCU:-15214 31598}
+        R11_NCU=${R11_NCU:-15214 64366}
         [ "$R11_NCU" = none ] && R11_NCU=
         for L in $R11_NCU; do
             [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
