@@ -823,8 +823,8 @@ static void mm_flush_cp(MmBatch *b) {
  * % 8), so blocks differ by at most one task and every SM holds the same number of blocks; each lane issues a
  * round's 16 loads before any product; with resident weights (pf) the rows of a warp's tasks are asked of L2
  * before griddepcontrol.wait as k_mm's are, and with bit 32768 as well (pf = 2) the first round of a warp's first
- * task is instead loaded into registers BEFORE the wait (the weights are written by no kernel; x, written by the
- * kernel before, is read only after the wait). **The same bits as k_mm** for the same wk (the default's split of
+ * task is loaded into registers BEFORE the wait instead (the weights are written by no kernel; x, written by the
+ * kernel before, is read only after the wait), the rows of its later tasks still asked of L2. **The same bits as k_mm** for the same wk (the default's split of
  * the row, bit 512 or not): the warp takes all WK column parts of its rows itself, keeping one accumulator per
  * part (step j of a lane, column step 32 j + lane, goes to part j % WK, in increasing j: each part's fmaf chain is
  * the chain warp j % WK of k_mm's row group runs), then sums each part over the warp (warp_sum) and adds the
@@ -872,11 +872,13 @@ __global__ void __launch_bounds__(BAL_WARPS * 32, 2) k_mm_bal(const __grid_const
         bal_task<V, MJ, WK, R>(b, t, k);
         bal_load<V, MJ, WK, R>(k, 0, u);
         have = 1;
-    } else if (b.pf) /* else, as k_mm: the rows of every task of the warp asked of L2 before the wait */
-        for (unsigned tp = t; tp < T; tp += G * BAL_WARPS) {
-            bal_task<V, MJ, WK, R>(b, tp, k);
-            const uint8_t *base = (const uint8_t *)k.rows[0];
-            const size_t bytes = (size_t)k.nr * k.J->w.row_bytes;
+    }
+    if (b.pf) /* as k_mm: the rows of the warp's tasks (bit 32768: of its later tasks) asked of L2 before the wait */
+        for (unsigned tp = b.pf == 2 ? t + G * BAL_WARPS : t; tp < T; tp += G * BAL_WARPS) {
+            BalTask<V, MJ, WK, R> kp;
+            bal_task<V, MJ, WK, R>(b, tp, kp);
+            const uint8_t *base = (const uint8_t *)kp.rows[0];
+            const size_t bytes = (size_t)kp.nr * kp.J->w.row_bytes;
             for (size_t off = (size_t)lane * 128; off < bytes; off += 32 * 128) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
