@@ -26,7 +26,9 @@
 # Steps: STEPS="isa unit conf e2e mtp tiers bench moe" (default all but isa and mtp; isa: the CPU's AVX-512 flags and the CPU
 # backend's conformance under DELTAFIN_ISA=avx512 and avx2; mtp: tests/py/test_spec_mtp.py -k transformers,
 # the CPU backend against transformers' modules). CONF_MASKS / E2E_MASKS="3950": conformance / model parity again under each
-# DELTAFIN_CUDA_LEAN mask. MOE_SET=r10: resident decode with the masks of R10_AB (default "2926 7022 11118 15214": the default,
+# DELTAFIN_CUDA_LEAN mask. MOE_SET=r11: resident decode with the masks of R11_AB (default "15214 31598 64366": the default, + bit
+# 16384, + bit 32768) alternated three times, ncu of R11_NCU (default "15214 64366"), the ids compared (R11_LONG=1: 512 tokens and sampled
+# too). MOE_SET=r10: resident decode with the masks of R10_AB (default "2926 7022 11118 15214": the default,
 # + bit 4096, + bit 8192, both) alternated three times, ncu of R10_NCU (default "2926 15214"), the ids compared (R10_LONG=1: 512
 # tokens and sampled too; R10_EARLY0=MASK: that mask twice more with DELTAFIN_CUDA_ATTN_EARLY=0). MOE_SET=r9: resident decode with the masks of R9_AB (default "878 1902 2926 3950": the default, + bit
 # 1024, + bit 2048, both) alternated three times, ncu of each, the ids compared (R9_LONG=1: 512 tokens and sampled too). MOE_SET=r8: resident decode with the masks of R8_AB (default "110 366 878":
@@ -202,6 +204,37 @@ PY
             done
         fi
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    elif [ "${MOE_SET:-all}" = r11 ]; then # round 11: the masks of R11_AB (default "15214 31598 64366": the default; + bit 16384,
+        # the one-token spine products in one balanced wave, k_mm_bal; + bit 32768, its first round of loads before the wait)
+        # alternated three times (128 tokens), ncu of R11_NCU
+        # (default "15214 64366"; none: none), R11_LONG=1 adds 512 tokens and sampled of each; the ids of each run compared with
+        # the first (default) run's: bits 16384 and 32768 keep the bits (every run must give the same ids)
+        R11_AB=${R11_AB:-15214 31598 64366}
+        for r in 1 2 3; do for L in $R11_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-r$r" --gpu-memory 100G; done; done
+        if [ "${R11_LONG:-0}" = 1 ]; then
+            for L in $R11_AB; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512" --gpu-memory 100G; done
+            for L in $R11_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
+        fi
+        for r in 1 2 3; do for L in $R11_AB; do
+            n=resident-lean$L-r$r
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+        done; done
+        set -- $R11_AB
+        if [ "${R11_LONG:-0}" = 1 ]; then for k in 512 sampled; do for L in $R11_AB; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: DIFFER from lean$1"
+        done; done; fi
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        R11_NCU=${R11_NCU:-15214 64366}
+        [ "$R11_NCU" = none ] && R11_NCU=
+        for L in $R11_NCU; do
+            [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
+                --launch-skip "${NCU_SKIP:-30000}" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-384}" --ignore-eos \
+                --gpu-memory 100G >"$OUT/ncu_$L.csv" 2>&1 && echo "ncu of DELTAFIN_CUDA_LEAN=$L:" && python3 "$S/ncu_sum.py" "$OUT/ncu_$L.csv"
+        done
+        echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+        for L in $R11_AB; do # the mean of the alternated runs per mask
+            grep -h "^\[stats\] prefill" "$OUT"/moe_resident-lean$L-r[123].log | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | awk -v L="$L" '{s += $1; n++} END {if (n) printf "mask %s: mean %.1f tok/s over %d runs\n", L, s / n, n}'
+        done
     elif [ "${MOE_SET:-all}" = r10 ]; then # round 10: the masks of R10_AB (default "2926 7022 11118 15214": the default; + bit
         # 4096, the one-token GQA decode attention in one launch over (chunk, KV head) blocks; + bit 8192, the MoE route inside
         # the gate/up and down launches; both) alternated three times (128 tokens), ncu of R10_NCU (default "2926 15214"; none:

@@ -441,6 +441,95 @@ static void fused_rows_checks(void) {
         }
     df_cuda_set_lean(1);
 }
+/* Round 11 (DELTAFIN_CUDA_LEAN bit 16384): one-token products of spine rows in one balanced wave (k_mm_bal).
+ * The same bits as k_mm for the same row split (wk): each group below runs under the default mask, the default
+ * | 16384, the default | 16384 | 32768 (the first round's loads before griddepcontrol.wait), and under the default
+ * without bit 512 (round 7's split) and that | 16384 | 32768; every result must be bit-equal to its mask's k_mm
+ * result and near the CPU's (rel L2^2 <= 1e-10). Each call's x is written by a kernel just before the product
+ * (x / 4 uploaded, then `scale` by 4: exact), so a product that read x before griddepcontrol.wait would see x / 4.
+ * Groups: the benchmark's q/k/v (3 jobs in one launch: 4096 / 512 / 512 rows of 2048 BF16, wk 2, tasks of 2 rows),
+ * o (2048 x 4096, wk 4, tasks of 1 row), the router (128 x 2048), lm_head (8192 x 2048: more tasks than warps in the
+ * wave, so warps loop), F32 45 x 1000 (a partial last warp step, a partial last task), F32 64 x 3072 (two rounds a
+ * task), an unregistered F16 33 x 520 (uploaded for the call: no loads before the wait), BF16 37 x 600, and two it
+ * must not take: BF16 16 x 16384 (wk 8) and five BF16 jobs in one launch (more than MM_SMALLJ). */
+static void mm_bal_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    enum { NJ = 16, NG = 10, XC = 16384 };
+    static const struct { int fmt, rows, cols, reg, group; } S[NJ] = {
+        {DF_W_BF16, 4096, 2048, 1, 0}, {DF_W_BF16, 512, 2048, 1, 0}, {DF_W_BF16, 512, 2048, 1, 0}, {DF_W_BF16, 2048, 4096, 1, 1},
+        {DF_W_BF16, 128, 2048, 1, 2},  {DF_W_BF16, 8192, 2048, 1, 3}, {DF_W_F32, 45, 1000, 1, 4},   {DF_W_F32, 64, 3072, 1, 5},
+        {DF_W_F16, 33, 520, 0, 6},     {DF_W_BF16, 37, 600, 1, 7},    {DF_W_BF16, 16, 16384, 1, 8}, {DF_W_BF16, 40, 256, 1, 9},
+        {DF_W_BF16, 41, 256, 1, 9},    {DF_W_BF16, 42, 256, 1, 9},    {DF_W_BF16, 43, 256, 1, 9},   {DF_W_BF16, 44, 256, 1, 9},
+    };
+    static const int taken[NG] = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0};
+    static float xv[XC], xq[XC];
+    static float yv[5][NJ][8192];
+    df_weight w[NJ];
+    df_mv_job jobs[NJ];
+    uint8_t *data[NJ];
+    df_act *x = B->alloc(XC), *y[NJ];
+    for (int c = 0; c < XC; c++) xv[c] = frnd(), xq[c] = xv[c] / 4.0f;
+    for (int k = 0; k < NJ; k++) {
+        const int es = S[k].fmt == DF_W_F32 ? 4 : 2;
+        const size_t rb = (size_t)S[k].cols * es, n = (size_t)S[k].rows * S[k].cols;
+        data[k] = malloc((size_t)S[k].rows * rb);
+        for (size_t i = 0; i < n; i++) {
+            if (S[k].fmt == DF_W_F32) {
+                const float f = frnd();
+                memcpy(data[k] + 4 * i, &f, 4);
+            } else {
+                const uint32_t r = rnd(), sign = r & 1, m = (r >> 1) & (S[k].fmt == DF_W_BF16 ? 127 : 1023), ex = (r >> 12) % 8;
+                const uint16_t h = S[k].fmt == DF_W_BF16 ? (uint16_t)((sign << 15) | ((122 + ex) << 7) | m) : (uint16_t)((sign << 15) | ((10 + ex) << 10) | m);
+                memcpy(data[k] + 2 * i, &h, 2);
+            }
+        }
+        memset(&w[k], 0, sizeof w[k]);
+        w[k].fmt = S[k].fmt, w[k].rows = S[k].rows, w[k].cols = S[k].cols, w[k].data = data[k], w[k].row_bytes = rb;
+        if (S[k].reg) CHECK(B->weight_register(&w[k]) == 0 && w[k].handle, "bal weight %d registered", k);
+        y[k] = B->alloc((size_t)S[k].rows);
+        jobs[k].w = &w[k], jobs[k].x = x, jobs[k].y = y[k];
+    }
+    static const int masks[5] = {15214, 15214 | 16384, 15214 | 16384 | 32768, 15214 & ~512, (15214 & ~512) | 16384 | 32768};
+    for (int m = 0; m < 5; m++) {
+        df_cuda_set_lean_mask(masks[m]);
+        for (int g = 0; g < NG; g++) {
+            int k0 = -1, nk = 0;
+            for (int k = 0; k < NJ; k++)
+                if (S[k].group == g) k0 = k0 < 0 ? k : k0, nk++;
+            for (int k = k0; k < k0 + nk; k++) B->zero(y[k], (size_t)S[k].rows);
+            B->write(x, xq, XC);
+            B->scale(x, 4.0f, XC); /* x written by a kernel just before the product */
+            const int64_t l0 = df_cuda_mm_launches(), b0 = df_cuda_mm_bal_launches();
+            B->matmul_batch(jobs + k0, nk, 1);
+            const int64_t launches = df_cuda_mm_launches() - l0, bal = df_cuda_mm_bal_launches() - b0;
+            CHECK(launches == 1, "mask %d, group %d: %lld product launches, expected 1", masks[m], g, (long long)launches);
+            const int want = (masks[m] & 16384) && taken[g];
+            CHECK(bal == want, "mask %d, group %d: %lld launches of k_mm_bal, expected %d", masks[m], g, (long long)bal, want);
+            for (int k = k0; k < k0 + nk; k++) {
+                B->read(yv[m][k], y[k], (size_t)S[k].rows);
+                double d = 0, n2 = 0;
+                for (int r = 0; r < S[k].rows; r++) {
+                    const float c = df_dot_row(&w[k], r, xv);
+                    d += (double)(yv[m][k][r] - c) * (yv[m][k][r] - c), n2 += (double)c * c;
+                }
+                CHECK(d <= 1e-10 * n2, "mask %d, bal job %d (%d x %d, fmt %d): rel L2^2 %g against the CPU", masks[m], k, S[k].rows, S[k].cols, S[k].fmt,
+                      n2 > 0 ? d / n2 : d);
+            }
+        }
+    }
+    df_cuda_set_lean_mask(-1);
+    for (int k = 0; k < NJ; k++) {
+        const size_t bytes = (size_t)S[k].rows * sizeof(float);
+        CHECK(!memcmp(yv[0][k], yv[1][k], bytes), "bal job %d (%d x %d, fmt %d): k_mm_bal's bits differ from the default's (15214)", k, S[k].rows, S[k].cols, S[k].fmt);
+        CHECK(!memcmp(yv[0][k], yv[2][k], bytes), "bal job %d (%d x %d, fmt %d): k_mm_bal's bits with the loads before the wait differ from the default's", k, S[k].rows, S[k].cols, S[k].fmt);
+        CHECK(!memcmp(yv[3][k], yv[4][k], bytes), "bal job %d (%d x %d, fmt %d): k_mm_bal's bits differ from mask %d's", k, S[k].rows, S[k].cols, S[k].fmt, masks[3]);
+        if (S[k].reg) B->weight_unregister(&w[k]);
+        B->free(y[k]);
+        free(data[k]);
+    }
+    B->free(x);
+    printf("test_backend_cuda: balanced one-token products (bit 16384): %d jobs in %d launches, 5 masks\n", NJ, NG);
+}
 /* Round 9 (DELTAFIN_CUDA_LEAN bit 1024): one-token products of spine weights (F32, F16, BF16 rows of the 16-byte
  * path) through the cp.async pipeline (k_mm_cp). Each row is summed as a one-warp row (wk = 1), so where the
  * round-7 launch (mask 366: no bit 512, split1 16) also reads a row with one warp (fewer than 16 steps per lane)
@@ -662,6 +751,7 @@ int main(void) {
         fused_moe_checks(4, 128);
         fused_moe_checks(8, 760);
         mm_cp_checks();
+        mm_bal_checks();
         attn_split_checks();
         attn_dec_checks();
         fused_rows_checks();

@@ -58,6 +58,8 @@ int64_t df_cuda_moe_down_cp_launches(void);
 int64_t df_cuda_attn_dec_launches(void);
 /* Device-routed MoE layers run with the route inside the gate/up and down launches (round 10, bit 8192) so far (tests). */
 int64_t df_cuda_moe_rt_launches(void);
+/* Launches of round 11's one-token spine products in one balanced wave (k_mm_bal, bit 16384) so far (tests). */
+int64_t df_cuda_mm_bal_launches(void);
 
 #ifdef __cplusplus
 }

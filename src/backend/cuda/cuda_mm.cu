@@ -743,7 +743,9 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * keeps 16 bits): 4096 one-token GQA decode attention in one launch over (chunk, KV head) blocks (cuda_ops.cu,
  * k_attn_dec: other sums than bits 2 / 16's launches; +5.6% end to end on the H200), 8192 the MoE route inside the
  * gate/up and down launches (k_gu_rt, k_moe_down_rt: the same bits; +1.3%); default 15214 = 2926 | 4096 | 8192
- * (+6.6%, docs/PERFORMANCE.md round 10), DELTAFIN_CUDA_LEAN=2926 restores round 9. Every bit but 512, 1024 and 4096 gives the same bits of
+ * (+6.6%, docs/PERFORMANCE.md round 10), DELTAFIN_CUDA_LEAN=2926 restores round 9. Round 11 (opt-in until measured):
+ * 16384 the one-token spine products in one balanced wave (k_mm_bal: k_mm's bits), 32768 (with 16384) their first
+ * round of weight loads before griddepcontrol.wait (the same bits). Every bit but 512, 1024 and 4096 gives the same bits of
  * every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 int g_lean = -1;
@@ -809,11 +811,185 @@ static void mm_flush_cp(MmBatch *b) {
         mm_launch_cp<MM_MAXJ>(*b, nb);
     g_mm_cp++;
 }
+/* ---- round 11 (DELTAFIN_CUDA_LEAN bit 16384): one-token products of spine rows in one balanced wave ----------
+ * Why the default's dense launches (k_mm) sit far above their bytes' floor (docs/PERFORMANCE.md round 11): q/k/v
+ * (5120 rows of 4 KB) is 320 blocks of 8 warps at 3 an SM, so 56 SMs hold 3 blocks (192 KB) and 76 hold 2 (128 KB):
+ * the launch lasts as long as the SMs with 24% more bytes than the mean; lm_head (8192 rows) is 512 such blocks
+ * against 396 slots: two waves; each warp there takes its 8 KB in two dependent rounds of 8 loads a lane; and
+ * nothing but L2 prefetches runs before griddepcontrol.wait, so the first loads of weight bytes wait for the
+ * kernel before. k_mm_bal instead: a grid of at most (SMs x blocks an SM by occupancy) blocks of 8 warps, ONE
+ * wave; the work is cut into tasks of R whole rows (R = 2 for rows of fewer than 16 16-byte steps a lane, else 1:
+ * 16 loads of 16 bytes a lane a round) dealt round-robin over the blocks (task t to block t % G, its warp (t / G)
+ * % 8), so blocks differ by at most one task and every SM holds the same number of blocks; each lane issues a
+ * round's 16 loads before any product; with resident weights (pf) the rows of a warp's tasks are asked of L2
+ * before griddepcontrol.wait as k_mm's are, and with bit 32768 as well (pf = 2) the first round of a warp's first
+ * task is loaded into registers BEFORE the wait instead (the weights are written by no kernel; x, written by the
+ * kernel before, is read only after the wait), the rows of its later tasks still asked of L2. **The same bits as k_mm** for the same wk (the default's split of
+ * the row, bit 512 or not): the warp takes all WK column parts of its rows itself, keeping one accumulator per
+ * part (step j of a lane, column step 32 j + lane, goes to part j % WK, in increasing j: each part's fmaf chain is
+ * the chain warp j % WK of k_mm's row group runs), then sums each part over the warp (warp_sum) and adds the
+ * parts from 0.0f in part order, as mm_body adds its warps' partial sums. */
+#define BAL_WARPS 8
+template <int V, int MJ, int WK, int R> struct BalTask {
+    const MmJob *J;
+    const uint4 *rows[R];
+    int64_t r0, nv;
+    int nr;
+};
+template <int V, int MJ, int WK, int R> static __device__ __forceinline__ void bal_task(const MmBatchT<MJ> &b, unsigned t, BalTask<V, MJ, WK, R> &k) {
+    int j = 0;
+    while (j + 1 < b.nj && t >= b.j[j + 1].blk0) j++;
+    k.J = &b.j[j];
+    const DW &w = k.J->w;
+    k.r0 = (int64_t)(t - k.J->blk0) * R;
+    k.nr = w.rows - k.r0 < R ? (int)(w.rows - k.r0) : R;
+    k.nv = w.cols / Fmt<V>::E;
+#pragma unroll
+    for (int i = 0; i < R; i++) k.rows[i] = (const uint4 *)(w.data + (size_t)(k.r0 + (i < k.nr ? i : 0)) * w.row_bytes);
+}
+template <int V, int MJ, int WK, int R>
+static __device__ __forceinline__ void bal_load(const BalTask<V, MJ, WK, R> &k, int64_t j0, uint4 (&u)[16 / R][R]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int q = 0; q < 16 / R; q++) {
+        const int64_t v = (j0 + q) * 32 + lane;
+        if (v < k.nv)
+#pragma unroll
+            for (int i = 0; i < R; i++) u[q][i] = __ldg(k.rows[i] + v);
+    }
+}
+template <int V, int MJ, int WK, int R>
+__global__ void __launch_bounds__(BAL_WARPS * 32, 2) k_mm_bal(const __grid_constant__ MmBatchT<MJ> b) {
+    constexpr int E = Fmt<V>::E, C = Fmt<V>::C, S = 16 / R;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const unsigned G = gridDim.x, T = b.j[b.nj - 1].blk0 + (unsigned)((b.j[b.nj - 1].w.rows + R - 1) / R);
+    pdl_go();
+    unsigned t = blockIdx.x + G * (unsigned)warp;
+    uint4 u[S][R];
+    BalTask<V, MJ, WK, R> k;
+    int have = 0;
+    if (b.pf == 2 && t < T) { /* bit 32768: resident rows, written by no kernel: the first round is loaded before the wait */
+        bal_task<V, MJ, WK, R>(b, t, k);
+        bal_load<V, MJ, WK, R>(k, 0, u);
+        have = 1;
+    }
+    if (b.pf) /* as k_mm: the rows of the warp's tasks (bit 32768: of its later tasks) asked of L2 before the wait */
+        for (unsigned tp = b.pf == 2 ? t + G * BAL_WARPS : t; tp < T; tp += G * BAL_WARPS) {
+            BalTask<V, MJ, WK, R> kp;
+            bal_task<V, MJ, WK, R>(b, tp, kp);
+            const uint8_t *base = (const uint8_t *)kp.rows[0];
+            const size_t bytes = (size_t)kp.nr * kp.J->w.row_bytes;
+            for (size_t off = (size_t)lane * 128; off < bytes; off += 32 * 128) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+#endif
+            }
+        }
+    pdl_wait();
+    for (; t < T; t += G * BAL_WARPS) {
+        if (!have) bal_task<V, MJ, WK, R>(b, t, k);
+        const int64_t K = k.J->w.cols;
+        const float *x = k.J->x + (int64_t)b.t0 * K;
+        float acc[WK][R];
+#pragma unroll
+        for (int p = 0; p < WK; p++)
+#pragma unroll
+            for (int i = 0; i < R; i++) acc[p][i] = 0.0f;
+        for (int64_t j0 = 0; j0 * 32 < k.nv; j0 += S) {
+            if (!have) bal_load<V, MJ, WK, R>(k, j0, u);
+            have = 0;
+#pragma unroll
+            for (int q = 0; q < S; q++) {
+                const int64_t v = (j0 + q) * 32 + lane;
+                if (v >= k.nv) break;
+                const int64_t c0 = v * E;
+#pragma unroll
+                for (int h = 0; h < E / C; h++) {
+                    float wv[R][C];
+#pragma unroll
+                    for (int i = 0; i < R; i++) decode<V>(u[q][i], h, 1.0f, wv[i]);
+                    const float4 *xp = (const float4 *)(x + c0 + h * C);
+                    float xv[C];
+#pragma unroll
+                    for (int qq = 0; qq < C / 4; qq++) {
+                        const float4 f = __ldg(xp + qq);
+                        xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
+                    }
+#pragma unroll
+                    for (int i = 0; i < R; i++)
+#pragma unroll
+                        for (int c = 0; c < C; c++) acc[q % WK][i] = fmaf(wv[i][c], xv[c], acc[q % WK][i]);
+                }
+            }
+        }
+        float *y = k.J->y + (int64_t)b.t0 * k.J->w.rows + k.r0;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            float s;
+            if (WK == 1)
+                s = warp_sum(acc[0][i]);
+            else {
+                s = 0.0f;
+#pragma unroll
+                for (int p = 0; p < WK; p++) s += warp_sum(acc[p][i]);
+            }
+            if (!lane && i < k.nr) y[i] = s;
+        }
+    }
+}
+/* blocks an SM of one k_mm_bal instance (the occupancy API, asked once per instance; 2 if it fails) */
+template <int V, int WK, int R> static int bal_occ(void) {
+    static int occ;
+    if (!occ) {
+        int v = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_mm_bal<V, MM_SMALLJ, WK, R>, BAL_WARPS * 32, 0) != cudaSuccess || v <= 0) cudaGetLastError(), v = 2;
+        occ = v;
+    }
+    return occ;
+}
+template <int V, int WK, int R> static void bal_go(MmBatchT<MM_SMALLJ> &s, unsigned T) {
+    const uint64_t cap = (uint64_t)sms() * (uint64_t)bal_occ<V, WK, R>();
+    const unsigned G = (uint64_t)T < cap ? T : (unsigned)cap;
+    launch_k(k_mm_bal<V, MM_SMALLJ, WK, R>, dim3(G), dim3(BAL_WARPS * 32), 0, s);
+}
+template <int V, int WK> static void bal_go_r(MmBatchT<MM_SMALLJ> &s, unsigned T, int R) { R == 1 ? bal_go<V, WK, 1>(s, T) : bal_go<V, WK, 2>(s, T); }
+template <int V> static void bal_go_wk(MmBatchT<MM_SMALLJ> &s, unsigned T, int R, int wk) {
+    wk == 1 ? bal_go_r<V, 1>(s, T, R) : wk == 2 ? bal_go_r<V, 2>(s, T, R) : bal_go_r<V, 4>(s, T, R);
+}
+static int64_t g_mm_bal;
+extern "C" int64_t df_cuda_mm_bal_launches(void) { return g_mm_bal; }
+/* 1: the launch went through k_mm_bal (bit 16384, bit 32768 its loads before the wait; F32 / F16 / BF16 rows of the 16-byte path, at most MM_SMALLJ
+ * jobs of one wk in 1, 2, 4); 0: not taken, the caller launches k_mm as before */
+static int mm_flush_bal(MmBatch *b) {
+    if (!(lean_mask() & 16384) || b->n != 1 || b->nj > MM_SMALLJ) return 0;
+    const int vec = b->j[0].vec, wk = b->j[0].wk;
+    if ((vec != V_F32 && vec != V_F16 && vec != V_BF16) || (wk != 1 && wk != 2 && wk != 4)) return 0;
+    for (int i = 1; i < b->nj; i++)
+        if (b->j[i].wk != wk) return 0;
+    /* R from the first job's steps a lane (every job's rows: any R gives the same bits) */
+    const int64_t E = vec == V_F32 ? 4 : 8, spl = (b->j[0].w.cols / E + 31) / 32;
+    const int R = spl >= 16 ? 1 : 2;
+    MmBatchT<MM_SMALLJ> s;
+    memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
+    s.nj = b->nj, s.n = 1, s.t0 = b->t0, s.pf = b->pf ? (lean_mask() & 32768 ? 2 : 1) : 0, s.cp = 0;
+    uint64_t T = 0;
+    for (int i = 0; i < s.nj; i++) {
+        s.j[i].blk0 = (unsigned)T;
+        T += (uint64_t)((s.j[i].w.rows + R - 1) / R);
+    }
+    if (T == 0 || T > 0x7fffffffu) return 0;
+    if (vec == V_F32) bal_go_wk<V_F32>(s, (unsigned)T, R, wk);
+    else if (vec == V_F16) bal_go_wk<V_F16>(s, (unsigned)T, R, wk);
+    else bal_go_wk<V_BF16>(s, (unsigned)T, R, wk);
+    g_mm_bal++;
+    return 1;
+}
 static void mm_flush_one(MmBatch *b, unsigned blocks) {
     if (b->cp) {
         mm_flush_cp(b);
         return;
     }
+    if (mm_flush_bal(b)) return;
     const int lean = lean_mask() & 1;
     int narrow = 0;
     if (lean && (uint64_t)blocks < 2 * (uint64_t)sms()) {
