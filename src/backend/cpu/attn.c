@@ -112,7 +112,7 @@ static void gqa_task(void *p, int sh, int nsh) {
  * 2026-12-02 09:03): a 6-position exact pass 33.2-33.5 -> 29.8-32.3 ms mean; on the same path in a slower phase
  * of this host (05:50) it had read 53 -> 59 ms, so the choice follows the memory: the rounds' scores scratch is
  * bounded (GQA_LONG_MAXF floats) and above it the tiles run. */
-enum { GQA_LONG_KEYS = 512, GQA_LONG_N = 8, GQA_LONG_KC = 128 };
+enum { GQA_LONG_KEYS = 512, GQA_LONG_N = 8, GQA_LONG_KC = 64 };
 #define GQA_LONG_MAXF ((size_t)8 << 20) /* scores scratch of the rounds for more than one position: 32 MB */
 typedef struct {
     const df_attn_gqa_args *a;
