@@ -743,16 +743,17 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * keeps 16 bits): 4096 one-token GQA decode attention in one launch over (chunk, KV head) blocks (cuda_ops.cu,
  * k_attn_dec: other sums than bits 2 / 16's launches; +5.6% end to end on the H200), 8192 the MoE route inside the
  * gate/up and down launches (k_gu_rt, k_moe_down_rt: the same bits; +1.3%); default 15214 = 2926 | 4096 | 8192
- * (+6.6%, docs/PERFORMANCE.md round 10), DELTAFIN_CUDA_LEAN=2926 restores round 9. Round 11 (opt-in until measured):
- * 16384 the one-token spine products in one balanced wave (k_mm_bal: k_mm's bits), 32768 (with 16384) their first
- * round of weight loads before griddepcontrol.wait (the same bits). Every bit but 512, 1024 and 4096 gives the same bits of
+ * (+6.6%, docs/PERFORMANCE.md round 10) was round 10's default, DELTAFIN_CUDA_LEAN=2926 restores round 9. Round 11:
+ * 16384 the one-token spine products in one balanced wave (k_mm_bal: k_mm's bits; alone 4.7% slower), 32768 (with
+ * 16384) their first round of weight loads before griddepcontrol.wait (the same bits); default 64366 = 15214 |
+ * 16384 | 32768 (+2.0% on the H200, the same ids), DELTAFIN_CUDA_LEAN=15214 restores round 10. Every bit but 512, 1024 and 4096 gives the same bits of
  * every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 65535 : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192;
+        g_lean = e && *e ? atoi(e) & 65535 : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768;
     }
     return g_lean;
 }
