@@ -554,48 +554,28 @@ __global__ void __launch_bounds__(CP_WARPS * 32) k_mm_cp(const __grid_constant__
     cp_wait<0>();
 }
 
-/* DELTAFIN_CUDA_LEAN bit 2048 (round 9): the device-routed MoE's gate + down + combine launch (k_moe_down's
- * contract: each expert's rows written to d with the bits of the host-routed down launch, wk = 1, and out = the
- * block's rows combined by the route's weights in k order, k_moe_down's arithmetic) with each warp's RT rows
- * copied by cp.async into shared memory at once, one commit group per row, before the wait for the gate/up
- * launch (the table and the resident experts are final then: see k_moe_down); after the wait each lane computes
- * gate(g, u) of its own columns once (the same value for every row: SPR x E floats in registers, gate_apply as
- * k_gate writes it) while the rows still fly, then multiplies row s as soon as its group has landed.
- * SPR: warp steps per row (I / E / 32 rounded up, at most 4); shared memory K x RT x SPR x 512 bytes. */
-template <int V, int SPR, int RT>
-__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_cp(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, GateIn ga, const float *__restrict__ wr, float *out) {
-    extern __shared__ __align__(16) uint4 dn_ring[];
-    constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    uint4 *ring = dn_ring + (size_t)warp * RT * SPR * 32 + lane;
-    pdl_go();
-    const int64_t r0 = (int64_t)blockIdx.x * RT;
-    int nr;
-    int64_t upr;
-    {
-        const MmJob *Jp = &b->j[warp];
-        const uint8_t *data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
-        const size_t rb = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
-        const int64_t rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), cols = (int64_t)__ldcg((const long long *)&Jp->w.cols);
-        nr = r0 >= rows ? 0 : rows - r0 < RT ? (int)(rows - r0) : RT;
-        upr = cols / E;
-        const uint8_t *base = data + (size_t)r0 * rb + (size_t)lane * 16;
+/* The parts of the down launches of bits 2048 (k_moe_down_cp) and 8192 (k_moe_down_rt), shared so both run the same
+ * operations. dn_copy: a warp's RT rows (SPR steps of 16 bytes a lane each) into its ring, one commit group per row.
+ * dn_gate: gate(g, u) of the lane's own columns of x (g at x, u at x + ga.uoff), as k_gate writes it. dn_rows: row s
+ * multiplied once its group has landed (a one-warp row: wk = 1), its sum into part[warp][s] and y[r0 + s]; then
+ * out[r0 + t] = the block's rows combined by w in k order. */
+template <int SPR, int RT>
+__device__ __forceinline__ void dn_copy(uint4 *ring, const uint8_t *base, size_t rb, int nr, int64_t upr, int lane) {
 #pragma unroll
-        for (int s = 0; s < RT; s++) {
+    for (int s = 0; s < RT; s++) {
 #pragma unroll
-            for (int q = 0; q < SPR; q++)
-                if (s < nr && (int64_t)q * 32 + lane < upr) cp16(ring + (s * SPR + q) * 32, base + (size_t)s * rb + (size_t)q * 512);
-            cp_commit();
-        }
+        for (int q = 0; q < SPR; q++)
+            if (s < nr && (int64_t)q * 32 + lane < upr) cp16(ring + (s * SPR + q) * 32, base + (size_t)s * rb + (size_t)q * 512);
+        cp_commit();
     }
-    pdl_wait();
-    const MmJob &J = b->j[warp];
-    float xg[SPR][E];
+}
+template <int E, int SPR>
+__device__ __forceinline__ void dn_gate(const float *x, const GateIn &ga, int64_t upr, int lane, float (&xg)[SPR][E]) {
 #pragma unroll
     for (int q = 0; q < SPR; q++) {
         const int64_t v = (int64_t)q * 32 + lane;
         if (v < upr) {
-            const float4 *gp = (const float4 *)(J.x + v * E), *up = (const float4 *)(J.x + ga.uoff + v * E);
+            const float4 *gp = (const float4 *)(x + v * E), *up = (const float4 *)(x + ga.uoff + v * E);
 #pragma unroll
             for (int qq = 0; qq < E / 4; qq++) {
                 const float4 g = __ldg(gp + qq), u = __ldg(up + qq);
@@ -609,7 +589,11 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_cp(const MmBatchT
             for (int e = 0; e < E; e++) xg[q][e] = 0.0f;
         }
     }
-    __shared__ float part[FUSED_MAX_K][RT];
+}
+template <int V, int SPR, int RT>
+__device__ __forceinline__ void dn_rows(const uint4 *ring, const float (&xg)[SPR][Fmt<V>::E], int64_t upr, int nr, int lane, int warp,
+                                        float (*part)[RT], float *y, int64_t r0, int K, const float *w, float *out) {
+    constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
 #pragma unroll
     for (int s = 0; s < RT; s++) {
         if (s < nr) { /* block-uniform: every expert's down projection has the same rows */
@@ -629,16 +613,52 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_cp(const MmBatchT
                 }
             }
             const float sum = warp_sum(acc);
-            if (!lane) part[warp][s] = sum, J.y[r0 + s] = sum;
+            if (!lane) part[warp][s] = sum, y[r0 + s] = sum;
         }
     }
     cp_wait<0>();
     __syncthreads();
     if ((int)threadIdx.x < nr) {
         float o = 0.0f;
-        for (int j = 0; j < K; j++) o += wr[j] * part[j][threadIdx.x];
+        for (int j = 0; j < K; j++) o += w[j] * part[j][threadIdx.x];
         out[r0 + threadIdx.x] = o;
     }
+}
+
+/* DELTAFIN_CUDA_LEAN bit 2048 (round 9): the device-routed MoE's gate + down + combine launch (k_moe_down's
+ * contract: each expert's rows written to d with the bits of the host-routed down launch, wk = 1, and out = the
+ * block's rows combined by the route's weights in k order, k_moe_down's arithmetic) with each warp's RT rows
+ * copied by cp.async into shared memory at once, one commit group per row, before the wait for the gate/up
+ * launch (the table and the resident experts are final then: see k_moe_down); after the wait each lane computes
+ * gate(g, u) of its own columns once (the same value for every row: SPR x E floats in registers, gate_apply as
+ * k_gate writes it) while the rows still fly, then multiplies row s as soon as its group has landed.
+ * SPR: warp steps per row (I / E / 32 rounded up, at most 4); shared memory K x RT x SPR x 512 bytes. */
+template <int V, int SPR, int RT>
+__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_cp(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, GateIn ga, const float *__restrict__ wr, float *out) {
+    extern __shared__ __align__(16) uint4 dn_ring[];
+    constexpr int E = Fmt<V>::E;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4 *ring = dn_ring + (size_t)warp * RT * SPR * 32 + lane;
+    pdl_go();
+    const int64_t r0 = (int64_t)blockIdx.x * RT;
+    int nr;
+    int64_t upr;
+    {
+        const MmJob *Jp = &b->j[warp];
+        const uint8_t *data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
+        const size_t rb = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
+        const int64_t rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), cols = (int64_t)__ldcg((const long long *)&Jp->w.cols);
+        nr = r0 >= rows ? 0 : rows - r0 < RT ? (int)(rows - r0) : RT;
+        upr = cols / E;
+        const uint8_t *base = data + (size_t)r0 * rb + (size_t)lane * 16;
+        dn_copy<SPR, RT>(ring, base, rb, nr, upr, lane);
+    }
+    pdl_wait();
+    const MmJob &J = b->j[warp];
+    float xg[SPR][E];
+    dn_gate<E, SPR>(J.x, ga, upr, lane, xg);
+    __shared__ float part[FUSED_MAX_K][RT];
+    dn_rows<V, SPR, RT>(ring, xg, upr, nr, lane, warp, part, J.y, r0, K, wr, out);
 }
 
 /* A kernel's dynamic shared memory opted in once per kernel and size (whatever the size: the kernel's static
@@ -1463,7 +1483,7 @@ template <int V, int SPR, int RT>
 __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_constant__ RouteK p, GateIn ga, float *out) {
     extern __shared__ __align__(16) uint4 dr_ring[];
     __shared__ RsSh rs;
-    constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
+    constexpr int E = Fmt<V>::E;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = p.k;
     uint4 *ring = dr_ring + (size_t)warp * RT * SPR * 32 + lane;
     pdl_go();
@@ -1476,66 +1496,15 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_c
     {
         const size_t rb = w.row_bytes;
         const uint8_t *base = w.data + (size_t)r0 * rb + (size_t)lane * 16;
-#pragma unroll
-        for (int s = 0; s < RT; s++) {
-#pragma unroll
-            for (int q = 0; q < SPR; q++)
-                if (s < nr && (int64_t)q * 32 + lane < upr) cp16(ring + (s * SPR + q) * 32, base + (size_t)s * rb + (size_t)q * 512);
-            cp_commit();
-        }
+        dn_copy<SPR, RT>(ring, base, rb, nr, upr, lane);
     }
     pdl_wait();
     const float *x = p.g + (size_t)warp * p.I;
     float *y = p.d + (size_t)warp * p.D;
     float xg[SPR][E];
-#pragma unroll
-    for (int q = 0; q < SPR; q++) {
-        const int64_t v = (int64_t)q * 32 + lane;
-        if (v < upr) {
-            const float4 *gp = (const float4 *)(x + v * E), *up = (const float4 *)(x + ga.uoff + v * E);
-#pragma unroll
-            for (int qq = 0; qq < E / 4; qq++) {
-                const float4 g = __ldg(gp + qq), u = __ldg(up + qq);
-                xg[q][4 * qq] = gate_apply(ga.kind, g.x, u.x, ga.p0, ga.p1);
-                xg[q][4 * qq + 1] = gate_apply(ga.kind, g.y, u.y, ga.p0, ga.p1);
-                xg[q][4 * qq + 2] = gate_apply(ga.kind, g.z, u.z, ga.p0, ga.p1);
-                xg[q][4 * qq + 3] = gate_apply(ga.kind, g.w, u.w, ga.p0, ga.p1);
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < E; e++) xg[q][e] = 0.0f;
-        }
-    }
+    dn_gate<E, SPR>(x, ga, upr, lane, xg);
     __shared__ float part[FUSED_MAX_K][RT];
-#pragma unroll
-    for (int s = 0; s < RT; s++) {
-        if (s < nr) { /* block-uniform: every expert's down projection has the same rows */
-            cp_wait_rt<RT>(s);
-            float acc = 0.0f;
-#pragma unroll
-            for (int q = 0; q < SPR; q++) {
-                if ((int64_t)q * 32 + lane < upr) {
-                    const uint4 u = ring[(s * SPR + q) * 32];
-#pragma unroll
-                    for (int h = 0; h < E / C; h++) {
-                        float wv[C];
-                        decode<V>(u, h, 1.0f, wv);
-#pragma unroll
-                        for (int k = 0; k < C; k++) acc = fmaf(wv[k], xg[q][h * C + k], acc);
-                    }
-                }
-            }
-            const float sum = warp_sum(acc);
-            if (!lane) part[warp][s] = sum, y[r0 + s] = sum;
-        }
-    }
-    cp_wait<0>();
-    __syncthreads();
-    if ((int)threadIdx.x < nr) {
-        float o = 0.0f;
-        for (int j = 0; j < K; j++) o += rs.wk[j] * part[j][threadIdx.x];
-        out[r0 + threadIdx.x] = o;
-    }
+    dn_rows<V, SPR, RT>(ring, xg, upr, nr, lane, warp, part, y, r0, K, rs.wk, out);
 }
 static int64_t g_route_fast, g_moe_down_sh, g_moe_down_cp, g_moe_rt;
 extern "C" int64_t df_cuda_moe_rt_launches(void) { return g_moe_rt; }
