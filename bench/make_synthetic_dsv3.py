@@ -4,13 +4,18 @@
 width 2048, vocab 129280, FP8 E4M3 weights with 128x128 weight_scale_inv
 blocks, BF16 embeddings/head/norms) and as many layers as asked. Values are
 random (repeating a random block: the content does not matter for speed).
-No torch needed. Usage: make_synthetic_dsv3.py OUT [--layers 2] [--experts 128]"""
+No torch needed. Usage: make_synthetic_dsv3.py OUT [--layers 2] [--experts 128] [--vocab N]"""
 import argparse
 import json
 import os
 import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # the GPU machine may lack it: pools from the standard library (smaller, the same kinds of values)
+    np = None
+import random
+import struct
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from st_writer import Writer  # noqa: E402
@@ -20,9 +25,11 @@ ap.add_argument("out")
 ap.add_argument("--layers", type=int, default=2, help="decoder layers (the first is dense, as first_k_dense_replace=1)")
 ap.add_argument("--experts", type=int, default=128, help="routed experts per MoE layer (DeepSeek-V3 has 256)")
 ap.add_argument("--dtype", choices=["fp8", "bf16"], default="fp8")
+ap.add_argument("--vocab", type=int, default=129280, help="vocabulary (a small one keeps the BF16 head from dominating a "
+                "few-layer decode benchmark)")
 a = ap.parse_args()
 
-H, V, NH, QL, KL, NOPE, ROPE, VD, FF, MF = 7168, 129280, 128, 1536, 512, 128, 64, 128, 18432, 2048
+H, V, NH, QL, KL, NOPE, ROPE, VD, FF, MF = 7168, a.vocab, 128, 1536, 512, 128, 64, 128, 18432, 2048
 cfg = {
     "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": V, "hidden_size": H,
     "intermediate_size": FF, "moe_intermediate_size": MF, "num_hidden_layers": a.layers, "num_nextn_predict_layers": 0,
@@ -41,11 +48,17 @@ if a.dtype == "fp8":
 os.makedirs(a.out, exist_ok=True)
 json.dump(cfg, open(os.path.join(a.out, "config.json"), "w"), indent=2)
 
-rng = np.random.default_rng(0)
 POOL = 64 << 20
-pool_bf16 = (rng.standard_normal(POOL // 2).astype(np.float32) * 0.02).view(np.uint32) >> 16
-pool_bf16 = pool_bf16.astype(np.uint16).tobytes()
-pool_fp8 = (rng.integers(0, 256, POOL, dtype=np.uint8) & 0xB7).tobytes()  # |x| <= 2^-1 * 1.875: no NaN, sane
+FP8_MASK = bytes(b & 0xB7 for b in range(256))  # |x| <= 2^-1 * 1.875: no NaN, sane
+if np is not None:
+    rng = np.random.default_rng(0)
+    pool_bf16 = (rng.standard_normal(POOL // 2).astype(np.float32) * 0.02).view(np.uint32) >> 16
+    pool_bf16 = pool_bf16.astype(np.uint16).tobytes()
+    pool_fp8 = (rng.integers(0, 256, POOL, dtype=np.uint8) & 0xB7).tobytes()
+else:
+    r = random.Random(0)
+    pool_bf16 = b"".join(struct.pack("<f", r.gauss(0, 0.02))[2:] for _ in range(1 << 20))
+    pool_fp8 = r.randbytes(POOL).translate(FP8_MASK)
 POOLS = {"rand": pool_bf16, "fp8": pool_fp8}
 
 

@@ -5,9 +5,8 @@ not matter for speed) or filled with a constant.
 Kinds: "ones" (BF16 1.0), "zeros", "f32small" (F32 0.01), or the name of a pool in `pools` (bytes, repeated
 from an offset that differs per tensor)."""
 import json
+import math
 import struct
-
-import numpy as np
 
 SIZES = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "F8_E4M3": 1}
 
@@ -17,7 +16,7 @@ class Writer:
         self.path, self.pools, self.tensors = path, pools, []
 
     def add(self, name, dtype, shape, kind):
-        self.tensors.append((name, dtype, shape, int(np.prod(shape)) * SIZES[dtype], kind))
+        self.tensors.append((name, dtype, shape, math.prod(shape) * SIZES[dtype], kind))
 
     def write(self):
         hdr, off = {}, 0
@@ -29,10 +28,11 @@ class Writer:
         with open(self.path, "wb") as f:
             f.write(struct.pack("<Q", len(h)) + h)
             for i, (name, dt, shape, n, kind) in enumerate(self.tensors):
-                if kind == "ones":
-                    f.write(np.full(n // 2, 0x3F80, dtype=np.uint16).tobytes())
-                elif kind == "f32small":
-                    f.write(np.full(n // 4, 1e-2, dtype=np.float32).tobytes())
+                if kind in ("ones", "f32small"):  # constants, written in 1 MB pieces (no numpy needed)
+                    unit = struct.pack("<H", 0x3F80) if kind == "ones" else struct.pack("<f", 1e-2)
+                    piece = unit * ((1 << 20) // len(unit))
+                    for o in range(0, n, len(piece)):
+                        f.write(piece[:min(len(piece), n - o)])
                 elif kind == "zeros":
                     f.write(bytes(n))
                 else:

@@ -457,6 +457,41 @@ PY
         tail -40 "$OUT/tier_bench.log"
     fi
 fi
+if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident DeepSeek-V3-shape FP8 MoE, a few layers
+    # (bench/make_synthetic_dsv3.py from the checkout: 1 dense + DSV3_LAYERS-1 MoE layers of DSV3_EXPERTS FP8 experts of the
+    # real shapes, MLA, vocab DSV3_VOCAB), greedy and sampled, the same floor as the moe step, DELTAFIN_CUDA_PROF=1, ncu
+    W=${WORK:-/tmp/moebench}
+    D=$W/dsv3-${DSV3_LAYERS:-4}l-${DSV3_EXPERTS:-32}e-${DSV3_VOCAB:-8192}v
+    mkdir -p "$W"
+    [ -f "$D/model.safetensors.index.json" ] || step "synthetic DeepSeek-V3-shape FP8 model written" 300 dsv3_gen.log \
+        python3 bench/make_synthetic_dsv3.py "$D" --layers "${DSV3_LAYERS:-4}" --experts "${DSV3_EXPERTS:-32}" --vocab "${DSV3_VOCAB:-8192}"
+    tail -2 "$OUT/dsv3_gen.log" 2>/dev/null
+    [ -f "$OUT/floor.log" ] || step "HBM floor (cuda_bench --floor)" 60 floor.log "$S/bin/cuda_bench" --floor
+    [ -f "$OUT/h2d.log" ] || step "pinned H2D floor (h2d_bw)" 60 h2d.log "$S/bin/h2d_bw" 2048
+    grep -h "floor" "$OUT/floor.log" | head -3
+    DIDS=$(python3 -c 'import os; v=int(os.environ.get("DSV3_VOCAB","8192")); print(",".join(str(3 + i * 37 % (v - 100)) for i in range(512)))')
+    ds() { # name, then options
+        local name=$1
+        shift
+        step "dsv3 $name: $*" 300 "dsv3_$name.log" "$BIN" run --backend cuda --model "$D" --ids "$DIDS" --max-new "${MAX_NEW:-128}" --ignore-eos --print-ids --stats "$@"
+        grep -E "^\[stats\] (prefill|vram|decode|time split)|^\[cuda prof\]|out of VRAM|rror" "$OUT/dsv3_$name.log" | head -30
+        python3 "$S/e2e_pct.py" "$OUT/dsv3_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
+    }
+    for r in 1 2 3; do ds "resident-r$r" --gpu-memory 100G; done
+    ds resident-sampled --gpu-memory 100G --temperature 1 --seed 1
+    DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 ds resident-prof1 --gpu-memory 100G
+    for n in resident-r2 resident-r3 resident-prof1; do
+        cmp -s <(grep -v '^\[' "$OUT/dsv3_resident-r1.log" | head -1) <(grep -v '^\[' "$OUT/dsv3_$n.log" | head -1) && echo "ids dsv3 $n: same as r1" || echo "ids dsv3 $n: DIFFER from r1"
+    done
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    if [ -n "$NCU" ] && [ "${DSV3_NCU:-1}" = 1 ]; then
+        timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
+            --launch-skip "${DSV3_NCU_SKIP:-3000}" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$D" --ids "${DIDS%%,1[0-9][0-9][0-9]*}" \
+            --max-new "${DSV3_NCU_NEW:-300}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_dsv3.csv" 2>&1 && echo "ncu of the dsv3 decode:" &&
+            MOE_LAYERS=$((${DSV3_LAYERS:-4} - 1)) python3 "$S/ncu_sum.py" "$OUT/ncu_dsv3.csv"
+    fi
+    echo "dsv3 decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/dsv3_*.log | sed 's/.*dsv3_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+fi
 if has bench; then
     step "benchmark (cuda_bench ${BENCH_ARGS:---quick})" 300 bench.log "$S/bin/cuda_bench" ${BENCH_ARGS:---quick}
     cat "$OUT/bench.log"
