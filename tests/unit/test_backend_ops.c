@@ -502,6 +502,42 @@ static void test_attn_mla(void) {
             }
 }
 
+/* MLA at DeepSeek-V3's head shapes (nope 128, rope 64, kv_lora 512, v 128): the CUDA backend's decode path
+ * (three launches for n <= 4: absorb, chunks of positions over groups of 16 heads, combine + W_uv) over 20 heads
+ * (a partial head group), short and long caches (chunks of 16 and of 64 positions), both weight layouts */
+static void test_attn_mla_dsv3(void) {
+    const int NH = 20, nope = 128, rope = 64, R = 512, vd = 128;
+    const int fis[2] = {2, 3}; /* BF16, FP8 */
+    const int cases[][2] = {{1, 700}, {2, 37}, {4, 300}, {1, 5000}, {1, 0}};
+    for (int fi = 0; fi < 2; fi++)
+        for (int split = 0; split < 2; split++)
+            for (int ci = 0; ci < 5; ci++) {
+                const int n = cases[ci][0], pos0 = cases[ci][1], T = pos0 + n;
+                if (split && ci >= 3) continue; /* the split layout: the shorter cases suffice */
+                wbuf kvb, kb, vb;
+                make_weight(&FORMATS[fis[fi]], (int64_t)NH * (nope + vd), R, &kvb);
+                df_weight none = {0};
+                if (split) make_weight(&FORMATS[fis[fi]], (int64_t)NH * R, nope, &kb), make_weight(&FORMATS[fis[fi]], (int64_t)NH * vd, R, &vb);
+                float *q = rnd((size_t)n * NH * (nope + rope), 1), *cache = rnd((size_t)T * (R + rope), 1), *o = calloc((size_t)n * NH * vd, 4);
+                float *h[3] = {q, cache, o};
+                size_t sz[3] = {(size_t)n * NH * (nope + rope), (size_t)T * (R + rope), (size_t)n * NH * vd};
+                side c, r;
+                side_up(&c, CAND, h, sz, 3), side_up(&r, REF, h, sz, 3);
+                df_attn_mla_args ac = {c.p[0], c.p[1], c.p[2], &kvb.w, split ? &kb.w : &none, split ? &vb.w : &none, n, pos0, NH, nope, rope, R, vd, 0.0721f};
+                df_attn_mla_args ar = ac;
+                ar.q = r.p[0], ar.cache = r.p[1], ar.out = r.p[2];
+                CAND->attn_mla(&ac);
+                REF->attn_mla(&ar);
+                char what[112];
+                snprintf(what, sizeof what, "attn_mla DeepSeek-V3 heads %s%s n=%d pos0=%d", FORMATS[fis[fi]].name, split ? " split k_b/v_b" : "", n, pos0);
+                side_cmp(what, &c, &r, 2, sz[2], TOL_RED);
+                side_free(&c, 3), side_free(&r, 3);
+                free(q), free(cache), free(o);
+                free_weight(&kvb);
+                if (split) free_weight(&kb), free_weight(&vb);
+            }
+}
+
 /* ---- rows and element-wise ops ------------------------------------------------------ */
 static void test_rows(void) {
     for (int ni = 0; ni < 4; ni++) {
@@ -947,6 +983,7 @@ int main(int argc, char **argv) {
     test_matmul_prefill();
     test_attn_gqa();
     test_attn_mla();
+    test_attn_mla_dsv3();
     test_rows();
     test_fused();
     test_route();

@@ -3,6 +3,9 @@
  * (see cuda.cu for memory, params, weights and the table). */
 #include "backend/cuda/cuda_int.cuh"
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 /* products: cuda_mm.cu */
 
 /* ---- attention -------------------------------------------------------------------------- */
@@ -704,6 +707,464 @@ __global__ void __launch_bounds__(AT_TH) k_attn_mla(df_attn_mla_args a, DW kvb, 
         out[i] = s;
     }
 }
+/* ---- MLA decode (a few positions): three launches in place of k_attn_mla's one block per (head, position) ----
+ * k_attn_mla reads the whole latent cache once per head and position with one chain per column, and decodes
+ * W_uk / W_uv one called wget at a time (671 us a layer for DeepSeek-V3's 128 heads at 640 positions on the
+ * H200, ncu). For n <= MLA_DEC_N positions:
+ *   1. k_mla_absorb, block (h, t) of 1024 threads: qf[t][h] = [W_uk[h]^T q_nope | q_rope] (kv_lora + rope
+ *      floats); eight parts of the nope rows, each thread 4 columns (128 apart), the parts added in part order;
+ *   2. k_mla_chunk, block (chunk of md_ch(T) positions, group of MD_HG heads, t): each cache row of the chunk
+ *      read once for the group's heads (a warp a position, the row in registers, then in shared memory), the
+ *      scores, the chunk's max m and sum l of exp(s - m) per head, and o = sum_j exp(s_j - m) c_j[0, kv_lora)
+ *      per head (a thread a column, the group's heads in registers), written as a partial [o | m | l];
+ *   3. k_mla_out, block (h, t) of 1024 threads: t's partials combined (max, rescale, sums in chunk order) into
+ *      the latent output, then W_uv[h] times it (a warp 4 rows, lanes over kv_lora, warp_sum).
+ * The weights are read through mla_w<V>: inline decoders for F32 / BF16 / F16 / FP8 (the same values as wget:
+ * the hardware's E4M3 -> f16 conversion is exact), wget for the rest. Different sums from k_attn_mla's (the
+ * chunked softmax): within the conformance bounds, not its bits (the CUDA backend takes no exact verify passes,
+ * so a step and a batch need not agree bit for bit). */
+static int g_mla_dec = -1;
+enum { MLA_DEC_N = 4, MD_HG = 16, MD_TH = 256, MD_BIG = 1024, MD_MAXK = 24 /* cache row floats per lane: kv_lora + rope <= 768 */ };
+enum { MW_GENERIC, MW_F32, MW_BF16, MW_F16, MW_FP8 };
+static int md_ch(size_t T) { /* positions per chunk: 16, more for long caches (at most 128 chunks) */
+    size_t c = 16;
+    while ((T + c - 1) / c > 128) c *= 2;
+    return (int)c;
+}
+template <int V> static __device__ __forceinline__ float mla_w(const DW &w, int64_t r, int64_t c) {
+    const uint8_t *row = w.data + (size_t)r * w.row_bytes;
+    if (V == MW_F32) return ((const float *)row)[c];
+    if (V == MW_BF16) return bf16f(((const uint16_t *)row)[c]);
+    if (V == MW_F16) return __half2float(__ushort_as_half(((const uint16_t *)row)[c]));
+    if (V == MW_FP8) { /* the block's scale: 32-bit indices, shifts for power-of-two blocks (loop invariants hoist them) */
+        const __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)row[c], __NV_E4M3);
+        const uint32_t br = (uint32_t)w.blk_r, bc = (uint32_t)w.blk_c, rr = (uint32_t)r, cc = (uint32_t)c;
+        const uint32_t ri = (br & (br - 1)) ? rr / br : rr >> (__ffs((int)br) - 1);
+        const uint32_t ci = (bc & (bc - 1)) ? cc / bc : cc >> (__ffs((int)bc) - 1);
+        return __fmul_rn(__half2float(__half(hr)), scale_at(w, (int64_t)ri * w.scale_cols + ci));
+    }
+    return wget(w, r, c);
+}
+static int mla_kind(const DW &w) {
+    switch (w.fmt) {
+    case DF_W_F32: return MW_F32;
+    case DF_W_BF16: return MW_BF16;
+    case DF_W_F16: return MW_F16;
+    case DF_W_FP8: return MW_FP8;
+    default: return MW_GENERIC;
+    }
+}
+/* W_uk[h][d][c]: kv_b row h * (nope + v) + d, column c; or k_b row h * kv_lora + c, column d */
+template <int V, int SPLIT> static __device__ __forceinline__ float mla_wk(const DW &w, int h, int nope, int vd, int R, int d, int c) {
+    return SPLIT ? mla_w<V>(w, (int64_t)h * R + c, d) : mla_w<V>(w, (int64_t)h * (nope + vd) + d, c);
+}
+template <int V, int SPLIT>
+__global__ void __launch_bounds__(MD_BIG) k_mla_absorb(df_attn_mla_args a, DW w, float *qf) { pdl_entry();
+    __shared__ float qs[256];       /* q_nope (nope <= 256: checked by the caller) */
+    __shared__ float part[8][1024]; /* each part's sums (kv_lora <= 1024: checked by the caller) */
+    const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, nope = a.nope, rope = a.rope, R = a.kv_lora, vd = a.v_dim;
+    const size_t qh = (size_t)nope + rope, cd = (size_t)R + rope;
+    const float *q = DCP(a.q) + ((size_t)t * NH + h) * qh;
+    float *o = qf + ((size_t)t * NH + h) * cd;
+    for (int i = threadIdx.x; i < nope; i += blockDim.x) qs[i] = q[i];
+    for (int i = threadIdx.x; i < rope; i += blockDim.x) o[R + i] = q[nope + i];
+    __syncthreads();
+    const int p = threadIdx.x >> 7, cs = threadIdx.x & 127, d0 = nope * p / 8, d1 = nope * (p + 1) / 8;
+    constexpr int DU = V == MW_GENERIC ? 1 : V == MW_FP8 ? 4 : 8; /* rows a thread loads before their products */
+    for (int cb = 0; cb < R; cb += 512) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int d = d0;
+#pragma unroll 1
+        for (; d + DU <= d1; d += DU) {
+            float wv[DU][4];
+#pragma unroll
+            for (int k = 0; k < DU; k++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int c = cb + cs + 128 * j;
+                    wv[k][j] = c < R ? mla_wk<V, SPLIT>(w, h, nope, vd, R, d + k, c) : 0.0f;
+                }
+#pragma unroll
+            for (int k = 0; k < DU; k++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[j] = fmaf(wv[k][j], qs[d + k], acc[j]);
+        }
+        for (; d < d1; d++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int c = cb + cs + 128 * j;
+                if (c < R) acc[j] = fmaf(mla_wk<V, SPLIT>(w, h, nope, vd, R, d, c), qs[d], acc[j]);
+            }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (cb + cs + 128 * j < R) part[p][cb + cs + 128 * j] = acc[j];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < R; c += blockDim.x) {
+        float v = part[0][c];
+#pragma unroll
+        for (int i = 1; i < 8; i++) v += part[i][c];
+        o[c] = v;
+    }
+}
+/* block (chunk s, head group g, position t); dynamic shared memory: qf of the group [MD_HG][cd], the chunk's
+ * cache rows [ch][cd], e [MD_HG][ch] */
+__global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const float *__restrict__ qf, int ch, int S, float *part) { pdl_entry();
+    extern __shared__ float sh[];
+    const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z, NH = a.n_heads, R = a.kv_lora, rope = a.rope;
+    const int len = a.pos0 + t + 1, h0 = g * MD_HG, nh = NH - h0 < MD_HG ? NH - h0 : MD_HG;
+    const int cd = R + rope, j0 = s * ch, nj = len - j0 < ch ? len - j0 : ch;
+    float *qg = sh, *rows = sh + (size_t)MD_HG * cd, *e = rows + (size_t)ch * cd;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float *pout = part + (((size_t)t * NH + h0) * S + s) * (size_t)(R + 2); /* head h0 + i at + i * S * (R + 2) */
+    if (nj <= 0) return; /* a chunk past this position's length: k_mla_out reads only t's chunks */
+    const float *qsrc = qf + ((size_t)t * NH + h0) * cd;
+    if (!(cd & 3)) { /* the group's queries in float4s, 8 loads in flight a thread (a float at a time was a chain of ~36 loads) */
+        const int n4 = nh * cd / 4;
+#pragma unroll 8
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) ((float4 *)qg)[i] = ((const float4 *)qsrc)[i];
+    } else {
+#pragma unroll 8
+        for (int i = threadIdx.x; i < nh * cd; i += blockDim.x) qg[i] = qsrc[i];
+    }
+    __syncthreads();
+    const float *cache = DCP(a.cache);
+    for (int jj = wid; jj < nj; jj += nw) { /* the scores: a warp a position, its row in registers */
+        const float *row = cache + (size_t)(j0 + jj) * cd;
+        float r[MD_MAXK];
+#pragma unroll
+        for (int k = 0; k < MD_MAXK; k++) r[k] = 32 * k + lane < cd ? row[32 * k + lane] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < MD_MAXK; k++)
+            if (32 * k + lane < cd) rows[(size_t)jj * cd + 32 * k + lane] = r[k];
+        for (int i = 0; i < nh; i++) {
+            const float *qv = qg + (size_t)i * cd;
+            float d = 0.0f;
+#pragma unroll
+            for (int k = 0; k < MD_MAXK; k++)
+                if (32 * k + lane < cd) d = fmaf(qv[32 * k + lane], r[k], d);
+            d = warp_sum(d);
+            if (!lane) e[(size_t)i * ch + jj] = d * a.scale;
+        }
+    }
+    __syncthreads();
+    for (int i = wid; i < nh; i += nw) { /* each head's max and sum of exp over the chunk */
+        float *ei = e + (size_t)i * ch;
+        float m = -INFINITY;
+        for (int jj = lane; jj < nj; jj += 32) m = fmaxf(m, ei[jj]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int jj = lane; jj < nj; jj += 32) {
+            const float x = expf(ei[jj] - m);
+            ei[jj] = x, l += x;
+        }
+        l = warp_sum(l);
+        if (!lane) {
+            float *pp = pout + (size_t)i * S * (R + 2);
+            pp[R] = m, pp[R + 1] = l;
+        }
+    }
+    __syncthreads();
+    /* o = sum_j e_j c_j: a thread 4 columns (a float4 of each row) and half the group's heads in registers */
+    const int hh = threadIdx.x / (blockDim.x / 2), ih0 = hh * (MD_HG / 2);
+    for (int c4 = threadIdx.x % (blockDim.x / 2); 4 * c4 < R; c4 += blockDim.x / 2) {
+        const int c = 4 * c4;
+        float4 acc[MD_HG / 2];
+#pragma unroll
+        for (int i = 0; i < MD_HG / 2; i++) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c + 4 <= R && !(cd & 3)) {
+            for (int jj = 0; jj < nj; jj++) {
+                const float4 v = *(const float4 *)(rows + (size_t)jj * cd + c);
+#pragma unroll
+                for (int i = 0; i < MD_HG / 2; i++) {
+                    const float p = e[(size_t)(ih0 + i) * ch + jj]; /* heads past nh: unset, their sums never stored */
+                    acc[i].x = fmaf(p, v.x, acc[i].x), acc[i].y = fmaf(p, v.y, acc[i].y);
+                    acc[i].z = fmaf(p, v.z, acc[i].z), acc[i].w = fmaf(p, v.w, acc[i].w);
+                }
+            }
+        } else { /* a partial last quad, or rows not 16-byte aligned */
+            for (int jj = 0; jj < nj; jj++)
+#pragma unroll
+                for (int i = 0; i < MD_HG / 2; i++) {
+                    const float p = e[(size_t)(ih0 + i) * ch + jj];
+                    const float *v = rows + (size_t)jj * cd + c;
+                    acc[i].x = fmaf(p, v[0], acc[i].x);
+                    if (c + 1 < R) acc[i].y = fmaf(p, v[1], acc[i].y);
+                    if (c + 2 < R) acc[i].z = fmaf(p, v[2], acc[i].z);
+                    if (c + 3 < R) acc[i].w = fmaf(p, v[3], acc[i].w);
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < MD_HG / 2; i++)
+            if (ih0 + i < nh) {
+                float *o = pout + (size_t)(ih0 + i) * S * (R + 2) + c;
+                o[0] = acc[i].x;
+                if (c + 1 < R) o[1] = acc[i].y;
+                if (c + 2 < R) o[2] = acc[i].z;
+                if (c + 3 < R) o[3] = acc[i].w;
+            }
+    }
+}
+/* t's partials of head h combined into ol[kv_lora] (shared): M = max m_s, weights exp(m_s - M), L = sum l_s x
+ * weight in chunk order, ol = sum_s o_s x weight / L in chunk order. Every thread of the block calls it. */
+static __device__ void mla_combine(const df_attn_mla_args &a, int h, int t, int ch, int S, const float *__restrict__ part, float *ol, float *wsc) {
+    const int NH = a.n_heads, R = a.kv_lora, len = a.pos0 + t + 1, ns = (len + ch - 1) / ch;
+    const float *pp = part + ((size_t)t * NH + h) * S * (size_t)(R + 2);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    if (wid == 0) {
+        float M = -INFINITY;
+        for (int q = lane; q < ns; q += 32) M = fmaxf(M, pp[(size_t)q * (R + 2) + R]);
+        M = warp_max(M);
+        for (int q = lane; q < ns; q += 32) wsc[q] = expf(pp[(size_t)q * (R + 2) + R] - M);
+        __syncwarp();
+        if (!lane) {
+            float L = 0.0f;
+            for (int q = 0; q < ns; q++) L = fmaf(pp[(size_t)q * (R + 2) + R + 1], wsc[q], L);
+            wsc[128] = 1.0f / L;
+        }
+    }
+    __syncthreads();
+    const float inv = wsc[128];
+    for (int c = threadIdx.x; c < R; c += blockDim.x) {
+        float o = 0.0f;
+#pragma unroll 8
+        for (int q = 0; q < ns; q++) o = fmaf(pp[(size_t)q * (R + 2) + c], wsc[q], o);
+        ol[c] = o * inv;
+    }
+    __syncthreads();
+}
+/* block (h, t); shared: the latent output [kv_lora] */
+template <int V>
+__global__ void __launch_bounds__(MD_BIG) k_mla_out(df_attn_mla_args a, DW w, int split_v, int ch, int S, const float *__restrict__ part) { pdl_entry();
+    __shared__ float ol[1024];
+    __shared__ float wsc[129]; /* each chunk's weight exp(m_s - M) (S <= 128), then 1 / L */
+    const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, nope = a.nope, R = a.kv_lora, vd = a.v_dim;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    mla_combine(a, h, t, ch, S, part, ol, wsc);
+    float *out = DP(a.out) + ((size_t)t * NH + h) * vd;
+    const int64_t rb = split_v ? (int64_t)h * vd : (int64_t)h * (nope + vd) + nope;
+    for (int i0 = wid * 4; i0 < vd; i0 += nw * 4) { /* a warp 4 rows of W_uv[h] at a time, lanes over kv_lora */
+        float sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const int nr = vd - i0 < 4 ? vd - i0 : 4;
+        constexpr int KU = V == MW_GENERIC ? 1 : V == MW_FP8 ? 4 : 8; /* columns a lane loads per row before the products */
+        for (int c0 = 0; c0 < R; c0 += 32 * KU) {
+            float w8[4][KU];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int k = 0; k < KU; k++) {
+                    const int c = c0 + 32 * k + lane;
+                    w8[i][k] = i < nr && c < R ? mla_w<V>(w, rb + i0 + i, c) : 0.0f;
+                }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int k = 0; k < KU; k++) {
+                    const int c = c0 + 32 * k + lane;
+                    if (c < R) sm[i] = fmaf(w8[i][k], ol[c], sm[i]);
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float v = warp_sum(sm[i]);
+            if (!lane && i < nr) out[i0 + i] = v;
+        }
+    }
+}
+/* ---- the 16-byte paths of W_uk / W_uv in kv_b's layout (FP8 with 128-column scale blocks, BF16): a lane
+ * decodes EP consecutive columns of a row from one 16-byte load (as the products' decoders), so a warp covers
+ * 32 x EP columns of a row a load, and a row group's loads are all in flight at once. */
+template <int V> struct MlaV { static constexpr int EP = V == MW_FP8 ? 16 : 8; }; /* elements per 16 bytes */
+template <int V> static __device__ __forceinline__ void mla_dec16(const DW &w, int64_t r, int c0, const uint4 &u, float (&x)[MlaV<V>::EP]) {
+    const uint32_t q[4] = {u.x, u.y, u.z, u.w};
+    if (V == MW_FP8) {
+        const uint32_t br = (uint32_t)w.blk_r, bc = (uint32_t)w.blk_c, rr = (uint32_t)r, cc = (uint32_t)c0;
+        const uint32_t ri = (br & (br - 1)) ? rr / br : rr >> (__ffs((int)br) - 1);
+        const uint32_t ci = (bc & (bc - 1)) ? cc / bc : cc >> (__ffs((int)bc) - 1);
+        const float s = scale_at(w, (int64_t)ri * w.scale_cols + ci); /* one block: blk_c % 16 == 0 (the caller checks) */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((q[i] >> (16 * k)) & 0xffff), __NV_E4M3);
+                const float2 f = __half22float2(__half2(h2));
+                x[4 * i + 2 * k] = __fmul_rn(f.x, s), x[4 * i + 2 * k + 1] = __fmul_rn(f.y, s);
+            }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[2 * i] = __uint_as_float(q[i] << 16), x[2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
+    }
+}
+/* block (h, t) of 1024 threads: warp w the nope rows w, w + 32, ... of W_uk[h] (kv_b rows h * (nope + v) + d),
+ * lane the columns [EP x (lane + 32 g)); the warps' sums added in warp order; dynamic shared memory [32][kv_lora] */
+template <int V, int NG>
+__global__ void __launch_bounds__(MD_BIG) k_mla_absorb_v(df_attn_mla_args a, DW w, float *qf) { pdl_entry();
+    extern __shared__ float sh[];
+    __shared__ float qs[256];
+    constexpr int EP = MlaV<V>::EP;
+    const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, nope = a.nope, rope = a.rope, R = a.kv_lora, vd = a.v_dim;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const size_t qh = (size_t)nope + rope, cd = (size_t)R + rope;
+    const float *q = DCP(a.q) + ((size_t)t * NH + h) * qh;
+    float *o = qf + ((size_t)t * NH + h) * cd;
+    for (int i = threadIdx.x; i < nope; i += blockDim.x) qs[i] = q[i];
+    for (int i = threadIdx.x; i < rope; i += blockDim.x) o[R + i] = q[nope + i];
+    __syncthreads();
+    float acc[NG][EP];
+#pragma unroll
+    for (int g = 0; g < NG; g++)
+#pragma unroll
+        for (int k = 0; k < EP; k++) acc[g][k] = 0.0f;
+    const int64_t r0 = (int64_t)h * (nope + vd);
+    for (int d0 = wid; d0 < nope; d0 += 4 * nw) { /* 4 rows a warp at a time, every load issued first */
+        uint4 u[4][NG];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int g = 0; g < NG; g++) {
+                const int d = d0 + i * nw, c0 = EP * (lane + 32 * g);
+                u[i][g] = d < nope && c0 < R ? __ldg((const uint4 *)(w.data + (size_t)(r0 + d) * w.row_bytes) + lane + 32 * g) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int d = d0 + i * nw;
+            if (d >= nope) break;
+#pragma unroll
+            for (int g = 0; g < NG; g++) {
+                const int c0 = EP * (lane + 32 * g);
+                if (c0 >= R) continue;
+                float x[EP];
+                mla_dec16<V>(w, r0 + d, c0, u[i][g], x);
+#pragma unroll
+                for (int k = 0; k < EP; k++) acc[g][k] = fmaf(x[k], qs[d], acc[g][k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < NG; g++) {
+        const int c0 = EP * (lane + 32 * g);
+        if (c0 < R)
+#pragma unroll
+            for (int k = 0; k < EP; k++) sh[(size_t)wid * R + c0 + k] = acc[g][k];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < R; c += blockDim.x) {
+        float v = sh[c];
+        for (int i = 1; i < nw; i++) v += sh[(size_t)i * R + c];
+        o[c] = v;
+    }
+}
+/* block (h, t) of 1024 threads: the combine, then warp w the rows w, w + 32, ... of W_uv[h] (kv_b rows
+ * h * (nope + v) + nope + i), 16-byte loads, warp_sum */
+template <int V, int NG>
+__global__ void __launch_bounds__(MD_BIG) k_mla_out_v(df_attn_mla_args a, DW w, int ch, int S, const float *__restrict__ part) { pdl_entry();
+    __shared__ __align__(16) float ol[1024];
+    __shared__ float wsc[129];
+    constexpr int EP = MlaV<V>::EP;
+    const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, nope = a.nope, R = a.kv_lora, vd = a.v_dim;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t r0 = (int64_t)h * (nope + vd) + nope;
+    uint4 u[4][NG]; /* the block's rows asked for before the combine: the weights are final (resident or uploaded) */
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int g = 0; g < NG; g++) {
+            const int r = wid + i * nw, c0 = EP * (lane + 32 * g);
+            u[i][g] = r < vd && c0 < R ? __ldg((const uint4 *)(w.data + (size_t)(r0 + r) * w.row_bytes) + lane + 32 * g) : make_uint4(0, 0, 0, 0);
+        }
+    mla_combine(a, h, t, ch, S, part, ol, wsc);
+    float *out = DP(a.out) + ((size_t)t * NH + h) * vd;
+    for (int i0 = wid; i0 < vd; i0 += 4 * nw) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = i0 + i * nw;
+            if (r >= vd) break;
+            if (i0 != wid) /* rows past the first 4 x 32: loaded now */
+#pragma unroll
+                for (int g = 0; g < NG; g++) {
+                    const int c0 = EP * (lane + 32 * g);
+                    u[i][g] = c0 < R ? __ldg((const uint4 *)(w.data + (size_t)(r0 + r) * w.row_bytes) + lane + 32 * g) : make_uint4(0, 0, 0, 0);
+                }
+            float sm = 0.0f;
+#pragma unroll
+            for (int g = 0; g < NG; g++) {
+                const int c0 = EP * (lane + 32 * g);
+                if (c0 >= R) continue;
+                float x[EP];
+                mla_dec16<V>(w, r0 + r, c0, u[i][g], x);
+#pragma unroll
+                for (int k = 0; k < EP; k++) sm = fmaf(x[k], ol[c0 + k], sm);
+            }
+            sm = warp_sum(sm);
+            if (!lane) out[r] = sm;
+        }
+    }
+}
+#define MLA_BY_KIND(K, F, ...)                                                                              \
+    switch (K) {                                                                                            \
+    case MW_F32: F(MW_F32, __VA_ARGS__); break;                                                             \
+    case MW_BF16: F(MW_BF16, __VA_ARGS__); break;                                                           \
+    case MW_F16: F(MW_F16, __VA_ARGS__); break;                                                             \
+    case MW_FP8: F(MW_FP8, __VA_ARGS__); break;                                                             \
+    default: F(MW_GENERIC, __VA_ARGS__); break;                                                             \
+    }
+#define MLA_ABSORB(V, SPLIT, c, w, qf) launch_k(k_mla_absorb<V, SPLIT>, dim3((unsigned)(c).n_heads, (unsigned)(c).n), dim3(MD_BIG), 0, c, w, qf)
+#define MLA_ABSORB0(V, c, w, qf) MLA_ABSORB(V, 0, c, w, qf)
+#define MLA_ABSORB1(V, c, w, qf) MLA_ABSORB(V, 1, c, w, qf)
+#define MLA_OUT(V, c, w, split_v, ch, S, part) launch_k(k_mla_out<V>, dim3((unsigned)(c).n_heads, (unsigned)(c).n), dim3(MD_BIG), 0, c, w, split_v, ch, S, part)
+template <int V, int NG> static void mla_av(const df_attn_mla_args &c, const DW &kvb, float *qf, size_t shb, size_t *set) {
+    if (shb > 48 * 1024 && shb > *set) {
+        CK("attn_mla", cudaFuncSetAttribute(k_mla_absorb_v<V, NG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shb));
+        *set = shb;
+    }
+    launch_k(k_mla_absorb_v<V, NG>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), shb, c, kvb, qf);
+}
+/* the three launches of one chunk of positions; 0 when the shapes do not fit them (k_attn_mla then) */
+static int mla_dec(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const DW &vb, int split_k, int split_v) {
+    const int cd = c.kv_lora + c.rope;
+    if (c.n > MLA_DEC_N || c.nope > 256 || c.kv_lora > 1024 || cd > 32 * MD_MAXK) return 0;
+    const size_t T = (size_t)c.pos0 + c.n;
+    const int ch = md_ch(T), S = (int)((T + ch - 1) / ch), G = (c.n_heads + MD_HG - 1) / MD_HG;
+    const size_t shb = ((size_t)MD_HG * cd + (size_t)ch * cd + (size_t)MD_HG * ch) * sizeof(float);
+    if (shb > 200 * 1024) return 0;
+    const size_t nq = (size_t)c.n * c.n_heads;
+    float *qf = (float *)slot(S_P0, nq * cd * sizeof(float), "attn_mla");
+    float *part = (float *)slot(S_SCORES, nq * S * (size_t)(c.kv_lora + 2) * sizeof(float), "attn_mla");
+    if (!qf || !part) return -1;
+    static size_t shb_set = 0;
+    if (shb > 48 * 1024 && shb > shb_set) {
+        CK("attn_mla", cudaFuncSetAttribute(k_mla_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shb));
+        shb_set = shb;
+    }
+    /* the 16-byte paths: kv_b's layout in FP8 (scale blocks of whole 16-column groups) or BF16, rows 16-byte
+     * aligned, kv_lora a multiple of the elements per 16 bytes and at most 32 x EP x 2 */
+    const int vk = split_k || split_v ? MW_GENERIC : mla_kind(kvb);
+    const int ep = vk == MW_FP8 ? 16 : 8;
+    const int vec = (vk == MW_FP8 || vk == MW_BF16) && !(c.kv_lora % ep) && c.kv_lora <= 64 * ep && !(kvb.row_bytes % 16) &&
+                    !((uintptr_t)kvb.data % 16) && (vk != MW_FP8 || !(kvb.blk_c % 16)) && c.nope <= 256;
+    const int ng = c.kv_lora <= 32 * ep ? 1 : 2;
+    if (vec) {
+        const size_t ashb = (size_t)32 * c.kv_lora * sizeof(float);
+        static size_t ashb_set[4] = {0, 0, 0, 0};
+        const int ai = (vk == MW_FP8 ? 0 : 2) + ng - 1;
+        if (vk == MW_FP8) { if (ng == 1) mla_av<MW_FP8, 1>(c, kvb, qf, ashb, &ashb_set[ai]); else mla_av<MW_FP8, 2>(c, kvb, qf, ashb, &ashb_set[ai]); }
+        else { if (ng == 1) mla_av<MW_BF16, 1>(c, kvb, qf, ashb, &ashb_set[ai]); else mla_av<MW_BF16, 2>(c, kvb, qf, ashb, &ashb_set[ai]); }
+    } else if (split_k) { MLA_BY_KIND(mla_kind(kb), MLA_ABSORB1, c, kb, qf) }
+    else { MLA_BY_KIND(mla_kind(kvb), MLA_ABSORB0, c, kvb, qf) }
+    post("attn_mla");
+    launch_k(k_mla_chunk, dim3((unsigned)S, (unsigned)G, (unsigned)c.n), dim3(MD_TH), shb, c, (const float *)qf, ch, S, part);
+    post("attn_mla");
+    const DW &wv = split_v ? vb : kvb;
+    const float *pc = part;
+    if (vec) {
+        if (vk == MW_FP8) { if (ng == 1) launch_k(k_mla_out_v<MW_FP8, 1>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc);
+                            else launch_k(k_mla_out_v<MW_FP8, 2>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc); }
+        else { if (ng == 1) launch_k(k_mla_out_v<MW_BF16, 1>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc);
+               else launch_k(k_mla_out_v<MW_BF16, 2>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc); }
+    } else MLA_BY_KIND(mla_kind(wv), MLA_OUT, c, wv, split_v, ch, S, pc)
+    post("attn_mla");
+    return 1;
+}
 void g_attn_mla(const df_attn_mla_args *a) {
     LOCK();
     if (a->n <= 0 || a->n_heads <= 0) return;
@@ -722,6 +1183,15 @@ void g_attn_mla(const df_attn_mla_args *a) {
         c.q = (const df_act *)(DCP(a->q) + (size_t)t0 * a->n_heads * (a->nope + a->rope));
         c.out = (df_act *)(DP(a->out) + (size_t)t0 * a->n_heads * a->v_dim);
         const size_t T = (size_t)c.pos0 + c.n;
+        if (g_mla_dec < 0) { /* DELTAFIN_CUDA_MLA_DEC=0: k_attn_mla for every position (the before, a measurement aid) */
+            const char *e = getenv("DELTAFIN_CUDA_MLA_DEC");
+            g_mla_dec = !(e && !strcmp(e, "0"));
+        }
+        if (g_mla_dec) {
+            const int r = mla_dec(c, kvb, kb, vb, split_k, split_v);
+            if (r < 0) return;
+            if (r) continue;
+        }
         float *sc = (float *)slot(S_SCORES, (size_t)c.n * c.n_heads * T * sizeof(float), "attn_mla");
         if (!sc) return;
         launch_k(k_attn_mla, dim3(dim3((unsigned)c.n_heads, (unsigned)c.n)), dim3(AT_TH), shb, c, kvb, kb, vb, split_k, split_v, sc);
