@@ -479,6 +479,8 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
     }
     for r in 1 2 3; do ds "resident-r$r" --gpu-memory 100G; done
     [ "${DSV3_MLA0:-0}" = 1 ] && DELTAFIN_CUDA_MLA_DEC=0 ds resident-mla0 --gpu-memory 100G # the MLA decode of round 1 (k_attn_mla)
+    # where the 512-token prefill goes: each op waits for its kernels (DELTAFIN_CUDA_PROF=2), the whole run (no PROF_DECODE), one token
+    [ "${DSV3_PREFILL_PROF:-0}" = 1 ] && DELTAFIN_CUDA_PROF=2 MAX_NEW=1 ds prefill-prof2 --gpu-memory 100G
     ds resident-sampled --gpu-memory 100G --temperature 1 --seed 1
     DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 ds resident-prof1 --gpu-memory 100G
     for n in resident-r2 resident-r3 resident-prof1; do

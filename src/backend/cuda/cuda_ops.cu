@@ -1209,7 +1209,37 @@ static unsigned rms_threads(int cols) {
     }
     return th;
 }
-__global__ void k_rmsnorm(float *out, size_t os, const float *x, size_t xs, const float *g, int rows, int n, float eps) { pdl_entry();
+/* A row of at most RN_REG x blockDim columns: the thread's elements loaded at once into registers (all loads in
+ * flight, not one dependent round per element) and kept there for the second pass; the same sums in the same
+ * order as the loops (the same bits). */
+enum { RN_REG = 8 };
+__global__ void __launch_bounds__(1024) k_rmsnorm(float *out, size_t os, const float *x, size_t xs, const float *g, int rows, int n, float eps) { pdl_entry();
+    if (n <= RN_REG * (int)blockDim.x) {
+        for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+            const float *xr = x + (size_t)r * xs;
+            float *o = out + (size_t)r * os;
+            float v[RN_REG], gv[RN_REG];
+#pragma unroll
+            for (int k = 0; k < RN_REG; k++) {
+                const int i = threadIdx.x + k * blockDim.x;
+                v[k] = i < n ? xr[i] : 0.0f, gv[k] = i < n ? g[i] : 0.0f;
+            }
+            double ss = 0;
+#pragma unroll
+            for (int k = 0; k < RN_REG; k++)
+                if (threadIdx.x + k * blockDim.x < (unsigned)n) ss += (double)v[k] * v[k];
+            ss = block_sum(ss);
+            const float inv = 1.0f / sqrtf((float)(ss / n) + eps);
+            __syncthreads(); /* in place (out == x): every read of the row before any write */
+#pragma unroll
+            for (int k = 0; k < RN_REG; k++) {
+                const int i = threadIdx.x + k * blockDim.x;
+                if (i < n) o[i] = gv[k] * (v[k] * inv);
+            }
+            __syncthreads();
+        }
+        return;
+    }
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *xr = x + (size_t)r * xs;
         float *o = out + (size_t)r * os;
@@ -1284,7 +1314,40 @@ void g_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_ac
 int64_t g_fused_launches;
 extern "C" int64_t df_cuda_fused_launches(void) { return g_fused_launches; }
 /* y += x, then out = rmsnorm(y) by g, rows of n contiguous floats */
-__global__ void k_add_rmsnorm(float *out, float *y, const float *x, const float *g, int rows, int n, float eps) { pdl_entry();
+__global__ void __launch_bounds__(1024) k_add_rmsnorm(float *out, float *y, const float *x, const float *g, int rows, int n, float eps) { pdl_entry();
+    if (n <= RN_REG * (int)blockDim.x) { /* as k_rmsnorm: the thread's elements in registers, the same sums */
+        for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+            float *yr = y + (size_t)r * n;
+            const float *xr = x + (size_t)r * n;
+            float *o = out + (size_t)r * n;
+            float v[RN_REG], xv[RN_REG], gv[RN_REG];
+#pragma unroll
+            for (int k = 0; k < RN_REG; k++) {
+                const int i = threadIdx.x + k * blockDim.x;
+                v[k] = i < n ? yr[i] : 0.0f, xv[k] = i < n ? xr[i] : 0.0f, gv[k] = i < n ? g[i] : 0.0f;
+            }
+            __syncthreads(); /* every read of the rows before any write (out may be x or y) */
+            double ss = 0;
+#pragma unroll
+            for (int k = 0; k < RN_REG; k++) {
+                const int i = threadIdx.x + k * blockDim.x;
+                if (i < n) {
+                    v[k] = v[k] + xv[k];
+                    yr[i] = v[k];
+                    ss += (double)v[k] * v[k];
+                }
+            }
+            ss = block_sum(ss);
+            const float inv = 1.0f / sqrtf((float)(ss / n) + eps);
+#pragma unroll
+            for (int k = 0; k < RN_REG; k++) {
+                const int i = threadIdx.x + k * blockDim.x;
+                if (i < n) o[i] = gv[k] * (v[k] * inv);
+            }
+            __syncthreads();
+        }
+        return;
+    }
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
         float *yr = y + (size_t)r * n;
         const float *xr = x + (size_t)r * n;
