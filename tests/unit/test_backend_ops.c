@@ -453,89 +453,68 @@ static void test_attn_gqa(void) {
     free(q), free(kv), free(o);
 }
 
+/* one MLA case: CAND against REF on random q, cache and weights of format fi (kv_b, or with split the GGUF
+ * k_b / v_b); on the CPU backend (n >= 4) also the same positions in two batches, bit for bit */
+static void mla_case(int fi, int split, int n, int pos0, int NH, int nope, int rope, int R, int vd, float scale, const char *label) {
+    const int T = pos0 + n;
+    wbuf kvb, kb, vb;
+    make_weight(&FORMATS[fi], (int64_t)NH * (nope + vd), R, &kvb);
+    df_weight none = {0};
+    if (split) make_weight(&FORMATS[fi], (int64_t)NH * R, nope, &kb), make_weight(&FORMATS[fi], (int64_t)NH * vd, R, &vb);
+    float *q = rnd((size_t)n * NH * (nope + rope), 1), *cache = rnd((size_t)T * (R + rope), 1), *o = calloc((size_t)n * NH * vd, 4);
+    float *h[3] = {q, cache, o};
+    size_t sz[3] = {(size_t)n * NH * (nope + rope), (size_t)T * (R + rope), (size_t)n * NH * vd};
+    side c, r;
+    side_up(&c, CAND, h, sz, 3), side_up(&r, REF, h, sz, 3);
+    df_attn_mla_args ac = {c.p[0], c.p[1], c.p[2], &kvb.w, split ? &kb.w : &none, split ? &vb.w : &none, n, pos0, NH, nope, rope, R, vd, scale};
+    df_attn_mla_args ar = ac;
+    ar.q = r.p[0], ar.cache = r.p[1], ar.out = r.p[2];
+    CAND->attn_mla(&ac);
+    REF->attn_mla(&ar);
+    char what[128];
+    snprintf(what, sizeof what, "attn_mla%s %s%s n=%d pos0=%d", label, FORMATS[fi].name, split ? " split k_b/v_b" : "", n, pos0);
+    side_cmp(what, &c, &r, 2, sz[2], TOL_RED);
+    if (!strcmp(CAND->name, "cpu") && n >= 4) {
+        /* the CPU backend: the same positions in two batches (n >= 2 each) give the same bits */
+        const int n1 = n / 2;
+        const size_t qs = (size_t)NH * (nope + rope), os = (size_t)NH * vd;
+        df_act *o2 = CAND->alloc(sz[2]);
+        df_attn_mla_args a1 = ac, a2 = ac;
+        a1.out = o2, a1.n = n1;
+        a2.q = DF_AT(ac.q, n1 * qs), a2.out = DF_AT(o2, n1 * os), a2.n = n - n1, a2.pos0 = pos0 + n1;
+        CAND->attn_mla(&a1), CAND->attn_mla(&a2);
+        float *hb = down(CAND, c.p[2], sz[2]), *h2 = down(CAND, o2, sz[2]);
+        checks++;
+        if (memcmp(hb, h2, sz[2] * sizeof(float)))
+            failures++, fprintf(stderr, "FAIL %s: one batch differs from two batches (%d + %d positions)\n", what, n1, n - n1);
+        else if (verbose)
+            printf("ok   %s: one batch == two batches, bit for bit\n", what);
+        free(hb), free(h2);
+        CAND->free(o2);
+    }
+    side_free(&c, 3), side_free(&r, 3);
+    free(q), free(cache), free(o);
+    free_weight(&kvb);
+    if (split) free_weight(&kb), free_weight(&vb);
+}
 static void test_attn_mla(void) {
-    const int NH = 3, nope = 24, rope = 8, R = 40, vd = 20;
     const int fis[3] = {0, 2, 3}; /* F32, BF16, FP8 */
     for (int fi = 0; fi < 3; fi++)
         for (int split = 0; split < 2; split++)
-            for (int ni = 0; ni < 4; ni++) {
-                const int n = NS[ni], pos0 = ni * 3, T = pos0 + n;
-                wbuf kvb, kb, vb;
-                make_weight(&FORMATS[fis[fi]], (int64_t)NH * (nope + vd), R, &kvb);
-                df_weight none = {0};
-                if (split) make_weight(&FORMATS[fis[fi]], (int64_t)NH * R, nope, &kb), make_weight(&FORMATS[fis[fi]], (int64_t)NH * vd, R, &vb);
-                float *q = rnd((size_t)n * NH * (nope + rope), 1), *cache = rnd((size_t)T * (R + rope), 1), *o = calloc((size_t)n * NH * vd, 4);
-                float *h[3] = {q, cache, o};
-                size_t sz[3] = {(size_t)n * NH * (nope + rope), (size_t)T * (R + rope), (size_t)n * NH * vd};
-                side c, r;
-                side_up(&c, CAND, h, sz, 3), side_up(&r, REF, h, sz, 3);
-                df_attn_mla_args ac = {c.p[0], c.p[1], c.p[2], &kvb.w, split ? &kb.w : &none, split ? &vb.w : &none, n, pos0, NH, nope, rope, R, vd, 0.11f};
-                df_attn_mla_args ar = ac;
-                ar.q = r.p[0], ar.cache = r.p[1], ar.out = r.p[2];
-                CAND->attn_mla(&ac);
-                REF->attn_mla(&ar);
-                char what[96];
-                snprintf(what, sizeof what, "attn_mla %s%s n=%d pos0=%d", FORMATS[fis[fi]].name, split ? " split k_b/v_b" : "", n, pos0);
-                side_cmp(what, &c, &r, 2, sz[2], TOL_RED);
-                if (!strcmp(CAND->name, "cpu") && n >= 4) {
-                    /* the CPU backend: the same positions in two batches (n >= 2 each) give the same bits */
-                    const int n1 = n / 2;
-                    const size_t qs = (size_t)NH * (nope + rope), os = (size_t)NH * vd;
-                    df_act *o2 = CAND->alloc(sz[2]);
-                    df_attn_mla_args a1 = ac, a2 = ac;
-                    a1.out = o2, a1.n = n1;
-                    a2.q = DF_AT(ac.q, n1 * qs), a2.out = DF_AT(o2, n1 * os), a2.n = n - n1, a2.pos0 = pos0 + n1;
-                    CAND->attn_mla(&a1), CAND->attn_mla(&a2);
-                    float *hb = down(CAND, c.p[2], sz[2]), *h2 = down(CAND, o2, sz[2]);
-                    checks++;
-                    if (memcmp(hb, h2, sz[2] * sizeof(float)))
-                        failures++, fprintf(stderr, "FAIL %s: one batch differs from two batches (%d + %d positions)\n", what, n1, n - n1);
-                    else if (verbose)
-                        printf("ok   %s: one batch == two batches, bit for bit\n", what);
-                    free(hb), free(h2);
-                    CAND->free(o2);
-                }
-                side_free(&c, 3), side_free(&r, 3);
-                free(q), free(cache), free(o);
-                free_weight(&kvb);
-                if (split) free_weight(&kb), free_weight(&vb);
-            }
+            for (int ni = 0; ni < 4; ni++) mla_case(fis[fi], split, NS[ni], ni * 3, 3, 24, 8, 40, 20, 0.11f, "");
 }
 
 /* MLA at DeepSeek-V3's head shapes (nope 128, rope 64, kv_lora 512, v 128): the CUDA backend's decode path
  * (three launches for n <= 4: absorb, chunks of positions over groups of 16 heads, combine + W_uv) over 20 heads
  * (a partial head group), short and long caches (chunks of 16 and of 64 positions), both weight layouts */
 static void test_attn_mla_dsv3(void) {
-    const int NH = 20, nope = 128, rope = 64, R = 512, vd = 128;
     const int fis[2] = {2, 3}; /* BF16, FP8 */
     const int cases[][2] = {{1, 700}, {2, 37}, {4, 300}, {1, 5000}, {1, 0}};
     for (int fi = 0; fi < 2; fi++)
         for (int split = 0; split < 2; split++)
-            for (int ci = 0; ci < 5; ci++) {
-                const int n = cases[ci][0], pos0 = cases[ci][1], T = pos0 + n;
-                if (split && ci >= 3) continue; /* the split layout: the shorter cases suffice */
-                wbuf kvb, kb, vb;
-                make_weight(&FORMATS[fis[fi]], (int64_t)NH * (nope + vd), R, &kvb);
-                df_weight none = {0};
-                if (split) make_weight(&FORMATS[fis[fi]], (int64_t)NH * R, nope, &kb), make_weight(&FORMATS[fis[fi]], (int64_t)NH * vd, R, &vb);
-                float *q = rnd((size_t)n * NH * (nope + rope), 1), *cache = rnd((size_t)T * (R + rope), 1), *o = calloc((size_t)n * NH * vd, 4);
-                float *h[3] = {q, cache, o};
-                size_t sz[3] = {(size_t)n * NH * (nope + rope), (size_t)T * (R + rope), (size_t)n * NH * vd};
-                side c, r;
-                side_up(&c, CAND, h, sz, 3), side_up(&r, REF, h, sz, 3);
-                df_attn_mla_args ac = {c.p[0], c.p[1], c.p[2], &kvb.w, split ? &kb.w : &none, split ? &vb.w : &none, n, pos0, NH, nope, rope, R, vd, 0.0721f};
-                df_attn_mla_args ar = ac;
-                ar.q = r.p[0], ar.cache = r.p[1], ar.out = r.p[2];
-                CAND->attn_mla(&ac);
-                REF->attn_mla(&ar);
-                char what[112];
-                snprintf(what, sizeof what, "attn_mla DeepSeek-V3 heads %s%s n=%d pos0=%d", FORMATS[fis[fi]].name, split ? " split k_b/v_b" : "", n, pos0);
-                side_cmp(what, &c, &r, 2, sz[2], TOL_RED);
-                side_free(&c, 3), side_free(&r, 3);
-                free(q), free(cache), free(o);
-                free_weight(&kvb);
-                if (split) free_weight(&kb), free_weight(&vb);
-            }
+            for (int ci = 0; ci < 5; ci++)
+                if (!split || ci < 3) /* the split layout: the shorter cases suffice */
+                    mla_case(fis[fi], split, cases[ci][0], cases[ci][1], 20, 128, 64, 512, 128, 0.0721f, " DeepSeek-V3 heads");
 }
 
 /* ---- rows and element-wise ops ------------------------------------------------------ */

@@ -1213,29 +1213,37 @@ static unsigned rms_threads(int cols) {
  * flight, not one dependent round per element) and kept there for the second pass; the same sums in the same
  * order as the loops (the same bits). */
 enum { RN_REG = 8 };
+static __device__ __forceinline__ void rn_load(const float *p, int n, float (&v)[RN_REG]) {
+#pragma unroll
+    for (int k = 0; k < RN_REG; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        v[k] = i < n ? p[i] : 0.0f;
+    }
+}
+/* the thread's sum of squares, its elements in order (the loops' order) */
+static __device__ __forceinline__ double rn_ss(const float (&v)[RN_REG], int n) {
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < RN_REG; k++)
+        if (threadIdx.x + k * blockDim.x < (unsigned)n) ss += (double)v[k] * v[k];
+    return ss;
+}
+static __device__ __forceinline__ void rn_store(float *o, const float (&gv)[RN_REG], const float (&v)[RN_REG], float inv, int n) {
+#pragma unroll
+    for (int k = 0; k < RN_REG; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < n) o[i] = gv[k] * (v[k] * inv);
+    }
+}
 __global__ void __launch_bounds__(1024) k_rmsnorm(float *out, size_t os, const float *x, size_t xs, const float *g, int rows, int n, float eps) { pdl_entry();
     if (n <= RN_REG * (int)blockDim.x) {
         for (int r = blockIdx.x; r < rows; r += gridDim.x) {
             const float *xr = x + (size_t)r * xs;
             float *o = out + (size_t)r * os;
             float v[RN_REG], gv[RN_REG];
-#pragma unroll
-            for (int k = 0; k < RN_REG; k++) {
-                const int i = threadIdx.x + k * blockDim.x;
-                v[k] = i < n ? xr[i] : 0.0f, gv[k] = i < n ? g[i] : 0.0f;
-            }
-            double ss = 0;
-#pragma unroll
-            for (int k = 0; k < RN_REG; k++)
-                if (threadIdx.x + k * blockDim.x < (unsigned)n) ss += (double)v[k] * v[k];
-            ss = block_sum(ss);
-            const float inv = 1.0f / sqrtf((float)(ss / n) + eps);
-            __syncthreads(); /* in place (out == x): every read of the row before any write */
-#pragma unroll
-            for (int k = 0; k < RN_REG; k++) {
-                const int i = threadIdx.x + k * blockDim.x;
-                if (i < n) o[i] = gv[k] * (v[k] * inv);
-            }
+            rn_load(xr, n, v), rn_load(g, n, gv);
+            const double ss = block_sum(rn_ss(v, n)); /* (its barriers: every read of the row before any write) */
+            rn_store(o, gv, v, 1.0f / sqrtf((float)(ss / n) + eps), n);
             __syncthreads();
         }
         return;
@@ -1321,29 +1329,16 @@ __global__ void __launch_bounds__(1024) k_add_rmsnorm(float *out, float *y, cons
             const float *xr = x + (size_t)r * n;
             float *o = out + (size_t)r * n;
             float v[RN_REG], xv[RN_REG], gv[RN_REG];
-#pragma unroll
-            for (int k = 0; k < RN_REG; k++) {
-                const int i = threadIdx.x + k * blockDim.x;
-                v[k] = i < n ? yr[i] : 0.0f, xv[k] = i < n ? xr[i] : 0.0f, gv[k] = i < n ? g[i] : 0.0f;
-            }
+            rn_load(yr, n, v), rn_load(xr, n, xv), rn_load(g, n, gv);
             __syncthreads(); /* every read of the rows before any write (out may be x or y) */
-            double ss = 0;
 #pragma unroll
             for (int k = 0; k < RN_REG; k++) {
                 const int i = threadIdx.x + k * blockDim.x;
-                if (i < n) {
-                    v[k] = v[k] + xv[k];
-                    yr[i] = v[k];
-                    ss += (double)v[k] * v[k];
-                }
+                v[k] = v[k] + xv[k];
+                if (i < n) yr[i] = v[k];
             }
-            ss = block_sum(ss);
-            const float inv = 1.0f / sqrtf((float)(ss / n) + eps);
-#pragma unroll
-            for (int k = 0; k < RN_REG; k++) {
-                const int i = threadIdx.x + k * blockDim.x;
-                if (i < n) o[i] = gv[k] * (v[k] * inv);
-            }
+            const double ss = block_sum(rn_ss(v, n));
+            rn_store(o, gv, v, 1.0f / sqrtf((float)(ss / n) + eps), n);
             __syncthreads();
         }
         return;
