@@ -995,6 +995,10 @@ template <int V> static __device__ __forceinline__ void mla_dec16(const DW &w, i
         for (int i = 0; i < 4; i++) x[2 * i] = __uint_as_float(q[i] << 16), x[2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
     }
 }
+/* the 16 bytes of lane's group g of columns (EP x (lane + 32 g)) of row r, zeros past kv_lora */
+static __device__ __forceinline__ uint4 mla_ld16(const DW &w, int64_t r, int lane, int g, int EP, int R) {
+    return EP * (lane + 32 * g) < R ? __ldg((const uint4 *)(w.data + (size_t)r * w.row_bytes) + lane + 32 * g) : make_uint4(0, 0, 0, 0);
+}
 /* block (h, t) of 1024 threads: warp w the nope rows w, w + 32, ... of W_uk[h] (kv_b rows h * (nope + v) + d),
  * lane the columns [EP x (lane + 32 g)); the warps' sums added in warp order; dynamic shared memory [32][kv_lora] */
 template <int V, int NG>
@@ -1022,8 +1026,8 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_absorb_v(df_attn_mla_args a, DW 
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int g = 0; g < NG; g++) {
-                const int d = d0 + i * nw, c0 = EP * (lane + 32 * g);
-                u[i][g] = d < nope && c0 < R ? __ldg((const uint4 *)(w.data + (size_t)(r0 + d) * w.row_bytes) + lane + 32 * g) : make_uint4(0, 0, 0, 0);
+                const int d = d0 + i * nw;
+                u[i][g] = d < nope ? mla_ld16(w, r0 + d, lane, g, EP, R) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -1069,8 +1073,8 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_out_v(df_attn_mla_args a, DW w, 
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int g = 0; g < NG; g++) {
-            const int r = wid + i * nw, c0 = EP * (lane + 32 * g);
-            u[i][g] = r < vd && c0 < R ? __ldg((const uint4 *)(w.data + (size_t)(r0 + r) * w.row_bytes) + lane + 32 * g) : make_uint4(0, 0, 0, 0);
+            const int r = wid + i * nw;
+            u[i][g] = r < vd ? mla_ld16(w, r0 + r, lane, g, EP, R) : make_uint4(0, 0, 0, 0);
         }
     mla_combine(a, h, t, ch, S, part, ol, wsc);
     float *out = DP(a.out) + ((size_t)t * NH + h) * vd;
@@ -1081,10 +1085,7 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_out_v(df_attn_mla_args a, DW w, 
             if (r >= vd) break;
             if (i0 != wid) /* rows past the first 4 x 32: loaded now */
 #pragma unroll
-                for (int g = 0; g < NG; g++) {
-                    const int c0 = EP * (lane + 32 * g);
-                    u[i][g] = c0 < R ? __ldg((const uint4 *)(w.data + (size_t)(r0 + r) * w.row_bytes) + lane + 32 * g) : make_uint4(0, 0, 0, 0);
-                }
+                for (int g = 0; g < NG; g++) u[i][g] = mla_ld16(w, r0 + r, lane, g, EP, R);
             float sm = 0.0f;
 #pragma unroll
             for (int g = 0; g < NG; g++) {
