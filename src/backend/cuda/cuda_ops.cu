@@ -1003,7 +1003,8 @@ static __device__ __forceinline__ uint4 mla_ld16(const DW &w, int64_t r, int lan
  * lane the columns [EP x (lane + 32 g)); the warps' sums added in warp order; dynamic shared memory [32][kv_lora] */
 template <int V, int NG>
 __global__ void __launch_bounds__(MD_BIG) k_mla_absorb_v(df_attn_mla_args a, DW w, float *qf) { pdl_entry();
-    extern __shared__ float sh[];
+    extern __shared__ float4 sh4[]; /* (float4: 16-byte aligned) */
+    float *sh = (float *)sh4;
     __shared__ float qs[256];
     constexpr int EP = MlaV<V>::EP;
     const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, nope = a.nope, rope = a.rope, R = a.kv_lora, vd = a.v_dim;
@@ -1045,11 +1046,11 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_absorb_v(df_attn_mla_args a, DW 
         }
     }
 #pragma unroll
-    for (int g = 0; g < NG; g++) {
+    for (int g = 0; g < NG; g++) { /* float4 stores: lanes EP floats apart hit the same banks with scalar ones */
         const int c0 = EP * (lane + 32 * g);
         if (c0 < R)
 #pragma unroll
-            for (int k = 0; k < EP; k++) sh[(size_t)wid * R + c0 + k] = acc[g][k];
+            for (int k = 0; k < EP; k += 4) *(float4 *)&sh[(size_t)wid * R + c0 + k] = make_float4(acc[g][k], acc[g][k + 1], acc[g][k + 2], acc[g][k + 3]);
     }
     __syncthreads();
     for (int c = threadIdx.x; c < R; c += blockDim.x) {
@@ -1094,7 +1095,10 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_out_v(df_attn_mla_args a, DW w, 
                 float x[EP];
                 mla_dec16<V>(w, r0 + r, c0, u[i][g], x);
 #pragma unroll
-                for (int k = 0; k < EP; k++) sm = fmaf(x[k], ol[c0 + k], sm);
+                for (int k = 0; k < EP; k += 4) { /* float4 reads of ol (scalar ones: 16-way bank conflicts) */
+                    const float4 o4 = *(const float4 *)&ol[c0 + k];
+                    sm = fmaf(x[k], o4.x, sm), sm = fmaf(x[k + 1], o4.y, sm), sm = fmaf(x[k + 2], o4.z, sm), sm = fmaf(x[k + 3], o4.w, sm);
+                }
             }
             sm = warp_sum(sm);
             if (!lane) out[r] = sm;
