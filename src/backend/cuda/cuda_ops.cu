@@ -1218,6 +1218,14 @@ static unsigned rms_threads(int cols) {
  * flight, not one dependent round per element) and kept there for the second pass; the same sums in the same
  * order as the loops (the same bits). */
 enum { RN_REG = 8 };
+static int g_rn_reg = -1;
+static int rn_reg(void) { /* DELTAFIN_CUDA_RN_REG=0: the loops for every row (the before; the same bits, a measurement aid) */
+    if (g_rn_reg < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_RN_REG");
+        g_rn_reg = !(e && !strcmp(e, "0"));
+    }
+    return g_rn_reg;
+}
 static __device__ __forceinline__ void rn_load(const float *p, int n, float (&v)[RN_REG]) {
 #pragma unroll
     for (int k = 0; k < RN_REG; k++) {
@@ -1240,8 +1248,8 @@ static __device__ __forceinline__ void rn_store(float *o, const float (&gv)[RN_R
         if (i < n) o[i] = gv[k] * (v[k] * inv);
     }
 }
-__global__ void __launch_bounds__(1024) k_rmsnorm(float *out, size_t os, const float *x, size_t xs, const float *g, int rows, int n, float eps) { pdl_entry();
-    if (n <= RN_REG * (int)blockDim.x) {
+__global__ void __launch_bounds__(1024) k_rmsnorm(float *out, size_t os, const float *x, size_t xs, const float *g, int rows, int n, float eps, int reg) { pdl_entry();
+    if (reg && n <= RN_REG * (int)blockDim.x) {
         for (int r = blockIdx.x; r < rows; r += gridDim.x) {
             const float *xr = x + (size_t)r * xs;
             float *o = out + (size_t)r * os;
@@ -1272,7 +1280,7 @@ void g_rmsnorm(df_act *out, size_t os, const df_act *x, size_t xs, const float *
     /* DELTAFIN_CUDA_LEAN bit 4: a row's block has a thread per 2 columns (up to 1024): a 2048-column row in
      * 128 threads was 16 dependent load rounds per pass, about 9 us on the H200 for 8 KB */
     const unsigned th = rms_threads(cols);
-    launch_k(k_rmsnorm, dim3(rows < 65535 ? rows : 65535), dim3(th), 0, DP(out), os, DCP(x), xs, dg, rows, cols, eps);
+    launch_k(k_rmsnorm, dim3(rows < 65535 ? rows : 65535), dim3(th), 0, DP(out), os, DCP(x), xs, dg, rows, cols, eps, rn_reg());
     post("rmsnorm");
 }
 
@@ -1327,8 +1335,8 @@ void g_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_ac
 int64_t g_fused_launches;
 extern "C" int64_t df_cuda_fused_launches(void) { return g_fused_launches; }
 /* y += x, then out = rmsnorm(y) by g, rows of n contiguous floats */
-__global__ void __launch_bounds__(1024) k_add_rmsnorm(float *out, float *y, const float *x, const float *g, int rows, int n, float eps) { pdl_entry();
-    if (n <= RN_REG * (int)blockDim.x) { /* as k_rmsnorm: the thread's elements in registers, the same sums */
+__global__ void __launch_bounds__(1024) k_add_rmsnorm(float *out, float *y, const float *x, const float *g, int rows, int n, float eps, int reg) { pdl_entry();
+    if (reg && n <= RN_REG * (int)blockDim.x) { /* as k_rmsnorm: the thread's elements in registers, the same sums */
         for (int r = blockIdx.x; r < rows; r += gridDim.x) {
             float *yr = y + (size_t)r * n;
             const float *xr = x + (size_t)r * n;
@@ -1374,7 +1382,7 @@ void g_add_rmsnorm(df_act *out, df_act *y, const df_act *x, const float *g, int 
     LOCK();
     const float *dg = param(g, (size_t)cols, S_P0, "add_rmsnorm");
     if (!dg) return;
-    launch_k(k_add_rmsnorm, dim3(rows < 65535 ? rows : 65535), dim3(rms_threads(cols)), 0, DP(out), DP(y), DCP(x), dg, rows, cols, eps);
+    launch_k(k_add_rmsnorm, dim3(rows < 65535 ? rows : 65535), dim3(rms_threads(cols)), 0, DP(out), DP(y), DCP(x), dg, rows, cols, eps, rn_reg());
     g_fused_launches++;
     post("add_rmsnorm");
 }
