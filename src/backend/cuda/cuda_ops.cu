@@ -1125,13 +1125,11 @@ template <int V, int NG> static void mla_av(const df_attn_mla_args &c, const DW 
     launch_k(k_mla_absorb_v<V, NG>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), shb, c, kvb, qf);
 }
 /* the three launches of one chunk of positions; 0 when the shapes do not fit them (k_attn_mla then) */
-static int mla_dec(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const DW &vb, int split_k, int split_v) {
+static int mla_dec1(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const DW &vb, int split_k, int split_v) {
     const int cd = c.kv_lora + c.rope;
-    if (c.n > MLA_DEC_N || c.nope > 256 || c.kv_lora > 1024 || cd > 32 * MD_MAXK) return 0;
     const size_t T = (size_t)c.pos0 + c.n;
     const int ch = md_ch(T), S = (int)((T + ch - 1) / ch), G = (c.n_heads + MD_HG - 1) / MD_HG;
     const size_t shb = ((size_t)MD_HG * cd + (size_t)ch * cd + (size_t)MD_HG * ch) * sizeof(float);
-    if (shb > 200 * 1024) return 0;
     const size_t nq = (size_t)c.n * c.n_heads;
     float *qf = (float *)slot(S_P0, nq * cd * sizeof(float), "attn_mla");
     float *part = (float *)slot(S_SCORES, nq * S * (size_t)(c.kv_lora + 2) * sizeof(float), "attn_mla");
@@ -1168,6 +1166,30 @@ static int mla_dec(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const
                else launch_k(k_mla_out_v<MW_BF16, 2>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc); }
     } else MLA_BY_KIND(mla_kind(wv), MLA_OUT, c, wv, split_v, ch, S, pc)
     post("attn_mla");
+    return 1;
+}
+/* positions in batches whose partials stay under 256 MB (a prefill through these launches: DELTAFIN_CUDA_MLA_DEC_N) */
+static int g_mla_dec_n = -1;
+static int mla_dec(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const DW &vb, int split_k, int split_v) {
+    if (g_mla_dec_n < 0) { /* DELTAFIN_CUDA_MLA_DEC_N=N: these launches for calls of up to N positions (default 4: decode) */
+        const char *e = getenv("DELTAFIN_CUDA_MLA_DEC_N");
+        g_mla_dec_n = e && atoi(e) > 0 ? atoi(e) : MLA_DEC_N;
+    }
+    const int cd = c.kv_lora + c.rope;
+    if (c.n > g_mla_dec_n || c.nope > 256 || c.kv_lora > 1024 || cd > 32 * MD_MAXK) return 0;
+    const size_t T = (size_t)c.pos0 + c.n;
+    const int ch = md_ch(T), S = (int)((T + ch - 1) / ch);
+    if (((size_t)MD_HG * cd + (size_t)ch * cd + (size_t)MD_HG * ch) * sizeof(float) > 200 * 1024) return 0;
+    const size_t per = (size_t)c.n_heads * S * (size_t)(c.kv_lora + 2) * sizeof(float);
+    const int nb = (int)((((size_t)256 << 20) / per) < 1 ? 1 : ((size_t)256 << 20) / per);
+    for (int t0 = 0; t0 < c.n; t0 += nb) {
+        df_attn_mla_args b = c;
+        b.n = c.n - t0 < nb ? c.n - t0 : nb, b.pos0 = c.pos0 + t0;
+        b.q = (const df_act *)(DCP(c.q) + (size_t)t0 * c.n_heads * (c.nope + c.rope));
+        b.out = (df_act *)(DP(c.out) + (size_t)t0 * c.n_heads * c.v_dim);
+        const int r = mla_dec1(b, kvb, kb, vb, split_k, split_v);
+        if (r <= 0) return t0 ? -1 : r; /* (a later batch cannot refuse what the first took: same shapes, shorter caches) */
+    }
     return 1;
 }
 void g_attn_mla(const df_attn_mla_args *a) {
