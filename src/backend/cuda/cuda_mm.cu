@@ -1012,6 +1012,12 @@ template <int V, int WK> static void bal_go_r(MmBatchT<MM_SMALLJ> &s, unsigned T
     R == 1 ? bal_go<V, WK, 1>(s, T) : bal_go<V, WK, 2>(s, T);
 }
 template <int V> static void bal_go_wk(MmBatchT<MM_SMALLJ> &s, unsigned T, int R, int wk) {
+    if constexpr (V == V_FP8) { /* round 12: FP8 rows split over 8 warps by k_mm (o: 16384 columns, 32 steps a lane): R = 1 */
+        if (wk == 8) {
+            bal_go<V, 8, 1>(s, T);
+            return;
+        }
+    }
     wk == 1 ? bal_go_r<V, 1>(s, T, R) : wk == 2 ? bal_go_r<V, 2>(s, T, R) : bal_go_r<V, 4>(s, T, R);
 }
 static int64_t g_mm_bal;
@@ -1024,13 +1030,13 @@ static int mm_flush_bal(MmBatch *b) {
     /* round 12 (bit 131072): FP8 rows (128 x 128 scale blocks or any FP8 of the 16-byte path), with or without bit 16384 */
     const int f8 = vec == V_FP8 && (lean_mask() & 131072);
     if (!f8 && (!(lean_mask() & 16384) || (vec != V_F32 && vec != V_F16 && vec != V_BF16))) return 0;
-    if (wk != 1 && wk != 2 && wk != 4) return 0;
+    if (wk != 1 && wk != 2 && wk != 4 && !(f8 && wk == 8)) return 0; /* FP8: wk 8 too (rows of at least 32 steps a lane: R = 1) */
     for (int i = 1; i < b->nj; i++)
         if (b->j[i].wk != wk) return 0;
     /* R from the first job's steps a lane (every job's rows: any R gives the same bits) */
     const int64_t E = vec == V_F32 ? 4 : vec == V_FP8 ? 16 : 8, spl = (b->j[0].w.cols / E + 31) / 32;
     /* FP8: R = 4 where a lane has at most 4 steps a row (q_b's 1536 columns: 3; then wk is 1), 2 steps of 4 rows a round */
-    const int R = f8 && spl <= 4 && wk <= 2 ? 4 : spl >= 16 ? 1 : 2;
+    const int R = wk == 8 ? 1 : f8 && spl <= 4 && wk <= 2 ? 4 : spl >= 16 ? 1 : 2;
     MmBatchT<MM_SMALLJ> s;
     memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
     s.nj = b->nj, s.n = 1, s.t0 = b->t0, s.pf = b->pf ? (lean_mask() & 32768 ? 2 : 1) : 0, s.cp = 0;
