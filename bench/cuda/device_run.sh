@@ -477,6 +477,31 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
         grep -E "^\[stats\] (prefill|vram|decode|time split)|^\[cuda prof\]|out of VRAM|rror" "$OUT/dsv3_$name.log" | head -30
         python3 "$S/e2e_pct.py" "$OUT/dsv3_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
     }
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    if [ -n "${DSV3_AB:-}" ]; then # round 12 (the FP8 one-token products): the masks of DSV3_AB (e.g. "64366 129902 195438 392046 523118":
+        # the default; + bit 65536, the FP8 MoE down launch k_moe_down_f8; + bit 131072, the dense FP8 products in k_mm_bal; + 65536
+        # + 262144, the FP8 gate/up launch at 2 blocks an SM; all three)
+        # alternated three times (MAX_NEW tokens, default 128) INSTEAD of the default runs below; the ids of every run compared with
+        # the first mask's first run (every bit of round 12 keeps the bits: all must be the same); the mean per mask; ncu of
+        # DSV3_NCU (default: the first and the last mask of DSV3_AB; none: none)
+        for r in 1 2 3; do for L in $DSV3_AB; do DELTAFIN_CUDA_LEAN=$L ds "lean$L-r$r" --gpu-memory 100G; done; done
+        set -- $DSV3_AB
+        for r in 1 2 3; do for L in $DSV3_AB; do
+            cmp -s <(grep -v '^\[' "$OUT/dsv3_lean$1-r1.log" | head -1) <(grep -v '^\[' "$OUT/dsv3_lean$L-r$r.log" | head -1) && echo "ids dsv3 lean$L-r$r: same as lean$1-r1" || echo "ids dsv3 lean$L-r$r: DIFFER from lean$1-r1"
+        done; done
+        for L in $DSV3_AB; do
+            grep -h "^\[stats\] prefill" "$OUT"/dsv3_lean$L-r[123].log | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | awk -v L="$L" '{s += $1; n++} END {if (n) printf "dsv3 mask %s: mean %.1f tok/s over %d runs\n", L, s / n, n}'
+        done
+        DSV3_NCU=${DSV3_NCU:-$1 ${@: -1}}
+        [ "$DSV3_NCU" = none ] && DSV3_NCU=
+        for L in $DSV3_NCU; do
+            [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
+                --launch-skip "${DSV3_NCU_SKIP:-3000}" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$D" --ids "${DIDS%%,1[0-9][0-9][0-9]*}" \
+                --max-new "${DSV3_NCU_NEW:-300}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_dsv3_lean$L.csv" 2>&1 && echo "ncu of the dsv3 decode, DELTAFIN_CUDA_LEAN=$L:" &&
+                MOE_LAYERS=$((${DSV3_LAYERS:-4} - 1)) python3 "$S/ncu_sum.py" "$OUT/ncu_dsv3_lean$L.csv"
+        done
+        echo "dsv3 decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/dsv3_*.log | sed 's/.*dsv3_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    else
     for r in 1 2 3; do ds "resident-r$r" --gpu-memory 100G; done
     [ "${DSV3_MLA0:-0}" = 1 ] && DELTAFIN_CUDA_MLA_DEC=0 ds resident-mla0 --gpu-memory 100G # the MLA decode of round 1 (k_attn_mla)
     # where the 512-token prefill goes: each op waits for its kernels (DELTAFIN_CUDA_PROF=2), the whole run (no PROF_DECODE), one token
@@ -486,7 +511,6 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
     for n in resident-r2 resident-r3 resident-prof1; do
         cmp -s <(grep -v '^\[' "$OUT/dsv3_resident-r1.log" | head -1) <(grep -v '^\[' "$OUT/dsv3_$n.log" | head -1) && echo "ids dsv3 $n: same as r1" || echo "ids dsv3 $n: DIFFER from r1"
     done
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     if [ -n "$NCU" ] && [ "${DSV3_NCU:-1}" = 1 ]; then
         timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
             --launch-skip "${DSV3_NCU_SKIP:-3000}" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$D" --ids "${DIDS%%,1[0-9][0-9][0-9]*}" \
@@ -494,6 +518,7 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
             MOE_LAYERS=$((${DSV3_LAYERS:-4} - 1)) python3 "$S/ncu_sum.py" "$OUT/ncu_dsv3.csv"
     fi
     echo "dsv3 decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/dsv3_*.log | sed 's/.*dsv3_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    fi
 fi
 if has bench; then
     step "benchmark (cuda_bench ${BENCH_ARGS:---quick})" 300 bench.log "$S/bin/cuda_bench" ${BENCH_ARGS:---quick}

@@ -530,6 +530,195 @@ static void mm_bal_checks(void) {
     B->free(x);
     printf("test_backend_cuda: balanced one-token products (bit 16384): %d jobs in %d launches, 5 masks\n", NJ, NG);
 }
+/* ---- round 12: FP8 E4M3 weights with 128 x 128 scale blocks (DeepSeek-V3's experts and dense products) ---------- */
+/* A window of FP8 bytes and F32 scales for weight w (rows x cols, 128 x 128 blocks): data at byte offset doff of db (a
+ * multiple of 16), scales at float offset soff of sb: windows of one random buffer give distinct weights cheaply. */
+static void fp8_weight(df_weight *w, int64_t rows, int64_t cols, const uint8_t *db, size_t doff, const float *sb, size_t soff) {
+    memset(w, 0, sizeof *w);
+    w->fmt = DF_W_FP8, w->rows = rows, w->cols = cols, w->data = db + doff, w->row_bytes = (size_t)cols;
+    w->scale = sb + soff, w->scale_dtype = DF_SCALE_F32, w->blk_r = 128, w->blk_c = 128, w->scale_cols = (cols + 127) / 128;
+}
+/* random E4M3 codes (no NaN code) and scales 2^-10 .. 2^-7 times 1..2 */
+static void fp8_fill(uint8_t *db, size_t nb, float *sb, size_t ns) {
+    for (size_t i = 0; i < nb; i++) {
+        uint8_t b = (uint8_t)(rnd() & 0xff);
+        if ((b & 0x7f) == 0x7f) b ^= 1;
+        db[i] = b;
+    }
+    for (size_t i = 0; i < ns; i++) sb[i] = ldexpf(1.0f + (float)(rnd() % 1024) / 1024.0f, -10 + (int)(rnd() % 4));
+}
+/* rel L2^2 of y against the CPU's rows of w times x */
+static double fp8_err(const df_weight *w, const float *x, const float *y) {
+    double d = 0, n2 = 0;
+    for (int64_t r = 0; r < w->rows; r++) {
+        const float c = df_dot_row(w, r, x);
+        d += (double)(y[r] - c) * (y[r] - c), n2 += (double)c * c;
+    }
+    return n2 > 0 ? d / n2 : d;
+}
+static float host_silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* The device-routed MoE of FP8 experts (moe_fused; DeepSeek-V3's sigmoid-group route and silu gate) under the
+ * default mask (64366: the down launch is k_moe_down) and with round 12's bits (bit 262144: the gate/up launch at 2
+ * blocks an SM, k_mm_dev2, where the gate/up rows are FP8 of the 16-byte path): bit 65536 (k_moe_down_f8) must give
+ * the default's bits (memcmp) of the gate/up rows, each expert's down rows and the output, be taken exactly when the
+ * default is not, and every row be near the CPU's (df_dot_row of the chosen experts; the down rows from the gate
+ * applied on the host to the device's gate/up rows, the output the combine of the device's rows by its weights).
+ * Shapes: the benchmark's (D 7168, I 2048, K 8 of 32), I 336 (one warp step a row, a partial scale block column), D
+ * 301 (a partial scale block row, a partial last row group), I 1040 with K 6 (three warp steps, 6 warps a block). */
+static void fp8_moe_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    static const struct { int D, I, E, K; } S[] = {{7168, 2048, 32, 8}, {301, 336, 32, 8}, {520, 1040, 12, 6}};
+    enum { NM = 3, LAYER = 9, TRIALS = 3 };
+    const int masks[NM] = {64366, 64366 | 65536, 64366 | 65536 | 131072 | 262144};
+    const int want_f8[NM] = {0, 1, 1};
+    for (size_t si = 0; si < sizeof S / sizeof *S; si++) {
+        const int D = S[si].D, I = S[si].I, E = S[si].E, K = S[si].K, layer = LAYER + (int)si;
+        const size_t stride = 4112, nb = (size_t)D * I + (size_t)3 * E * stride;
+        const size_t sstr = 7, ns = (size_t)((D + 127) / 128) * ((I + 127) / 128) + (size_t)3 * E * sstr;
+        uint8_t *db = malloc(nb);
+        float *sb = malloc(ns * sizeof(float));
+        df_weight *pw = malloc((size_t)3 * E * sizeof(df_weight));
+        float *xv = malloc((size_t)D * 4), *lg = malloc((size_t)E * 4), *bias = malloc((size_t)E * 4);
+        float *gv = malloc((size_t)K * I * 4), *uv = malloc((size_t)K * I * 4), *hv = malloc((size_t)I * 4);
+        float *dv[NM], *ov[NM], *gvm[NM], wv[16], iv[16], *co = malloc((size_t)D * 4);
+        for (int m = 0; m < NM; m++) dv[m] = malloc((size_t)K * D * 4), ov[m] = malloc((size_t)D * 4), gvm[m] = malloc((size_t)2 * K * I * 4);
+        fp8_fill(db, nb, sb, ns);
+        for (int e = 0; e < E; e++)
+            for (int p = 0; p < 3; p++) {
+                df_weight *w = &pw[3 * e + p];
+                fp8_weight(w, p == 2 ? D : I, p == 2 ? I : D, db, (size_t)(3 * e + p) * stride, sb, (size_t)(3 * e + p) * sstr);
+                w->ident = df_expert_ident(layer, e, p);
+            }
+        for (int i = 0; i < D; i++) xv[i] = frnd();
+        /* a budget that holds the layer's experts (the benchmark's: 1.4 GB) in the cache */
+        df_cuda_set_memory((int64_t)4 << 30, 0, (int64_t)3 * E * ((int64_t)D * I + (int64_t)ns * 4) + ((int64_t)64 << 20));
+        df_act *x = B->alloc(D), *scr = B->alloc(D > I ? D : I), *dlg = B->alloc(E), *fwd = B->alloc(K), *fids = B->alloc(K);
+        df_act *fg = B->alloc((size_t)K * I), *fu = B->alloc((size_t)K * I), *fdd = B->alloc((size_t)K * D), *fout = B->alloc(D);
+        B->write(x, xv, D);
+        for (int e = 0; e < E; e++) /* every part into the VRAM expert cache through a product */
+            for (int p = 0; p < 3; p++) {
+                const df_mv_job j = {&pw[3 * e + p], p == 2 ? fg : x, scr};
+                B->matmul_batch(&j, 1, 1);
+            }
+        B->experts_done();
+        CHECK(B->moe_resident(layer, E, K, 1) == 1, "FP8 MoE %dx%d: every part cached: resident", D, I);
+        for (int trial = 0; trial < TRIALS; trial++) {
+            for (int e = 0; e < E; e++) lg[e] = (float)((int)(rnd() % 200001) - 100000) / 25000.0f, bias[e] = (float)((int)(rnd() % 101) - 50) / 400.0f;
+            B->write(dlg, lg, E);
+            for (int m = 0; m < NM; m++) {
+                df_cuda_set_lean_mask(masks[m]);
+                df_route_args ra = {.kind = DF_ROUTE_SIGMOID_GROUPS, .logits = dlg, .w = fwd, .n = 1, .n_experts = E, .k = K, .norm_topk = 1,
+                                    .n_group = E % 8 ? 4 : 8, .topk_group = E % 8 ? 3 : 4, .scaling = 2.5f, .bias = bias};
+                df_moe_fused_args fa = {.route = ra, .layer = layer, .x = x, .out = fout, .g = fg, .u = fu, .d = fdd, .D = D, .I = I,
+                                        .gate = DF_GATE_SILU, .ids_out = fids};
+                B->zero(fdd, (size_t)K * D), B->zero(fout, (size_t)D);
+                const int64_t f0 = df_cuda_moe_down_f8_launches(), u0 = df_cuda_moe_gu_f8_launches();
+                const int rc = B->moe_fused(&fa);
+                const int64_t f8 = df_cuda_moe_down_f8_launches() - f0, gu8 = df_cuda_moe_gu_f8_launches() - u0;
+                /* bit 262144: the FP8 gate/up launch at 2 blocks an SM (FP8 rows of the 16-byte path: D a multiple of 16) */
+                const int want_gu = (masks[m] & 262144) && D % 16 == 0;
+                CHECK(gu8 == want_gu, "FP8 MoE %dx%d mask %d: %lld gate/up launches of k_mm_dev2, expected %d", D, I, masks[m], (long long)gu8, want_gu);
+                CHECK(rc == 0, "FP8 MoE %dx%d mask %d: moe_fused rc %d", D, I, masks[m], rc);
+                CHECK(f8 == want_f8[m], "FP8 MoE %dx%d mask %d: %lld launches of k_moe_down_f8, expected %d", D, I, masks[m], (long long)f8, want_f8[m]);
+                B->read(dv[m], fdd, (size_t)K * D), B->read(ov[m], fout, (size_t)D);
+                B->read(gvm[m], fg, (size_t)K * I), B->read(gvm[m] + (size_t)K * I, fu, (size_t)K * I);
+                B->read(wv, fwd, K), B->read(iv, fids, K);
+                memcpy(gv, gvm[m], (size_t)K * I * 4), memcpy(uv, gvm[m] + (size_t)K * I, (size_t)K * I * 4);
+                /* the CPU's rows (first trial, every mask): gate/up of the chosen experts (default mask), each down row from the
+                 * device's gate/up rows */
+                for (int k = 0; k < K; k++) {
+                    int32_t id;
+                    memcpy(&id, &iv[k], 4);
+                    CHECK(id >= 0 && id < E, "FP8 MoE %dx%d: id %d out of range", D, I, id);
+                    if (id < 0 || id >= E) continue;
+                    if (!trial && !m) {
+                        const double eg = fp8_err(&pw[3 * id], xv, gv + (size_t)k * I), eu = fp8_err(&pw[3 * id + 1], xv, uv + (size_t)k * I);
+                        CHECK(eg <= 1e-10 && eu <= 1e-10, "FP8 MoE %dx%d expert %d: gate/up rel L2^2 %g %g against the CPU", D, I, id, eg, eu);
+                    }
+                    if (trial) continue; /* later trials: bit-equal to the default's (below), which the first trial checks */
+                    for (int c = 0; c < I; c++) hv[c] = host_silu(gv[(size_t)k * I + c]) * uv[(size_t)k * I + c];
+                    const double ed = fp8_err(&pw[3 * id + 2], hv, dv[m] + (size_t)k * D);
+                    CHECK(ed <= 1e-10, "FP8 MoE %dx%d mask %d expert %d: down rel L2^2 %g against the CPU", D, I, masks[m], id, ed);
+                }
+                double d2 = 0, n2 = 0;
+                for (int r = 0; r < D; r++) {
+                    float o = 0.0f;
+                    for (int k = 0; k < K; k++) o += wv[k] * dv[m][(size_t)k * D + r];
+                    co[r] = o;
+                    d2 += (double)(ov[m][r] - o) * (ov[m][r] - o), n2 += (double)o * o;
+                }
+                CHECK(n2 > 0 && d2 <= 1e-12 * n2, "FP8 MoE %dx%d mask %d: the output is not the combine of its rows (rel L2^2 %g)", D, I, masks[m], n2 > 0 ? d2 / n2 : d2);
+                if (m) {
+                    CHECK(!memcmp(gvm[m], gvm[0], (size_t)2 * K * I * 4), "FP8 MoE %dx%d trial %d: mask %d's gate/up rows differ from the default's", D, I, trial, masks[m]);
+                    CHECK(!memcmp(dv[m], dv[0], (size_t)K * D * 4), "FP8 MoE %dx%d trial %d: mask %d's down rows differ from the default's", D, I, trial, masks[m]);
+                    CHECK(!memcmp(ov[m], ov[0], (size_t)D * 4), "FP8 MoE %dx%d trial %d: mask %d's output differs from the default's", D, I, trial, masks[m]);
+                }
+            }
+        }
+        df_cuda_set_lean_mask(-1);
+        B->tier_reset();
+        df_act *all[] = {x, scr, dlg, fwd, fids, fg, fu, fdd, fout};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) B->free(all[i]);
+        for (int m = 0; m < NM; m++) free(dv[m]), free(ov[m]), free(gvm[m]);
+        free(db), free(sb), free(pw), free(xv), free(lg), free(bias), free(gv), free(uv), free(hv), free(co);
+    }
+    df_cuda_set_memory((int64_t)256 << 20, 0, 0);
+    printf("test_backend_cuda: FP8 device-routed MoE (bits 65536, 262144): %d shapes x %d trials x %d masks\n", (int)(sizeof S / sizeof *S), TRIALS, NM);
+}
+
+/* The dense FP8 one-token products (k_mm under the default mask; round 12's bit 131072: k_mm_bal for FP8): the
+ * benchmark's q_b (24576 x 1536), o (7168 x 16384), kv_a (576 x 7168), the shared expert's gate (2048 x 7168) and down
+ * (7168 x 2048), and odd shapes: 301 x 336 (partial scale blocks both ways), 37 x 1040, 5 x 16 (one step a row);
+ * near the CPU's under every mask, and bit-equal to the default's with the new bits. */
+static void fp8_mm_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    static const struct { int rows, cols; } S[] = {{24576, 1536}, {7168, 16384}, {576, 7168}, {2048, 7168}, {7168, 2048}, {301, 336}, {37, 1040}, {5, 16}};
+    enum { NJ = sizeof S / sizeof *S, NM = 3, XC = 16384 };
+    const int masks[NM] = {64366, 64366 | 131072, (64366 & ~32768) | 131072};
+    size_t nb = 0, ns = 0;
+    for (int k = 0; k < NJ; k++) nb += (size_t)S[k].rows * S[k].cols, ns += (size_t)((S[k].rows + 127) / 128) * ((S[k].cols + 127) / 128);
+    uint8_t *db = malloc(nb);
+    float *sb = malloc(ns * 4), *xv = malloc(XC * 4), *yv[NM][NJ];
+    fp8_fill(db, nb, sb, ns);
+    for (int c = 0; c < XC; c++) xv[c] = frnd();
+    df_cuda_set_memory((int64_t)4 << 30, 0, 0); /* every weight resident, as the benchmark's (190 MB here) */
+    df_weight w[NJ];
+    df_act *x = B->alloc(XC), *y[NJ];
+    size_t doff = 0, soff = 0;
+    for (int k = 0; k < NJ; k++) {
+        fp8_weight(&w[k], S[k].rows, S[k].cols, db, doff, sb, soff);
+        doff += (size_t)S[k].rows * S[k].cols, soff += (size_t)((S[k].rows + 127) / 128) * ((S[k].cols + 127) / 128);
+        CHECK(B->weight_register(&w[k]) == 0 && w[k].handle, "FP8 weight %d registered", k);
+        y[k] = B->alloc((size_t)S[k].rows);
+        for (int m = 0; m < NM; m++) yv[m][k] = malloc((size_t)S[k].rows * 4);
+    }
+    for (int m = 0; m < NM; m++) {
+        df_cuda_set_lean_mask(masks[m]);
+        for (int k = 0; k < NJ; k++) {
+            const df_mv_job j = {&w[k], x, y[k]};
+            B->zero(y[k], (size_t)S[k].rows);
+            B->write(x, xv, XC);
+            B->scale(x, 1.0f, XC); /* x written by a kernel just before the product */
+            const int64_t b0 = df_cuda_mm_bal_launches();
+            B->matmul_batch(&j, 1, 1);
+            const int64_t bal = df_cuda_mm_bal_launches() - b0;
+            CHECK(bal == ((masks[m] & 131072) ? 1 : 0), "FP8 mask %d, job %d: %lld launches of k_mm_bal", masks[m], k, (long long)bal);
+            B->read(yv[m][k], y[k], (size_t)S[k].rows);
+            const double e = fp8_err(&w[k], xv, yv[m][k]);
+            CHECK(e <= 1e-10, "FP8 mask %d, job %d (%d x %d): rel L2^2 %g against the CPU", masks[m], k, S[k].rows, S[k].cols, e);
+            if (m) CHECK(!memcmp(yv[m][k], yv[0][k], (size_t)S[k].rows * 4), "FP8 job %d (%d x %d): mask %d's bits differ from the default's", k, S[k].rows, S[k].cols, masks[m]);
+        }
+    }
+    df_cuda_set_lean_mask(-1);
+    for (int k = 0; k < NJ; k++) {
+        B->weight_unregister(&w[k]), B->free(y[k]);
+        for (int m = 0; m < NM; m++) free(yv[m][k]);
+    }
+    B->free(x), free(db), free(sb), free(xv);
+    df_cuda_set_memory((int64_t)256 << 20, 0, 0);
+    printf("test_backend_cuda: FP8 one-token products: %d shapes x %d masks\n", NJ, NM);
+}
 /* Round 9 (DELTAFIN_CUDA_LEAN bit 1024): one-token products of spine weights (F32, F16, BF16 rows of the 16-byte
  * path) through the cp.async pipeline (k_mm_cp). Each row is summed as a one-warp row (wk = 1), so where the
  * round-7 launch (mask 366: no bit 512, split1 16) also reads a row with one warp (fewer than 16 steps per lane)
@@ -752,6 +941,8 @@ int main(void) {
         fused_moe_checks(8, 760);
         mm_cp_checks();
         mm_bal_checks();
+        fp8_mm_checks();
+        fp8_moe_checks();
         attn_split_checks();
         attn_dec_checks();
         fused_rows_checks();

@@ -48,7 +48,7 @@ void df_cuda_set_split1(int s);
 /* Launches of the fused row ops (add_rmsnorm, qk_norm_rope; DELTAFIN_CUDA_LEAN bit 256, round 8) so far (tests). */
 int64_t df_cuda_fused_launches(void);
 /* The whole DELTAFIN_CUDA_LEAN mask (tests; round 9's bits 1024 and 2048 are not in df_cuda_set_lean(1)):
- * m & 65535; a negative m: the default (or the env's value) again. */
+ * m & 0x7fffffff (31 bits since round 12; 16 before); a negative m: the default (or the env's value) again. */
 void df_cuda_set_lean_mask(int m);
 /* Launches of round 9's one-token spine products through the cp.async pipeline (bit 1024) so far (tests). */
 int64_t df_cuda_mm_cp_launches(void);
@@ -60,6 +60,10 @@ int64_t df_cuda_attn_dec_launches(void);
 int64_t df_cuda_moe_rt_launches(void);
 /* Launches of round 11's one-token spine products in one balanced wave (k_mm_bal, bit 16384) so far (tests). */
 int64_t df_cuda_mm_bal_launches(void);
+/* Launches of round 12's FP8 MoE down launch (k_moe_down_f8, bit 65536) so far (tests). */
+int64_t df_cuda_moe_down_f8_launches(void);
+/* Launches of round 12's FP8 gate/up launch at 2 blocks an SM (k_mm_dev2, bit 262144) so far (tests). */
+int64_t df_cuda_moe_gu_f8_launches(void);
 
 #ifdef __cplusplus
 }

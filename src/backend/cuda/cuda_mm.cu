@@ -313,6 +313,11 @@ template <int V, int NT, int WP, int MJ, int U>
 __global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) {
     /* the wait first: a kernel launched after this one (k_moe_down) then knows the route that wrote this table has finished */
     pdl_wait(), pdl_go(); mm_body<V, NT, WP, MJ, U>(*b); }
+/* Round 12 (DELTAFIN_CUDA_LEAN bit 262144): k_mm_dev for the FP8 experts' gate/up products under a bound of 2 blocks an SM
+ * (128 registers) instead of 3 (80): at 80, the FP8 body (U = 2: 8 loads of 16 bytes and 8 scales a lane in flight)
+ * spills (ptxas: 72 bytes of stack, 68 bytes of spill stores); the same body, so the same bits */
+template <int V, int NT, int WP, int MJ, int U>
+__global__ void __launch_bounds__(WP * 32, 2) k_mm_dev2(const MmBatchT<MJ> *__restrict__ b) { pdl_wait(), pdl_go(); mm_body<V, NT, WP, MJ, U>(*b); }
 
 /* Round 6 (DELTAFIN_CUDA_LEAN bit 8): the device-routed MoE's gate, down products and combine in ONE launch.
  * A block per group of MM_R output rows, a warp per chosen expert k (the k-th job of the down table: its rows
@@ -766,19 +771,23 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * (+6.6%, docs/PERFORMANCE.md round 10) was round 10's default, DELTAFIN_CUDA_LEAN=2926 restores round 9. Round 11:
  * 16384 the one-token spine products in one balanced wave (k_mm_bal: k_mm's bits; alone 4.7% slower), 32768 (with
  * 16384) their first round of weight loads before griddepcontrol.wait (the same bits); default 64366 = 15214 |
- * 16384 | 32768 (+2.0% on the H200, the same ids), DELTAFIN_CUDA_LEAN=15214 restores round 10. Every bit but 512, 1024 and 4096 gives the same bits of
+ * 16384 | 32768 (+2.0% on the H200, the same ids), DELTAFIN_CUDA_LEAN=15214 restores round 10. Round 12 (the mask now
+ * keeps 31 bits; opt-in, written without a device): FP8 E4M3 with block scales (DeepSeek-V3), 65536 the FP8 experts'
+ * down launch k_moe_down_f8, 131072 the one-token FP8 products through k_mm_bal, 262144 the FP8 experts' gate/up launch
+ * at 2 blocks an SM (k_mm_dev2); all three keep the default's bits. Every bit but 512, 1024 and 4096 gives the same bits of
  * every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
+#define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? atoi(e) & 65535 : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768;
+        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768;
     }
     return g_lean;
 }
 extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 511 : 0; }
-extern "C" void df_cuda_set_lean_mask(int m) { g_lean = m < 0 ? -1 : m & 65535; }
+extern "C" void df_cuda_set_lean_mask(int m) { g_lean = m < 0 ? -1 : (int)((unsigned)m & LEAN_BITS); }
 /* bit 32 (round 7): programmatic dependent launches (launch_k); off for good once the launch API refuses one */
 int64_t g_pdl_launches;
 static int g_pdl_refused;
@@ -856,7 +865,17 @@ template <int V, int MJ, int WK, int R> struct BalTask {
     const uint4 *rows[R];
     int64_t r0, nv;
     int nr;
+    int64_t srow[V == V_FP8 ? R : 1]; /* round 12, FP8: each row's first scale entry (its block row's), as mm_warp's */
+    uint32_t vps;                     /* FP8: 16-byte steps per scale entry along a row */
 };
+/* steps a lane loads a round, for each of its R rows: 16 / R; round 12's FP8 rows with R > 1: 8 / R (16 / R spills at the
+ * 128 registers of 2 blocks an SM with the scales beside the loads). A multiple of WK (mm_flush_bal: R = 4 with WK <= 2) */
+template <int V, int R> struct BalS { static constexpr int S = V == V_FP8 && R > 1 ? 8 / R : 16 / R; };
+/* Round 12: scale entry i of an FP8 weight, as scale_at reads it (the same float), F32 scales in one 4-byte load */
+static __device__ __forceinline__ float scale_ld(const DW &w, int64_t i) {
+    if (w.sdt == DF_SCALE_F32 && !((uintptr_t)w.scale & 3)) return __ldg((const float *)(const void *)w.scale + i);
+    return scale_at(w, i);
+}
 template <int V, int MJ, int WK, int R> static __device__ __forceinline__ void bal_task(const MmBatchT<MJ> &b, unsigned t, BalTask<V, MJ, WK, R> &k) {
     int j = 0;
     while (j + 1 < b.nj && t >= b.j[j + 1].blk0) j++;
@@ -867,31 +886,41 @@ template <int V, int MJ, int WK, int R> static __device__ __forceinline__ void b
     k.nv = w.cols / Fmt<V>::E;
 #pragma unroll
     for (int i = 0; i < R; i++) k.rows[i] = (const uint4 *)(w.data + (size_t)(k.r0 + (i < k.nr ? i : 0)) * w.row_bytes);
+    if (V == V_FP8) {
+#pragma unroll
+        for (int i = 0; i < (V == V_FP8 ? R : 1); i++) k.srow[i] = ((k.r0 + (i < k.nr ? i : 0)) / w.blk_r) * w.scale_cols;
+        k.vps = (uint32_t)w.blk_c / 16;
+    }
 }
 template <int V, int MJ, int WK, int R>
-static __device__ __forceinline__ void bal_load(const BalTask<V, MJ, WK, R> &k, int64_t j0, uint4 (&u)[16 / R][R]) {
+static __device__ __forceinline__ void bal_load(const BalTask<V, MJ, WK, R> &k, int64_t j0, uint4 (&u)[BalS<V, R>::S][R], float (&sc)[BalS<V, R>::S][R]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int q = 0; q < 16 / R; q++) {
+    for (int q = 0; q < BalS<V, R>::S; q++) {
         const int64_t v = (j0 + q) * 32 + lane;
         if (v < k.nv)
 #pragma unroll
-            for (int i = 0; i < R; i++) u[q][i] = __ldg(k.rows[i] + v);
+            for (int i = 0; i < R; i++) {
+                u[q][i] = __ldg(k.rows[i] + v);
+                /* FP8: the step's scale, as mm_warp's (the row's block row, column step v / vps) */
+                if (V == V_FP8) sc[q][i] = scale_ld(k.J->w, k.srow[V == V_FP8 ? i : 0] + (int64_t)((uint32_t)v / k.vps));
+            }
     }
 }
 template <int V, int MJ, int WK, int R>
 __global__ void __launch_bounds__(BAL_WARPS * 32, 2) k_mm_bal(const __grid_constant__ MmBatchT<MJ> b) {
-    constexpr int E = Fmt<V>::E, C = Fmt<V>::C, S = 16 / R;
+    constexpr int E = Fmt<V>::E, C = Fmt<V>::C, S = BalS<V, R>::S;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const unsigned G = gridDim.x, T = b.j[b.nj - 1].blk0 + (unsigned)((b.j[b.nj - 1].w.rows + R - 1) / R);
     pdl_go();
     unsigned t = blockIdx.x + G * (unsigned)warp;
     uint4 u[S][R];
+    float sc[S][R]; /* FP8: the scales of u (unused otherwise) */
     BalTask<V, MJ, WK, R> k;
     int have = 0;
     if (b.pf == 2 && t < T) { /* bit 32768: resident rows, written by no kernel: the first round is loaded before the wait */
         bal_task<V, MJ, WK, R>(b, t, k);
-        bal_load<V, MJ, WK, R>(k, 0, u);
+        bal_load<V, MJ, WK, R>(k, 0, u, sc);
         have = 1;
     }
     if (b.pf) /* as k_mm: the rows of the warp's tasks (bit 32768: of its later tasks) asked of L2 before the wait */
@@ -917,7 +946,7 @@ __global__ void __launch_bounds__(BAL_WARPS * 32, 2) k_mm_bal(const __grid_const
 #pragma unroll
             for (int i = 0; i < R; i++) acc[p][i] = 0.0f;
         for (int64_t j0 = 0; j0 * 32 < k.nv; j0 += S) {
-            if (!have) bal_load<V, MJ, WK, R>(k, j0, u);
+            if (!have) bal_load<V, MJ, WK, R>(k, j0, u, sc);
             have = 0;
 #pragma unroll
             for (int q = 0; q < S; q++) {
@@ -928,7 +957,7 @@ __global__ void __launch_bounds__(BAL_WARPS * 32, 2) k_mm_bal(const __grid_const
                 for (int h = 0; h < E / C; h++) {
                     float wv[R][C];
 #pragma unroll
-                    for (int i = 0; i < R; i++) decode<V>(u[q][i], h, 1.0f, wv[i]);
+                    for (int i = 0; i < R; i++) decode<V>(u[q][i], h, V == V_FP8 ? sc[q][i] : 1.0f, wv[i]);
                     const float4 *xp = (const float4 *)(x + c0 + h * C);
                     float xv[C];
 #pragma unroll
@@ -973,8 +1002,22 @@ template <int V, int WK, int R> static void bal_go(MmBatchT<MM_SMALLJ> &s, unsig
     const unsigned G = (uint64_t)T < cap ? T : (unsigned)cap;
     launch_k(k_mm_bal<V, MM_SMALLJ, WK, R>, dim3(G), dim3(BAL_WARPS * 32), 0, s);
 }
-template <int V, int WK> static void bal_go_r(MmBatchT<MM_SMALLJ> &s, unsigned T, int R) { R == 1 ? bal_go<V, WK, 1>(s, T) : bal_go<V, WK, 2>(s, T); }
+template <int V, int WK> static void bal_go_r(MmBatchT<MM_SMALLJ> &s, unsigned T, int R) {
+    if constexpr (V == V_FP8 && WK <= 2) { /* round 12: FP8 rows of at most 4 steps a lane (q_b: 3) */
+        if (R == 4) {
+            bal_go<V, WK, 4>(s, T);
+            return;
+        }
+    }
+    R == 1 ? bal_go<V, WK, 1>(s, T) : bal_go<V, WK, 2>(s, T);
+}
 template <int V> static void bal_go_wk(MmBatchT<MM_SMALLJ> &s, unsigned T, int R, int wk) {
+    if constexpr (V == V_FP8) { /* round 12: FP8 rows split over 8 warps by k_mm (o: 16384 columns, 32 steps a lane): R = 1 */
+        if (wk == 8) {
+            bal_go<V, 8, 1>(s, T);
+            return;
+        }
+    }
     wk == 1 ? bal_go_r<V, 1>(s, T, R) : wk == 2 ? bal_go_r<V, 2>(s, T, R) : bal_go_r<V, 4>(s, T, R);
 }
 static int64_t g_mm_bal;
@@ -982,14 +1025,18 @@ extern "C" int64_t df_cuda_mm_bal_launches(void) { return g_mm_bal; }
 /* 1: the launch went through k_mm_bal (bit 16384, bit 32768 its loads before the wait; F32 / F16 / BF16 rows of the 16-byte path, at most MM_SMALLJ
  * jobs of one wk in 1, 2, 4); 0: not taken, the caller launches k_mm as before */
 static int mm_flush_bal(MmBatch *b) {
-    if (!(lean_mask() & 16384) || b->n != 1 || b->nj > MM_SMALLJ) return 0;
+    if (b->n != 1 || b->nj > MM_SMALLJ) return 0;
     const int vec = b->j[0].vec, wk = b->j[0].wk;
-    if ((vec != V_F32 && vec != V_F16 && vec != V_BF16) || (wk != 1 && wk != 2 && wk != 4)) return 0;
+    /* round 12 (bit 131072): FP8 rows (128 x 128 scale blocks or any FP8 of the 16-byte path), with or without bit 16384 */
+    const int f8 = vec == V_FP8 && (lean_mask() & 131072);
+    if (!f8 && (!(lean_mask() & 16384) || (vec != V_F32 && vec != V_F16 && vec != V_BF16))) return 0;
+    if (wk != 1 && wk != 2 && wk != 4 && !(f8 && wk == 8)) return 0; /* FP8: wk 8 too (rows of at least 32 steps a lane: R = 1) */
     for (int i = 1; i < b->nj; i++)
         if (b->j[i].wk != wk) return 0;
     /* R from the first job's steps a lane (every job's rows: any R gives the same bits) */
-    const int64_t E = vec == V_F32 ? 4 : 8, spl = (b->j[0].w.cols / E + 31) / 32;
-    const int R = spl >= 16 ? 1 : 2;
+    const int64_t E = vec == V_F32 ? 4 : vec == V_FP8 ? 16 : 8, spl = (b->j[0].w.cols / E + 31) / 32;
+    /* FP8: R = 4 where a lane has at most 4 steps a row (q_b's 1536 columns: 3; then wk is 1), 2 steps of 4 rows a round */
+    const int R = wk == 8 ? 1 : f8 && spl <= 4 && wk <= 2 ? 4 : spl >= 16 ? 1 : 2;
     MmBatchT<MM_SMALLJ> s;
     memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
     s.nj = b->nj, s.n = 1, s.t0 = b->t0, s.pf = b->pf ? (lean_mask() & 32768 ? 2 : 1) : 0, s.cp = 0;
@@ -1000,6 +1047,7 @@ static int mm_flush_bal(MmBatch *b) {
     }
     if (T == 0 || T > 0x7fffffffu) return 0;
     if (vec == V_F32) bal_go_wk<V_F32>(s, (unsigned)T, R, wk);
+    else if (vec == V_FP8) bal_go_wk<V_FP8>(s, (unsigned)T, R, wk);
     else if (vec == V_F16) bal_go_wk<V_F16>(s, (unsigned)T, R, wk);
     else bal_go_wk<V_BF16>(s, (unsigned)T, R, wk);
     g_mm_bal++;
@@ -1506,6 +1554,132 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_c
     __shared__ float part[FUSED_MAX_K][RT];
     dn_rows<V, SPR, RT>(ring, xg, upr, nr, lane, warp, part, y, r0, K, rs.wk, out);
 }
+/* ---- round 12 (DELTAFIN_CUDA_LEAN bit 65536): the FP8 experts' gate + down + combine launch --------------------------
+ * Why FP8 experts (DeepSeek-V3: E4M3 rows of I = 2048 bytes, 128 x 128 scale blocks) took round 6's k_moe_down: bits
+ * 2048 (k_moe_down_cp) and 8192 (k_moe_down_rt, softmax routes only) take F32 / F16 / BF16 rows only (their products
+ * decode with scale 1), and bit 128's gate in shared memory (K x I floats) needs at most 48 KiB (8 x 2048 x 4 is 64).
+ * k_moe_down<V_FP8, 4> then holds 4 rows x 4 steps of 16 bytes AND 16 scales a lane: 168 registers (the bound of
+ * its 384-thread launch) with spills, so ONE block of 8 warps an SM, 1792 blocks in 14 dependent waves, each lane
+ * computing the gate of its 64 columns again in every block.
+ * k_moe_down_f8 (K <= 8 experts: 2 blocks of 8 warps an SM at 128 registers): one wave of blocks (the SMs x the
+ * blocks an SM holds), each block taking groups of F8_RT rows round
+ * robin (group blockIdx.x, + gridDim.x, ...); warp k streams expert k's rows of those groups through a ring of F8_NS
+ * rows in shared memory (cp.async, one commit group per row, the first F8_NS rows copied before the wait for the
+ * gate/up launch as k_moe_down_cp does: the table and the resident experts are final then); after the wait each lane
+ * computes gate(g, u) of its own columns ONCE for all its rows (dn_gate: gate_apply, as k_gate writes it), then per
+ * row: the lane's steps q = 0 .. SPR - 1 (column step 32 q + lane), each decoded with its block's scale
+ * (decode<V_FP8>: __fmul_rn(e4m3, scale), the scale of (row / blk_r, 16 (32 q + lane) / blk_c) read by scale_at as
+ * mm_warp reads it, again only when the row's block row changes), fmaf over its 16 elements in order, warp_sum:
+ * k_moe_down's one-warp row (wk = 1), so each expert row has k_moe_down's bits; the group's rows are written to d
+ * and combined by the route's weights in k order (k_moe_down's arithmetic: the same output bits). */
+#define F8_NS 4 /* rows in flight per warp: K x 4 x 2 KB = 64 KiB of ring a block (I = 2048, K = 8) */
+#define F8_RT 4 /* rows per combine group (k_moe_down's MM_R) */
+#define F8_MAX_K 8 /* warps (experts) a block: the bound below (2 blocks of 8 warps an SM, 128 registers: xg alone is 64) */
+template <int V, int SPR>
+__global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int ngr, GateIn ga, const float *__restrict__ wr, float *out) {
+    extern __shared__ __align__(16) uint4 f8_ring[];
+    constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4 *ring = f8_ring + (size_t)warp * F8_NS * SPR * 32 + lane;
+    pdl_go();
+    /* expert `warp`'s down weight, read through L2 before the wait (see k_moe_down: the table is final) */
+    const MmJob *Jp = &b->j[warp];
+    DW w;
+    w.fmt = DF_W_FP8, w.gt = 0;
+    w.sdt = __ldcg(&Jp->w.sdt), w.blk_r = __ldcg(&Jp->w.blk_r), w.blk_c = __ldcg(&Jp->w.blk_c);
+    w.rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), w.cols = (int64_t)__ldcg((const long long *)&Jp->w.cols);
+    w.scale_cols = (int64_t)__ldcg((const long long *)&Jp->w.scale_cols);
+    w.data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
+    w.scale = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.scale);
+    w.row_bytes = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
+    const int64_t D = w.rows, upr = w.cols / E;
+    const unsigned G = gridDim.x;
+    const int nst = ((int)blockIdx.x < ngr ? (ngr - 1 - (int)blockIdx.x) / (int)G + 1 : 0) * F8_RT; /* the block's row slots */
+    const uint8_t *base = w.data + (size_t)lane * 16;
+    const size_t rb = w.row_bytes;
+    /* slot i of the block's stream: row (blockIdx.x + G (i / F8_RT)) F8_RT + i % F8_RT (past D: nothing) */
+    auto row_of = [&](int i) -> int64_t { return ((int64_t)blockIdx.x + (int64_t)G * (i / F8_RT)) * F8_RT + i % F8_RT; };
+    auto issue = [&](int i) { /* one commit group, empty past the end: every lane commits alike */
+        if (i < nst) {
+            const int64_t r = row_of(i);
+            if (r < D)
+#pragma unroll
+                for (int q = 0; q < SPR; q++)
+                    if ((int64_t)q * 32 + lane < upr) cp16(ring + ((i % F8_NS) * SPR + q) * 32, base + (size_t)r * rb + (size_t)q * 512);
+        }
+        cp_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < F8_NS; i++) issue(i);
+    pdl_wait();
+    const float *x = Jp->x;
+    float *y = Jp->y;
+    float xg[SPR][E];
+    dn_gate<E, SPR>(x, ga, upr, lane, xg);
+    __shared__ float part[FUSED_MAX_K][F8_RT];
+    const uint32_t vps = V == V_FP8 ? (uint32_t)w.blk_c / 16 : 1;
+    float sc[SPR];
+#pragma unroll
+    for (int q = 0; q < SPR; q++) sc[q] = 1.0f;
+    int64_t cbr = -1; /* the block row sc holds */
+    for (int i = 0; i < nst; i++) {
+        const int s = i % F8_RT;
+        const int64_t r = row_of(i), r0 = r - s;
+        const int nr = D - r0 < F8_RT ? (int)(D - r0) : F8_RT; /* block-uniform */
+        cp_wait<F8_NS - 1>();                                  /* slot i's group has landed */
+        if (s < nr) {
+            if (V == V_FP8 && r / w.blk_r != cbr) {
+                cbr = r / w.blk_r;
+#pragma unroll
+                for (int q = 0; q < SPR; q++) {
+                    const int64_t v = (int64_t)q * 32 + lane;
+                    if (v < upr) sc[q] = scale_at(w, cbr * w.scale_cols + (int64_t)((uint32_t)v / vps));
+                }
+            }
+            float acc = 0.0f;
+#pragma unroll
+            for (int q = 0; q < SPR; q++) {
+                if ((int64_t)q * 32 + lane < upr) {
+                    const uint4 u = ring[((i % F8_NS) * SPR + q) * 32];
+#pragma unroll
+                    for (int h = 0; h < E / C; h++) {
+                        float wv[C];
+                        decode<V>(u, h, sc[q], wv);
+#pragma unroll
+                        for (int k = 0; k < C; k++) acc = fmaf(wv[k], xg[q][h * C + k], acc);
+                    }
+                }
+            }
+            const float sum = warp_sum(acc);
+            if (!lane) part[warp][s] = sum, y[r] = sum;
+        }
+        __syncwarp(); /* this lane's reads of slot i before the copy that refills it */
+        issue(i + F8_NS);
+        if (s == F8_RT - 1) { /* the group's rows are in part: combine them (block-uniform) */
+            __syncthreads();
+            if ((int)threadIdx.x < nr) {
+                float o = 0.0f;
+                for (int j = 0; j < K; j++) o += wr[j] * part[j][threadIdx.x];
+                out[r0 + threadIdx.x] = o;
+            }
+            __syncthreads();
+        }
+    }
+    cp_wait<0>();
+}
+/* blocks an SM of k_moe_down_f8<V_FP8, SPR> for K warps and its ring (the occupancy API, asked once per K; 1 if it fails) */
+template <int SPR> static int f8_occ(int K, size_t smem) {
+    static int occ[FUSED_MAX_K + 1];
+    if (!occ[K]) {
+        int v = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_moe_down_f8<V_FP8, SPR>, 32 * K, smem) != cudaSuccess || v <= 0) cudaGetLastError(), v = 1;
+        occ[K] = v;
+    }
+    return occ[K];
+}
+static int64_t g_moe_down_f8, g_gu_f8;
+extern "C" int64_t df_cuda_moe_down_f8_launches(void) { return g_moe_down_f8; }
+extern "C" int64_t df_cuda_moe_gu_f8_launches(void) { return g_gu_f8; }
 static int64_t g_route_fast, g_moe_down_sh, g_moe_down_cp, g_moe_rt;
 extern "C" int64_t df_cuda_moe_rt_launches(void) { return g_moe_rt; }
 extern "C" int64_t df_cuda_moe_down_sh_launches(void) { return g_moe_down_sh; }
@@ -1644,7 +1818,14 @@ int g_moe_fused(const df_moe_fused_args *a) {
     }
     {
         ProfScope ps("moe_fused.gate_up");
-        ugu == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->gu, vec_gu, bgu) : ugu == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->gu, vec_gu, bgu) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->gu, vec_gu, bgu);
+        if ((lean_mask() & 262144) && vec_gu == V_FP8 && ugu <= 2) { /* round 12: FP8 gate/up at 2 blocks an SM, no spills */
+            const dim3 grid(bgu, 1), th(MM_WARPS * 32);
+            ugu == 2 ? launch_k(k_mm_dev2<V_FP8, 1, MM_WARPS, MM_MAXJ, 2>, dim3(grid), dim3(th), 0, (const MmBatchT<MM_MAXJ> *)&p.fd->gu)
+                     : launch_k(k_mm_dev2<V_FP8, 1, MM_WARPS, MM_MAXJ, 1>, dim3(grid), dim3(th), 0, (const MmBatchT<MM_MAXJ> *)&p.fd->gu);
+            post("moe_fused");
+            g_mm_launches++, g_gu_f8++;
+        } else
+            ugu == 4 ? mm_launch_dev<MM_MAXJ, 4>(&p.fd->gu, vec_gu, bgu) : ugu == 2 ? mm_launch_dev<MM_MAXJ, 2>(&p.fd->gu, vec_gu, bgu) : mm_launch_dev<MM_MAXJ, 1>(&p.fd->gu, vec_gu, bgu);
         g_moe_launches++;
     }
     if ((lean_mask() & 8) && p.wk_dn == 1) { /* round 6: gate, down products and combine in one launch */
@@ -1668,9 +1849,28 @@ int g_moe_fused(const df_moe_fused_args *a) {
 #undef DN_CP_K
             if (smem_optin(kcp, cpb)) kcp = NULL;
         }
+        /* bit 65536 (round 12): FP8 rows (I / 16 / 32 at most 4 warp steps: I = 2048 is 4) through k_moe_down_f8 */
+        const void *kf8 = NULL;
+        const size_t f8b = (size_t)K * F8_NS * (size_t)spr * 512;
+        if ((lean_mask() & 65536) && vec_dn == V_FP8 && K <= F8_MAX_K && spr >= 1 && spr <= 4) {
+            kf8 = spr == 1 ? (const void *)k_moe_down_f8<V_FP8, 1> : spr == 2 ? (const void *)k_moe_down_f8<V_FP8, 2> : spr == 3 ? (const void *)k_moe_down_f8<V_FP8, 3> : (const void *)k_moe_down_f8<V_FP8, 4>;
+            if (smem_optin(kf8, f8b)) kf8 = NULL;
+        }
         /* bit 128: the gate once per block into shared memory (K x I floats within the default 48 KiB), 2 row groups per block */
         const size_t shb = (size_t)K * I * sizeof(float);
-        if (kcp) {
+        if (kf8) {
+            const int ngr = (D + F8_RT - 1) / F8_RT;
+            const int occ = spr == 1 ? f8_occ<1>(K, f8b) : spr == 2 ? f8_occ<2>(K, f8b) : spr == 3 ? f8_occ<3>(K, f8b) : f8_occ<4>(K, f8b);
+            const uint64_t cap = (uint64_t)sms() * (uint64_t)occ;
+            const unsigned G = (uint64_t)ngr < cap ? (unsigned)ngr : (unsigned)cap;
+            switch (spr) {
+#define DN_F8(S) case S: launch_k(k_moe_down_f8<V_FP8, S>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out); break
+                DN_F8(1); DN_F8(2); DN_F8(3); DN_F8(4);
+#undef DN_F8
+            default: break; /* unreachable: kf8 is set for these only */
+            }
+            g_moe_down_f8++;
+        } else if (kcp) {
             const unsigned nbr = (unsigned)((D + DN_RT - 1) / DN_RT);
             switch (vec_dn * 8 + spr) {
 #define DN_CP(VV, S) case VV * 8 + S: launch_k(k_moe_down_cp<VV, S, DN_RT>, dim3(nbr), dim3(32 * K), cpb, &p.fd->dn, K, ga, wr, out); break
