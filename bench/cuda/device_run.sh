@@ -87,6 +87,10 @@ fi
 if has conf; then
     step "conformance (test_backend_ops --backend cuda --ref cpu-scalar)" 240 conformance.log "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
     grep -E "FAIL|failures" "$OUT/conformance.log" | tail -15
+    for E in ${CONF_ENV:-}; do # conformance again under each VAR=VALUE of CONF_ENV (e.g. "DELTAFIN_CUDA_MLA_DEC_N=64")
+        env "$E" "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar >"$OUT/conformance_env_${E%%=*}.log" 2>&1
+        echo "== conformance, $E: exit $?"; grep -E "FAIL|failures" "$OUT/conformance_env_${E%%=*}.log" | tail -15
+    done
     for L in ${CONF_MASKS:-}; do # round 9: conformance again under each DELTAFIN_CUDA_LEAN mask of CONF_MASKS (e.g. "3950")
         DELTAFIN_CUDA_LEAN=$L step "conformance, DELTAFIN_CUDA_LEAN=$L" 240 "conformance_lean$L.log" "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar
         grep -E "FAIL|failures" "$OUT/conformance_lean$L.log" | tail -15
@@ -100,6 +104,10 @@ fi
 if has e2e; then
     step "model parity (cuda_e2e.py, every tiny model)" 300 parity.log python3 "$S/cuda_e2e.py" "$BIN"
     cut -c1-200 "$OUT/parity.log" | tail -25
+    for E in ${E2E_ENV:-}; do # model parity again under each VAR=VALUE of E2E_ENV
+        env "$E" python3 "$S/cuda_e2e.py" "$BIN" >"$OUT/parity_env_${E%%=*}.log" 2>&1
+        echo "== model parity, $E: exit $?"; cut -c1-200 "$OUT/parity_env_${E%%=*}.log" | tail -4
+    done
     for L in ${E2E_MASKS:-}; do # round 9: model parity again under each DELTAFIN_CUDA_LEAN mask of E2E_MASKS (e.g. "3950")
         DELTAFIN_CUDA_LEAN=$L step "model parity, DELTAFIN_CUDA_LEAN=$L" 300 "parity_lean$L.log" python3 "$S/cuda_e2e.py" "$BIN"
         cut -c1-200 "$OUT/parity_lean$L.log" | tail -25
@@ -204,6 +212,15 @@ PY
             done
         fi
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    elif [ "${MOE_SET:-all}" = s10 ]; then # 2026-12-02 evening: the rmsnorm rows in registers (DELTAFIN_CUDA_RN_REG=0: the loops) under the
+        # default mask, alternated three times, ids compared (the same bits: all must be the same), the mean of each
+        for r in 1 2 3; do for R in 0 1; do DELTAFIN_CUDA_RN_REG=$R moe "resident-rn$R-r$r" --gpu-memory 100G; done; done
+        for r in 1 2 3; do for R in 0 1; do
+            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-rn$R-r$r.log" | head -1) && echo "ids rn$R-r$r: same as resident" || echo "ids rn$R-r$r: DIFFER from resident"
+        done; done
+        for R in 0 1; do
+            grep -h "^\[stats\] prefill" "$OUT"/moe_resident-rn$R-r[123].log | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | awk -v R="$R" '{s += $1; n++} END {if (n) printf "RN_REG=%s: mean %.1f tok/s over %d runs\n", R, s / n, n}'
+        done
     elif [ "${MOE_SET:-all}" = r11 ]; then # round 11: the masks of R11_AB (default "15214 31598 64366": the default; + bit 16384,
         # the one-token spine products in one balanced wave, k_mm_bal; + bit 32768, its first round of loads before the wait)
         # alternated three times (128 tokens), ncu of R11_NCU
@@ -504,8 +521,6 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
     else
     for r in 1 2 3; do ds "resident-r$r" --gpu-memory 100G; done
     [ "${DSV3_MLA0:-0}" = 1 ] && DELTAFIN_CUDA_MLA_DEC=0 ds resident-mla0 --gpu-memory 100G # the MLA decode of round 1 (k_attn_mla)
-    # where the 512-token prefill goes: each op waits for its kernels (DELTAFIN_CUDA_PROF=2), the whole run (no PROF_DECODE), one token
-    [ "${DSV3_PREFILL_PROF:-0}" = 1 ] && DELTAFIN_CUDA_PROF=2 MAX_NEW=1 ds prefill-prof2 --gpu-memory 100G
     ds resident-sampled --gpu-memory 100G --temperature 1 --seed 1
     DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 ds resident-prof1 --gpu-memory 100G
     for n in resident-r2 resident-r3 resident-prof1; do
@@ -518,6 +533,14 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
             MOE_LAYERS=$((${DSV3_LAYERS:-4} - 1)) python3 "$S/ncu_sum.py" "$OUT/ncu_dsv3.csv"
     fi
     echo "dsv3 decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/dsv3_*.log | sed 's/.*dsv3_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
+    fi
+    if [ "${DSV3_PREFILL_PROF:-0}" = 1 ]; then # where the 512-token prefill goes: each op waits for its kernels (DELTAFIN_CUDA_PROF=2),
+        # the whole run (no PROF_DECODE), one token; then the MLA decode launches for the prefill too (DELTAFIN_CUDA_MLA_DEC_N=512)
+        DELTAFIN_CUDA_PROF=2 MAX_NEW=1 ds prefill-prof2 --gpu-memory 100G
+        DELTAFIN_CUDA_MLA_DEC_N=512 DELTAFIN_CUDA_PROF=2 MAX_NEW=1 ds prefill-prof2-mladec512 --gpu-memory 100G
+        for k in 1 2; do for N in 4 512; do DELTAFIN_CUDA_MLA_DEC_N=$N MAX_NEW=16 ds "prefill-mladec$N-r$k" --gpu-memory 100G; done; done
+        cmp -s <(grep -v '^\[' "$OUT/dsv3_prefill-mladec4-r1.log" | head -1) <(grep -v '^\[' "$OUT/dsv3_prefill-mladec512-r1.log" | head -1) && echo "ids dsv3 prefill mladec 512: same as 4" || echo "ids dsv3 prefill mladec 512: differ from 4 (other sums in the prefill's attention)"
+        grep -H "^\[stats\] prefill" "$OUT"/dsv3_prefill-mladec*.log | sed 's/.*dsv3_\(.*\)\.log:.*prefill 512 tokens in \([0-9.]*\) s (\([0-9.]*\) tok.*/\1: prefill \2 s, \3 tok\/s/'
     fi
 fi
 if has bench; then
