@@ -774,7 +774,9 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * 16384 | 32768 (+2.0% on the H200, the same ids), DELTAFIN_CUDA_LEAN=15214 restores round 10. Round 12 (the mask now
  * keeps 31 bits; opt-in, written without a device): FP8 E4M3 with block scales (DeepSeek-V3), 65536 the FP8 experts'
  * down launch k_moe_down_f8, 131072 the one-token FP8 products through k_mm_bal, 262144 the FP8 experts' gate/up launch
- * at 2 blocks an SM (k_mm_dev2); all three keep the default's bits. Every bit but 512, 1024 and 4096 gives the same bits of
+ * at 2 blocks an SM (k_mm_dev2); all three keep the default's bits. Measured on the H200 (DeepSeek-V3-shape FP8 model,
+ * docs/PERFORMANCE.md round 12): 65536 +41.6%, 65536 | 262144 +43.0%, with 131072 too only +21.8% (its 8-warp rows are
+ * slower); default 392046 = 64366 | 65536 | 262144, DELTAFIN_CUDA_LEAN=64366 restores round 11. Every bit but 512, 1024 and 4096 gives the same bits of
  * every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
@@ -782,7 +784,7 @@ int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768;
+        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144;
     }
     return g_lean;
 }
