@@ -71,6 +71,15 @@ step() { # name timeout log cmd...
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
 
+# one end-to-end run (PREFIX MODEL IDS NAME OPTIONS...): `deltafin run --stats` into PREFIX_NAME.log, its stats lines, and
+# the shares of the floors of this call (e2e_pct.py)
+erun() {
+    local pre=$1 model=$2 ids=$3 name=$4
+    shift 4
+    step "$pre $name: $*" 300 "${pre}_$name.log" "$BIN" run --backend cuda --model "$model" --ids "$ids" --max-new "${MAX_NEW:-128}" --ignore-eos --print-ids --stats "$@"
+    grep -E "^\[stats\] (prefill|vram|host|decode|time split)|^\[cuda prof\]|out of VRAM|stay in host|rror" "$OUT/${pre}_$name.log" | head -40
+    python3 "$S/e2e_pct.py" "$OUT/${pre}_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
+}
 if has isa; then # the device CPU's ISA, and the CPU backend's AVX-512 kernels against the scalar reference (round 7: the integrator's ask)
     { echo "== isa: $(grep -o -w 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"; nproc; lscpu | grep -i 'model name'; } | tee "$OUT/isa.log"
     if grep -q -w avx512f /proc/cpuinfo; then
@@ -140,13 +149,7 @@ if has moe; then
     step "pinned H2D floor (h2d_bw)" 60 h2d.log "$S/bin/h2d_bw" 2048
     cat "$OUT/floor.log" "$OUT/h2d.log"
     IDS=$(python3 -c 'print(",".join(str(3 + i * 37 % 8000) for i in range(512)))')
-    moe() { # name, then options
-        local name=$1
-        shift
-        step "moe $name: $*" 300 "moe_$name.log" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${MAX_NEW:-128}" --ignore-eos --print-ids --stats "$@"
-        grep -E "^\[stats\] (prefill|vram|host|decode|time split)|^\[cuda prof\]|out of VRAM|stay in host" "$OUT/moe_$name.log" | head -40
-        python3 "$S/e2e_pct.py" "$OUT/moe_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
-    }
+    moe() { erun moe "$M" "$IDS" "$@"; } # name, then options
     moe resident --gpu-memory 100G
     if [ "${MOE_SET:-all}" = fused ]; then # the device-routed MoE (DELTAFIN_CUDA_FUSED_MOE=0: off, the host-routed path) on and off, alternated
         for r in 1 2; do
@@ -487,13 +490,7 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
     [ -f "$OUT/h2d.log" ] || step "pinned H2D floor (h2d_bw)" 60 h2d.log "$S/bin/h2d_bw" 2048
     grep -h "floor" "$OUT/floor.log" | head -3
     DIDS=$(python3 -c 'import os; v=int(os.environ.get("DSV3_VOCAB","8192")); print(",".join(str(3 + i * 37 % (v - 100)) for i in range(512)))')
-    ds() { # name, then options
-        local name=$1
-        shift
-        step "dsv3 $name: $*" 300 "dsv3_$name.log" "$BIN" run --backend cuda --model "$D" --ids "$DIDS" --max-new "${MAX_NEW:-128}" --ignore-eos --print-ids --stats "$@"
-        grep -E "^\[stats\] (prefill|vram|decode|time split)|^\[cuda prof\]|out of VRAM|rror" "$OUT/dsv3_$name.log" | head -30
-        python3 "$S/e2e_pct.py" "$OUT/dsv3_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
-    }
+    ds() { erun dsv3 "$D" "$DIDS" "$@"; } # name, then options
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     if [ -n "${DSV3_AB:-}" ]; then # round 12 (the FP8 one-token products): the masks of DSV3_AB (e.g. "64366 129902 195438 392046 523118":
         # the default; + bit 65536, the FP8 MoE down launch k_moe_down_f8; + bit 131072, the dense FP8 products in k_mm_bal; + 65536
