@@ -123,6 +123,10 @@ sys.stdout.write("<|im_start|>system\nYou are a helpful AI assistant named SmolL
 PY
 "$BIN" tokenize --tokenizer "$MODEL" <"$TMP/edit.txt" | tr -d '[] \n' >"$TMP/edit.ids"
 echo "== $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $BIN; model $MODEL; edit: $(wc -l <"$NEWSRC") lines, $(awk -F, '{print NF}' "$TMP/edit.ids") prompt tokens; edit-old: $(wc -l <"$SRC") lines; REPS=$REPS MAX_NEW=$MAX_NEW THREADS=$THREADS SPEC_MAX=$SPEC_MAX"
+# the floors of this run (memory read with 1 and THREADS threads, peak f32 FMA), before the rows and after them
+floors() { echo "-- floors ($1): $("$BIN" bench floors --threads "$THREADS" 2>/dev/null | tail -1)"; }
+floors before
+trap 'floors after; rm -rf "$TMP"' EXIT
 
 one() { # prompt-name arm rep
     local p=$1 arm=$2 r=$3
