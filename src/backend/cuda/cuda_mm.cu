@@ -319,6 +319,15 @@ __global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS
 template <int V, int NT, int WP, int MJ, int U>
 __global__ void __launch_bounds__(WP * 32, 2) k_mm_dev2(const MmBatchT<MJ> *__restrict__ b) { pdl_wait(), pdl_go(); mm_body<V, NT, WP, MJ, U>(*b); }
 
+/* the device-routed MoE's combine: out[t] = sum over k in order of w[k] x part[k][t], for the block's first nr threads
+ * (the one expression every down launch uses: the same bits in each) */
+template <int N> static __device__ __forceinline__ void moe_comb(const float (*part)[N], const float *w, int K, int nr, float *out) {
+    if ((int)threadIdx.x < nr) {
+        float o = 0.0f;
+        for (int j = 0; j < K; j++) o += w[j] * part[j][threadIdx.x];
+        out[threadIdx.x] = o;
+    }
+}
 /* Round 6 (DELTAFIN_CUDA_LEAN bit 8): the device-routed MoE's gate, down products and combine in ONE launch.
  * A block per group of MM_R output rows, a warp per chosen expert k (the k-th job of the down table: its rows
  * read in 32-lane strides as a launch of wk = 1 reads them, so the same bits), the gate applied to the input
@@ -360,11 +369,7 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down(const MmBatchT<MM
         }
     }
     __syncthreads();
-    if ((int)threadIdx.x < nr) {
-        float o = 0.0f;
-        for (int j = 0; j < K; j++) o += wr[j] * part[j][threadIdx.x];
-        out[r0 + threadIdx.x] = o;
-    }
+    moe_comb(part, wr, K, nr, out + r0);
 }
 
 /* Round 7 (DELTAFIN_CUDA_LEAN bit 128): k_moe_down with the gate computed once per block instead of once per row
@@ -412,11 +417,7 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_sh(const MmBatchT
             }
         }
         __syncthreads();
-        if ((int)threadIdx.x < nr) {
-            float o = 0.0f;
-            for (int j = 0; j < K; j++) o += wr[j] * part[j][threadIdx.x];
-            out[r0 + threadIdx.x] = o;
-        }
+        moe_comb(part, wr, K, nr, out + r0);
         __syncthreads();
     }
 }
@@ -623,11 +624,7 @@ __device__ __forceinline__ void dn_rows(const uint4 *ring, const float (&xg)[SPR
     }
     cp_wait<0>();
     __syncthreads();
-    if ((int)threadIdx.x < nr) {
-        float o = 0.0f;
-        for (int j = 0; j < K; j++) o += w[j] * part[j][threadIdx.x];
-        out[r0 + threadIdx.x] = o;
-    }
+    moe_comb(part, w, K, nr, out + r0);
 }
 
 /* DELTAFIN_CUDA_LEAN bit 2048 (round 9): the device-routed MoE's gate + down + combine launch (k_moe_down's
@@ -1659,11 +1656,7 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
         issue(i + F8_NS);
         if (s == F8_RT - 1) { /* the group's rows are in part: combine them (block-uniform) */
             __syncthreads();
-            if ((int)threadIdx.x < nr) {
-                float o = 0.0f;
-                for (int j = 0; j < K; j++) o += wr[j] * part[j][threadIdx.x];
-                out[r0 + threadIdx.x] = o;
-            }
+            moe_comb(part, wr, K, nr, out + r0);
             __syncthreads();
         }
     }

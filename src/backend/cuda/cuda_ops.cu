@@ -1124,7 +1124,7 @@ template <int V, int NG> static void mla_av(const df_attn_mla_args &c, const DW 
     }
     launch_k(k_mla_absorb_v<V, NG>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), shb, c, kvb, qf);
 }
-/* the three launches of one chunk of positions; 0 when the shapes do not fit them (k_attn_mla then) */
+/* the three launches for one batch of positions (mla_dec checks the shapes and splits the batches) */
 static int mla_dec1(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const DW &vb, int split_k, int split_v) {
     const int cd = c.kv_lora + c.rope;
     const size_t T = (size_t)c.pos0 + c.n;
