@@ -452,6 +452,26 @@ static void fused_rows_checks(void) {
  * wave, so warps loop), F32 45 x 1000 (a partial last warp step, a partial last task), F32 64 x 3072 (two rounds a
  * task), an unregistered F16 33 x 520 (uploaded for the call: no loads before the wait), BF16 37 x 600, and two it
  * must not take: BF16 16 x 16384 (wk 8) and five BF16 jobs in one launch (more than MM_SMALLJ). */
+/* a random F32, F16 or BF16 weight of rows x cols in w (its data returned: the caller frees it); 16-bit values
+ * finite, magnitudes about 2^-5 .. 2^3 */
+static uint8_t *float_weight(df_weight *w, int fmt, int rows, int cols) {
+    const int es = fmt == DF_W_F32 ? 4 : 2;
+    const size_t rb = (size_t)cols * es, n = (size_t)rows * cols;
+    uint8_t *d = malloc((size_t)rows * rb);
+    for (size_t i = 0; i < n; i++) {
+        if (fmt == DF_W_F32) {
+            const float f = frnd();
+            memcpy(d + 4 * i, &f, 4);
+        } else {
+            const uint32_t r = rnd(), sign = r & 1, m = (r >> 1) & (fmt == DF_W_BF16 ? 127 : 1023), ex = (r >> 12) % 8;
+            const uint16_t h = fmt == DF_W_BF16 ? (uint16_t)((sign << 15) | ((122 + ex) << 7) | m) : (uint16_t)((sign << 15) | ((10 + ex) << 10) | m);
+            memcpy(d + 2 * i, &h, 2);
+        }
+    }
+    memset(w, 0, sizeof *w);
+    w->fmt = fmt, w->rows = rows, w->cols = cols, w->data = d, w->row_bytes = rb;
+    return d;
+}
 static void mm_bal_checks(void) {
     const df_backend_ops *B = &df_backend_cuda;
     enum { NJ = 16, NG = 10, XC = 16384 };
@@ -470,21 +490,7 @@ static void mm_bal_checks(void) {
     df_act *x = B->alloc(XC), *y[NJ];
     for (int c = 0; c < XC; c++) xv[c] = frnd(), xq[c] = xv[c] / 4.0f;
     for (int k = 0; k < NJ; k++) {
-        const int es = S[k].fmt == DF_W_F32 ? 4 : 2;
-        const size_t rb = (size_t)S[k].cols * es, n = (size_t)S[k].rows * S[k].cols;
-        data[k] = malloc((size_t)S[k].rows * rb);
-        for (size_t i = 0; i < n; i++) {
-            if (S[k].fmt == DF_W_F32) {
-                const float f = frnd();
-                memcpy(data[k] + 4 * i, &f, 4);
-            } else {
-                const uint32_t r = rnd(), sign = r & 1, m = (r >> 1) & (S[k].fmt == DF_W_BF16 ? 127 : 1023), ex = (r >> 12) % 8;
-                const uint16_t h = S[k].fmt == DF_W_BF16 ? (uint16_t)((sign << 15) | ((122 + ex) << 7) | m) : (uint16_t)((sign << 15) | ((10 + ex) << 10) | m);
-                memcpy(data[k] + 2 * i, &h, 2);
-            }
-        }
-        memset(&w[k], 0, sizeof w[k]);
-        w[k].fmt = S[k].fmt, w[k].rows = S[k].rows, w[k].cols = S[k].cols, w[k].data = data[k], w[k].row_bytes = rb;
+        data[k] = float_weight(&w[k], S[k].fmt, S[k].rows, S[k].cols);
         if (S[k].reg) CHECK(B->weight_register(&w[k]) == 0 && w[k].handle, "bal weight %d registered", k);
         y[k] = B->alloc((size_t)S[k].rows);
         jobs[k].w = &w[k], jobs[k].x = x, jobs[k].y = y[k];
@@ -742,22 +748,7 @@ static void mm_cp_checks(void) {
     for (int c = 0; c < XC; c++) xv[c] = frnd();
     B->write(x, xv, XC);
     for (int k = 0; k < NJ; k++) {
-        const int es = S[k].fmt == DF_W_F32 ? 4 : 2;
-        const size_t rb = (size_t)S[k].cols * es, n = (size_t)S[k].rows * S[k].cols;
-        data[k] = malloc((size_t)S[k].rows * rb);
-        for (size_t i = 0; i < n; i++) {
-            if (S[k].fmt == DF_W_F32) {
-                const float f = frnd();
-                memcpy(data[k] + 4 * i, &f, 4);
-            } else {
-                /* a finite value of either 16-bit format, magnitudes about 2^-5 .. 2^3 */
-                const uint32_t r = rnd(), sign = r & 1, m = (r >> 1) & (S[k].fmt == DF_W_BF16 ? 127 : 1023), ex = (r >> 12) % 8;
-                const uint16_t h = S[k].fmt == DF_W_BF16 ? (uint16_t)((sign << 15) | ((122 + ex) << 7) | m) : (uint16_t)((sign << 15) | ((10 + ex) << 10) | m);
-                memcpy(data[k] + 2 * i, &h, 2);
-            }
-        }
-        memset(&w[k], 0, sizeof w[k]);
-        w[k].fmt = S[k].fmt, w[k].rows = S[k].rows, w[k].cols = S[k].cols, w[k].data = data[k], w[k].row_bytes = rb;
+        data[k] = float_weight(&w[k], S[k].fmt, S[k].rows, S[k].cols);
         if (S[k].reg) CHECK(B->weight_register(&w[k]) == 0 && w[k].handle, "cp weight %d registered", k);
         y[k] = B->alloc((size_t)S[k].rows);
         jobs[k].w = &w[k], jobs[k].x = x, jobs[k].y = y[k];
