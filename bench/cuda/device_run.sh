@@ -80,6 +80,19 @@ erun() {
     grep -E "^\[stats\] (prefill|vram|host|decode|time split)|^\[cuda prof\]|out of VRAM|stay in host|rror" "$OUT/${pre}_$name.log" | head -40
     python3 "$S/e2e_pct.py" "$OUT/${pre}_$name.log" "$OUT/floor.log" "$OUT/h2d.log"
 }
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+# ncu of one decode run into CSV (CSV MODEL IDS MAX_NEW SKIP; DELTAFIN_* set by the caller), 1 when ncu is absent
+ncu_dec() {
+    [ -n "$NCU" ] || return 1
+    timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
+        --launch-skip "$5" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$2" --ids "$3" --max-new "$4" \
+        --ignore-eos --gpu-memory 100G >"$1" 2>&1
+}
+# the mean decode tok/s of the alternated runs OUT/PREFIX-r1..3.log, printed as "LABEL: mean ..." (PREFIX LABEL)
+mask_mean() {
+    grep -h "^\[stats\] prefill" "$OUT"/$1-r[123].log | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' |
+        awk -v L="$2" '{s += $1; n++} END {if (n) printf "%s: mean %.1f tok/s over %d runs\n", L, s / n, n}'
+}
 if has isa; then # the device CPU's ISA, and the CPU backend's AVX-512 kernels against the scalar reference (round 7: the integrator's ask)
     { echo "== isa: $(grep -o -w 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"; nproc; lscpu | grep -i 'model name'; } | tee "$OUT/isa.log"
     if grep -q -w avx512f /proc/cpuinfo; then
@@ -243,17 +256,15 @@ PY
         if [ "${R11_LONG:-0}" = 1 ]; then for k in 512 sampled; do for L in $R11_AB; do
             cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: DIFFER from lean$1"
         done; done; fi
-        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         R11_NCU=${R11_NCU:-15214 64366}
         [ "$R11_NCU" = none ] && R11_NCU=
         for L in $R11_NCU; do
-            [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
-                --launch-skip "${NCU_SKIP:-30000}" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-384}" --ignore-eos \
-                --gpu-memory 100G >"$OUT/ncu_$L.csv" 2>&1 && echo "ncu of DELTAFIN_CUDA_LEAN=$L:" && python3 "$S/ncu_sum.py" "$OUT/ncu_$L.csv"
+            DELTAFIN_CUDA_LEAN=$L ncu_dec "$OUT/ncu_$L.csv" "$M" "$IDS" "${NCU_NEW:-384}" "${NCU_SKIP:-30000}" && echo "ncu of DELTAFIN_CUDA_LEAN=$L:" &&
+                python3 "$S/ncu_sum.py" "$OUT/ncu_$L.csv"
         done
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
         for L in $R11_AB; do # the mean of the alternated runs per mask
-            grep -h "^\[stats\] prefill" "$OUT"/moe_resident-lean$L-r[123].log | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | awk -v L="$L" '{s += $1; n++} END {if (n) printf "mask %s: mean %.1f tok/s over %d runs\n", L, s / n, n}'
+            mask_mean "moe_resident-lean$L" "mask $L"
         done
     elif [ "${MOE_SET:-all}" = r10 ]; then # round 10: the masks of R10_AB (default "2926 7022 11118 15214": the default; + bit
         # 4096, the one-token GQA decode attention in one launch over (chunk, KV head) blocks; + bit 8192, the MoE route inside
@@ -280,17 +291,15 @@ PY
         if [ "${R10_LONG:-0}" = 1 ]; then for k in 512 sampled; do for L in $R10_AB; do
             cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: differ from lean$1"
         done; done; fi
-        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         R10_NCU=${R10_NCU:-2926 15214}
         [ "$R10_NCU" = none ] && R10_NCU=
         for L in $R10_NCU; do
-            [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
-                --launch-skip "${NCU_SKIP:-30000}" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-384}" --ignore-eos \
-                --gpu-memory 100G >"$OUT/ncu_$L.csv" 2>&1 && echo "ncu of DELTAFIN_CUDA_LEAN=$L:" && python3 "$S/ncu_sum.py" "$OUT/ncu_$L.csv"
+            DELTAFIN_CUDA_LEAN=$L ncu_dec "$OUT/ncu_$L.csv" "$M" "$IDS" "${NCU_NEW:-384}" "${NCU_SKIP:-30000}" && echo "ncu of DELTAFIN_CUDA_LEAN=$L:" &&
+                python3 "$S/ncu_sum.py" "$OUT/ncu_$L.csv"
         done
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
         for L in $R10_AB; do # the mean of the alternated runs per mask
-            grep -h "^\[stats\] prefill" "$OUT"/moe_resident-lean$L-r[123].log | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | awk -v L="$L" '{s += $1; n++} END {if (n) printf "mask %s: mean %.1f tok/s over %d runs\n", L, s / n, n}'
+            mask_mean "moe_resident-lean$L" "mask $L"
         done
     elif [ "${MOE_SET:-all}" = r9 ]; then # round 9: the masks of R9_AB (default "878 1902 2926 3950": the default; + bit 1024,
         # the one-token spine products through the cp.async pipeline; + bit 2048, the MoE down launch through cp.async; both)
@@ -313,17 +322,15 @@ PY
         if [ "${R9_LONG:-0}" = 1 ]; then for k in 512 sampled; do for L in $R9_AB; do
             cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: differ from lean$1"
         done; done; fi
-        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         R9_NCU=${R9_NCU:-$R9_AB}
         [ "$R9_NCU" = none ] && R9_NCU=
         for L in $R9_NCU; do
-            [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
-                --launch-skip "${NCU_SKIP:-30000}" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new "${NCU_NEW:-384}" --ignore-eos \
-                --gpu-memory 100G >"$OUT/ncu_$L.csv" 2>&1 && echo "ncu of DELTAFIN_CUDA_LEAN=$L:" && python3 "$S/ncu_sum.py" "$OUT/ncu_$L.csv"
+            DELTAFIN_CUDA_LEAN=$L ncu_dec "$OUT/ncu_$L.csv" "$M" "$IDS" "${NCU_NEW:-384}" "${NCU_SKIP:-30000}" && echo "ncu of DELTAFIN_CUDA_LEAN=$L:" &&
+                python3 "$S/ncu_sum.py" "$OUT/ncu_$L.csv"
         done
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
         for L in $R9_AB; do # the mean of the alternated runs per mask
-            grep -h "^\[stats\] prefill" "$OUT"/moe_resident-lean$L-r[123].log | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | awk -v L="$L" '{s += $1; n++} END {if (n) printf "mask %s: mean %.1f tok/s over %d runs\n", L, s / n, n}'
+            mask_mean "moe_resident-lean$L" "mask $L"
         done
     elif [ "${MOE_SET:-all}" = r8 ]; then # round 8: the masks of R8_AB (default "110 366 878": round 7; + bit 256, the fused add +
         # norm and q/k norm + rope + cache rows; + bit 512, the default: one-token spine products' rows over more warps) alternated
@@ -491,7 +498,6 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
     grep -h "floor" "$OUT/floor.log" | head -3
     DIDS=$(python3 -c 'import os; v=int(os.environ.get("DSV3_VOCAB","8192")); print(",".join(str(3 + i * 37 % (v - 100)) for i in range(512)))')
     ds() { erun dsv3 "$D" "$DIDS" "$@"; } # name, then options
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     if [ -n "${DSV3_AB:-}" ]; then # round 12 (the FP8 one-token products): the masks of DSV3_AB (e.g. "64366 129902 195438 392046 523118":
         # the default; + bit 65536, the FP8 MoE down launch k_moe_down_f8; + bit 131072, the dense FP8 products in k_mm_bal; + 65536
         # + 262144, the FP8 gate/up launch at 2 blocks an SM; all three)
@@ -504,14 +510,13 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
             cmp -s <(grep -v '^\[' "$OUT/dsv3_lean$1-r1.log" | head -1) <(grep -v '^\[' "$OUT/dsv3_lean$L-r$r.log" | head -1) && echo "ids dsv3 lean$L-r$r: same as lean$1-r1" || echo "ids dsv3 lean$L-r$r: DIFFER from lean$1-r1"
         done; done
         for L in $DSV3_AB; do
-            grep -h "^\[stats\] prefill" "$OUT"/dsv3_lean$L-r[123].log | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | awk -v L="$L" '{s += $1; n++} END {if (n) printf "dsv3 mask %s: mean %.1f tok/s over %d runs\n", L, s / n, n}'
+            mask_mean "dsv3_lean$L" "dsv3 mask $L"
         done
         DSV3_NCU=${DSV3_NCU:-$1 ${@: -1}}
         [ "$DSV3_NCU" = none ] && DSV3_NCU=
         for L in $DSV3_NCU; do
-            [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
-                --launch-skip "${DSV3_NCU_SKIP:-3000}" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$D" --ids "${DIDS%%,1[0-9][0-9][0-9]*}" \
-                --max-new "${DSV3_NCU_NEW:-300}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_dsv3_lean$L.csv" 2>&1 && echo "ncu of the dsv3 decode, DELTAFIN_CUDA_LEAN=$L:" &&
+            DELTAFIN_CUDA_LEAN=$L ncu_dec "$OUT/ncu_dsv3_lean$L.csv" "$D" "${DIDS%%,1[0-9][0-9][0-9]*}" "${DSV3_NCU_NEW:-300}" "${DSV3_NCU_SKIP:-3000}" &&
+                echo "ncu of the dsv3 decode, DELTAFIN_CUDA_LEAN=$L:" &&
                 MOE_LAYERS=$((${DSV3_LAYERS:-4} - 1)) python3 "$S/ncu_sum.py" "$OUT/ncu_dsv3_lean$L.csv"
         done
         echo "dsv3 decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/dsv3_*.log | sed 's/.*dsv3_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
@@ -523,10 +528,8 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
     for n in resident-r2 resident-r3 resident-prof1; do
         cmp -s <(grep -v '^\[' "$OUT/dsv3_resident-r1.log" | head -1) <(grep -v '^\[' "$OUT/dsv3_$n.log" | head -1) && echo "ids dsv3 $n: same as r1" || echo "ids dsv3 $n: DIFFER from r1"
     done
-    if [ -n "$NCU" ] && [ "${DSV3_NCU:-1}" = 1 ]; then
-        timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv \
-            --launch-skip "${DSV3_NCU_SKIP:-3000}" --launch-count "${NCU_COUNT:-400}" "$BIN" run --backend cuda --model "$D" --ids "${DIDS%%,1[0-9][0-9][0-9]*}" \
-            --max-new "${DSV3_NCU_NEW:-300}" --ignore-eos --gpu-memory 100G >"$OUT/ncu_dsv3.csv" 2>&1 && echo "ncu of the dsv3 decode:" &&
+    if [ "${DSV3_NCU:-1}" = 1 ]; then
+        ncu_dec "$OUT/ncu_dsv3.csv" "$D" "${DIDS%%,1[0-9][0-9][0-9]*}" "${DSV3_NCU_NEW:-300}" "${DSV3_NCU_SKIP:-3000}" && echo "ncu of the dsv3 decode:" &&
             MOE_LAYERS=$((${DSV3_LAYERS:-4} - 1)) python3 "$S/ncu_sum.py" "$OUT/ncu_dsv3.csv"
     fi
     echo "dsv3 decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/dsv3_*.log | sed 's/.*dsv3_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
