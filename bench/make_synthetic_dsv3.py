@@ -28,6 +28,9 @@ ap.add_argument("--dtype", choices=["fp8", "bf16"], default="fp8")
 ap.add_argument("--vocab", type=int, default=129280, help="vocabulary (a small one keeps the BF16 head from dominating a "
                 "few-layer decode benchmark)")
 a = ap.parse_args()
+if a.vocab < 256 or a.layers < 1 or a.experts < 16 or a.experts % 8:
+    ap.error(f"--vocab {a.vocab} --layers {a.layers} --experts {a.experts}: expected vocab >= 256, layers >= 1, and experts a "
+             "multiple of 8 of at least 16 (n_group 8 groups of at least 2)")
 
 H, V, NH, QL, KL, NOPE, ROPE, VD, FF, MF = 7168, a.vocab, 128, 1536, 512, 128, 64, 128, 18432, 2048
 cfg = {
