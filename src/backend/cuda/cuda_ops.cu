@@ -710,7 +710,7 @@ __global__ void __launch_bounds__(AT_TH) k_attn_mla(df_attn_mla_args a, DW kvb, 
 /* ---- MLA decode (a few positions): three launches in place of k_attn_mla's one block per (head, position) ----
  * k_attn_mla reads the whole latent cache once per head and position with one chain per column, and decodes
  * W_uk / W_uv one called wget at a time (671 us a layer for DeepSeek-V3's 128 heads at 640 positions on the
- * H200, ncu). For n <= MLA_DEC_N positions:
+ * H200, ncu). For n <= MLA_DEC_N positions (512: decode and prefill calls of up to 512 positions, in batches):
  *   1. k_mla_absorb, block (h, t) of 1024 threads: qf[t][h] = [W_uk[h]^T q_nope | q_rope] (kv_lora + rope
  *      floats); eight parts of the nope rows, each thread 4 columns (128 apart), the parts added in part order;
  *   2. k_mla_chunk, block (chunk of md_ch(T) positions, group of MD_HG heads, t): each cache row of the chunk
@@ -724,7 +724,7 @@ __global__ void __launch_bounds__(AT_TH) k_attn_mla(df_attn_mla_args a, DW kvb, 
  * chunked softmax): within the conformance bounds, not its bits (the CUDA backend takes no exact verify passes,
  * so a step and a batch need not agree bit for bit). */
 static int g_mla_dec = -1;
-enum { MLA_DEC_N = 4, MD_HG = 16, MD_TH = 256, MD_BIG = 1024, MD_MAXK = 24 /* cache row floats per lane: kv_lora + rope <= 768 */ };
+enum { MLA_DEC_N = 512, MD_HG = 16, MD_TH = 256, MD_BIG = 1024, MD_MAXK = 24 /* cache row floats per lane: kv_lora + rope <= 768 */ };
 enum { MW_GENERIC, MW_F32, MW_BF16, MW_F16, MW_FP8 };
 static int md_ch(size_t T) { /* positions per chunk: 16, more for long caches (at most 128 chunks) */
     size_t c = 16;
@@ -1171,9 +1171,9 @@ static int mla_dec1(const df_attn_mla_args &c, const DW &kvb, const DW &kb, cons
 /* positions in batches whose partials stay under 256 MB (a prefill through these launches: DELTAFIN_CUDA_MLA_DEC_N) */
 static int g_mla_dec_n = -1;
 static int mla_dec(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const DW &vb, int split_k, int split_v) {
-    if (g_mla_dec_n < 0) { /* DELTAFIN_CUDA_MLA_DEC_N=N: these launches for calls of up to N positions (default 4: decode; 512
-                            * measured faster on a 512-token DeepSeek-V3-shape prefill, with conformance at 64, but the model
-                            * parity run (cuda_e2e) with the prefill through them is still to be done: not the default yet) */
+    if (g_mla_dec_n < 0) { /* DELTAFIN_CUDA_MLA_DEC_N=N: these launches for calls of up to N positions (default 512: a 512-token
+                            * DeepSeek-V3-shape prefill's MLA 247 -> 52 ms on the H200, conformance with 64 and model parity
+                            * (cuda_e2e, 14 models) with 512 passed; 4 keeps prefill calls on k_attn_mla) */
         const char *e = getenv("DELTAFIN_CUDA_MLA_DEC_N");
         g_mla_dec_n = e && atoi(e) > 0 ? atoi(e) : MLA_DEC_N;
     }
