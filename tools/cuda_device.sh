@@ -22,11 +22,12 @@ make --no-print-directory CUDA=1 O=build-cuda -j2 build-cuda/deltafin build-cuda
     build-cuda/bench/cuda_bench >/dev/null
 mkdir -p build-cuda/bench
 [ build-cuda/bench/h2d_bw -nt bench/cuda/h2d_bw.cu ] || ${NVCC:-nvcc} -O2 -arch=sm_90 -o build-cuda/bench/h2d_bw bench/cuda/h2d_bw.cu
+[ build-cuda/bench/fp8_gemv -nt bench/cuda/fp8_gemv.cu ] || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/fp8_gemv bench/cuda/fp8_gemv.cu
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/lib"
-cp build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda build-cuda/bench/cuda_bench build-cuda/bench/h2d_bw "$STAGE/bin/"
+cp build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda build-cuda/bench/cuda_bench build-cuda/bench/h2d_bw build-cuda/bench/fp8_gemv "$STAGE/bin/"
 strip --strip-debug "$STAGE"/bin/*
-cp bench/cuda/device_run.sh bench/cuda/e2e_pct.py bench/cuda/make_moe.py bench/cuda/tier_bench.sh bench/cuda/mtp_diag.sh bench/cuda/ncu_sum.py tests/tools/cuda_e2e.py tests/tools/cuda_tiers.py "$STAGE/"
+cp bench/cuda/device_run.sh bench/cuda/e2e_pct.py bench/cuda/make_moe.py bench/cuda/tier_bench.sh bench/cuda/mtp_diag.sh bench/cuda/f8_diag.sh bench/cuda/ncu_sum.py tests/tools/cuda_e2e.py tests/tools/cuda_tiers.py "$STAGE/"
 # the libraries the binaries load, minus those every Linux (and the CUDA image) has
 for b in "$STAGE"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | while read -r so; do
     case "$(basename "$so")" in

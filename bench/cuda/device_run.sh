@@ -23,7 +23,7 @@
 #         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
-# Steps: STEPS="isa unit conf e2e mtp tiers bench moe" (default all but isa and mtp; isa: the CPU's AVX-512 flags and the CPU
+# Steps: STEPS="isa unit conf e2e mtp tiers bench moe dsv3 fp8mv" (default all but isa, mtp, dsv3 and fp8mv; fp8mv: bench/cuda/fp8_gemv.cu; isa: the CPU's AVX-512 flags and the CPU
 # backend's conformance under DELTAFIN_ISA=avx512 and avx2; mtp: tests/py/test_spec_mtp.py -k transformers,
 # the CPU backend against transformers' modules). CONF_MASKS / E2E_MASKS="3950": conformance / model parity again under each
 # DELTAFIN_CUDA_LEAN mask. MOE_SET=r11: resident decode with the masks of R11_AB (default "15214 31598 64366": the default, + bit
@@ -504,7 +504,12 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
         # alternated three times (MAX_NEW tokens, default 128) INSTEAD of the default runs below; the ids of every run compared with
         # the first mask's first run (every bit of round 12 keeps the bits: all must be the same); the mean per mask; ncu of
         # DSV3_NCU (default: the first and the last mask of DSV3_AB; none: none)
-        for r in 1 2 3; do for L in $DSV3_AB; do DELTAFIN_CUDA_LEAN=$L ds "lean$L-r$r" --gpu-memory 100G; done; done
+        # an entry MASK,VAR=VALUE[,VAR=VALUE...] also sets those variables (e.g. 916334,DELTAFIN_CUDA_F8_WK1=1); in a subshell
+        # (its failures are not counted)
+        for r in 1 2 3; do for L in $DSV3_AB; do
+            if [ "${L%%,*}" = "$L" ]; then DELTAFIN_CUDA_LEAN=$L ds "lean$L-r$r" --gpu-memory 100G
+            else (export DELTAFIN_CUDA_LEAN="${L%%,*}"; for e in $(echo "${L#*,}" | tr , " "); do export "$e"; done; ds "lean$L-r$r" --gpu-memory 100G); fi
+        done; done
         set -- $DSV3_AB
         for r in 1 2 3; do for L in $DSV3_AB; do
             cmp -s <(grep -v '^\[' "$OUT/dsv3_lean$1-r1.log" | head -1) <(grep -v '^\[' "$OUT/dsv3_lean$L-r$r.log" | head -1) && echo "ids dsv3 lean$L-r$r: same as lean$1-r1" || echo "ids dsv3 lean$L-r$r: DIFFER from lean$1-r1"
@@ -515,9 +520,9 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
         DSV3_NCU=${DSV3_NCU:-$1 ${@: -1}}
         [ "$DSV3_NCU" = none ] && DSV3_NCU=
         for L in $DSV3_NCU; do
-            DELTAFIN_CUDA_LEAN=$L ncu_dec "$OUT/ncu_dsv3_lean$L.csv" "$D" "${DIDS%%,1[0-9][0-9][0-9]*}" "${DSV3_NCU_NEW:-300}" "${DSV3_NCU_SKIP:-3000}" &&
+            (export DELTAFIN_CUDA_LEAN="${L%%,*}"; [ "${L%%,*}" = "$L" ] || for e in $(echo "${L#*,}" | tr , " "); do export "$e"; done; ncu_dec "$OUT/ncu_dsv3_lean$L.csv" "$D" "${DIDS%%,1[0-9][0-9][0-9]*}" "${DSV3_NCU_NEW:-300}" "${DSV3_NCU_SKIP:-3000}" &&
                 echo "ncu of the dsv3 decode, DELTAFIN_CUDA_LEAN=$L:" &&
-                MOE_LAYERS=$((${DSV3_LAYERS:-4} - 1)) python3 "$S/ncu_sum.py" "$OUT/ncu_dsv3_lean$L.csv"
+                MOE_LAYERS=$((${DSV3_LAYERS:-4} - 1)) python3 "$S/ncu_sum.py" "$OUT/ncu_dsv3_lean$L.csv")
         done
         echo "dsv3 decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/dsv3_*.log | sed 's/.*dsv3_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
     else
@@ -542,6 +547,19 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
         cmp -s <(grep -v '^\[' "$OUT/dsv3_prefill-mladec4-r1.log" | head -1) <(grep -v '^\[' "$OUT/dsv3_prefill-mladec512-r1.log" | head -1) && echo "ids dsv3 prefill mladec 512: same as 4" || echo "ids dsv3 prefill mladec 512: differ from 4 (other sums in the prefill's attention)"
         grep -H "^\[stats\] prefill" "$OUT"/dsv3_prefill-mladec*.log | sed 's/.*dsv3_\(.*\)\.log:.*prefill 512 tokens in \([0-9.]*\) s (\([0-9.]*\) tok.*/\1: prefill \2 s, \3 tok\/s/'
     fi
+fi
+if has fp8mv; then # the FP8 one-token product's arithmetic on DeepSeek-V3's dense shapes (bench/cuda/fp8_gemv.cu), and where
+    # cuobjdump is there the SASS of its kernels (instructions per 16-byte step)
+    step "fp8_gemv (FP8 one-token product variants)" 240 fp8_gemv.log "$S/bin/fp8_gemv" ${FP8MV_REPS:-50}
+    cat "$OUT/fp8_gemv.log"
+    if [ -n "${FP8MV_NCU:-}" ] && [ -n "$NCU" ]; then # ncu's time of the variants' kernels on the shapes named FP8MV_NCU (e.g. "o 7168"):
+        # the same tool the model's kernel times come from (does ncu read the event-timed kernels the same?)
+        timeout 120 "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv -k 'regex:k_[abt]' \
+            "$S/bin/fp8_gemv" 3 "$FP8MV_NCU" >"$OUT/ncu_fp8_gemv.csv" 2>&1
+        python3 "$S/ncu_sum.py" "$OUT/ncu_fp8_gemv.csv" | head -12
+    fi
+    CUOBJ=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null | head -1)
+    [ -n "$CUOBJ" ] && "$CUOBJ" -sass "$S/bin/fp8_gemv" >"$OUT/fp8_gemv.sass" 2>&1
 fi
 if has bench; then
     step "benchmark (cuda_bench ${BENCH_ARGS:---quick})" 300 bench.log "$S/bin/cuda_bench" ${BENCH_ARGS:---quick}

@@ -673,15 +673,18 @@ static void fp8_moe_checks(void) {
     printf("test_backend_cuda: FP8 device-routed MoE (bits 65536, 262144): %d shapes x %d trials x %d masks\n", (int)(sizeof S / sizeof *S), TRIALS, NM);
 }
 
-/* The dense FP8 one-token products (k_mm under the default mask; round 12's bit 131072: k_mm_bal for FP8): the
+/* The dense FP8 one-token products (k_mm under the default mask; round 12's bit 131072: k_mm_bal for FP8; round 13's
+ * bit 524288: k_mm_f8): the
  * benchmark's q_b (24576 x 1536), o (7168 x 16384), kv_a (576 x 7168), the shared expert's gate (2048 x 7168) and down
  * (7168 x 2048), and odd shapes: 301 x 336 (partial scale blocks both ways), 37 x 1040, 5 x 16 (one step a row);
  * near the CPU's under every mask, and bit-equal to the default's with the new bits. */
 static void fp8_mm_checks(void) {
     const df_backend_ops *B = &df_backend_cuda;
     static const struct { int rows, cols; } S[] = {{24576, 1536}, {7168, 16384}, {576, 7168}, {2048, 7168}, {7168, 2048}, {301, 336}, {37, 1040}, {5, 16}};
-    enum { NJ = sizeof S / sizeof *S, NM = 3, XC = 16384 };
-    const int masks[NM] = {64366, 64366 | 131072, (64366 & ~32768) | 131072};
+    /* round 13: bit 524288 (k_mm_f8), with bit 131072 too (k_mm_f8 first), and without bit 512 (k_mm_f8 the same; k_mm with
+     * round 7's split: rows of 16+ steps a lane over 2 or more warps) */
+    enum { NJ = sizeof S / sizeof *S, NM = 7, XC = 16384 };
+    const int masks[NM] = {64366, 64366 | 131072, (64366 & ~32768) | 131072, 64366 | 524288, 64366 | 524288 | 131072, 64366 & ~512, (64366 & ~512) | 524288};
     size_t nb = 0, ns = 0;
     for (int k = 0; k < NJ; k++) nb += (size_t)S[k].rows * S[k].cols, ns += (size_t)((S[k].rows + 127) / 128) * ((S[k].cols + 127) / 128);
     uint8_t *db = malloc(nb);
@@ -706,15 +709,76 @@ static void fp8_mm_checks(void) {
             B->zero(y[k], (size_t)S[k].rows);
             B->write(x, xv, XC);
             B->scale(x, 1.0f, XC); /* x written by a kernel just before the product */
-            const int64_t b0 = df_cuda_mm_bal_launches();
+            const int64_t b0 = df_cuda_mm_bal_launches(), f0 = df_cuda_mm_f8_launches();
             B->matmul_batch(&j, 1, 1);
-            const int64_t bal = df_cuda_mm_bal_launches() - b0;
-            CHECK(bal == ((masks[m] & 131072) ? 1 : 0), "FP8 mask %d, job %d: %lld launches of k_mm_bal", masks[m], k, (long long)bal);
+            const int64_t bal = df_cuda_mm_bal_launches() - b0, f8 = df_cuda_mm_f8_launches() - f0;
+            const int want_f8 = (masks[m] & 524288) != 0;
+            CHECK(f8 == want_f8, "FP8 mask %d, job %d: %lld launches of k_mm_f8", masks[m], k, (long long)f8);
+            CHECK(bal == ((masks[m] & 131072) && !want_f8 ? 1 : 0), "FP8 mask %d, job %d: %lld launches of k_mm_bal", masks[m], k, (long long)bal);
             B->read(yv[m][k], y[k], (size_t)S[k].rows);
             const double e = fp8_err(&w[k], xv, yv[m][k]);
             CHECK(e <= 1e-10, "FP8 mask %d, job %d (%d x %d): rel L2^2 %g against the CPU", masks[m], k, S[k].rows, S[k].cols, e);
-            if (m) CHECK(!memcmp(yv[m][k], yv[0][k], (size_t)S[k].rows * 4), "FP8 job %d (%d x %d): mask %d's bits differ from the default's", k, S[k].rows, S[k].cols, masks[m]);
+            /* k_mm_bal: k_mm's bits for the same split (the first mask with the same bit 512); k_mm_f8: a one-warp row's bits
+             * whatever bit 512 (the first mask with bit 524288), which are k_mm's where k_mm reads the row with one warp
+             * (bit 512: fewer than 8 16-byte steps a lane) */
+            int m0 = 0;
+            if (want_f8)
+                while (!(masks[m0] & 524288)) m0++;
+            else
+                while ((masks[m0] & 524288) || (masks[m0] & 512) != (masks[m] & 512)) m0++;
+            if (m0 < m)
+                CHECK(!memcmp(yv[m][k], yv[m0][k], (size_t)S[k].rows * 4), "FP8 job %d (%d x %d): mask %d's bits differ from mask %d's", k, S[k].rows, S[k].cols, masks[m], masks[m0]);
+            if (want_f8 && S[k].cols / 16 / 32 < 8)
+                CHECK(!memcmp(yv[m][k], yv[0][k], (size_t)S[k].rows * 4), "FP8 job %d (%d x %d): mask %d's one-warp rows differ from the default's", k, S[k].rows, S[k].cols, masks[m]);
         }
+    }
+    /* round 13: jobs of different shapes in one call (2048 x 7168, 24576 x 1536, 7168 x 2048) take one k_mm_f8 launch, each
+     * job's rows the bits of its own launch above */
+    {
+        df_cuda_set_lean_mask(64366 | 524288);
+        const int ks[3] = {3, 0, 4};
+        df_mv_job jb[3];
+        for (int i = 0; i < 3; i++) jb[i].w = &w[ks[i]], jb[i].x = x, jb[i].y = y[ks[i]], B->zero(y[ks[i]], (size_t)S[ks[i]].rows);
+        B->write(x, xv, XC);
+        B->scale(x, 1.0f, XC);
+        const int64_t f0 = df_cuda_mm_f8_launches();
+        B->matmul_batch(jb, 3, 1);
+        CHECK(df_cuda_mm_f8_launches() - f0 == 1, "FP8 jobs of three shapes: %lld launches of k_mm_f8, expected 1", (long long)(df_cuda_mm_f8_launches() - f0));
+        for (int i = 0; i < 3; i++) {
+            float *t = malloc((size_t)S[ks[i]].rows * 4);
+            B->read(t, y[ks[i]], (size_t)S[ks[i]].rows);
+            CHECK(!memcmp(t, yv[3][ks[i]], (size_t)S[ks[i]].rows * 4), "FP8 job %d in a batch of three: bits differ from its own launch's", ks[i]);
+            free(t);
+        }
+    }
+    /* round 13: k_mm_f8's general scale path (SF = 0): 301 x 336 with 6 x 48 scale blocks (the 4 rows of a warp in two block
+     * rows, 3 steps a scale), near the CPU and equal to k_mm's one-warp rows */
+    {
+        const int R2 = 301, C2 = 336, sr = (R2 + 5) / 6, scn = (C2 + 47) / 48;
+        float *sb2 = malloc((size_t)sr * scn * 4);
+        uint8_t *d2 = malloc((size_t)R2 * C2);
+        fp8_fill(d2, (size_t)R2 * C2, sb2, (size_t)sr * scn);
+        df_weight w2;
+        fp8_weight(&w2, R2, C2, d2, 0, sb2, 0);
+        w2.blk_r = 6, w2.blk_c = 48, w2.scale_cols = scn;
+        CHECK(B->weight_register(&w2) == 0 && w2.handle, "FP8 6 x 48-block weight registered");
+        df_act *y2 = B->alloc(R2);
+        float *r2[2];
+        for (int m = 0; m < 2; m++) {
+            df_cuda_set_lean_mask(m ? 64366 | 524288 : 64366);
+            const df_mv_job j2 = {&w2, x, y2};
+            B->write(x, xv, XC);
+            B->scale(x, 1.0f, XC);
+            const int64_t f0 = df_cuda_mm_f8_launches();
+            B->matmul_batch(&j2, 1, 1);
+            CHECK(df_cuda_mm_f8_launches() - f0 == m, "FP8 6 x 48 blocks, mask %d: %lld launches of k_mm_f8", m ? 64366 | 524288 : 64366, (long long)(df_cuda_mm_f8_launches() - f0));
+            r2[m] = malloc((size_t)R2 * 4);
+            B->read(r2[m], y2, R2);
+            const double e = fp8_err(&w2, xv, r2[m]);
+            CHECK(e <= 1e-10, "FP8 6 x 48 blocks, mask %d: rel L2^2 %g against the CPU", m, e);
+        }
+        CHECK(!memcmp(r2[0], r2[1], (size_t)R2 * 4), "FP8 6 x 48 blocks: k_mm_f8's rows differ from k_mm's one-warp rows");
+        free(r2[0]), free(r2[1]), B->free(y2), B->weight_unregister(&w2), free(sb2), free(d2);
     }
     df_cuda_set_lean_mask(-1);
     for (int k = 0; k < NJ; k++) {

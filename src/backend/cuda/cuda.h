@@ -60,6 +60,8 @@ int64_t df_cuda_attn_dec_launches(void);
 int64_t df_cuda_moe_rt_launches(void);
 /* Launches of round 11's one-token spine products in one balanced wave (k_mm_bal, bit 16384) so far (tests). */
 int64_t df_cuda_mm_bal_launches(void);
+/* launches of k_mm_f8 (round 13, bit 524288: one-token FP8 products, a warp per 4 whole rows) */
+int64_t df_cuda_mm_f8_launches(void);
 /* Launches of round 12's FP8 MoE down launch (k_moe_down_f8, bit 65536) so far (tests). */
 int64_t df_cuda_moe_down_f8_launches(void);
 /* Launches of round 12's FP8 gate/up launch at 2 blocks an SM (k_mm_dev2, bit 262144) so far (tests). */

@@ -773,7 +773,9 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * down launch k_moe_down_f8, 131072 the one-token FP8 products through k_mm_bal, 262144 the FP8 experts' gate/up launch
  * at 2 blocks an SM (k_mm_dev2); all three keep the default's bits. Measured on the H200 (DeepSeek-V3-shape FP8 model,
  * docs/PERFORMANCE.md round 12): 65536 +41.6%, 65536 | 262144 +43.0%, with 131072 too only +21.8% (its 8-warp rows are
- * slower); default 392046 = 64366 | 65536 | 262144, DELTAFIN_CUDA_LEAN=64366 restores round 11. Every bit but 512, 1024 and 4096 gives the same bits of
+ * slower); default 392046 = 64366 | 65536 | 262144, DELTAFIN_CUDA_LEAN=64366 restores round 11. Round 13: 524288 the
+ * one-token FP8 products through k_mm_f8 (a warp per 4 whole rows: a one-warp row's bits); default 916334 = 392046 |
+ * 524288, DELTAFIN_CUDA_LEAN=392046 restores round 12. Every bit but 512, 1024, 4096 and 524288 gives the same bits of
  * every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
@@ -781,7 +783,7 @@ int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144;
+        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288;
     }
     return g_lean;
 }
@@ -1021,6 +1023,131 @@ template <int V> static void bal_go_wk(MmBatchT<MM_SMALLJ> &s, unsigned T, int R
 }
 static int64_t g_mm_bal;
 extern "C" int64_t df_cuda_mm_bal_launches(void) { return g_mm_bal; }
+
+/* ---- round 13 (DELTAFIN_CUDA_LEAN bit 524288): one-token FP8 products, a warp per 4 whole rows -----------------------
+ * Why: under ncu (2026-12-02, the DeepSeek-V3-shape FP8 model) the dense FP8 one-token products took ~730 us a token
+ * for ~1.2 GB (o 61.5 us for 117 MB, the dense FFN's gate/up 113 us for 264 MB), while bench/cuda/fp8_gemv.cu's plain
+ * kernel (a warp per 4 rows reading them whole, 2 steps of 16 bytes a row in flight, the same decode: variant A) read
+ * the same shapes at 67-72% of the HBM floor (o 37.4 us, gate 43.0 us). k_mm splits such rows over wk warps of a
+ * block (bit 512: o's 16384 columns over 8 warps of 4 steps a lane: short-lived warps, 4.5 waves of blocks, a shared-
+ * memory sum a row group), keeps its FP8 body at 80 registers with spills, and reads every scale with scale_at's byte
+ * loads. Here a warp takes MM_R = 4 rows whole with one accumulator a row: **the bits of a one-warp row** (k_mm's for
+ * wk 1: fewer than 8 steps a lane with bit 512, e.g. q_b, the shared expert's down; other rows are summed in another
+ * order than the default's, within the conformance bounds, as bit 512 did to round 7's). Measured on the way
+ * (fp8_gemv.cu's variant F, this body on plain arguments): the L2 prefetch and the decode order change nothing, a bound
+ * of 3 blocks an SM (80 registers) costs 20% on o, and a branch per scale load (the scale's dtype decided per load, 96
+ * LDGs in the SASS) kept the loads from issuing together: SF = 1 (F32 scales, the 4 rows in one block row, blk_c / 16 a
+ * power of two: DeepSeek-V3's 128 x 128) reads one scale a step with a plain load; SF = 0 reads each row's with
+ * scale_at. Resident rows: the first 2 KB of each asked of L2 before griddepcontrol.wait (whole rows, 117 MB for o with
+ * every block resident at once, evicted the first lines before they were read: o 67.6 us). */
+template <int SF, int U>
+__global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_f8(const __grid_constant__ MmBatchT<MM_SMALLJ> b) {
+    constexpr int E = Fmt<V_FP8>::E, C = Fmt<V_FP8>::C;
+    pdl_go();
+    int j = 0;
+    while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
+    const MmJob &J = b.j[j];
+    const DW &w = J.w;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t r0 = ((int64_t)(blockIdx.x - J.blk0) * MM_WARPS + warp) * MM_R;
+    const int nr = r0 >= w.rows ? 0 : w.rows - r0 < MM_R ? (int)(w.rows - r0) : MM_R;
+    if (!nr) return;
+    if (b.pf) { /* resident rows (written by no kernel): the first 2 KB of each asked of L2 while the kernel before runs */
+        const size_t pb = w.row_bytes < 2048 ? w.row_bytes : 2048;
+        for (int i = 0; i < nr; i++)
+            for (size_t off = (size_t)lane * 128; off < pb; off += 32 * 128) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(w.data + (size_t)(r0 + i) * w.row_bytes + off));
+#endif
+            }
+    }
+    const uint4 *rows[MM_R];
+    int64_t srow[SF ? 1 : MM_R];
+#pragma unroll
+    for (int i = 0; i < MM_R; i++) {
+        const int64_t ri = r0 + (i < nr ? i : 0);
+        rows[i] = (const uint4 *)(w.data + (size_t)ri * w.row_bytes);
+        if (!SF || !i) srow[SF ? 0 : i] = (ri / w.blk_r) * w.scale_cols;
+    }
+    const float *sf = (const float *)(const void *)w.scale + (SF ? srow[0] : 0); /* SF: the group's scale row */
+    const uint32_t vps = (uint32_t)w.blk_c / 16, nv = (uint32_t)(w.cols / E); /* rows are < 2^32 steps */
+    const int vsh = SF ? __ffs(vps) - 1 : 0;
+    pdl_wait();
+    const float *x = J.x + (int64_t)b.t0 * w.cols;
+    float acc[MM_R];
+#pragma unroll
+    for (int i = 0; i < MM_R; i++) acc[i] = 0.0f;
+    for (uint32_t v0 = lane; v0 < nv; v0 += 32 * U) {
+        uint4 u[U][MM_R];
+        float sc[U][SF ? 1 : MM_R];
+#pragma unroll
+        for (int q = 0; q < U; q++) {
+            const uint32_t v = v0 + 32 * q;
+            if (v < nv) {
+#pragma unroll
+                for (int i = 0; i < MM_R; i++) u[q][i] = __ldg(rows[i] + v);
+                if (SF) sc[q][0] = __ldg(sf + (v >> vsh));
+                else
+#pragma unroll
+                    for (int i = 0; i < MM_R; i++) sc[q][SF ? 0 : i] = scale_at(w, srow[SF ? 0 : i] + (int64_t)(v / vps));
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < U; q++) {
+            const uint32_t v = v0 + 32 * q;
+            if (v >= nv) break;
+#pragma unroll
+            for (int h = 0; h < E / C; h++) {
+                float wv[MM_R][C];
+#pragma unroll
+                for (int i = 0; i < MM_R; i++) decode<V_FP8>(u[q][i], h, sc[q][SF ? 0 : i], wv[i]);
+                const float4 *xp = (const float4 *)(x + (size_t)v * E + h * C);
+                float xv[C];
+#pragma unroll
+                for (int qq = 0; qq < C / 4; qq++) {
+                    const float4 f = __ldg(xp + qq);
+                    xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
+                }
+#pragma unroll
+                for (int i = 0; i < MM_R; i++)
+#pragma unroll
+                    for (int c = 0; c < C; c++) acc[i] = fmaf(wv[i][c], xv[c], acc[i]);
+            }
+        }
+    }
+    float *y = J.y + (int64_t)b.t0 * w.rows + r0;
+#pragma unroll
+    for (int i = 0; i < MM_R; i++) {
+        const float s = warp_sum(acc[i]);
+        if (!lane && i < nr) y[i] = s;
+    }
+}
+static int64_t g_mm_f8;
+extern "C" int64_t df_cuda_mm_f8_launches(void) { return g_mm_f8; }
+/* 1: the one-token FP8 launch went through k_mm_f8 (bit 524288; at most MM_SMALLJ jobs: the launch takes SF = 1 when every
+ * job's scales allow it); 0: not taken */
+static int mm_flush_f8(MmBatch *b) {
+    if (b->n != 1 || b->nj > MM_SMALLJ || b->j[0].vec != V_FP8 || !(lean_mask() & 524288)) return 0;
+    int sf = 1;
+    for (int i = 0; i < b->nj; i++) {
+        const DW &d = b->j[i].w;
+        const uint32_t vps = (uint32_t)d.blk_c / 16;
+        if ((uint64_t)d.rows > 0x3fffffffu) return 0;
+        if (d.sdt != DF_SCALE_F32 || ((uintptr_t)d.scale & 3) || d.blk_r % MM_R || !vps || (vps & (vps - 1))) sf = 0;
+    }
+    MmBatchT<MM_SMALLJ> s;
+    memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
+    s.nj = b->nj, s.n = 1, s.t0 = b->t0, s.pf = b->pf, s.cp = 0;
+    unsigned nb = 0;
+    for (int i = 0; i < s.nj; i++) {
+        s.j[i].blk0 = nb;
+        nb += (unsigned)((s.j[i].w.rows + MM_WARPS * MM_R - 1) / (MM_WARPS * MM_R));
+    }
+    if (sf) launch_k(k_mm_f8<1, 2>, dim3(nb), dim3(MM_WARPS * 32), 0, s);
+    else launch_k(k_mm_f8<0, 2>, dim3(nb), dim3(MM_WARPS * 32), 0, s);
+    g_mm_f8++;
+    return 1;
+}
 /* 1: the launch went through k_mm_bal (bit 16384, bit 32768 its loads before the wait; F32 / F16 / BF16 rows of the 16-byte path, at most MM_SMALLJ
  * jobs of one wk in 1, 2, 4); 0: not taken, the caller launches k_mm as before */
 static int mm_flush_bal(MmBatch *b) {
@@ -1057,7 +1184,7 @@ static void mm_flush_one(MmBatch *b, unsigned blocks) {
         mm_flush_cp(b);
         return;
     }
-    if (mm_flush_bal(b)) return;
+    if (mm_flush_f8(b) || mm_flush_bal(b)) return;
     const int lean = lean_mask() & 1;
     int narrow = 0;
     if (lean && (uint64_t)blocks < 2 * (uint64_t)sms()) {
