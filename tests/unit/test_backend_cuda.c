@@ -571,13 +571,15 @@ static float host_silu(float x) { return x / (1.0f + expf(-x)); }
  * default is not, and every row be near the CPU's (df_dot_row of the chosen experts; the down rows from the gate
  * applied on the host to the device's gate/up rows, the output the combine of the device's rows by its weights).
  * Shapes: the benchmark's (D 7168, I 2048, K 8 of 32), I 336 (one warp step a row, a partial scale block column), D
- * 301 (a partial scale block row, a partial last row group), I 1040 with K 6 (three warp steps, 6 warps a block). */
+ * 301 (a partial scale block row, a partial last row group), I 1040 with K 6 (three warp steps, 6 warps a block).
+ * Round 13: bit 1048576 (the gate/up launch through k_mm_devf8) gives the same bits too. */
 static void fp8_moe_checks(void) {
     const df_backend_ops *B = &df_backend_cuda;
     static const struct { int D, I, E, K; } S[] = {{7168, 2048, 32, 8}, {301, 336, 32, 8}, {520, 1040, 12, 6}};
-    enum { NM = 3, LAYER = 9, TRIALS = 3 };
-    const int masks[NM] = {64366, 64366 | 65536, 64366 | 65536 | 131072 | 262144};
-    const int want_f8[NM] = {0, 1, 1};
+    /* round 13: bit 1048576, the gate/up launch through k_mm_devf8 (k_mm_f8's body) in place of k_mm_dev2 */
+    enum { NM = 4, LAYER = 9, TRIALS = 3 };
+    const int masks[NM] = {64366, 64366 | 65536, 64366 | 65536 | 131072 | 262144, 64366 | 65536 | 262144 | 1048576};
+    const int want_f8[NM] = {0, 1, 1, 1};
     for (size_t si = 0; si < sizeof S / sizeof *S; si++) {
         const int D = S[si].D, I = S[si].I, E = S[si].E, K = S[si].K, layer = LAYER + (int)si;
         const size_t stride = 4112, nb = (size_t)D * I + (size_t)3 * E * stride;
@@ -619,12 +621,15 @@ static void fp8_moe_checks(void) {
                 df_moe_fused_args fa = {.route = ra, .layer = layer, .x = x, .out = fout, .g = fg, .u = fu, .d = fdd, .D = D, .I = I,
                                         .gate = DF_GATE_SILU, .ids_out = fids};
                 B->zero(fdd, (size_t)K * D), B->zero(fout, (size_t)D);
-                const int64_t f0 = df_cuda_moe_down_f8_launches(), u0 = df_cuda_moe_gu_f8_launches();
+                const int64_t f0 = df_cuda_moe_down_f8_launches(), u0 = df_cuda_moe_gu_f8_launches(), r0 = df_cuda_moe_gu_f8r_launches();
                 const int rc = B->moe_fused(&fa);
-                const int64_t f8 = df_cuda_moe_down_f8_launches() - f0, gu8 = df_cuda_moe_gu_f8_launches() - u0;
-                /* bit 262144: the FP8 gate/up launch at 2 blocks an SM (FP8 rows of the 16-byte path: D a multiple of 16) */
-                const int want_gu = (masks[m] & 262144) && D % 16 == 0;
+                const int64_t f8 = df_cuda_moe_down_f8_launches() - f0, gu8 = df_cuda_moe_gu_f8_launches() - u0, gur = df_cuda_moe_gu_f8r_launches() - r0;
+                /* bit 1048576 (first) / 262144: the FP8 gate/up launch through k_mm_devf8 / at 2 blocks an SM (FP8 rows of the
+                 * 16-byte path: D a multiple of 16; k_mm_devf8: rows read by one warp, D < 8192) */
+                const int want_r = (masks[m] & 1048576) && D % 16 == 0 && D < 8192;
+                const int want_gu = (masks[m] & 262144) && D % 16 == 0 && !want_r;
                 CHECK(gu8 == want_gu, "FP8 MoE %dx%d mask %d: %lld gate/up launches of k_mm_dev2, expected %d", D, I, masks[m], (long long)gu8, want_gu);
+                CHECK(gur == want_r, "FP8 MoE %dx%d mask %d: %lld gate/up launches of k_mm_devf8, expected %d", D, I, masks[m], (long long)gur, want_r);
                 CHECK(rc == 0, "FP8 MoE %dx%d mask %d: moe_fused rc %d", D, I, masks[m], rc);
                 CHECK(f8 == want_f8[m], "FP8 MoE %dx%d mask %d: %lld launches of k_moe_down_f8, expected %d", D, I, masks[m], (long long)f8, want_f8[m]);
                 B->read(dv[m], fdd, (size_t)K * D), B->read(ov[m], fout, (size_t)D);

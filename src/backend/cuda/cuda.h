@@ -66,6 +66,8 @@ int64_t df_cuda_mm_f8_launches(void);
 int64_t df_cuda_moe_down_f8_launches(void);
 /* Launches of round 12's FP8 gate/up launch at 2 blocks an SM (k_mm_dev2, bit 262144) so far (tests). */
 int64_t df_cuda_moe_gu_f8_launches(void);
+/* Launches of round 13's FP8 gate/up launch with k_mm_f8's body (k_mm_devf8, bit 1048576) so far (tests). */
+int64_t df_cuda_moe_gu_f8r_launches(void);
 
 #ifdef __cplusplus
 }

@@ -774,16 +774,17 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * at 2 blocks an SM (k_mm_dev2); all three keep the default's bits. Measured on the H200 (DeepSeek-V3-shape FP8 model,
  * docs/PERFORMANCE.md round 12): 65536 +41.6%, 65536 | 262144 +43.0%, with 131072 too only +21.8% (its 8-warp rows are
  * slower); default 392046 = 64366 | 65536 | 262144, DELTAFIN_CUDA_LEAN=64366 restores round 11. Round 13: 524288 the
- * one-token FP8 products through k_mm_f8 (a warp per 4 whole rows: a one-warp row's bits); default 916334 = 392046 |
- * 524288, DELTAFIN_CUDA_LEAN=392046 restores round 12. Every bit but 512, 1024, 4096 and 524288 gives the same bits of
- * every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
+ * one-token FP8 products through k_mm_f8 (a warp per 4 whole rows: a one-warp row's bits), 1048576 the FP8 experts'
+ * gate/up launch with its body (k_mm_devf8: k_mm_dev's bits for rows read by one warp); default 1964910 = 392046 |
+ * 524288 | 1048576, DELTAFIN_CUDA_LEAN=392046 restores round 12. Every bit but 512, 1024, 4096 and 524288 gives the
+ * same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288;
+        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576;
     }
     return g_lean;
 }
@@ -1040,10 +1041,10 @@ extern "C" int64_t df_cuda_mm_bal_launches(void) { return g_mm_bal; }
  * power of two: DeepSeek-V3's 128 x 128) reads one scale a step with a plain load; SF = 0 reads each row's with
  * scale_at. Resident rows: the first 2 KB of each asked of L2 before griddepcontrol.wait (whole rows, 117 MB for o with
  * every block resident at once, evicted the first lines before they were read: o 67.6 us). */
-template <int SF, int U>
-__global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_f8(const __grid_constant__ MmBatchT<MM_SMALLJ> b) {
+/* PF: the caller passed pdl_go only (the job table is a kernel parameter: resident rows may be asked of L2, then the
+ * wait); 0: the caller waited already (a table in device memory, written by the kernel before) */
+template <int SF, int U, int MJ, int PF> static __device__ __forceinline__ void f8_body(const MmBatchT<MJ> &b) {
     constexpr int E = Fmt<V_FP8>::E, C = Fmt<V_FP8>::C;
-    pdl_go();
     int j = 0;
     while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
     const MmJob &J = b.j[j];
@@ -1052,7 +1053,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_f8(const __grid_constan
     const int64_t r0 = ((int64_t)(blockIdx.x - J.blk0) * MM_WARPS + warp) * MM_R;
     const int nr = r0 >= w.rows ? 0 : w.rows - r0 < MM_R ? (int)(w.rows - r0) : MM_R;
     if (!nr) return;
-    if (b.pf) { /* resident rows (written by no kernel): the first 2 KB of each asked of L2 while the kernel before runs */
+    if (PF && b.pf) { /* resident rows (written by no kernel): the first 2 KB of each asked of L2 while the kernel before runs */
         const size_t pb = w.row_bytes < 2048 ? w.row_bytes : 2048;
         for (int i = 0; i < nr; i++)
             for (size_t off = (size_t)lane * 128; off < pb; off += 32 * 128) {
@@ -1072,7 +1073,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_f8(const __grid_constan
     const float *sf = (const float *)(const void *)w.scale + (SF ? srow[0] : 0); /* SF: the group's scale row */
     const uint32_t vps = (uint32_t)w.blk_c / 16, nv = (uint32_t)(w.cols / E); /* rows are < 2^32 steps */
     const int vsh = SF ? __ffs(vps) - 1 : 0;
-    pdl_wait();
+    if (PF) pdl_wait();
     const float *x = J.x + (int64_t)b.t0 * w.cols;
     float acc[MM_R];
 #pragma unroll
@@ -1121,6 +1122,19 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_f8(const __grid_constan
         const float s = warp_sum(acc[i]);
         if (!lane && i < nr) y[i] = s;
     }
+}
+template <int SF, int U>
+__global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_f8(const __grid_constant__ MmBatchT<MM_SMALLJ> b) {
+    pdl_go();
+    f8_body<SF, U, MM_SMALLJ, 1>(b);
+}
+/* Round 13 (bit 1048576): the FP8 experts' gate/up launch of the device-routed MoE with this body, its job table written
+ * by the route kernel (k_mm_dev's layout for rows read by one warp: 32 rows a block, so the same table): the rows of a
+ * one-warp row, k_mm_dev's bits for wk 1 */
+template <int SF, int U>
+__global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_devf8(const MmBatchT<MM_MAXJ> *__restrict__ b) {
+    pdl_wait(), pdl_go();
+    f8_body<SF, U, MM_MAXJ, 0>(*b);
 }
 static int64_t g_mm_f8;
 extern "C" int64_t df_cuda_mm_f8_launches(void) { return g_mm_f8; }
@@ -1802,6 +1816,8 @@ template <int SPR> static int f8_occ(int K, size_t smem) {
 static int64_t g_moe_down_f8, g_gu_f8;
 extern "C" int64_t df_cuda_moe_down_f8_launches(void) { return g_moe_down_f8; }
 extern "C" int64_t df_cuda_moe_gu_f8_launches(void) { return g_gu_f8; }
+static int64_t g_gu_f8r;
+extern "C" int64_t df_cuda_moe_gu_f8r_launches(void) { return g_gu_f8r; }
 static int64_t g_route_fast, g_moe_down_sh, g_moe_down_cp, g_moe_rt;
 extern "C" int64_t df_cuda_moe_rt_launches(void) { return g_moe_rt; }
 extern "C" int64_t df_cuda_moe_down_sh_launches(void) { return g_moe_down_sh; }
@@ -1940,7 +1956,15 @@ int g_moe_fused(const df_moe_fused_args *a) {
     }
     {
         ProfScope ps("moe_fused.gate_up");
-        if ((lean_mask() & 262144) && vec_gu == V_FP8 && ugu <= 2) { /* round 12: FP8 gate/up at 2 blocks an SM, no spills */
+        const uint32_t gvps = (uint32_t)gw.blk_c / 16; /* round 13 (bit 1048576): FP8 gate/up rows read whole by one warp (wk 1) */
+        const int gsf = gw.sdt == DF_SCALE_F32 && !((uintptr_t)gw.scale & 3) && gw.blk_r % MM_R == 0 && gvps && !(gvps & (gvps - 1));
+        if ((lean_mask() & 1048576) && vec_gu == V_FP8 && p.wk_gu == 1) {
+            const dim3 grid(bgu, 1), th(MM_WARPS * 32);
+            gsf ? launch_k(k_mm_devf8<1, 2>, dim3(grid), dim3(th), 0, (const MmBatchT<MM_MAXJ> *)&p.fd->gu)
+                : launch_k(k_mm_devf8<0, 2>, dim3(grid), dim3(th), 0, (const MmBatchT<MM_MAXJ> *)&p.fd->gu);
+            post("moe_fused");
+            g_mm_launches++, g_gu_f8r++;
+        } else if ((lean_mask() & 262144) && vec_gu == V_FP8 && ugu <= 2) { /* round 12: FP8 gate/up at 2 blocks an SM, no spills */
             const dim3 grid(bgu, 1), th(MM_WARPS * 32);
             ugu == 2 ? launch_k(k_mm_dev2<V_FP8, 1, MM_WARPS, MM_MAXJ, 2>, dim3(grid), dim3(th), 0, (const MmBatchT<MM_MAXJ> *)&p.fd->gu)
                      : launch_k(k_mm_dev2<V_FP8, 1, MM_WARPS, MM_MAXJ, 1>, dim3(grid), dim3(th), 0, (const MmBatchT<MM_MAXJ> *)&p.fd->gu);
