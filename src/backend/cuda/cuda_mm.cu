@@ -1715,12 +1715,13 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_c
 #define F8_NS 4 /* rows in flight per warp: K x 4 x 2 KB = 64 KiB of ring a block (I = 2048, K = 8) */
 #define F8_RT 4 /* rows per combine group (k_moe_down's MM_R) */
 #define F8_MAX_K 8 /* warps (experts) a block: the bound below (2 blocks of 8 warps an SM, 128 registers: xg alone is 64) */
-template <int V, int SPR>
+/* NS: rows in flight per warp (the ring; NS by default, DELTAFIN_CUDA_NS=6 or 8 for SPR 4: the same arithmetic) */
+template <int V, int SPR, int NS = F8_NS>
 __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int ngr, GateIn ga, const float *__restrict__ wr, float *out) {
     extern __shared__ __align__(16) uint4 f8_ring[];
     constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    uint4 *ring = f8_ring + (size_t)warp * F8_NS * SPR * 32 + lane;
+    uint4 *ring = f8_ring + (size_t)warp * NS * SPR * 32 + lane;
     pdl_go();
     /* expert `warp`'s down weight, read through L2 before the wait (see k_moe_down: the table is final) */
     const MmJob *Jp = &b->j[warp];
@@ -1745,12 +1746,12 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
             if (r < D)
 #pragma unroll
                 for (int q = 0; q < SPR; q++)
-                    if ((int64_t)q * 32 + lane < upr) cp16(ring + ((i % F8_NS) * SPR + q) * 32, base + (size_t)r * rb + (size_t)q * 512);
+                    if ((int64_t)q * 32 + lane < upr) cp16(ring + ((i % NS) * SPR + q) * 32, base + (size_t)r * rb + (size_t)q * 512);
         }
         cp_commit();
     };
 #pragma unroll
-    for (int i = 0; i < F8_NS; i++) issue(i);
+    for (int i = 0; i < NS; i++) issue(i);
     pdl_wait();
     const float *x = Jp->x;
     float *y = Jp->y;
@@ -1766,7 +1767,7 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
         const int s = i % F8_RT;
         const int64_t r = row_of(i), r0 = r - s;
         const int nr = D - r0 < F8_RT ? (int)(D - r0) : F8_RT; /* block-uniform */
-        cp_wait<F8_NS - 1>();                                  /* slot i's group has landed */
+        cp_wait<NS - 1>();                                  /* slot i's group has landed */
         if (s < nr) {
             if (V == V_FP8 && r / w.blk_r != cbr) {
                 cbr = r / w.blk_r;
@@ -1780,7 +1781,7 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
 #pragma unroll
             for (int q = 0; q < SPR; q++) {
                 if ((int64_t)q * 32 + lane < upr) {
-                    const uint4 u = ring[((i % F8_NS) * SPR + q) * 32];
+                    const uint4 u = ring[((i % NS) * SPR + q) * 32];
 #pragma unroll
                     for (int h = 0; h < E / C; h++) {
                         float wv[C];
@@ -1794,7 +1795,7 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
             if (!lane) part[warp][s] = sum, y[r] = sum;
         }
         __syncwarp(); /* this lane's reads of slot i before the copy that refills it */
-        issue(i + F8_NS);
+        issue(i + NS);
         if (s == F8_RT - 1) { /* the group's rows are in part: combine them (block-uniform) */
             __syncthreads();
             moe_comb(part, wr, K, nr, out + r0);
@@ -1803,12 +1804,12 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
     }
     cp_wait<0>();
 }
-/* blocks an SM of k_moe_down_f8<V_FP8, SPR> for K warps and its ring (the occupancy API, asked once per K; 1 if it fails) */
-template <int SPR> static int f8_occ(int K, size_t smem) {
+/* blocks an SM of k_moe_down_f8<V_FP8, SPR, NS> for K warps and its ring (the occupancy API, asked once per K; 1 if it fails) */
+template <int SPR, int NS = F8_NS> static int f8_occ(int K, size_t smem) {
     static int occ[FUSED_MAX_K + 1];
     if (!occ[K]) {
         int v = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_moe_down_f8<V_FP8, SPR>, 32 * K, smem) != cudaSuccess || v <= 0) cudaGetLastError(), v = 1;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_moe_down_f8<V_FP8, SPR, NS>, 32 * K, smem) != cudaSuccess || v <= 0) cudaGetLastError(), v = 1;
         occ[K] = v;
     }
     return occ[K];
@@ -1997,21 +1998,31 @@ int g_moe_fused(const df_moe_fused_args *a) {
         }
         /* bit 65536 (round 12): FP8 rows (I / 16 / 32 at most 4 warp steps: I = 2048 is 4) through k_moe_down_f8 */
         const void *kf8 = NULL;
-        const size_t f8b = (size_t)K * F8_NS * (size_t)spr * 512;
+        static int f8ns = -1; /* DELTAFIN_CUDA_F8_NS=6 or 8 (a measurement aid; I = 2048 FP8 rows, SPR 4): rows in flight a warp */
+        if (f8ns < 0) f8ns = getenv("DELTAFIN_CUDA_F8_NS") ? atoi(getenv("DELTAFIN_CUDA_F8_NS")) : F8_NS;
+        const int ns = spr == 4 && (f8ns == 6 || f8ns == 8) ? f8ns : F8_NS;
+        const size_t f8b = (size_t)K * ns * (size_t)spr * 512;
         if ((lean_mask() & 65536) && vec_dn == V_FP8 && K <= F8_MAX_K && spr >= 1 && spr <= 4) {
-            kf8 = spr == 1 ? (const void *)k_moe_down_f8<V_FP8, 1> : spr == 2 ? (const void *)k_moe_down_f8<V_FP8, 2> : spr == 3 ? (const void *)k_moe_down_f8<V_FP8, 3> : (const void *)k_moe_down_f8<V_FP8, 4>;
+            kf8 = spr == 1 ? (const void *)k_moe_down_f8<V_FP8, 1> : spr == 2 ? (const void *)k_moe_down_f8<V_FP8, 2> : spr == 3 ? (const void *)k_moe_down_f8<V_FP8, 3>
+                : ns == 6 ? (const void *)k_moe_down_f8<V_FP8, 4, 6> : ns == 8 ? (const void *)k_moe_down_f8<V_FP8, 4, 8> : (const void *)k_moe_down_f8<V_FP8, 4>;
             if (smem_optin(kf8, f8b)) kf8 = NULL;
         }
         /* bit 128: the gate once per block into shared memory (K x I floats within the default 48 KiB), 2 row groups per block */
         const size_t shb = (size_t)K * I * sizeof(float);
         if (kf8) {
             const int ngr = (D + F8_RT - 1) / F8_RT;
-            const int occ = spr == 1 ? f8_occ<1>(K, f8b) : spr == 2 ? f8_occ<2>(K, f8b) : spr == 3 ? f8_occ<3>(K, f8b) : f8_occ<4>(K, f8b);
+            const int occ = spr == 1 ? f8_occ<1>(K, f8b) : spr == 2 ? f8_occ<2>(K, f8b) : spr == 3 ? f8_occ<3>(K, f8b)
+                          : ns == 6 ? f8_occ<4, 6>(K, f8b) : ns == 8 ? f8_occ<4, 8>(K, f8b) : f8_occ<4>(K, f8b);
             const uint64_t cap = (uint64_t)sms() * (uint64_t)occ;
             const unsigned G = (uint64_t)ngr < cap ? (unsigned)ngr : (unsigned)cap;
             switch (spr) {
 #define DN_F8(S) case S: launch_k(k_moe_down_f8<V_FP8, S>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out); break
-                DN_F8(1); DN_F8(2); DN_F8(3); DN_F8(4);
+                DN_F8(1); DN_F8(2); DN_F8(3);
+            case 4:
+                if (ns == 6) launch_k(k_moe_down_f8<V_FP8, 4, 6>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out);
+                else if (ns == 8) launch_k(k_moe_down_f8<V_FP8, 4, 8>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out);
+                else launch_k(k_moe_down_f8<V_FP8, 4>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out);
+                break;
 #undef DN_F8
             default: break; /* unreachable: kf8 is set for these only */
             }
