@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
+#include "read_floor.cuh"
 
 static const df_backend_ops *B = &df_backend_cuda;
 static int g_quick, g_floor_only;
@@ -73,14 +74,6 @@ template <typename F> static double time_ms(F f, int warm, int reps) {
 }
 
 /* ---- floors ---------------------------------------------------------------------------- */
-__global__ void k_read(const uint4 *p, size_t n, unsigned *sink) {
-    uint32_t acc = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint4 v = __ldg(p + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x12345678u) *sink = acc;
-}
 static double hbm_read_gbs(void) {
     const size_t bytes = (size_t)4 << 30;
     uint4 *p;

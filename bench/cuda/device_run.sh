@@ -554,7 +554,7 @@ if has fp8mv; then # the FP8 one-token product's arithmetic on DeepSeek-V3's den
     cat "$OUT/fp8_gemv.log"
     if [ -n "${FP8MV_NCU:-}" ] && [ -n "$NCU" ]; then # ncu's time of the variants' kernels on the shapes named FP8MV_NCU (e.g. "o 7168"):
         # the same tool the model's kernel times come from (does ncu read the event-timed kernels the same?)
-        timeout 120 "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv -k 'regex:k_[abt]' \
+        timeout 120 "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv -k 'regex:k_(ab|t|f)' \
             "$S/bin/fp8_gemv" 3 "$FP8MV_NCU" >"$OUT/ncu_fp8_gemv.csv" 2>&1
         python3 "$S/ncu_sum.py" "$OUT/ncu_fp8_gemv.csv" | head -12
     fi

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
+#include "read_floor.cuh"
 
 #define CK(x)                                                                                                          \
     do {                                                                                                               \
@@ -41,76 +42,33 @@
         }                                                                                                              \
     } while (0)
 
-/* ---- floor -------------------------------------------------------------------------------------------------------- */
-__global__ void k_read(const uint4 *p, size_t n, unsigned *sink) {
-    uint32_t acc = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint4 v = __ldg(p + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x12345678u) *sink = acc;
-}
-
 /* ---- A: the backend's decode -------------------------------------------------------------------------------------- */
 static __device__ __forceinline__ float2 fp8x2_f32(uint32_t two) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffff), __NV_E4M3);
     return __half22float2(__half2(h));
+}
+/* variant A's step: 16 bytes of each of 4 rows (u), each row's scale (s), 16 floats of x at xp: a word's four
+ * elements decoded, scaled and added in order, word by word */
+static __device__ __forceinline__ void a_step(const uint4 (&u)[4], const float (&s)[4], const float4 *xp, float (&acc)[4]) {
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        const float4 xv = __ldg(xp + h);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t word = h == 0 ? u[i].x : h == 1 ? u[i].y : h == 2 ? u[i].z : u[i].w;
+            const float2 lo = fp8x2_f32(word), hi = fp8x2_f32(word >> 16);
+            acc[i] = fmaf(__fmul_rn(lo.x, s[i]), xv.x, acc[i]);
+            acc[i] = fmaf(__fmul_rn(lo.y, s[i]), xv.y, acc[i]);
+            acc[i] = fmaf(__fmul_rn(hi.x, s[i]), xv.z, acc[i]);
+            acc[i] = fmaf(__fmul_rn(hi.y, s[i]), xv.w, acc[i]);
+        }
+    }
 }
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-/* a warp per 4 rows, the whole row; lane steps v = lane + 32 i (16 bytes), U steps in flight */
-template <int U>
-__global__ void __launch_bounds__(256, 3) k_a(const uint8_t *w, const float *sc, const float *x, float *y, int M, int K) {
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    const int r0 = warp * 4;
-    if (r0 >= M) return;
-    const int nv = K / 16, scols = K / 128;
-    float acc[4] = {0, 0, 0, 0};
-    const uint4 *rows[4];
-    for (int i = 0; i < 4; i++) rows[i] = (const uint4 *)(w + (size_t)min(r0 + i, M - 1) * K);
-    const float *srow = sc + (size_t)(r0 / 128) * scols;
-    for (int v0 = lane; v0 < nv; v0 += 32 * U) {
-        uint4 u[U][4];
-        float s[U];
-#pragma unroll
-        for (int q = 0; q < U; q++) {
-            const int v = v0 + 32 * q;
-            if (v < nv) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) u[q][i] = __ldg(rows[i] + v);
-                s[q] = __ldg(srow + v / 8);
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < U; q++) {
-            const int v = v0 + 32 * q;
-            if (v >= nv) break;
-            const float4 *xp = (const float4 *)(x + (size_t)v * 16);
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                const float4 xv = __ldg(xp + h);
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const uint32_t word = h == 0 ? u[q][i].x : h == 1 ? u[q][i].y : h == 2 ? u[q][i].z : u[q][i].w;
-                    const float2 lo = fp8x2_f32(word), hi = fp8x2_f32(word >> 16);
-                    acc[i] = fmaf(__fmul_rn(lo.x, s[q]), xv.x, acc[i]);
-                    acc[i] = fmaf(__fmul_rn(lo.y, s[q]), xv.y, acc[i]);
-                    acc[i] = fmaf(__fmul_rn(hi.x, s[q]), xv.z, acc[i]);
-                    acc[i] = fmaf(__fmul_rn(hi.y, s[q]), xv.w, acc[i]);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float t = warp_sum(acc[i]);
-        if (lane == 0 && r0 + i < M) y[r0 + i] = t;
-    }
-}
-
 /* ---- B: integer decode, one scale product a step ------------------------------------------------------------------ */
 /* byte i of word as an f32 equal to its E4M3 value times 2^-120 (E4M3's exponent field 0 lands on f32's: subnormals
  * exact; NaN codes are not handled here) */
@@ -118,8 +76,10 @@ static __device__ __forceinline__ float e4m3_lo(uint32_t word, int i) {
     const int t = (int)(word << (24 - 8 * i));
     return __int_as_float((t >> 4) & (int)0x87F00000);
 }
-template <int U>
-__global__ void __launch_bounds__(256, 3) k_b(const uint8_t *w, const float *sc, const float *x, float *y, int M, int K) {
+/* a warp per 4 rows, the whole row; lane steps v = lane + 32 i (16 bytes), U steps in flight; IB: the step's arithmetic is
+ * variant B's (e4m3_lo: one scale product a step) instead of A's */
+template <int U, int IB>
+__global__ void __launch_bounds__(256, 3) k_ab(const uint8_t *w, const float *sc, const float *x, float *y, int M, int K) {
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     const int r0 = warp * 4;
     if (r0 >= M) return;
@@ -128,7 +88,6 @@ __global__ void __launch_bounds__(256, 3) k_b(const uint8_t *w, const float *sc,
     const uint4 *rows[4];
     for (int i = 0; i < 4; i++) rows[i] = (const uint4 *)(w + (size_t)min(r0 + i, M - 1) * K);
     const float *srow = sc + (size_t)(r0 / 128) * scols;
-    const float up = 1.329228e36f; /* 2^120 */
     for (int v0 = lane; v0 < nv; v0 += 32 * U) {
         uint4 u[U][4];
         float s[U];
@@ -146,22 +105,27 @@ __global__ void __launch_bounds__(256, 3) k_b(const uint8_t *w, const float *sc,
             const int v = v0 + 32 * q;
             if (v >= nv) break;
             const float4 *xp = (const float4 *)(x + (size_t)v * 16);
-            float part[4] = {0, 0, 0, 0};
+            if (IB) {
+                float part[4] = {0, 0, 0, 0};
 #pragma unroll
-            for (int h = 0; h < 4; h++) {
-                const float4 xv = __ldg(xp + h);
+                for (int h = 0; h < 4; h++) {
+                    const float4 xv = __ldg(xp + h);
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const uint32_t word = h == 0 ? u[q][i].x : h == 1 ? u[q][i].y : h == 2 ? u[q][i].z : u[q][i].w;
-                    part[i] = fmaf(e4m3_lo(word, 0), xv.x, part[i]);
-                    part[i] = fmaf(e4m3_lo(word, 1), xv.y, part[i]);
-                    part[i] = fmaf(e4m3_lo(word, 2), xv.z, part[i]);
-                    part[i] = fmaf(e4m3_lo(word, 3), xv.w, part[i]);
+                    for (int i = 0; i < 4; i++) {
+                        const uint32_t word = h == 0 ? u[q][i].x : h == 1 ? u[q][i].y : h == 2 ? u[q][i].z : u[q][i].w;
+                        part[i] = fmaf(e4m3_lo(word, 0), xv.x, part[i]);
+                        part[i] = fmaf(e4m3_lo(word, 1), xv.y, part[i]);
+                        part[i] = fmaf(e4m3_lo(word, 2), xv.z, part[i]);
+                        part[i] = fmaf(e4m3_lo(word, 3), xv.w, part[i]);
+                    }
                 }
-            }
-            const float s2 = s[q] * up; /* the benchmark's scales are < 2^8 */
+                const float s2 = s[q] * 1.329228e36f; /* 2^120: the benchmark's scales are < 2^8 */
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[i] = fmaf(part[i], s2, acc[i]);
+                for (int i = 0; i < 4; i++) acc[i] = fmaf(part[i], s2, acc[i]);
+            } else {
+                const float s4[4] = {s[q], s[q], s[q], s[q]};
+                a_step(u[q], s4, xp, acc);
+            }
         }
     }
 #pragma unroll
@@ -276,8 +240,8 @@ __global__ void k_tsum(const float *part, float *y, int M, int S) {
 }
 
 /* ---- F: the backend's k_mm_f8<1, 2> body (cuda_mm.cu, round 13) on plain arguments, with switches ---------------------
- * PF: its L2 prefetch of the first 2 KB of each row (1) or none (0); MINB: its launch bounds' blocks an SM (2) or k_a's (3);
- * DEC: its decode order (1: the 8 elements of a half-step of all 4 rows decoded, then x, then the FMAs) or k_a's (0) */
+ * PF: its L2 prefetch of the first 2 KB of each row (1) or none (0); MINB: its launch bounds' blocks an SM (2) or variant A's (3);
+ * DEC: its decode order (1: the 8 elements of a half-step of all 4 rows decoded, then x, then the FMAs) or variant A's (0) */
 struct WF {
     int64_t rows, cols, scale_cols;
     int blk_r, blk_c;
@@ -354,22 +318,8 @@ __global__ void __launch_bounds__(256, MINB) k_f(const __grid_constant__ WF w, c
 #pragma unroll
                         for (int c = 0; c < C; c++) acc[i] = fmaf(wv[i][c], xv[c], acc[i]);
                 }
-            } else {
-                const float4 *xp = (const float4 *)(x + (size_t)v * 16);
-#pragma unroll
-                for (int h = 0; h < 4; h++) {
-                    const float4 xv = __ldg(xp + h);
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const uint32_t word = h == 0 ? u[q][i].x : h == 1 ? u[q][i].y : h == 2 ? u[q][i].z : u[q][i].w;
-                        const float2 lo = fp8x2_f32(word), hi = fp8x2_f32(word >> 16);
-                        acc[i] = fmaf(__fmul_rn(lo.x, sc[q][i]), xv.x, acc[i]);
-                        acc[i] = fmaf(__fmul_rn(lo.y, sc[q][i]), xv.y, acc[i]);
-                        acc[i] = fmaf(__fmul_rn(hi.x, sc[q][i]), xv.z, acc[i]);
-                        acc[i] = fmaf(__fmul_rn(hi.y, sc[q][i]), xv.w, acc[i]);
-                    }
-                }
-            }
+            } else
+                a_step(u[q], sc[q], (const float4 *)(x + (size_t)v * 16), acc);
         }
     }
     float *y = yv + r0;
@@ -476,9 +426,9 @@ int main(int argc, char **argv) {
                 const uint8_t *w = dw + (wbytes + 256) * i;
                 const float *s = (const float *)((const char *)ds + sbytes * i);
                 const int warps = (M + 3) / 4, blocks = (warps * 32 + 255) / 256;
-                if (var == 0) k_a<2><<<blocks, 256>>>(w, s, dx, dy, M, K);
-                else if (var == 1) k_a<4><<<blocks, 256>>>(w, s, dx, dy, M, K);
-                else if (var == 2) k_b<2><<<blocks, 256>>>(w, s, dx, dy, M, K);
+                if (var == 0) k_ab<2, 0><<<blocks, 256>>>(w, s, dx, dy, M, K);
+                else if (var == 1) k_ab<4, 0><<<blocks, 256>>>(w, s, dx, dy, M, K);
+                else if (var == 2) k_ab<2, 1><<<blocks, 256>>>(w, s, dx, dy, M, K);
                 else if (var == 5) k_t<2><<<dim3(M / 16, S), 256>>>(w, s, dxs, dxf, dpart, M, K);
                 else if (var == 6) k_t<4><<<dim3(M / 16, S), 256>>>(w, s, dxs, dxf, dpart, M, K);
                 else if (var >= 7) {

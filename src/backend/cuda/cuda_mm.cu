@@ -861,6 +861,22 @@ static void mm_flush_cp(MmBatch *b) {
  * part (step j of a lane, column step 32 j + lane, goes to part j % WK, in increasing j: each part's fmaf chain is
  * the chain warp j % WK of k_mm's row group runs), then sums each part over the warp (warp_sum) and adds the
  * parts from 0.0f in part order, as mm_body adds its warps' partial sums. */
+/* C floats of x at p (16-byte aligned) through the read-only path, and acc[i] += the R rows' wv[i] . xv in column order
+ * (the one-token kernels' inner step: k_mm_bal, k_mm_f8) */
+template <int C> static __device__ __forceinline__ void ldx(const float *p, float (&xv)[C]) {
+    const float4 *xp = (const float4 *)p;
+#pragma unroll
+    for (int qq = 0; qq < C / 4; qq++) {
+        const float4 f = __ldg(xp + qq);
+        xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
+    }
+}
+template <int R, int C> static __device__ __forceinline__ void fma_rows(const float (&wv)[R][C], const float (&xv)[C], float (&acc)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int c = 0; c < C; c++) acc[i] = fmaf(wv[i][c], xv[c], acc[i]);
+}
 #define BAL_WARPS 8
 template <int V, int MJ, int WK, int R> struct BalTask {
     const MmJob *J;
@@ -960,17 +976,9 @@ __global__ void __launch_bounds__(BAL_WARPS * 32, 2) k_mm_bal(const __grid_const
                     float wv[R][C];
 #pragma unroll
                     for (int i = 0; i < R; i++) decode<V>(u[q][i], h, V == V_FP8 ? sc[q][i] : 1.0f, wv[i]);
-                    const float4 *xp = (const float4 *)(x + c0 + h * C);
                     float xv[C];
-#pragma unroll
-                    for (int qq = 0; qq < C / 4; qq++) {
-                        const float4 f = __ldg(xp + qq);
-                        xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
-                    }
-#pragma unroll
-                    for (int i = 0; i < R; i++)
-#pragma unroll
-                        for (int c = 0; c < C; c++) acc[q % WK][i] = fmaf(wv[i][c], xv[c], acc[q % WK][i]);
+                    ldx<C>(x + c0 + h * C, xv);
+                    fma_rows<R, C>(wv, xv, acc[q % WK]);
                 }
             }
         }
@@ -1102,17 +1110,9 @@ template <int SF, int U, int MJ, int PF> static __device__ __forceinline__ void 
                 float wv[MM_R][C];
 #pragma unroll
                 for (int i = 0; i < MM_R; i++) decode<V_FP8>(u[q][i], h, sc[q][SF ? 0 : i], wv[i]);
-                const float4 *xp = (const float4 *)(x + (size_t)v * E + h * C);
                 float xv[C];
-#pragma unroll
-                for (int qq = 0; qq < C / 4; qq++) {
-                    const float4 f = __ldg(xp + qq);
-                    xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
-                }
-#pragma unroll
-                for (int i = 0; i < MM_R; i++)
-#pragma unroll
-                    for (int c = 0; c < C; c++) acc[i] = fmaf(wv[i][c], xv[c], acc[i]);
+                ldx<C>(x + (size_t)v * E + h * C, xv);
+                fma_rows<MM_R, C>(wv, xv, acc);
             }
         }
     }
