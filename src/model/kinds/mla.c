@@ -21,14 +21,13 @@ static void mla_forward(const df_model *m, df_state *s, int l, int n, int pos0) 
     /* transformers (and DeepSeek's own modeling code) build q_a_layernorm and
      * kv_a_layernorm with the default eps 1e-6, whatever rms_norm_eps says. */
     const float eps = 1e-6f;
+    /* the two products of xn (q_a or q_proj, and kv_a) in one batch: one launch on a GPU (each job's rows as alone) */
+    const df_mv_job xj[2] = {{c->q_lora_rank ? &L->w.q_a : &L->w.q_proj, s->xn, c->q_lora_rank ? s->h1 : s->q}, {&L->w.kv_a, s->xn, s->k}};
+    df_matmul_batch(xj, 2, n);
     if (c->q_lora_rank) {
-        df_matmul(&L->w.q_a, s->xn, n, s->h1);
         df_rmsnorm_rows(s->h1, c->q_lora_rank, s->h1, c->q_lora_rank, L->q_a_norm, n, c->q_lora_rank, eps);
         df_matmul(&L->w.q_b, s->h1, n, s->q);
-    } else {
-        df_matmul(&L->w.q_proj, s->xn, n, s->q);
     }
-    df_matmul(&L->w.kv_a, s->xn, n, s->k);
     if (!L->kind.nope) df_rope(DF_AT(s->q, nope), n, NH, (size_t)NH * qh, qh, rope, s->rope_cs, c->rope_interleave);
     /* positions pos0..: the normalised latent, then the rotated shared key */
     df_act *dst = DF_AT(s->ls[l].cache, (size_t)pos0 * cdim);
