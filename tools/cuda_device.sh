@@ -7,12 +7,12 @@
 # STAGE (default /work/main/.whl/ckern): a git-ignored folder of the checkout
 # that the device tool ships (`run` sends that checkout, plus the ignored
 # paths named in `carry`). Builds here with `make CUDA=1` (nvcc; sm_90 + PTX):
-# deltafin, the conformance test, test_backend_cuda, the benchmark and h2d_bw; copies
+# deltafin, the conformance test, test_backend_cuda, the benchmark, h2d_bw and fp8_gemv; copies
 # them to STAGE/bin, the shared libraries they need that are not glibc's,
 # the C++ runtime's or CUDA's (libmicrohttpd, liburing, libjansson, ...) to
 # STAGE/lib, and bench/cuda/device_run.sh (the one device script) with the
 # scripts it runs (cuda_e2e.py, cuda_tiers.py, make_moe.py, e2e_pct.py,
-# tier_bench.sh) beside them. The device has CUDA 13 and cuBLAS; device_run.sh finds libcublas
+# tier_bench.sh, mtp_diag.sh, f8_diag.sh, ncu_sum.py) beside them. The device has CUDA 13 and cuBLAS; device_run.sh finds libcublas
 # there. Delete STAGE when done.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
