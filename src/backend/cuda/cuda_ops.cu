@@ -999,6 +999,18 @@ template <int V> static __device__ __forceinline__ void mla_dec16(const DW &w, i
 static __device__ __forceinline__ uint4 mla_ld16(const DW &w, int64_t r, int lane, int g, int EP, int R) {
     return EP * (lane + 32 * g) < R ? __ldg((const uint4 *)(w.data + (size_t)r * w.row_bytes) + lane + 32 * g) : make_uint4(0, 0, 0, 0);
 }
+/* rows r0 + first + i nw (i = 0..3, those below lim) of w, the lane's NG 16-byte groups each (zeros past lim): every load
+ * issued before any use (k_mla_absorb_v's rows of W_uk, k_mla_out_v's of W_uv) */
+template <int NG>
+static __device__ __forceinline__ void mla_ld4(const DW &w, int64_t r0, int first, int nw, int lim, int lane, int EP, int R, uint4 (&u)[4][NG]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int g = 0; g < NG; g++) {
+            const int r = first + i * nw;
+            u[i][g] = r < lim ? mla_ld16(w, r0 + r, lane, g, EP, R) : make_uint4(0, 0, 0, 0);
+        }
+}
 /* block (h, t) of 1024 threads: warp w the nope rows w, w + 32, ... of W_uk[h] (kv_b rows h * (nope + v) + d),
  * lane the columns [EP x (lane + 32 g)); the warps' sums added in warp order; dynamic shared memory [32][kv_lora] */
 template <int V, int NG>
@@ -1023,13 +1035,7 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_absorb_v(df_attn_mla_args a, DW 
     const int64_t r0 = (int64_t)h * (nope + vd);
     for (int d0 = wid; d0 < nope; d0 += 4 * nw) { /* 4 rows a warp at a time, every load issued first */
         uint4 u[4][NG];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int g = 0; g < NG; g++) {
-                const int d = d0 + i * nw;
-                u[i][g] = d < nope ? mla_ld16(w, r0 + d, lane, g, EP, R) : make_uint4(0, 0, 0, 0);
-            }
+        mla_ld4<NG>(w, r0, d0, nw, nope, lane, EP, R, u);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int d = d0 + i * nw;
@@ -1070,13 +1076,7 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_out_v(df_attn_mla_args a, DW w, 
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t r0 = (int64_t)h * (nope + vd) + nope;
     uint4 u[4][NG]; /* the block's rows asked for before the combine: the weights are final (resident or uploaded) */
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int g = 0; g < NG; g++) {
-            const int r = wid + i * nw;
-            u[i][g] = r < vd ? mla_ld16(w, r0 + r, lane, g, EP, R) : make_uint4(0, 0, 0, 0);
-        }
+    mla_ld4<NG>(w, r0, wid, nw, vd, lane, EP, R, u);
     mla_combine(a, h, t, ch, S, part, ol, wsc);
     float *out = DP(a.out) + ((size_t)t * NH + h) * vd;
     for (int i0 = wid; i0 < vd; i0 += 4 * nw) {
