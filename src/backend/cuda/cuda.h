@@ -31,8 +31,8 @@ int64_t df_cuda_moe_launches(void);
  * one-launch split attention, round 5's deeper loads, round 6's fused MoE down launch and split attention with
  * more loads in flight, round 7's programmatic dependent launches and register-resident route, round 8's fused
  * add + norm and q/k norm + rope; not round 8's split of one-token spine rows, bit 512, which changes bits); 0: none.
- * Default (DELTAFIN_CUDA_LEAN unset, 392046): all but the narrow product blocks, the round-6 attention and the
- * round-7 shared-gate down launch, plus bits 512, 2048, 4096, 8192, 16384, 32768, 65536 and 262144 (cuda_mm.cu lists them). The results are the
+ * Default (DELTAFIN_CUDA_LEAN unset, 1964910): all but the narrow product blocks, the round-6 attention and the
+ * round-7 shared-gate down launch, plus bits 512, 2048, 4096, 8192, 16384, 32768, 65536, 262144, 524288 and 1048576 (cuda_mm.cu lists them). The results are the
  * same bits either way (1 or 0). */
 void df_cuda_set_lean(int on);
 /* Kernel launches with the programmatic-serialization attribute so far (DELTAFIN_CUDA_LEAN bit 32; tests). */
@@ -60,7 +60,7 @@ int64_t df_cuda_attn_dec_launches(void);
 int64_t df_cuda_moe_rt_launches(void);
 /* Launches of round 11's one-token spine products in one balanced wave (k_mm_bal, bit 16384) so far (tests). */
 int64_t df_cuda_mm_bal_launches(void);
-/* launches of k_mm_f8 (round 13, bit 524288: one-token FP8 products, a warp per 4 whole rows) */
+/* Launches of round 13's one-token FP8 products a warp per 4 whole rows (k_mm_f8, bit 524288) so far (tests). */
 int64_t df_cuda_mm_f8_launches(void);
 /* Launches of round 12's FP8 MoE down launch (k_moe_down_f8, bit 65536) so far (tests). */
 int64_t df_cuda_moe_down_f8_launches(void);
