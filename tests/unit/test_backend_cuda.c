@@ -688,8 +688,12 @@ static void fp8_mm_checks(void) {
     static const struct { int rows, cols; } S[] = {{24576, 1536}, {7168, 16384}, {576, 7168}, {2048, 7168}, {7168, 2048}, {301, 336}, {37, 1040}, {5, 16}};
     /* round 13: bit 524288 (k_mm_f8), with bit 131072 too (k_mm_f8 first), and without bit 512 (k_mm_f8 the same; k_mm with
      * round 7's split: rows of 16+ steps a lane over 2 or more warps) */
-    enum { NJ = sizeof S / sizeof *S, NM = 7, XC = 16384 };
-    const int masks[NM] = {64366, 64366 | 131072, (64366 & ~32768) | 131072, 64366 | 524288, 64366 | 524288 | 131072, 64366 & ~512, (64366 & ~512) | 524288};
+    /* round 14: bit 2097152 (k_mm_f8 with each row group's columns over 2 or 4 warps where the one-warp launch fills at most
+     * half a wave: here 576 x 7168 (18 blocks) and 2048 x 7168 (64) on a GPU of 64+ SMs) */
+    enum { NJ = sizeof S / sizeof *S, NM = 8, XC = 16384 };
+    const int masks[NM] = {64366, 64366 | 131072, (64366 & ~32768) | 131072, 64366 | 524288, 64366 | 524288 | 131072, 64366 & ~512, (64366 & ~512) | 524288,
+                           64366 | 524288 | 2097152};
+    int64_t splits = 0;
     size_t nb = 0, ns = 0;
     for (int k = 0; k < NJ; k++) nb += (size_t)S[k].rows * S[k].cols, ns += (size_t)((S[k].rows + 127) / 128) * ((S[k].cols + 127) / 128);
     uint8_t *db = malloc(nb);
@@ -714,9 +718,13 @@ static void fp8_mm_checks(void) {
             B->zero(y[k], (size_t)S[k].rows);
             B->write(x, xv, XC);
             B->scale(x, 1.0f, XC); /* x written by a kernel just before the product */
-            const int64_t b0 = df_cuda_mm_bal_launches(), f0 = df_cuda_mm_f8_launches();
+            const int64_t b0 = df_cuda_mm_bal_launches(), f0 = df_cuda_mm_f8_launches(), s0 = df_cuda_mm_f8_split_launches();
             B->matmul_batch(&j, 1, 1);
-            const int64_t bal = df_cuda_mm_bal_launches() - b0, f8 = df_cuda_mm_f8_launches() - f0;
+            const int64_t bal = df_cuda_mm_bal_launches() - b0, f8 = df_cuda_mm_f8_launches() - f0, split = df_cuda_mm_f8_split_launches() - s0;
+            CHECK(split == 0 || (masks[m] & 2097152), "FP8 mask %d, job %d: a split k_mm_f8 launch without bit 2097152", masks[m], k);
+            splits += split;
+            if (masks[m] & 2097152) /* the split keeps k_mm_f8's bits only where it does not split */
+                CHECK(k != 2 || split == 1, "FP8 576 x 7168 (18 one-warp blocks), mask %d: not split", masks[m]);
             const int want_f8 = (masks[m] & 524288) != 0;
             CHECK(f8 == want_f8, "FP8 mask %d, job %d: %lld launches of k_mm_f8", masks[m], k, (long long)f8);
             CHECK(bal == ((masks[m] & 131072) && !want_f8 ? 1 : 0), "FP8 mask %d, job %d: %lld launches of k_mm_bal", masks[m], k, (long long)bal);
@@ -727,6 +735,16 @@ static void fp8_mm_checks(void) {
              * whatever bit 512 (the first mask with bit 524288), which are k_mm's where k_mm reads the row with one warp
              * (bit 512: fewer than 8 16-byte steps a lane) */
             int m0 = 0;
+            if (split) { /* its own bits: the same again in a second launch */
+                float *t = malloc((size_t)S[k].rows * 4);
+                B->write(x, xv, XC);
+                B->scale(x, 1.0f, XC);
+                B->matmul_batch(&j, 1, 1);
+                B->read(t, y[k], (size_t)S[k].rows);
+                CHECK(!memcmp(t, yv[m][k], (size_t)S[k].rows * 4), "FP8 job %d (%d x %d), split: two launches differ", k, S[k].rows, S[k].cols);
+                free(t);
+                continue;
+            }
             if (want_f8)
                 while (!(masks[m0] & 524288)) m0++;
             else
@@ -755,6 +773,28 @@ static void fp8_mm_checks(void) {
             CHECK(!memcmp(t, yv[3][ks[i]], (size_t)S[ks[i]].rows * 4), "FP8 job %d in a batch of three: bits differ from its own launch's", ks[i]);
             free(t);
         }
+    }
+    /* round 14: q_a + kv_a's shape of batch (2048 x 7168 and 576 x 7168 in one call: 82 one-warp blocks) under bit 2097152:
+     * one launch, split, each job near the CPU */
+    {
+        df_cuda_set_lean_mask(64366 | 524288 | 2097152);
+        const int ks[2] = {3, 2};
+        df_mv_job jb[2];
+        for (int i = 0; i < 2; i++) jb[i].w = &w[ks[i]], jb[i].x = x, jb[i].y = y[ks[i]], B->zero(y[ks[i]], (size_t)S[ks[i]].rows);
+        B->write(x, xv, XC);
+        B->scale(x, 1.0f, XC);
+        const int64_t f0 = df_cuda_mm_f8_launches(), s0 = df_cuda_mm_f8_split_launches();
+        B->matmul_batch(jb, 2, 1);
+        CHECK(df_cuda_mm_f8_launches() - f0 == 1 && df_cuda_mm_f8_split_launches() - s0 == 1, "FP8 q_a + kv_a batch: %lld launches of k_mm_f8 (%lld split), expected 1 (1)",
+              (long long)(df_cuda_mm_f8_launches() - f0), (long long)(df_cuda_mm_f8_split_launches() - s0));
+        for (int i = 0; i < 2; i++) {
+            float *t = malloc((size_t)S[ks[i]].rows * 4);
+            B->read(t, y[ks[i]], (size_t)S[ks[i]].rows);
+            const double e = fp8_err(&w[ks[i]], xv, t);
+            CHECK(e <= 1e-10, "FP8 q_a + kv_a batch, job %d: rel L2^2 %g against the CPU", ks[i], e);
+            free(t);
+        }
+        printf("test_backend_cuda: FP8 one-token products, bit 2097152: %lld split launches of single jobs\n", (long long)splits);
     }
     /* round 13: k_mm_f8's general scale path (SF = 0): 301 x 336 with 6 x 48 scale blocks (the 4 rows of a warp in two block
      * rows, 3 steps a scale), near the CPU and equal to k_mm's one-warp rows */

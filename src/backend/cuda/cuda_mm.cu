@@ -776,15 +776,17 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * slower); default 392046 = 64366 | 65536 | 262144, DELTAFIN_CUDA_LEAN=64366 restores round 11. Round 13: 524288 the
  * one-token FP8 products through k_mm_f8 (a warp per 4 whole rows: a one-warp row's bits), 1048576 the FP8 experts'
  * gate/up launch with its body (k_mm_devf8: k_mm_dev's bits for rows read by one warp); default 1964910 = 392046 |
- * 524288 | 1048576, DELTAFIN_CUDA_LEAN=392046 restores round 12. Every bit but 512, 1024, 4096 and 524288 gives the
- * same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
+ * 524288 | 1048576, DELTAFIN_CUDA_LEAN=392046 restores round 12. Round 14: 2097152 the k_mm_f8 launches whose
+ * one-warp blocks fill at most half a wave with each row group's columns over 2 or 4 warps (their rows summed in
+ * another order); default 4062062 = 1964910 | 2097152, DELTAFIN_CUDA_LEAN=1964910 restores round 13. Every bit but
+ * 512, 1024, 4096, 524288 and 2097152 gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576;
+        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576 | 2097152;
     }
     return g_lean;
 }
@@ -1051,22 +1053,27 @@ extern "C" int64_t df_cuda_mm_bal_launches(void) { return g_mm_bal; }
  * every block resident at once, evicted the first lines before they were read: o 67.6 us). */
 /* PF: the caller passed pdl_go only (the job table is a kernel parameter: resident rows may be asked of L2, then the
  * wait); 0: the caller waited already (a table in device memory, written by the kernel before) */
-template <int SF, int U, int MJ, int PF> static __device__ __forceinline__ void f8_body(const MmBatchT<MJ> &b) {
-    constexpr int E = Fmt<V_FP8>::E, C = Fmt<V_FP8>::C;
+/* KS (bit 2097152, round 14): the columns of each warp's 4 rows split over KS warps of the block (part p takes the
+ * 32-step chunks p, p + KS, ...: 512 bytes of each row a step, coalesced), each part one accumulator a row, the parts'
+ * warp sums added in part order through shared memory (KS = 1: none of this, the one-warp row). For launches whose
+ * one-warp blocks fill at most a quarter or half of one wave (DeepSeek-V3's q_a + kv_a: 66 blocks, the shared
+ * expert's gate/up: 128, against 264 slots), so that every SM streams. */
+template <int SF, int U, int MJ, int PF, int KS = 1> static __device__ __forceinline__ void f8_body(const MmBatchT<MJ> &b) {
+    constexpr int E = Fmt<V_FP8>::E, C = Fmt<V_FP8>::C, GW = MM_WARPS / KS; /* row groups (of MM_R rows) a block */
     int j = 0;
     while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
     const MmJob &J = b.j[j];
     const DW &w = J.w;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t r0 = ((int64_t)(blockIdx.x - J.blk0) * MM_WARPS + warp) * MM_R;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = warp / KS, p = warp % KS;
+    const int64_t r0 = ((int64_t)(blockIdx.x - J.blk0) * GW + g) * MM_R;
     const int nr = r0 >= w.rows ? 0 : w.rows - r0 < MM_R ? (int)(w.rows - r0) : MM_R;
-    if (!nr) return;
-    if (PF && b.pf) { /* resident rows (written by no kernel): the first 2 KB of each asked of L2 while the kernel before runs */
+    if (KS == 1 && !nr) return;
+    if (PF && b.pf && nr) { /* resident rows (written by no kernel): the first 2 KB of each asked of L2 while the kernel before runs */
         const size_t pb = w.row_bytes < 2048 ? w.row_bytes : 2048;
         for (int i = 0; i < nr; i++)
             for (size_t off = (size_t)lane * 128; off < pb; off += 32 * 128) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(w.data + (size_t)(r0 + i) * w.row_bytes + off));
+                if (KS == 1 || (int)(off / 512) % KS == p) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.data + (size_t)(r0 + i) * w.row_bytes + off));
 #endif
             }
     }
@@ -1086,12 +1093,12 @@ template <int SF, int U, int MJ, int PF> static __device__ __forceinline__ void 
     float acc[MM_R];
 #pragma unroll
     for (int i = 0; i < MM_R; i++) acc[i] = 0.0f;
-    for (uint32_t v0 = lane; v0 < nv; v0 += 32 * U) {
+    for (uint32_t v0 = lane + 32 * p; v0 < (nr ? nv : 0); v0 += 32 * KS * U) {
         uint4 u[U][MM_R];
         float sc[U][SF ? 1 : MM_R];
 #pragma unroll
         for (int q = 0; q < U; q++) {
-            const uint32_t v = v0 + 32 * q;
+            const uint32_t v = v0 + 32 * KS * q;
             if (v < nv) {
 #pragma unroll
                 for (int i = 0; i < MM_R; i++) u[q][i] = __ldg(rows[i] + v);
@@ -1103,7 +1110,7 @@ template <int SF, int U, int MJ, int PF> static __device__ __forceinline__ void 
         }
 #pragma unroll
         for (int q = 0; q < U; q++) {
-            const uint32_t v = v0 + 32 * q;
+            const uint32_t v = v0 + 32 * KS * q;
             if (v >= nv) break;
 #pragma unroll
             for (int h = 0; h < E / C; h++) {
@@ -1117,16 +1124,32 @@ template <int SF, int U, int MJ, int PF> static __device__ __forceinline__ void 
         }
     }
     float *y = J.y + (int64_t)b.t0 * w.rows + r0;
+    if constexpr (KS == 1) {
 #pragma unroll
-    for (int i = 0; i < MM_R; i++) {
-        const float s = warp_sum(acc[i]);
-        if (!lane && i < nr) y[i] = s;
+        for (int i = 0; i < MM_R; i++) {
+            const float s = warp_sum(acc[i]);
+            if (!lane && i < nr) y[i] = s;
+        }
+    } else {
+        __shared__ float ps[MM_WARPS][MM_R];
+#pragma unroll
+        for (int i = 0; i < MM_R; i++) {
+            const float s = warp_sum(acc[i]);
+            if (!lane) ps[warp][i] = s;
+        }
+        __syncthreads();
+        if (!p && lane < nr) {
+            float s = ps[warp][lane];
+#pragma unroll
+            for (int k = 1; k < KS; k++) s += ps[warp + k][lane];
+            y[lane] = s;
+        }
     }
 }
-template <int SF, int U>
+template <int SF, int U, int KS>
 __global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_f8(const __grid_constant__ MmBatchT<MM_SMALLJ> b) {
     pdl_go();
-    f8_body<SF, U, MM_SMALLJ, 1>(b);
+    f8_body<SF, U, MM_SMALLJ, 1, KS>(b);
 }
 /* Round 13 (bit 1048576): the FP8 experts' gate/up launch of the device-routed MoE with this body, its job table written
  * by the route kernel (k_mm_dev's layout for rows read by one warp: 32 rows a block, so the same table): the rows of a
@@ -1136,8 +1159,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_devf8(const MmBatchT<MM
     pdl_wait(), pdl_go();
     f8_body<SF, U, MM_MAXJ, 0>(*b);
 }
-static int64_t g_mm_f8;
+static int64_t g_mm_f8, g_mm_f8s;
 extern "C" int64_t df_cuda_mm_f8_launches(void) { return g_mm_f8; }
+extern "C" int64_t df_cuda_mm_f8_split_launches(void) { return g_mm_f8s; }
 /* 1: the one-token FP8 launch went through k_mm_f8 (bit 524288; at most MM_SMALLJ jobs: the launch takes SF = 1 when every
  * job's scales allow it); 0: not taken */
 static int mm_flush_f8(MmBatch *b) {
@@ -1152,14 +1176,29 @@ static int mm_flush_f8(MmBatch *b) {
     MmBatchT<MM_SMALLJ> s;
     memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
     s.nj = b->nj, s.n = 1, s.t0 = b->t0, s.pf = b->pf, s.cp = 0;
+    /* bit 2097152: KS parts a row group where the one-warp blocks fill at most half the slots of one wave (2 blocks an SM),
+     * the largest power of two (<= 4) that keeps the launch in one wave, and at least 2 steps a lane in each part */
+    int ks = 1;
+    if (lean_mask() & 2097152) {
+        uint64_t nb1 = 0, minv = UINT64_MAX;
+        for (int i = 0; i < s.nj; i++) {
+            nb1 += (uint64_t)((s.j[i].w.rows + MM_WARPS * MM_R - 1) / (MM_WARPS * MM_R));
+            const uint64_t v = (uint64_t)(s.j[i].w.cols / 16);
+            minv = v < minv ? v : minv;
+        }
+        while (ks < 4 && nb1 * 2 * ks <= 2 * (uint64_t)sms() && minv >= (uint64_t)64 * 2 * ks) ks *= 2;
+    }
     unsigned nb = 0;
     for (int i = 0; i < s.nj; i++) {
         s.j[i].blk0 = nb;
-        nb += (unsigned)((s.j[i].w.rows + MM_WARPS * MM_R - 1) / (MM_WARPS * MM_R));
+        nb += (unsigned)((s.j[i].w.rows + MM_WARPS / ks * MM_R - 1) / (MM_WARPS / ks * MM_R));
     }
-    if (sf) launch_k(k_mm_f8<1, 2>, dim3(nb), dim3(MM_WARPS * 32), 0, s);
-    else launch_k(k_mm_f8<0, 2>, dim3(nb), dim3(MM_WARPS * 32), 0, s);
+#define F8_LAUNCH(SFV, KSV) launch_k(k_mm_f8<SFV, 2, KSV>, dim3(nb), dim3(MM_WARPS * 32), 0, s)
+    if (sf) { if (ks == 4) F8_LAUNCH(1, 4); else if (ks == 2) F8_LAUNCH(1, 2); else F8_LAUNCH(1, 1); }
+    else { if (ks == 4) F8_LAUNCH(0, 4); else if (ks == 2) F8_LAUNCH(0, 2); else F8_LAUNCH(0, 1); }
+#undef F8_LAUNCH
     g_mm_f8++;
+    if (ks > 1) g_mm_f8s++;
     return 1;
 }
 /* 1: the launch went through k_mm_bal (bit 16384, bit 32768 its loads before the wait; F32 / F16 / BF16 rows of the 16-byte path, at most MM_SMALLJ
