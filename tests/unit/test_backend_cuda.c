@@ -577,9 +577,14 @@ static void fp8_moe_checks(void) {
     const df_backend_ops *B = &df_backend_cuda;
     static const struct { int D, I, E, K; } S[] = {{7168, 2048, 32, 8}, {301, 336, 32, 8}, {520, 1040, 12, 6}};
     /* round 13: bit 1048576, the gate/up launch through k_mm_devf8 (k_mm_f8's body) in place of k_mm_dev2 */
-    enum { NM = 4, LAYER = 9, TRIALS = 3 };
-    const int masks[NM] = {64366, 64366 | 65536, 64366 | 65536 | 131072 | 262144, 64366 | 65536 | 262144 | 1048576};
-    const int want_f8[NM] = {0, 1, 1, 1};
+    /* round 14: bit 8388608, the FP8 down launch with one scale product a 16-byte step (I = 2048: 4 steps a lane; its own
+     * sums: near the CPU, not the default's bits) */
+    /* and bit 16777216, that launch without its combine, k_moe_combine after it (the same bits), alone and with 8388608 */
+    enum { NM = 7, LAYER = 9, TRIALS = 3 };
+    const int masks[NM] = {64366, 64366 | 65536, 64366 | 65536 | 131072 | 262144, 64366 | 65536 | 262144 | 1048576,
+                           64366 | 65536 | 262144 | 1048576 | 8388608, 64366 | 65536 | 262144 | 1048576 | 16777216,
+                           64366 | 65536 | 262144 | 1048576 | 8388608 | 16777216};
+    const int want_f8[NM] = {0, 1, 1, 1, 1, 1, 1};
     for (size_t si = 0; si < sizeof S / sizeof *S; si++) {
         const int D = S[si].D, I = S[si].I, E = S[si].E, K = S[si].K, layer = LAYER + (int)si;
         const size_t stride = 4112, nb = (size_t)D * I + (size_t)3 * E * stride;
@@ -622,8 +627,14 @@ static void fp8_moe_checks(void) {
                                         .gate = DF_GATE_SILU, .ids_out = fids};
                 B->zero(fdd, (size_t)K * D), B->zero(fout, (size_t)D);
                 const int64_t f0 = df_cuda_moe_down_f8_launches(), u0 = df_cuda_moe_gu_f8_launches(), r0 = df_cuda_moe_gu_f8r_launches();
+                const int64_t st0 = df_cuda_moe_down_f8_step_launches(), cb0 = df_cuda_moe_down_f8_comb_launches();
                 const int rc = B->moe_fused(&fa);
                 const int64_t f8 = df_cuda_moe_down_f8_launches() - f0, gu8 = df_cuda_moe_gu_f8_launches() - u0, gur = df_cuda_moe_gu_f8r_launches() - r0;
+                const int step = (masks[m] & 8388608) && I == 2048, comb = (masks[m] & 16777216) && I == 2048;
+                CHECK(df_cuda_moe_down_f8_comb_launches() - cb0 == comb, "FP8 MoE %dx%d mask %d: %lld down launches with the combine after, expected %d", D, I,
+                      masks[m], (long long)(df_cuda_moe_down_f8_comb_launches() - cb0), comb);
+                CHECK(df_cuda_moe_down_f8_step_launches() - st0 == step, "FP8 MoE %dx%d mask %d: %lld down launches with one scale product a step, expected %d", D, I,
+                      masks[m], (long long)(df_cuda_moe_down_f8_step_launches() - st0), step);
                 /* bit 1048576 (first) / 262144: the FP8 gate/up launch through k_mm_devf8 / at 2 blocks an SM (FP8 rows of the
                  * 16-byte path: D a multiple of 16; k_mm_devf8: rows read by one warp, D < 8192) */
                 const int want_r = (masks[m] & 1048576) && D % 16 == 0 && D < 8192;
@@ -647,7 +658,7 @@ static void fp8_moe_checks(void) {
                         const double eg = fp8_err(&pw[3 * id], xv, gv + (size_t)k * I), eu = fp8_err(&pw[3 * id + 1], xv, uv + (size_t)k * I);
                         CHECK(eg <= 1e-10 && eu <= 1e-10, "FP8 MoE %dx%d expert %d: gate/up rel L2^2 %g %g against the CPU", D, I, id, eg, eu);
                     }
-                    if (trial) continue; /* later trials: bit-equal to the default's (below), which the first trial checks */
+                    if (trial && !step) continue; /* later trials: bit-equal to the default's (below), which the first trial checks; the step sums: near the CPU in every trial */
                     for (int c = 0; c < I; c++) hv[c] = host_silu(gv[(size_t)k * I + c]) * uv[(size_t)k * I + c];
                     const double ed = fp8_err(&pw[3 * id + 2], hv, dv[m] + (size_t)k * D);
                     CHECK(ed <= 1e-10, "FP8 MoE %dx%d mask %d expert %d: down rel L2^2 %g against the CPU", D, I, masks[m], id, ed);
@@ -662,8 +673,10 @@ static void fp8_moe_checks(void) {
                 CHECK(n2 > 0 && d2 <= 1e-12 * n2, "FP8 MoE %dx%d mask %d: the output is not the combine of its rows (rel L2^2 %g)", D, I, masks[m], n2 > 0 ? d2 / n2 : d2);
                 if (m) {
                     CHECK(!memcmp(gvm[m], gvm[0], (size_t)2 * K * I * 4), "FP8 MoE %dx%d trial %d: mask %d's gate/up rows differ from the default's", D, I, trial, masks[m]);
-                    CHECK(!memcmp(dv[m], dv[0], (size_t)K * D * 4), "FP8 MoE %dx%d trial %d: mask %d's down rows differ from the default's", D, I, trial, masks[m]);
-                    CHECK(!memcmp(ov[m], ov[0], (size_t)D * 4), "FP8 MoE %dx%d trial %d: mask %d's output differs from the default's", D, I, trial, masks[m]);
+                    if (!step) {
+                        CHECK(!memcmp(dv[m], dv[0], (size_t)K * D * 4), "FP8 MoE %dx%d trial %d: mask %d's down rows differ from the default's", D, I, trial, masks[m]);
+                        CHECK(!memcmp(ov[m], ov[0], (size_t)D * 4), "FP8 MoE %dx%d trial %d: mask %d's output differs from the default's", D, I, trial, masks[m]);
+                    }
                 }
             }
         }

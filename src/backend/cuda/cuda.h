@@ -31,9 +31,9 @@ int64_t df_cuda_moe_launches(void);
  * one-launch split attention, round 5's deeper loads, round 6's fused MoE down launch and split attention with
  * more loads in flight, round 7's programmatic dependent launches and register-resident route, round 8's fused
  * add + norm and q/k norm + rope; not round 8's split of one-token spine rows, bit 512, which changes bits); 0: none.
- * Default (DELTAFIN_CUDA_LEAN unset, 4062062): all but the narrow product blocks, the round-6 attention and the
- * round-7 shared-gate down launch, plus bits 512, 2048, 4096, 8192, 16384, 32768, 65536, 262144, 524288, 1048576 and 2097152
- * (cuda_mm.cu lists them). The results are the
+ * Default (DELTAFIN_CUDA_LEAN unset, 12450670): all but the narrow product blocks, the round-6 attention and the
+ * round-7 shared-gate down launch, plus bits 512, 2048, 4096, 8192, 16384, 32768, 65536, 262144, 524288, 1048576, 2097152
+ * and 8388608 (cuda_mm.cu lists them). The results are the
  * same bits either way (1 or 0). */
 void df_cuda_set_lean(int on);
 /* Kernel launches with the programmatic-serialization attribute so far (DELTAFIN_CUDA_LEAN bit 32; tests). */
@@ -66,6 +66,8 @@ int64_t df_cuda_mm_f8_launches(void);
 int64_t df_cuda_mm_f8_split_launches(void); /* of those, with the columns split over 2 or 4 warps (bit 2097152) */
 /* Launches of round 12's FP8 MoE down launch (k_moe_down_f8, bit 65536) so far (tests). */
 int64_t df_cuda_moe_down_f8_launches(void);
+int64_t df_cuda_moe_down_f8_step_launches(void); /* of those, one scale product a 16-byte step (bit 8388608) */
+int64_t df_cuda_moe_down_f8_comb_launches(void); /* of those, the combine in its own launch after (bit 16777216: the same bits) */
 /* Launches of round 12's FP8 gate/up launch at 2 blocks an SM (k_mm_dev2, bit 262144) so far (tests). */
 int64_t df_cuda_moe_gu_f8_launches(void);
 /* Launches of round 13's FP8 gate/up launch with k_mm_f8's body (k_mm_devf8, bit 1048576) so far (tests). */

@@ -778,15 +778,17 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * gate/up launch with its body (k_mm_devf8: k_mm_dev's bits for rows read by one warp); default 1964910 = 392046 |
  * 524288 | 1048576, DELTAFIN_CUDA_LEAN=392046 restores round 12. Round 14: 2097152 the k_mm_f8 launches whose
  * one-warp blocks fill at most half a wave with each row group's columns over 2 or 4 warps (their rows summed in
- * another order); default 4062062 = 1964910 | 2097152, DELTAFIN_CUDA_LEAN=1964910 restores round 13. Every bit but
- * 512, 1024, 4096, 524288 and 2097152 gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
+ * another order), 8388608 the FP8 MoE down launch with one scale product a 16-byte step (other sums), 16777216 that
+ * launch without its combine, k_moe_combine after it (opt-in; the same bits); default 12450670 = 1964910 | 2097152 |
+ * 8388608, DELTAFIN_CUDA_LEAN=1964910 restores round 13. Every bit but 512, 1024, 4096, 524288, 2097152 and 8388608
+ * gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576 | 2097152;
+        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576 | 2097152 | 8388608;
     }
     return g_lean;
 }
@@ -1755,7 +1757,13 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_c
 #define F8_RT 4 /* rows per combine group (k_moe_down's MM_R) */
 #define F8_MAX_K 8 /* warps (experts) a block: the bound below (2 blocks of 8 warps an SM, 128 registers: xg alone is 64) */
 /* NS: rows in flight per warp (the ring; NS by default, DELTAFIN_CUDA_NS=6 or 8 for SPR 4: the same arithmetic) */
-template <int V, int SPR, int NS = F8_NS>
+/* MODE 1 (bit 8388608, round 14): each 16-byte step's products summed unscaled (the E4M3 values as the hardware
+ * converts them, fmaf over the step's 16 elements in order), then the step's sum times its block's scale added to the
+ * row's accumulator with one fmaf: one product a step for the scale instead of one an element (a quarter of the
+ * kernel's arithmetic). Other sums than k_moe_down's (within the conformance bounds).
+ * MODE 2 (bit 16777216): no combine here: each warp streams its expert's rows without the block's two barriers a
+ * group, and k_moe_combine (the same arithmetic as moe_comb: the same bits) runs after the launch. */
+template <int V, int SPR, int NS = F8_NS, int MODE = 0>
 __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int ngr, GateIn ga, const float *__restrict__ wr, float *out) {
     extern __shared__ __align__(16) uint4 f8_ring[];
     constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
@@ -1821,21 +1829,36 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
             for (int q = 0; q < SPR; q++) {
                 if ((int64_t)q * 32 + lane < upr) {
                     const uint4 u = ring[((i % NS) * SPR + q) * 32];
+                    if ((MODE & 1) && V == V_FP8) {
+                        const uint32_t qw[4] = {u.x, u.y, u.z, u.w};
+                        float t = 0.0f;
 #pragma unroll
-                    for (int h = 0; h < E / C; h++) {
-                        float wv[C];
-                        decode<V>(u, h, sc[q], wv);
+                        for (int k = 0; k < 4; k++) {
+                            const float2 lo = fp8x2_f32(qw[k]), hi = fp8x2_f32(qw[k] >> 16);
+                            t = fmaf(lo.x, xg[q][4 * k], t), t = fmaf(lo.y, xg[q][4 * k + 1], t);
+                            t = fmaf(hi.x, xg[q][4 * k + 2], t), t = fmaf(hi.y, xg[q][4 * k + 3], t);
+                        }
+                        acc = fmaf(t, sc[q], acc);
+                    } else {
 #pragma unroll
-                        for (int k = 0; k < C; k++) acc = fmaf(wv[k], xg[q][h * C + k], acc);
+                        for (int h = 0; h < E / C; h++) {
+                            float wv[C];
+                            decode<V>(u, h, sc[q], wv);
+#pragma unroll
+                            for (int k = 0; k < C; k++) acc = fmaf(wv[k], xg[q][h * C + k], acc);
+                        }
                     }
                 }
             }
             const float sum = warp_sum(acc);
-            if (!lane) part[warp][s] = sum, y[r] = sum;
+            if (!lane) {
+                if (!(MODE & 2)) part[warp][s] = sum;
+                y[r] = sum;
+            }
         }
         __syncwarp(); /* this lane's reads of slot i before the copy that refills it */
         issue(i + NS);
-        if (s == F8_RT - 1) { /* the group's rows are in part: combine them (block-uniform) */
+        if (!(MODE & 2) && s == F8_RT - 1) { /* the group's rows are in part: combine them (block-uniform) */
             __syncthreads();
             moe_comb(part, wr, K, nr, out + r0);
             __syncthreads();
@@ -1844,17 +1867,19 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
     cp_wait<0>();
 }
 /* blocks an SM of k_moe_down_f8<V_FP8, SPR, NS> for K warps and its ring (the occupancy API, asked once per K; 1 if it fails) */
-template <int SPR, int NS = F8_NS> static int f8_occ(int K, size_t smem) {
+template <int SPR, int NS = F8_NS, int MODE = 0> static int f8_occ(int K, size_t smem) {
     static int occ[FUSED_MAX_K + 1];
     if (!occ[K]) {
         int v = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_moe_down_f8<V_FP8, SPR, NS>, 32 * K, smem) != cudaSuccess || v <= 0) cudaGetLastError(), v = 1;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_moe_down_f8<V_FP8, SPR, NS, MODE>, 32 * K, smem) != cudaSuccess || v <= 0) cudaGetLastError(), v = 1;
         occ[K] = v;
     }
     return occ[K];
 }
-static int64_t g_moe_down_f8, g_gu_f8;
+static int64_t g_moe_down_f8, g_gu_f8, g_moe_down_f8s, g_moe_down_f8c;
 extern "C" int64_t df_cuda_moe_down_f8_launches(void) { return g_moe_down_f8; }
+extern "C" int64_t df_cuda_moe_down_f8_step_launches(void) { return g_moe_down_f8s; }
+extern "C" int64_t df_cuda_moe_down_f8_comb_launches(void) { return g_moe_down_f8c; }
 extern "C" int64_t df_cuda_moe_gu_f8_launches(void) { return g_gu_f8; }
 static int64_t g_gu_f8r;
 extern "C" int64_t df_cuda_moe_gu_f8r_launches(void) { return g_gu_f8r; }
@@ -2041,8 +2066,12 @@ int g_moe_fused(const df_moe_fused_args *a) {
         if (f8ns < 0) f8ns = getenv("DELTAFIN_CUDA_F8_NS") ? atoi(getenv("DELTAFIN_CUDA_F8_NS")) : F8_NS;
         const int ns = spr == 4 && (f8ns == 6 || f8ns == 8) ? f8ns : F8_NS;
         const size_t f8b = (size_t)K * ns * (size_t)spr * 512;
+        /* round 14 (I = 2048 FP8 rows, the default ring): bit 8388608 one scale product a step, bit 16777216 the combine after */
+        const int fmode = spr == 4 && ns == F8_NS ? ((lean_mask() & 8388608) ? 1 : 0) | ((lean_mask() & 16777216) ? 2 : 0) : 0;
         if ((lean_mask() & 65536) && vec_dn == V_FP8 && K <= F8_MAX_K && spr >= 1 && spr <= 4) {
-            kf8 = spr == 1 ? (const void *)k_moe_down_f8<V_FP8, 1> : spr == 2 ? (const void *)k_moe_down_f8<V_FP8, 2> : spr == 3 ? (const void *)k_moe_down_f8<V_FP8, 3>
+            kf8 = fmode == 1 ? (const void *)k_moe_down_f8<V_FP8, 4, F8_NS, 1> : fmode == 2 ? (const void *)k_moe_down_f8<V_FP8, 4, F8_NS, 2>
+                : fmode == 3 ? (const void *)k_moe_down_f8<V_FP8, 4, F8_NS, 3>
+                : spr == 1 ? (const void *)k_moe_down_f8<V_FP8, 1> : spr == 2 ? (const void *)k_moe_down_f8<V_FP8, 2> : spr == 3 ? (const void *)k_moe_down_f8<V_FP8, 3>
                 : ns == 6 ? (const void *)k_moe_down_f8<V_FP8, 4, 6> : ns == 8 ? (const void *)k_moe_down_f8<V_FP8, 4, 8> : (const void *)k_moe_down_f8<V_FP8, 4>;
             if (smem_optin(kf8, f8b)) kf8 = NULL;
         }
@@ -2050,7 +2079,8 @@ int g_moe_fused(const df_moe_fused_args *a) {
         const size_t shb = (size_t)K * I * sizeof(float);
         if (kf8) {
             const int ngr = (D + F8_RT - 1) / F8_RT;
-            const int occ = spr == 1 ? f8_occ<1>(K, f8b) : spr == 2 ? f8_occ<2>(K, f8b) : spr == 3 ? f8_occ<3>(K, f8b)
+            const int occ = fmode == 1 ? f8_occ<4, F8_NS, 1>(K, f8b) : fmode == 2 ? f8_occ<4, F8_NS, 2>(K, f8b) : fmode == 3 ? f8_occ<4, F8_NS, 3>(K, f8b)
+                          : spr == 1 ? f8_occ<1>(K, f8b) : spr == 2 ? f8_occ<2>(K, f8b) : spr == 3 ? f8_occ<3>(K, f8b)
                           : ns == 6 ? f8_occ<4, 6>(K, f8b) : ns == 8 ? f8_occ<4, 8>(K, f8b) : f8_occ<4>(K, f8b);
             const uint64_t cap = (uint64_t)sms() * (uint64_t)occ;
             const unsigned G = (uint64_t)ngr < cap ? (unsigned)ngr : (unsigned)cap;
@@ -2058,7 +2088,10 @@ int g_moe_fused(const df_moe_fused_args *a) {
 #define DN_F8(S) case S: launch_k(k_moe_down_f8<V_FP8, S>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out); break
                 DN_F8(1); DN_F8(2); DN_F8(3);
             case 4:
-                if (ns == 6) launch_k(k_moe_down_f8<V_FP8, 4, 6>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out);
+                if (fmode == 1) launch_k(k_moe_down_f8<V_FP8, 4, F8_NS, 1>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out);
+                else if (fmode == 2) launch_k(k_moe_down_f8<V_FP8, 4, F8_NS, 2>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out);
+                else if (fmode == 3) launch_k(k_moe_down_f8<V_FP8, 4, F8_NS, 3>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out);
+                else if (ns == 6) launch_k(k_moe_down_f8<V_FP8, 4, 6>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out);
                 else if (ns == 8) launch_k(k_moe_down_f8<V_FP8, 4, 8>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out);
                 else launch_k(k_moe_down_f8<V_FP8, 4>, dim3(G), dim3(32 * K), f8b, &p.fd->dn, K, ngr, ga, wr, out);
                 break;
@@ -2066,6 +2099,8 @@ int g_moe_fused(const df_moe_fused_args *a) {
             default: break; /* unreachable: kf8 is set for these only */
             }
             g_moe_down_f8++;
+            if (fmode & 1) g_moe_down_f8s++;
+            if (fmode & 2) g_moe_combine(a->out, a->d, r->w, 1, K, D), g_moe_down_f8c++;
         } else if (kcp) {
             const unsigned nbr = (unsigned)((D + DN_RT - 1) / DN_RT);
             switch (vec_dn * 8 + spr) {
