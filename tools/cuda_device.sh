@@ -12,7 +12,7 @@
 # the C++ runtime's or CUDA's (libmicrohttpd, liburing, libjansson, ...) to
 # STAGE/lib, and bench/cuda/device_run.sh (the one device script) with the
 # scripts it runs (cuda_e2e.py, cuda_tiers.py, make_moe.py, e2e_pct.py,
-# tier_bench.sh, mtp_diag.sh, f8_diag.sh, ncu_sum.py) beside them. The device has CUDA 13 and cuBLAS; device_run.sh finds libcublas
+# tier_bench.sh, mtp_diag.sh, f8_diag.sh, ncu_sect.sh, ncu_sum.py) beside them. The device has CUDA 13 and cuBLAS; device_run.sh finds libcublas
 # there. Delete STAGE when done.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
