@@ -1756,7 +1756,7 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_c
 #define F8_NS 4 /* rows in flight per warp: K x 4 x 2 KB = 64 KiB of ring a block (I = 2048, K = 8) */
 #define F8_RT 4 /* rows per combine group (k_moe_down's MM_R) */
 #define F8_MAX_K 8 /* warps (experts) a block: the bound below (2 blocks of 8 warps an SM, 128 registers: xg alone is 64) */
-/* NS: rows in flight per warp (the ring; NS by default, DELTAFIN_CUDA_NS=6 or 8 for SPR 4: the same arithmetic) */
+/* NS: rows in flight per warp (the ring; F8_NS by default, DELTAFIN_CUDA_F8_NS=6 or 8 for SPR 4: the same arithmetic) */
 /* MODE 1 (bit 8388608, round 14): each 16-byte step's products summed unscaled (the E4M3 values as the hardware
  * converts them, fmaf over the step's 16 elements in order), then the step's sum times its block's scale added to the
  * row's accumulator with one fmaf: one product a step for the scale instead of one an element (a quarter of the
