@@ -23,7 +23,7 @@
 #         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
-# Steps: STEPS="isa unit conf e2e mtp tiers bench moe dsv3 fp8mv" (default all but isa, mtp, dsv3 and fp8mv; fp8mv: bench/cuda/fp8_gemv.cu; isa: the CPU's AVX-512 flags and the CPU
+# Steps: STEPS="isa unit conf e2e mtp tiers bench moe dsv3 fp8mv mdown" (default all but isa, mtp, dsv3, fp8mv and mdown; fp8mv: bench/cuda/fp8_gemv.cu; mdown: bench/cuda/moe_down_bench.cu; isa: the CPU's AVX-512 flags and the CPU
 # backend's conformance under DELTAFIN_ISA=avx512 and avx2; mtp: tests/py/test_spec_mtp.py -k transformers,
 # the CPU backend against transformers' modules). CONF_MASKS / E2E_MASKS="3950": conformance / model parity again under each
 # DELTAFIN_CUDA_LEAN mask. MOE_SET=r11: resident decode with the masks of R11_AB (default "15214 31598 64366": the default, + bit
@@ -560,6 +560,10 @@ if has fp8mv; then # the FP8 one-token product's arithmetic on DeepSeek-V3's den
     fi
     CUOBJ=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null | head -1)
     [ -n "$CUOBJ" ] && "$CUOBJ" -sass "$S/bin/fp8_gemv" >"$OUT/fp8_gemv.sass" 2>&1
+fi
+if has mdown; then # the FP8 MoE down product's memory schedules on DeepSeek-V3's routed down shape (bench/cuda/moe_down_bench.cu)
+    step "moe_down_bench (FP8 MoE down schedules)" 240 moe_down_bench.log "$S/bin/moe_down_bench" ${MDOWN_REPS:-50}
+    cat "$OUT/moe_down_bench.log"
 fi
 if has bench; then
     step "benchmark (cuda_bench ${BENCH_ARGS:---quick})" 300 bench.log "$S/bin/cuda_bench" ${BENCH_ARGS:---quick}

@@ -350,31 +350,10 @@ int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    unsigned *sink;
-    CK(cudaMalloc(&sink, 4));
     cudaEvent_t ea, eb;
     CK(cudaEventCreate(&ea));
     CK(cudaEventCreate(&eb));
-    /* the floor: a 4 GiB read */
-    double floor_gbs;
-    {
-        const size_t bytes = (size_t)4 << 30;
-        uint4 *p;
-        CK(cudaMalloc(&p, bytes));
-        CK(cudaMemset(p, 1, bytes));
-        float best = 1e30f;
-        for (int r = 0; r < 8; r++) {
-            CK(cudaEventRecord(ea));
-            k_read<<<sms * 8, 512>>>(p, bytes / 16, sink);
-            CK(cudaEventRecord(eb));
-            CK(cudaEventSynchronize(eb));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, ea, eb));
-            if (r >= 2 && ms < best) best = ms;
-        }
-        floor_gbs = bytes / (best * 1e-3) / 1e9;
-        cudaFree(p);
-    }
+    const double floor_gbs = read_floor_gbs(sms); /* a 4 GiB read */
     printf("fp8_gemv: HBM read floor %.1f GB/s (4 GiB, best of 6)\n", floor_gbs);
     const Shape shapes[] = {{"q_a 1536x7168", 1536, 7168},     {"kv_a 576x7168", 576, 7168},     {"q_b 24576x1536", 24576, 1536},
                             {"o 7168x16384", 7168, 16384},     {"ffn gate 18432x7168", 18432, 7168}, {"ffn down 7168x18432", 7168, 18432},

@@ -580,11 +580,15 @@ static void fp8_moe_checks(void) {
     /* round 14: bit 8388608, the FP8 down launch with one scale product a 16-byte step (I = 2048: 4 steps a lane; its own
      * sums: near the CPU, not the default's bits) */
     /* and bit 16777216, that launch without its combine, k_moe_combine after it (the same bits), alone and with 8388608 */
-    enum { NM = 7, LAYER = 9, TRIALS = 3 };
+    /* round 15: bit 33554432, that launch as k_moe_down_c8 (k_moe_down_f8's bits: memcmp-equal to the default's, and
+     * with 8388608 to the mask with 8388608 alone; not taken with 16777216 where that applies: I = 2048) */
+    enum { NM = 10, LAYER = 9, TRIALS = 3 };
     const int masks[NM] = {64366, 64366 | 65536, 64366 | 65536 | 131072 | 262144, 64366 | 65536 | 262144 | 1048576,
                            64366 | 65536 | 262144 | 1048576 | 8388608, 64366 | 65536 | 262144 | 1048576 | 16777216,
-                           64366 | 65536 | 262144 | 1048576 | 8388608 | 16777216};
-    const int want_f8[NM] = {0, 1, 1, 1, 1, 1, 1};
+                           64366 | 65536 | 262144 | 1048576 | 8388608 | 16777216, 64366 | 65536 | 262144 | 1048576 | 33554432,
+                           64366 | 65536 | 262144 | 1048576 | 8388608 | 33554432, 64366 | 65536 | 262144 | 1048576 | 16777216 | 33554432};
+    const int want_any[NM] = {0, 1, 1, 1, 1, 1, 1, 1, 1, 1}; /* a down launch of round 12's family (k_moe_down_f8 or _c8) */
+    const int twin[NM] = {-1, -1, -1, -1, -1, -1, 4, -1, 4, 5}; /* a mask whose results must be these bits too (with the step sums) */
     for (size_t si = 0; si < sizeof S / sizeof *S; si++) {
         const int D = S[si].D, I = S[si].I, E = S[si].E, K = S[si].K, layer = LAYER + (int)si;
         const size_t stride = 4112, nb = (size_t)D * I + (size_t)3 * E * stride;
@@ -627,7 +631,7 @@ static void fp8_moe_checks(void) {
                                         .gate = DF_GATE_SILU, .ids_out = fids};
                 B->zero(fdd, (size_t)K * D), B->zero(fout, (size_t)D);
                 const int64_t f0 = df_cuda_moe_down_f8_launches(), u0 = df_cuda_moe_gu_f8_launches(), r0 = df_cuda_moe_gu_f8r_launches();
-                const int64_t st0 = df_cuda_moe_down_f8_step_launches(), cb0 = df_cuda_moe_down_f8_comb_launches();
+                const int64_t st0 = df_cuda_moe_down_f8_step_launches(), cb0 = df_cuda_moe_down_f8_comb_launches(), c80 = df_cuda_moe_down_c8_launches();
                 const int rc = B->moe_fused(&fa);
                 const int64_t f8 = df_cuda_moe_down_f8_launches() - f0, gu8 = df_cuda_moe_gu_f8_launches() - u0, gur = df_cuda_moe_gu_f8r_launches() - r0;
                 const int step = (masks[m] & 8388608) && I == 2048, comb = (masks[m] & 16777216) && I == 2048;
@@ -642,7 +646,10 @@ static void fp8_moe_checks(void) {
                 CHECK(gu8 == want_gu, "FP8 MoE %dx%d mask %d: %lld gate/up launches of k_mm_dev2, expected %d", D, I, masks[m], (long long)gu8, want_gu);
                 CHECK(gur == want_r, "FP8 MoE %dx%d mask %d: %lld gate/up launches of k_mm_devf8, expected %d", D, I, masks[m], (long long)gur, want_r);
                 CHECK(rc == 0, "FP8 MoE %dx%d mask %d: moe_fused rc %d", D, I, masks[m], rc);
-                CHECK(f8 == want_f8[m], "FP8 MoE %dx%d mask %d: %lld launches of k_moe_down_f8, expected %d", D, I, masks[m], (long long)f8, want_f8[m]);
+                const int want_c8 = want_any[m] && (masks[m] & 33554432) && !comb, c8 = (int)(df_cuda_moe_down_c8_launches() - c80);
+                CHECK(c8 == want_c8, "FP8 MoE %dx%d mask %d: %d launches of k_moe_down_c8, expected %d", D, I, masks[m], c8, want_c8);
+                CHECK(f8 == (want_any[m] && !want_c8), "FP8 MoE %dx%d mask %d: %lld launches of k_moe_down_f8, expected %d", D, I, masks[m], (long long)f8,
+                      want_any[m] && !want_c8);
                 B->read(dv[m], fdd, (size_t)K * D), B->read(ov[m], fout, (size_t)D);
                 B->read(gvm[m], fg, (size_t)K * I), B->read(gvm[m] + (size_t)K * I, fu, (size_t)K * I);
                 B->read(wv, fwd, K), B->read(iv, fids, K);
@@ -677,6 +684,10 @@ static void fp8_moe_checks(void) {
                         CHECK(!memcmp(dv[m], dv[0], (size_t)K * D * 4), "FP8 MoE %dx%d trial %d: mask %d's down rows differ from the default's", D, I, trial, masks[m]);
                         CHECK(!memcmp(ov[m], ov[0], (size_t)D * 4), "FP8 MoE %dx%d trial %d: mask %d's output differs from the default's", D, I, trial, masks[m]);
                     }
+                    if (twin[m] >= 0) {
+                        CHECK(!memcmp(dv[m], dv[twin[m]], (size_t)K * D * 4), "FP8 MoE %dx%d trial %d: mask %d's down rows differ from mask %d's", D, I, trial, masks[m], masks[twin[m]]);
+                        CHECK(!memcmp(ov[m], ov[twin[m]], (size_t)D * 4), "FP8 MoE %dx%d trial %d: mask %d's output differs from mask %d's", D, I, trial, masks[m], masks[twin[m]]);
+                    }
                 }
             }
         }
@@ -688,7 +699,58 @@ static void fp8_moe_checks(void) {
         free(db), free(sb), free(pw), free(xv), free(lg), free(bias), free(gv), free(uv), free(hv), free(co);
     }
     df_cuda_set_memory((int64_t)256 << 20, 0, 0);
-    printf("test_backend_cuda: FP8 device-routed MoE (bits 65536, 262144): %d shapes x %d trials x %d masks\n", (int)(sizeof S / sizeof *S), TRIALS, NM);
+    printf("test_backend_cuda: FP8 device-routed MoE (bits 65536, 262144, 33554432): %d shapes x %d trials x %d masks\n", (int)(sizeof S / sizeof *S), TRIALS, NM);
+}
+
+/* Round 15's bit 67108864: MLA's decode launches (16-byte paths) with a resident FP8 kv_b load its rows before their
+ * wait, and score four heads at a time: the same bits as without the bit (memcmp), taken exactly where kv_b is
+ * registered. q and the latent cache are written by a kernel just before the call (x / 4, then scaled by 4), so a
+ * launch that read them before its wait would see a quarter of them. DeepSeek-V3's head shapes (nope 128, rope 64,
+ * kv_lora 512, v 128), 16 heads, at 1 and 3 positions after 300 cached ones. */
+static void mla_early_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    enum { NH = 16, NOPE = 128, ROPE = 64, R = 512, VD = 128, P0 = 300, NMAX = 3 };
+    const int rows = NH * (NOPE + VD);
+    const size_t nb = (size_t)rows * R, ns = (size_t)(rows / 128) * (R / 128);
+    uint8_t *db = malloc(nb);
+    float *sb = malloc(ns * sizeof(float));
+    fp8_fill(db, nb, sb, ns);
+    const size_t nq = (size_t)NMAX * NH * (NOPE + ROPE), nc = (size_t)(P0 + NMAX) * (R + ROPE), no = (size_t)NMAX * NH * VD;
+    float *qv = malloc(nq * 4), *cv = malloc(nc * 4), *o[2][2];
+    for (size_t i = 0; i < nq; i++) qv[i] = frnd() / 4.0f;
+    for (size_t i = 0; i < nc; i++) cv[i] = frnd() / 4.0f;
+    df_act *q = B->alloc(nq), *c = B->alloc(nc), *out = B->alloc(no);
+    for (int reg = 0; reg < 2; reg++) {
+        df_weight w;
+        fp8_weight(&w, rows, R, db, 0, sb, 0);
+        if (reg) CHECK(B->weight_register(&w) == 0 && w.handle, "MLA kv_b registered");
+        for (int nn = 1; nn <= NMAX; nn += NMAX - 1) {
+            for (int m = 0; m < 2; m++) {
+                df_cuda_set_lean_mask(m ? 113113966 : 113113966 & ~67108864);
+                o[nn > 1][m] = malloc(no * 4);
+                B->write(q, qv, nq), B->write(c, cv, nc);
+                B->scale(q, 4.0f, nq), B->scale(c, 4.0f, nc);
+                B->zero(out, no);
+                const df_weight none = {0};
+                df_attn_mla_args a = {q, c, out, &w, &none, &none, nn, P0, NH, NOPE, ROPE, R, VD, 0.0721688f};
+                const int64_t e0 = df_cuda_mla_early_calls();
+                B->attn_mla(&a);
+                const int64_t early = df_cuda_mla_early_calls() - e0;
+                CHECK(early == (m && reg), "MLA n=%d registered %d mask %d: %lld early calls, expected %d", nn, reg, m, (long long)early, m && reg);
+                B->read(o[nn > 1][m], out, (size_t)nn * NH * VD);
+            }
+            CHECK(!memcmp(o[nn > 1][0], o[nn > 1][1], (size_t)nn * NH * VD * 4), "MLA n=%d registered %d: bit 67108864 changed bits", nn, reg);
+            double n2 = 0;
+            for (size_t i = 0; i < (size_t)nn * NH * VD; i++) n2 += (double)o[nn > 1][1][i] * o[nn > 1][1][i];
+            CHECK(n2 > 0 && isfinite(n2), "MLA n=%d registered %d: output norm %g", nn, reg, n2);
+            free(o[nn > 1][0]), free(o[nn > 1][1]);
+        }
+        if (reg) B->weight_unregister(&w);
+    }
+    df_cuda_set_lean_mask(-1);
+    B->free(q), B->free(c), B->free(out);
+    free(db), free(sb), free(qv), free(cv);
+    printf("test_backend_cuda: MLA decode with kv_b's rows before the wait (bit 67108864): 2 weights x 2 batches x 2 masks\n");
 }
 
 /* The dense FP8 one-token products (k_mm under the default mask; round 12's bit 131072: k_mm_bal for FP8; round 13's
@@ -1056,6 +1118,7 @@ int main(void) {
         mm_bal_checks();
         fp8_mm_checks();
         fp8_moe_checks();
+        mla_early_checks();
         attn_split_checks();
         attn_dec_checks();
         fused_rows_checks();

@@ -68,6 +68,11 @@ int64_t df_cuda_mm_f8_split_launches(void); /* of those, with the columns split 
 int64_t df_cuda_moe_down_f8_launches(void);
 int64_t df_cuda_moe_down_f8_step_launches(void); /* of those, one scale product a 16-byte step (bit 8388608) */
 int64_t df_cuda_moe_down_f8_comb_launches(void); /* of those, the combine in its own launch after (bit 16777216: the same bits) */
+/* Launches of round 15's FP8 MoE down launch, a block per row group of every expert (k_moe_down_c8, bit 33554432: k_moe_down_f8's
+ * bits; counted in df_cuda_moe_down_f8_step_launches too with bit 8388608) so far (tests). */
+int64_t df_cuda_moe_down_c8_launches(void);
+/* MLA calls whose decode launches loaded resident kv_b rows before their wait (round 15, bit 67108864: the same bits) so far (tests). */
+int64_t df_cuda_mla_early_calls(void);
 /* Launches of round 12's FP8 gate/up launch at 2 blocks an SM (k_mm_dev2, bit 262144) so far (tests). */
 int64_t df_cuda_moe_gu_f8_launches(void);
 /* Launches of round 13's FP8 gate/up launch with k_mm_f8's body (k_mm_devf8, bit 1048576) so far (tests). */

@@ -780,7 +780,10 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * one-warp blocks fill at most half a wave with each row group's columns over 2 or 4 warps (their rows summed in
  * another order), 8388608 the FP8 MoE down launch with one scale product a 16-byte step (other sums), 16777216 that
  * launch without its combine, k_moe_combine after it (opt-in; the same bits); default 12450670 = 1964910 | 2097152 |
- * 8388608, DELTAFIN_CUDA_LEAN=1964910 restores round 13. Every bit but 512, 1024, 4096, 524288, 2097152 and 8388608
+ * 8388608, DELTAFIN_CUDA_LEAN=1964910 restores round 13. Round 15: 33554432 the FP8 MoE down launch as k_moe_down_c8 (a
+ * block per row group of every expert, each warp's rows whole in registers: k_moe_down_f8's bits), 67108864 MLA's
+ * decode launches with kv_b's rows loaded before their wait and the scores four heads at a time (cuda_ops.cu: the
+ * same bits); default 113113966 = 12450670 | 33554432 | 67108864, DELTAFIN_CUDA_LEAN=12450670 restores round 14. Every bit but 512, 1024, 4096, 524288, 2097152 and 8388608
  * gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
@@ -788,7 +791,7 @@ int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576 | 2097152 | 8388608;
+        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576 | 2097152 | 8388608 | 33554432 | 67108864;
     }
     return g_lean;
 }
@@ -1866,6 +1869,117 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
     }
     cp_wait<0>();
 }
+/* ---- round 15 (DELTAFIN_CUDA_LEAN bit 33554432): the FP8 MoE down launch, a block per row group of every expert ------
+ * Why: bench/cuda/moe_down_bench.cu (DeepSeek-V3's routed down, 8 experts x 7168 x 2048 E4M3, the H200, 2026-12-02):
+ * k_moe_down_f8's schedule (each warp streams one expert's rows through a ring in shared memory, one row at a time)
+ * takes 64-72 us a launch in the model (35-40% of the HBM floor), while a block per 4 rows of every expert, each warp
+ * holding its expert's 4 rows whole in registers (every 16-byte load of a lane in flight at once), reads them in
+ * 34-35 us (74-76%), with or without persistent blocks. Here: one wave of persistent blocks of K warps taking row
+ * groups gr = blockIdx.x, + G, ... (F8_RT rows); the gate of each expert's input computed once a block into shared
+ * memory by that expert's warp (gate_apply on the same g and u: dn_gate's values), stored so that lane l's float4 h of
+ * step q is at (4 q + h) 32 + l (no bank conflicts); warp k: expert k's rows of the group, each row's steps q = 0 ..
+ * SPR - 1 in order with k_moe_down_f8's arithmetic (A1 = 0: decode<V_FP8>'s product by the scale and an fmaf an
+ * element; A1 = 1: bit 8388608's unscaled step sums, one fmaf a step with its scale), warp_sum, y and the block's
+ * part; then moe_comb. **k_moe_down_f8's bits** with the same bit 8388608 (each row's chain and the combine are
+ * its). The first group's rows are loaded before griddepcontrol.wait (the table and the weights are final then, as
+ * k_moe_down_f8's ring); later groups' after the group before's products. The caller checks blk_r % F8_RT == 0 (one
+ * scale row a group), I % 16 == 0, and the shared memory (K x I floats). */
+template <int SPR, int A1>
+__global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_c8(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int ngr, GateIn ga, const float *__restrict__ wr, float *out) {
+    extern __shared__ __align__(16) float4 c8_h[]; /* [K][SPR * 4][32]: gate(g, u) of each expert's inputs */
+    __shared__ float part[2][F8_MAX_K][F8_RT];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    pdl_go();
+    const MmJob *Jp = &b->j[warp];
+    DW w;
+    w.fmt = DF_W_FP8, w.gt = 0;
+    w.sdt = __ldcg(&Jp->w.sdt), w.blk_r = __ldcg(&Jp->w.blk_r), w.blk_c = __ldcg(&Jp->w.blk_c);
+    w.rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), w.cols = (int64_t)__ldcg((const long long *)&Jp->w.cols);
+    w.scale_cols = (int64_t)__ldcg((const long long *)&Jp->w.scale_cols);
+    w.data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
+    w.scale = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.scale);
+    w.row_bytes = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
+    const int64_t D = w.rows, upr = w.cols / 16;
+    const unsigned G = gridDim.x;
+    const uint32_t vps = (uint32_t)w.blk_c / 16;
+    uint4 u[SPR][F8_RT];
+    auto load = [&](int gr) { /* the group's rows of this warp's expert: every load of the lane issued */
+        const int64_t r0 = (int64_t)gr * F8_RT;
+#pragma unroll
+        for (int q = 0; q < SPR; q++) {
+            const int64_t v = (int64_t)q * 32 + lane;
+#pragma unroll
+            for (int i = 0; i < F8_RT; i++)
+                u[q][i] = v < upr && r0 + i < D ? __ldg((const uint4 *)(w.data + (size_t)(r0 + i) * w.row_bytes) + v) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    int gr = blockIdx.x;
+    if (gr < ngr) load(gr);
+    pdl_wait();
+    float4 *hw = c8_h + (size_t)warp * SPR * 4 * 32;
+    {
+        const float *x = Jp->x;
+        for (int64_t c4 = lane; c4 < upr * 4; c4 += 32) { /* float4 c4 of the input: step c4 / 4, its float4 c4 % 4 */
+            const float4 g = __ldg((const float4 *)x + c4), uu = __ldg((const float4 *)(x + ga.uoff) + c4);
+            const int64_t v = c4 / 4;
+            hw[((v / 32) * 4 + c4 % 4) * 32 + v % 32] =
+                make_float4(gate_apply(ga.kind, g.x, uu.x, ga.p0, ga.p1), gate_apply(ga.kind, g.y, uu.y, ga.p0, ga.p1),
+                            gate_apply(ga.kind, g.z, uu.z, ga.p0, ga.p1), gate_apply(ga.kind, g.w, uu.w, ga.p0, ga.p1));
+        }
+    }
+    __syncwarp(); /* each warp reads only its own expert's inputs */
+    float *y = Jp->y;
+    for (int ph = 0; gr < ngr; gr += G, ph ^= 1) {
+        const int64_t r0 = (int64_t)gr * F8_RT;
+        const int nr = D - r0 < F8_RT ? (int)(D - r0) : F8_RT; /* block-uniform */
+        const int64_t srow = (r0 / w.blk_r) * w.scale_cols;
+        float acc[F8_RT];
+#pragma unroll
+        for (int i = 0; i < F8_RT; i++) acc[i] = 0.0f;
+#pragma unroll
+        for (int q = 0; q < SPR; q++) {
+            const int64_t v = (int64_t)q * 32 + lane;
+            if (v >= upr) continue;
+            const float sc = scale_at(w, srow + (int64_t)((uint32_t)v / vps));
+            float xg[16];
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                const float4 f = hw[(q * 4 + h) * 32 + lane];
+                xg[4 * h] = f.x, xg[4 * h + 1] = f.y, xg[4 * h + 2] = f.z, xg[4 * h + 3] = f.w;
+            }
+#pragma unroll
+            for (int i = 0; i < F8_RT; i++) {
+                if (A1) { /* k_moe_down_f8 MODE 1 */
+                    const uint32_t qw[4] = {u[q][i].x, u[q][i].y, u[q][i].z, u[q][i].w};
+                    float t = 0.0f;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const float2 lo = fp8x2_f32(qw[k]), hi = fp8x2_f32(qw[k] >> 16);
+                        t = fmaf(lo.x, xg[4 * k], t), t = fmaf(lo.y, xg[4 * k + 1], t);
+                        t = fmaf(hi.x, xg[4 * k + 2], t), t = fmaf(hi.y, xg[4 * k + 3], t);
+                    }
+                    acc[i] = fmaf(t, sc, acc[i]);
+                } else { /* k_moe_down_f8 MODE 0 */
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        float wv[8];
+                        decode<V_FP8>(u[q][i], h, sc, wv);
+#pragma unroll
+                        for (int k = 0; k < 8; k++) acc[i] = fmaf(wv[k], xg[h * 8 + k], acc[i]);
+                    }
+                }
+            }
+        }
+        if (gr + (int)G < ngr) load(gr + (int)G); /* the next group's rows in flight during the sums and the combine */
+#pragma unroll
+        for (int i = 0; i < F8_RT; i++) {
+            const float t = warp_sum(acc[i]);
+            if (!lane && i < nr) part[ph][warp][i] = t, y[r0 + i] = t;
+        }
+        __syncthreads(); /* part[ph] complete; part[ph ^ 1]'s readers of the group before passed the barrier too */
+        moe_comb(part[ph], wr, K, nr, out + r0);
+    }
+}
 /* blocks an SM of k_moe_down_f8<V_FP8, SPR, NS> for K warps and its ring (the occupancy API, asked once per K; 1 if it fails) */
 template <int SPR, int NS = F8_NS, int MODE = 0> static int f8_occ(int K, size_t smem) {
     static int occ[FUSED_MAX_K + 1];
@@ -1876,6 +1990,18 @@ template <int SPR, int NS = F8_NS, int MODE = 0> static int f8_occ(int K, size_t
     }
     return occ[K];
 }
+/* blocks an SM of k_moe_down_c8<SPR, A1> for K warps and smem bytes of gate (asked once per K; 1 if it fails) */
+template <int SPR, int A1> static int c8_occ(int K, size_t smem) {
+    static int occ[F8_MAX_K + 1];
+    if (!occ[K]) {
+        int v = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_moe_down_c8<SPR, A1>, 32 * K, smem) != cudaSuccess || v <= 0) cudaGetLastError(), v = 1;
+        occ[K] = v;
+    }
+    return occ[K];
+}
+static int64_t g_moe_down_c8;
+extern "C" int64_t df_cuda_moe_down_c8_launches(void) { return g_moe_down_c8; }
 static int64_t g_moe_down_f8, g_gu_f8, g_moe_down_f8s, g_moe_down_f8c;
 extern "C" int64_t df_cuda_moe_down_f8_launches(void) { return g_moe_down_f8; }
 extern "C" int64_t df_cuda_moe_down_f8_step_launches(void) { return g_moe_down_f8s; }
@@ -2077,7 +2203,33 @@ int g_moe_fused(const df_moe_fused_args *a) {
         }
         /* bit 128: the gate once per block into shared memory (K x I floats within the default 48 KiB), 2 row groups per block */
         const size_t shb = (size_t)K * I * sizeof(float);
-        if (kf8) {
+        /* round 15 (bit 33554432): k_moe_down_c8 in place of k_moe_down_f8, its bits (A1: bit 8388608's arithmetic where
+         * that launch would take it); not with bit 16777216's launch without its combine */
+        const void *kc8 = NULL;
+        const int a1 = fmode & 1;
+        const size_t c8b = (size_t)K * (size_t)spr * 2048; /* K experts x 512 spr floats of gate (I <= 512 spr) */
+        if (kf8 && (lean_mask() & 33554432) && !(fmode & 2) && !(I % 16) && dw.blk_r > 0 && !(dw.blk_r % F8_RT) &&
+            dw.blk_c >= 16 && !(dw.blk_c % 16)) {
+#define C8_K(S) (a1 ? (const void *)k_moe_down_c8<S, 1> : (const void *)k_moe_down_c8<S, 0>)
+            kc8 = spr == 1 ? C8_K(1) : spr == 2 ? C8_K(2) : spr == 3 ? C8_K(3) : C8_K(4);
+#undef C8_K
+            if (smem_optin(kc8, c8b)) kc8 = NULL;
+        }
+        if (kc8) {
+            const int ngr = (D + F8_RT - 1) / F8_RT;
+            const int occ = spr == 1 ? (a1 ? c8_occ<1, 1>(K, c8b) : c8_occ<1, 0>(K, c8b)) : spr == 2 ? (a1 ? c8_occ<2, 1>(K, c8b) : c8_occ<2, 0>(K, c8b))
+                          : spr == 3 ? (a1 ? c8_occ<3, 1>(K, c8b) : c8_occ<3, 0>(K, c8b)) : (a1 ? c8_occ<4, 1>(K, c8b) : c8_occ<4, 0>(K, c8b));
+            const uint64_t cap = (uint64_t)sms() * (uint64_t)occ;
+            const unsigned G = (uint64_t)ngr < cap ? (unsigned)ngr : (unsigned)cap;
+            switch (spr * 2 + a1) {
+#define DN_C8(S, A) case S * 2 + A: launch_k(k_moe_down_c8<S, A>, dim3(G), dim3(32 * K), c8b, &p.fd->dn, K, ngr, ga, wr, out); break
+                DN_C8(1, 0); DN_C8(1, 1); DN_C8(2, 0); DN_C8(2, 1); DN_C8(3, 0); DN_C8(3, 1); DN_C8(4, 0); DN_C8(4, 1);
+#undef DN_C8
+            default: break; /* unreachable: spr is 1..4 */
+            }
+            g_moe_down_c8++;
+            if (a1) g_moe_down_f8s++;
+        } else if (kf8) {
             const int ngr = (D + F8_RT - 1) / F8_RT;
             const int occ = fmode == 1 ? f8_occ<4, F8_NS, 1>(K, f8b) : fmode == 2 ? f8_occ<4, F8_NS, 2>(K, f8b) : fmode == 3 ? f8_occ<4, F8_NS, 3>(K, f8b)
                           : spr == 1 ? f8_occ<1>(K, f8b) : spr == 2 ? f8_occ<2>(K, f8b) : spr == 3 ? f8_occ<3>(K, f8b)

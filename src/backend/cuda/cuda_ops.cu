@@ -809,7 +809,7 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_absorb(df_attn_mla_args a, DW w,
 }
 /* block (chunk s, head group g, position t); dynamic shared memory: qf of the group [MD_HG][cd], the chunk's
  * cache rows [ch][cd], e [MD_HG][ch] */
-__global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const float *__restrict__ qf, int ch, int S, float *part) { pdl_entry();
+__global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const float *__restrict__ qf, int ch, int S, float *part, int hq4) { pdl_entry();
     extern __shared__ float sh[];
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z, NH = a.n_heads, R = a.kv_lora, rope = a.rope;
     const int len = a.pos0 + t + 1, h0 = g * MD_HG, nh = NH - h0 < MD_HG ? NH - h0 : MD_HG;
@@ -837,7 +837,22 @@ __global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const f
 #pragma unroll
         for (int k = 0; k < MD_MAXK; k++)
             if (32 * k + lane < cd) rows[(size_t)jj * cd + 32 * k + lane] = r[k];
-        for (int i = 0; i < nh; i++) {
+        int i = 0;
+        if (hq4) /* bit 67108864 (round 15): four heads' chains at a time (each head's sum as below: the same bits) */
+            for (; i + 4 <= nh; i += 4) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int k = 0; k < MD_MAXK; k++)
+                    if (32 * k + lane < cd)
+#pragma unroll
+                        for (int m = 0; m < 4; m++) d[m] = fmaf(qg[(size_t)(i + m) * cd + 32 * k + lane], r[k], d[m]);
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    d[m] = warp_sum(d[m]);
+                    if (!lane) e[(size_t)(i + m) * ch + jj] = d[m] * a.scale;
+                }
+            }
+        for (; i < nh; i++) {
             const float *qv = qg + (size_t)i * cd;
             float d = 0.0f;
 #pragma unroll
@@ -1013,14 +1028,22 @@ static __device__ __forceinline__ void mla_ld4(const DW &w, int64_t r0, int firs
 }
 /* block (h, t) of 1024 threads: warp w the nope rows w, w + 32, ... of W_uk[h] (kv_b rows h * (nope + v) + d),
  * lane the columns [EP x (lane + 32 g)); the warps' sums added in warp order; dynamic shared memory [32][kv_lora] */
+/* early (bit 67108864, round 15: resident weights under programmatic launches): the warp's first 4 rows loaded before
+ * griddepcontrol.wait (the weights are written by no kernel; q, written by the kernel before, is read after it): the
+ * same loads and arithmetic, so the same bits */
 template <int V, int NG>
-__global__ void __launch_bounds__(MD_BIG) k_mla_absorb_v(df_attn_mla_args a, DW w, float *qf) { pdl_entry();
+__global__ void __launch_bounds__(MD_BIG) k_mla_absorb_v(df_attn_mla_args a, DW w, float *qf, int early) {
     extern __shared__ float4 sh4[]; /* (float4: 16-byte aligned) */
     float *sh = (float *)sh4;
     __shared__ float qs[256];
     constexpr int EP = MlaV<V>::EP;
     const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, nope = a.nope, rope = a.rope, R = a.kv_lora, vd = a.v_dim;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t r0 = (int64_t)h * (nope + vd);
+    uint4 u0[4][NG];
+    pdl_go();
+    if (early) mla_ld4<NG>(w, r0, wid, nw, nope, lane, EP, R, u0);
+    pdl_wait();
     const size_t qh = (size_t)nope + rope, cd = (size_t)R + rope;
     const float *q = DCP(a.q) + ((size_t)t * NH + h) * qh;
     float *o = qf + ((size_t)t * NH + h) * cd;
@@ -1032,10 +1055,15 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_absorb_v(df_attn_mla_args a, DW 
     for (int g = 0; g < NG; g++)
 #pragma unroll
         for (int k = 0; k < EP; k++) acc[g][k] = 0.0f;
-    const int64_t r0 = (int64_t)h * (nope + vd);
     for (int d0 = wid; d0 < nope; d0 += 4 * nw) { /* 4 rows a warp at a time, every load issued first */
         uint4 u[4][NG];
-        mla_ld4<NG>(w, r0, d0, nw, nope, lane, EP, R, u);
+        if (early && d0 == wid) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int g = 0; g < NG; g++) u[i][g] = u0[i][g];
+        } else
+            mla_ld4<NG>(w, r0, d0, nw, nope, lane, EP, R, u);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int d = d0 + i * nw;
@@ -1068,7 +1096,7 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_absorb_v(df_attn_mla_args a, DW 
 /* block (h, t) of 1024 threads: the combine, then warp w the rows w, w + 32, ... of W_uv[h] (kv_b rows
  * h * (nope + v) + nope + i), 16-byte loads, warp_sum */
 template <int V, int NG>
-__global__ void __launch_bounds__(MD_BIG) k_mla_out_v(df_attn_mla_args a, DW w, int ch, int S, const float *__restrict__ part) { pdl_entry();
+__global__ void __launch_bounds__(MD_BIG) k_mla_out_v(df_attn_mla_args a, DW w, int ch, int S, const float *__restrict__ part, int early) {
     __shared__ __align__(16) float ol[1024];
     __shared__ float wsc[129];
     constexpr int EP = MlaV<V>::EP;
@@ -1076,7 +1104,10 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_out_v(df_attn_mla_args a, DW w, 
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t r0 = (int64_t)h * (nope + vd) + nope;
     uint4 u[4][NG]; /* the block's rows asked for before the combine: the weights are final (resident or uploaded) */
-    mla_ld4<NG>(w, r0, wid, nw, vd, lane, EP, R, u);
+    pdl_go();
+    if (early) mla_ld4<NG>(w, r0, wid, nw, vd, lane, EP, R, u); /* early (bit 67108864): before the wait too */
+    pdl_wait();
+    if (!early) mla_ld4<NG>(w, r0, wid, nw, vd, lane, EP, R, u);
     mla_combine(a, h, t, ch, S, part, ol, wsc);
     float *out = DP(a.out) + ((size_t)t * NH + h) * vd;
     for (int i0 = wid; i0 < vd; i0 += 4 * nw) {
@@ -1117,15 +1148,16 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_out_v(df_attn_mla_args a, DW w, 
 #define MLA_ABSORB0(V, c, w, qf) MLA_ABSORB(V, 0, c, w, qf)
 #define MLA_ABSORB1(V, c, w, qf) MLA_ABSORB(V, 1, c, w, qf)
 #define MLA_OUT(V, c, w, split_v, ch, S, part) launch_k(k_mla_out<V>, dim3((unsigned)(c).n_heads, (unsigned)(c).n), dim3(MD_BIG), 0, c, w, split_v, ch, S, part)
-template <int V, int NG> static void mla_av(const df_attn_mla_args &c, const DW &kvb, float *qf, size_t shb, size_t *set) {
+template <int V, int NG> static void mla_av(const df_attn_mla_args &c, const DW &kvb, float *qf, size_t shb, size_t *set, int early) {
     if (shb > 48 * 1024 && shb > *set) {
         CK("attn_mla", cudaFuncSetAttribute(k_mla_absorb_v<V, NG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shb));
         *set = shb;
     }
-    launch_k(k_mla_absorb_v<V, NG>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), shb, c, kvb, qf);
+    launch_k(k_mla_absorb_v<V, NG>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), shb, c, kvb, qf, early);
 }
-/* the three launches for one batch of positions (mla_dec checks the shapes and splits the batches) */
-static int mla_dec1(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const DW &vb, int split_k, int split_v) {
+/* the three launches for one batch of positions (mla_dec checks the shapes and splits the batches); early: kv_b is
+ * resident and launches are programmatic (the 16-byte paths may load it before their wait: bit 67108864) */
+static int mla_dec1(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const DW &vb, int split_k, int split_v, int early) {
     const int cd = c.kv_lora + c.rope;
     const size_t T = (size_t)c.pos0 + c.n;
     const int ch = md_ch(T), S = (int)((T + ch - 1) / ch), G = (c.n_heads + MD_HG - 1) / MD_HG;
@@ -1150,27 +1182,27 @@ static int mla_dec1(const df_attn_mla_args &c, const DW &kvb, const DW &kb, cons
         const size_t ashb = (size_t)32 * c.kv_lora * sizeof(float);
         static size_t ashb_set[4] = {0, 0, 0, 0};
         const int ai = (vk == MW_FP8 ? 0 : 2) + ng - 1;
-        if (vk == MW_FP8) { if (ng == 1) mla_av<MW_FP8, 1>(c, kvb, qf, ashb, &ashb_set[ai]); else mla_av<MW_FP8, 2>(c, kvb, qf, ashb, &ashb_set[ai]); }
-        else { if (ng == 1) mla_av<MW_BF16, 1>(c, kvb, qf, ashb, &ashb_set[ai]); else mla_av<MW_BF16, 2>(c, kvb, qf, ashb, &ashb_set[ai]); }
+        if (vk == MW_FP8) { if (ng == 1) mla_av<MW_FP8, 1>(c, kvb, qf, ashb, &ashb_set[ai], early); else mla_av<MW_FP8, 2>(c, kvb, qf, ashb, &ashb_set[ai], early); }
+        else { if (ng == 1) mla_av<MW_BF16, 1>(c, kvb, qf, ashb, &ashb_set[ai], early); else mla_av<MW_BF16, 2>(c, kvb, qf, ashb, &ashb_set[ai], early); }
     } else if (split_k) { MLA_BY_KIND(mla_kind(kb), MLA_ABSORB1, c, kb, qf) }
     else { MLA_BY_KIND(mla_kind(kvb), MLA_ABSORB0, c, kvb, qf) }
     post("attn_mla");
-    launch_k(k_mla_chunk, dim3((unsigned)S, (unsigned)G, (unsigned)c.n), dim3(MD_TH), shb, c, (const float *)qf, ch, S, part);
+    launch_k(k_mla_chunk, dim3((unsigned)S, (unsigned)G, (unsigned)c.n), dim3(MD_TH), shb, c, (const float *)qf, ch, S, part, (lean_mask() & 67108864) ? 1 : 0);
     post("attn_mla");
     const DW &wv = split_v ? vb : kvb;
     const float *pc = part;
     if (vec) {
-        if (vk == MW_FP8) { if (ng == 1) launch_k(k_mla_out_v<MW_FP8, 1>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc);
-                            else launch_k(k_mla_out_v<MW_FP8, 2>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc); }
-        else { if (ng == 1) launch_k(k_mla_out_v<MW_BF16, 1>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc);
-               else launch_k(k_mla_out_v<MW_BF16, 2>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc); }
+        if (vk == MW_FP8) { if (ng == 1) launch_k(k_mla_out_v<MW_FP8, 1>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc, early);
+                            else launch_k(k_mla_out_v<MW_FP8, 2>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc, early); }
+        else { if (ng == 1) launch_k(k_mla_out_v<MW_BF16, 1>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc, early);
+               else launch_k(k_mla_out_v<MW_BF16, 2>, dim3((unsigned)c.n_heads, (unsigned)c.n), dim3(MD_BIG), 0, c, kvb, ch, S, pc, early); }
     } else MLA_BY_KIND(mla_kind(wv), MLA_OUT, c, wv, split_v, ch, S, pc)
     post("attn_mla");
     return 1;
 }
 /* positions in batches whose partials stay under 256 MB (a prefill through these launches: DELTAFIN_CUDA_MLA_DEC_N) */
 static int g_mla_dec_n = -1;
-static int mla_dec(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const DW &vb, int split_k, int split_v) {
+static int mla_dec(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const DW &vb, int split_k, int split_v, int early) {
     if (g_mla_dec_n < 0) { /* DELTAFIN_CUDA_MLA_DEC_N=N: these launches for calls of up to N positions (default 512: a 512-token
                             * DeepSeek-V3-shape prefill's MLA 247 -> 52 ms on the H200, conformance with 64 and model parity
                             * (cuda_e2e, 14 models) with 512 passed; 4 keeps prefill calls on k_attn_mla) */
@@ -1189,11 +1221,13 @@ static int mla_dec(const df_attn_mla_args &c, const DW &kvb, const DW &kb, const
         b.n = c.n - t0 < nb ? c.n - t0 : nb, b.pos0 = c.pos0 + t0;
         b.q = (const df_act *)(DCP(c.q) + (size_t)t0 * c.n_heads * (c.nope + c.rope));
         b.out = (df_act *)(DP(c.out) + (size_t)t0 * c.n_heads * c.v_dim);
-        const int r = mla_dec1(b, kvb, kb, vb, split_k, split_v);
+        const int r = mla_dec1(b, kvb, kb, vb, split_k, split_v, early);
         if (r <= 0) return t0 ? -1 : r; /* (a later batch cannot refuse what the first took: same shapes, shorter caches) */
     }
     return 1;
 }
+static int64_t g_mla_early;
+extern "C" int64_t df_cuda_mla_early_calls(void) { return g_mla_early; }
 void g_attn_mla(const df_attn_mla_args *a) {
     LOCK();
     if (a->n <= 0 || a->n_heads <= 0) return;
@@ -1206,6 +1240,10 @@ void g_attn_mla(const df_attn_mla_args *a) {
     const size_t shb = ((size_t)a->nope + a->rope + 2 * (size_t)a->kv_lora) * sizeof(float);
     if (shb > 48 * 1024) CK("attn_mla", cudaFuncSetAttribute(k_attn_mla, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shb));
     const int per = chunk_tokens(a->n, a->n_heads, a->pos0);
+    /* bit 67108864 (round 15): kv_b's rows loaded before the 16-byte launches' wait where it is resident (written by no
+     * kernel) and the launches programmatic */
+    const int early = (lean_mask() & 67108864) && pdl_on() && !split_k && !split_v && w_resident(a->kv_b);
+    if (early) g_mla_early++;
     for (int t0 = 0; t0 < a->n; t0 += per) {
         df_attn_mla_args c = *a;
         c.n = a->n - t0 < per ? a->n - t0 : per, c.pos0 = a->pos0 + t0;
@@ -1217,7 +1255,7 @@ void g_attn_mla(const df_attn_mla_args *a) {
             g_mla_dec = !(e && !strcmp(e, "0"));
         }
         if (g_mla_dec) {
-            const int r = mla_dec(c, kvb, kb, vb, split_k, split_v);
+            const int r = mla_dec(c, kvb, kb, vb, split_k, split_v, early);
             if (r < 0) return;
             if (r) continue;
         }
