@@ -16,7 +16,9 @@
  *   C4       a block per 4 rows of every expert (warp k: expert k's 4 rows, all 16 loads of a lane in flight at once),
  *            the 4 x K sums through shared memory and combined in the block (k order): one launch, no partials;
  *   C4P      C4 as persistent blocks (one wave; each block loops over row groups), the next group's loads issued
- *            before the current group's products.
+ *            before the current group's products (pipe) or after them;
+ *   gate     x = silu(g) u computed by each warp for its expert into shared memory first and read from there (the
+ *            backend's k_moe_down_c8); A1: one scale product a 16-byte step (bit 8388608's arithmetic).
  * x: each expert's 2048 inputs (in the model: silu(gate) * up, written by the gate/up launch or a small one after it).
  * Prints us per call, GB/s of weight + scale bytes, % of the floor, rel L2 against the host. */
 #include <cuda_fp16.h>
@@ -66,6 +68,7 @@ struct Args {
     const uint8_t *w[NE]; /* expert k's D x I bytes */
     const float *s[NE];   /* its (D / 128) x SC scales */
     const float *x;       /* [NE][I] */
+    const float *g, *u;   /* [NE][I]: x = silu(g) u (the GATE variants compute it) */
     const float *wr;      /* [NE] route weights */
     float *y;             /* [NE][D] (R2 / R4) */
     float *out;           /* [D] */
@@ -113,11 +116,23 @@ __global__ void k_comb(const __grid_constant__ Args a) {
 }
 /* C: block b (NE warps), warp e: expert e's rows 4 gr .. + 3 for the block's row groups gr = b, b + G, ... (G = gridDim.x:
  * D / 4 for C4, one wave for C4P); the next group's 16 loads a lane issued before the current group's products (PIPE) */
-template <int PIPE>
+/* GATE: x computed by each warp for its expert into shared memory first (silu(g) u, lane l's float4 h of step q at
+ * (4 q + h) 32 + l), then read from there (the backend's k_moe_down_c8); A1: one scale product a step */
+template <int PIPE, int GATE = 0, int A1 = 0>
 __global__ void __launch_bounds__(NE * 32, 2) k_c(const __grid_constant__ Args a) {
     const int e = threadIdx.x >> 5, lane = threadIdx.x & 31;
     __shared__ float part[NE][4];
+    extern __shared__ __align__(16) float4 hs[]; /* GATE: NE * (NV / 32) * 4 * 32 (dynamic: 64 KB) */
     const float *x = a.x + (size_t)e * I;
+    if (GATE) {
+        for (int c4 = lane; c4 < I / 4; c4 += 32) {
+            const float4 g = __ldg((const float4 *)(a.g + (size_t)e * I) + c4), u = __ldg((const float4 *)(a.u + (size_t)e * I) + c4);
+            const int v = c4 / 4;
+            hs[(size_t)e * (NV / 32) * 4 * 32 + ((v / 32) * 4 + c4 % 4) * 32 + v % 32] =
+                make_float4(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y, g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
+        }
+        __syncwarp();
+    }
     const uint8_t *w = a.w[e];
     const float *sc = a.s[e];
     auto load = [&](int gr, uint4 (&u)[4][4], float (&s)[4]) {
@@ -143,8 +158,33 @@ __global__ void __launch_bounds__(NE * 32, 2) k_c(const __grid_constant__ Args a
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const int v = q * 32 + lane;
+            if (GATE) {
+                float xg[16];
 #pragma unroll
-            for (int i = 0; i < 4; i++) step(u[q][i], s[q], x + (size_t)v * 16, acc[i]);
+                for (int h = 0; h < 4; h++) {
+                    const float4 f = hs[(size_t)e * (NV / 32) * 4 * 32 + (q * 4 + h) * 32 + lane];
+                    xg[4 * h] = f.x, xg[4 * h + 1] = f.y, xg[4 * h + 2] = f.z, xg[4 * h + 3] = f.w;
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t qw[4] = {u[q][i].x, u[q][i].y, u[q][i].z, u[q][i].w};
+                    float t = 0.0f;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const float2 lo = fp8x2_f32(qw[k]), hi = fp8x2_f32(qw[k] >> 16);
+                        if (A1) {
+                            t = fmaf(lo.x, xg[4 * k], t), t = fmaf(lo.y, xg[4 * k + 1], t);
+                            t = fmaf(hi.x, xg[4 * k + 2], t), t = fmaf(hi.y, xg[4 * k + 3], t);
+                        } else {
+                            acc[i] = fmaf(__fmul_rn(lo.x, s[q]), xg[4 * k], acc[i]), acc[i] = fmaf(__fmul_rn(lo.y, s[q]), xg[4 * k + 1], acc[i]);
+                            acc[i] = fmaf(__fmul_rn(hi.x, s[q]), xg[4 * k + 2], acc[i]), acc[i] = fmaf(__fmul_rn(hi.y, s[q]), xg[4 * k + 3], acc[i]);
+                        }
+                    }
+                    if (A1) acc[i] = fmaf(t, s[q], acc[i]);
+                }
+            } else
+#pragma unroll
+                for (int i = 0; i < 4; i++) step(u[q][i], s[q], x + (size_t)v * 16, acc[i]);
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -196,7 +236,11 @@ int main(int argc, char **argv) {
         if ((b & 0x7f) == 0x7f) b ^= 1; /* no NaN codes */
     }
     for (auto &v : hs) v = ldexpf(1.0f + (rnd() % 1000) / 1000.0f, -12 + (int)(rnd() % 8));
-    for (auto &v : hx) v = ((int)(rnd() % 20001) - 10000) / 5000.0f * ldexpf(1.0f, -(int)(rnd() % 6));
+    std::vector<float> hg(hx.size()), hu(hx.size());
+    for (size_t i = 0; i < hx.size(); i++) { /* x = silu(g) u, as the GATE variants compute it */
+        hg[i] = ((int)(rnd() % 20001) - 10000) / 2500.0f, hu[i] = ((int)(rnd() % 20001) - 10000) / 5000.0f * ldexpf(1.0f, -(int)(rnd() % 6));
+        hx[i] = hg[i] / (1.0f + expf(-hg[i])) * hu[i];
+    }
     for (auto &v : hwr) v = (rnd() % 1000) / 1000.0f;
     std::vector<double> ref(D, 0.0);
     for (int e = 0; e < NE; e++)
@@ -214,6 +258,11 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&dy, (size_t)NE * D * 4));
     CK(cudaMalloc(&dout, D * 4));
     CK(cudaMemcpy(dx, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+    float *dg, *du;
+    CK(cudaMalloc(&dg, hg.size() * 4));
+    CK(cudaMalloc(&du, hu.size() * 4));
+    CK(cudaMemcpy(dg, hg.data(), hg.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(du, hu.data(), hu.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dwr, hwr.data(), NE * 4, cudaMemcpyHostToDevice));
     for (int c = 0; c < ncopy; c++) {
         for (int e = 0; e < NE; e++) {
@@ -225,7 +274,7 @@ int main(int argc, char **argv) {
             CK(cudaMemcpy(s, hs.data() + (size_t)(D / 128) * SC * e, sb, cudaMemcpyHostToDevice));
             A[c].w[e] = w, A[c].s[e] = s;
         }
-        A[c].x = dx, A[c].wr = dwr, A[c].y = dy, A[c].out = dout;
+        A[c].x = dx, A[c].g = dg, A[c].u = du, A[c].wr = dwr, A[c].y = dy, A[c].out = dout;
     }
     int occ = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_c<1>, NE * 32, 0));
@@ -234,8 +283,14 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&ea));
     CK(cudaEventCreate(&eb));
     int fails = 0;
-    const char *vn[] = {"R2 + comb", "R4 + comb", "R4 alone", "C4", "C4 pipe", "C4P", "C4P pipe"};
-    for (int var = 0; var < 7; var++) {
+    const char *vn[] = {"R2 + comb", "R4 + comb", "R4 alone", "C4", "C4 pipe", "C4P", "C4P pipe", "C4P gate", "C4P gate A1", "C4 gate A1"};
+    const size_t hsb = (size_t)NE * I * 4;
+    CK(cudaFuncSetAttribute(k_c<0, 1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)hsb));
+    CK(cudaFuncSetAttribute(k_c<0, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)hsb));
+    int occg = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occg, k_c<0, 1, 1>, NE * 32, hsb));
+    const int gpg = sms * (occg > 0 ? occg : 1);
+    for (int var = 0; var < 10; var++) {
         auto launch = [&](int c) {
             const int rblocks = NE * (D / 4) * 32 / 256;
             if (var == 0) k_r<2><<<rblocks, 256>>>(A[c]), k_comb<<<(D + 255) / 256, 256>>>(A[c]);
@@ -244,7 +299,10 @@ int main(int argc, char **argv) {
             else if (var == 3) k_c<0><<<D / 4, NE * 32>>>(A[c]);
             else if (var == 4) k_c<1><<<D / 4, NE * 32>>>(A[c]);
             else if (var == 5) k_c<0><<<gp, NE * 32>>>(A[c]);
-            else k_c<1><<<gp, NE * 32>>>(A[c]);
+            else if (var == 6) k_c<1><<<gp, NE * 32>>>(A[c]);
+            else if (var == 7) k_c<0, 1, 0><<<gpg, NE * 32, hsb>>>(A[c]);
+            else if (var == 8) k_c<0, 1, 1><<<gpg, NE * 32, hsb>>>(A[c]);
+            else k_c<0, 1, 1><<<D / 4, NE * 32, hsb>>>(A[c]);
         };
         CK(cudaMemset(dout, 0, D * 4));
         launch(0);
@@ -267,6 +325,6 @@ int main(int argc, char **argv) {
         printf("moe down 8 x 7168 x 2048  %-10s %8.2f us %7.1f GB/s %5.1f%% of floor  rel L2 %.2e\n", vn[var], us, gbs, 100 * gbs / floor_gbs, rel);
         if (!(rel < 1e-5)) fails++;
     }
-    printf("moe_down_bench: C4P grid %d (%d blocks an SM); %d results off by more than rel L2 1e-5\n", gp, occ, fails);
+    printf("moe_down_bench: C4P grid %d (%d blocks an SM), with the gate %d (%d); %d results off by more than rel L2 1e-5\n", gp, occ, gpg, occg, fails);
     return fails != 0;
 }

@@ -702,6 +702,66 @@ static void fp8_moe_checks(void) {
     printf("test_backend_cuda: FP8 device-routed MoE (bits 65536, 262144, 33554432): %d shapes x %d trials x %d masks\n", (int)(sizeof S / sizeof *S), TRIALS, NM);
 }
 
+/* Round 15's bit 134217728: one-token BF16 products of at most MM_SMALLJ jobs through k_mm_f8's body (a warp per 4
+ * whole rows, 4 steps of a lane's rows a round; one-warp rows' sums): DeepSeek-V3's lm_head (8192 x 7168) and router
+ * (32 x 7168), Qwen3's q/k/v as one batch of three (4096 / 512 / 512 x 2048), an odd 37 x 600 and an unregistered 45 x
+ * 1040; taken exactly with the bit (and bit 524288), one launch each, near the CPU's rows. x is written by a kernel just
+ * before (x / 4 scaled by 4). */
+static void bf16_f8_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    enum { NJ = 7, NG = 5, XC = 7168 };
+    static const struct { int rows, cols, reg, group; } S[NJ] = {{8192, 7168, 1, 0}, {32, 7168, 1, 1}, {4096, 2048, 1, 2}, {512, 2048, 1, 2},
+                                                                 {512, 2048, 1, 2},  {37, 600, 1, 3},   {45, 1040, 0, 4}};
+    static float xv[XC], xq[XC], yv[8192];
+    df_weight w[NJ];
+    df_mv_job jobs[NJ];
+    uint8_t *data[NJ];
+    df_act *x = B->alloc(XC), *y[NJ];
+    for (int c = 0; c < XC; c++) xv[c] = frnd(), xq[c] = xv[c] / 4.0f;
+    for (int k = 0; k < NJ; k++) {
+        data[k] = float_weight(&w[k], DF_W_BF16, S[k].rows, S[k].cols);
+        if (S[k].reg) CHECK(B->weight_register(&w[k]) == 0 && w[k].handle, "bf16 weight %d registered", k);
+        y[k] = B->alloc((size_t)S[k].rows);
+        jobs[k].w = &w[k], jobs[k].x = x, jobs[k].y = y[k];
+    }
+    static const int masks[3] = {113113966, 113113966 | 134217728, (113113966 & ~524288) | 134217728};
+    for (int m = 0; m < 3; m++) {
+        df_cuda_set_lean_mask(masks[m]);
+        for (int g = 0; g < NG; g++) {
+            int k0 = -1, nk = 0;
+            for (int k = 0; k < NJ; k++)
+                if (S[k].group == g) k0 = k0 < 0 ? k : k0, nk++;
+            for (int k = k0; k < k0 + nk; k++) B->zero(y[k], (size_t)S[k].rows);
+            B->write(x, xq, XC);
+            B->scale(x, 4.0f, XC);
+            const int64_t l0 = df_cuda_mm_launches(), f0 = df_cuda_mm_f8_bf16_launches();
+            B->matmul_batch(jobs + k0, nk, 1);
+            const int64_t launches = df_cuda_mm_launches() - l0, f8b = df_cuda_mm_f8_bf16_launches() - f0;
+            const int want = (masks[m] & 134217728) && (masks[m] & 524288);
+            CHECK(launches == 1, "bf16 mask %d, group %d: %lld product launches, expected 1", masks[m], g, (long long)launches);
+            CHECK(f8b == want, "bf16 mask %d, group %d: %lld BF16 launches of k_mm_f8, expected %d", masks[m], g, (long long)f8b, want);
+            for (int k = k0; k < k0 + nk; k++) {
+                B->read(yv, y[k], (size_t)S[k].rows);
+                double d = 0, n2 = 0;
+                for (int r = 0; r < S[k].rows; r++) {
+                    const float c = df_dot_row(&w[k], r, xv);
+                    d += (double)(yv[r] - c) * (yv[r] - c), n2 += (double)c * c;
+                }
+                CHECK(n2 > 0 && d <= 1e-10 * n2, "bf16 mask %d, job %d (%d x %d): rel L2^2 %g against the CPU", masks[m], k, S[k].rows, S[k].cols,
+                      n2 > 0 ? d / n2 : d);
+            }
+        }
+    }
+    df_cuda_set_lean_mask(-1);
+    for (int k = 0; k < NJ; k++) {
+        if (S[k].reg) B->weight_unregister(&w[k]);
+        B->free(y[k]);
+        free(data[k]);
+    }
+    B->free(x);
+    printf("test_backend_cuda: BF16 one-token products through k_mm_f8's body (bit 134217728): %d groups x 3 masks\n", NG);
+}
+
 /* Round 15's bit 67108864: MLA's decode launches (16-byte paths) with a resident FP8 kv_b load its rows before their
  * wait, and score four heads at a time: the same bits as without the bit (memcmp), taken exactly where kv_b is
  * registered. q and the latent cache are written by a kernel just before the call (x / 4, then scaled by 4), so a
@@ -1119,6 +1179,7 @@ int main(void) {
         fp8_mm_checks();
         fp8_moe_checks();
         mla_early_checks();
+        bf16_f8_checks();
         attn_split_checks();
         attn_dec_checks();
         fused_rows_checks();

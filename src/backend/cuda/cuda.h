@@ -64,6 +64,7 @@ int64_t df_cuda_mm_bal_launches(void);
 /* Launches of round 13's one-token FP8 products a warp per 4 whole rows (k_mm_f8, bit 524288) so far (tests). */
 int64_t df_cuda_mm_f8_launches(void);
 int64_t df_cuda_mm_f8_split_launches(void); /* of those, with the columns split over 2 or 4 warps (bit 2097152) */
+int64_t df_cuda_mm_f8_bf16_launches(void);  /* BF16 one-token products through that body (round 15, bit 134217728) */
 /* Launches of round 12's FP8 MoE down launch (k_moe_down_f8, bit 65536) so far (tests). */
 int64_t df_cuda_moe_down_f8_launches(void);
 int64_t df_cuda_moe_down_f8_step_launches(void); /* of those, one scale product a 16-byte step (bit 8388608) */

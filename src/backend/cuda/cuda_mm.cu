@@ -780,10 +780,12 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * one-warp blocks fill at most half a wave with each row group's columns over 2 or 4 warps (their rows summed in
  * another order), 8388608 the FP8 MoE down launch with one scale product a 16-byte step (other sums), 16777216 that
  * launch without its combine, k_moe_combine after it (opt-in; the same bits); default 12450670 = 1964910 | 2097152 |
- * 8388608, DELTAFIN_CUDA_LEAN=1964910 restores round 13. Round 15: 33554432 the FP8 MoE down launch as k_moe_down_c8 (a
- * block per row group of every expert, each warp's rows whole in registers: k_moe_down_f8's bits), 67108864 MLA's
- * decode launches with kv_b's rows loaded before their wait and the scores four heads at a time (cuda_ops.cu: the
- * same bits); default 113113966 = 12450670 | 33554432 | 67108864, DELTAFIN_CUDA_LEAN=12450670 restores round 14. Every bit but 512, 1024, 4096, 524288, 2097152 and 8388608
+ * 8388608, DELTAFIN_CUDA_LEAN=1964910 restores round 13. Round 15 (the mask keeps 31 bits; 28 used): 33554432 the FP8 MoE down
+ * launch as k_moe_down_c8 (a block per row group of every expert, each warp's rows whole in registers, the gate once
+ * by k_gate before it: k_moe_down_f8's bits), 67108864 MLA's decode launches with kv_b's rows loaded before their wait
+ * and the scores four heads at a time (cuda_ops.cu: the same bits), 134217728 the one-token BF16 products of at most
+ * MM_SMALLJ jobs through k_mm_f8's body (with 524288; one-warp rows' sums); default 247331694 = 12450670 | 33554432 |
+ * 67108864 | 134217728, DELTAFIN_CUDA_LEAN=12450670 restores round 14. Every bit but 512, 1024, 4096, 524288, 2097152, 8388608 and 134217728
  * gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
@@ -791,7 +793,7 @@ int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576 | 2097152 | 8388608 | 33554432 | 67108864;
+        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576 | 2097152 | 8388608 | 33554432 | 67108864 | 134217728;
     }
     return g_lean;
 }
@@ -1063,8 +1065,9 @@ extern "C" int64_t df_cuda_mm_bal_launches(void) { return g_mm_bal; }
  * warp sums added in part order through shared memory (KS = 1: none of this, the one-warp row). For launches whose
  * one-warp blocks fill at most a quarter or half of one wave (DeepSeek-V3's q_a + kv_a: 66 blocks, the shared
  * expert's gate/up: 128, against 264 slots), so that every SM streams. */
-template <int SF, int U, int MJ, int PF, int KS = 1> static __device__ __forceinline__ void f8_body(const MmBatchT<MJ> &b) {
-    constexpr int E = Fmt<V_FP8>::E, C = Fmt<V_FP8>::C, GW = MM_WARPS / KS; /* row groups (of MM_R rows) a block */
+/* V (round 15, bit 134217728): V_BF16 rows through the same body (no scales: decode<V_BF16>, one-warp rows' bits) */
+template <int SF, int U, int MJ, int PF, int KS = 1, int V = V_FP8> static __device__ __forceinline__ void f8_body(const MmBatchT<MJ> &b) {
+    constexpr int E = Fmt<V>::E, C = Fmt<V>::C, GW = MM_WARPS / KS; /* row groups (of MM_R rows) a block */
     int j = 0;
     while (j + 1 < b.nj && blockIdx.x >= b.j[j + 1].blk0) j++;
     const MmJob &J = b.j[j];
@@ -1088,10 +1091,10 @@ template <int SF, int U, int MJ, int PF, int KS = 1> static __device__ __forcein
     for (int i = 0; i < MM_R; i++) {
         const int64_t ri = r0 + (i < nr ? i : 0);
         rows[i] = (const uint4 *)(w.data + (size_t)ri * w.row_bytes);
-        if (!SF || !i) srow[SF ? 0 : i] = (ri / w.blk_r) * w.scale_cols;
+        if (V == V_FP8 && (!SF || !i)) srow[SF ? 0 : i] = (ri / w.blk_r) * w.scale_cols;
     }
-    const float *sf = (const float *)(const void *)w.scale + (SF ? srow[0] : 0); /* SF: the group's scale row */
-    const uint32_t vps = (uint32_t)w.blk_c / 16, nv = (uint32_t)(w.cols / E); /* rows are < 2^32 steps */
+    const float *sf = V == V_FP8 ? (const float *)(const void *)w.scale + (SF ? srow[0] : 0) : NULL; /* SF: the group's scale row */
+    const uint32_t vps = V == V_FP8 ? (uint32_t)w.blk_c / 16 : 1, nv = (uint32_t)(w.cols / E); /* rows are < 2^32 steps */
     const int vsh = SF ? __ffs(vps) - 1 : 0;
     if (PF) pdl_wait();
     const float *x = J.x + (int64_t)b.t0 * w.cols;
@@ -1107,7 +1110,8 @@ template <int SF, int U, int MJ, int PF, int KS = 1> static __device__ __forcein
             if (v < nv) {
 #pragma unroll
                 for (int i = 0; i < MM_R; i++) u[q][i] = __ldg(rows[i] + v);
-                if (SF) sc[q][0] = __ldg(sf + (v >> vsh));
+                if (V != V_FP8) {
+                } else if (SF) sc[q][0] = __ldg(sf + (v >> vsh));
                 else
 #pragma unroll
                     for (int i = 0; i < MM_R; i++) sc[q][SF ? 0 : i] = scale_at(w, srow[SF ? 0 : i] + (int64_t)(v / vps));
@@ -1121,7 +1125,7 @@ template <int SF, int U, int MJ, int PF, int KS = 1> static __device__ __forcein
             for (int h = 0; h < E / C; h++) {
                 float wv[MM_R][C];
 #pragma unroll
-                for (int i = 0; i < MM_R; i++) decode<V_FP8>(u[q][i], h, sc[q][SF ? 0 : i], wv[i]);
+                for (int i = 0; i < MM_R; i++) decode<V>(u[q][i], h, V == V_FP8 ? sc[q][SF ? 0 : i] : 1.0f, wv[i]);
                 float xv[C];
                 ldx<C>(x + (size_t)v * E + h * C, xv);
                 fma_rows<MM_R, C>(wv, xv, acc);
@@ -1151,10 +1155,10 @@ template <int SF, int U, int MJ, int PF, int KS = 1> static __device__ __forcein
         }
     }
 }
-template <int SF, int U, int KS>
+template <int SF, int U, int KS, int V = V_FP8>
 __global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_f8(const __grid_constant__ MmBatchT<MM_SMALLJ> b) {
     pdl_go();
-    f8_body<SF, U, MM_SMALLJ, 1, KS>(b);
+    f8_body<SF, U, MM_SMALLJ, 1, KS, V>(b);
 }
 /* Round 13 (bit 1048576): the FP8 experts' gate/up launch of the device-routed MoE with this body, its job table written
  * by the route kernel (k_mm_dev's layout for rows read by one warp: 32 rows a block, so the same table): the rows of a
@@ -1164,18 +1168,22 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_devf8(const MmBatchT<MM
     pdl_wait(), pdl_go();
     f8_body<SF, U, MM_MAXJ, 0>(*b);
 }
-static int64_t g_mm_f8, g_mm_f8s;
+static int64_t g_mm_f8, g_mm_f8s, g_mm_f8b;
 extern "C" int64_t df_cuda_mm_f8_launches(void) { return g_mm_f8; }
+extern "C" int64_t df_cuda_mm_f8_bf16_launches(void) { return g_mm_f8b; }
 extern "C" int64_t df_cuda_mm_f8_split_launches(void) { return g_mm_f8s; }
 /* 1: the one-token FP8 launch went through k_mm_f8 (bit 524288; at most MM_SMALLJ jobs: the launch takes SF = 1 when every
  * job's scales allow it); 0: not taken */
 static int mm_flush_f8(MmBatch *b) {
-    if (b->n != 1 || b->nj > MM_SMALLJ || b->j[0].vec != V_FP8 || !(lean_mask() & 524288)) return 0;
+    /* round 15 (bit 134217728): BF16 rows of the 16-byte path through the same body, 4 steps of a lane's rows a round */
+    const int bf = b->j[0].vec == V_BF16 && (lean_mask() & 134217728);
+    if (b->n != 1 || b->nj > MM_SMALLJ || (b->j[0].vec != V_FP8 && !bf) || !(lean_mask() & 524288)) return 0;
     int sf = 1;
     for (int i = 0; i < b->nj; i++) {
         const DW &d = b->j[i].w;
         const uint32_t vps = (uint32_t)d.blk_c / 16;
-        if ((uint64_t)d.rows > 0x3fffffffu) return 0;
+        if ((uint64_t)d.rows > 0x3fffffffu || b->j[i].vec != b->j[0].vec) return 0;
+        if (bf) continue;
         if (d.sdt != DF_SCALE_F32 || ((uintptr_t)d.scale & 3) || d.blk_r % MM_R || !vps || (vps & (vps - 1))) sf = 0;
     }
     MmBatchT<MM_SMALLJ> s;
@@ -1188,7 +1196,7 @@ static int mm_flush_f8(MmBatch *b) {
         uint64_t nb1 = 0, minv = UINT64_MAX;
         for (int i = 0; i < s.nj; i++) {
             nb1 += (uint64_t)((s.j[i].w.rows + MM_WARPS * MM_R - 1) / (MM_WARPS * MM_R));
-            const uint64_t v = (uint64_t)(s.j[i].w.cols / 16);
+            const uint64_t v = (uint64_t)(s.j[i].w.cols / (bf ? 8 : 16));
             minv = v < minv ? v : minv;
         }
         while (ks < 4 && nb1 * 2 * ks <= 2 * (uint64_t)sms() && minv >= (uint64_t)64 * 2 * ks) ks *= 2;
@@ -1199,11 +1207,15 @@ static int mm_flush_f8(MmBatch *b) {
         nb += (unsigned)((s.j[i].w.rows + MM_WARPS / ks * MM_R - 1) / (MM_WARPS / ks * MM_R));
     }
 #define F8_LAUNCH(SFV, KSV) launch_k(k_mm_f8<SFV, 2, KSV>, dim3(nb), dim3(MM_WARPS * 32), 0, s)
-    if (sf) { if (ks == 4) F8_LAUNCH(1, 4); else if (ks == 2) F8_LAUNCH(1, 2); else F8_LAUNCH(1, 1); }
+#define BF_LAUNCH(KSV) launch_k(k_mm_f8<0, 4, KSV, V_BF16>, dim3(nb), dim3(MM_WARPS * 32), 0, s)
+    if (bf) { if (ks == 4) BF_LAUNCH(4); else if (ks == 2) BF_LAUNCH(2); else BF_LAUNCH(1); }
+    else if (sf) { if (ks == 4) F8_LAUNCH(1, 4); else if (ks == 2) F8_LAUNCH(1, 2); else F8_LAUNCH(1, 1); }
     else { if (ks == 4) F8_LAUNCH(0, 4); else if (ks == 2) F8_LAUNCH(0, 2); else F8_LAUNCH(0, 1); }
 #undef F8_LAUNCH
-    g_mm_f8++;
-    if (ks > 1) g_mm_f8s++;
+#undef BF_LAUNCH
+    if (bf) g_mm_f8b++;
+    else g_mm_f8++;
+    if (ks > 1 && !bf) g_mm_f8s++;
     return 1;
 }
 /* 1: the launch went through k_mm_bal (bit 16384, bit 32768 its loads before the wait; F32 / F16 / BF16 rows of the 16-byte path, at most MM_SMALLJ
@@ -1874,19 +1886,19 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
  * k_moe_down_f8's schedule (each warp streams one expert's rows through a ring in shared memory, one row at a time)
  * takes 64-72 us a launch in the model (35-40% of the HBM floor), while a block per 4 rows of every expert, each warp
  * holding its expert's 4 rows whole in registers (every 16-byte load of a lane in flight at once), reads them in
- * 34-35 us (74-76%), with or without persistent blocks. Here: one wave of persistent blocks of K warps taking row
- * groups gr = blockIdx.x, + G, ... (F8_RT rows); the gate of each expert's input computed once a block into shared
- * memory by that expert's warp (gate_apply on the same g and u: dn_gate's values), stored so that lane l's float4 h of
- * step q is at (4 q + h) 32 + l (no bank conflicts); warp k: expert k's rows of the group, each row's steps q = 0 ..
- * SPR - 1 in order with k_moe_down_f8's arithmetic (A1 = 0: decode<V_FP8>'s product by the scale and an fmaf an
- * element; A1 = 1: bit 8388608's unscaled step sums, one fmaf a step with its scale), warp_sum, y and the block's
- * part; then moe_comb. **k_moe_down_f8's bits** with the same bit 8388608 (each row's chain and the combine are
- * its). The first group's rows are loaded before griddepcontrol.wait (the table and the weights are final then, as
- * k_moe_down_f8's ring); later groups' after the group before's products. The caller checks blk_r % F8_RT == 0 (one
- * scale row a group), I % 16 == 0, and the shared memory (K x I floats). */
+ * 34-35 us (74-76%), with or without persistent blocks; computing the gate in each persistent block first (each warp
+ * its expert's 2048 inputs) costs ~9 us of that (43.6 us), so k_gate computes it once, in a launch before this one,
+ * into h ([K][I]: gate_apply on the same g and u: the values dn_gate computes). Here: one wave of persistent blocks of
+ * K warps taking row groups gr = blockIdx.x, + G, ... (F8_RT rows); warp k: expert k's rows of the group and their
+ * scales (scale_ld: scale_at's values), each row's steps q = 0 .. SPR - 1 in order with k_moe_down_f8's arithmetic
+ * (A1 = 0: decode<V_FP8>'s product by the scale and an fmaf an element; A1 = 1: bit 8388608's unscaled step sums, one
+ * fmaf a step with its scale), warp_sum, y and the block's part; then moe_comb. **k_moe_down_f8's bits** with the
+ * same bit 8388608 (each row's chain and the combine are its). The first group's rows are loaded before
+ * griddepcontrol.wait (the table and the weights are final then, as k_moe_down_f8's ring), later groups' after the
+ * group before's products. The caller checks blk_r % F8_RT == 0 (one scale row a group) and I % 16 == 0. */
 template <int SPR, int A1>
-__global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_c8(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int ngr, GateIn ga, const float *__restrict__ wr, float *out) {
-    extern __shared__ __align__(16) float4 c8_h[]; /* [K][SPR * 4][32]: gate(g, u) of each expert's inputs */
+__global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_c8(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int ngr, const float *__restrict__ h,
+                                                                  const float *__restrict__ wr, float *out) {
     __shared__ float part[2][F8_MAX_K][F8_RT];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_go();
@@ -1903,36 +1915,26 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_c8(const MmBatchT
     const unsigned G = gridDim.x;
     const uint32_t vps = (uint32_t)w.blk_c / 16;
     uint4 u[SPR][F8_RT];
-    auto load = [&](int gr) { /* the group's rows of this warp's expert: every load of the lane issued */
-        const int64_t r0 = (int64_t)gr * F8_RT;
+    float sc[SPR];
+    auto load = [&](int gr) { /* the group's rows of this warp's expert and their scales: every load of the lane issued */
+        const int64_t r0 = (int64_t)gr * F8_RT, srow = (r0 / w.blk_r) * w.scale_cols;
 #pragma unroll
         for (int q = 0; q < SPR; q++) {
             const int64_t v = (int64_t)q * 32 + lane;
 #pragma unroll
             for (int i = 0; i < F8_RT; i++)
                 u[q][i] = v < upr && r0 + i < D ? __ldg((const uint4 *)(w.data + (size_t)(r0 + i) * w.row_bytes) + v) : make_uint4(0, 0, 0, 0);
+            sc[q] = v < upr ? scale_ld(w, srow + (int64_t)((uint32_t)v / vps)) : 1.0f;
         }
     };
     int gr = blockIdx.x;
     if (gr < ngr) load(gr);
     pdl_wait();
-    float4 *hw = c8_h + (size_t)warp * SPR * 4 * 32;
-    {
-        const float *x = Jp->x;
-        for (int64_t c4 = lane; c4 < upr * 4; c4 += 32) { /* float4 c4 of the input: step c4 / 4, its float4 c4 % 4 */
-            const float4 g = __ldg((const float4 *)x + c4), uu = __ldg((const float4 *)(x + ga.uoff) + c4);
-            const int64_t v = c4 / 4;
-            hw[((v / 32) * 4 + c4 % 4) * 32 + v % 32] =
-                make_float4(gate_apply(ga.kind, g.x, uu.x, ga.p0, ga.p1), gate_apply(ga.kind, g.y, uu.y, ga.p0, ga.p1),
-                            gate_apply(ga.kind, g.z, uu.z, ga.p0, ga.p1), gate_apply(ga.kind, g.w, uu.w, ga.p0, ga.p1));
-        }
-    }
-    __syncwarp(); /* each warp reads only its own expert's inputs */
+    const float *x = h + (size_t)warp * (size_t)w.cols; /* this expert's gate(g, u), written by k_gate just before */
     float *y = Jp->y;
     for (int ph = 0; gr < ngr; gr += G, ph ^= 1) {
         const int64_t r0 = (int64_t)gr * F8_RT;
         const int nr = D - r0 < F8_RT ? (int)(D - r0) : F8_RT; /* block-uniform */
-        const int64_t srow = (r0 / w.blk_r) * w.scale_cols;
         float acc[F8_RT];
 #pragma unroll
         for (int i = 0; i < F8_RT; i++) acc[i] = 0.0f;
@@ -1940,12 +1942,12 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_c8(const MmBatchT
         for (int q = 0; q < SPR; q++) {
             const int64_t v = (int64_t)q * 32 + lane;
             if (v >= upr) continue;
-            const float sc = scale_at(w, srow + (int64_t)((uint32_t)v / vps));
             float xg[16];
+            const float4 *xp = (const float4 *)(x + v * 16);
 #pragma unroll
-            for (int h = 0; h < 4; h++) {
-                const float4 f = hw[(q * 4 + h) * 32 + lane];
-                xg[4 * h] = f.x, xg[4 * h + 1] = f.y, xg[4 * h + 2] = f.z, xg[4 * h + 3] = f.w;
+            for (int k = 0; k < 4; k++) {
+                const float4 f = __ldg(xp + k);
+                xg[4 * k] = f.x, xg[4 * k + 1] = f.y, xg[4 * k + 2] = f.z, xg[4 * k + 3] = f.w;
             }
 #pragma unroll
             for (int i = 0; i < F8_RT; i++) {
@@ -1958,14 +1960,14 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_c8(const MmBatchT
                         t = fmaf(lo.x, xg[4 * k], t), t = fmaf(lo.y, xg[4 * k + 1], t);
                         t = fmaf(hi.x, xg[4 * k + 2], t), t = fmaf(hi.y, xg[4 * k + 3], t);
                     }
-                    acc[i] = fmaf(t, sc, acc[i]);
+                    acc[i] = fmaf(t, sc[q], acc[i]);
                 } else { /* k_moe_down_f8 MODE 0 */
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
+                    for (int hh = 0; hh < 2; hh++) {
                         float wv[8];
-                        decode<V_FP8>(u[q][i], h, sc, wv);
+                        decode<V_FP8>(u[q][i], hh, sc[q], wv);
 #pragma unroll
-                        for (int k = 0; k < 8; k++) acc[i] = fmaf(wv[k], xg[h * 8 + k], acc[i]);
+                        for (int k = 0; k < 8; k++) acc[i] = fmaf(wv[k], xg[hh * 8 + k], acc[i]);
                     }
                 }
             }
@@ -1990,16 +1992,17 @@ template <int SPR, int NS = F8_NS, int MODE = 0> static int f8_occ(int K, size_t
     }
     return occ[K];
 }
-/* blocks an SM of k_moe_down_c8<SPR, A1> for K warps and smem bytes of gate (asked once per K; 1 if it fails) */
-template <int SPR, int A1> static int c8_occ(int K, size_t smem) {
+/* blocks an SM of k_moe_down_c8<SPR, A1> for K warps (asked once per K; 1 if it fails) */
+template <int SPR, int A1> static int c8_occ(int K) {
     static int occ[F8_MAX_K + 1];
     if (!occ[K]) {
         int v = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_moe_down_c8<SPR, A1>, 32 * K, smem) != cudaSuccess || v <= 0) cudaGetLastError(), v = 1;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, k_moe_down_c8<SPR, A1>, 32 * K, 0) != cudaSuccess || v <= 0) cudaGetLastError(), v = 1;
         occ[K] = v;
     }
     return occ[K];
 }
+__global__ void k_gate(float *o, const float *g, const float *u, size_t n, int kind, float p0, float p1); /* cuda_ops.cu */
 static int64_t g_moe_down_c8;
 extern "C" int64_t df_cuda_moe_down_c8_launches(void) { return g_moe_down_c8; }
 static int64_t g_moe_down_f8, g_gu_f8, g_moe_down_f8s, g_moe_down_f8c;
@@ -2205,24 +2208,23 @@ int g_moe_fused(const df_moe_fused_args *a) {
         const size_t shb = (size_t)K * I * sizeof(float);
         /* round 15 (bit 33554432): k_moe_down_c8 in place of k_moe_down_f8, its bits (A1: bit 8388608's arithmetic where
          * that launch would take it); not with bit 16777216's launch without its combine */
-        const void *kc8 = NULL;
+        float *hbuf = NULL;
         const int a1 = fmode & 1;
-        const size_t c8b = (size_t)K * (size_t)spr * 2048; /* K experts x 512 spr floats of gate (I <= 512 spr) */
-        if (kf8 && (lean_mask() & 33554432) && !(fmode & 2) && !(I % 16) && dw.blk_r > 0 && !(dw.blk_r % F8_RT) &&
-            dw.blk_c >= 16 && !(dw.blk_c % 16)) {
-#define C8_K(S) (a1 ? (const void *)k_moe_down_c8<S, 1> : (const void *)k_moe_down_c8<S, 0>)
-            kc8 = spr == 1 ? C8_K(1) : spr == 2 ? C8_K(2) : spr == 3 ? C8_K(3) : C8_K(4);
-#undef C8_K
-            if (smem_optin(kc8, c8b)) kc8 = NULL;
-        }
-        if (kc8) {
+        if (kf8 && (lean_mask() & 33554432) && !(fmode & 2) && !(I % 16) && dw.blk_r > 0 && !(dw.blk_r % F8_RT) && dw.blk_c >= 16 &&
+            !(dw.blk_c % 16))
+            hbuf = (float *)slot(S_MOEH, (size_t)K * I * sizeof(float), "moe_fused"); /* K x I floats (NULL: k_moe_down_f8 instead) */
+        if (hbuf) {
+            /* the gate of every chosen expert's input, once (k_gate: gate_apply, the values k_moe_down_f8 computes) */
+            launch_k(k_gate, dim3(blocks_for((size_t)K * I, 256)), dim3(256), 0, hbuf, (const float *)DCP(a->g), (const float *)DCP(a->u),
+                     (size_t)K * I, (int)a->gate, a->p0, a->p1);
+            post("moe_fused");
             const int ngr = (D + F8_RT - 1) / F8_RT;
-            const int occ = spr == 1 ? (a1 ? c8_occ<1, 1>(K, c8b) : c8_occ<1, 0>(K, c8b)) : spr == 2 ? (a1 ? c8_occ<2, 1>(K, c8b) : c8_occ<2, 0>(K, c8b))
-                          : spr == 3 ? (a1 ? c8_occ<3, 1>(K, c8b) : c8_occ<3, 0>(K, c8b)) : (a1 ? c8_occ<4, 1>(K, c8b) : c8_occ<4, 0>(K, c8b));
+            const int occ = spr == 1 ? (a1 ? c8_occ<1, 1>(K) : c8_occ<1, 0>(K)) : spr == 2 ? (a1 ? c8_occ<2, 1>(K) : c8_occ<2, 0>(K))
+                          : spr == 3 ? (a1 ? c8_occ<3, 1>(K) : c8_occ<3, 0>(K)) : (a1 ? c8_occ<4, 1>(K) : c8_occ<4, 0>(K));
             const uint64_t cap = (uint64_t)sms() * (uint64_t)occ;
             const unsigned G = (uint64_t)ngr < cap ? (unsigned)ngr : (unsigned)cap;
             switch (spr * 2 + a1) {
-#define DN_C8(S, A) case S * 2 + A: launch_k(k_moe_down_c8<S, A>, dim3(G), dim3(32 * K), c8b, &p.fd->dn, K, ngr, ga, wr, out); break
+#define DN_C8(S, A) case S * 2 + A: launch_k(k_moe_down_c8<S, A>, dim3(G), dim3(32 * K), 0, &p.fd->dn, K, ngr, (const float *)hbuf, wr, out); break
                 DN_C8(1, 0); DN_C8(1, 1); DN_C8(2, 0); DN_C8(2, 1); DN_C8(3, 0); DN_C8(3, 1); DN_C8(4, 0); DN_C8(4, 1);
 #undef DN_C8
             default: break; /* unreachable: spr is 1..4 */
