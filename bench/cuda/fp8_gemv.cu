@@ -31,22 +31,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
+#define BENCH_NAME "fp8_gemv"
+#include "fp8_bench.cuh"
 #include "read_floor.cuh"
 
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "fp8_gemv: %s: %s\n", #x, cudaGetErrorString(e_));                                         \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
 
 /* ---- A: the backend's decode -------------------------------------------------------------------------------------- */
-static __device__ __forceinline__ float2 fp8x2_f32(uint32_t two) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffff), __NV_E4M3);
-    return __half22float2(__half2(h));
-}
 /* variant A's step: 16 bytes of each of 4 rows (u), each row's scale (s), 16 floats of x at xp: a word's four
  * elements decoded, scaled and added in order, word by word */
 static __device__ __forceinline__ void a_step(const uint4 (&u)[4], const float (&s)[4], const float4 *xp, float (&acc)[4]) {
@@ -63,11 +53,6 @@ static __device__ __forceinline__ void a_step(const uint4 (&u)[4], const float (
             acc[i] = fmaf(__fmul_rn(hi.y, s[i]), xv.w, acc[i]);
         }
     }
-}
-static __device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 /* ---- B: integer decode, one scale product a step ------------------------------------------------------------------ */
 /* byte i of word as an f32 equal to its E4M3 value times 2^-120 (E4M3's exponent field 0 lands on f32's: subnormals
@@ -331,16 +316,6 @@ __global__ void __launch_bounds__(256, MINB) k_f(const __grid_constant__ WF w, c
 }
 
 /* ---- host -------------------------------------------------------------------------------------------------------- */
-static float e4m3_host(uint8_t b) {
-    const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-    const float v = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
-    return s ? -v : v;
-}
-static uint64_t rs = 88172645463325252ull;
-static uint32_t rnd(void) {
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (uint32_t)(rs >> 11);
-}
 struct Shape {
     const char *name;
     int M, K;

@@ -29,28 +29,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <vector>
+#define BENCH_NAME "moe_down_bench"
+#include "fp8_bench.cuh"
 #include "read_floor.cuh"
 
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "moe_down_bench: %s: %s\n", #x, cudaGetErrorString(e_));                                   \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
 
 enum { NE = 8, D = 7168, I = 2048, NV = I / 16, SC = I / 128 }; /* experts, rows, columns, 16-byte steps a row, scale columns */
 
-static __device__ __forceinline__ float2 fp8x2_f32(uint32_t two) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffff), __NV_E4M3);
-    return __half22float2(__half2(h));
-}
-static __device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 /* one 16-byte step of a row: its 16 elements decoded with scale s and added to acc in order (decode<V_FP8>'s order) */
 static __device__ __forceinline__ void step(const uint4 &u, float s, const float *xp, float &acc) {
     const uint32_t q[4] = {u.x, u.y, u.z, u.w};
@@ -211,16 +196,6 @@ __global__ void __launch_bounds__(NE * 32, 2) k_c(const __grid_constant__ Args a
     }
 }
 
-static float e4m3_host(uint8_t b) {
-    const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-    const float v = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
-    return s ? -v : v;
-}
-static uint64_t rs = 88172645463325252ull;
-static uint32_t rnd(void) {
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (uint32_t)(rs >> 11);
-}
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
     int sms;

@@ -1778,6 +1778,19 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_c
  * kernel's arithmetic). Other sums than k_moe_down's (within the conformance bounds).
  * MODE 2 (bit 16777216): no combine here: each warp streams its expert's rows without the block's two barriers a
  * group, and k_moe_combine (the same arithmetic as moe_comb: the same bits) runs after the launch. */
+/* an FP8 job's weight from a table written by the route kernel, read through L2 (__ldcg) before griddepcontrol.wait:
+ * the table is final then (see k_moe_down) */
+static __device__ __forceinline__ DW dw_ldcg(const MmJob *Jp) {
+    DW w;
+    w.fmt = DF_W_FP8, w.gt = 0;
+    w.sdt = __ldcg(&Jp->w.sdt), w.blk_r = __ldcg(&Jp->w.blk_r), w.blk_c = __ldcg(&Jp->w.blk_c);
+    w.rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), w.cols = (int64_t)__ldcg((const long long *)&Jp->w.cols);
+    w.scale_cols = (int64_t)__ldcg((const long long *)&Jp->w.scale_cols);
+    w.data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
+    w.scale = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.scale);
+    w.row_bytes = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
+    return w;
+}
 template <int V, int SPR, int NS = F8_NS, int MODE = 0>
 __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int ngr, GateIn ga, const float *__restrict__ wr, float *out) {
     extern __shared__ __align__(16) uint4 f8_ring[];
@@ -1787,14 +1800,7 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
     pdl_go();
     /* expert `warp`'s down weight, read through L2 before the wait (see k_moe_down: the table is final) */
     const MmJob *Jp = &b->j[warp];
-    DW w;
-    w.fmt = DF_W_FP8, w.gt = 0;
-    w.sdt = __ldcg(&Jp->w.sdt), w.blk_r = __ldcg(&Jp->w.blk_r), w.blk_c = __ldcg(&Jp->w.blk_c);
-    w.rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), w.cols = (int64_t)__ldcg((const long long *)&Jp->w.cols);
-    w.scale_cols = (int64_t)__ldcg((const long long *)&Jp->w.scale_cols);
-    w.data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
-    w.scale = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.scale);
-    w.row_bytes = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
+    const DW w = dw_ldcg(Jp);
     const int64_t D = w.rows, upr = w.cols / E;
     const unsigned G = gridDim.x;
     const int nst = ((int)blockIdx.x < ngr ? (ngr - 1 - (int)blockIdx.x) / (int)G + 1 : 0) * F8_RT; /* the block's row slots */
@@ -1903,14 +1909,7 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_c8(const MmBatchT
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_go();
     const MmJob *Jp = &b->j[warp];
-    DW w;
-    w.fmt = DF_W_FP8, w.gt = 0;
-    w.sdt = __ldcg(&Jp->w.sdt), w.blk_r = __ldcg(&Jp->w.blk_r), w.blk_c = __ldcg(&Jp->w.blk_c);
-    w.rows = (int64_t)__ldcg((const long long *)&Jp->w.rows), w.cols = (int64_t)__ldcg((const long long *)&Jp->w.cols);
-    w.scale_cols = (int64_t)__ldcg((const long long *)&Jp->w.scale_cols);
-    w.data = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.data);
-    w.scale = (const uint8_t *)__ldcg((const unsigned long long *)&Jp->w.scale);
-    w.row_bytes = (size_t)__ldcg((const unsigned long long *)&Jp->w.row_bytes);
+    const DW w = dw_ldcg(Jp);
     const int64_t D = w.rows, upr = w.cols / 16;
     const unsigned G = gridDim.x;
     const uint32_t vps = (uint32_t)w.blk_c / 16;
