@@ -1,6 +1,7 @@
 /* fp8_bench.cuh - what the FP8 one-token product benchmarks (fp8_gemv.cu, moe_down_bench.cu) share: the CUDA error
  * check (BENCH_NAME, defined before the include, names the program), the backend's E4M3 pair decode and warp sum,
- * the host's E4M3 value for the double-precision references, and a xorshift generator (the same sequence in both). */
+ * the host's E4M3 value for the double-precision references, a xorshift generator (the same sequence in both), a
+ * result's rel L2 against its reference, and the event timing of a launch alternated over copies of the weights. */
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -9,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <vector>
 
 #define CK(x)                                                                                                          \
     do {                                                                                                               \
@@ -39,4 +41,29 @@ static uint64_t rs = 88172645463325252ull;
 static uint32_t rnd(void) {
     rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
     return (uint32_t)(rs >> 11);
+}
+/* rel L2 of the n floats at dev against ref (after the launches before it have finished) */
+static double rel_l2_dev(const float *dev, const double *ref, int n) {
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<float> h(n);
+    CK(cudaMemcpy(h.data(), dev, (size_t)n * 4, cudaMemcpyDeviceToHost));
+    double e2 = 0, r2 = 0;
+    for (int r = 0; r < n; r++) e2 += (h[r] - ref[r]) * (h[r] - ref[r]), r2 += ref[r] * ref[r];
+    return sqrt(e2 / (r2 > 0 ? r2 : 1));
+}
+/* us per call of launch(i), i over the ncopy copies (each launched once to warm), reps calls timed by events */
+template <class F> static double time_us(F launch, int ncopy, int reps) {
+    cudaEvent_t ea, eb;
+    CK(cudaEventCreate(&ea));
+    CK(cudaEventCreate(&eb));
+    for (int c = 0; c < ncopy; c++) launch(c);
+    CK(cudaEventRecord(ea));
+    for (int r = 0; r < reps; r++) launch(r % ncopy);
+    CK(cudaEventRecord(eb));
+    CK(cudaEventSynchronize(eb));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, ea, eb));
+    cudaEventDestroy(ea), cudaEventDestroy(eb);
+    return ms * 1e3 / reps;
 }

@@ -325,9 +325,6 @@ int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 50;
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    cudaEvent_t ea, eb;
-    CK(cudaEventCreate(&ea));
-    CK(cudaEventCreate(&eb));
     const double floor_gbs = read_floor_gbs(sms); /* a 4 GiB read */
     printf("fp8_gemv: HBM read floor %.1f GB/s (4 GiB, best of 6)\n", floor_gbs);
     const Shape shapes[] = {{"q_a 1536x7168", 1536, 7168},     {"kv_a 576x7168", 576, 7168},     {"q_b 24576x1536", 24576, 1536},
@@ -408,21 +405,8 @@ int main(int argc, char **argv) {
                 k_tsum<<<(M + 255) / 256, 256>>>(dpart, dy, M, S);
             } else
                 launch(0);
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-            std::vector<float> hy(M);
-            CK(cudaMemcpy(hy.data(), dy, M * 4, cudaMemcpyDeviceToHost));
-            double e2 = 0, r2 = 0;
-            for (int r = 0; r < M; r++) e2 += (hy[r] - ref[r]) * (hy[r] - ref[r]), r2 += ref[r] * ref[r];
-            const double rel = sqrt(e2 / (r2 > 0 ? r2 : 1));
-            for (int i = 0; i < ncopy; i++) launch(i); /* warm */
-            CK(cudaEventRecord(ea));
-            for (int r = 0; r < reps; r++) launch(r % ncopy);
-            CK(cudaEventRecord(eb));
-            CK(cudaEventSynchronize(eb));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, ea, eb));
-            const double us = ms * 1e3 / reps, gbs = (wbytes + sbytes) / (us * 1e-6) / 1e9;
+            const double rel = rel_l2_dev(dy, ref.data(), M);
+            const double us = time_us(launch, ncopy, reps), gbs = (wbytes + sbytes) / (us * 1e-6) / 1e9;
             printf("%-22s %-12s %8.2f us %7.1f GB/s %5.1f%% of floor  rel L2 %.2e\n", sh.name, vn[var], us, gbs, 100 * gbs / floor_gbs, rel);
             if (!(rel < 1e-5)) fails++;
         }

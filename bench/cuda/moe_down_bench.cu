@@ -254,9 +254,6 @@ int main(int argc, char **argv) {
     int occ = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_c<1>, NE * 32, 0));
     const int gp = sms * (occ > 0 ? occ : 1);
-    cudaEvent_t ea, eb;
-    CK(cudaEventCreate(&ea));
-    CK(cudaEventCreate(&eb));
     int fails = 0;
     const char *vn[] = {"R2 + comb", "R4 + comb", "R4 alone", "C4", "C4 pipe", "C4P", "C4P pipe", "C4P gate", "C4P gate A1", "C4 gate A1"};
     const size_t hsb = (size_t)NE * I * 4;
@@ -282,21 +279,8 @@ int main(int argc, char **argv) {
         CK(cudaMemset(dout, 0, D * 4));
         launch(0);
         if (var == 2) k_comb<<<(D + 255) / 256, 256>>>(A[0]);
-        CK(cudaGetLastError());
-        CK(cudaDeviceSynchronize());
-        std::vector<float> ho(D);
-        CK(cudaMemcpy(ho.data(), dout, D * 4, cudaMemcpyDeviceToHost));
-        double e2 = 0, r2 = 0;
-        for (int r = 0; r < D; r++) e2 += (ho[r] - ref[r]) * (ho[r] - ref[r]), r2 += ref[r] * ref[r];
-        const double rel = sqrt(e2 / (r2 > 0 ? r2 : 1));
-        for (int c = 0; c < ncopy; c++) launch(c);
-        CK(cudaEventRecord(ea));
-        for (int r = 0; r < reps; r++) launch(r % ncopy);
-        CK(cudaEventRecord(eb));
-        CK(cudaEventSynchronize(eb));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, ea, eb));
-        const double us = ms * 1e3 / reps, gbs = (double)(wb + sb) * NE / (us * 1e-6) / 1e9;
+        const double rel = rel_l2_dev(dout, ref.data(), D);
+        const double us = time_us(launch, ncopy, reps), gbs = (double)(wb + sb) * NE / (us * 1e-6) / 1e9;
         printf("moe down 8 x 7168 x 2048  %-10s %8.2f us %7.1f GB/s %5.1f%% of floor  rel L2 %.2e\n", vn[var], us, gbs, 100 * gbs / floor_gbs, rel);
         if (!(rel < 1e-5)) fails++;
     }

@@ -472,10 +472,37 @@ static uint8_t *float_weight(df_weight *w, int fmt, int rows, int cols) {
     w->fmt = fmt, w->rows = rows, w->cols = cols, w->data = d, w->row_bytes = rb;
     return d;
 }
+/* a product job of the launch checks below (fmt: DF_W_*; reg: registered in VRAM; group: the jobs of one matmul_batch) */
+struct mm_shape {
+    int fmt, rows, cols, reg, group;
+};
+/* group g's first job (its jobs are consecutive) and its job count; their outputs zeroed and x written by a kernel just
+ * before the product (xq = x / 4 scaled by 4: a launch that read x before its wait would see a quarter of it) */
+static int mm_group_prep(const struct mm_shape *S, int nj, int g, int *k0, df_act *const *y, df_act *x, const float *xq, size_t xc) {
+    const df_backend_ops *B = &df_backend_cuda;
+    int nk = 0;
+    *k0 = -1;
+    for (int k = 0; k < nj; k++)
+        if (S[k].group == g) *k0 = *k0 < 0 ? k : *k0, nk++;
+    for (int k = *k0; k < *k0 + nk; k++) B->zero(y[k], (size_t)S[k].rows);
+    B->write(x, xq, xc);
+    B->scale(x, 4.0f, xc);
+    return nk;
+}
+/* random weights of the shapes S (registered where reg), their outputs, and the jobs of x */
+static void mm_jobs_setup(const struct mm_shape *S, int nj, df_weight *w, df_mv_job *jobs, uint8_t **data, df_act **y, df_act *x, const char *what) {
+    const df_backend_ops *B = &df_backend_cuda;
+    for (int k = 0; k < nj; k++) {
+        data[k] = float_weight(&w[k], S[k].fmt, S[k].rows, S[k].cols);
+        if (S[k].reg) CHECK(B->weight_register(&w[k]) == 0 && w[k].handle, "%s weight %d registered", what, k);
+        y[k] = B->alloc((size_t)S[k].rows);
+        jobs[k].w = &w[k], jobs[k].x = x, jobs[k].y = y[k];
+    }
+}
 static void mm_bal_checks(void) {
     const df_backend_ops *B = &df_backend_cuda;
     enum { NJ = 16, NG = 10, XC = 16384 };
-    static const struct { int fmt, rows, cols, reg, group; } S[NJ] = {
+    static const struct mm_shape S[NJ] = {
         {DF_W_BF16, 4096, 2048, 1, 0}, {DF_W_BF16, 512, 2048, 1, 0}, {DF_W_BF16, 512, 2048, 1, 0}, {DF_W_BF16, 2048, 4096, 1, 1},
         {DF_W_BF16, 128, 2048, 1, 2},  {DF_W_BF16, 8192, 2048, 1, 3}, {DF_W_F32, 45, 1000, 1, 4},   {DF_W_F32, 64, 3072, 1, 5},
         {DF_W_F16, 33, 520, 0, 6},     {DF_W_BF16, 37, 600, 1, 7},    {DF_W_BF16, 16, 16384, 1, 8}, {DF_W_BF16, 40, 256, 1, 9},
@@ -489,22 +516,13 @@ static void mm_bal_checks(void) {
     uint8_t *data[NJ];
     df_act *x = B->alloc(XC), *y[NJ];
     for (int c = 0; c < XC; c++) xv[c] = frnd(), xq[c] = xv[c] / 4.0f;
-    for (int k = 0; k < NJ; k++) {
-        data[k] = float_weight(&w[k], S[k].fmt, S[k].rows, S[k].cols);
-        if (S[k].reg) CHECK(B->weight_register(&w[k]) == 0 && w[k].handle, "bal weight %d registered", k);
-        y[k] = B->alloc((size_t)S[k].rows);
-        jobs[k].w = &w[k], jobs[k].x = x, jobs[k].y = y[k];
-    }
+    mm_jobs_setup(S, NJ, w, jobs, data, y, x, "bal");
     static const int masks[5] = {15214, 15214 | 16384, 15214 | 16384 | 32768, 15214 & ~512, (15214 & ~512) | 16384 | 32768};
     for (int m = 0; m < 5; m++) {
         df_cuda_set_lean_mask(masks[m]);
         for (int g = 0; g < NG; g++) {
-            int k0 = -1, nk = 0;
-            for (int k = 0; k < NJ; k++)
-                if (S[k].group == g) k0 = k0 < 0 ? k : k0, nk++;
-            for (int k = k0; k < k0 + nk; k++) B->zero(y[k], (size_t)S[k].rows);
-            B->write(x, xq, XC);
-            B->scale(x, 4.0f, XC); /* x written by a kernel just before the product */
+            int k0;
+            const int nk = mm_group_prep(S, NJ, g, &k0, y, x, xq, XC);
             const int64_t l0 = df_cuda_mm_launches(), b0 = df_cuda_mm_bal_launches();
             B->matmul_batch(jobs + k0, nk, 1);
             const int64_t launches = df_cuda_mm_launches() - l0, bal = df_cuda_mm_bal_launches() - b0;
@@ -710,30 +728,22 @@ static void fp8_moe_checks(void) {
 static void bf16_f8_checks(void) {
     const df_backend_ops *B = &df_backend_cuda;
     enum { NJ = 7, NG = 5, XC = 7168 };
-    static const struct { int rows, cols, reg, group; } S[NJ] = {{8192, 7168, 1, 0}, {32, 7168, 1, 1}, {4096, 2048, 1, 2}, {512, 2048, 1, 2},
-                                                                 {512, 2048, 1, 2},  {37, 600, 1, 3},   {45, 1040, 0, 4}};
+    static const struct mm_shape S[NJ] = {{DF_W_BF16, 8192, 7168, 1, 0}, {DF_W_BF16, 32, 7168, 1, 1}, {DF_W_BF16, 4096, 2048, 1, 2},
+                                          {DF_W_BF16, 512, 2048, 1, 2},  {DF_W_BF16, 512, 2048, 1, 2}, {DF_W_BF16, 37, 600, 1, 3},
+                                          {DF_W_BF16, 45, 1040, 0, 4}};
     static float xv[XC], xq[XC], yv[8192];
     df_weight w[NJ];
     df_mv_job jobs[NJ];
     uint8_t *data[NJ];
     df_act *x = B->alloc(XC), *y[NJ];
     for (int c = 0; c < XC; c++) xv[c] = frnd(), xq[c] = xv[c] / 4.0f;
-    for (int k = 0; k < NJ; k++) {
-        data[k] = float_weight(&w[k], DF_W_BF16, S[k].rows, S[k].cols);
-        if (S[k].reg) CHECK(B->weight_register(&w[k]) == 0 && w[k].handle, "bf16 weight %d registered", k);
-        y[k] = B->alloc((size_t)S[k].rows);
-        jobs[k].w = &w[k], jobs[k].x = x, jobs[k].y = y[k];
-    }
+    mm_jobs_setup(S, NJ, w, jobs, data, y, x, "bf16");
     static const int masks[3] = {113113966, 113113966 | 134217728, (113113966 & ~524288) | 134217728};
     for (int m = 0; m < 3; m++) {
         df_cuda_set_lean_mask(masks[m]);
         for (int g = 0; g < NG; g++) {
-            int k0 = -1, nk = 0;
-            for (int k = 0; k < NJ; k++)
-                if (S[k].group == g) k0 = k0 < 0 ? k : k0, nk++;
-            for (int k = k0; k < k0 + nk; k++) B->zero(y[k], (size_t)S[k].rows);
-            B->write(x, xq, XC);
-            B->scale(x, 4.0f, XC);
+            int k0;
+            const int nk = mm_group_prep(S, NJ, g, &k0, y, x, xq, XC);
             const int64_t l0 = df_cuda_mm_launches(), f0 = df_cuda_mm_f8_bf16_launches();
             B->matmul_batch(jobs + k0, nk, 1);
             const int64_t launches = df_cuda_mm_launches() - l0, f8b = df_cuda_mm_f8_bf16_launches() - f0;
