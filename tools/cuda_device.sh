@@ -22,8 +22,8 @@ make --no-print-directory CUDA=1 O=build-cuda -j2 build-cuda/deltafin build-cuda
     build-cuda/bench/cuda_bench >/dev/null
 mkdir -p build-cuda/bench
 [ build-cuda/bench/h2d_bw -nt bench/cuda/h2d_bw.cu ] || ${NVCC:-nvcc} -O2 -arch=sm_90 -o build-cuda/bench/h2d_bw bench/cuda/h2d_bw.cu
-[ build-cuda/bench/fp8_gemv -nt bench/cuda/fp8_gemv.cu ] || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/fp8_gemv bench/cuda/fp8_gemv.cu
-[ build-cuda/bench/moe_down_bench -nt bench/cuda/moe_down_bench.cu ] || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/moe_down_bench bench/cuda/moe_down_bench.cu
+[ build-cuda/bench/fp8_gemv -nt bench/cuda/fp8_gemv.cu ] && [ build-cuda/bench/fp8_gemv -nt bench/cuda/fp8_bench.cuh ] || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/fp8_gemv bench/cuda/fp8_gemv.cu
+[ build-cuda/bench/moe_down_bench -nt bench/cuda/moe_down_bench.cu ] && [ build-cuda/bench/moe_down_bench -nt bench/cuda/fp8_bench.cuh ] || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/moe_down_bench bench/cuda/moe_down_bench.cu
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/lib"
 cp build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda build-cuda/bench/cuda_bench build-cuda/bench/h2d_bw build-cuda/bench/fp8_gemv build-cuda/bench/moe_down_bench "$STAGE/bin/"
