@@ -11,8 +11,8 @@
  *     8 of 32 registered routed experts, 2048 x 7168), each step on experts
  *     not read in the step before, in weight bytes per second;
  *   prefill: products of 2,048 tokens on the same matrices, in TFLOP/s, ours
- *     in both forms (exact f32: dequantize + SGEMM; split-bf16 on tensor
- *     cores), with the rel L2 error of each and of a plain BF16 GEMM (x
+ *     in each form (exact f32: dequantize + SGEMM; split-f16 and the first
+ *     form, split-bf16, on tensor cores), with the rel L2 error of each and of a plain BF16 GEMM (x
  *     rounded to bf16) and of cuBLAS with CUBLAS_COMPUTE_32F_FAST_TF32 on the f32 data, against a
  *     double-precision reference on sampled rows.
  * Timing: CUDA events on the default stream, warm-up, then the median of
@@ -22,6 +22,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -194,6 +195,9 @@ static void decode_rows(Model &m, double floor_gbs) {
 __global__ void k_to_bf16(const float *s, __nv_bfloat16 *d, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) d[i] = __float2bfloat16(s[i]);
 }
+__global__ void k_to_f16(const float *s, __half *d, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) d[i] = __float2half(s[i]);
+}
 /* host copy of the decoded weight rows [r0, r0+nr) (stored bytes kept on the host for this) */
 static double rel_l2(const std::vector<float> &got, const std::vector<double> &ref) {
     double num = 0, den = 0;
@@ -221,6 +225,12 @@ static void prefill_row(const char *name, W &wt, cublasHandle_t h, int n) {
     setenv("DELTAFIN_CUDA_SPLIT_MIN_N", "1", 1);
     const double t_split = time_ms([&](int) { B->matmul_batch(&j, 1, n); }, 2, g_quick ? 5 : 10);
     B->read(ys.data(), y, ys.size());
+    /* the first split form (split-bf16: 3 bf16 pieces, 3 or 6 GEMMs) */
+    setenv("DELTAFIN_CUDA_SPLIT_FORM", "bf16", 1);
+    std::vector<float> y1((size_t)n * R);
+    const double t_s1 = time_ms([&](int) { B->matmul_batch(&j, 1, n); }, 2, g_quick ? 5 : 10);
+    B->read(y1.data(), y, y1.size());
+    unsetenv("DELTAFIN_CUDA_SPLIT_FORM");
     unsetenv("DELTAFIN_CUDA_SPLIT_MIN_N");
     /* cuBLAS SGEMM on the f32 weight (no dequantization) */
     float *dW, *dX, *dY;
@@ -251,10 +261,25 @@ static void prefill_row(const char *name, W &wt, cublasHandle_t h, int n) {
                      CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
     }, 2, g_quick ? 5 : 10);
     CKB(cudaMemcpy(yt.data(), dY, yt.size() * 4, cudaMemcpyDeviceToHost));
+    /* the split-f16 form's GEMM alone (its K laid out P times: 2 pieces for BF16 weights, 3 for the others), on the
+     * bf16 buffers' bits read as f16, then the form's own passes are the rest of its time */
+    const int P = wt.w.fmt == DF_W_BF16 ? 2 : 3;
+    __half *hW, *hX;
+    CKB(cudaMalloc(&hW, (size_t)R * C * P * 2));
+    CKB(cudaMalloc(&hX, (size_t)n * C * P * 2));
+    for (int i = 0; i < P; i++) {
+        k_to_f16<<<1024, 256>>>(dW, hW + (size_t)i * R * C, (size_t)R * C);
+        k_to_f16<<<1024, 256>>>(dX, hX + (size_t)i * n * C, (size_t)n * C);
+    }
+    const double t_h = time_ms([&](int) {
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)R, n, (int)(P * C), &one, hW, CUDA_R_16F, (int)(P * C), hX, CUDA_R_16F, (int)(P * C), &zero, dY,
+                     CUDA_R_32F, (int)R, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }, 2, g_quick ? 5 : 10);
+    cudaFree(hW), cudaFree(hX);
     /* double reference on sampled rows (every token) */
     const int NR = 48;
     std::vector<double> ref;
-    std::vector<float> go, gb, gs, gt;
+    std::vector<float> go, gb, gs, gt, g1;
     for (int k = 0; k < NR; k++) {
         const int64_t r = (int64_t)(rnd64() % (uint64_t)R);
         for (int t = 0; t < n; t++) {
@@ -262,14 +287,16 @@ static void prefill_row(const char *name, W &wt, cublasHandle_t h, int n) {
             const float *wr = wf.data() + (size_t)r * C, *xr = xh.data() + (size_t)t * C;
             for (int64_t c = 0; c < C; c++) s += (double)wr[c] * xr[c];
             ref.push_back(s), go.push_back(yo[(size_t)t * R + r]), gb.push_back(yb[(size_t)t * R + r]), gs.push_back(ys[(size_t)t * R + r]);
-            gt.push_back(yt[(size_t)t * R + r]);
+            gt.push_back(yt[(size_t)t * R + r]), g1.push_back(y1[(size_t)t * R + r]);
         }
     }
-    const double sg = flop / t_sg / 1e9, bf = flop / t_bf / 1e9, f32 = flop / t_ours / 1e9, sp = flop / t_split / 1e9, tf = flop / t_tf / 1e9;
+    const double sg = flop / t_sg / 1e9, bf = flop / t_bf / 1e9, f32 = flop / t_ours / 1e9, sp = flop / t_split / 1e9, tf = flop / t_tf / 1e9,
+                 s1 = flop / t_s1 / 1e9;
     printf("prefill %-32s [%5lld x %5lld] n=%4d | cuBLAS SGEMM %5.1f TFLOP/s, BF16 %5.1f (rel L2 %.1e), FAST_TF32 %5.1f (rel L2 %.1e) | ours f32 "
-           "(dequant+SGEMM) %5.1f = %3.0f%% of SGEMM (rel L2 %.1e) | ours split-bf16 %5.1f = %3.0f%% of BF16, %3.0f%% of SGEMM, %3.0f%% of TF32 (rel L2 %.1e)\n",
+           "(dequant+SGEMM) %5.1f = %3.0f%% of SGEMM (rel L2 %.1e) | ours split-f16 %5.1f = %3.0f%% of BF16, %3.0f%% of SGEMM, %3.0f%% of TF32 (rel L2 %.1e) "
+           "| split-bf16 %5.1f = %3.0f%% of TF32 (rel L2 %.1e) | split-f16's GEMM alone (K x %d) %.1f us of its %.1f us\n",
            name, (long long)R, (long long)C, n, sg, bf, rel_l2(gb, ref), tf, rel_l2(gt, ref), f32, 100.0 * f32 / sg, rel_l2(go, ref), sp, 100.0 * sp / bf,
-           100.0 * sp / sg, 100.0 * sp / tf, rel_l2(gs, ref));
+           100.0 * sp / sg, 100.0 * sp / tf, rel_l2(gs, ref), s1, 100.0 * s1 / tf, rel_l2(g1, ref), P, t_h * 1e3, t_split * 1e3);
     cudaFree(dW), cudaFree(dY), cudaFree(bW), cudaFree(bX);
     B->free(x), B->free(y);
     B->weight_unregister(&wt.w);

@@ -6,7 +6,8 @@ golden.json), with --backend cpu and with --backend cuda:
     positions: the products take the decode kernels), and over the golden ids
     repeated to LONG positions (prefill products of >= 32 tokens take the
     dequantize + SGEMM path), and that again with DELTAFIN_CUDA_SPLIT_MIN_N=32
-    (the split-bf16 tensor-core form, which otherwise starts at 256 tokens);
+    (the split-f16 tensor-core form, which otherwise starts at 512 tokens) and
+    with DELTAFIN_CUDA_SPLIT_FORM=bf16 too (the first form, split-bf16);
     the logits must agree per position (rel L2 <= 1e-3) and have the same
     argmax;
   - `deltafin run` of GREEDY new tokens from the golden ids (--temperature 0,
@@ -76,7 +77,8 @@ def main():
             V = g["vocab_size"]
             long_ids = (g["ids"] * (LONG // len(g["ids"]) + 1))[:LONG]
             for tag, ids, env in (("", g["ids"], None), (f" (prefill {LONG})", long_ids, None),
-                                  (f" (prefill {LONG}, split-bf16)", long_ids, {"DELTAFIN_CUDA_SPLIT_MIN_N": "32"})):
+                                  (f" (prefill {LONG}, split-f16)", long_ids, {"DELTAFIN_CUDA_SPLIT_MIN_N": "32"}),
+                                  (f" (prefill {LONG}, split-bf16)", long_ids, {"DELTAFIN_CUDA_SPLIT_MIN_N": "32", "DELTAFIN_CUDA_SPLIT_FORM": "bf16"})):
                 cpu, err_c = eval_logits(binary, m, ids, "cpu", pathlib.Path(tmp) / "cpu.f32")
                 gpu, err_g = eval_logits(binary, m, ids, "cuda", pathlib.Path(tmp) / "cuda.f32", env)
                 if cpu is None or gpu is None:

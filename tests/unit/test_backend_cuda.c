@@ -772,6 +772,88 @@ static void bf16_f8_checks(void) {
     printf("test_backend_cuda: BF16 one-token products through k_mm_f8's body (bit 134217728): %d groups x 3 masks\n", NG);
 }
 
+/* Prefill round 2: products of >= 512 tokens in the split-f16 form (x and W as two f16 pieces each, scaled by powers
+ * of two; one f16 GEMM over [x1 | x0 (| x0)] and [W0 | (W1 |) W0]). Per token row, against a double product of the
+ * stored weights: rel L2 <= SPLIT_TOL (a one-piece f16 product errs by ~1e-4, the first device run gave <= 2.8e-6);
+ * token rows whose magnitudes span 2^-1 .. 2^15 (values past f16's 65504, so the scaling is needed), a zero row
+ * (exactly 0 out); F32 and FP8 (three pieces), BF16 and F16 (two); the same products under
+ * DELTAFIN_CUDA_SPLIT_FORM=bf16 (the first form: no split-f16 GEMM, the same bound); and an FP8 weight of 600 x 1536
+ * through slabs of 250 rows (df_cuda_set_slab_bytes: three chunks) whose scale blocks from row 256 are 2^10 larger, so
+ * each chunk needs its own alpha. */
+#define SPLIT_TOL 8e-6
+static void split_f16_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    static const struct { int fmt, rows, cols, n, chunks; } S[] = {
+        {DF_W_F32, 70, 1000, 600, 1}, {DF_W_BF16, 64, 2048, 600, 1}, {DF_W_F16, 33, 520, 512, 1}, {DF_W_FP8, 300, 1536, 600, 1}, {DF_W_FP8, 600, 1536, 512, 3},
+    };
+    double worst[2] = {0, 0};
+    for (size_t k = 0; k < sizeof S / sizeof *S; k++) {
+        const int R = S[k].rows, C = S[k].cols, n = S[k].n;
+        df_weight w;
+        uint8_t *data = NULL, *db = NULL;
+        float *sb = NULL;
+        if (S[k].fmt == DF_W_FP8) {
+            const size_t ns = (size_t)((R + 127) / 128) * ((C + 127) / 128);
+            db = malloc((size_t)R * C), sb = malloc(ns * sizeof(float));
+            fp8_fill(db, (size_t)R * C, sb, ns);
+            fp8_weight(&w, R, C, db, 0, sb, 0);
+            if (S[k].chunks > 1) /* the scale blocks from row 256 (inside the second chunk of 250 rows) 2^10 larger */
+                for (size_t i = (size_t)(256 / 128) * w.scale_cols; i < ns; i++) sb[i] *= 1024.0f;
+        } else
+            data = float_weight(&w, S[k].fmt, R, C);
+        CHECK(B->weight_register(&w) == 0 && w.handle, "split-f16 weight %zu registered", k);
+        float *xh = malloc((size_t)n * C * sizeof(float)), *yh = malloc((size_t)n * R * sizeof(float));
+        for (int t = 0; t < n; t++)
+            for (int c = 0; c < C; c++) xh[(size_t)t * C + c] = t == 5 ? 0.0f : ldexpf(frnd(), t % 17 - 1);
+        double *ref = malloc((size_t)n * R * sizeof(double));
+        float *wr = malloc((size_t)C * sizeof(float));
+        for (int i = 0; i < R; i++) {
+            df_dequant_row(&w, i, wr);
+            for (int t = 0; t < n; t++) {
+                double a = 0;
+                for (int c = 0; c < C; c++) a += (double)wr[c] * xh[(size_t)t * C + c];
+                ref[(size_t)t * R + i] = a;
+            }
+        }
+        df_act *x = B->alloc((size_t)n * C), *y = B->alloc((size_t)n * R);
+        B->write(x, xh, (size_t)n * C);
+        for (int form = 0; form < 2; form++) { /* 0 split-f16 (the default), 1 split-bf16 */
+            if (form) setenv("DELTAFIN_CUDA_SPLIT_FORM", "bf16", 1);
+            B->zero(y, (size_t)n * R);
+            df_mv_job j = {&w, x, y};
+            const int64_t g0 = df_cuda_split_f16_gemms();
+            if (S[k].chunks > 1) df_cuda_set_slab_bytes((size_t)250 * 3 * C * 2); /* split-f16: 250 rows a slab */
+            B->matmul_batch(&j, 1, n);
+            df_cuda_set_slab_bytes(0);
+            const int64_t gemms = df_cuda_split_f16_gemms() - g0;
+            if (form) unsetenv("DELTAFIN_CUDA_SPLIT_FORM");
+            CHECK(gemms == (form ? 0 : S[k].chunks), "split form %d, job %zu: %lld split-f16 GEMMs, expected %d", form, k, (long long)gemms,
+                  form ? 0 : S[k].chunks);
+            B->read(yh, y, (size_t)n * R);
+            for (int t = 0; t < n; t++) {
+                double d = 0, n2 = 0;
+                for (int i = 0; i < R; i++) {
+                    const double e = yh[(size_t)t * R + i] - ref[(size_t)t * R + i];
+                    d += e * e, n2 += ref[(size_t)t * R + i] * ref[(size_t)t * R + i];
+                }
+                if (t == 5) {
+                    CHECK(d == 0, "split form %d, job %zu: the zero token row gave non-zero outputs", form, k);
+                    continue;
+                }
+                const double rl = sqrt(d / (n2 > 0 ? n2 : 1e-300));
+                if (!(rl <= worst[form])) worst[form] = rl;
+                CHECK(rl <= SPLIT_TOL, "split form %d, job %zu (fmt %d, %d x %d), token %d (x about 2^%d): rel L2 %.2e against double", form, k,
+                      S[k].fmt, R, C, t, t % 17 - 1, rl);
+            }
+        }
+        B->free(x), B->free(y);
+        B->weight_unregister(&w);
+        free(xh), free(yh), free(ref), free(wr), free(data), free(db), free(sb);
+    }
+    printf("test_backend_cuda: prefill split forms: worst rel L2 per token row %.2e (split-f16), %.2e (split-bf16), %zu weights\n", worst[0], worst[1],
+           sizeof S / sizeof *S);
+}
+
 /* Round 15's bit 67108864: MLA's decode launches (16-byte paths) with a resident FP8 kv_b load its rows before their
  * wait, and score four heads at a time: the same bits as without the bit (memcmp), taken exactly where kv_b is
  * registered. q and the latent cache are written by a kernel just before the call (x / 4, then scaled by 4), so a
@@ -1190,6 +1272,7 @@ int main(void) {
         fp8_moe_checks();
         mla_early_checks();
         bf16_f8_checks();
+        split_f16_checks();
         attn_split_checks();
         attn_dec_checks();
         fused_rows_checks();

@@ -78,6 +78,11 @@ int64_t df_cuda_mla_early_calls(void);
 int64_t df_cuda_moe_gu_f8_launches(void);
 /* Launches of round 13's FP8 gate/up launch with k_mm_f8's body (k_mm_devf8, bit 1048576) so far (tests). */
 int64_t df_cuda_moe_gu_f8r_launches(void);
+/* cuBLAS GEMMs of the split-f16 prefill form (prefill round 2, the default split form) so far (tests). */
+int64_t df_cuda_split_f16_gemms(void);
+/* The weight slab of a prefill product in bytes (rows go through cuBLAS in chunks of it; 0: the default, 256 MiB);
+ * tests make it small. */
+void df_cuda_set_slab_bytes(size_t bytes);
 
 #ifdef __cplusplus
 }

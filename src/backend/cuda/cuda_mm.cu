@@ -15,8 +15,11 @@
  * slab (rows in chunks of at most MM_SLAB_FLOATS floats' bytes) and
  * multiplied by cuBLAS SGEMM in f32 (pedantic math: no TF32), so the result
  * is an f32 product of exactly the stored values; from MM_SPLIT_MIN_N
- * tokens, in the error-bounded split-bf16 form on tensor cores instead (see
- * mm_gemm; docs/PERFORMANCE.md gives the measured error and rates). Without
+ * tokens, in an error-bounded split form on tensor cores instead: split-f16
+ * (two f16 pieces of x and of W, one GEMM over the pieces laid along K; see
+ * mm_gemm_f16), or the first form, split-bf16 (three bf16 pieces, 3 or 6
+ * GEMMs; DELTAFIN_CUDA_SPLIT_FORM=bf16); docs/PERFORMANCE.md gives the
+ * measured error and rates. Without
  * cuBLAS (handle creation failed) the decode kernel runs over tiles of
  * tokens instead.
  *
@@ -34,7 +37,7 @@
 #define MM_R 4             /* rows per warp */
 #define MM_MAXJ 24         /* jobs per launch (the table is a kernel parameter, < 4 KiB) */
 #define MM_GEMM_MIN_N 32   /* from this many tokens: dequantize + SGEMM */
-#define MM_SPLIT_MIN_N 512 /* from this many: split-bf16 tensor-core products (DELTAFIN_CUDA_SPLIT_MIN_N) */
+#define MM_SPLIT_MIN_N 512 /* from this many: split-f16 tensor-core products (DELTAFIN_CUDA_SPLIT_MIN_N) */
 #define MM_SLAB_FLOATS ((size_t)64 << 20) /* 256 MiB of f32 weight per SGEMM chunk */
 
 enum { V_GENERIC, V_F32, V_F16, V_BF16, V_FP8, V_INT4, V_I8ROW, V_MXFP4 };
@@ -1328,6 +1331,127 @@ __global__ void k_split(const float *x, size_t N, Pieces o) { pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x) split3(x[i], i, o.p);
 }
 
+/* ---- split-f16 (the default split form since prefill round 2; DELTAFIN_CUDA_SPLIT_FORM=bf16: the form above) ----
+ * X and a row chunk of W are scaled by powers of two, 2^ex for all of X and 2^ew for the chunk, so that their largest
+ * magnitudes lie in [2^14, 2^15) (for FP8, the bound 448 max|scale| of the chunk: no pass over W): inside f16's range,
+ * every element within 2^28 of the largest a normal f16. v = h0 + h1 + e with h0 = f16(v), h1 = f16(v - h0) (the
+ * difference exact in f32): 22 significant bits, |e| <= 2^-22 |v| about. Where a format's values are f16s once
+ * scaled (F16, BF16, MXFP4: <= 11 significant bits), W = W0.
+ * Y = 2^-(ex+ew) (W0 x1 [+ W1 x0] + W0 x0) in ONE f16 GEMM with f32 accumulation over the pieces laid along K:
+ * x' = [x1 | x0] against W' = [W0 | W0], or x' = [x1 | x0 | x0] against W' = [W0 | W1 | W0] (the split-bf16 form: 3
+ * or 6 GEMMs of K, each reading and writing Y). The small terms come first in K: the tensor cores' accumulation error
+ * grows with the sum it adds to (measured: the big terms first erred 4x more at K 7168). The factor 2^-(ex+ew) is the
+ * GEMM's alpha, written by the weight's split kernel into device memory (no host wait). Left out: W1 x1 (2^-22
+ * |W||x|) and each piece's rounding (2^-22): a few times f32's own 2^-24 per term (docs/PERFORMANCE.md: the measured
+ * error). A token row whose largest magnitude is 2^k below X's largest keeps 22 bits for k <= 18 or so; an infinite
+ * element makes the scale 1 (the product is not finite anyway); maxima beyond 2^+-100 can over- or underflow alpha
+ * where f32 would not. */
+#define SF_TH 256 /* threads of the split kernels */
+/* the block's largest value, then one atomicMax (non-negative floats order as their bits) */
+static __device__ __forceinline__ void absmax_to(float m, unsigned *out) {
+    __shared__ float part[SF_TH / 32];
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        m = threadIdx.x < SF_TH / 32 ? part[threadIdx.x] : 0.0f;
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (threadIdx.x == 0 && m > 0.0f) atomicMax(out, __float_as_uint(m));
+    }
+}
+/* the power of two that puts a largest magnitude (its bits) in [2^14, 2^15), as a float (its exponent in [-126, 127]);
+ * 1 for 0, inf and NaN */
+static __device__ __forceinline__ int f16_shift(unsigned mb) {
+    const float m = __uint_as_float(mb);
+    if (!(m > 0.0f) || isinf(m)) return 0;
+    int e;
+    frexpf(m, &e);
+    e = 15 - e;
+    return e > 127 ? 127 : e < -126 ? -126 : e;
+}
+static __device__ __forceinline__ void split16(float v, __half &h0, __half &h1) {
+    h0 = __float2half_rn(v), h1 = __float2half_rn(v - __half2float(h0));
+}
+/* V4: X 16-byte aligned and N a multiple of 4 */
+template <int V4> __global__ void __launch_bounds__(SF_TH) k_absmax_x(const float *x, size_t N, unsigned *out) { pdl_entry();
+    float m = 0.0f;
+    const size_t st = (size_t)gridDim.x * SF_TH;
+    if (V4)
+        for (size_t i = blockIdx.x * (size_t)SF_TH + threadIdx.x; i < N / 4; i += st) {
+            const float4 v = ((const float4 *)x)[i];
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+    else
+        for (size_t i = blockIdx.x * (size_t)SF_TH + threadIdx.x; i < N; i += st) m = fmaxf(m, fabsf(x[i]));
+    absmax_to(m, out);
+}
+/* largest |W| of rows [r0, r0 + nr): FP8 the bound 448 max|scale| over the chunk's scale blocks, others every element */
+__global__ void __launch_bounds__(SF_TH) k_absmax_w(DW w, int64_t r0, int64_t nr, unsigned *out) { pdl_entry();
+    float m = 0.0f;
+    if (w.fmt == DF_W_FP8) {
+        const int64_t b0 = r0 / w.blk_r, b1 = (r0 + nr - 1) / w.blk_r, ns = (b1 - b0 + 1) * w.scale_cols;
+        for (int64_t i = blockIdx.x * (int64_t)SF_TH + threadIdx.x; i < ns; i += (int64_t)gridDim.x * SF_TH)
+            m = fmaxf(m, 448.0f * fabsf(scale_at(w, b0 * w.scale_cols + i)));
+    } else
+        for (int64_t r = blockIdx.x; r < nr; r += gridDim.x)
+            for (int64_t c = threadIdx.x; c < w.cols; c += SF_TH) m = fmaxf(m, fabsf(wget(w, r0 + r, c)));
+    absmax_to(m, out);
+}
+/* x' rows of P K halves: [x1 | x0 | x0] (P 3) or [x1 | x0] (P 2); V4: four columns a thread (K % 4 == 0, x aligned) */
+template <int V4> __global__ void __launch_bounds__(SF_TH) k_split16_x(const float *x, int64_t n, int64_t K, int P, unsigned *m, __half *o) { pdl_entry();
+    const float sc = ldexpf(1.0f, f16_shift(m[0]));
+    for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
+        __half *row = o + (size_t)t * P * K;
+        if (V4) {
+            const float4 *xr = (const float4 *)(x + (size_t)t * K);
+            for (int64_t c = threadIdx.x; c < K / 4; c += SF_TH) {
+                const float4 v = xr[c];
+                __half a0, a1, b0, b1, c0, c1, d0, d1;
+                split16(v.x * sc, a0, a1), split16(v.y * sc, b0, b1), split16(v.z * sc, c0, c1), split16(v.w * sc, d0, d1);
+                const __half2 h0[2] = {__halves2half2(a0, b0), __halves2half2(c0, d0)}, h1[2] = {__halves2half2(a1, b1), __halves2half2(c1, d1)};
+                ((uint2 *)row)[c] = *(const uint2 *)h1;
+                ((uint2 *)(row + K))[c] = *(const uint2 *)h0;
+                if (P == 3) ((uint2 *)(row + 2 * K))[c] = *(const uint2 *)h0;
+            }
+        } else {
+            const float *xr = x + (size_t)t * K;
+            for (int64_t c = threadIdx.x; c < K; c += SF_TH) {
+                __half h0, h1;
+                split16(xr[c] * sc, h0, h1);
+                row[c] = h1, row[K + c] = h0;
+                if (P == 3) row[2 * K + c] = h0;
+            }
+        }
+    }
+}
+/* W' rows of P K halves for rows [r0, r0 + nr): [W0 | W1 | W0] (P 3) or [W0 | W0] (P 2); alpha = 2^-(ex+ew).
+ * FP8 rows decode through the hardware E4M3 -> f16 conversion (exact) times the block's scale */
+__global__ void __launch_bounds__(SF_TH) k_split16_w(DW w, int64_t r0, int64_t nr, int P, const unsigned *mw, const unsigned *mx, float *alpha, __half *o) {
+    pdl_entry();
+    const int e = f16_shift(*mw);
+    const float sc = ldexpf(1.0f, e);
+    if (blockIdx.x == 0 && threadIdx.x == 0) *alpha = ldexpf(1.0f, -(e + f16_shift(*mx)));
+    const int64_t K = w.cols;
+    for (int64_t r = blockIdx.x; r < nr; r += gridDim.x) {
+        __half *row = o + (size_t)r * P * K;
+        const int64_t rr = r0 + r, srow = w.fmt == DF_W_FP8 ? rr / w.blk_r * w.scale_cols : 0;
+        const uint8_t *src = w.data + (size_t)rr * w.row_bytes;
+        for (int64_t c = threadIdx.x; c < K; c += SF_TH) {
+            float v;
+            if (w.fmt == DF_W_FP8) {
+                const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)src[c], __NV_E4M3);
+                v = __half2float(__half(h)) * scale_at(w, srow + (int64_t)((unsigned)c / (unsigned)w.blk_c));
+            } else
+                v = wget(w, rr, c);
+            __half h0, h1;
+            split16(v * sc, h0, h1);
+            row[c] = h0;
+            if (P == 3) row[K + c] = h1, row[2 * K + c] = h0;
+            else row[K + c] = h0;
+        }
+    }
+}
+
 static cublasHandle_t g_blas;
 static int g_blas_state; /* 0 untried, 1 ready, -1 unavailable */
 static cublasHandle_t blas(void) {
@@ -1351,16 +1475,75 @@ static int split_min_n(void) {
 }
 /* formats whose every value is a bf16 (one weight piece: 3 products instead of 6) */
 static int bf16_exact(const DW &d) { return d.fmt == DF_W_BF16 || d.fmt == DF_W_MXFP4 || (d.fmt == DF_W_GGML && d.gt == DF_GGML_BF16); }
+/* formats whose every value is an f16 once scaled by a power of two (<= 11 significant bits: one weight piece) */
+static int f16_exact(const DW &d) {
+    return d.fmt == DF_W_F16 || d.fmt == DF_W_BF16 || d.fmt == DF_W_MXFP4 ||
+           (d.fmt == DF_W_GGML && (d.gt == DF_GGML_F16 || d.gt == DF_GGML_BF16 || d.gt == DF_GGML_MXFP4));
+}
+/* the split form of prefill products: 1 split-f16 (the default), 0 split-bf16 (DELTAFIN_CUDA_SPLIT_FORM=bf16, the
+ * first form, kept to measure against; read per call: the benchmark switches it) */
+static int split_f16(void) {
+    const char *e = getenv("DELTAFIN_CUDA_SPLIT_FORM");
+    return !(e && !strcmp(e, "bf16"));
+}
+static size_t g_slab_bytes = MM_SLAB_FLOATS * 4; /* a prefill product's weight slab (tests make it small: several chunks) */
+extern "C" void df_cuda_set_slab_bytes(size_t b) { g_slab_bytes = b ? b : MM_SLAB_FLOATS * 4; }
+static int64_t g_f16_gemms; /* split-f16 GEMMs since the start (tests: the form taken) */
+extern "C" int64_t df_cuda_split_f16_gemms(void) { return g_f16_gemms; }
 
 static int blas_fail(const char *what, const DW &d, int64_t nr, int n, cublasStatus_t s) {
     fprintf(stderr, "deltafin: cuda backend: matmul_batch: %s [%lld x %lld] n=%d failed (status %d); the product kernel runs instead\n", what, (long long)nr, (long long)d.cols, n, (int)s);
     return -1;
 }
 
+/* the split-f16 product (above) of rows of W in chunks of at most a slab's bytes; as mm_gemm */
+static int mm_gemm_f16(cublasHandle_t h, const DW &d, const float *X, float *Y, int n) {
+    const int P = f16_exact(d) ? 2 : 3;
+    const int64_t K = d.cols, KP = P * K;
+    if (KP > INT32_MAX) return -1;
+    int64_t chunk = (int64_t)(g_slab_bytes / 2 / (size_t)KP);
+    if (chunk < 1) chunk = 1;
+    if (chunk > d.rows) chunk = d.rows;
+    const int64_t nch = (d.rows + chunk - 1) / chunk;
+    /* [0] max |X|, [1] 0.0f (beta), then per chunk: max |W|, alpha */
+    const size_t mbytes = (size_t)(2 + 2 * nch) * sizeof(unsigned);
+    unsigned *m = (unsigned *)slot(S_F16M, mbytes, "matmul_batch");
+    __half *wp = (__half *)slot(S_SLAB0, (size_t)chunk * KP * 2, "matmul_batch");
+    __half *xp = (__half *)slot(S_X0, (size_t)n * KP * 2, "matmul_batch");
+    if (!m || !wp || !xp) return -1;
+    CK("matmul_batch", cudaMemsetAsync(m, 0, mbytes, 0));
+    const size_t N = (size_t)n * K;
+    const int v4 = !((uintptr_t)X & 15) && !(K & 3);
+    const unsigned gx = blocks_for(v4 ? N / 4 : N, SF_TH) < 1024 ? blocks_for(v4 ? N / 4 : N, SF_TH) : 1024;
+    if (v4) launch_k(k_absmax_x<1>, dim3(gx), dim3(SF_TH), 0, X, N, m), launch_k(k_split16_x<1>, dim3(n < 65535 ? n : 65535), dim3(SF_TH), 0, X, (int64_t)n, K, P, m, xp);
+    else launch_k(k_absmax_x<0>, dim3(gx), dim3(SF_TH), 0, X, N, m), launch_k(k_split16_x<0>, dim3(n < 65535 ? n : 65535), dim3(SF_TH), 0, X, (int64_t)n, K, P, m, xp);
+    post("matmul_batch");
+    const int ldc = (int)d.rows;
+    for (int64_t c = 0; c < nch; c++) {
+        const int64_t r0 = c * chunk, nr = d.rows - r0 < chunk ? d.rows - r0 : chunk;
+        const unsigned g = (unsigned)(nr < 65535 ? nr : 65535), ga = d.fmt == DF_W_FP8 ? 8 : g < 1024 ? g : 1024;
+        unsigned *mw = m + 2 + 2 * c;
+        float *alpha = (float *)(void *)(mw + 1);
+        launch_k(k_absmax_w, dim3(ga), dim3(SF_TH), 0, d, r0, nr, mw);
+        launch_k(k_split16_w, dim3(g), dim3(SF_TH), 0, d, r0, nr, P, (const unsigned *)mw, (const unsigned *)m, alpha, wp);
+        post("matmul_batch");
+        cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+        cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE);
+        /* column-major view: Y^T[rows x n] (ld rows) = alpha (W' chunk, ld KP)^T . X'^T[KP x n] (ld KP) */
+        cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, (int)KP, alpha, wp, CUDA_R_16F, (int)KP, xp, CUDA_R_16F, (int)KP,
+                                        (const float *)(const void *)(m + 1), Y + r0, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST);
+        if (s != CUBLAS_STATUS_SUCCESS) return blas_fail("cublasGemmEx (split-f16)", d, nr, n, s);
+        g_f16_gemms++;
+    }
+    return 0;
+}
+
 /* Y[n][rows] = X[n][cols] W^T through slabs of rows; 0, or -1 (reported) to fall back to
  * the kernel, which then computes every row.
  * SGEMM: the exact f32 weight times x in f32 (pedantic math: no TF32).
- * split-bf16 (n >= split_min_n()): x = x0 + x1 + x2 and W = W0 + W1 + W2 in bf16
+ * n >= split_min_n(): split-f16 (mm_gemm_f16, above), or with DELTAFIN_CUDA_SPLIT_FORM=bf16
+ * split-bf16: x = x0 + x1 + x2 and W = W0 + W1 + W2 in bf16
  * pieces (W = W0 where W is a bf16 already), Y = sum of Wi xj over i + j <= 2 in
  * BF16 GEMMs with f32 accumulation (3 GEMMs for bf16 weights, 6 for others); the
  * dropped terms are about 2^-24 of |W||x| per product, f32's own rounding
@@ -1368,9 +1551,11 @@ static int blas_fail(const char *what, const DW &d, int64_t nr, int n, cublasSta
 static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
     cublasHandle_t h = blas();
     if (!h || d.cols > INT32_MAX || d.rows > INT32_MAX) return -1;
-    const int split = n >= split_min_n(), wparts = split && !bf16_exact(d) ? 3 : 1;
+    const int split = n >= split_min_n();
+    if (split && split_f16()) return mm_gemm_f16(h, d, X, Y, n);
+    const int wparts = split && !bf16_exact(d) ? 3 : 1;
     const size_t esz = split ? 2 : 4;
-    int64_t chunk = (int64_t)(MM_SLAB_FLOATS * 4 / esz / (size_t)d.cols);
+    int64_t chunk = (int64_t)(g_slab_bytes / esz / (size_t)d.cols);
     if (chunk < 1) chunk = 1;
     if (chunk > d.rows) chunk = d.rows;
     Pieces wp = {{NULL, NULL, NULL}}, xp = {{NULL, NULL, NULL}};
