@@ -302,6 +302,59 @@ static void prefill_row(const char *name, W &wt, cublasHandle_t h, int n) {
     B->weight_unregister(&wt.w);
 }
 
+/* Two products on one x in one matmul_batch call (an FFN's gate and up: prefill round 3 splits x once for both) against
+ * the two jobs alone and cuBLAS TF32 on the same two shapes; the batch's outputs compared bit for bit with the jobs'
+ * alone (their error is prefill_row's) */
+static void prefill_pair(const char *name, W &wa, W &wb, cublasHandle_t h, int n) {
+    W *ws[2] = {&wa, &wb};
+    const int64_t C = wa.w.cols;
+    double flop = 0;
+    std::vector<float> wf[2];
+    for (int i = 0; i < 2; i++) {
+        const int64_t R = ws[i]->w.rows;
+        flop += 2.0 * R * C * n;
+        wf[i].resize((size_t)R * C);
+        for (int64_t r = 0; r < R; r++) df_dequant_row(&ws[i]->w, r, wf[i].data() + (size_t)r * C);
+        reg(*ws[i]);
+    }
+    std::vector<float> xh((size_t)n * C);
+    for (auto &v : xh) v = frand();
+    df_act *x = B->alloc(xh.size()), *y[2] = {B->alloc((size_t)n * wa.w.rows), B->alloc((size_t)n * wb.w.rows)};
+    B->write(x, xh.data(), xh.size());
+    df_mv_job j[2] = {{&wa.w, x, y[0]}, {&wb.w, x, y[1]}};
+    setenv("DELTAFIN_CUDA_SPLIT_MIN_N", "1", 1);
+    const double t_a = time_ms([&](int) { B->matmul_batch(&j[0], 1, n); }, 2, g_quick ? 5 : 10);
+    const double t_b = time_ms([&](int) { B->matmul_batch(&j[1], 1, n); }, 2, g_quick ? 5 : 10);
+    std::vector<float> alone[2], both[2];
+    for (int i = 0; i < 2; i++) alone[i].resize((size_t)n * ws[i]->w.rows), both[i].resize(alone[i].size());
+    B->read(alone[1].data(), y[1], alone[1].size());
+    B->matmul_batch(&j[0], 1, n), B->read(alone[0].data(), y[0], alone[0].size());
+    const double t_ab = time_ms([&](int) { B->matmul_batch(j, 2, n); }, 2, g_quick ? 5 : 10);
+    for (int i = 0; i < 2; i++) B->read(both[i].data(), y[i], both[i].size());
+    unsetenv("DELTAFIN_CUDA_SPLIT_MIN_N");
+    const int same = alone[0] == both[0] && alone[1] == both[1];
+    float *dW[2], *dY;
+    const int64_t Rm = wa.w.rows > wb.w.rows ? wa.w.rows : wb.w.rows;
+    CKB(cudaMalloc(&dY, (size_t)n * Rm * 4));
+    for (int i = 0; i < 2; i++) {
+        CKB(cudaMalloc(&dW[i], wf[i].size() * 4));
+        CKB(cudaMemcpy(dW[i], wf[i].data(), wf[i].size() * 4, cudaMemcpyHostToDevice));
+    }
+    const float one = 1.0f, zero = 0.0f;
+    cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+    const double t_tf = time_ms([&](int) {
+        for (int i = 0; i < 2; i++)
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)ws[i]->w.rows, n, (int)C, &one, dW[i], CUDA_R_32F, (int)C, (const float *)x, CUDA_R_32F, (int)C, &zero,
+                         dY, CUDA_R_32F, (int)ws[i]->w.rows, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+    }, 2, g_quick ? 5 : 10);
+    const double tf = flop / t_tf / 1e9, ab = flop / t_ab / 1e9, sep = flop / (t_a + t_b) / 1e9;
+    printf("prefill %-32s n=%4d | cuBLAS FAST_TF32, both products %5.1f TFLOP/s | ours split-f16, one batch (x split once) %5.1f = %3.0f%% of TF32 (%.1f us) "
+           "| the two jobs alone %5.1f = %3.0f%% (%.1f + %.1f us) | batch outputs %s the jobs' alone\n",
+           name, n, tf, ab, 100.0 * ab / tf, t_ab * 1e3, sep, 100.0 * sep / tf, t_a * 1e3, t_b * 1e3, same ? "bit-equal to" : "DIFFER from");
+    for (int i = 0; i < 2; i++) cudaFree(dW[i]), B->free(y[i]), B->weight_unregister(&ws[i]->w);
+    cudaFree(dY), B->free(x);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
@@ -371,6 +424,9 @@ int main(int argc, char **argv) {
         make_bf16(w, 2048, 768), prefill_row("Qwen3 expert down BF16", w, h, n);
         make_fp8(w, 2048, 7168), prefill_row("DeepSeek-V3 expert gate FP8", w, h, n);
         make_fp8(w, 24576, 1536), prefill_row("DeepSeek-V3 q_b FP8", w, h, n);
+        W w2;
+        make_fp8(w, 2048, 7168), make_fp8(w2, 2048, 7168), prefill_pair("DeepSeek-V3 expert gate+up FP8", w, w2, h, n);
+        make_bf16(w, 768, 2048), make_bf16(w2, 768, 2048), prefill_pair("Qwen3 expert gate+up BF16", w, w2, h, n);
         make_bf16(w, 768, 2048), prefill_row("Qwen3 expert gate BF16 (128 tok)", w, h, 128);
     }
     cublasDestroy(h);

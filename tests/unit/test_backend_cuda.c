@@ -779,12 +779,15 @@ static void bf16_f8_checks(void) {
  * (exactly 0 out); F32 and FP8 (three pieces), BF16 and F16 (two); the same products under
  * DELTAFIN_CUDA_SPLIT_FORM=bf16 (the first form: no split-f16 GEMM, the same bound); and an FP8 weight of 600 x 1536
  * through slabs of 250 rows (df_cuda_set_slab_bytes: three chunks) whose scale blocks from row 256 are 2^10 larger, so
- * each chunk needs its own alpha. */
+ * each chunk needs its own alpha. Prefill round 3: rows whose bytes are not a multiple of 16 (BF16 1004 wide, FP8 1000
+ * wide with partial scale blocks) take the split kernels' element-wise path, the others 8 columns a thread. */
 #define SPLIT_TOL 8e-6
 static void split_f16_checks(void) {
     const df_backend_ops *B = &df_backend_cuda;
     static const struct { int fmt, rows, cols, n, chunks; } S[] = {
         {DF_W_F32, 70, 1000, 600, 1}, {DF_W_BF16, 64, 2048, 600, 1}, {DF_W_F16, 33, 520, 512, 1}, {DF_W_FP8, 300, 1536, 600, 1}, {DF_W_FP8, 600, 1536, 512, 3},
+        /* rows not 16-byte multiples: the split kernels' element-wise path (the others take 8 columns a thread) */
+        {DF_W_BF16, 40, 1004, 512, 1}, {DF_W_FP8, 130, 1000, 512, 1},
     };
     double worst[2] = {0, 0};
     for (size_t k = 0; k < sizeof S / sizeof *S; k++) {
@@ -852,6 +855,54 @@ static void split_f16_checks(void) {
     }
     printf("test_backend_cuda: prefill split forms: worst rel L2 per token row %.2e (split-f16), %.2e (split-bf16), %zu weights\n", worst[0], worst[1],
            sizeof S / sizeof *S);
+}
+
+/* Prefill round 3: jobs of one matmul_batch call with the same x split it once (gate and up, q/k/v): two FP8 weights
+ * on x share one split, a BF16 weight on the same x needs its own (two pieces, not three), an FP8 weight on another x
+ * its own; every output memcmp-equal to the same job run alone, and the first job of the next call splits again. */
+static void split_shared_x_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    enum { C = 1536, N = 520, NJ = 4 };
+    static const int rows[NJ] = {300, 256, 64, 130};
+    df_weight w[NJ];
+    uint8_t *db[NJ] = {0}, *data[NJ] = {0};
+    float *sb[NJ] = {0};
+    for (int k = 0; k < NJ; k++) {
+        if (k == 2) {
+            data[k] = float_weight(&w[k], DF_W_BF16, rows[k], C);
+        } else {
+            const size_t ns = (size_t)((rows[k] + 127) / 128) * (C / 128);
+            db[k] = malloc((size_t)rows[k] * C), sb[k] = malloc(ns * sizeof(float));
+            fp8_fill(db[k], (size_t)rows[k] * C, sb[k], ns);
+            fp8_weight(&w[k], rows[k], C, db[k], 0, sb[k], 0);
+        }
+        CHECK(B->weight_register(&w[k]) == 0 && w[k].handle, "shared-x weight %d registered", k);
+    }
+    float *xh = malloc((size_t)2 * N * C * sizeof(float));
+    for (size_t i = 0; i < (size_t)2 * N * C; i++) xh[i] = frnd();
+    df_act *x[2] = {B->alloc((size_t)N * C), B->alloc((size_t)N * C)}, *y[NJ], *y1 = B->alloc((size_t)N * 300);
+    B->write(x[0], xh, (size_t)N * C), B->write(x[1], xh + (size_t)N * C, (size_t)N * C);
+    df_mv_job j[NJ];
+    for (int k = 0; k < NJ; k++) y[k] = B->alloc((size_t)N * rows[k]), j[k] = (df_mv_job){&w[k], x[k == 3], y[k]};
+    const int64_t s0 = df_cuda_split_f16_xsplits(), g0 = df_cuda_split_f16_gemms();
+    B->matmul_batch(j, NJ, N);
+    const int64_t xs = df_cuda_split_f16_xsplits() - s0, gs = df_cuda_split_f16_gemms() - g0;
+    CHECK(xs == 3 && gs == NJ, "shared x: %lld x splits and %lld GEMMs for %d jobs on 2 x (3 splits and %d GEMMs expected)", (long long)xs, (long long)gs, NJ,
+          NJ);
+    float *a = malloc((size_t)N * 300 * sizeof(float)), *b = malloc((size_t)N * 300 * sizeof(float));
+    for (int k = 0; k < NJ; k++) {
+        B->read(a, y[k], (size_t)N * rows[k]);
+        const int64_t s1 = df_cuda_split_f16_xsplits();
+        df_mv_job one = {&w[k], x[k == 3], y1};
+        B->matmul_batch(&one, 1, N);
+        CHECK(df_cuda_split_f16_xsplits() - s1 == 1, "shared x: job %d alone did not split its x once", k);
+        B->read(b, y1, (size_t)N * rows[k]);
+        CHECK(!memcmp(a, b, (size_t)N * rows[k] * sizeof(float)), "shared x: job %d in the batch differs from the job alone", k);
+    }
+    free(a), free(b), free(xh);
+    B->free(x[0]), B->free(x[1]), B->free(y1);
+    for (int k = 0; k < NJ; k++) B->free(y[k]), B->weight_unregister(&w[k]), free(db[k]), free(sb[k]), free(data[k]);
+    printf("test_backend_cuda: split-f16 x shared by a batch's jobs: %lld splits for %d jobs\n", (long long)xs, NJ);
 }
 
 /* Round 15's bit 67108864: MLA's decode launches (16-byte paths) with a resident FP8 kv_b load its rows before their
@@ -1273,6 +1324,7 @@ int main(void) {
         mla_early_checks();
         bf16_f8_checks();
         split_f16_checks();
+        split_shared_x_checks();
         attn_split_checks();
         attn_dec_checks();
         fused_rows_checks();

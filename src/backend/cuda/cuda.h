@@ -80,6 +80,8 @@ int64_t df_cuda_moe_gu_f8_launches(void);
 int64_t df_cuda_moe_gu_f8r_launches(void);
 /* cuBLAS GEMMs of the split-f16 prefill form (prefill round 2, the default split form) so far (tests). */
 int64_t df_cuda_split_f16_gemms(void);
+/* x splits of the split-f16 form so far: jobs of one matmul_batch call with the same x share one (tests). */
+int64_t df_cuda_split_f16_xsplits(void);
 /* The weight slab of a prefill product in bytes (rows go through cuBLAS in chunks of it; 0: the default, 256 MiB);
  * tests make it small. */
 void df_cuda_set_slab_bytes(size_t bytes);

@@ -1340,13 +1340,17 @@ __global__ void k_split(const float *x, size_t N, Pieces o) { pdl_entry();
  * Y = 2^-(ex+ew) (W0 x1 [+ W1 x0] + W0 x0) in ONE f16 GEMM with f32 accumulation over the pieces laid along K:
  * x' = [x1 | x0] against W' = [W0 | W0], or x' = [x1 | x0 | x0] against W' = [W0 | W1 | W0] (the split-bf16 form: 3
  * or 6 GEMMs of K, each reading and writing Y). The small terms come first in K: the tensor cores' accumulation error
- * grows with the sum it adds to (measured: the big terms first erred 4x more at K 7168). The factor 2^-(ex+ew) is the
- * GEMM's alpha, written by the weight's split kernel into device memory (no host wait). Left out: W1 x1 (2^-22
+ * grows with the sum it adds to (measured: the big terms first erred 4x more at K 7168; prefill round 3 measured two
+ * GEMMs without the repeated pieces, small terms then the big one added with beta 1: slower on every shape but one).
+ * The factor 2^-(ex+ew) is the GEMM's alpha, written by the weight's split kernel into device memory (no host wait).
+ * Jobs of one matmul_batch call with the same x (gate and up, q/k/v) split it once (g_xs). Left out: W1 x1 (2^-22
  * |W||x|) and each piece's rounding (2^-22): a few times f32's own 2^-24 per term (docs/PERFORMANCE.md: the measured
  * error). A token row whose largest magnitude is 2^k below X's largest keeps 22 bits for k <= 18 or so; an infinite
  * element makes the scale 1 (the product is not finite anyway); maxima beyond 2^+-100 can over- or underflow alpha
  * where f32 would not. */
 #define SF_TH 256 /* threads of the split kernels */
+#define SF_U 4     /* prefill round 3: loads of a thread the split kernels issue before using them (16 B each: a
+                    * thread's one 16-byte load at a time left the passes at 1.5-3 TB/s) */
 /* the block's largest value, then one atomicMax (non-negative floats order as their bits) */
 static __device__ __forceinline__ void absmax_to(float m, unsigned *out) {
     __shared__ float part[SF_TH / 32];
@@ -1376,19 +1380,58 @@ static __device__ __forceinline__ void split16(float v, __half &h0, __half &h1) 
 template <int V4> __global__ void __launch_bounds__(SF_TH) k_absmax_x(const float *x, size_t N, unsigned *out) { pdl_entry();
     float m = 0.0f;
     const size_t st = (size_t)gridDim.x * SF_TH;
-    if (V4)
-        for (size_t i = blockIdx.x * (size_t)SF_TH + threadIdx.x; i < N / 4; i += st) {
-            const float4 v = ((const float4 *)x)[i];
-            m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    if (V4) /* SF_U loads of a thread in flight */
+        for (size_t i = blockIdx.x * (size_t)SF_TH + threadIdx.x; i < N / 4; i += SF_U * st) {
+            float4 v[SF_U];
+#pragma unroll
+            for (int u = 0; u < SF_U; u++) v[u] = i + u * st < N / 4 ? __ldg((const float4 *)x + i + u * st) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int u = 0; u < SF_U; u++) m = fmaxf(m, fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w))));
         }
     else
         for (size_t i = blockIdx.x * (size_t)SF_TH + threadIdx.x; i < N; i += st) m = fmaxf(m, fabsf(x[i]));
     absmax_to(m, out);
 }
-/* largest |W| of rows [r0, r0 + nr): FP8 the bound 448 max|scale| over the chunk's scale blocks, others every element */
-__global__ void __launch_bounds__(SF_TH) k_absmax_w(DW w, int64_t r0, int64_t nr, unsigned *out) { pdl_entry();
-    float m = 0.0f;
+/* Prefill round 3: 8 columns of a row a thread, the row's bytes in 8- (FP8), 16- (BF16, F16) or 32-byte (F32) loads,
+ * the values wget's (FP8: the exact E4M3 -> f16 conversion times the block's scale, one scale load for the 8). The
+ * host takes it where split_v8() holds: K % 8 == 0, rows 16-byte aligned, FP8 scale blocks a multiple of 8 wide */
+static __device__ __forceinline__ void ld8w(const DW &w, const uint8_t *src, int64_t c, int64_t srow, float v[8]) {
     if (w.fmt == DF_W_FP8) {
+        const uint2 u = *(const uint2 *)(src + c);
+        const float s = scale_ld(w, srow + (int64_t)((uint64_t)c / (uint64_t)w.blk_c));
+        const uint32_t b[2] = {u.x, u.y};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)((b[i >> 2] >> (8 * (i & 3))) & 255u), __NV_E4M3);
+            v[i] = __half2float(__half(h)) * s;
+        }
+    } else if (w.fmt == DF_W_F32) {
+        const float4 a = *(const float4 *)(src + 4 * c), b = *(const float4 *)(src + 4 * c + 16);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+        const uint4 u = *(const uint4 *)(src + 2 * c);
+        const uint32_t b[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t h = (b[i >> 1] >> (16 * (i & 1))) & 0xffffu;
+            v[i] = w.fmt == DF_W_BF16 ? bf16f(h) : f16f(h);
+        }
+    }
+}
+/* largest |W| of rows [r0, r0 + nr): FP8 the bound 448 max|scale| over the chunk's scale blocks, others every element */
+__global__ void __launch_bounds__(SF_TH) k_absmax_w(DW w, int64_t r0, int64_t nr, int v8, unsigned *out) { pdl_entry();
+    float m = 0.0f;
+    if (w.fmt != DF_W_FP8 && v8) {
+        for (int64_t r = blockIdx.x; r < nr; r += gridDim.x) {
+            const uint8_t *src = w.data + (size_t)(r0 + r) * w.row_bytes;
+            for (int64_t c = 8 * (int64_t)threadIdx.x; c < w.cols; c += 8 * SF_TH) {
+                float v[8];
+                ld8w(w, src, c, 0, v);
+#pragma unroll
+                for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(v[i]));
+            }
+        }
+    } else if (w.fmt == DF_W_FP8) {
         const int64_t b0 = r0 / w.blk_r, b1 = (r0 + nr - 1) / w.blk_r, ns = (b1 - b0 + 1) * w.scale_cols;
         for (int64_t i = blockIdx.x * (int64_t)SF_TH + threadIdx.x; i < ns; i += (int64_t)gridDim.x * SF_TH)
             m = fmaxf(m, 448.0f * fabsf(scale_at(w, b0 * w.scale_cols + i)));
@@ -1398,22 +1441,31 @@ __global__ void __launch_bounds__(SF_TH) k_absmax_w(DW w, int64_t r0, int64_t nr
     absmax_to(m, out);
 }
 /* x' rows of P K halves: [x1 | x0 | x0] (P 3) or [x1 | x0] (P 2); V4: four columns a thread (K % 4 == 0, x aligned) */
-template <int V4> __global__ void __launch_bounds__(SF_TH) k_split16_x(const float *x, int64_t n, int64_t K, int P, unsigned *m, __half *o) { pdl_entry();
+template <int V4> __global__ void __launch_bounds__(SF_TH) k_split16_x(const float *x, int64_t n, int64_t K, int P, const unsigned *m, __half *o) { pdl_entry();
     const float sc = ldexpf(1.0f, f16_shift(m[0]));
-    for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
-        __half *row = o + (size_t)t * P * K;
-        if (V4) {
-            const float4 *xr = (const float4 *)(x + (size_t)t * K);
-            for (int64_t c = threadIdx.x; c < K / 4; c += SF_TH) {
-                const float4 v = xr[c];
+    if (V4) { /* 4 columns an item, the n K / 4 items over the grid, SF_U a thread at once */
+        const size_t K4 = (size_t)K / 4, items = (size_t)n * K4, st = (size_t)gridDim.x * SF_TH;
+        for (size_t i0 = blockIdx.x * (size_t)SF_TH + threadIdx.x; i0 < items; i0 += SF_U * st) {
+            float4 v[SF_U];
+#pragma unroll
+            for (int u = 0; u < SF_U; u++) v[u] = i0 + u * st < items ? __ldg((const float4 *)x + i0 + u * st) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int u = 0; u < SF_U; u++) {
+                const size_t i = i0 + u * st;
+                if (i >= items) break;
+                const size_t t = i / K4, c = i - t * K4;
+                __half *row = o + t * P * K;
                 __half a0, a1, b0, b1, c0, c1, d0, d1;
-                split16(v.x * sc, a0, a1), split16(v.y * sc, b0, b1), split16(v.z * sc, c0, c1), split16(v.w * sc, d0, d1);
+                split16(v[u].x * sc, a0, a1), split16(v[u].y * sc, b0, b1), split16(v[u].z * sc, c0, c1), split16(v[u].w * sc, d0, d1);
                 const __half2 h0[2] = {__halves2half2(a0, b0), __halves2half2(c0, d0)}, h1[2] = {__halves2half2(a1, b1), __halves2half2(c1, d1)};
                 ((uint2 *)row)[c] = *(const uint2 *)h1;
                 ((uint2 *)(row + K))[c] = *(const uint2 *)h0;
                 if (P == 3) ((uint2 *)(row + 2 * K))[c] = *(const uint2 *)h0;
             }
-        } else {
+        }
+    } else
+        for (int64_t t = blockIdx.x; t < n; t += gridDim.x) {
+            __half *row = o + (size_t)t * P * K;
             const float *xr = x + (size_t)t * K;
             for (int64_t c = threadIdx.x; c < K; c += SF_TH) {
                 __half h0, h1;
@@ -1422,16 +1474,44 @@ template <int V4> __global__ void __launch_bounds__(SF_TH) k_split16_x(const flo
                 if (P == 3) row[2 * K + c] = h0;
             }
         }
-    }
 }
 /* W' rows of P K halves for rows [r0, r0 + nr): [W0 | W1 | W0] (P 3) or [W0 | W0] (P 2); alpha = 2^-(ex+ew).
- * FP8 rows decode through the hardware E4M3 -> f16 conversion (exact) times the block's scale */
-__global__ void __launch_bounds__(SF_TH) k_split16_w(DW w, int64_t r0, int64_t nr, int P, const unsigned *mw, const unsigned *mx, float *alpha, __half *o) {
+ * FP8 rows decode through the hardware E4M3 -> f16 conversion (exact) times the block's scale; v8: 8 columns a
+ * thread (ld8w) */
+__global__ void __launch_bounds__(SF_TH) k_split16_w(DW w, int64_t r0, int64_t nr, int P, int v8, const unsigned *mw, const unsigned *mx, float *alpha, __half *o) {
     pdl_entry();
     const int e = f16_shift(*mw);
     const float sc = ldexpf(1.0f, e);
     if (blockIdx.x == 0 && threadIdx.x == 0) *alpha = ldexpf(1.0f, -(e + f16_shift(*mx)));
     const int64_t K = w.cols;
+    if (v8) { /* 8 columns an item, the nr K / 8 items over the grid, SF_U a thread at once */
+        const size_t K8 = (size_t)K / 8, items = (size_t)nr * K8, st = (size_t)gridDim.x * SF_TH;
+        for (size_t i0 = blockIdx.x * (size_t)SF_TH + threadIdx.x; i0 < items; i0 += SF_U * st) {
+            float v[SF_U][8];
+#pragma unroll
+            for (int u = 0; u < SF_U; u++) {
+                const size_t i = i0 + u * st;
+                if (i >= items) break;
+                const size_t r = i / K8, c = (i - r * K8) * 8;
+                const int64_t rr = r0 + (int64_t)r;
+                ld8w(w, w.data + (size_t)rr * w.row_bytes, (int64_t)c, w.fmt == DF_W_FP8 ? rr / w.blk_r * w.scale_cols : 0, v[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < SF_U; u++) {
+                const size_t i = i0 + u * st;
+                if (i >= items) break;
+                const size_t r = i / K8, c = (i - r * K8) * 8;
+                __half *row = o + r * P * K;
+                __half h0[8], h1[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) split16(v[u][e] * sc, h0[e], h1[e]);
+                *(uint4 *)(row + c) = *(const uint4 *)h0;
+                *(uint4 *)(row + K + c) = *(const uint4 *)(P == 3 ? h1 : h0);
+                if (P == 3) *(uint4 *)(row + 2 * K + c) = *(const uint4 *)h0;
+            }
+        }
+        return;
+    }
     for (int64_t r = blockIdx.x; r < nr; r += gridDim.x) {
         __half *row = o + (size_t)r * P * K;
         const int64_t rr = r0 + r, srow = w.fmt == DF_W_FP8 ? rr / w.blk_r * w.scale_cols : 0;
@@ -1443,11 +1523,10 @@ __global__ void __launch_bounds__(SF_TH) k_split16_w(DW w, int64_t r0, int64_t n
                 v = __half2float(__half(h)) * scale_at(w, srow + (int64_t)((unsigned)c / (unsigned)w.blk_c));
             } else
                 v = wget(w, rr, c);
-            __half h0, h1;
-            split16(v * sc, h0, h1);
-            row[c] = h0;
-            if (P == 3) row[K + c] = h1, row[2 * K + c] = h0;
-            else row[K + c] = h0;
+            __half h[2];
+            split16(v * sc, h[0], h[1]);
+            row[c] = h[0], row[K + c] = h[P == 3];
+            if (P == 3) row[2 * K + c] = h[0];
         }
     }
 }
@@ -1486,6 +1565,12 @@ static int split_f16(void) {
     const char *e = getenv("DELTAFIN_CUDA_SPLIT_FORM");
     return !(e && !strcmp(e, "bf16"));
 }
+/* the split kernels' 8-columns-a-thread path (ld8w) applies */
+static int split_v8(const DW &d) {
+    if (d.fmt != DF_W_FP8 && d.fmt != DF_W_F32 && d.fmt != DF_W_F16 && d.fmt != DF_W_BF16) return 0;
+    if ((d.cols & 7) || ((uintptr_t)d.data & 15) || (d.row_bytes & 15)) return 0;
+    return d.fmt != DF_W_FP8 || (d.blk_c > 0 && !(d.blk_c & 7));
+}
 static size_t g_slab_bytes = MM_SLAB_FLOATS * 4; /* a prefill product's weight slab (tests make it small: several chunks) */
 extern "C" void df_cuda_set_slab_bytes(size_t b) { g_slab_bytes = b ? b : MM_SLAB_FLOATS * 4; }
 static int64_t g_f16_gemms; /* split-f16 GEMMs since the start (tests: the form taken) */
@@ -1496,46 +1581,71 @@ static int blas_fail(const char *what, const DW &d, int64_t nr, int n, cublasSta
     return -1;
 }
 
+/* x' of the last split, kept for the next job of the same matmul_batch call with the same X (gate and up, q/k/v, q_a
+ * and kv_a: jobs of one batch read their x and write other buffers, so X is unchanged inside a call); g_matmul_batch
+ * clears it on entry, and every path that may reuse the slots clears it */
+static struct { const float *X; int n, XP; int64_t K; } g_xs;
+static int64_t g_f16_xsplits; /* x splits since the start (tests: shared by a batch's jobs) */
+extern "C" int64_t df_cuda_split_f16_xsplits(void) { return g_f16_xsplits; }
+
+/* blocks of the split kernels' flattened paths for this many items (SF_U a thread) */
+static unsigned sf_blocks(size_t items) {
+    const size_t b = (items + (size_t)SF_TH * SF_U - 1) / ((size_t)SF_TH * SF_U);
+    return b < 1 ? 1 : b > 16384 ? 16384 : (unsigned)b;
+}
 /* the split-f16 product (above) of rows of W in chunks of at most a slab's bytes; as mm_gemm */
 static int mm_gemm_f16(cublasHandle_t h, const DW &d, const float *X, float *Y, int n) {
-    const int P = f16_exact(d) ? 2 : 3;
+    const int P = f16_exact(d) ? 2 : 3, v8 = split_v8(d);
     const int64_t K = d.cols, KP = P * K;
     if (KP > INT32_MAX) return -1;
     int64_t chunk = (int64_t)(g_slab_bytes / 2 / (size_t)KP);
     if (chunk < 1) chunk = 1;
     if (chunk > d.rows) chunk = d.rows;
     const int64_t nch = (d.rows + chunk - 1) / chunk;
-    /* [0] max |X|, [1] 0.0f (beta), then per chunk: max |W|, alpha */
-    const size_t mbytes = (size_t)(2 + 2 * nch) * sizeof(unsigned);
+    const int reuse = g_xs.X == X && g_xs.n == n && g_xs.K == K && g_xs.XP == P;
+    g_xs.X = NULL;
+    /* mx: [0] max |X|, [1] 0.0f (beta); m: per chunk max |W|, alpha */
+    const size_t mbytes = (size_t)(2 * nch) * sizeof(unsigned);
+    unsigned *mx = (unsigned *)slot(S_F16X, 2 * sizeof(unsigned), "matmul_batch");
     unsigned *m = (unsigned *)slot(S_F16M, mbytes, "matmul_batch");
     __half *wp = (__half *)slot(S_SLAB0, (size_t)chunk * KP * 2, "matmul_batch");
     __half *xp = (__half *)slot(S_X0, (size_t)n * KP * 2, "matmul_batch");
-    if (!m || !wp || !xp) return -1;
+    if (!mx || !m || !wp || !xp) return -1;
     CK("matmul_batch", cudaMemsetAsync(m, 0, mbytes, 0));
-    const size_t N = (size_t)n * K;
-    const int v4 = !((uintptr_t)X & 15) && !(K & 3);
-    const unsigned gx = blocks_for(v4 ? N / 4 : N, SF_TH) < 1024 ? blocks_for(v4 ? N / 4 : N, SF_TH) : 1024;
-    if (v4) launch_k(k_absmax_x<1>, dim3(gx), dim3(SF_TH), 0, X, N, m), launch_k(k_split16_x<1>, dim3(n < 65535 ? n : 65535), dim3(SF_TH), 0, X, (int64_t)n, K, P, m, xp);
-    else launch_k(k_absmax_x<0>, dim3(gx), dim3(SF_TH), 0, X, N, m), launch_k(k_split16_x<0>, dim3(n < 65535 ? n : 65535), dim3(SF_TH), 0, X, (int64_t)n, K, P, m, xp);
-    post("matmul_batch");
+    if (!reuse) {
+        CK("matmul_batch", cudaMemsetAsync(mx, 0, 2 * sizeof(unsigned), 0));
+        const size_t N = (size_t)n * K;
+        const int v4 = !((uintptr_t)X & 15) && !(K & 3);
+        const unsigned gx = blocks_for(v4 ? N / 4 : N, SF_TH) < 1024 ? blocks_for(v4 ? N / 4 : N, SF_TH) : 1024;
+        if (v4)
+            launch_k(k_absmax_x<1>, dim3(gx), dim3(SF_TH), 0, X, N, mx),
+                launch_k(k_split16_x<1>, dim3(sf_blocks(N / 4)), dim3(SF_TH), 0, X, (int64_t)n, K, P, (const unsigned *)mx, xp);
+        else
+            launch_k(k_absmax_x<0>, dim3(gx), dim3(SF_TH), 0, X, N, mx),
+                launch_k(k_split16_x<0>, dim3(n < 65535 ? n : 65535), dim3(SF_TH), 0, X, (int64_t)n, K, P, (const unsigned *)mx, xp);
+        post("matmul_batch");
+        g_f16_xsplits++;
+    }
     const int ldc = (int)d.rows;
     for (int64_t c = 0; c < nch; c++) {
         const int64_t r0 = c * chunk, nr = d.rows - r0 < chunk ? d.rows - r0 : chunk;
         const unsigned g = (unsigned)(nr < 65535 ? nr : 65535), ga = d.fmt == DF_W_FP8 ? 8 : g < 1024 ? g : 1024;
-        unsigned *mw = m + 2 + 2 * c;
+        unsigned *mw = m + 2 * c;
         float *alpha = (float *)(void *)(mw + 1);
-        launch_k(k_absmax_w, dim3(ga), dim3(SF_TH), 0, d, r0, nr, mw);
-        launch_k(k_split16_w, dim3(g), dim3(SF_TH), 0, d, r0, nr, P, (const unsigned *)mw, (const unsigned *)m, alpha, wp);
+        launch_k(k_absmax_w, dim3(ga), dim3(SF_TH), 0, d, r0, nr, v8, mw);
+        launch_k(k_split16_w, dim3(v8 ? sf_blocks((size_t)nr * (size_t)K / 8) : g), dim3(SF_TH), 0, d, r0, nr, P, v8, (const unsigned *)mw, (const unsigned *)mx, alpha,
+                 wp);
         post("matmul_batch");
         cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
         cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE);
         /* column-major view: Y^T[rows x n] (ld rows) = alpha (W' chunk, ld KP)^T . X'^T[KP x n] (ld KP) */
         cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, (int)KP, alpha, wp, CUDA_R_16F, (int)KP, xp, CUDA_R_16F, (int)KP,
-                                        (const float *)(const void *)(m + 1), Y + r0, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                                        (const float *)(const void *)(mx + 1), Y + r0, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST);
         if (s != CUBLAS_STATUS_SUCCESS) return blas_fail("cublasGemmEx (split-f16)", d, nr, n, s);
         g_f16_gemms++;
     }
+    if (Y + (size_t)n * d.rows <= X || Y >= X + (size_t)n * K) g_xs.X = X, g_xs.n = n, g_xs.K = K, g_xs.XP = P; /* Y left X as it was */
     return 0;
 }
 
@@ -1553,6 +1663,7 @@ static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
     if (!h || d.cols > INT32_MAX || d.rows > INT32_MAX) return -1;
     const int split = n >= split_min_n();
     if (split && split_f16()) return mm_gemm_f16(h, d, X, Y, n);
+    g_xs.X = NULL; /* the slots below are the split-f16 form's too */
     const int wparts = split && !bf16_exact(d) ? 3 : 1;
     const size_t esz = split ? 2 : 4;
     int64_t chunk = (int64_t)(g_slab_bytes / esz / (size_t)d.cols);
@@ -1600,6 +1711,7 @@ static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
 void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     LOCK();
     if (n <= 0) return;
+    g_xs.X = NULL; /* x may have changed since the last call */
     if (n > 1 && g_prof > 0) prof_restart();
     MmBatch b;
     b.nj = 0, b.pf = 1, b.cp = 0;
