@@ -611,6 +611,45 @@ static void test_rows(void) {
     }
 }
 
+/* The CPU backend splits large row and element-wise calls (prefill, verify passes) over its pool; each row's sums on one
+ * thread and every element by the same code, so the bits must equal the one-thread reference's: memcmp, not a tolerance.
+ * Sizes past the split's threshold (8192 elements of work), odd so the ranges end mid-vector; CPU candidates only. */
+static void test_rows_split(void) {
+    if (strncmp(CAND->name, "cpu", 3) || !strcmp(CAND->name, REF->name)) return;
+    const int n = 61, C = 576, NH = 9, hd = 64, dim = 64, ts = NH * hd;
+    const size_t N = (size_t)n * 1536 + 7;
+    float *x = rnd((size_t)n * C, 3), *g = rnd(C, 1), *a = rnd(N, 4), *b = rnd(N, 4), *q = rnd((size_t)n * ts, 1);
+    float *inv = malloc((dim / 2) * sizeof(float));
+    for (int i = 0; i < dim / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / dim);
+    float *h[6] = {x, a, b, q, x, q}; /* [4]: rmsnorm's out, [5]: the rope table */
+    size_t sz[6] = {(size_t)n * C, N, N, (size_t)n * ts, (size_t)n * C, (size_t)n * dim};
+    side c, r;
+    side_up(&c, CAND, h, sz, 6), side_up(&r, REF, h, sz, 6);
+    const struct { const char *what; int i; size_t n; } out[] = {{"rmsnorm", 4, (size_t)n * C}, {"add", 1, N}, {"gate", 2, N}, {"rope", 3, (size_t)n * ts}};
+    for (int step = 0; step < 4; step++) {
+        side *sd[2] = {&c, &r};
+        for (int k = 0; k < 2; k++) {
+            const df_backend_ops *be = sd[k]->be;
+            df_act **p = sd[k]->p;
+            if (step == 0) be->rmsnorm(p[4], C, p[0], C, g, n, C, 1e-6f);
+            if (step == 1) be->add(p[1], p[2], N);
+            if (step == 2)
+                for (int kind = 0; kind < DF_GATE_N; kind++) be->gate(p[2], p[1], p[2], N, (df_gate_kind)kind, 4.0f, 2.5f);
+            if (step == 3) be->rope_table(p[5], 17, n, inv, dim / 2, 1.0f), be->rope(p[3], n, NH, ts, hd, dim, p[5], 0);
+        }
+        float *hc = down(CAND, c.p[out[step].i], out[step].n), *hr = down(REF, r.p[out[step].i], out[step].n);
+        checks++;
+        if (memcmp(hc, hr, out[step].n * sizeof(float))) {
+            failures++;
+            fprintf(stderr, "FAIL %s over %zu values split over %d threads: not bit-equal to the one-thread reference\n", out[step].what, out[step].n,
+                    df_pool_size());
+        }
+        free(hc), free(hr);
+    }
+    side_free(&c, 6), side_free(&r, 6);
+    free(x), free(g), free(a), free(b), free(q), free(inv);
+}
+
 /* ---- fused ops (optional entries: each side runs its own, or the composition the wrapper issues where it has
  * none; cpu-scalar has none, so the candidate's fused op is checked against the plain ops) ------------------ */
 static void test_fused(void) {
@@ -964,6 +1003,7 @@ int main(int argc, char **argv) {
     test_attn_mla();
     test_attn_mla_dsv3();
     test_rows();
+    test_rows_split();
     test_fused();
     test_route();
     test_conv1d();

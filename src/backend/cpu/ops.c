@@ -5,9 +5,12 @@
  * recurrent mixers' scans. Backend memory is host memory here (a df_act is
  * a float array), params are read in place and registration is a no-op.
  *
- * These small ops run on the calling thread: their cost is a few percent of
- * a layer's products (docs/PERFORMANCE.md), and one thread keeps their
- * summation order fixed. */
+ * These small ops run on the calling thread for one position's rows; calls
+ * over many (prefill, verify passes: 13% of a 512-token SmolLM2 prefill's
+ * wall time ran here on one thread while the other spun) split their rows
+ * or elements over the pool (par_for). Each row's sums stay on one thread
+ * and every element is computed by the same code, so the bits do not
+ * depend on the split or the thread count. */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/kernels.h"
 #include "backend/ggml_quant.h"
@@ -40,16 +43,43 @@ static int c_weight_register(df_weight *w) { (void)w; return 0; }
 static void c_weight_unregister(df_weight *w) { w->handle = NULL; }
 static int c_param_register(const float *p, size_t n) { (void)p, (void)n; return 0; }
 
+/* ---- over the pool ------------------------------------------------------------ */
+#define PAR_MIN 8192 /* elements of work from which a call is split over the pool (a dispatch costs a few us) */
+typedef void (*range_fn)(void *c, size_t a, size_t b);
+typedef struct { range_fn fn; void *c; size_t n; } par_ctx;
+static void par_task(void *ctx, int tid, int nth) {
+    const par_ctx *p = ctx;
+    const size_t a = p->n * (size_t)tid / (size_t)nth, b = p->n * (size_t)(tid + 1) / (size_t)nth;
+    if (a < b) p->fn(p->c, a, b);
+}
+/* fn(c, a, b) over [0, n) in one range per pool thread where work (elements) is large enough, else on the caller */
+static void par_for(size_t n, size_t work, range_fn fn, void *c) {
+    if (work < PAR_MIN || n < 2 || df_pool_size() < 2) {
+        fn(c, 0, n);
+        return;
+    }
+    par_ctx p = {fn, c, n};
+    df_pool_run(par_task, &p);
+}
+
 /* ---- rows ------------------------------------------------------------------- */
-static void c_rmsnorm(df_act *out, size_t os, const df_act *x, size_t xs, const float *g, int rows, int n, float eps) {
-    for (int r = 0; r < rows; r++) {
-        const float *xr = DF_CF(x) + (size_t)r * xs;
-        float *o = DF_F(out) + (size_t)r * os;
+typedef struct { df_act *out; size_t os; const df_act *x; size_t xs; const float *g; int n; float eps; } rms_ctx;
+static void rms_rows(void *ctx, size_t r0, size_t r1) {
+    const rms_ctx *c = ctx;
+    const int n = c->n;
+    const float *g = c->g, eps = c->eps;
+    for (size_t r = r0; r < r1; r++) {
+        const float *xr = DF_CF(c->x) + r * c->xs;
+        float *o = DF_F(c->out) + r * c->os;
         double ss = 0;
         for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
         float inv = 1.0f / sqrtf((float)(ss / n) + eps);
         for (int i = 0; i < n; i++) o[i] = g[i] * (xr[i] * inv);
     }
+}
+static void c_rmsnorm(df_act *out, size_t os, const df_act *x, size_t xs, const float *g, int rows, int n, float eps) {
+    rms_ctx c = {out, os, x, xs, g, n, eps};
+    par_for((size_t)(rows > 0 ? rows : 0), (size_t)(rows > 0 ? rows : 0) * (size_t)(n > 0 ? n : 0), rms_rows, &c);
 }
 
 static void c_rope_table(df_act *cs, int pos0, int n, const float *inv_freq, int half, float scale) {
@@ -78,16 +108,30 @@ static void rope_one(const float *cs, int d, float *v, int interleaved) {
         }
     }
 }
+typedef struct { df_act *x; int nh; size_t ts, hs; int dim; const df_act *cs; int interleaved; } rope_ctx;
+static void rope_units(void *ctx, size_t u0, size_t u1) { /* unit u: position u / nh, head u % nh */
+    const rope_ctx *c = ctx;
+    for (size_t u = u0; u < u1; u++) {
+        const size_t t = u / (size_t)c->nh, h = u % (size_t)c->nh;
+        rope_one(DF_CF(c->cs) + t * (size_t)(c->dim / 2) * 2, c->dim, DF_F(c->x) + t * c->ts + h * c->hs, c->interleaved);
+    }
+}
 static void c_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_act *cs, int interleaved) {
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < nh; h++) rope_one(DF_CF(cs) + (size_t)t * (dim / 2) * 2, dim, DF_F(x) + (size_t)t * ts + (size_t)h * hs, interleaved);
+    if (n <= 0 || nh <= 0) return;
+    rope_ctx c = {x, nh, ts, hs, dim, cs, interleaved};
+    const size_t units = (size_t)n * (size_t)nh;
+    par_for(units, units * (size_t)(dim > 0 ? dim : 0) * 4, rope_units, &c); /* sin/cos products: ~4 elements' work a value */
 }
 
 /* ---- element-wise -------------------------------------------------------------- */
+typedef struct { float *a; const float *b; } add_ctx;
+static void add_range(void *ctx, size_t i0, size_t i1) {
+    const add_ctx *c = ctx;
+    for (size_t i = i0; i < i1; i++) c->a[i] += c->b[i];
+}
 static void c_add(df_act *y, const df_act *x, size_t n) {
-    float *a = DF_F(y);
-    const float *b = DF_CF(x);
-    for (size_t i = 0; i < n; i++) a[i] += b[i];
+    add_ctx c = {DF_F(y), DF_CF(x)};
+    par_for(n, n / 4, add_range, &c); /* memory-bound: split from 32768 elements */
 }
 static void c_add_bias(df_act *y, const float *b, int rows, int cols) {
     for (int r = 0; r < rows; r++) {
@@ -102,10 +146,13 @@ static void c_scale(df_act *y, float a, size_t n) {
 }
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
-static void c_gate(df_act *out, const df_act *g, const df_act *u, size_t n, df_gate_kind kind, float p0, float p1) {
-    float *o = DF_F(out);
-    const float *a = DF_CF(g), *b = DF_CF(u);
-    switch (kind) {
+typedef struct { float *o; const float *a, *b; df_gate_kind kind; float p0, p1; } gate_ctx;
+static void gate_range(void *ctx, size_t i0, size_t i1) {
+    const gate_ctx *c = ctx;
+    float *o = c->o + i0;
+    const float *a = c->a + i0, *b = c->b + i0, p0 = c->p0, p1 = c->p1;
+    const size_t n = i1 - i0;
+    switch (c->kind) {
     case DF_GATE_SILU:
         for (size_t i = 0; i < n; i++) o[i] = silu(a[i]) * b[i];
         break;
@@ -120,6 +167,10 @@ static void c_gate(df_act *out, const df_act *g, const df_act *u, size_t n, df_g
         break;
     case DF_GATE_N: break;
     }
+}
+static void c_gate(df_act *out, const df_act *g, const df_act *u, size_t n, df_gate_kind kind, float p0, float p1) {
+    gate_ctx c = {DF_F(out), DF_CF(g), DF_CF(u), kind, p0, p1};
+    par_for(n, n * 4, gate_range, &c); /* expf or tanhf an element: split from 2048 (a verify pass of 2 positions) */
 }
 static void c_sigmoid(df_act *x, size_t n) {
     float *p = DF_F(x);
@@ -362,6 +413,9 @@ static void r_attn_gqa(const df_attn_gqa_args *a) { REF(df_cpu_attn_gqa(a)); }
 static void r_attn_mla(const df_attn_mla_args *a) { REF(df_cpu_attn_mla(a)); }
 static void r_rmsnorm(df_act *out, size_t os, const df_act *x, size_t xs, const float *g, int rows, int n, float eps) { REF(c_rmsnorm(out, os, x, xs, g, rows, n, eps)); }
 static void r_axpy(df_act *y, float a, const df_act *x, size_t n) { REF(c_axpy(y, a, x, n)); }
+static void r_rope(df_act *x, int n, int nh, size_t ts, size_t hs, int dim, const df_act *cs, int interleaved) { REF(c_rope(x, n, nh, ts, hs, dim, cs, interleaved)); }
+static void r_add(df_act *y, const df_act *x, size_t n) { REF(c_add(y, x, n)); }
+static void r_gate(df_act *out, const df_act *g, const df_act *u, size_t n, df_gate_kind kind, float p0, float p1) { REF(c_gate(out, g, u, n, kind, p0, p1)); }
 static void r_moe_combine(df_act *out, const df_act *x, const df_act *w, int n, int k, int cols) { REF(c_moe_combine(out, x, w, n, k, cols)); }
 static void r_kda_scan(const df_kda_args *a) { REF(c_kda_scan(a)); }
 static void r_attn_res(const df_attn_res_args *a) { REF(c_attn_res(a)); }
@@ -373,8 +427,8 @@ const df_backend_ops df_backend_cpu_scalar = {
     .weight_register = c_weight_register, .weight_unregister = c_weight_unregister, .param_register = c_param_register,
     .matmul_batch = r_matmul_batch,
     .attn_gqa = r_attn_gqa, .attn_mla = r_attn_mla,
-    .rmsnorm = r_rmsnorm, .rope_table = c_rope_table, .rope = c_rope,
-    .add = c_add, .add_bias = c_add_bias, .axpy = r_axpy, .scale = c_scale, .gate = c_gate,
+    .rmsnorm = r_rmsnorm, .rope_table = c_rope_table, .rope = r_rope,
+    .add = r_add, .add_bias = c_add_bias, .axpy = r_axpy, .scale = c_scale, .gate = r_gate,
     .sigmoid = c_sigmoid, .l2norm = c_l2norm, .attn_res = r_attn_res,
     .route = c_route, .moe_combine = r_moe_combine,
     .causal_conv1d = c_causal_conv1d, .kda_scan = r_kda_scan, .kda_gate = c_kda_gate,
