@@ -23,7 +23,7 @@ df_session *df_session_new(df_engine *e, int max_context) {
     if (max_context <= 0) max_context = c->max_pos < DF_DEFAULT_CTX ? c->max_pos : DF_DEFAULT_CTX;
     df_session *s = df_xcalloc(1, sizeof *s);
     s->e = e;
-    if (df_state_init(e->model, max_context, DF_MAX_BATCH, &s->st, df_errbuf(), DF_ERRLEN)) {
+    if (df_state_init(e->model, max_context, DF_PREFILL_BATCH, DF_MAX_BATCH, &s->st, df_errbuf(), DF_ERRLEN)) {
         free(s);
         return NULL;
     }
@@ -90,8 +90,8 @@ static int run_tokens(df_session *s, const int32_t *ids, size_t from, size_t n) 
     if (e->ecache) df_ecache_stats_get(e->ecache, &es0);
     df_tier_stats ts0, ts1;
     const int tiers = !df_tier_stats_get(&ts0);
-    for (size_t p = from; p < n; p += DF_MAX_BATCH) {
-        int cnt = (int)(n - p < DF_MAX_BATCH ? n - p : DF_MAX_BATCH);
+    for (size_t p = from; p < n; p += DF_PREFILL_BATCH) {
+        int cnt = (int)(n - p < DF_PREFILL_BATCH ? n - p : DF_PREFILL_BATCH);
         int rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, s->logits, 0);
         if (rc) return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
         keep_hidden(s, p, (size_t)cnt);

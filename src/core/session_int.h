@@ -9,7 +9,9 @@
 #include "model/model.h"
 #include "util/util.h"
 
-#define DF_MAX_BATCH 64
+#define DF_MAX_BATCH 64      /* positions of a call with logits at each: verify passes, eval chunks */
+#define DF_PREFILL_BATCH 512 /* positions of a prompt's forward call: each weight is read (CPU: dequantized into panels;
+                              * streamed experts: read from the cache or disk) once per call, so fewer calls read less */
 #define DF_DEFAULT_CTX 4096
 #define DF_MAX_SNAPSHOTS 16
 #define DF_AUTO_SNAPSHOTS 4 /* taken by df_session_sync; the oldest is dropped first */

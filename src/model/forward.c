@@ -42,11 +42,12 @@ static df_act *balloc(size_t n, int *fail) {
     return p;
 }
 
-int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, char *err, size_t errlen) {
+int df_state_init(const df_model *m, int max_ctx, int max_batch, int max_logits, df_state *s, char *err, size_t errlen) {
     memset(s, 0, sizeof *s);
     const df_config *c = &m->cfg;
     s->max_ctx = max_ctx;
     s->max_batch = max_batch;
+    s->max_logits = max_logits < 1 ? 1 : max_logits > max_batch ? max_batch : max_logits;
     s->n_layers = c->n_layers;
     const size_t B = (size_t)max_batch, T = (size_t)max_ctx, L = (size_t)c->n_layers;
     /* every layer's state in one allocation: growing caches, then fixed states */
@@ -108,7 +109,7 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, ch
     s->h1 = balloc(B * inter, &fail);
     s->h2 = balloc(B * inter, &fail);
     s->rope_cs = balloc(B * (size_t)max_z(2, (size_t)c->rope_dim), &fail);
-    s->logits = balloc(B * (size_t)c->vocab, &fail);
+    s->logits = balloc((size_t)s->max_logits * (size_t)c->vocab, &fail);
     s->emb = df_xcalloc(B * H, sizeof(float));
     if (E) {
         s->router_logits = balloc(B * E, &fail);
@@ -185,7 +186,7 @@ void df_snapshot_free(df_snapshot *snap) {
 int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all) {
     const df_config *c = &m->cfg;
     const int H = c->hidden;
-    if (n <= 0 || n > s->max_batch || pos0 < 0 || pos0 + n > s->max_ctx) return DF_EINPUT;
+    if (n <= 0 || n > s->max_batch || (all && n > s->max_logits) || pos0 < 0 || pos0 + n > s->max_ctx) return DF_EINPUT;
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab) return DF_EINPUT;
     double t0 = df_now();

@@ -205,7 +205,7 @@ typedef struct {
  * only passes them to backend operations); the host keeps the expert ids,
  * the index lists and the embedding rows on their way in. */
 typedef struct {
-    int max_ctx, max_batch, n_layers;
+    int max_ctx, max_batch, max_logits, n_layers; /* max_logits: rows of logits a call may ask for (all) */
     df_layer_state *ls;       /* [n_layers] */
     df_act *state_mem;        /* one allocation behind every layer's cache and fixed state */
     size_t state_floats;
@@ -217,7 +217,7 @@ typedef struct {
     df_act *blocks;           /* attention residuals: [max_blocks][max_batch x hidden] completed block outputs */
     int max_blocks;
     df_act *lat;              /* latent MoE: [max_batch x latent] routed input, then the routed sum */
-    df_act *logits;           /* [max_batch x vocab] */
+    df_act *logits;           /* [max_logits x vocab] */
     df_act *selw;             /* [max_batch x topk] expert weights */
     df_act *xe, *ge, *ue, *de; /* gathered expert batch: [max_batch x hidden], [max(max_batch, topk) x I] x2, [max_batch x hidden] */
     df_act *de_all;           /* [max_batch x topk x hidden] each routed expert's output */
@@ -238,7 +238,8 @@ typedef struct {
     double t_attn, t_ffn, t_other;
 } df_state;
 
-int df_state_init(const df_model *m, int max_ctx, int max_batch, df_state *s, char *err, size_t errlen);
+/* max_batch positions a call; max_logits (<= max_batch) of them with logits each (df_forward's all) */
+int df_state_init(const df_model *m, int max_ctx, int max_batch, int max_logits, df_state *s, char *err, size_t errlen);
 void df_state_free(df_state *s);
 /* Bytes of state that grow with each position (all layers), and of fixed state. */
 size_t df_state_bytes_per_token(const df_model *m);
@@ -262,7 +263,8 @@ void df_state_clear_fixed(df_state *s);
 
 /* Runs tokens[0..n) at positions pos0.. through the model (n <= max_batch,
  * pos0 + n <= max_ctx). Writes logits for the last position into
- * logits[vocab], or for every position into logits[n x vocab] if all. */
+ * logits[vocab], or for every position into logits[n x vocab] if all
+ * (then n <= max_logits). */
 int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all);
 
 #endif

@@ -39,7 +39,7 @@ df_mtp *df_mtp_new(const df_model *m, int max_ctx, int max_batch, char *err, siz
     p->sh.layers = m->mtp.layer;
     p->sh.resident_src = df_model_resident_source(&p->sh);
     const size_t H2 = 2 * (size_t)m->cfg.hidden;
-    if (df_state_init(&p->sh, max_ctx, max_batch, &p->st, err, errlen)) {
+    if (df_state_init(&p->sh, max_ctx, max_batch, max_batch, &p->st, err, errlen)) {
         free(p->sh.resident_src);
         free(p);
         return NULL;
