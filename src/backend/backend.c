@@ -9,6 +9,7 @@
 #include <string.h>
 
 const df_backend_ops *df_be = &df_backend_cpu;
+int df_alloc_quiet;
 _Thread_local int df_be_layer = -1;
 
 static const df_backend_ops *const backends[] = {

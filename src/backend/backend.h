@@ -463,6 +463,9 @@ int df_backend_choose(const char *name, char *err, size_t errlen);
  * scratch, expert_bytes = the model's routed experts (a device expert cache
  * is never larger). Nothing on the CPU. */
 void df_backend_set_memory(int64_t budget, int64_t reserve, int64_t expert_bytes);
+/* 1 while a caller that retries smaller allocates (a session's activations for 512-position prompt calls): an alloc the
+ * memory budget refuses returns NULL without its message; 0 (the default): the message names the numbers */
+extern int df_alloc_quiet;
 
 /* ---- call-site wrappers (model code) ------------------------------------ */
 static inline df_act *df_alloc(size_t n) { return df_be->alloc(n); }

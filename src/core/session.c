@@ -23,7 +23,18 @@ df_session *df_session_new(df_engine *e, int max_context) {
     if (max_context <= 0) max_context = c->max_pos < DF_DEFAULT_CTX ? c->max_pos : DF_DEFAULT_CTX;
     df_session *s = df_xcalloc(1, sizeof *s);
     s->e = e;
-    if (df_state_init(e->model, max_context, DF_PREFILL_BATCH, DF_MAX_BATCH, &s->st, df_errbuf(), DF_ERRLEN)) {
+    /* activations for prompt calls of DF_PREFILL_BATCH positions; where the backend's memory budget refuses them
+     * (a GPU budget set low), calls of DF_MAX_BATCH, said once */
+    df_alloc_quiet = 1;
+    int rc = df_state_init(e->model, max_context, DF_PREFILL_BATCH, DF_MAX_BATCH, &s->st, df_errbuf(), DF_ERRLEN);
+    df_alloc_quiet = 0;
+    if (rc) {
+        rc = df_state_init(e->model, max_context, DF_MAX_BATCH, DF_MAX_BATCH, &s->st, df_errbuf(), DF_ERRLEN);
+        if (!rc)
+            fprintf(stderr, "deltafin: the session's activations for %d-position prompt calls do not fit the memory budget: prompts run in "
+                            "calls of %d positions\n", DF_PREFILL_BATCH, DF_MAX_BATCH);
+    }
+    if (rc) {
         free(s);
         return NULL;
     }
@@ -90,8 +101,9 @@ static int run_tokens(df_session *s, const int32_t *ids, size_t from, size_t n) 
     if (e->ecache) df_ecache_stats_get(e->ecache, &es0);
     df_tier_stats ts0, ts1;
     const int tiers = !df_tier_stats_get(&ts0);
-    for (size_t p = from; p < n; p += DF_PREFILL_BATCH) {
-        int cnt = (int)(n - p < DF_PREFILL_BATCH ? n - p : DF_PREFILL_BATCH);
+    const size_t B = (size_t)s->st.max_batch;
+    for (size_t p = from; p < n; p += B) {
+        int cnt = (int)(n - p < B ? n - p : B);
         int rc = df_forward(e->model, &s->st, ids + p, cnt, (int)p, s->logits, 0);
         if (rc) return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", p, s->st.err[0] ? s->st.err : "bad input");
         keep_hidden(s, p, (size_t)cnt);

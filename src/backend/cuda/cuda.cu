@@ -257,6 +257,7 @@ static df_act *g_alloc(size_t n) {
     const size_t bytes = (n ? n : 1) * sizeof(float);
     budget_default();
     if (g_used + (int64_t)bytes > g_budget) {
+        if (df_alloc_quiet) return NULL;
         fprintf(stderr, "deltafin: cuda backend: out of VRAM budget: asked %.2f MB for activations or session state, available %.2f MB of the "
                         "%.2f MB budget (spine %.2f MB, activations and state %.2f MB, expert cache %.2f MB, scratch %.2f MB in use); "
                         "raise --gpu-memory or use a smaller context\n",
