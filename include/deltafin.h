@@ -348,6 +348,7 @@ typedef struct {
     int64_t gpu_cache_hits, gpu_cache_misses, gpu_cache_evictions, gpu_cache_bypasses; /* expert parts (gate, up, down) */
     int64_t gpu_pinned_bytes;                   /* host expert-cache memory page-locked for asynchronous copies */
     int64_t gpu_h2d_expert_bytes, gpu_h2d_expert_pinned_bytes, gpu_h2d_spine_bytes; /* copied host -> device */
+    int64_t gpu_h2d_expert_staged_bytes;        /* ... experts from pageable memory through page-locked staging buffers */
     int64_t gpu_decode_h2d_expert_bytes;        /* ... experts copied during decode steps */
     /* the network (setup --stream models: routed experts fetched from the hub on first use), apart from disk */
     int hub_stream;

@@ -317,6 +317,7 @@ typedef struct {
     int64_t pinned_bytes;           /* host memory page-locked through host_pin */
     int64_t h2d_expert_bytes;       /* routed experts copied host -> device */
     int64_t h2d_expert_pinned_bytes;/* ... of which from pinned memory */
+    int64_t h2d_expert_staged_bytes;/* ... of which through page-locked staging buffers (from pageable memory) */
     int64_t h2d_spine_bytes;        /* host-side spine weights copied per product */
     int eviction_lfu;               /* the cache's policy: 0 LRU, 1 LFU */
 } df_tier_stats;

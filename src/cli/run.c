@@ -97,8 +97,8 @@ static void print_stats(df_engine *e) {
                 st.gpu_cache_slots, (long long)st.gpu_cache_bytes, st.gpu_evict_lfu ? "LFU" : "LRU", req ? 100.0 * st.gpu_cache_hits / req : 0,
                 (long long)st.gpu_cache_hits, (long long)st.gpu_cache_misses, (long long)req, (long long)st.gpu_cache_evictions,
                 (long long)st.gpu_cache_bypasses);
-        fprintf(stderr, "[stats] host -> vram: experts %.1f MB (%.1f MB from pinned memory, %.2f GB/s over the run), spine %.1f MB; pinned host memory %.1f MB\n",
-                st.gpu_h2d_expert_bytes / 1e6, st.gpu_h2d_expert_pinned_bytes / 1e6, secs > 0 ? st.gpu_h2d_expert_bytes / secs / 1e9 : 0,
+        fprintf(stderr, "[stats] host -> vram: experts %.1f MB (%.1f MB from pinned memory, %.1f MB staged through page-locked buffers, %.2f GB/s over the run), spine %.1f MB; pinned host memory %.1f MB\n",
+                st.gpu_h2d_expert_bytes / 1e6, st.gpu_h2d_expert_pinned_bytes / 1e6, st.gpu_h2d_expert_staged_bytes / 1e6, secs > 0 ? st.gpu_h2d_expert_bytes / secs / 1e9 : 0,
                 st.gpu_h2d_spine_bytes / 1e6, st.gpu_pinned_bytes / 1e6);
         if (st.decode_tokens)
             fprintf(stderr, "[stats] decode: %.1f MB of experts host -> vram per token, %.2f GB/s of decode time\n",

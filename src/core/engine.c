@@ -263,7 +263,7 @@ void df_stats_get(df_engine *e, df_stats *out) {
         out->gpu_cache_evictions = ts.cache_evictions, out->gpu_cache_bypasses = ts.cache_bypasses;
         out->gpu_pinned_bytes = ts.pinned_bytes;
         out->gpu_h2d_expert_bytes = ts.h2d_expert_bytes, out->gpu_h2d_expert_pinned_bytes = ts.h2d_expert_pinned_bytes;
-        out->gpu_h2d_spine_bytes = ts.h2d_spine_bytes;
+        out->gpu_h2d_spine_bytes = ts.h2d_spine_bytes, out->gpu_h2d_expert_staged_bytes = ts.h2d_expert_staged_bytes;
     }
 }
 void df_stats_reset(df_engine *e) { memset(&e->stats, 0, sizeof e->stats); }

@@ -772,6 +772,47 @@ static void bf16_f8_checks(void) {
     printf("test_backend_cuda: BF16 one-token products through k_mm_f8's body (bit 134217728): %d groups x 3 masks\n", NG);
 }
 
+/* Round 16: routed expert parts of at least 1 MB from pageable memory reach the VRAM cache through the page-locked
+ * staging buffers (DELTAFIN_CUDA_STAGE; 3 MB parts: one chunk each, five of them through the four buffers): each
+ * product against the CPU, a second product of each from the cache, and every byte counted as staged. */
+static void staged_copy_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    enum { R = 1024, C = 1536, NE = 5 };
+    if (B->tier_reset) B->tier_reset(); /* the cache sizes its slots for the parts that come first */
+    static float xv[C], yv[R];
+    df_weight w[NE];
+    uint8_t *data[NE];
+    df_act *x = B->alloc(C), *y = B->alloc(R);
+    for (int c = 0; c < C; c++) xv[c] = frnd();
+    B->write(x, xv, C);
+    df_tier_stats s0, s1;
+    B->tier_stats(&s0);
+    for (int e = 0; e < NE; e++) {
+        data[e] = float_weight(&w[e], DF_W_BF16, R, C);
+        w[e].ident = df_expert_ident(7, e, 0);
+    }
+    for (int pass = 0; pass < 2; pass++)
+        for (int e = 0; e < NE; e++) {
+            df_mv_job j = {&w[e], x, y};
+            B->matmul_batch(&j, 1, 1);
+            B->read(yv, y, R);
+            double d = 0, n2 = 0;
+            for (int r = 0; r < R; r++) {
+                const float c = df_dot_row(&w[e], r, xv);
+                d += (double)(yv[r] - c) * (yv[r] - c), n2 += (double)c * c;
+            }
+            CHECK(n2 > 0 && d <= 1e-10 * n2, "staged expert %d, pass %d: rel L2^2 %g against the CPU", e, pass, n2 > 0 ? d / n2 : d);
+        }
+    B->tier_stats(&s1);
+    const int64_t staged = s1.h2d_expert_staged_bytes - s0.h2d_expert_staged_bytes, want = (int64_t)NE * R * C * 2;
+    const char *env = getenv("DELTAFIN_CUDA_STAGE");
+    CHECK(staged == (env && !strcmp(env, "0") ? 0 : want), "staged bytes %lld, expected %lld", (long long)staged, (long long)want);
+    for (int e = 0; e < NE; e++) free(data[e]);
+    B->free(x), B->free(y);
+    if (B->tier_reset) B->tier_reset();
+    printf("test_backend_cuda: %d expert parts of 3 MB through the staging buffers, products equal to the CPU's\n", NE);
+}
+
 /* Prefill round 2: products of >= 512 tokens in the split-f16 form (x and W as two f16 pieces each, scaled by powers
  * of two; one f16 GEMM over [x1 | x0 (| x0)] and [W0 | (W1 |) W0]). Per token row, against a double product of the
  * stored weights: rel L2 <= SPLIT_TOL (one f16 piece, 2^-12 an element, would err by ~1e-4; device runs gave <= 2.8e-6);
@@ -1323,6 +1364,7 @@ int main(void) {
         fp8_moe_checks();
         mla_early_checks();
         bf16_f8_checks();
+        staged_copy_checks();
         split_f16_checks();
         split_shared_x_checks();
         attn_split_checks();
