@@ -588,7 +588,14 @@ static int st_on(void) {
     long nc = sysconf(_SC_NPROCESSORS_ONLN);
     int want = nc > 1 ? (int)(nc - 1 < ST_T ? nc - 1 : ST_T) : 0;
     const char *t = getenv("DELTAFIN_CUDA_STAGE_THREADS");
-    if (t && *t) want = atoi(t) < 0 ? 0 : atoi(t) > ST_T ? ST_T : atoi(t);
+    if (t && *t) {
+        char *end;
+        const long v = strtol(t, &end, 10);
+        if (*end || v < 0 || v > ST_T)
+            fprintf(stderr, "deltafin: cuda backend: DELTAFIN_CUDA_STAGE_THREADS=%s is not a thread count 0..%d: %d helper threads\n", t, ST_T, want);
+        else
+            want = (int)v;
+    }
     for (int i = 0; i < want; i++) {
         pthread_attr_t at;
         pthread_attr_init(&at);
