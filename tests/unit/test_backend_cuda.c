@@ -76,7 +76,8 @@ static void attn_split_checks(void) {
  * the cache's rows read before the programmatic wait (the host read back since the last attention over this cache)
  * and after it (no read between): the same bits. Shapes it does not take (16 q heads per KV head, head_dim 30) run
  * the default launches (no k_attn_dec launch) and stay near the CPU. */
-static void attn_dec_checks(void) {
+static void attn_dec_checks(int kw) {
+    df_cuda_set_attn_kw(kw); /* round 17: 2 positions a warp (8 a block) as well as 4 */
     const df_backend_ops *B = &df_backend_cuda;
     enum { TMAX = 700, MAXQ = 32 * 128, MAXKV = TMAX * 2 * 8 * 256 };
     static const struct { int nh, nkv, hd, takes; } SH[] = {
@@ -170,8 +171,9 @@ static void attn_dec_checks(void) {
         }
         B->free(dkv), B->free(dq), B->free(dk), B->free(dv), B->free(dcs), B->free(dout);
     }
-    printf("test_backend_cuda: one-launch decode attention (bit 4096): %d shapes x %d lengths, %d launches, %s\n", (int)(sizeof SH / sizeof *SH),
-           (int)(sizeof lens / sizeof *lens), launches, bad ? "FAILED" : "near the CPU and the default launches");
+    printf("test_backend_cuda: one-launch decode attention (bit 4096, %d positions a warp): %d shapes x %d lengths, %d launches, %s\n", kw,
+           (int)(sizeof SH / sizeof *SH), (int)(sizeof lens / sizeof *lens), launches, bad ? "FAILED" : "near the CPU and the default launches");
+    df_cuda_set_attn_kw(0);
 }
 
 /* K experts per token, I columns of a down row: (4, 128) one warp step per row, (8, 760) the benchmark's three
@@ -237,9 +239,12 @@ static void fused_moe_checks(const int K, const int I) {
         /* round 10: every 5th trial (1, 6, ...) with the default mask and bit 8192 (the route inside the gate/up and down
          * launches: softmax routes only, the sigmoid groups keep the three launches) */
         const int r10 = trial % 5 == 1, rt = r10 && kind != 2;
+        /* round 17: every other round-10 trial (6, 16, 36, 46: softmax routes) with bit 268435456 (the gate computed once by
+         * the gate/up launch, k_guh_rt; the down launch reads h) */
+        const int r17 = trial % 10 == 6, guh = r17 && rt;
         df_cuda_set_lean(lean);
         if (r9) df_cuda_set_lean_mask(511 | 1024 | 2048);
-        if (r10) df_cuda_set_lean_mask(2926 | 8192);
+        if (r10) df_cuda_set_lean_mask(2926 | 8192 | (r17 ? 268435456 : 0));
         for (int e = 0; e < E; e++) {
             lg[e] = ties ? (float)((int)(rnd() % 5) - 2) * 0.75f : (float)((int)(rnd() % 200001) - 100000) / 25000.0f;
             bias[e] = ties ? 0.0f : (float)((int)(rnd() % 101) - 50) / 400.0f;
@@ -268,15 +273,18 @@ static void fused_moe_checks(const int K, const int I) {
                                 .p0 = gp0, .p1 = gp1, .ids_out = fids};
         fa.route.ids = NULL, fa.route.w = fwd;
         const int64_t l0 = df_cuda_moe_launches(), rf0 = df_cuda_route_fast_launches(), pd0 = df_cuda_pdl_launches(),
-                      sh0 = df_cuda_moe_down_sh_launches(), cp0 = df_cuda_moe_down_cp_launches(), rt0 = df_cuda_moe_rt_launches();
+                      sh0 = df_cuda_moe_down_sh_launches(), cp0 = df_cuda_moe_down_cp_launches(), rt0 = df_cuda_moe_rt_launches(),
+                      gh0 = df_cuda_moe_guh_launches();
         int rc = B->moe_fused(&fa);
         const int64_t launches = df_cuda_moe_launches() - l0, fast = df_cuda_route_fast_launches() - rf0, pdl = df_cuda_pdl_launches() - pd0,
-                      sh = df_cuda_moe_down_sh_launches() - sh0, dcp = df_cuda_moe_down_cp_launches() - cp0, rtl = df_cuda_moe_rt_launches() - rt0;
+                      sh = df_cuda_moe_down_sh_launches() - sh0, dcp = df_cuda_moe_down_cp_launches() - cp0, rtl = df_cuda_moe_rt_launches() - rt0,
+                      ghl = df_cuda_moe_guh_launches() - gh0;
         B->tier_stats(&s1);
         df_cuda_set_lean(1);
         CHECK(rc == 0, "trial %d: moe_fused rc %d", trial, rc);
         CHECK(launches == (rt ? 2 : lean ? 3 : 5), "trial %d (lean %d, r10 %d): moe_fused in %lld launches, expected %d", trial, lean, r10, (long long)launches, rt ? 2 : lean ? 3 : 5);
         CHECK(rtl == rt, "trial %d (kind %d, r10 %d): %lld layers with the route inside the product launches, expected %d", trial, kind, r10, (long long)rtl, rt);
+        CHECK(ghl == guh, "trial %d (kind %d, r17 %d): %lld layers with the gate applied by the gate/up launch, expected %d", trial, kind, r17, (long long)ghl, guh);
         /* round 7: the softmax routes in the register-resident kernel, and every launch programmatic, with the savings */
         CHECK(fast == (lean && kind != 2 && !rt), "trial %d (kind %d, lean %d): %lld register-resident routes", trial, kind, lean, (long long)fast);
         CHECK(pdl == (lean ? launches : 0), "trial %d (lean %d): %lld of %lld launches programmatic", trial, lean, (long long)pdl, (long long)launches);
@@ -1368,7 +1376,8 @@ int main(void) {
         split_f16_checks();
         split_shared_x_checks();
         attn_split_checks();
-        attn_dec_checks();
+        attn_dec_checks(4);
+        attn_dec_checks(2);
         fused_rows_checks();
         df_backend_select("cpu");
     } else

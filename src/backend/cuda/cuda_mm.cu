@@ -599,6 +599,25 @@ __device__ __forceinline__ void dn_gate(const float *x, const GateIn &ga, int64_
         }
     }
 }
+/* dn_gate's values already computed (round 17: k_guh_rt wrote h = gate(g, u)): the lane's own columns of h */
+template <int E, int SPR>
+__device__ __forceinline__ void dn_load(const float *h, int64_t upr, int lane, float (&xg)[SPR][E]) {
+#pragma unroll
+    for (int q = 0; q < SPR; q++) {
+        const int64_t v = (int64_t)q * 32 + lane;
+        if (v < upr) {
+            const float4 *hp = (const float4 *)(h + v * E);
+#pragma unroll
+            for (int qq = 0; qq < E / 4; qq++) {
+                const float4 f = __ldg(hp + qq);
+                xg[q][4 * qq] = f.x, xg[q][4 * qq + 1] = f.y, xg[q][4 * qq + 2] = f.z, xg[q][4 * qq + 3] = f.w;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; e++) xg[q][e] = 0.0f;
+        }
+    }
+}
 template <int V, int SPR, int RT>
 __device__ __forceinline__ void dn_rows(const uint4 *ring, const float (&xg)[SPR][Fmt<V>::E], int64_t upr, int nr, int lane, int warp,
                                         float (*part)[RT], float *y, int64_t r0, int K, const float *w, float *out) {
@@ -788,7 +807,8 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * by k_gate before it: k_moe_down_f8's bits), 67108864 MLA's decode launches with kv_b's rows loaded before their wait
  * and the scores four heads at a time (cuda_ops.cu: the same bits), 134217728 the one-token BF16 products of at most
  * MM_SMALLJ jobs through k_mm_f8's body (with 524288; one-warp rows' sums); default 247331694 = 12450670 | 33554432 |
- * 67108864 | 134217728, DELTAFIN_CUDA_LEAN=12450670 restores round 14. Every bit but 512, 1024, 4096, 524288, 2097152, 8388608 and 134217728
+ * 67108864 | 134217728, DELTAFIN_CUDA_LEAN=12450670 restores round 14. Round 17 (opt-in until measured): 268435456 the gate computed
+ * once by the gate/up launch of the route-inside MoE (k_guh_rt, the down launch reads h; the same bits). Every bit but 512, 1024, 4096, 524288, 2097152, 8388608 and 134217728
  * gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
@@ -1770,6 +1790,8 @@ struct RouteK {
     int D, I, vec_gu, wk_gu, vec_dn, wk_dn;
     unsigned nb_gu, nb_dn;
     FusedDev *fd;
+    float *h;   /* round 17 (bit 268435456): gate(g, u) of the K experts, K x I (k_guh_rt writes it); NULL otherwise */
+    GateIn ga;  /* the gate k_guh_rt applies */
 };
 static __device__ __forceinline__ float exp_host(float x) { return __double2float_rn(exp((double)x)); }
 /* the index of the largest v[e] not taken (ties: the lowest index), -1 when all are taken: every lane gets it */
@@ -2018,9 +2040,59 @@ __global__ void __launch_bounds__(MM_WARPS * 32, U > 2 ? 2 : 3) k_gu_rt(const __
     __syncthreads();
     mm_body<V, 1, MM_WARPS, 1, U>(jb);
 }
+/* ---- round 17 (DELTAFIN_CUDA_LEAN bit 268435456): the gate computed once, by the gate/up launch ----------------------
+ * k_gu_rt's route and rows, but a block holds GH_ROWS rows of ONE expert's gate AND the same rows of its up
+ * projection (warps 0..3 the gate's, 4..7 the up's, MM_R rows a warp, wk = 1: each row through mm_warp with the same
+ * arguments as mm_body gives it, so g and u have the bits of the host-routed launches), writes g and u as k_gu_rt
+ * does, and then h = gate(g, u) of its rows (gate_apply, as k_gate and dn_gate compute it): the down launch
+ * (k_moe_down_rt<..., H = 1>) reads h instead of loading g and u and applying the gate in each of its warps (ncu,
+ * round 16: its per-warp g/u loads were load-queue throttling and 2 x the input bytes). The same bits everywhere. */
+#define GH_ROWS (MM_WARPS / 2 * MM_R) /* 16 rows of gate and 16 of up a block */
+static int64_t g_moe_guh;
+extern "C" int64_t df_cuda_moe_guh_launches(void) { return g_moe_guh; }
+template <int V, int U>
+__global__ void __launch_bounds__(MM_WARPS * 32, U > 2 ? 2 : 3) k_guh_rt(const __grid_constant__ RouteK p) {
+    __shared__ RsSh rs;
+    __shared__ float gu[2][GH_ROWS];
+    pdl_wait(), pdl_go();
+    if (threadIdx.x < 64) {
+        if (blockIdx.x) route_soft_ids<0>(p, rs);
+        else route_soft_ids<1>(p, rs);
+    }
+    __syncthreads();
+    const unsigned nbh = (unsigned)((p.I + GH_ROWS - 1) / GH_ROWS);
+    const int j = (int)(blockIdx.x / nbh), warp = threadIdx.x >> 5, lane = threadIdx.x & 31, up = warp >= MM_WARPS / 2;
+    const int64_t rb = (int64_t)(blockIdx.x % nbh) * GH_ROWS, r0 = rb + (int64_t)(warp % (MM_WARPS / 2)) * MM_R;
+    if (!blockIdx.x && threadIdx.x < 32)
+        for (int jj = threadIdx.x; jj < p.k; jj += 32) {
+            p.w[jj] = rs.wk[jj];
+            if (p.ids_out) p.ids_out[jj] = rs.ids[jj];
+        }
+    __shared__ MmJob jb[2];
+    if (!(threadIdx.x & (MM_WARPS / 2 * 32 - 1))) {
+        MmJob &Jw = jb[up];
+        Jw.w = p.tab[3 * rs.ids[j] + up], Jw.x = p.x, Jw.y = (up ? p.u : p.g) + (size_t)j * p.I, Jw.vec = p.vec_gu, Jw.wk = 1, Jw.blk0 = 0;
+    }
+    __syncthreads();
+    const MmJob &J = jb[up];
+    const int64_t rows = J.w.rows;
+    const int nr = r0 >= rows ? 0 : rows - r0 < MM_R ? (int)(rows - r0) : MM_R;
+    float acc[MM_R][1];
+    const GateIn none = {0, 0, 0.0f, 0.0f};
+    mm_warp<V, 1, U, 0>(J, r0, nr, 0, 1, 0, 1, none, acc);
+#pragma unroll
+    for (int i = 0; i < MM_R; i++) {
+        const float sum = warp_sum(acc[i][0]);
+        if (!lane && i < nr) J.y[r0 + i] = sum, gu[up][r0 - rb + i] = sum;
+    }
+    __syncthreads();
+    if (threadIdx.x < GH_ROWS && rb + threadIdx.x < rows)
+        p.h[(size_t)j * p.I + rb + threadIdx.x] = gate_apply(p.ga.kind, gu[0][threadIdx.x], gu[1][threadIdx.x], p.ga.p0, p.ga.p1);
+}
 /* k_moe_down_cp with its jobs from its own route (see above): warp k takes expert ids[k] (the rows of p.tab[3 ids[k]
- * + 2], input p.g + k I, its rows into p.d + k D), the combine by the route's weights */
-template <int V, int SPR, int RT>
+ * + 2], input p.g + k I, its rows into p.d + k D), the combine by the route's weights. H (round 17): the input is
+ * p.h + k I, the gate already applied (k_guh_rt). */
+template <int V, int SPR, int RT, int H = 0>
 __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_constant__ RouteK p, GateIn ga, float *out) {
     extern __shared__ __align__(16) uint4 dr_ring[];
     __shared__ RsSh rs;
@@ -2040,10 +2112,10 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_c
         dn_copy<SPR, RT>(ring, base, rb, nr, upr, lane);
     }
     pdl_wait();
-    const float *x = p.g + (size_t)warp * p.I;
     float *y = p.d + (size_t)warp * p.D;
     float xg[SPR][E];
-    dn_gate<E, SPR>(x, ga, upr, lane, xg);
+    if (H) dn_load<E, SPR>(p.h + (size_t)warp * p.I, upr, lane, xg);
+    else dn_gate<E, SPR>(p.g + (size_t)warp * p.I, ga, upr, lane, xg);
     __shared__ float part[FUSED_MAX_K][RT];
     dn_rows<V, SPR, RT>(ring, xg, upr, nr, lane, warp, part, y, r0, K, rs.wk, out);
 }
@@ -2372,6 +2444,7 @@ int g_moe_fused(const df_moe_fused_args *a) {
     /* one launch per projection: one decoder and one row split for every job (vec_kind sees the inputs' alignment) */
     if (vec_kind(uw, x) != vec_gu || split_of(uw, vec_gu) != split_of(gw, vec_gu) || (K > 1 && vec_kind(dw, g + I) != vec_dn)) return 1;
     RouteK p;
+    p.h = NULL, p.ga = (GateIn){0, 0, 0.0f, 0.0f};
     p.kind = (int)r->kind, p.E = E, p.k = K, p.norm = r->norm_topk, p.G = r->kind == DF_ROUTE_SIGMOID_GROUPS ? r->n_group : 0;
     p.topk_group = r->topk_group, p.scaling = r->scaling;
     p.logits = DCP(r->logits), p.bias = NULL;
@@ -2401,6 +2474,48 @@ int g_moe_fused(const df_moe_fused_args *a) {
             krt = vec_dn == V_F32 ? DN_RT_K(V_F32) : vec_dn == V_F16 ? DN_RT_K(V_F16) : DN_RT_K(V_BF16);
 #undef DN_RT_K
             if (smem_optin(krt, cpb)) krt = NULL;
+        }
+        /* round 17 (bit 268435456): the gate once, by the gate/up launch (k_guh_rt; wk 1 rows only), into K x I floats */
+        p.h = NULL, p.ga = (GateIn){(long long)(DCP(a->u) - DCP(a->g)), (int)a->gate, a->p0, a->p1};
+        const void *kh = NULL;
+        if (krt && (lean_mask() & 268435456) && p.wk_gu == 1) {
+#define DN_RTH_K(VV) (spr == 1 ? (const void *)k_moe_down_rt<VV, 1, DN_RT, 1> : spr == 2 ? (const void *)k_moe_down_rt<VV, 2, DN_RT, 1> : spr == 3 ? (const void *)k_moe_down_rt<VV, 3, DN_RT, 1> : (const void *)k_moe_down_rt<VV, 4, DN_RT, 1>)
+            kh = vec_dn == V_F32 ? DN_RTH_K(V_F32) : vec_dn == V_F16 ? DN_RTH_K(V_F16) : DN_RTH_K(V_BF16);
+#undef DN_RTH_K
+            if (smem_optin(kh, cpb) || !(p.h = (float *)slot(S_MOEH, (size_t)K * I * sizeof(float), "moe_fused"))) kh = NULL, p.h = NULL;
+        }
+        if (kh) {
+            {
+                ProfScope ps("moe_fused.gate_up");
+                const dim3 grid((unsigned)K * (unsigned)((I + GH_ROWS - 1) / GH_ROWS), 1), th(MM_WARPS * 32);
+                switch (vec_gu * 8 + ugu) {
+#define GUH_RT(VV) \
+    case VV * 8 + 1: launch_k(k_guh_rt<VV, 1>, dim3(grid), dim3(th), 0, p); break; \
+    case VV * 8 + 2: launch_k(k_guh_rt<VV, 2>, dim3(grid), dim3(th), 0, p); break; \
+    case VV * 8 + 4: launch_k(k_guh_rt<VV, 4>, dim3(grid), dim3(th), 0, p); break
+                    GUH_RT(V_GENERIC); GUH_RT(V_F32); GUH_RT(V_F16); GUH_RT(V_BF16); GUH_RT(V_FP8); GUH_RT(V_INT4); GUH_RT(V_I8ROW); GUH_RT(V_MXFP4);
+#undef GUH_RT
+                default: break; /* unreachable: ugu is 1, 2 or 4 */
+                }
+                post("moe_fused");
+            }
+            {
+                ProfScope ps("moe_fused.down_comb");
+                const unsigned nbr = (unsigned)((D + DN_RT - 1) / DN_RT);
+                float *out = DP(a->out);
+                switch (vec_dn * 8 + spr) {
+#define DN_RTH(VV, S) case VV * 8 + S: launch_k(k_moe_down_rt<VV, S, DN_RT, 1>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out); break
+                    DN_RTH(V_F32, 1); DN_RTH(V_F32, 2); DN_RTH(V_F32, 3); DN_RTH(V_F32, 4);
+                    DN_RTH(V_F16, 1); DN_RTH(V_F16, 2); DN_RTH(V_F16, 3); DN_RTH(V_F16, 4);
+                    DN_RTH(V_BF16, 1); DN_RTH(V_BF16, 2); DN_RTH(V_BF16, 3); DN_RTH(V_BF16, 4);
+#undef DN_RTH
+                default: break; /* unreachable: kh is set for these only */
+                }
+                post("moe_fused");
+            }
+            g_moe_rt++, g_moe_guh++, g_moe_launches += 2, g_mm_launches += 2;
+            moe_count_hits(3 * (int64_t)K);
+            return 0;
         }
         if (krt) {
             {

@@ -375,22 +375,22 @@ static __device__ __forceinline__ void pf_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #endif
 }
-/* GP: q heads per KV head rounded up to a power of two (<= 8); NF: float4s of a row per lane (head_dim <= 128 NF).
+/* GP: q heads per KV head rounded up to a power of two (<= 8); KW: positions a warp (DC_KW, or 2: DELTAFIN_CUDA_ATTN_KW); NF: float4s of a row per lane (head_dim <= 128 NF).
  * po: [S][NKV][GP][hd] partial sums, pml: [S][NKV][GP][2] (m, l); counts: NKV zeroed counters. */
-template <int GP, int NF>
+template <int GP, int NF, int KW = DC_KW>
 __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *po, float *pml, unsigned *counts, int pre) {
-    constexpr int NW = AD_TH / 32, NV = DC_KW * GP;
+    constexpr int NW = AD_TH / 32, NV = KW * GP, CH = KW * NW;
     const int z = blockIdx.x, kvh = blockIdx.y, S = gridDim.x, NKV = a.n_kv_heads, hd = a.head_dim, G = a.n_heads / NKV, h0 = kvh * G;
-    const int T = a.pos0 + 1, j0 = z * DC_CH, cnt = T - j0 < DC_CH ? T - j0 : DC_CH;
+    const int T = a.pos0 + 1, j0 = z * CH, cnt = T - j0 < CH ? T - j0 : CH;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd4 = hd >> 2;
     const size_t kdim = (size_t)NKV * hd;
     const float *kc = DCP(a.kv) + (size_t)kvh * hd;
-    float4 kr[DC_KW][NF], vr[DC_KW][NF];
+    float4 kr[KW][NF], vr[KW][NF];
     pdl_go();
     /* the rows of positions below pre are final (no kernel still running writes them): loaded now; the rest asked of L2 */
 #pragma unroll
-    for (int k = 0; k < DC_KW; k++) {
-        const int j = j0 + warp * DC_KW + k;
+    for (int k = 0; k < KW; k++) {
+        const int j = j0 + warp * KW + k;
         const float *kp = kc + (size_t)j * 2 * kdim, *vp = kp + kdim;
 #pragma unroll
         for (int f = 0; f < NF; f++) {
@@ -404,8 +404,8 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
     }
     pdl_wait();
 #pragma unroll
-    for (int k = 0; k < DC_KW; k++) {
-        const int j = j0 + warp * DC_KW + k;
+    for (int k = 0; k < KW; k++) {
+        const int j = j0 + warp * KW + k;
         const float *kp = kc + (size_t)j * 2 * kdim, *vp = kp + kdim;
 #pragma unroll
         for (int f = 0; f < NF; f++) {
@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
                 qr[g][f] = g < G && c < hd ? ldcg4(DCP(a.q) + (size_t)(h0 + g) * hd + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
 #pragma unroll
-        for (int k = 0; k < DC_KW; k++)
+        for (int k = 0; k < KW; k++)
 #pragma unroll
             for (int g = 0; g < GP; g++) {
                 float s = 0.0f;
@@ -434,12 +434,12 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
                 v[k * GP + g] = s;
             }
     }
-    __shared__ float sc[GP][DC_CH];
+    __shared__ float sc[GP][CH];
     __shared__ __align__(16) float red[NW][GP * 128 * NF];
     {
         int idx;
         const float tot = warp_reduce_scatter<NV>(v, lane, &idx);
-        if (!(lane & (32 / NV - 1))) sc[idx % GP][warp * DC_KW + idx / GP] = tot * a.scale;
+        if (!(lane & (32 / NV - 1))) sc[idx % GP][warp * KW + idx / GP] = tot * a.scale;
     }
     __syncthreads();
     /* each head's softmax over the chunk: a warp per head, a lane per position */
@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
         const float m = warp_max(s);
         const float e = lane < cnt ? expf(s - m) : 0.0f;
         const float l = warp_sum(e);
-        if (lane < DC_CH) sc[g][lane] = e;
+        if (lane < CH) sc[g][lane] = e;
         if (!lane) {
             float *ml = pml + (((size_t)z * NKV + kvh) * GP + g) * 2;
             ml[0] = m, ml[1] = l;
@@ -463,8 +463,8 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
             for (int f = 0; f < NF; f++) {
                 float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-                for (int k = 0; k < DC_KW; k++) {
-                    const float p = sc[g][warp * DC_KW + k]; /* 0 past the cache */
+                for (int k = 0; k < KW; k++) {
+                    const float p = sc[g][warp * KW + k]; /* 0 past the cache */
                     o.x += p * vr[k][f].x, o.y += p * vr[k][f].y, o.z += p * vr[k][f].z, o.w += p * vr[k][f].w;
                 }
                 const int c4 = lane + 32 * f;
@@ -571,13 +571,21 @@ static int final_rows(const void *kv, int pos0) {
     g_kvseen_next = (g_kvseen_next + 1) % KV_SEEN;
     return 0;
 }
+static int kw_env = -1; /* DELTAFIN_CUDA_ATTN_KW=2 (round 17, a measurement aid): 2 positions a warp, 8 a block */
+extern "C" void df_cuda_set_attn_kw(int kw) { kw_env = kw == 2 || kw == DC_KW ? kw : -1; }
 /* 1 when k_attn_dec took the launch */
 static int attn_dec(const df_attn_gqa_args &c, int pre) {
     const int NH = c.n_heads, NKV = c.n_kv_heads, hd = c.head_dim;
     if (c.n != 1 || NKV <= 0 || NH % NKV || hd <= 0 || hd % 4 || hd > 256 || ((uintptr_t)c.q | (uintptr_t)c.kv | (uintptr_t)c.out) & 15) return 0;
     const int G = NH / NKV, GP = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : G <= 8 ? 8 : 0, NF = hd <= 128 ? 1 : 2;
     if (!GP || GP * 128 * NF > 1024) return 0; /* the warps' sums: NW x GP x 128 NF floats of shared memory (16 KiB) */
-    const int T = c.pos0 + 1, S = (T + DC_CH - 1) / DC_CH;
+    if (kw_env < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_ATTN_KW");
+        kw_env = e && !strcmp(e, "2") ? 2 : DC_KW;
+    }
+    const int T = c.pos0 + 1;
+    int kw = kw_env, S = (T + kw * AD_TH / 32 - 1) / (kw * AD_TH / 32);
+    if (kw != DC_KW && ((size_t)S * GP > DC_MAXP || S > 65535)) kw = DC_KW, S = (T + DC_CH - 1) / DC_CH; /* too many parts: 16 a block */
     if ((size_t)S * GP > DC_MAXP || S > 65535 || NKV > 65535) return 0;
     const size_t np = (size_t)S * NKV * GP;
     float *po = (float *)slot(S_SCORES, np * ((size_t)hd + 2) * sizeof(float), "attn_gqa");
@@ -591,7 +599,7 @@ static int attn_dec(const df_attn_gqa_args &c, int pre) {
         g_att_cnt = cnt, g_att_cnt_n = ncnt;
     }
     const dim3 grid((unsigned)S, (unsigned)NKV);
-#define AD_L(GG, FF) launch_k(k_attn_dec<GG, FF>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre)
+#define AD_L(GG, FF) (kw == 2 ? launch_k(k_attn_dec<GG, FF, 2>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre) : launch_k(k_attn_dec<GG, FF>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre))
     if (NF == 1) GP == 1 ? AD_L(1, 1) : GP == 2 ? AD_L(2, 1) : GP == 4 ? AD_L(4, 1) : AD_L(8, 1);
     else GP == 1 ? AD_L(1, 2) : GP == 2 ? AD_L(2, 2) : AD_L(4, 2);
 #undef AD_L

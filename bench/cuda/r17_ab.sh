@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# r17_ab.sh STAGE - round 17's A/B on the GPU machine (run after device_run.sh from the same stage): the resident
+# decode of the synthetic Qwen3-30B-A3B-shape BF16 MoE (make_moe.py, 4 layers) with
+#   base  the default mask;
+#   gate1 + DELTAFIN_CUDA_LEAN bit 268435456 (the gate computed once by the gate/up launch, k_guh_rt);
+#   kw2   DELTAFIN_CUDA_ATTN_KW=2 (the decode attention at 2 positions a warp);
+#   both  the two together;
+# alternated three times at a 512-token and a 2,048-token prompt, 128 decode tokens each, the HBM floor of this call
+# first (cuda_bench --floor). Prints one line a run (tok/s, the ids' md5) and the mean of each variant; the ids of
+# base and gate1 must be equal (the same bits), kw2's may differ (other sums in the attention).
+set -u
+S=${1:?stage}
+OUT=${OUT:-/tmp/r17}
+mkdir -p "$OUT"
+CUBLAS_DIR=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="$S/lib:/usr/local/cuda/lib64:${CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+BIN=$S/bin/deltafin
+M=/tmp/moe4
+[ -f "$M/model.safetensors" ] || python3 "$S/make_moe.py" "$M" --layers 4 >"$OUT/moe_gen.log" 2>&1 || { echo "make_moe failed"; tail "$OUT/moe_gen.log"; exit 1; }
+"$S/bin/cuda_bench" --floor >"$OUT/floor.log" 2>&1
+grep -h "floor" "$OUT/floor.log" | head -3
+DEF=${R17_DEF:-247331694}
+ids_of() { python3 -c "import sys; print(','.join(str(3 + i * 37 % 8000) for i in range(int(sys.argv[1]))))" "$1"; }
+P512=$(ids_of 512)
+P2048=$(ids_of 2048)
+one() { # NAME PROMPT_LEN ENV...
+    local name=$1 n=$2
+    shift 2
+    local ids=$P512
+    [ "$n" = 2048 ] && ids=$P2048
+    env "$@" timeout 120 "$BIN" run --backend cuda --model "$M" --ids "$ids" --max-new 128 --ignore-eos --print-ids --stats --gpu-memory 100G \
+        >"$OUT/run.log" 2>&1
+    local rc=$?
+    local tps md
+    tps=$(grep -h "^\[stats\] prefill" "$OUT/run.log" | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | head -1)
+    md=$(grep -E "^[0-9 ]+$" "$OUT/run.log" | md5sum | cut -c1-10)
+    echo "$name p$n rc $rc decode ${tps:-?} tok/s ids $md"
+    [ "$rc" = 0 ] || tail -5 "$OUT/run.log"
+    echo "$name p$n ${tps:-0}" >>"$OUT/tps.txt"
+}
+: >"$OUT/tps.txt"
+for n in 512 2048; do
+    for r in 1 2 3; do
+        one base "$n" DELTAFIN_CUDA_LEAN=$DEF
+        one gate1 "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456))
+        one kw2 "$n" DELTAFIN_CUDA_LEAN=$DEF DELTAFIN_CUDA_ATTN_KW=2
+        one both "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456)) DELTAFIN_CUDA_ATTN_KW=2
+    done
+done
+awk '{k = $1 " " $2; s[k] += $3; c[k]++; if (!(k in mn) || $3 < mn[k]) mn[k] = $3; if ($3 > mx[k]) mx[k] = $3}
+     END {for (k in s) printf "%s: mean %.1f tok/s (%.1f-%.1f) over %d runs\n", k, s[k] / c[k], mn[k], mx[k], c[k]}' "$OUT/tps.txt" | sort
