@@ -600,7 +600,7 @@ __device__ __forceinline__ void dn_gate(const float *x, const GateIn &ga, int64_
     }
 }
 /* dn_gate's values already computed (round 17: k_guh_rt wrote h = gate(g, u)): the lane's own columns of h */
-template <int E, int SPR>
+template <int E, int SPR, int CG = 0>
 __device__ __forceinline__ void dn_load(const float *h, int64_t upr, int lane, float (&xg)[SPR][E]) {
 #pragma unroll
     for (int q = 0; q < SPR; q++) {
@@ -609,7 +609,7 @@ __device__ __forceinline__ void dn_load(const float *h, int64_t upr, int lane, f
             const float4 *hp = (const float4 *)(h + v * E);
 #pragma unroll
             for (int qq = 0; qq < E / 4; qq++) {
-                const float4 f = __ldg(hp + qq);
+                const float4 f = CG ? __ldcg(hp + qq) : __ldg(hp + qq);
                 xg[q][4 * qq] = f.x, xg[q][4 * qq + 1] = f.y, xg[q][4 * qq + 2] = f.z, xg[q][4 * qq + 3] = f.w;
             }
         } else {
@@ -2114,7 +2114,7 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_c
     pdl_wait();
     float *y = p.d + (size_t)warp * p.D;
     float xg[SPR][E];
-    if (H) dn_load<E, SPR>(p.h + (size_t)warp * p.I, upr, lane, xg);
+    if (H) dn_load<E, SPR, H == 2>(p.h + (size_t)warp * p.I, upr, lane, xg);
     else dn_gate<E, SPR>(p.g + (size_t)warp * p.I, ga, upr, lane, xg);
     __shared__ float part[FUSED_MAX_K][RT];
     dn_rows<V, SPR, RT>(ring, xg, upr, nr, lane, warp, part, y, r0, K, rs.wk, out);
@@ -2478,8 +2478,10 @@ int g_moe_fused(const df_moe_fused_args *a) {
         /* round 17 (bit 268435456): the gate once, by the gate/up launch (k_guh_rt; wk 1 rows only), into K x I floats */
         p.h = NULL, p.ga = (GateIn){(long long)(DCP(a->u) - DCP(a->g)), (int)a->gate, a->p0, a->p1};
         const void *kh = NULL;
+        static int hcg = -1; /* DELTAFIN_CUDA_H_CG=1: the down launch reads h through L2 only (ld.global.cg; a diagnosis aid) */
+        if (hcg < 0) hcg = getenv("DELTAFIN_CUDA_H_CG") && !strcmp(getenv("DELTAFIN_CUDA_H_CG"), "1");
         if (krt && (lean_mask() & 268435456) && p.wk_gu == 1) {
-#define DN_RTH_K(VV) (spr == 1 ? (const void *)k_moe_down_rt<VV, 1, DN_RT, 1> : spr == 2 ? (const void *)k_moe_down_rt<VV, 2, DN_RT, 1> : spr == 3 ? (const void *)k_moe_down_rt<VV, 3, DN_RT, 1> : (const void *)k_moe_down_rt<VV, 4, DN_RT, 1>)
+#define DN_RTH_K(VV) (spr == 1 ? (hcg ? (const void *)k_moe_down_rt<VV, 1, DN_RT, 2> : (const void *)k_moe_down_rt<VV, 1, DN_RT, 1>) : spr == 2 ? (hcg ? (const void *)k_moe_down_rt<VV, 2, DN_RT, 2> : (const void *)k_moe_down_rt<VV, 2, DN_RT, 1>) : spr == 3 ? (hcg ? (const void *)k_moe_down_rt<VV, 3, DN_RT, 2> : (const void *)k_moe_down_rt<VV, 3, DN_RT, 1>) : (hcg ? (const void *)k_moe_down_rt<VV, 4, DN_RT, 2> : (const void *)k_moe_down_rt<VV, 4, DN_RT, 1>))
             kh = vec_dn == V_F32 ? DN_RTH_K(V_F32) : vec_dn == V_F16 ? DN_RTH_K(V_F16) : DN_RTH_K(V_BF16);
 #undef DN_RTH_K
             if (smem_optin(kh, cpb) || !(p.h = (float *)slot(S_MOEH, (size_t)K * I * sizeof(float), "moe_fused"))) kh = NULL, p.h = NULL;
@@ -2504,7 +2506,7 @@ int g_moe_fused(const df_moe_fused_args *a) {
                 const unsigned nbr = (unsigned)((D + DN_RT - 1) / DN_RT);
                 float *out = DP(a->out);
                 switch (vec_dn * 8 + spr) {
-#define DN_RTH(VV, S) case VV * 8 + S: launch_k(k_moe_down_rt<VV, S, DN_RT, 1>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out); break
+#define DN_RTH(VV, S) case VV * 8 + S: hcg ? launch_k(k_moe_down_rt<VV, S, DN_RT, 2>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out) : launch_k(k_moe_down_rt<VV, S, DN_RT, 1>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out); break
                     DN_RTH(V_F32, 1); DN_RTH(V_F32, 2); DN_RTH(V_F32, 3); DN_RTH(V_F32, 4);
                     DN_RTH(V_F16, 1); DN_RTH(V_F16, 2); DN_RTH(V_F16, 3); DN_RTH(V_F16, 4);
                     DN_RTH(V_BF16, 1); DN_RTH(V_BF16, 2); DN_RTH(V_BF16, 3); DN_RTH(V_BF16, 4);
