@@ -6,8 +6,10 @@
 #   kw2   DELTAFIN_CUDA_ATTN_KW=2 (the decode attention at 2 positions a warp);
 #   both  the two together;
 # alternated three times at a 512-token and a 2,048-token prompt, 128 decode tokens each, the HBM floor of this call
-# first (cuda_bench --floor). Prints one line a run (tok/s, the ids' md5) and the mean of each variant; the ids of
-# base and gate1 must be equal (the same bits), kw2's may differ (other sums in the attention).
+# first (cuda_bench --floor). Prints one line a run (tok/s, the md5 of the id line on stdout) and the mean of each
+# variant; the ids of base and gate1 must be equal (the same bits), kw2's may differ (other sums in the attention).
+# R17_QUICK=1: base and gate1 only; R17_LENS: the prompt lengths (default "512 2048").
+# R17_DEF: the base mask (default round 15's 247331694; round 17's default is base | 268435456).
 set -u
 S=${1:?stage}
 OUT=${OUT:-/tmp/r17}
@@ -19,7 +21,7 @@ M=/tmp/moe4
 [ -f "$M/model.safetensors" ] || python3 "$S/make_moe.py" "$M" --layers 4 >"$OUT/moe_gen.log" 2>&1 || { echo "make_moe failed"; tail "$OUT/moe_gen.log"; exit 1; }
 "$S/bin/cuda_bench" --floor >"$OUT/floor.log" 2>&1
 grep -h "floor" "$OUT/floor.log" | head -3
-DEF=${R17_DEF:-247331694}
+DEF=${R17_DEF:-247331694} # round 15's default (round 17's is DEF | 268435456)
 ids_of() { python3 -c "import sys; print(','.join(str(3 + i * 37 % 8000) for i in range(int(sys.argv[1]))))" "$1"; }
 P512=$(ids_of 512)
 P2048=$(ids_of 2048)
@@ -29,20 +31,29 @@ one() { # NAME PROMPT_LEN ENV...
     local ids=$P512
     [ "$n" = 2048 ] && ids=$P2048
     env "$@" timeout 120 "$BIN" run --backend cuda --model "$M" --ids "$ids" --max-new 128 --ignore-eos --print-ids --stats --gpu-memory 100G \
-        >"$OUT/run.log" 2>&1
+        >"$OUT/run.out" 2>"$OUT/run.log"
     local rc=$?
     local tps md
     tps=$(grep -h "^\[stats\] prefill" "$OUT/run.log" | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | head -1)
-    md=$(grep -E "^[0-9 ]+$" "$OUT/run.log" | md5sum | cut -c1-10)
-    echo "$name p$n rc $rc decode ${tps:-?} tok/s ids $md"
+    md=$(grep -E "^[0-9 ]+$" "$OUT/run.out" | md5sum | cut -c1-10) # stdout alone (the ids): with stderr in the same file the id line was cut at times
+    [ -f "$OUT/ref$n.ids" ] || grep -E "^[0-9 ]+$" "$OUT/run.out" >"$OUT/ref$n.ids"
+    local dif
+    dif=$(python3 -c '
+import sys
+a = open(sys.argv[1]).read().split(); b = open(sys.argv[2]).read().split()
+d = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
+print("same as the first run" if d is None and len(a) == len(b) else "DIFFERS from the first run at id %s (%d vs %d ids)" % (d, len(a), len(b)))' "$OUT/run.out" "$OUT/ref$n.ids")
+    echo "$name p$n rc $rc decode ${tps:-?} tok/s ids $md, $dif"
+    grep -v "^\[stats\]" "$OUT/run.log" | head -3
     [ "$rc" = 0 ] || tail -5 "$OUT/run.log"
     echo "$name p$n ${tps:-0}" >>"$OUT/tps.txt"
 }
 : >"$OUT/tps.txt"
-for n in 512 2048; do
+for n in ${R17_LENS:-512 2048}; do
     for r in 1 2 3; do
         one base "$n" DELTAFIN_CUDA_LEAN=$DEF
         one gate1 "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456))
+        [ -n "${R17_QUICK:-}" ] && continue
         one kw2 "$n" DELTAFIN_CUDA_LEAN=$DEF DELTAFIN_CUDA_ATTN_KW=2
         one both "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456)) DELTAFIN_CUDA_ATTN_KW=2
     done

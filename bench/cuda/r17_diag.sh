@@ -12,7 +12,7 @@ export LD_LIBRARY_PATH="$S/lib:/usr/local/cuda/lib64:${CUBLAS_DIR}${LD_LIBRARY_P
 BIN=$S/bin/deltafin
 M=/tmp/moe4
 [ -f "$M/model.safetensors" ] || python3 "$S/make_moe.py" "$M" --layers 4 >"$OUT/moe_gen.log" 2>&1
-DEF=${R17_DEF:-247331694}
+DEF=${R17_DEF:-247331694} # round 15's default (round 17's is DEF | 268435456)
 G=$((DEF | 268435456))
 IDS=$(python3 -c "print(','.join(str(3 + i * 37 % 8000) for i in range(512)))")
 one() { # NAME ENV...

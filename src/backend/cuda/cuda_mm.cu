@@ -807,8 +807,11 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * by k_gate before it: k_moe_down_f8's bits), 67108864 MLA's decode launches with kv_b's rows loaded before their wait
  * and the scores four heads at a time (cuda_ops.cu: the same bits), 134217728 the one-token BF16 products of at most
  * MM_SMALLJ jobs through k_mm_f8's body (with 524288; one-warp rows' sums); default 247331694 = 12450670 | 33554432 |
- * 67108864 | 134217728, DELTAFIN_CUDA_LEAN=12450670 restores round 14. Round 17 (opt-in until measured): 268435456 the gate computed
- * once by the gate/up launch of the route-inside MoE (k_guh_rt, the down launch reads h; the same bits). Every bit but 512, 1024, 4096, 524288, 2097152, 8388608 and 134217728
+ * 67108864 | 134217728, DELTAFIN_CUDA_LEAN=12450670 restores round 14. Round 17 (opt-in): 268435456 the gate computed
+ * once by the gate/up launch of the route-inside MoE (k_guh_rt, a block per 16 rows of an expert's gate AND up; the
+ * down launch reads h = gate(g, u): the same bits in test_backend_cuda's memcmp checks; +4-7% end to end on the
+ * H200), NOT in the default: one A/B call read other ids than the default's in some runs with it, a second call
+ * the same ids in all 11 (docs/PERFORMANCE.md round 17), so a race is not ruled out. Every bit but 512, 1024, 4096, 524288, 2097152, 8388608 and 134217728
  * gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
