@@ -8,7 +8,8 @@
 # alternated three times at a 512-token and a 2,048-token prompt, 128 decode tokens each, the HBM floor of this call
 # first (cuda_bench --floor). Prints one line a run (tok/s, the md5 of the id line on stdout) and the mean of each
 # variant; the ids of base and gate1 must be equal (the same bits), kw2's may differ (other sums in the attention).
-# R17_QUICK=1: base and gate1 only; R17_LENS: the prompt lengths (default "512 2048").
+# R17_QUICK=1: base and gate1 only; R17_DIAG=1 adds gate1 with DELTAFIN_CUDA_H_CG=1 and gate1 without programmatic
+# launches (bit 32 off) (the checks of bench/cuda/r17_diag.sh, 12:37 UTC, folded in here); R17_LENS: the prompt lengths (default "512 2048").
 # R17_DEF: the base mask (default round 15's 247331694; round 17's default is base | 268435456).
 set -u
 S=${1:?stage}
@@ -53,6 +54,10 @@ for n in ${R17_LENS:-512 2048}; do
     for r in 1 2 3; do
         one base "$n" DELTAFIN_CUDA_LEAN=$DEF
         one gate1 "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456))
+        if [ -n "${R17_DIAG:-}" ]; then # the gate-once launch with h read through L2 only, and without programmatic launches
+            one gate1cg "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456)) DELTAFIN_CUDA_H_CG=1
+            one gate1nopdl "$n" DELTAFIN_CUDA_LEAN=$(((DEF | 268435456) & ~32))
+        fi
         [ -n "${R17_QUICK:-}" ] && continue
         one kw2 "$n" DELTAFIN_CUDA_LEAN=$DEF DELTAFIN_CUDA_ATTN_KW=2
         one both "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456)) DELTAFIN_CUDA_ATTN_KW=2

@@ -2122,6 +2122,15 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_c
     __shared__ float part[FUSED_MAX_K][RT];
     dn_rows<V, SPR, RT>(ring, xg, upr, nr, lane, warp, part, y, r0, K, rs.wk, out);
 }
+/* k_moe_down_rt<V, SPR, DN_RT, H> for a decoder (F32, F16, else BF16) and SPR (1..4) known at run time */
+#define DN_RT 4 /* rows per block of k_moe_down_cp (round 9, bit 2048) and k_moe_down_rt: D = 2048 gives 512 blocks of K warps */
+template <int V, int H> static const void *dn_rt_kv(int spr) {
+    return spr == 1 ? (const void *)k_moe_down_rt<V, 1, DN_RT, H> : spr == 2 ? (const void *)k_moe_down_rt<V, 2, DN_RT, H>
+         : spr == 3 ? (const void *)k_moe_down_rt<V, 3, DN_RT, H> : (const void *)k_moe_down_rt<V, 4, DN_RT, H>;
+}
+template <int H> static const void *dn_rt_k(int vec, int spr) {
+    return vec == V_F32 ? dn_rt_kv<V_F32, H>(spr) : vec == V_F16 ? dn_rt_kv<V_F16, H>(spr) : dn_rt_kv<V_BF16, H>(spr);
+}
 /* ---- round 12 (DELTAFIN_CUDA_LEAN bit 65536): the FP8 experts' gate + down + combine launch --------------------------
  * Why FP8 experts (DeepSeek-V3: E4M3 rows of I = 2048 bytes, 128 x 128 scale blocks) took round 6's k_moe_down: bits
  * 2048 (k_moe_down_cp) and 8192 (k_moe_down_rt, softmax routes only) take F32 / F16 / BF16 rows only (their products
@@ -2387,8 +2396,7 @@ static int64_t g_route_fast, g_moe_down_sh, g_moe_down_cp, g_moe_rt;
 extern "C" int64_t df_cuda_moe_rt_launches(void) { return g_moe_rt; }
 extern "C" int64_t df_cuda_moe_down_sh_launches(void) { return g_moe_down_sh; }
 extern "C" int64_t df_cuda_moe_down_cp_launches(void) { return g_moe_down_cp; }
-/* rows per block of k_moe_down_cp (round 9, bit 2048): D = 2048 gives 512 blocks of K warps */
-#define DN_RT 4
+
 extern "C" int64_t df_cuda_route_fast_launches(void) { return g_route_fast; }
 /* the weights, and the job tables of the two product launches (one warp) */
 static __device__ void route_tables(const RouteK &p, const int *ids, const float *wk, int lane) {
@@ -2473,9 +2481,7 @@ int g_moe_fused(const df_moe_fused_args *a) {
         const size_t cpb = (size_t)K * DN_RT * (size_t)spr * 512;
         const void *krt = NULL;
         if (spr >= 1 && spr <= 4) {
-#define DN_RT_K(VV) (spr == 1 ? (const void *)k_moe_down_rt<VV, 1, DN_RT> : spr == 2 ? (const void *)k_moe_down_rt<VV, 2, DN_RT> : spr == 3 ? (const void *)k_moe_down_rt<VV, 3, DN_RT> : (const void *)k_moe_down_rt<VV, 4, DN_RT>)
-            krt = vec_dn == V_F32 ? DN_RT_K(V_F32) : vec_dn == V_F16 ? DN_RT_K(V_F16) : DN_RT_K(V_BF16);
-#undef DN_RT_K
+            krt = dn_rt_k<0>(vec_dn, spr);
             if (smem_optin(krt, cpb)) krt = NULL;
         }
         /* round 17 (bit 268435456): the gate once, by the gate/up launch (k_guh_rt; wk 1 rows only), into K x I floats */
@@ -2484,53 +2490,19 @@ int g_moe_fused(const df_moe_fused_args *a) {
         static int hcg = -1; /* DELTAFIN_CUDA_H_CG=1: the down launch reads h through L2 only (ld.global.cg; a diagnosis aid) */
         if (hcg < 0) hcg = getenv("DELTAFIN_CUDA_H_CG") && !strcmp(getenv("DELTAFIN_CUDA_H_CG"), "1");
         if (krt && (lean_mask() & 268435456) && p.wk_gu == 1) {
-#define DN_RTH_K(VV) (spr == 1 ? (hcg ? (const void *)k_moe_down_rt<VV, 1, DN_RT, 2> : (const void *)k_moe_down_rt<VV, 1, DN_RT, 1>) : spr == 2 ? (hcg ? (const void *)k_moe_down_rt<VV, 2, DN_RT, 2> : (const void *)k_moe_down_rt<VV, 2, DN_RT, 1>) : spr == 3 ? (hcg ? (const void *)k_moe_down_rt<VV, 3, DN_RT, 2> : (const void *)k_moe_down_rt<VV, 3, DN_RT, 1>) : (hcg ? (const void *)k_moe_down_rt<VV, 4, DN_RT, 2> : (const void *)k_moe_down_rt<VV, 4, DN_RT, 1>))
-            kh = vec_dn == V_F32 ? DN_RTH_K(V_F32) : vec_dn == V_F16 ? DN_RTH_K(V_F16) : DN_RTH_K(V_BF16);
-#undef DN_RTH_K
+            kh = hcg ? dn_rt_k<2>(vec_dn, spr) : dn_rt_k<1>(vec_dn, spr);
             if (smem_optin(kh, cpb) || !(p.h = (float *)slot(S_MOEH, (size_t)K * I * sizeof(float), "moe_fused"))) kh = NULL, p.h = NULL;
         }
-        if (kh) {
-            {
-                ProfScope ps("moe_fused.gate_up");
-                const dim3 grid((unsigned)K * (unsigned)((I + GH_ROWS - 1) / GH_ROWS), 1), th(MM_WARPS * 32);
-                switch (vec_gu * 8 + ugu) {
-#define GUH_RT(VV) \
-    case VV * 8 + 1: launch_k(k_guh_rt<VV, 1>, dim3(grid), dim3(th), 0, p); break; \
-    case VV * 8 + 2: launch_k(k_guh_rt<VV, 2>, dim3(grid), dim3(th), 0, p); break; \
-    case VV * 8 + 4: launch_k(k_guh_rt<VV, 4>, dim3(grid), dim3(th), 0, p); break
-                    GUH_RT(V_GENERIC); GUH_RT(V_F32); GUH_RT(V_F16); GUH_RT(V_BF16); GUH_RT(V_FP8); GUH_RT(V_INT4); GUH_RT(V_I8ROW); GUH_RT(V_MXFP4);
-#undef GUH_RT
-                default: break; /* unreachable: ugu is 1, 2 or 4 */
-                }
-                post("moe_fused");
-            }
-            {
-                ProfScope ps("moe_fused.down_comb");
-                const unsigned nbr = (unsigned)((D + DN_RT - 1) / DN_RT);
-                float *out = DP(a->out);
-                switch (vec_dn * 8 + spr) {
-#define DN_RTH(VV, S) case VV * 8 + S: hcg ? launch_k(k_moe_down_rt<VV, S, DN_RT, 2>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out) : launch_k(k_moe_down_rt<VV, S, DN_RT, 1>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out); break
-                    DN_RTH(V_F32, 1); DN_RTH(V_F32, 2); DN_RTH(V_F32, 3); DN_RTH(V_F32, 4);
-                    DN_RTH(V_F16, 1); DN_RTH(V_F16, 2); DN_RTH(V_F16, 3); DN_RTH(V_F16, 4);
-                    DN_RTH(V_BF16, 1); DN_RTH(V_BF16, 2); DN_RTH(V_BF16, 3); DN_RTH(V_BF16, 4);
-#undef DN_RTH
-                default: break; /* unreachable: kh is set for these only */
-                }
-                post("moe_fused");
-            }
-            g_moe_rt++, g_moe_guh++, g_moe_launches += 2, g_mm_launches += 2;
-            moe_count_hits(3 * (int64_t)K);
-            return 0;
-        }
         if (krt) {
+            const int gh = kh != NULL; /* round 17: k_guh_rt and the down launch reading h */
             {
                 ProfScope ps("moe_fused.gate_up");
-                const dim3 grid(bgu, 1), th(MM_WARPS * 32);
+                const dim3 grid(gh ? (unsigned)K * (unsigned)((I + GH_ROWS - 1) / GH_ROWS) : bgu, 1), th(MM_WARPS * 32);
                 switch (vec_gu * 8 + ugu) {
 #define GU_RT(VV) \
-    case VV * 8 + 1: launch_k(k_gu_rt<VV, 1>, dim3(grid), dim3(th), 0, p); break; \
-    case VV * 8 + 2: launch_k(k_gu_rt<VV, 2>, dim3(grid), dim3(th), 0, p); break; \
-    case VV * 8 + 4: launch_k(k_gu_rt<VV, 4>, dim3(grid), dim3(th), 0, p); break
+    case VV * 8 + 1: gh ? launch_k(k_guh_rt<VV, 1>, dim3(grid), dim3(th), 0, p) : launch_k(k_gu_rt<VV, 1>, dim3(grid), dim3(th), 0, p); break; \
+    case VV * 8 + 2: gh ? launch_k(k_guh_rt<VV, 2>, dim3(grid), dim3(th), 0, p) : launch_k(k_gu_rt<VV, 2>, dim3(grid), dim3(th), 0, p); break; \
+    case VV * 8 + 4: gh ? launch_k(k_guh_rt<VV, 4>, dim3(grid), dim3(th), 0, p) : launch_k(k_gu_rt<VV, 4>, dim3(grid), dim3(th), 0, p); break
                     GU_RT(V_GENERIC); GU_RT(V_F32); GU_RT(V_F16); GU_RT(V_BF16); GU_RT(V_FP8); GU_RT(V_INT4); GU_RT(V_I8ROW); GU_RT(V_MXFP4);
 #undef GU_RT
                 default: break; /* unreachable: ugu is 1, 2 or 4 */
@@ -2539,11 +2511,15 @@ int g_moe_fused(const df_moe_fused_args *a) {
             }
             {
                 ProfScope ps("moe_fused.down_comb");
-                const GateIn ga = {(long long)(DCP(a->u) - DCP(a->g)), (int)a->gate, a->p0, a->p1};
                 const unsigned nbr = (unsigned)((D + DN_RT - 1) / DN_RT);
                 float *out = DP(a->out);
                 switch (vec_dn * 8 + spr) {
-#define DN_RTL(VV, S) case VV * 8 + S: launch_k(k_moe_down_rt<VV, S, DN_RT>, dim3(nbr), dim3(32 * K), cpb, p, ga, out); break
+#define DN_RTL(VV, S) \
+    case VV * 8 + S: \
+        !gh ? launch_k(k_moe_down_rt<VV, S, DN_RT>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out) \
+            : hcg ? launch_k(k_moe_down_rt<VV, S, DN_RT, 2>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out) \
+                  : launch_k(k_moe_down_rt<VV, S, DN_RT, 1>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out); \
+        break
                     DN_RTL(V_F32, 1); DN_RTL(V_F32, 2); DN_RTL(V_F32, 3); DN_RTL(V_F32, 4);
                     DN_RTL(V_F16, 1); DN_RTL(V_F16, 2); DN_RTL(V_F16, 3); DN_RTL(V_F16, 4);
                     DN_RTL(V_BF16, 1); DN_RTL(V_BF16, 2); DN_RTL(V_BF16, 3); DN_RTL(V_BF16, 4);
@@ -2552,7 +2528,7 @@ int g_moe_fused(const df_moe_fused_args *a) {
                 }
                 post("moe_fused");
             }
-            g_moe_rt++, g_moe_launches += 2, g_mm_launches += 2;
+            g_moe_rt++, g_moe_guh += gh, g_moe_launches += 2, g_mm_launches += 2;
             moe_count_hits(3 * (int64_t)K);
             return 0;
         }
