@@ -367,6 +367,90 @@ static void fused_moe_checks(const int K, const int I) {
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) B->free(all[i]);
 }
 
+/* Round 17: the device-routed MoE as the model chains it, layer after layer with nothing read back in between (router
+ * product, moe_fused, add_rmsnorm, the next layer's router reading that output, ...: every launch programmatic, the
+ * g / u / h scratch and the logits shared by the layers), under the default mask and with bit 268435456 (the gate
+ * computed once by the gate/up launch, k_guh_rt): the final activations must be the same bits. The per-call checks
+ * above read back after every call; a hazard between one layer's down launch and the next layer's gate/up launch
+ * (the same h) shows only in a chain like this one. Two resident layers (moe_preload), 16 steps, alternating. */
+static void moe_chain_checks(void) {
+    enum { E = 40, K = 8, D = 256, I = 128, LA = 11, LB = 12, STEPS = 16 };
+    const df_backend_ops *B = &df_backend_cuda;
+    if (!B->moe_fused || !B->moe_preload || !B->add_rmsnorm) return;
+    B->tier_reset();
+    df_cuda_set_memory((int64_t)256 << 20, 0, (int64_t)2 * 3 * E * I * D * 2);
+    static uint16_t wb[E][3][I * D], rb[E * D];
+    static float x0[D], r0[D], gam[D], xo[2][D], ro[2][D];
+    static df_weight pw[2][E][3];
+    df_weight router;
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++)
+            for (int i = 0; i < I * D; i++) {
+                const float v = (float)((int)(rnd() % 2001) - 1000) / 4096.0f;
+                uint32_t u;
+                memcpy(&u, &v, 4);
+                wb[e][p][i] = (uint16_t)(u >> 16);
+            }
+    for (int i = 0; i < E * D; i++) {
+        const float v = (float)((int)(rnd() % 2001) - 1000) / 256.0f;
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        rb[i] = (uint16_t)(u >> 16);
+    }
+    memset(&router, 0, sizeof router);
+    router.fmt = DF_W_BF16, router.rows = E, router.cols = D, router.data = (const uint8_t *)rb, router.row_bytes = (size_t)D * 2;
+    for (int l = 0; l < 2; l++)
+        for (int e = 0; e < E; e++)
+            for (int p = 0; p < 3; p++) {
+                df_weight *w = &pw[l][e][p];
+                memset(w, 0, sizeof *w);
+                w->fmt = DF_W_BF16, w->rows = p == 2 ? D : I, w->cols = p == 2 ? I : D, w->data = (const uint8_t *)wb[e][p];
+                w->row_bytes = (size_t)w->cols * 2, w->ident = df_expert_ident(l ? LB : LA, e, p);
+            }
+    for (int l = 0; l < 2; l++) {
+        CHECK(B->moe_resident(l ? LB : LA, E, K, 1) == 2, "chain: layer %d offered a preload", l ? LB : LA);
+        CHECK(B->moe_preload(&pw[l][0][0], 3 * E) == 0, "chain: moe_preload of layer %d", l ? LB : LA);
+        B->experts_done();
+        CHECK(B->moe_resident(l ? LB : LA, E, K, 1) == 1, "chain: layer %d resident", l ? LB : LA);
+    }
+    for (int i = 0; i < D; i++)
+        x0[i] = (float)((int)(rnd() % 1001) - 500) / 256.0f, r0[i] = (float)((int)(rnd() % 1001) - 500) / 128.0f,
+        gam[i] = 1.0f + (float)((int)(rnd() % 201) - 100) / 400.0f;
+    /* the router and the norm's weights registered, as the model's are: no host copy inside the chain */
+    CHECK(B->weight_register(&router) == 0 && router.handle, "chain: router registered");
+    CHECK(B->param_register(gam, D) == 0, "chain: norm weights registered");
+    df_act *x = B->alloc(D), *res = B->alloc(D), *lg = B->alloc(E), *w = B->alloc(K), *o = B->alloc(D), *g = B->alloc(K * I), *u = B->alloc(K * I),
+           *d = B->alloc(K * D);
+    int64_t guh[2] = {0, 0};
+    for (int m = 0; m < 2; m++) { /* the default mask, then with bit 268435456 */
+        df_cuda_set_lean_mask(df_cuda_lean_default() | (m ? 268435456 : 0));
+        B->write(x, x0, D), B->write(res, r0, D);
+        const int64_t gh0 = df_cuda_moe_guh_launches();
+        int bad = 0;
+        for (int s = 0; s < STEPS; s++) {
+            const df_mv_job j = {&router, x, lg};
+            B->matmul_batch(&j, 1, 1);
+            df_moe_fused_args fa = {.route = {.kind = DF_ROUTE_SOFTMAX_TOPK, .logits = lg, .w = w, .n = 1, .n_experts = E, .k = K, .norm_topk = 1, .scaling = 1.0f},
+                                    .layer = s % 2 ? LB : LA, .x = x, .out = o, .g = g, .u = u, .d = d, .D = D, .I = I, .gate = DF_GATE_SILU};
+            bad += B->moe_fused(&fa) != 0;
+            B->add_rmsnorm(x, res, o, gam, 1, D, 1e-6f);
+        }
+        B->read(xo[m], x, D), B->read(ro[m], res, D);
+        guh[m] = df_cuda_moe_guh_launches() - gh0;
+        df_cuda_set_lean_mask(-1);
+        CHECK(!bad, "chain (mask %s): %d moe_fused calls declined or failed", m ? "default | 268435456" : "default", bad);
+    }
+    CHECK(guh[0] == 0 && guh[1] == STEPS, "chain: %lld / %lld gate-once launches, expected 0 / %d", (long long)guh[0], (long long)guh[1], STEPS);
+    CHECK(!memcmp(xo[0], xo[1], sizeof xo[0]) && !memcmp(ro[0], ro[1], sizeof ro[0]),
+          "chain of %d layers without read-backs: the gate-once launch (bit 268435456) changed bits", STEPS);
+    printf("test_backend_cuda: device-routed MoE chained over %d layers with nothing read back: the gate-once launch %s\n", STEPS,
+           !memcmp(xo[0], xo[1], sizeof xo[0]) ? "gives the default's bits" : "DIFFERS");
+    df_act *all[] = {x, res, lg, w, o, g, u, d};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) B->free(all[i]);
+    B->weight_unregister(&router);
+    B->tier_reset();
+}
+
 /* Round 8's fused row ops (DELTAFIN_CUDA_LEAN bit 256): add_rmsnorm and qk_norm_rope in one launch each with the
  * savings on, giving the bits of the plain ops they stand for (add then rmsnorm; rmsnorm q, rmsnorm k, rope q,
  * rope k) issued on this backend with the same mask; with the savings off the entries issue those plain ops
@@ -1379,6 +1463,7 @@ int main(void) {
         attn_dec_checks(4);
         attn_dec_checks(2);
         fused_rows_checks();
+        moe_chain_checks(); /* last: it resets the expert cache and its size */
         df_backend_select("cpu");
     } else
         printf("test_backend_cuda: no CUDA device: the device checks (batching of cached experts, narrow launches, the device-routed MoE) are SKIPPED\n");

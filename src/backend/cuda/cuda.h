@@ -51,6 +51,7 @@ int64_t df_cuda_fused_launches(void);
 /* The whole DELTAFIN_CUDA_LEAN mask (tests; round 9's bits 1024 and 2048 are not in df_cuda_set_lean(1)):
  * m & 0x7fffffff (31 bits since round 12; 16 before); a negative m: the default (or the env's value) again. */
 void df_cuda_set_lean_mask(int m);
+int df_cuda_lean_default(void); /* the mask the backend uses without DELTAFIN_CUDA_LEAN */
 /* Launches of round 9's one-token spine products through the cp.async pipeline (bit 1024) so far (tests). */
 int64_t df_cuda_mm_cp_launches(void);
 /* Launches of round 9's MoE down launch with its rows streamed through cp.async (bit 2048) so far (tests). */

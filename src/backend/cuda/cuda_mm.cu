@@ -815,14 +815,17 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
+#define LEAN_DEFAULT (14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576 | 2097152 | 8388608 | \
+                      33554432 | 67108864 | 134217728) /* 247331694: round 15's */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
         const char *e = getenv("DELTAFIN_CUDA_LEAN");
-        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : 14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576 | 2097152 | 8388608 | 33554432 | 67108864 | 134217728;
+        g_lean = e && *e ? (int)(strtoul(e, NULL, 10) & LEAN_BITS) : LEAN_DEFAULT;
     }
     return g_lean;
 }
+extern "C" int df_cuda_lean_default(void) { return LEAN_DEFAULT; }
 extern "C" void df_cuda_set_lean(int on) { g_lean = on ? 511 : 0; }
 extern "C" void df_cuda_set_lean_mask(int m) { g_lean = m < 0 ? -1 : (int)((unsigned)m & LEAN_BITS); }
 /* bit 32 (round 7): programmatic dependent launches (launch_k); off for good once the launch API refuses one */
