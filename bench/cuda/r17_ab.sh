@@ -10,7 +10,7 @@
 # variant; the ids of base and gate1 must be equal (the same bits), kw2's may differ (other sums in the attention).
 # R17_QUICK=1: base and gate1 only; R17_DIAG=1 adds gate1 with DELTAFIN_CUDA_H_CG=1 and gate1 without programmatic
 # launches (bit 32 off) (the checks of bench/cuda/r17_diag.sh, 12:37 UTC, folded in here); R17_LENS: the prompt lengths (default "512 2048").
-# R17_DEF: the base mask (default round 15's 247331694; round 17's default is base | 268435456).
+# R17_DEF: the base mask (default 247331694, the build's default: round 17's bit stays opt-in).
 set -u
 S=${1:?stage}
 OUT=${OUT:-/tmp/r17}
@@ -22,7 +22,7 @@ M=/tmp/moe4
 [ -f "$M/model.safetensors" ] || python3 "$S/make_moe.py" "$M" --layers 4 >"$OUT/moe_gen.log" 2>&1 || { echo "make_moe failed"; tail "$OUT/moe_gen.log"; exit 1; }
 "$S/bin/cuda_bench" --floor >"$OUT/floor.log" 2>&1
 grep -h "floor" "$OUT/floor.log" | head -3
-DEF=${R17_DEF:-247331694} # round 15's default (round 17's is DEF | 268435456)
+DEF=${R17_DEF:-247331694} # the default mask (df_cuda_lean_default)
 ids_of() { python3 -c "import sys; print(','.join(str(3 + i * 37 % 8000) for i in range(int(sys.argv[1]))))" "$1"; }
 P512=$(ids_of 512)
 P2048=$(ids_of 2048)
@@ -36,7 +36,7 @@ one() { # NAME PROMPT_LEN ENV...
     local rc=$?
     local tps md
     tps=$(grep -h "^\[stats\] prefill" "$OUT/run.log" | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | head -1)
-    md=$(grep -E "^[0-9 ]+$" "$OUT/run.out" | md5sum | cut -c1-10) # stdout alone (the ids): with stderr in the same file the id line was cut at times
+    md=$(grep -E "^[0-9 ]+$" "$OUT/run.out" | md5sum | cut -c1-10) # stdout alone (the ids; the first version read them out of a log holding stderr too)
     [ -f "$OUT/ref$n.ids" ] || grep -E "^[0-9 ]+$" "$OUT/run.out" >"$OUT/ref$n.ids"
     local dif
     dif=$(python3 -c '

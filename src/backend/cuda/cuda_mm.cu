@@ -2399,7 +2399,6 @@ static int64_t g_route_fast, g_moe_down_sh, g_moe_down_cp, g_moe_rt;
 extern "C" int64_t df_cuda_moe_rt_launches(void) { return g_moe_rt; }
 extern "C" int64_t df_cuda_moe_down_sh_launches(void) { return g_moe_down_sh; }
 extern "C" int64_t df_cuda_moe_down_cp_launches(void) { return g_moe_down_cp; }
-
 extern "C" int64_t df_cuda_route_fast_launches(void) { return g_route_fast; }
 /* the weights, and the job tables of the two product launches (one warp) */
 static __device__ void route_tables(const RouteK &p, const int *ids, const float *wk, int lane) {
@@ -2491,7 +2490,12 @@ int g_moe_fused(const df_moe_fused_args *a) {
         p.h = NULL, p.ga = (GateIn){(long long)(DCP(a->u) - DCP(a->g)), (int)a->gate, a->p0, a->p1};
         const void *kh = NULL;
         static int hcg = -1; /* DELTAFIN_CUDA_H_CG=1: the down launch reads h through L2 only (ld.global.cg; a diagnosis aid) */
-        if (hcg < 0) hcg = getenv("DELTAFIN_CUDA_H_CG") && !strcmp(getenv("DELTAFIN_CUDA_H_CG"), "1");
+        if (hcg < 0) {
+            const char *e = getenv("DELTAFIN_CUDA_H_CG");
+            hcg = e && !strcmp(e, "1");
+            if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+                fprintf(stderr, "deltafin: cuda backend: DELTAFIN_CUDA_H_CG=%s is not 0 or 1: 0 (h through the read-only path)\n", e);
+        }
         if (krt && (lean_mask() & 268435456) && p.wk_gu == 1) {
             kh = hcg ? dn_rt_k<2>(vec_dn, spr) : dn_rt_k<1>(vec_dn, spr);
             if (smem_optin(kh, cpb) || !(p.h = (float *)slot(S_MOEH, (size_t)K * I * sizeof(float), "moe_fused"))) kh = NULL, p.h = NULL;

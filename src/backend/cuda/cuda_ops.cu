@@ -582,6 +582,8 @@ static int attn_dec(const df_attn_gqa_args &c, int pre) {
     if (kw_env < 0) {
         const char *e = getenv("DELTAFIN_CUDA_ATTN_KW");
         kw_env = e && !strcmp(e, "2") ? 2 : DC_KW;
+        if (e && *e && strcmp(e, "2") && strcmp(e, "4"))
+            fprintf(stderr, "deltafin: cuda backend: DELTAFIN_CUDA_ATTN_KW=%s is not 2 or 4 (positions a warp of the decode attention): 4\n", e);
     }
     const int T = c.pos0 + 1;
     int kw = kw_env, S = (T + kw * AD_TH / 32 - 1) / (kw * AD_TH / 32);
