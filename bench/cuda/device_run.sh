@@ -23,7 +23,7 @@
 #         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
-# Steps: STEPS="isa unit conf e2e mtp tiers bench moe dsv3 fp8mv mdown r17" (default all but isa, mtp, dsv3, fp8mv, mdown and r17; r17: bench/cuda/r17_ab.sh (R17_QUICK, R17_DIAG, R17_LENS pass through); fp8mv: bench/cuda/fp8_gemv.cu; mdown: bench/cuda/moe_down_bench.cu; isa: the CPU's AVX-512 flags and the CPU
+# Steps: STEPS="isa unit conf e2e mtp tiers bench moe dsv3 fp8mv mdown r17 sass" (default all but isa, mtp, dsv3, fp8mv, mdown, r17 and sass; r17: bench/cuda/r17_ab.sh (R17_QUICK, R17_DIAG, R17_LENS, R17_REPS pass through); sass: cuobjdump of the MoE down launch reading h (H 0, 1, 2) into $OUT/sass_h*.txt and sass_audit.py over every kernel; fp8mv: bench/cuda/fp8_gemv.cu; mdown: bench/cuda/moe_down_bench.cu; isa: the CPU's AVX-512 flags and the CPU
 # backend's conformance under DELTAFIN_ISA=avx512 and avx2; mtp: tests/py/test_spec_mtp.py -k transformers,
 # the CPU backend against transformers' modules). CONF_MASKS / E2E_MASKS="3950": conformance / model parity again under each
 # DELTAFIN_CUDA_LEAN mask. MOE_SET=r11: resident decode with the masks of R11_AB (default "15214 31598 64366": the default, + bit
@@ -149,9 +149,24 @@ if has mtp; then # the MTP check against transformers' own modules (torch is on 
     cat "$OUT/mtp.log"
     [ "$rc" -eq 0 ] || bash "$S/mtp_diag.sh" "$BIN" "$PWD" "$OUT"
 fi
+if has sass; then # the SASS of the Qwen3-shape MoE down launch (BF16, SPR 3) as it reads h: read-only path (H 1) vs L2 only (H 2)
+    CUOBJ=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
+    if [ -n "$CUOBJ" ]; then
+        for h in 0 1 2; do
+            "$CUOBJ" -sass -fun "_Z13k_moe_down_rtILi3ELi3ELi4ELi${h}EEv6RouteK6GateInPf" "$S/bin/deltafin" >"$OUT/sass_h$h.txt" 2>&1
+            echo "== sass H $h: $(wc -l <"$OUT/sass_h$h.txt") lines; first lines naming a wait or a constant load:"
+            grep -nE "ACQ|DEPBAR|griddep|LDG.*CONSTANT|CCTL" "$OUT/sass_h$h.txt" | head -12 | cut -c1-150
+        done
+        python3 "$S/sass_audit.py" "$S/bin/deltafin" "$CUOBJ" >"$OUT/sass_audit.txt" 2>&1
+        echo "== sass_audit.py (read-only loads before the wait, per kernel): exit $?"
+        cut -c1-160 "$OUT/sass_audit.txt" | head -80
+    else
+        echo "== sass: no cuobjdump on this machine"
+    fi
+fi
 if has r17; then # round 17's A/B: the gate-once MoE (and the attention at 2 positions a warp) against the default, ids compared
     OUT="$OUT/r17" bash "$S/r17_ab.sh" "$S" 2>&1 | tee "$OUT/r17.log" | cut -c1-200
-    grep -qE "^(base|gate1[a-z]*) .*DIFFERS" "$OUT/r17.log" && { echo "== r17: the gate-once or default runs read other ids"; fail=$((fail + 1)); }
+    grep -qE "^(base|gate1[a-z]*|prev) .*DIFFERS" "$OUT/r17.log" && { echo "== r17: the gate-once or default runs read other ids"; fail=$((fail + 1)); }
 fi
 if has tiers; then
     step "tiers (cuda_tiers.py)" 240 tiers.log python3 "$S/cuda_tiers.py" "$BIN" tests/data/models/qwen3-moe-bf16 tests/data/models/deepseek-v3-bf16

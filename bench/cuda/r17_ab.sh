@@ -8,9 +8,12 @@
 # alternated three times at a 512-token and a 2,048-token prompt, 128 decode tokens each, the HBM floor of this call
 # first (cuda_bench --floor). Prints one line a run (tok/s, the md5 of the id line on stdout) and the mean of each
 # variant; the ids of base and gate1 must be equal (the same bits), kw2's may differ (other sums in the attention).
-# R17_QUICK=1: base and gate1 only; R17_DIAG=1 adds gate1 with DELTAFIN_CUDA_H_CG=1 and gate1 without programmatic
-# launches (bit 32 off) (the checks of bench/cuda/r17_diag.sh, 12:37 UTC, folded in here); R17_LENS: the prompt lengths (default "512 2048").
-# R17_DEF: the base mask (default 247331694, the build's default: round 17's bit stays opt-in).
+# R17_QUICK=1: base and gate1 only; R17_DIAG=1 adds `ncread`, gate1 with DELTAFIN_CUDA_H_CG=0 (h through the
+# read-only path, which read stale h in round 17's and 18's runs: its ids may differ), and gate1 without programmatic
+# launches (bit 32 off); R17_LENS: the prompt lengths (default "512 2048"); R17_REPS: alternations (default 3).
+# R17_BIN2: a second deltafin binary (arm `prev`: gate1's mask; round 18: the build before the activations left the
+# read-only path). R17_DEF: the base mask (default 247331694, round 15's default; since round 18 the build's default is
+# 515767150 = 247331694 | 268435456, i.e. gate1).
 set -u
 S=${1:?stage}
 OUT=${OUT:-/tmp/r17}
@@ -31,7 +34,7 @@ one() { # NAME PROMPT_LEN ENV...
     shift 2
     local ids=$P512
     [ "$n" = 2048 ] && ids=$P2048
-    env "$@" timeout 120 "$BIN" run --backend cuda --model "$M" --ids "$ids" --max-new 128 --ignore-eos --print-ids --stats --gpu-memory 100G \
+    env "$@" timeout 120 "${BIN2:-$BIN}" run --backend cuda --model "$M" --ids "$ids" --max-new 128 --ignore-eos --print-ids --stats --gpu-memory 100G \
         >"$OUT/run.out" 2>"$OUT/run.log"
     local rc=$?
     local tps md
@@ -51,11 +54,12 @@ print("same as the first run" if d is None and len(a) == len(b) else "DIFFERS fr
 }
 : >"$OUT/tps.txt"
 for n in ${R17_LENS:-512 2048}; do
-    for r in 1 2 3; do
+    for r in $(seq "${R17_REPS:-3}"); do
         one base "$n" DELTAFIN_CUDA_LEAN=$DEF
         one gate1 "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456))
-        if [ -n "${R17_DIAG:-}" ]; then # the gate-once launch with h read through L2 only, and without programmatic launches
-            one gate1cg "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456)) DELTAFIN_CUDA_H_CG=1
+        [ -n "${R17_BIN2:-}" ] && BIN2=$R17_BIN2 one prev "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456)) # another build, the same mask
+        if [ -n "${R17_DIAG:-}" ]; then # the gate-once launch with h through the read-only path, and without programmatic launches
+            one ncread "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456)) DELTAFIN_CUDA_H_CG=0
             one gate1nopdl "$n" DELTAFIN_CUDA_LEAN=$(((DEF | 268435456) & ~32))
         fi
         [ -n "${R17_QUICK:-}" ] && continue

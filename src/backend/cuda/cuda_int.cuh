@@ -110,6 +110,13 @@ static __device__ __forceinline__ void pdl_wait(void) {
 #endif
 }
 static __device__ __forceinline__ void pdl_entry(void) { pdl_go(), pdl_wait(); }
+/* An activation (anything an earlier kernel of the stream wrote: x, g, u, h, logits) read by a kernel: through L1
+ * (ld.global.ca), never the read-only path. Launched programmatically a kernel is resident while the kernel before
+ * it still writes, and ld.global.nc (__ldg) promises data that nothing writes during the reader's lifetime: ptxas
+ * then moves such loads above griddepcontrol.wait (round 18: the SASS of k_moe_down_rt<..., H = 1> loads h before
+ * its ACQBULK; 5 of 6 end-to-end runs read other ids). Weights and scales, final before the launch, keep __ldg.
+ * bench/cuda/sass_audit.py lists, per kernel of a binary, the read-only loads placed before the wait. */
+template <class T> static __device__ __forceinline__ T ld_act(const T *p) { return __ldca(p); }
 /* launches with the programmatic-serialization attribute since the start (tests: 0 with the bit off) */
 extern int64_t g_pdl_launches;
 /* 1: launch_k launches with the attribute (bit 32 of the mask, and the launch API accepted it once) */

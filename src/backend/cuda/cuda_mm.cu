@@ -161,7 +161,7 @@ static __device__ __forceinline__ void mm_warp(const MmJob &J, int64_t r0, int n
                 const float wv = wget(w, r0 + i, c);
 #pragma unroll
                 for (int t = 0; t < NT; t++)
-                    if (t < nt) acc[i][t] = fmaf(wv, A == 1 ? gate_apply(ga.kind, __ldg(x + c), __ldg(x + ga.uoff + c), ga.p0, ga.p1) : A == 2 ? x[(int64_t)t * K + c] : __ldg(x + (int64_t)t * K + c), acc[i][t]);
+                    if (t < nt) acc[i][t] = fmaf(wv, A == 1 ? gate_apply(ga.kind, ld_act(x + c), ld_act(x + ga.uoff + c), ga.p0, ga.p1) : A == 2 ? x[(int64_t)t * K + c] : ld_act(x + (int64_t)t * K + c), acc[i][t]);
             }
     } else if (nr) {
         constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
@@ -212,14 +212,14 @@ static __device__ __forceinline__ void mm_warp(const MmJob &J, int64_t r0, int n
                             float xv[C];
 #pragma unroll
                             for (int qq = 0; qq < C / 4; qq++) {
-                                const float4 f = A == 2 ? xp[qq] : __ldg(xp + qq); /* A 2: x in shared memory */
+                                const float4 f = A == 2 ? xp[qq] : ld_act(xp + qq); /* A 2: x in shared memory */
                                 xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
                             }
                             if (A == 1) {
                                 const float4 *up = (const float4 *)(x + ga.uoff + c0 + h * C);
 #pragma unroll
                                 for (int qq = 0; qq < C / 4; qq++) {
-                                    const float4 f = __ldg(up + qq);
+                                    const float4 f = ld_act(up + qq);
                                     xv[4 * qq] = gate_apply(ga.kind, xv[4 * qq], f.x, ga.p0, ga.p1);
                                     xv[4 * qq + 1] = gate_apply(ga.kind, xv[4 * qq + 1], f.y, ga.p0, ga.p1);
                                     xv[4 * qq + 2] = gate_apply(ga.kind, xv[4 * qq + 2], f.z, ga.p0, ga.p1);
@@ -313,14 +313,14 @@ __global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS
 /* the job table in device memory, written by an earlier kernel (the device-routed MoE: the device chose the
  * experts); the same body, so each row's arithmetic is the same */
 template <int V, int NT, int WP, int MJ, int U>
-__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *__restrict__ b) {
+__global__ void __launch_bounds__(WP * 32, (NT > 2 || U > 2 ? 2 : 3) * (MM_WARPS / WP)) k_mm_dev(const MmBatchT<MJ> *b) {
     /* the wait first: a kernel launched after this one (k_moe_down) then knows the route that wrote this table has finished */
     pdl_wait(), pdl_go(); mm_body<V, NT, WP, MJ, U>(*b); }
 /* Round 12 (DELTAFIN_CUDA_LEAN bit 262144): k_mm_dev for the FP8 experts' gate/up products under a bound of 2 blocks an SM
  * (128 registers) instead of 3 (80): at 80, the FP8 body (U = 2: 8 loads of 16 bytes and 8 scales a lane in flight)
  * spills (ptxas: 72 bytes of stack, 68 bytes of spill stores); the same body, so the same bits */
 template <int V, int NT, int WP, int MJ, int U>
-__global__ void __launch_bounds__(WP * 32, 2) k_mm_dev2(const MmBatchT<MJ> *__restrict__ b) { pdl_wait(), pdl_go(); mm_body<V, NT, WP, MJ, U>(*b); }
+__global__ void __launch_bounds__(WP * 32, 2) k_mm_dev2(const MmBatchT<MJ> *b) { pdl_wait(), pdl_go(); mm_body<V, NT, WP, MJ, U>(*b); }
 
 /* the device-routed MoE's combine: out[t] = sum over k in order of w[k] x part[k][t], for the block's first nr threads
  * (the one expression every down launch uses: the same bits in each) */
@@ -337,7 +337,7 @@ template <int N> static __device__ __forceinline__ void moe_comb(const float (*p
  * as it is loaded (gate_apply, as k_gate writes it: the same bits), each expert's rows written to d as before,
  * then out = the block's K rows combined by the route's weights in k order (k_moe_combine's arithmetic). */
 template <int V, int U>
-__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, GateIn ga, const float *__restrict__ wr, float *out) {
+__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down(const MmBatchT<MM_MAXJ> *b, int K, GateIn ga, const float *wr, float *out) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_go();
     {
@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down(const MmBatchT<MM
  * writes), then reads it from there (A = 2) for M row groups of MM_R rows; each row's products, its write and the
  * combine are k_moe_down's (the same bits). M = 2 puts the launch in one wave of two blocks per SM. */
 template <int V, int U, int M>
-__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_sh(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int I, GateIn ga, const float *__restrict__ wr, float *out) {
+__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_sh(const MmBatchT<MM_MAXJ> *b, int K, int I, GateIn ga, const float *wr, float *out) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_go();
     { /* as k_moe_down: the table is final (see there); the block's M row groups of expert `warp` asked of L2 */
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_sh(const MmBatchT
     extern __shared__ __align__(16) float hsh[];
     const MmJob &J = b->j[warp];
     float *h = hsh + (size_t)warp * I;
-    for (int c = lane; c < I; c += 32) h[c] = gate_apply(ga.kind, __ldg(J.x + c), __ldg(J.x + ga.uoff + c), ga.p0, ga.p1);
+    for (int c = lane; c < I; c += 32) h[c] = gate_apply(ga.kind, ld_act(J.x + c), ld_act(J.x + ga.uoff + c), ga.p0, ga.p1);
     __syncwarp();
     MmJob Js = J;
     Js.x = h;
@@ -544,7 +544,7 @@ __global__ void __launch_bounds__(CP_WARPS * 32) k_mm_cp(const __grid_constant__
                         const float4 *xp = (const float4 *)(x + v * E + h * C);
 #pragma unroll
                         for (int qq = 0; qq < C / 4; qq++) {
-                            const float4 f = __ldg(xp + qq);
+                            const float4 f = ld_act(xp + qq);
                             xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
                         }
 #pragma unroll
@@ -587,7 +587,7 @@ __device__ __forceinline__ void dn_gate(const float *x, const GateIn &ga, int64_
             const float4 *gp = (const float4 *)(x + v * E), *up = (const float4 *)(x + ga.uoff + v * E);
 #pragma unroll
             for (int qq = 0; qq < E / 4; qq++) {
-                const float4 g = __ldg(gp + qq), u = __ldg(up + qq);
+                const float4 g = ld_act(gp + qq), u = ld_act(up + qq);
                 xg[q][4 * qq] = gate_apply(ga.kind, g.x, u.x, ga.p0, ga.p1);
                 xg[q][4 * qq + 1] = gate_apply(ga.kind, g.y, u.y, ga.p0, ga.p1);
                 xg[q][4 * qq + 2] = gate_apply(ga.kind, g.z, u.z, ga.p0, ga.p1);
@@ -658,7 +658,7 @@ __device__ __forceinline__ void dn_rows(const uint4 *ring, const float (&xg)[SPR
  * k_gate writes it) while the rows still fly, then multiplies row s as soon as its group has landed.
  * SPR: warp steps per row (I / E / 32 rounded up, at most 4); shared memory K x RT x SPR x 512 bytes. */
 template <int V, int SPR, int RT>
-__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_cp(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, GateIn ga, const float *__restrict__ wr, float *out) {
+__global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_cp(const MmBatchT<MM_MAXJ> *b, int K, GateIn ga, const float *wr, float *out) {
     extern __shared__ __align__(16) uint4 dn_ring[];
     constexpr int E = Fmt<V>::E;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -807,16 +807,19 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * by k_gate before it: k_moe_down_f8's bits), 67108864 MLA's decode launches with kv_b's rows loaded before their wait
  * and the scores four heads at a time (cuda_ops.cu: the same bits), 134217728 the one-token BF16 products of at most
  * MM_SMALLJ jobs through k_mm_f8's body (with 524288; one-warp rows' sums); default 247331694 = 12450670 | 33554432 |
- * 67108864 | 134217728, DELTAFIN_CUDA_LEAN=12450670 restores round 14. Round 17 (opt-in): 268435456 the gate computed
+ * 67108864 | 134217728, DELTAFIN_CUDA_LEAN=12450670 restores round 14. Round 17: 268435456 the gate computed
  * once by the gate/up launch of the route-inside MoE (k_guh_rt, a block per 16 rows of an expert's gate AND up; the
- * down launch reads h = gate(g, u): the same bits in test_backend_cuda's memcmp checks; +4-7% end to end on the
- * H200), NOT in the default: one A/B call read other ids than the default's in some runs with it, a second call
- * the same ids in all 11 (docs/PERFORMANCE.md round 17), so a race is not ruled out. Every bit but 512, 1024, 4096, 524288, 2097152, 8388608 and 134217728
+ * down launch reads h = gate(g, u) through L2 only: the same bits; +2-5% end to end on the H200); default 515767150 =
+ * 247331694 | 268435456 (round 18), DELTAFIN_CUDA_LEAN=247331694 restores round 15. Why L2 only (ld.global.cg): the
+ * down launch is resident while k_guh_rt writes h (programmatic launch: k_guh_rt lets its dependents start at once),
+ * and the read-only path (ld.global.nc, __ldg) is defined only for data that no one writes during the reading
+ * kernel's lifetime; read that way, 5 of 6 end-to-end runs read other ids (round 18's A/B, docs/PERFORMANCE.md),
+ * read through L2 none. Every bit but 512, 1024, 4096, 524288, 2097152, 8388608 and 134217728
  * gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
 #define LEAN_DEFAULT (14 | 32 | 64 | 256 | 512 | 2048 | 4096 | 8192 | 16384 | 32768 | 65536 | 262144 | 524288 | 1048576 | 2097152 | 8388608 | \
-                      33554432 | 67108864 | 134217728) /* 247331694: round 15's */
+                      33554432 | 67108864 | 134217728 | 268435456) /* 515767150: round 18's (247331694 | 268435456) */
 int g_lean = -1;
 int lean_mask(void) {
     if (g_lean < 0) {
@@ -899,13 +902,13 @@ static void mm_flush_cp(MmBatch *b) {
  * part (step j of a lane, column step 32 j + lane, goes to part j % WK, in increasing j: each part's fmaf chain is
  * the chain warp j % WK of k_mm's row group runs), then sums each part over the warp (warp_sum) and adds the
  * parts from 0.0f in part order, as mm_body adds its warps' partial sums. */
-/* C floats of x at p (16-byte aligned) through the read-only path, and acc[i] += the R rows' wv[i] . xv in column order
+/* C floats of x at p (16-byte aligned) through L1 (ld_act), and acc[i] += the R rows' wv[i] . xv in column order
  * (the one-token kernels' inner step: k_mm_bal, k_mm_f8) */
 template <int C> static __device__ __forceinline__ void ldx(const float *p, float (&xv)[C]) {
     const float4 *xp = (const float4 *)p;
 #pragma unroll
     for (int qq = 0; qq < C / 4; qq++) {
-        const float4 f = __ldg(xp + qq);
+        const float4 f = ld_act(xp + qq);
         xv[4 * qq] = f.x, xv[4 * qq + 1] = f.y, xv[4 * qq + 2] = f.z, xv[4 * qq + 3] = f.w;
     }
 }
@@ -1193,7 +1196,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_f8(const __grid_constan
  * by the route kernel (k_mm_dev's layout for rows read by one warp: 32 rows a block, so the same table): the rows of a
  * one-warp row, k_mm_dev's bits for wk 1 */
 template <int SF, int U>
-__global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_devf8(const MmBatchT<MM_MAXJ> *__restrict__ b) {
+__global__ void __launch_bounds__(MM_WARPS * 32, 2) k_mm_devf8(const MmBatchT<MM_MAXJ> *b) {
     pdl_wait(), pdl_go();
     f8_body<SF, U, MM_MAXJ, 0>(*b);
 }
@@ -1410,7 +1413,7 @@ template <int V4> __global__ void __launch_bounds__(SF_TH) k_absmax_x(const floa
         for (size_t i = blockIdx.x * (size_t)SF_TH + threadIdx.x; i < N / 4; i += SF_U * st) {
             float4 v[SF_U];
 #pragma unroll
-            for (int u = 0; u < SF_U; u++) v[u] = i + u * st < N / 4 ? __ldg((const float4 *)x + i + u * st) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int u = 0; u < SF_U; u++) v[u] = i + u * st < N / 4 ? ld_act((const float4 *)x + i + u * st) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
             for (int u = 0; u < SF_U; u++) m = fmaxf(m, fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w))));
         }
@@ -1474,7 +1477,7 @@ template <int V4> __global__ void __launch_bounds__(SF_TH) k_split16_x(const flo
         for (size_t i0 = blockIdx.x * (size_t)SF_TH + threadIdx.x; i0 < items; i0 += SF_U * st) {
             float4 v[SF_U];
 #pragma unroll
-            for (int u = 0; u < SF_U; u++) v[u] = i0 + u * st < items ? __ldg((const float4 *)x + i0 + u * st) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int u = 0; u < SF_U; u++) v[u] = i0 + u * st < items ? ld_act((const float4 *)x + i0 + u * st) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
             for (int u = 0; u < SF_U; u++) {
                 const size_t i = i0 + u * st;
@@ -2097,7 +2100,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32, U > 2 ? 2 : 3) k_guh_rt(const _
 }
 /* k_moe_down_cp with its jobs from its own route (see above): warp k takes expert ids[k] (the rows of p.tab[3 ids[k]
  * + 2], input p.g + k I, its rows into p.d + k D), the combine by the route's weights. H (round 17): the input is
- * p.h + k I, the gate already applied (k_guh_rt). */
+ * p.h + k I, the gate already applied (k_guh_rt), read through L2 only with H = 2 (the default), through the read-only
+ * path with H = 1 (DELTAFIN_CUDA_H_CG=0: undefined while k_guh_rt still writes h; a diagnosis aid). */
 template <int V, int SPR, int RT, int H = 0>
 __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_constant__ RouteK p, GateIn ga, float *out) {
     extern __shared__ __align__(16) uint4 dr_ring[];
@@ -2176,7 +2180,7 @@ static __device__ __forceinline__ DW dw_ldcg(const MmJob *Jp) {
     return w;
 }
 template <int V, int SPR, int NS = F8_NS, int MODE = 0>
-__global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int ngr, GateIn ga, const float *__restrict__ wr, float *out) {
+__global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT<MM_MAXJ> *b, int K, int ngr, GateIn ga, const float *wr, float *out) {
     extern __shared__ __align__(16) uint4 f8_ring[];
     constexpr int E = Fmt<V>::E, C = Fmt<V>::C;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -2287,8 +2291,8 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_f8(const MmBatchT
  * griddepcontrol.wait (the table and the weights are final then, as k_moe_down_f8's ring), later groups' after the
  * group before's products. The caller checks blk_r % F8_RT == 0 (one scale row a group) and I % 16 == 0. */
 template <int SPR, int A1>
-__global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_c8(const MmBatchT<MM_MAXJ> *__restrict__ b, int K, int ngr, const float *__restrict__ h,
-                                                                  const float *__restrict__ wr, float *out) {
+__global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_c8(const MmBatchT<MM_MAXJ> *b, int K, int ngr, const float *h,
+                                                                  const float *wr, float *out) {
     __shared__ float part[2][F8_MAX_K][F8_RT];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     pdl_go();
@@ -2329,7 +2333,7 @@ __global__ void __launch_bounds__(F8_MAX_K * 32, 2) k_moe_down_c8(const MmBatchT
             const float4 *xp = (const float4 *)(x + v * 16);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const float4 f = __ldg(xp + k);
+                const float4 f = ld_act(xp + k);
                 xg[4 * k] = f.x, xg[4 * k + 1] = f.y, xg[4 * k + 2] = f.z, xg[4 * k + 3] = f.w;
             }
 #pragma unroll
@@ -2489,12 +2493,13 @@ int g_moe_fused(const df_moe_fused_args *a) {
         /* round 17 (bit 268435456): the gate once, by the gate/up launch (k_guh_rt; wk 1 rows only), into K x I floats */
         p.h = NULL, p.ga = (GateIn){(long long)(DCP(a->u) - DCP(a->g)), (int)a->gate, a->p0, a->p1};
         const void *kh = NULL;
-        static int hcg = -1; /* DELTAFIN_CUDA_H_CG=1: the down launch reads h through L2 only (ld.global.cg; a diagnosis aid) */
+        static int hcg = -1; /* DELTAFIN_CUDA_H_CG=0: the down launch reads h through the read-only path (ld.global.nc),
+                                * which round 18's A/B showed reading stale h (a diagnosis aid: shows the hazard) */
         if (hcg < 0) {
             const char *e = getenv("DELTAFIN_CUDA_H_CG");
-            hcg = e && !strcmp(e, "1");
+            hcg = !(e && !strcmp(e, "0"));
             if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-                fprintf(stderr, "deltafin: cuda backend: DELTAFIN_CUDA_H_CG=%s is not 0 or 1: 0 (h through the read-only path)\n", e);
+                fprintf(stderr, "deltafin: cuda backend: DELTAFIN_CUDA_H_CG=%s is not 0 or 1: 1 (h through L2 only)\n", e);
         }
         if (krt && (lean_mask() & 268435456) && p.wk_gu == 1) {
             kh = hcg ? dn_rt_k<2>(vec_dn, spr) : dn_rt_k<1>(vec_dn, spr);

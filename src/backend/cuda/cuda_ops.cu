@@ -819,7 +819,7 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_absorb(df_attn_mla_args a, DW w,
 }
 /* block (chunk s, head group g, position t); dynamic shared memory: qf of the group [MD_HG][cd], the chunk's
  * cache rows [ch][cd], e [MD_HG][ch] */
-__global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const float *__restrict__ qf, int ch, int S, float *part, int hq4) { pdl_entry();
+__global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const float *qf, int ch, int S, float *part, int hq4) { pdl_entry();
     extern __shared__ float sh[];
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z, NH = a.n_heads, R = a.kv_lora, rope = a.rope;
     const int len = a.pos0 + t + 1, h0 = g * MD_HG, nh = NH - h0 < MD_HG ? NH - h0 : MD_HG;
@@ -932,7 +932,7 @@ __global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const f
 }
 /* t's partials of head h combined into ol[kv_lora] (shared): M = max m_s, weights exp(m_s - M), L = sum l_s x
  * weight in chunk order, ol = sum_s o_s x weight / L in chunk order. Every thread of the block calls it. */
-static __device__ void mla_combine(const df_attn_mla_args &a, int h, int t, int ch, int S, const float *__restrict__ part, float *ol, float *wsc) {
+static __device__ void mla_combine(const df_attn_mla_args &a, int h, int t, int ch, int S, const float *part, float *ol, float *wsc) {
     const int NH = a.n_heads, R = a.kv_lora, len = a.pos0 + t + 1, ns = (len + ch - 1) / ch;
     const float *pp = part + ((size_t)t * NH + h) * S * (size_t)(R + 2);
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -960,7 +960,7 @@ static __device__ void mla_combine(const df_attn_mla_args &a, int h, int t, int 
 }
 /* block (h, t); shared: the latent output [kv_lora] */
 template <int V>
-__global__ void __launch_bounds__(MD_BIG) k_mla_out(df_attn_mla_args a, DW w, int split_v, int ch, int S, const float *__restrict__ part) { pdl_entry();
+__global__ void __launch_bounds__(MD_BIG) k_mla_out(df_attn_mla_args a, DW w, int split_v, int ch, int S, const float *part) { pdl_entry();
     __shared__ float ol[1024];
     __shared__ float wsc[129]; /* each chunk's weight exp(m_s - M) (S <= 128), then 1 / L */
     const int h = blockIdx.x, t = blockIdx.y, NH = a.n_heads, nope = a.nope, R = a.kv_lora, vd = a.v_dim;
@@ -1106,7 +1106,7 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_absorb_v(df_attn_mla_args a, DW 
 /* block (h, t) of 1024 threads: the combine, then warp w the rows w, w + 32, ... of W_uv[h] (kv_b rows
  * h * (nope + v) + nope + i), 16-byte loads, warp_sum */
 template <int V, int NG>
-__global__ void __launch_bounds__(MD_BIG) k_mla_out_v(df_attn_mla_args a, DW w, int ch, int S, const float *__restrict__ part, int early) {
+__global__ void __launch_bounds__(MD_BIG) k_mla_out_v(df_attn_mla_args a, DW w, int ch, int S, const float *part, int early) {
     __shared__ __align__(16) float ol[1024];
     __shared__ float wsc[129];
     constexpr int EP = MlaV<V>::EP;
