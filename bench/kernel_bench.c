@@ -22,9 +22,11 @@
  *    callgrind: `valgrind --tool=callgrind --toggle-collect=df_ggml_px_dot
  *    kernel_bench --px 6 512 1536` minus the same with 256 rows, divided by
  *    256 x 1536, is the kernel's instructions per weight (load-free).
+ *  - --px TYPE ROWS COLS NP: NP (2..16) prepared activations through df_ggml_px_dot_multi, the verify pass's
+ *    product, one thread, best of 7 (e.g. `--px 3 65536 4096 8`: 168 MB of Q4_1 rows, past the L3).
  *
  * Usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P] [--fmt NAME] [--fp8-check]] [--prefill [--fmt NAME] [--n N] [--rows R]] [--isa scalar|avx2|avx512]
- *        kernel_bench --px TYPE ROWS COLS
+ *        kernel_bench --px TYPE ROWS COLS [NP]
  * Prints one JSON object. Not a timed test: numbers swing with load. */
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/floors.h"
@@ -180,8 +182,9 @@ static void float_decode(int quick, int pairs) {
     printf("]}\n");
 }
 
-/* --px: random code bytes with f16 scales in [2^-4, 2^-3) (Q6_K: d at byte 208) */
-static int px_once(int type, int64_t rows, int64_t cols) {
+/* --px: random code bytes with f16 scales in [2^-4, 2^-3) (Q6_K: d at byte 208); np > 1: np prepared activations
+ * through df_ggml_px_dot_multi (a verify pass's product), timed, best of 7 (one thread) */
+static int px_once(int type, int64_t rows, int64_t cols, int np) {
     const df_ggml_traits *t = df_ggml_traits_of(type);
     if (!t || t->block_elems < 32 || rows < 1 || cols < 1 || cols % t->block_elems) {
         fprintf(stderr, "kernel_bench --px: expected a GGML block type id and COLS a multiple of its block (type %d, cols %lld)\n", type, (long long)cols);
@@ -198,21 +201,30 @@ static int px_once(int type, int64_t rows, int64_t cols) {
             memcpy(p + 2 * k, &h, 2);
         }
     }
-    float *x = df_aligned_alloc((size_t)cols * 4), *y = df_aligned_alloc((size_t)rows * 4);
-    float *aux = df_aligned_alloc(df_ggml_px_floats(type, cols) * 4);
-    for (int64_t i = 0; i < cols; i++) x[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
-    df_ggml_px px;
-    df_ggml_px_init(&px, type, x, cols, aux);
-    df_ggml_px_dot(&px, w, (size_t)rb, rows, y);
+    if (np < 1 || np > 16) np = 1; /* 16: the most a verify pass hands px_dot_multi (DF_GGML_PXM) */
+    const size_t af = df_ggml_px_floats(type, cols);
+    float *x = df_aligned_alloc((size_t)cols * np * 4), *y = df_aligned_alloc((size_t)rows * np * 4);
+    float *aux = df_aligned_alloc(af * np * 4);
+    for (int64_t i = 0; i < cols * np; i++) x[i] = (float)(int)(rnd() % 2001 - 1000) * 1e-3f;
+    df_ggml_px px[16];
+    for (int q = 0; q < np; q++) df_ggml_px_init(&px[q], type, x + (size_t)q * cols, cols, aux + af * q);
+    double best = 1e30;
+    for (int rep = 0; rep < (np > 1 ? 7 : 1); rep++) {
+        const double t0 = df_now();
+        if (np > 1) df_ggml_px_dot_multi(px, np, w, (size_t)rb, rows, y, rows);
+        else df_ggml_px_dot(&px[0], w, (size_t)rb, rows, y);
+        if (df_now() - t0 < best) best = df_now() - t0;
+    }
     double s = 0;
-    for (int64_t r = 0; r < rows; r++) s += y[r];
-    printf("{\"px\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"sum\": %.6g}\n", t->name, (long long)rows, (long long)cols, s);
+    for (int64_t r = 0; r < rows * np; r++) s += y[r];
+    printf("{\"px\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"np\": %d, \"sum\": %.6g, \"best_ms\": %.2f, \"weight_gbs\": %.2f}\n", t->name,
+           (long long)rows, (long long)cols, np, s, best * 1e3, (double)rb * rows / best / 1e9);
     free(w), free(x), free(y), free(aux);
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc == 5 && !strcmp(argv[1], "--px")) return px_once(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]));
+    if ((argc == 5 || argc == 6) && !strcmp(argv[1], "--px")) return px_once(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), argc == 6 ? atoi(argv[5]) : 1);
     int threads = 2, reps = 5, quick = 0, only = 0; /* only: 1 decode, 2 prefill, 3 float decode vs floor */
     int pairs = 5;
     for (int i = 1; i < argc; i++) {

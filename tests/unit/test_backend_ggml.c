@@ -286,6 +286,39 @@ static void test_px(int type) {
     }
 }
 
+/* df_ggml_px_dot_multi (a verify pass's products): np = 1..16 prepared activations against nr rows give, token by
+ * token, the bits of df_ggml_px_dot on that token alone, every ISA; nr = 150 is not a multiple of the 64-row chunks
+ * the fused AVX2 kernels take when the tokens form more than one group (Q4_1: 7+, Q8_0: 9+). */
+static void test_px_multi(int type) {
+    const df_ggml_traits *t = df_ggml_traits_of(type);
+    enum { NR = 150, NP = 16 };
+    const int64_t n = 768, stride = df_ggml_row_bytes(type, n) + 3;
+    uint8_t *buf = malloc((size_t)(NR * stride + 1)), *r = buf + 1;
+    for (int k = 0; k < NR; k++) fill_random(type, r + k * stride, n, 0);
+    float *x = malloc(sizeof(float) * (size_t)(n * NP)), *aux = malloc(sizeof(float) * df_ggml_px_floats(type, n) * NP);
+    float *one = malloc(sizeof(float) * NR * NP), *multi = malloc(sizeof(float) * (NR + 1) * NP);
+    for (int64_t i = 0; i < n * NP; i++) x[i] = frand();
+    for (int ii = 0; ii < n_isa; ii++) {
+        df_ggml_set_isa(isa_list[ii]);
+        df_ggml_px px[NP];
+        for (int q = 0; q < NP; q++) {
+            df_ggml_px_init(&px[q], type, x + q * n, n, aux + (size_t)q * df_ggml_px_floats(type, n));
+            df_ggml_px_dot(&px[q], r, (size_t)stride, NR, one + (size_t)q * NR);
+        }
+        for (int np = 1; np <= NP; np++) {
+            for (int i = 0; i < (NR + 1) * NP; i++) multi[i] = NAN;
+            df_ggml_px_dot_multi(px, np, r, (size_t)stride, NR, multi, NR + 1);
+            for (int q = 0; q < np; q++) {
+                CHECK(!memcmp(multi + (size_t)q * (NR + 1), one + (size_t)q * NR, sizeof(float) * NR),
+                      "%s %s np=%d token %d: px_dot_multi differs from px_dot", t->name, df_ggml_isa_name(isa_list[ii]), np, q);
+                CHECK(isnan(multi[(size_t)q * (NR + 1) + NR]), "%s np=%d token %d: px_dot_multi wrote past its rows", t->name, np, q);
+            }
+        }
+    }
+    df_ggml_set_isa(DF_GGML_ISA_AUTO);
+    free(buf), free(x), free(aux), free(one), free(multi);
+}
+
 /* The f16 scale fields of a block (d first; m/dmin second where present). */
 static int scale_offsets(int type, int off[2]) {
     switch (type) {
@@ -543,6 +576,7 @@ int main(int argc, char **argv) {
     for (int ti = 0; ti < N_TYPES; ti++) test_dot4(TYPES[ti]);
     for (int ti = 0; ti < N_TYPES; ti++) test_px(TYPES[ti]);
     for (int ti = 0; ti < N_TYPES; ti++) test_px_extreme(TYPES[ti]);
+    for (int ti = 0; ti < N_TYPES; ti++) test_px_multi(TYPES[ti]);
     for (int ti = 0; ti < N_TYPES; ti++) test_pack16(TYPES[ti]);
     if (failures) {
         printf("test_backend_ggml: %d failures\n", failures);
