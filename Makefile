@@ -103,7 +103,7 @@ FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
 .PHONY: all test unit asan hostile-asan deps demo clean fuzz fuzz-objs bench cuda-check deltafin
 # the benchmark drivers too: a stale bench binary measures the kernels it was linked with, not the tree's
-all: $(O)/deltafin $(O)/bench/kernel_bench $(O)/bench/verify_bench $(O)/bench/attn_read
+all: $(O)/deltafin $(O)/bench/kernel_bench $(O)/bench/verify_bench $(O)/bench/attn_read $(O)/bench/spec_replay
 ifeq ($(O),$(if $(filter 1,$(CUDA)),build-cuda,build))
 all: deltafin
 # phony: ./deltafin follows the last build, CPU-only or CUDA=1
@@ -159,6 +159,11 @@ $(O)/bench/attn_read: bench/attn_read.c
 
 # bench/verify_bench: a speculative verify pass against plain steps (docs/PERFORMANCE.md, issue 15 step 4)
 $(O)/bench/verify_bench: bench/verify_bench.c $(call objs_of,$(MODULES))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# bench/spec_replay: a greedy answer replayed through the drafter and auto's policy under a scripted pass cost (issue 15)
+$(O)/bench/spec_replay: bench/spec_replay.c $(call objs_of,$(MODULES))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
