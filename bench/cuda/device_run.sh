@@ -193,11 +193,11 @@ if has moe; then
         for F in 0 1; do DELTAFIN_CUDA_FUSED_MOE=$F DELTAFIN_CUDA_PROF=3 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-fused$F-prof3" --gpu-memory 100G; done
         DELTAFIN_CUDA_FUSED_MOE=1 moe pinned-600M-fused1 --gpu-memory 600M --expert-cache 8G --temperature 1 --seed 1
         for n in resident-fused0-r1 resident-fused1-r1 resident-fused0-r2 resident-fused1-r2 resident-fused0-prof1 resident-fused1-prof1; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
         done
-        cmp -s <(grep -v '^\[' "$OUT/moe_resident-fused0-512.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-fused1-512.log" | head -1) && echo "ids 512: fused 0 and 1 the same" || echo "ids 512: fused 0 and 1 DIFFER"
-        cmp -s <(grep -v '^\[' "$OUT/moe_resident-fused0-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-fused1-sampled.log" | head -1) && echo "ids sampled: fused 0 and 1 the same" || echo "ids sampled: fused 0 and 1 DIFFER"
-        cmp -s <(grep -v '^\[' "$OUT/moe_resident-fused1-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_pinned-600M-fused1.log" | head -1) && echo "ids pinned-600M: same as resident sampled" || echo "ids pinned-600M: DIFFER from resident sampled"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-fused0-512.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-fused1-512.log" | head -1) && echo "ids 512: fused 0 and 1 the same" || echo "ids 512: fused 0 and 1 DIFFER"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-fused0-sampled.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-fused1-sampled.log" | head -1) && echo "ids sampled: fused 0 and 1 the same" || echo "ids sampled: fused 0 and 1 DIFFER"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-fused1-sampled.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_pinned-600M-fused1.log" | head -1) && echo "ids pinned-600M: same as resident sampled" || echo "ids pinned-600M: DIFFER from resident sampled"
         if command -v nsys >/dev/null 2>&1; then # a kernel trace of the fused decode, when the machine has nsys
             for F in 0 1; do
                 DELTAFIN_CUDA_FUSED_MOE=$F timeout 120 nsys profile -o "$OUT/nsys_fused$F" --stats=true -t cuda "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new 64 --ignore-eos --gpu-memory 100G >"$OUT/nsys_fused$F.log" 2>&1
@@ -217,12 +217,12 @@ if has moe; then
         DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
         for L in 6 14; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
         for n in resident-lean6-r1 resident-lean14-r1 resident-lean6-r2 resident-lean14-r2 resident-lean15 resident-moeu1 resident-moeu4 resident-lean6-prof3 resident-lean14-prof3 resident-prof1; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
         done
         for n in resident-ch16 resident-ch32; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: differ from resident (other float sums)"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: differ from resident (other float sums)"
         done
-        cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean6-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean14-sampled.log" | head -1) && echo "ids sampled: lean 6 and 14 the same" || echo "ids sampled: lean 6 and 14 DIFFER"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean6-sampled.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean14-sampled.log" | head -1) && echo "ids sampled: lean 6 and 14 the same" || echo "ids sampled: lean 6 and 14 DIFFER"
         NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         if [ -n "$NCU" ] && [ "${R6_NCU:-1}" = 1 ]; then # GPU time of each decode kernel alone (no launch gaps): a few decode tokens
             for L in 6 14; do
@@ -251,7 +251,7 @@ PY
         # default mask, alternated three times, ids compared (the same bits: all must be the same), the mean of each
         for r in 1 2 3; do for R in 0 1; do DELTAFIN_CUDA_RN_REG=$R moe "resident-rn$R-r$r" --gpu-memory 100G; done; done
         for r in 1 2 3; do for R in 0 1; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-rn$R-r$r.log" | head -1) && echo "ids rn$R-r$r: same as resident" || echo "ids rn$R-r$r: DIFFER from resident"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-rn$R-r$r.log" | head -1) && echo "ids rn$R-r$r: same as resident" || echo "ids rn$R-r$r: DIFFER from resident"
         done; done
         for R in 0 1; do
             grep -h "^\[stats\] prefill" "$OUT"/moe_resident-rn$R-r[123].log | sed 's/.*(\([0-9.]*\) tok\/s,.*/\1/' | awk -v R="$R" '{s += $1; n++} END {if (n) printf "RN_REG=%s: mean %.1f tok/s over %d runs\n", R, s / n, n}'
@@ -269,11 +269,11 @@ PY
         fi
         for r in 1 2 3; do for L in $R11_AB; do
             n=resident-lean$L-r$r
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
         done; done
         set -- $R11_AB
         if [ "${R11_LONG:-0}" = 1 ]; then for k in 512 sampled; do for L in $R11_AB; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: DIFFER from lean$1"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: DIFFER from lean$1"
         done; done; fi
         R11_NCU=${R11_NCU:-15214 64366}
         [ "$R11_NCU" = none ] && R11_NCU=
@@ -304,11 +304,11 @@ PY
             n=resident-lean$L-r$r
             note="DIFFER from resident"
             [ $((L & 4096)) -ne 0 ] && note="differ from resident (bit 4096: other sums of the decode attention)"
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: $note"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: $note"
         done; done
         set -- $R10_AB
         if [ "${R10_LONG:-0}" = 1 ]; then for k in 512 sampled; do for L in $R10_AB; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: differ from lean$1"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: differ from lean$1"
         done; done; fi
         R10_NCU=${R10_NCU:-2926 15214}
         [ "$R10_NCU" = none ] && R10_NCU=
@@ -335,11 +335,11 @@ PY
             n=resident-lean$L-r$r
             note="DIFFER from resident"
             [ $((L & 1024)) -ne 0 ] && note="differ from resident (bit 1024: other sums of the dense rows)"
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: $note"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: $note"
         done; done
         set -- $R9_AB
         if [ "${R9_LONG:-0}" = 1 ]; then for k in 512 sampled; do for L in $R9_AB; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: differ from lean$1"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: differ from lean$1"
         done; done; fi
         R9_NCU=${R9_NCU:-$R9_AB}
         [ "$R9_NCU" = none ] && R9_NCU=
@@ -367,10 +367,10 @@ PY
         for L in $R8_AB; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512" --gpu-memory 100G; done
         for L in $R8_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
         for n in $(for r in 1 2 3; do for L in $R8_AB; do echo resident-lean$L-r$r; done; done) $(for S1 in ${R8_SPLITS:-}; do echo resident-split$S1-r1 resident-split$S1-r2; done); do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
         done
         for k in 512 sampled; do for L in $R8_AB; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: DIFFER from lean$1"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$1-$k.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$L-$k.log" | head -1) && echo "ids $k lean$L: same as lean$1" || echo "ids $k lean$L: DIFFER from lean$1"
         done; done
         NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         for V in ${R8_NCU:-$R8_AB} $(for S1 in ${R8_SPLITS:-}; do echo s$S1; done); do
@@ -390,11 +390,11 @@ PY
             for L in $R7_AB; do DELTAFIN_CUDA_LEAN=$L MAX_NEW=512 moe "resident-lean$L-512" --gpu-memory 100G; done
             for L in $R7_AB; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
             for L in $R7_AB; do for r in 1 2 3; do
-                cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$L-r$r.log" | head -1) && echo "ids lean$L-r$r: same as resident" || echo "ids lean$L-r$r: DIFFER from resident"
+                cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$L-r$r.log" | head -1) && echo "ids lean$L-r$r: same as resident" || echo "ids lean$L-r$r: DIFFER from resident"
             done; done
             set -- $R7_AB
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-512.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$2-512.log" | head -1) && echo "ids 512: the same" || echo "ids 512: DIFFER"
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean$1-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean$2-sampled.log" | head -1) && echo "ids sampled: the same" || echo "ids sampled: DIFFER"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$1-512.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$2-512.log" | head -1) && echo "ids 512: the same" || echo "ids 512: DIFFER"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$1-sampled.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean$2-sampled.log" | head -1) && echo "ids sampled: the same" || echo "ids sampled: DIFFER"
             NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
             for L in ${R7_NCU_LIST:-$2}; do # R7_NCU_LIST="110 366": ncu of each (round 8)
             [ -n "$NCU" ] && DELTAFIN_CUDA_LEAN=$L timeout "${NCU_TO:-150}" "$NCU" --metrics gpu__time_duration.sum --cache-control none --clock-control none --csv --launch-skip "${NCU_SKIP:-30000}" \
@@ -411,11 +411,11 @@ PY
         for L in 14 110; do DELTAFIN_CUDA_LEAN=$L moe "resident-lean$L-sampled" --gpu-memory 100G --temperature 1 --seed 1; done
         DELTAFIN_CUDA_LEAN=110 moe pinned-600M-lean110 --gpu-memory 600M --expert-cache 8G --temperature 1 --seed 1
         for n in resident-lean14-r1 resident-lean110-r1 resident-lean14-r2 resident-lean110-r2 resident-lean46 resident-lean78 resident-lean14-prof3 resident-lean110-prof3; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
         done
-        cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean14-512.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean110-512.log" | head -1) && echo "ids 512: lean 14 and 110 the same" || echo "ids 512: lean 14 and 110 DIFFER"
-        cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean14-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean110-sampled.log" | head -1) && echo "ids sampled: lean 14 and 110 the same" || echo "ids sampled: lean 14 and 110 DIFFER"
-        cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean110-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_pinned-600M-lean110.log" | head -1) && echo "ids pinned-600M: same as resident sampled" || echo "ids pinned-600M: DIFFER from resident sampled"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean14-512.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean110-512.log" | head -1) && echo "ids 512: lean 14 and 110 the same" || echo "ids 512: lean 14 and 110 DIFFER"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean14-sampled.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean110-sampled.log" | head -1) && echo "ids sampled: lean 14 and 110 the same" || echo "ids sampled: lean 14 and 110 DIFFER"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean110-sampled.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_pinned-600M-lean110.log" | head -1) && echo "ids pinned-600M: same as resident sampled" || echo "ids pinned-600M: DIFFER from resident sampled"
         NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         if [ -n "$NCU" ] && [ "${R7_NCU:-1}" = 1 ]; then
             for L in 14 110; do
@@ -435,7 +435,7 @@ PY
         done
         [ "${R6B_AB:-1}" = 1 ] && for L in 6 14; do DELTAFIN_CUDA_LEAN=$L DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe "resident-lean$L-prof1" --gpu-memory 100G; done
         [ "${R6B_AB:-1}" = 1 ] && for n in resident-lean6-512-r1 resident-lean14-512-r1 resident-lean6-512-r2 resident-lean14-512-r2; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean6-512-r1.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as lean6-512-r1" || echo "ids $n: DIFFER from lean6-512-r1"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean6-512-r1.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as lean6-512-r1" || echo "ids $n: DIFFER from lean6-512-r1"
         done
         NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         if [ -n "$NCU" ]; then # GPU time of each decode kernel alone: launches NCU_SKIP.. of a 64-token decode (past the prefill)
@@ -458,9 +458,9 @@ PY
             DELTAFIN_CUDA_LEAN=2 moe resident-lean2-sampled --gpu-memory 100G --temperature 1 --seed 1
         fi
         for n in resident-lean2-r1 resident-lean6-r1 resident-lean2-r2 resident-lean6-r2 resident-lean2-prof3 resident-lean6-prof3 resident-prof1; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
         done
-        if [ "${R5_SAMPLED:-0}" = 1 ]; then cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean2-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean6-sampled.log" | head -1) && echo "ids sampled: lean 2 and 6 the same" || echo "ids sampled: lean 2 and 6 DIFFER"; fi
+        if [ "${R5_SAMPLED:-0}" = 1 ]; then cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean2-sampled.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean6-sampled.log" | head -1) && echo "ids sampled: lean 2 and 6 the same" || echo "ids sampled: lean 2 and 6 DIFFER"; fi
         if command -v nsys >/dev/null 2>&1; then
             for L in 2 6; do
                 DELTAFIN_CUDA_LEAN=$L timeout 120 nsys profile -o "$OUT/nsys_lean$L" --stats=true -t cuda "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new 64 --ignore-eos --gpu-memory 100G >"$OUT/nsys_lean$L.log" 2>&1
@@ -477,9 +477,9 @@ PY
         DELTAFIN_CUDA_LEAN=0 DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-lean0-prof1 --gpu-memory 100G
         DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe resident-prof1 --gpu-memory 100G
         for n in resident-lean0-r1 resident-lean1-r1 resident-lean2-r1 resident-lean3-r2 resident-lean0-prof1 resident-prof1; do
-            cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
         done
-        cmp -s <(grep -v '^\[' "$OUT/moe_resident-lean0-512.log" | head -1) <(grep -v '^\[' "$OUT/moe_resident-lean3-512.log" | head -1) && echo "ids 512: lean 0 and 3 the same" || echo "ids 512: lean 0 and 3 DIFFER"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean0-512.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-lean3-512.log" | head -1) && echo "ids 512: lean 0 and 3 the same" || echo "ids 512: lean 0 and 3 DIFFER"
         echo "decode tok/s by run:"; grep -H "^\[stats\] prefill" "$OUT"/moe_resident*.log | sed 's/.*moe_\(.*\)\.log:.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1 \2 \3/'
     else
     DELTAFIN_CUDA_ATTN_SPLIT=0 moe resident-nosplit --gpu-memory 100G
@@ -492,10 +492,10 @@ PY
     moe pinned-400M --gpu-memory 400M --expert-cache 8G --temperature 1 --seed 1
     DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 moe pinned-400M-prof1 --gpu-memory 400M --expert-cache 8G --temperature 1 --seed 1
     for n in resident-nosplit resident-prof1 resident-prof2; do
-        cmp -s <(grep -v '^\[' "$OUT/moe_resident.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident" || echo "ids $n: DIFFER from resident"
     done
     for n in pinned-2500M pinned-600M pinned-400M pinned-400M-prof1; do
-        cmp -s <(grep -v '^\[' "$OUT/moe_resident-sampled.log" | head -1) <(grep -v '^\[' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident-sampled" || echo "ids $n: DIFFER from resident-sampled"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/moe_resident-sampled.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/moe_$n.log" | head -1) && echo "ids $n: same as resident-sampled" || echo "ids $n: DIFFER from resident-sampled"
     done
     fi
     if [ "${TIER_BENCH:-0}" = 1 ]; then
@@ -531,7 +531,7 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
         done; done
         set -- $DSV3_AB
         for r in 1 2 3; do for L in $DSV3_AB; do
-            cmp -s <(grep -v '^\[' "$OUT/dsv3_lean$1-r1.log" | head -1) <(grep -v '^\[' "$OUT/dsv3_lean$L-r$r.log" | head -1) && echo "ids dsv3 lean$L-r$r: same as lean$1-r1" || echo "ids dsv3 lean$L-r$r: DIFFER from lean$1-r1"
+            cmp -s <(grep -E '^[0-9 ]+$' "$OUT/dsv3_lean$1-r1.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/dsv3_lean$L-r$r.log" | head -1) && echo "ids dsv3 lean$L-r$r: same as lean$1-r1" || echo "ids dsv3 lean$L-r$r: DIFFER from lean$1-r1"
         done; done
         for L in $DSV3_AB; do
             mask_mean "dsv3_lean$L" "dsv3 mask $L"
@@ -550,7 +550,7 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
     ds resident-sampled --gpu-memory 100G --temperature 1 --seed 1
     DELTAFIN_CUDA_PROF=1 DELTAFIN_CUDA_PROF_DECODE=1 ds resident-prof1 --gpu-memory 100G
     for n in resident-r2 resident-r3 resident-prof1; do
-        cmp -s <(grep -v '^\[' "$OUT/dsv3_resident-r1.log" | head -1) <(grep -v '^\[' "$OUT/dsv3_$n.log" | head -1) && echo "ids dsv3 $n: same as r1" || echo "ids dsv3 $n: DIFFER from r1"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/dsv3_resident-r1.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/dsv3_$n.log" | head -1) && echo "ids dsv3 $n: same as r1" || echo "ids dsv3 $n: DIFFER from r1"
     done
     if [ "${DSV3_NCU:-1}" = 1 ]; then
         ncu_dec "$OUT/ncu_dsv3.csv" "$D" "${DIDS%%,1[0-9][0-9][0-9]*}" "${DSV3_NCU_NEW:-300}" "${DSV3_NCU_SKIP:-3000}" && echo "ncu of the dsv3 decode:" &&
@@ -563,7 +563,7 @@ if has dsv3; then # issue 13 item 5a's second row: decode of a VRAM-resident Dee
         DELTAFIN_CUDA_PROF=2 MAX_NEW=1 ds prefill-prof2 --gpu-memory 100G
         DELTAFIN_CUDA_MLA_DEC_N=512 DELTAFIN_CUDA_PROF=2 MAX_NEW=1 ds prefill-prof2-mladec512 --gpu-memory 100G
         for k in 1 2; do for N in 4 512; do DELTAFIN_CUDA_MLA_DEC_N=$N MAX_NEW=16 ds "prefill-mladec$N-r$k" --gpu-memory 100G; done; done
-        cmp -s <(grep -v '^\[' "$OUT/dsv3_prefill-mladec4-r1.log" | head -1) <(grep -v '^\[' "$OUT/dsv3_prefill-mladec512-r1.log" | head -1) && echo "ids dsv3 prefill mladec 512: same as 4" || echo "ids dsv3 prefill mladec 512: differ from 4 (other sums in the prefill's attention)"
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/dsv3_prefill-mladec4-r1.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/dsv3_prefill-mladec512-r1.log" | head -1) && echo "ids dsv3 prefill mladec 512: same as 4" || echo "ids dsv3 prefill mladec 512: differ from 4 (other sums in the prefill's attention)"
         grep -H "^\[stats\] prefill" "$OUT"/dsv3_prefill-mladec*.log | sed 's/.*dsv3_\(.*\)\.log:.*prefill 512 tokens in \([0-9.]*\) s (\([0-9.]*\) tok.*/\1: prefill \2 s, \3 tok\/s/'
     fi
 fi

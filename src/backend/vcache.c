@@ -111,8 +111,8 @@ int64_t df_vc_plan(int64_t budget, int64_t used, int64_t reserve, int64_t slot_b
     const int64_t need = slot_bytes * (int64_t)min_slots;
     if (slot_bytes <= 0 || avail < need)
         return df_err(err, errlen, DF_ENOMEM,
-                      "out of VRAM: the expert cache needs at least %d slots of %.2f MB = %.2f MB, available %.2f MB of the %.2f MB budget "
+                      "out of VRAM: the expert cache needs at least %d slot%s of %.2f MB = %.2f MB, available %.2f MB of the %.2f MB budget "
                       "(%.2f MB in use by the spine, parameters, activations and state, %.2f MB kept for scratch); raise --gpu-memory",
-                      min_slots, slot_bytes / 1e6, need / 1e6, (avail > 0 ? avail : 0) / 1e6, budget / 1e6, used / 1e6, reserve / 1e6);
+                      min_slots, min_slots == 1 ? "" : "s", slot_bytes / 1e6, need / 1e6, (avail > 0 ? avail : 0) / 1e6, budget / 1e6, used / 1e6, reserve / 1e6);
     return avail / slot_bytes;
 }
