@@ -103,10 +103,11 @@ void df_ggml_px_dot(const df_ggml_px *p, const void *row, size_t row_stride, int
 /* The same for np prepared activations of one type and length (a verify
  * pass's tokens): out[t*out_stride + k] = dot(row k, x of p[t]), each the
  * bits df_ggml_px_dot(&p[t], ...) gives. Where the ISA has a fused kernel
- * (AVX2: Q4_1, Q8_0, Q4_K, Q6_K) each weight block is decoded once per
- * group of up to 3 tokens and each token runs the one-token kernel's
- * arithmetic (same lanes, same order); otherwise one df_ggml_px_dot per
- * token. */
+ * (AVX2: Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) each weight block is decoded once
+ * per group of tokens (up to 6 for Q4_1, 8 for Q8_0, 3 for the others; with
+ * more than one group, Q4_1 and Q8_0 run every group over a chunk of rows
+ * before the next) and each token runs the one-token kernel's arithmetic
+ * (same lanes, same order); otherwise one df_ggml_px_dot per token. */
 void df_ggml_px_dot_multi(const df_ggml_px *p, int np, const void *row, size_t row_stride, int64_t nrows, float *out,
                           int64_t out_stride);
 
