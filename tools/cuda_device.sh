@@ -13,7 +13,7 @@
 # STAGE/lib, and bench/cuda/device_run.sh (the one device script) with the
 # scripts it runs (cuda_e2e.py, cuda_tiers.py, make_moe.py, e2e_pct.py,
 # tier_bench.sh, mtp_diag.sh, f8_diag.sh, ncu_sect.sh, ncu_sum.py) beside them. The device has CUDA 13 and cuBLAS; device_run.sh finds libcublas
-# there. Delete STAGE when done.
+# there. Also writes STAGE.txz (xz -9; NO_XZ=1 skips it), the one path to carry. Delete both when done.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 STAGE=${1:-/work/main/.whl/ckern}
@@ -39,6 +39,13 @@ done
 REL=${STAGE#/work/main/}
 echo "staged $(du -sh "$STAGE" | cut -f1) in $STAGE:" >&2
 ls "$STAGE" "$STAGE/bin" "$STAGE/lib" >&2
+# one archive for the carry limit (64 MiB with the tracked tree): xz -9's 64 MiB window sees that the binaries share
+# their CUDA fatbins (round 18: 38 MB with -6, 14-23 MB with -9); bench binaries a call does not use can be removed first
+NAME=$(basename "$STAGE")
+if [ -z "${NO_XZ:-}" ]; then
+    tar cf - -C "$(dirname "$STAGE")" "$NAME" | xz -T1 -9 >"$STAGE.txz"
+    echo "archived $(du -h "$STAGE.txz" | cut -f1) in $STAGE.txz" >&2
+fi
 echo "give the device tool (from the session whose checkout is /work/main):"
-echo "  run(command=\"OUT=\$OUT bash $REL/device_run.sh\", carry=[\"$REL\"], timeout_s=600)"
+echo "  run(command=\"tar xJf $REL.txz -C $(dirname "$REL") && OUT=\$OUT bash $REL/device_run.sh\", carry=[\"$REL.txz\"], timeout_s=600)"
 echo "optional: STEPS='unit conf e2e tiers bench moe' picks steps; BENCH_ARGS='' runs the full product benchmark; TIER_BENCH=1 adds tier_bench.sh"
