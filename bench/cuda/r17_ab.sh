@@ -25,7 +25,7 @@ M=/tmp/moe4
 [ -f "$M/model.safetensors" ] || python3 "$S/make_moe.py" "$M" --layers 4 >"$OUT/moe_gen.log" 2>&1 || { echo "make_moe failed"; tail "$OUT/moe_gen.log"; exit 1; }
 "$S/bin/cuda_bench" --floor >"$OUT/floor.log" 2>&1
 grep -h "floor" "$OUT/floor.log" | head -3
-DEF=${R17_DEF:-247331694} # the default mask (df_cuda_lean_default)
+DEF=${R17_DEF:-247331694} # round 15's default mask (the build's default since round 18 is DEF | 268435456)
 ids_of() { python3 -c "import sys; print(','.join(str(3 + i * 37 % 8000) for i in range(int(sys.argv[1]))))" "$1"; }
 P512=$(ids_of 512)
 P2048=$(ids_of 2048)
