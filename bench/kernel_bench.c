@@ -186,6 +186,10 @@ static void float_decode(int quick, int pairs) {
  * through df_ggml_px_dot_multi (a verify pass's product), timed, best of 7 (one thread) */
 static int px_once(int type, int64_t rows, int64_t cols, int np) {
     const df_ggml_traits *t = df_ggml_traits_of(type);
+    if (np < 1 || np > 16) { /* 16: the most a verify pass hands px_dot_multi (DF_GGML_PXM) */
+        fprintf(stderr, "kernel_bench --px: NP must be 1..16 (prepared activations at once), got %d\n", np);
+        return 2;
+    }
     if (!t || t->block_elems < 32 || rows < 1 || cols < 1 || cols % t->block_elems) {
         fprintf(stderr, "kernel_bench --px: expected a GGML block type id and COLS a multiple of its block (type %d, cols %lld)\n", type, (long long)cols);
         return 2;
@@ -201,7 +205,6 @@ static int px_once(int type, int64_t rows, int64_t cols, int np) {
             memcpy(p + 2 * k, &h, 2);
         }
     }
-    if (np < 1 || np > 16) np = 1; /* 16: the most a verify pass hands px_dot_multi (DF_GGML_PXM) */
     const size_t af = df_ggml_px_floats(type, cols);
     float *x = df_aligned_alloc((size_t)cols * np * 4), *y = df_aligned_alloc((size_t)rows * np * 4);
     float *aux = df_aligned_alloc(af * np * 4);

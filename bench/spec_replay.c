@@ -15,9 +15,21 @@
  * the speedup over plain steps, passes, tokens per pass, drafts accepted and plain steps. */
 #include "core/spec.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* a number argument: the whole string, in [lo, hi], else exit 2 naming it */
+static double num_arg(const char *s, const char *name, double lo, double hi) {
+    char *end;
+    const double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "spec_replay: %s must be a number in [%g, %g], got '%s'\n", name, lo, hi, s);
+        exit(2);
+    }
+    return v;
+}
 
 static int32_t *load_ids(const char *path, size_t *n) {
     FILE *f = fopen(path, "r");
@@ -33,10 +45,17 @@ static int32_t *load_ids(const char *path, size_t *n) {
     while ((c = fgetc(f)) != EOF || have) {
         if (c >= '0' && c <= '9') {
             x = x * 10 + (c - '0'), have = 1;
+            if (x > INT32_MAX) {
+                fprintf(stderr, "spec_replay: %s: id %ld... is larger than %d (token ids are int32)\n", path, x, INT32_MAX);
+                exit(2);
+            }
             continue;
         }
         if (have) {
-            if (*n == cap) v = realloc(v, (cap *= 2) * sizeof *v);
+            if (*n == cap && !(v = realloc(v, (cap *= 2) * sizeof *v))) {
+                fprintf(stderr, "spec_replay: %s: out of memory at %zu ids\n", path, *n);
+                exit(1);
+            }
             v[(*n)++] = (int32_t)x;
             x = 0, have = 0;
         }
@@ -57,10 +76,15 @@ int main(int argc, char **argv) {
     }
     size_t np, na;
     int32_t *prompt = load_ids(argv[1], &np), *answer = load_ids(argv[2], &na);
-    const double A = argc > 3 ? atof(argv[3]) : 1.0, B = argc > 4 ? atof(argv[4]) : 0.28;
-    const int k_max = argc > 5 ? atoi(argv[5]) : 8;
-    if (!np || na < 2 || k_max < 1 || k_max > DF_SPEC_MAX_K) {
-        fprintf(stderr, "spec_replay: need a prompt, an answer of 2+ ids and K_MAX in 1..%d\n", DF_SPEC_MAX_K);
+    const double A = argc > 3 ? num_arg(argv[3], "A (a pass's fixed cost in plain steps)", 0.01, 100) : 1.0;
+    const double B = argc > 4 ? num_arg(argv[4], "B (a pass's cost per drafted token)", 0, 100) : 0.28;
+    const int k_max = argc > 5 ? (int)num_arg(argv[5], "K_MAX", 1, DF_SPEC_MAX_K) : 8;
+    if (argc > 6 || (argc > 5 && k_max != atof(argv[5]))) {
+        fprintf(stderr, "spec_replay: %s\n", argc > 6 ? "too many arguments" : "K_MAX must be a whole number");
+        return 2;
+    }
+    if (!np || na < 2) {
+        fprintf(stderr, "spec_replay: need a prompt of 1+ ids (%s: %zu) and an answer of 2+ ids (%s: %zu)\n", argv[1], np, argv[2], na);
         return 2;
     }
     const size_t n = np + na;
@@ -79,7 +103,8 @@ int main(int argc, char **argv) {
         for (size_t i = np; i + 1 < n;) { /* t[i] is the last id decided */
             seed = seed * 1103515245u + 12345u;
             const double jit = 0.95 + 0.1 * ((seed >> 16) & 1023) / 1023.0;
-            const int room = n - 1 - i < DF_SPEC_MAX_K ? (int)(n - 1 - i) : DF_SPEC_MAX_K;
+            /* drafts t[i+1 .. i+k] and the pass's own token after them, t[i+k+1], all inside the answer */
+            const int room = n - 2 - i < DF_SPEC_MAX_K ? (int)(n - 2 - i) : DF_SPEC_MAX_K;
             int k = df_spec_want(sp, room);
             if (k > 0) k = df_spec_draft(sp, k, d, NULL, 0);
             int acc = 0;

@@ -1189,8 +1189,10 @@ static _Thread_local _Alignas(32) float pxw_m[PXW_GMAX][PXW_NB * 8];
 
 /* Rows a chunk when a call's tokens take more than one group (a verify pass of 7-16 positions): every group runs
  * over one chunk of rows before the next chunk, so the later groups read the chunk's rows from L1/L2 (64 rows of
- * SmolLM2's widest Q4_1 product: 36 KB) instead of streaming the whole slice of rows from memory once per group
- * (SmolLM2's 66 MB of Q4_1 rows, 2 x per 8-position pass before). Each token's arithmetic is unchanged. */
+ * n = 1536 Q4_1: 60 KB) instead of the whole slice of rows again, from memory where the slice is larger than the
+ * last-level cache (kernel_bench --px 3 65536 4096 8, 168 MB: 112-134 -> 96-105 ms; SmolLM2's matrices, at most
+ * 553 KB, stay in the caches either way: docs/PERFORMANCE.md, speculative decoding step 8). Each token's
+ * arithmetic is unchanged. */
 #define PXW_CH 64
 
 /* Rows in tiles of PXW_RT and, where the tokens' x would not stay in L1
