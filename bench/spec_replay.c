@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     size_t np, na;
-    int32_t *prompt = load_ids(argv[1], &np), *answer = load_ids(argv[2], &na);
+    /* the arguments first (nothing loaded yet), then the two files */
     const double A = argc > 3 ? num_arg(argv[3], "A (a pass's fixed cost in plain steps)", 0.01, 100) : 1.0;
     const double B = argc > 4 ? num_arg(argv[4], "B (a pass's cost per drafted token)", 0, 100) : 0.28;
     const int k_max = argc > 5 ? (int)num_arg(argv[5], "K_MAX", 1, DF_SPEC_MAX_K) : 8;
@@ -83,18 +83,26 @@ int main(int argc, char **argv) {
         fprintf(stderr, "spec_replay: %s\n", argc > 6 ? "too many arguments" : "K_MAX must be a whole number");
         return 2;
     }
-    if (!np || na < 2) {
-        fprintf(stderr, "spec_replay: need a prompt of 1+ ids (%s: %zu) and an answer of 2+ ids (%s: %zu)\n", argv[1], np, argv[2], na);
+    int32_t *prompt = load_ids(argv[1], &np), *answer = load_ids(argv[2], &na);
+    const size_t n = np + na;
+    int32_t *t = !np || na < 2 ? NULL : malloc(n * sizeof *t);
+    if (t) memcpy(t, prompt, np * sizeof *t), memcpy(t + np, answer, na * sizeof *t);
+    free(prompt), free(answer);
+    if (!t) {
+        if (!np || na < 2)
+            fprintf(stderr, "spec_replay: need a prompt of 1+ ids (%s: %zu) and an answer of 2+ ids (%s: %zu)\n", argv[1], np, argv[2], na);
+        else
+            fprintf(stderr, "spec_replay: out of memory for %zu ids\n", n);
         return 2;
     }
-    const size_t n = np + na;
-    int32_t *t = malloc(n * sizeof *t);
-    memcpy(t, prompt, np * sizeof *t), memcpy(t + np, answer, na * sizeof *t);
     printf("prompt %zu ids, answer %zu ids; plain step 1, pass of k drafts %.3f + %.3f k; k_max %d\n", np, na, A, B, k_max);
     static const char *const names[] = {"auto", "ngram", "oracle"};
     for (int mode = 0; mode < 3; mode++) {
         df_spec *sp = df_spec_new(mode == 0 ? DF_SPEC_AUTO : DF_SPEC_NGRAM, k_max, NULL);
-        if (!sp) return 1;
+        if (!sp) {
+            free(t);
+            return 1;
+        }
         int32_t d[DF_SPEC_MAX_K];
         df_spec_append(sp, t, np + 1); /* the prompt and the answer's first id (the prefill chose it) */
         double time = 0;
@@ -127,6 +135,6 @@ int main(int argc, char **argv) {
                (double)(na - 1) / time, passes, passes ? (double)(accepted + passes) / passes : 0.0, accepted, drafted, plain);
         df_spec_free(sp);
     }
-    free(prompt), free(answer), free(t);
+    free(t);
     return 0;
 }
