@@ -212,7 +212,9 @@ static int px_once(int type, int64_t rows, int64_t cols, int np) {
     df_ggml_px px[16];
     for (int q = 0; q < np; q++) df_ggml_px_init(&px[q], type, x + (size_t)q * cols, cols, aux + af * q);
     double best = 1e30;
-    for (int rep = 0; rep < (np > 1 ? 7 : 1); rep++) {
+    const char *re = getenv("KB_PX_REPS"); /* repetitions (best of): default 7 for np > 1, 1 for np = 1 (callgrind) */
+    const int reps = re && atoi(re) > 0 ? atoi(re) : np > 1 ? 7 : 1;
+    for (int rep = 0; rep < reps; rep++) {
         const double t0 = df_now();
         if (np > 1) df_ggml_px_dot_multi(px, np, w, (size_t)rb, rows, y, rows);
         else df_ggml_px_dot(&px[0], w, (size_t)rb, rows, y);
@@ -220,7 +222,7 @@ static int px_once(int type, int64_t rows, int64_t cols, int np) {
     }
     double s = 0;
     for (int64_t r = 0; r < rows * np; r++) s += y[r];
-    printf("{\"px\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"np\": %d, \"sum\": %.6g, \"best_ms\": %.2f, \"weight_gbs\": %.2f}\n", t->name,
+    printf("{\"px\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"np\": %d, \"sum\": %.6g, \"best_ms\": %.4f, \"weight_gbs\": %.2f}\n", t->name,
            (long long)rows, (long long)cols, np, s, best * 1e3, (double)rb * rows / best / 1e9);
     free(w), free(x), free(y), free(aux);
     return 0;

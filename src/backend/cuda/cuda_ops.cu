@@ -377,8 +377,64 @@ static __device__ __forceinline__ void pf_l2(const void *p) {
 }
 /* GP: q heads per KV head rounded up to a power of two (<= 8); KW: positions a warp (DC_KW, or 2: DELTAFIN_CUDA_ATTN_KW); NF: float4s of a row per lane (head_dim <= 128 NF).
  * po: [S][NKV][GP][hd] partial sums, pml: [S][NKV][GP][2] (m, l); counts: NKV zeroed counters. */
+/* Parts [z0, z0 + nz) of KV head kvh combined (the last block's step above): M = max m, w = exp(m - M), L = sum w l,
+ * o = sum w o_z; into part zo (its m = M, l = L, o unnormalised) when out is NULL, else out = o / L. cw: G x nz floats of
+ * shared memory. */
+template <int GP>
+static __device__ void ad_combine(const float *po, float *pml, int z0, int nz, int NKV, int kvh, int G, int hd, float *cw, float *cinv,
+                                  float *out, int zo) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd4 = hd >> 2;
+    constexpr int NW = AD_TH / 32;
+    for (int g = warp; g < G; g += NW) {
+        float M = -INFINITY;
+        for (int zz = lane; zz < nz; zz += 32) M = fmaxf(M, __ldcg(pml + (((size_t)(z0 + zz) * NKV + kvh) * GP + g) * 2));
+        M = warp_max(M);
+        float L = 0.0f;
+        for (int zz = lane; zz < nz; zz += 32) {
+            const float2 ml = __ldcg((const float2 *)(pml + (((size_t)(z0 + zz) * NKV + kvh) * GP + g) * 2));
+            const float w = expf(ml.x - M);
+            cw[g * nz + zz] = w;
+            L += w * ml.y;
+        }
+        L = warp_sum(L);
+        if (!lane) {
+            cinv[g] = out ? 1.0f / L : 1.0f;
+            if (!out) pml[(((size_t)zo * NKV + kvh) * GP + g) * 2] = M, pml[(((size_t)zo * NKV + kvh) * GP + g) * 2 + 1] = L;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * hd4; i += AD_TH) {
+        const int g = i / hd4, c4 = i % hd4;
+        const size_t zs = (size_t)NKV * GP * hd;
+        const float *pz = po + (size_t)z0 * zs + ((size_t)kvh * GP + g) * hd + 4 * c4;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        int zz = 0;
+        for (; zz + 16 <= nz; zz += 16) {
+            float4 r[16];
+#pragma unroll
+            for (int u = 0; u < 16; u++) r[u] = ldcg4(pz + (size_t)(zz + u) * zs);
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                const float w = cw[g * nz + zz + u];
+                o.x += w * r[u].x, o.y += w * r[u].y, o.z += w * r[u].z, o.w += w * r[u].w;
+            }
+        }
+#pragma unroll 4
+        for (; zz < nz; zz++) {
+            const float4 r = ldcg4(pz + (size_t)zz * zs);
+            const float w = cw[g * nz + zz];
+            o.x += w * r.x, o.y += w * r.y, o.z += w * r.z, o.w += w * r.w;
+        }
+        const float inv = cinv[g];
+        o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+        if (out) *(float4 *)(out + (size_t)g * hd + 4 * c4) = o;
+        else *(float4 *)(po + ((size_t)zo * NKV + kvh) * GP * hd + (size_t)g * hd + 4 * c4) = o;
+    }
+}
+#define DC_GRP 16    /* round 20: parts a group combines first when the tree combine runs */
+#define DC_NGMAX 128 /* groups a KV head at most (DC_MAXP / DC_GRP) */
 template <int GP, int NF, int KW = DC_KW>
-__global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *po, float *pml, unsigned *counts, int pre) {
+__global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *po, float *pml, unsigned *counts, int pre, int tree) {
     constexpr int NW = AD_TH / 32, NV = KW * GP, CH = KW * NW;
     const int z = blockIdx.x, kvh = blockIdx.y, S = gridDim.x, NKV = a.n_kv_heads, hd = a.head_dim, G = a.n_heads / NKV, h0 = kvh * G;
     const int T = a.pos0 + 1, j0 = z * CH, cnt = T - j0 < CH ? T - j0 : CH;
@@ -483,58 +539,37 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
         const int g = i / hd4, c4 = i % hd4;
         *(float4 *)(po + (((size_t)z * NKV + kvh) * GP + g) * hd + 4 * c4) = o;
     }
-    /* the last of the KV head's S blocks combines */
+    /* the last of the KV head's S blocks combines; round 20 (tree): the last of each group of DC_GRP blocks combines
+     * its group into part S + group first, and the last of those the groups (S = 128 parts at 2,048 positions were
+     * 16 dependent rounds of loads in one block) */
     __shared__ int last;
+    __shared__ float cw[DC_MAXP];
+    __shared__ float cinv[GP];
     __threadfence();
     __syncthreads();
     unsigned *ctr = counts + kvh;
-    if (!threadIdx.x) last = atomicAdd(ctr, 1u) == (unsigned)S - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    __shared__ float cw[DC_MAXP];
-    __shared__ float cinv[GP];
-    for (int g = warp; g < G; g += NW) {
-        float M = -INFINITY;
-        for (int zz = lane; zz < S; zz += 32) M = fmaxf(M, __ldcg(pml + (((size_t)zz * NKV + kvh) * GP + g) * 2));
-        M = warp_max(M);
-        float L = 0.0f;
-        for (int zz = lane; zz < S; zz += 32) {
-            const float2 ml = __ldcg((const float2 *)(pml + (((size_t)zz * NKV + kvh) * GP + g) * 2));
-            const float w = expf(ml.x - M);
-            cw[g * S + zz] = w;
-            L += w * ml.y;
-        }
-        L = warp_sum(L);
-        if (!lane) cinv[g] = 1.0f / L;
-    }
-    __syncthreads();
-    float *out = DP(a.out) + (size_t)h0 * hd;
-    for (int i = threadIdx.x; i < G * hd4; i += AD_TH) {
-        const int g = i / hd4, c4 = i % hd4;
-        const float *pz = po + ((size_t)kvh * GP + g) * hd + 4 * c4;
-        const size_t zs = (size_t)NKV * GP * hd;
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        int zz = 0;
-        for (; zz + 16 <= S; zz += 16) {
-            float4 r[16];
-#pragma unroll
-            for (int u = 0; u < 16; u++) r[u] = ldcg4(pz + (size_t)(zz + u) * zs);
-#pragma unroll
-            for (int u = 0; u < 16; u++) {
-                const float w = cw[g * S + zz + u];
-                o.x += w * r[u].x, o.y += w * r[u].y, o.z += w * r[u].z, o.w += w * r[u].w;
-            }
-        }
-#pragma unroll 4
-        for (; zz < S; zz++) {
-            const float4 r = ldcg4(pz + (size_t)zz * zs);
-            const float w = cw[g * S + zz];
-            o.x += w * r.x, o.y += w * r.y, o.z += w * r.z, o.w += w * r.w;
-        }
-        const float inv = cinv[g];
-        o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
-        *(float4 *)(out + (size_t)g * hd + 4 * c4) = o;
+    if (tree) {
+        const int q = z / DC_GRP, ng = (S + DC_GRP - 1) / DC_GRP, gz0 = q * DC_GRP, gn = S - gz0 < DC_GRP ? S - gz0 : DC_GRP;
+        unsigned *gc = counts + NKV + (size_t)kvh * DC_NGMAX + q;
+        if (!threadIdx.x) last = atomicAdd(gc, 1u) == (unsigned)gn - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        ad_combine<GP>(po, pml, gz0, gn, NKV, kvh, G, hd, cw, cinv, NULL, S + q);
+        if (!threadIdx.x) *gc = 0;
+        __threadfence();
+        __syncthreads();
+        if (!threadIdx.x) last = atomicAdd(ctr, 1u) == (unsigned)ng - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        ad_combine<GP>(po, pml, S, ng, NKV, kvh, G, hd, cw, cinv, DP(a.out) + (size_t)h0 * hd, 0);
+    } else {
+        if (!threadIdx.x) last = atomicAdd(ctr, 1u) == (unsigned)S - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        ad_combine<GP>(po, pml, 0, S, NKV, kvh, G, hd, cw, cinv, DP(a.out) + (size_t)h0 * hd, 0);
     }
     if (!threadIdx.x) *ctr = 0;
 }
@@ -571,8 +606,10 @@ static int final_rows(const void *kv, int pos0) {
     g_kvseen_next = (g_kvseen_next + 1) % KV_SEEN;
     return 0;
 }
+static int g_attn_tree = -1;
 static int kw_env = -1; /* DELTAFIN_CUDA_ATTN_KW=2 (round 17, a measurement aid): 2 positions a warp, 8 a block */
 extern "C" void df_cuda_set_attn_kw(int kw) { kw_env = kw == 2 || kw == DC_KW ? kw : -1; }
+extern "C" void df_cuda_set_attn_tree(int parts) { g_attn_tree = parts; }
 /* 1 when k_attn_dec took the launch */
 static int attn_dec(const df_attn_gqa_args &c, int pre) {
     const int NH = c.n_heads, NKV = c.n_kv_heads, hd = c.head_dim;
@@ -589,11 +626,16 @@ static int attn_dec(const df_attn_gqa_args &c, int pre) {
     int kw = kw_env, S = (T + kw * AD_TH / 32 - 1) / (kw * AD_TH / 32);
     if (kw != DC_KW && ((size_t)S * GP > DC_MAXP || S > 65535)) kw = DC_KW, S = (T + DC_CH - 1) / DC_CH; /* too many parts: 16 a block */
     if ((size_t)S * GP > DC_MAXP || S > 65535 || NKV > 65535) return 0;
-    const size_t np = (size_t)S * NKV * GP;
+    if (g_attn_tree < 0) { /* DELTAFIN_CUDA_ATTN_TREE: the fewest parts that take the tree combine (default 48; 0 = never) */
+        const char *e = getenv("DELTAFIN_CUDA_ATTN_TREE");
+        g_attn_tree = e && *e ? atoi(e) : 48;
+    }
+    const int tree = g_attn_tree > 0 && S >= g_attn_tree && S > DC_GRP, ng = tree ? (S + DC_GRP - 1) / DC_GRP : 0;
+    const size_t np = (size_t)(S + ng) * NKV * GP; /* the groups' parts after the blocks' */
     float *po = (float *)slot(S_SCORES, np * ((size_t)hd + 2) * sizeof(float), "attn_gqa");
     if (!po) return -1;
     float *pml = po + np * hd;
-    const size_t ncnt = (size_t)NKV > (size_t)NH ? (size_t)NKV : (size_t)NH;
+    const size_t ncnt = ((size_t)NKV > (size_t)NH ? (size_t)NKV : (size_t)NH) + (size_t)NKV * DC_NGMAX; /* + the groups' */
     unsigned *cnt = (unsigned *)slot(S_CNT, ncnt * sizeof(unsigned), "attn_gqa");
     if (!cnt) return -1;
     if (cnt != g_att_cnt || ncnt > g_att_cnt_n) { /* a new buffer: zero it once (k_attn_gqa_fused's counters share it) */
@@ -601,7 +643,7 @@ static int attn_dec(const df_attn_gqa_args &c, int pre) {
         g_att_cnt = cnt, g_att_cnt_n = ncnt;
     }
     const dim3 grid((unsigned)S, (unsigned)NKV);
-#define AD_L(GG, FF) (kw == 2 ? launch_k(k_attn_dec<GG, FF, 2>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre) : launch_k(k_attn_dec<GG, FF>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre))
+#define AD_L(GG, FF) (kw == 2 ? launch_k(k_attn_dec<GG, FF, 2>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre, tree) : launch_k(k_attn_dec<GG, FF>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre, tree))
     if (NF == 1) GP == 1 ? AD_L(1, 1) : GP == 2 ? AD_L(2, 1) : GP == 4 ? AD_L(4, 1) : AD_L(8, 1);
     else GP == 1 ? AD_L(1, 2) : GP == 2 ? AD_L(2, 2) : AD_L(4, 2);
 #undef AD_L
