@@ -23,7 +23,8 @@
  *    kernel_bench --px 6 512 1536` minus the same with 256 rows, divided by
  *    256 x 1536, is the kernel's instructions per weight (load-free).
  *  - --px TYPE ROWS COLS NP: NP (2..16) prepared activations through df_ggml_px_dot_multi, the verify pass's
- *    product, one thread, best of 7 (e.g. `--px 3 65536 4096 8`: 168 MB of Q4_1 rows, past the L3).
+ *    product, one thread, best of 7 (e.g. `--px 3 65536 4096 8`: 168 MB of Q4_1 rows, past the L3);
+ *    KB_PX_REPS=N: best of N instead (also for NP = 1, which otherwise runs once for callgrind).
  *
  * Usage: kernel_bench [--threads N] [--reps R] [--quick] [--cpu-time] [--decode|--prefill|--float-decode [--pairs P] [--fmt NAME] [--fp8-check]] [--prefill [--fmt NAME] [--n N] [--rows R]] [--isa scalar|avx2|avx512]
  *        kernel_bench --px TYPE ROWS COLS [NP]
