@@ -375,9 +375,7 @@ static __device__ __forceinline__ void pf_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #endif
 }
-/* GP: q heads per KV head rounded up to a power of two (<= 8); KW: positions a warp (DC_KW, or 2: DELTAFIN_CUDA_ATTN_KW); NF: float4s of a row per lane (head_dim <= 128 NF).
- * po: [S][NKV][GP][hd] partial sums, pml: [S][NKV][GP][2] (m, l); counts: NKV zeroed counters. */
-/* Parts [z0, z0 + nz) of KV head kvh combined (the last block's step above): M = max m, w = exp(m - M), L = sum w l,
+/* Parts [z0, z0 + nz) of KV head kvh combined (k_attn_dec's last step, below): M = max m, w = exp(m - M), L = sum w l,
  * o = sum w o_z; into part zo (its m = M, l = L, o unnormalised) when out is NULL, else out = o / L. cw: G x nz floats of
  * shared memory. */
 template <int GP>
@@ -433,6 +431,9 @@ static __device__ void ad_combine(const float *po, float *pml, int z0, int nz, i
 }
 #define DC_GRP 16    /* round 20: parts a group combines first when the tree combine runs */
 #define DC_NGMAX 128 /* groups a KV head at most (DC_MAXP / DC_GRP) */
+/* GP: q heads per KV head rounded up to a power of two (<= 8); KW: positions a warp (DC_KW, or 2: DELTAFIN_CUDA_ATTN_KW); NF: float4s of a row per lane (head_dim <= 128 NF).
+ * po: [S (+ groups)][NKV][GP][hd] partial sums, pml: [S (+ groups)][NKV][GP][2] (m, l); counts: NKV zeroed counters, then
+ * NKV x DC_NGMAX for the groups; tree: combine in groups of DC_GRP first. */
 template <int GP, int NF, int KW = DC_KW>
 __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *po, float *pml, unsigned *counts, int pre, int tree) {
     constexpr int NW = AD_TH / 32, NV = KW * GP, CH = KW * NW;
