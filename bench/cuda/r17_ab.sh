@@ -12,8 +12,7 @@
 # read-only path, which read stale h in round 17's and 18's runs: its ids may differ), and gate1 without programmatic
 # launches (bit 32 off); R17_LENS: the prompt lengths (default "512 2048"); R17_REPS: alternations (default 3).
 # R17_TREE=1 adds `notree` (gate1 with DELTAFIN_CUDA_ATTN_TREE=0: round 20's tree combine of the decode attention off)
-# and `tree17` (the tree from 17 parts, i.e. also at 512 positions' 32). R17_POST=1 adds `post` (round 19, bit 1073741824: the add + norm after the MoE done by its down launch's last block;
-# other double sums than k_add_rmsnorm's, so its ids may differ). R17_BIN2: a second deltafin binary (arm `prev`: gate1's mask; round 18: the build before the activations left the
+# and `tree17` (the tree from 17 parts, i.e. also at 512 positions' 32). R17_BIN2: a second deltafin binary (arm `prev`: gate1's mask; round 18: the build before the activations left the
 # read-only path). R17_DEF: the base mask (default 247331694, round 15's default; since round 18 the build's default is
 # 515767150 = 247331694 | 268435456, i.e. gate1).
 set -u
@@ -64,7 +63,6 @@ for n in ${R17_LENS:-512 2048}; do
             one notree "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456)) DELTAFIN_CUDA_ATTN_TREE=0
             one tree17 "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456)) DELTAFIN_CUDA_ATTN_TREE=17
         fi
-        [ -n "${R17_POST:-}" ] && one post "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456 | 1073741824)) # round 19: + the add + norm in the down launch (other sums: ids may differ)
         if [ -n "${R17_DIAG:-}" ]; then # the gate-once launch with h through the read-only path, and without programmatic launches
             one ncread "$n" DELTAFIN_CUDA_LEAN=$((DEF | 268435456)) DELTAFIN_CUDA_H_CG=0
             one gate1nopdl "$n" DELTAFIN_CUDA_LEAN=$(((DEF | 268435456) & ~32))

@@ -219,14 +219,6 @@ typedef struct {
     df_gate_kind gate;
     float p0, p1;
     df_act *ids_out;          /* NULL, or [n][k] int32: the chosen ids (tests) */
-    /* Optional (post_y != NULL, n == 1): the residual add and norm the model issues right after (add_rmsnorm(post_out,
-     * post_y, out, post_g, 1, D, post_eps)), which the backend may do in its own launches; a backend that did sets
-     * *post_done = 1 (its results within the conformance bounds of the plain op), else the model calls add_rmsnorm.
-     * post_out is not read by the experts (it may be x: written after the experts have read it). */
-    df_act *post_y, *post_out;
-    const float *post_g;
-    float post_eps;
-    int *post_done;
 } df_moe_fused_args;
 
 /* Depthwise causal convolution over n tokens of C channels, width W (the

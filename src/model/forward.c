@@ -236,19 +236,18 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
             df_attn_res(&r);
             df_rmsnorm_rows(s->xn, H, s->xn, H, L->ffn_norm, n, H, eps);
         }
-        const df_layer *L2 = l + 1 < c->n_layers ? &m->layers[l + 1] : NULL;
-        /* the add and the next layer's first norm, or the add and the final norm (NULL: the add alone) */
-        const float *pg = L2 && L2->kind.resid != DF_RESID_ATTNRES ? L2->attn_norm : !L2 && !(m->out_res_norm && nb) && cnt == n ? m->final_norm : NULL;
-        s->post_g = n == 1 ? pg : NULL, s->post_eps = eps, s->post_done = 0; /* offered to a device-routed MoE */
         int rc = L->kind.ffn == DF_FFN_MOE ? df_ffn_moe(m, s, L, l, n) : df_ffn_dense(m, s, L, n);
-        s->post_g = NULL;
         if (rc) {
             df_be_layer = -1;
             return rc;
         }
-        if (pg && s->post_done) normed = 1; /* the backend did the add and the norm with its MoE launches */
-        else if (pg) df_add_rmsnorm(s->xn, s->x, s->ffn_out, pg, n, H, eps), normed = 1;
-        else df_add(s->x, s->ffn_out, NH_);
+        const df_layer *L2 = l + 1 < c->n_layers ? &m->layers[l + 1] : NULL;
+        if (L2 && L2->kind.resid != DF_RESID_ATTNRES) /* the add and the next layer's first norm */
+            df_add_rmsnorm(s->xn, s->x, s->ffn_out, L2->attn_norm, n, H, eps), normed = 1;
+        else if (!L2 && !(m->out_res_norm && nb) && cnt == n) /* the add and the final norm */
+            df_add_rmsnorm(s->xn, s->x, s->ffn_out, m->final_norm, n, H, eps), normed = 1;
+        else
+            df_add(s->x, s->ffn_out, NH_);
         double a2 = df_now();
         s->t_attn += a1 - a0;
         s->t_ffn += a2 - a1;

@@ -236,11 +236,6 @@ typedef struct {
     int *pred;                /* [topk] predicted experts of the next layer */
     df_expert_source *src;    /* where routed experts come from (set by the engine) */
     double t_attn, t_ffn, t_other;
-    /* the add + norm after this layer's FFN, offered to a device-routed MoE (forward.c sets it around df_ffn_moe:
-     * post_g NULL: none; post_done: the backend did it) */
-    const float *post_g;
-    float post_eps;
-    int post_done;
 } df_state;
 
 /* max_batch positions a call; max_logits (<= max_batch) of them with logits each (df_forward's all) */

@@ -60,11 +60,11 @@ int64_t df_cuda_moe_down_cp_launches(void);
 int64_t df_cuda_attn_dec_launches(void);
 /* Device-routed MoE layers run with the route inside the gate/up and down launches (round 10, bit 8192) so far (tests). */
 int64_t df_cuda_moe_rt_launches(void);
+/* round 17: MoE layers whose gate/up launch applied the gate (k_guh_rt) */
 int64_t df_cuda_moe_guh_launches(void);
-/* round 19 (bit 1073741824): device-routed MoE layers whose down launch also did the add + norm after them */
-int64_t df_cuda_moe_post_launches(void);
 void df_cuda_set_attn_kw(int kw); /* k_attn_dec's positions a warp: 2 or 4; anything else: DELTAFIN_CUDA_ATTN_KW or 4 */
-void df_cuda_set_attn_tree(int parts); /* round 20: the fewest parts k_attn_dec combines in a tree (0: never; < 0: DELTAFIN_CUDA_ATTN_TREE or 48) */ /* round 17: MoE layers whose gate/up launch applied the gate (k_guh_rt) */
+/* round 20: the fewest parts k_attn_dec combines in a tree (0: never; < 0: DELTAFIN_CUDA_ATTN_TREE or 48) */
+void df_cuda_set_attn_tree(int parts);
 /* Launches of round 11's one-token spine products in one balanced wave (k_mm_bal, bit 16384) so far (tests). */
 int64_t df_cuda_mm_bal_launches(void);
 /* Launches of round 13's one-token FP8 products a warp per 4 whole rows (k_mm_f8, bit 524288) so far (tests). */

@@ -146,7 +146,7 @@ extern int64_t g_mm_launches;
 /* scratch: device buffers that grow on demand, one per role */
 /* S_SLAB0..2, S_X0..2: the prefill products' weight slabs and split activations; S_F16M, S_F16X: the split-f16 form's
  * weight maxima and alphas, x's maximum and beta (cuda_mm.cu) */
-enum { S_WD0, S_WS0, S_WD1, S_WS1, S_WD2, S_WS2, S_P0, S_P1, S_SCORES, S_IDX, S_SLAB0, S_SLAB1, S_SLAB2, S_X0, S_X1, S_X2, S_CNT, S_MOE, S_MOEH, S_F16M, S_F16X, S_PCNT, S_N };
+enum { S_WD0, S_WS0, S_WD1, S_WS1, S_WD2, S_WS2, S_P0, S_P1, S_SCORES, S_IDX, S_SLAB0, S_SLAB1, S_SLAB2, S_X0, S_X1, S_X2, S_CNT, S_MOE, S_MOEH, S_F16M, S_F16X, S_N };
 void *slot(int i, size_t bytes, const char *op);
 
 #define DP(p) ((float *)(void *)(p))

@@ -814,9 +814,7 @@ template <int NT, int WP, int MJ, int U = 1> static void mm_launch(const MmBatch
  * down launch is resident while k_guh_rt writes h (programmatic launch: k_guh_rt lets its dependents start at once),
  * and the read-only path (ld.global.nc, __ldg) is defined only for data that no one writes during the reading
  * kernel's lifetime; read that way, 5 of 6 end-to-end runs read other ids (round 18's A/B, docs/PERFORMANCE.md),
- * read through L2 none. Round 19 (opt-in): 1073741824 the add + norm the model does after a route-inside MoE layer
- * (df_moe_fused_args.post_*) done by its down launch's last block (a ticket counter; other double sums than
- * k_add_rmsnorm's 1,024 threads: near, not the same bits). Every bit but 512, 1024, 4096, 524288, 2097152, 8388608, 134217728 and 1073741824
+ * read through L2 none. Every bit but 512, 1024, 4096, 524288, 2097152, 8388608 and 134217728
  * gives the same bits of every result. df_cuda_set_lean(on) sets 511 (every bit but 512) or 0 (the test of
  * both paths); df_cuda_set_lean_mask sets any mask. */
 #define LEAN_BITS 0x7fffffffu /* round 12: the mask keeps 31 bits (16 until round 11) */
@@ -1803,12 +1801,6 @@ struct RouteK {
     FusedDev *fd;
     float *h;   /* round 17 (bit 268435456): gate(g, u) of the K experts, K x I (k_guh_rt writes it); NULL otherwise */
     GateIn ga;  /* the gate k_guh_rt applies */
-    /* round 19 (bit 1073741824, opt-in): the add + norm after the layer (df_moe_fused_args.post_*) done by the down
-     * launch's last block: py += out, po = rmsnorm(py) by pg, peps; pcnt: the blocks' ticket counter (0 between launches) */
-    float *py, *po;
-    const float *pg;
-    float peps;
-    unsigned *pcnt;
 };
 static __device__ __forceinline__ float exp_host(float x) { return __double2float_rn(exp((double)x)); }
 /* the index of the largest v[e] not taken (ties: the lowest index), -1 when all are taken: every lane gets it */
@@ -2110,7 +2102,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32, U > 2 ? 2 : 3) k_guh_rt(const _
  * + 2], input p.g + k I, its rows into p.d + k D), the combine by the route's weights. H (round 17): the input is
  * p.h + k I, the gate already applied (k_guh_rt), read through L2 only with H = 2 (the default), through the read-only
  * path with H = 1 (DELTAFIN_CUDA_H_CG=0: undefined while k_guh_rt still writes h; a diagnosis aid). */
-template <int V, int SPR, int RT, int H = 0, int P = 0>
+template <int V, int SPR, int RT, int H = 0>
 __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_constant__ RouteK p, GateIn ga, float *out) {
     extern __shared__ __align__(16) uint4 dr_ring[];
     __shared__ RsSh rs;
@@ -2136,40 +2128,16 @@ __global__ void __launch_bounds__(FUSED_MAX_K * 32) k_moe_down_rt(const __grid_c
     else dn_gate<E, SPR>(p.g + (size_t)warp * p.I, ga, upr, lane, xg);
     __shared__ float part[FUSED_MAX_K][RT];
     dn_rows<V, SPR, RT>(ring, xg, upr, nr, lane, warp, part, y, r0, K, rs.wk, out);
-    if (P) { /* round 19: the last block to finish adds out to the residual and writes its norm (threadfence pattern) */
-        __shared__ unsigned last;
-        __threadfence(); /* this block's rows of out before its ticket */
-        __syncthreads();
-        if (!threadIdx.x) last = atomicAdd(p.pcnt, 1u) == gridDim.x - 1;
-        __syncthreads();
-        if (last) {
-            __threadfence();
-            const int n = (int)rows;
-            double ss = 0;
-            for (int i = threadIdx.x; i < n; i += blockDim.x) { /* k_add_rmsnorm's expressions; other double sums (32 K threads) */
-                const float v = __ldcg(p.py + i) + __ldcg(out + i);
-                p.py[i] = v;
-                ss += (double)v * v;
-            }
-            ss = block_sum(ss);
-            const float inv = 1.0f / sqrtf((float)(ss / n) + p.peps);
-            for (int i = threadIdx.x; i < n; i += blockDim.x) p.po[i] = p.pg[i] * (p.py[i] * inv); /* this thread's own py[i] */
-            if (!threadIdx.x) *p.pcnt = 0;
-        }
-    }
 }
 /* k_moe_down_rt<V, SPR, DN_RT, H> for a decoder (F32, F16, else BF16) and SPR (1..4) known at run time */
 #define DN_RT 4 /* rows per block of k_moe_down_cp (round 9, bit 2048) and k_moe_down_rt: D = 2048 gives 512 blocks of K warps */
-template <int V, int H, int P = 0> static const void *dn_rt_kv(int spr) {
-    return spr == 1 ? (const void *)k_moe_down_rt<V, 1, DN_RT, H, P> : spr == 2 ? (const void *)k_moe_down_rt<V, 2, DN_RT, H, P>
-         : spr == 3 ? (const void *)k_moe_down_rt<V, 3, DN_RT, H, P> : (const void *)k_moe_down_rt<V, 4, DN_RT, H, P>;
+template <int V, int H> static const void *dn_rt_kv(int spr) {
+    return spr == 1 ? (const void *)k_moe_down_rt<V, 1, DN_RT, H> : spr == 2 ? (const void *)k_moe_down_rt<V, 2, DN_RT, H>
+         : spr == 3 ? (const void *)k_moe_down_rt<V, 3, DN_RT, H> : (const void *)k_moe_down_rt<V, 4, DN_RT, H>;
 }
-template <int H, int P = 0> static const void *dn_rt_k(int vec, int spr) {
-    return vec == V_F32 ? dn_rt_kv<V_F32, H, P>(spr) : vec == V_F16 ? dn_rt_kv<V_F16, H, P>(spr) : dn_rt_kv<V_BF16, H, P>(spr);
+template <int H> static const void *dn_rt_k(int vec, int spr) {
+    return vec == V_F32 ? dn_rt_kv<V_F32, H>(spr) : vec == V_F16 ? dn_rt_kv<V_F16, H>(spr) : dn_rt_kv<V_BF16, H>(spr);
 }
-static int64_t g_moe_post;
-static unsigned *g_post_cnt; /* the round-19 ticket counter last zeroed */
-extern "C" int64_t df_cuda_moe_post_launches(void) { return g_moe_post; }
 /* ---- round 12 (DELTAFIN_CUDA_LEAN bit 65536): the FP8 experts' gate + down + combine launch --------------------------
  * Why FP8 experts (DeepSeek-V3: E4M3 rows of I = 2048 bytes, 128 x 128 scale blocks) took round 6's k_moe_down: bits
  * 2048 (k_moe_down_cp) and 8192 (k_moe_down_rt, softmax routes only) take F32 / F16 / BF16 rows only (their products
@@ -2537,18 +2505,6 @@ int g_moe_fused(const df_moe_fused_args *a) {
             kh = hcg ? dn_rt_k<2>(vec_dn, spr) : dn_rt_k<1>(vec_dn, spr);
             if (smem_optin(kh, cpb) || !(p.h = (float *)slot(S_MOEH, (size_t)K * I * sizeof(float), "moe_fused"))) kh = NULL, p.h = NULL;
         }
-        /* round 19 (bit 1073741824, opt-in): the add + norm after the layer by the down launch's last block */
-        int pn = 0;
-        p.py = p.po = NULL, p.pg = NULL, p.peps = 0.0f, p.pcnt = NULL;
-        if (kh && hcg && a->post_y && a->post_out && a->post_g && a->post_done && (lean_mask() & 1073741824) && !smem_optin(dn_rt_k<2, 1>(vec_dn, spr), cpb)) {
-            unsigned *pc = (unsigned *)slot(S_PCNT, 16, "moe_fused");
-            if (pc && pc != g_post_cnt) { /* a new counter: zero once (the last block leaves it 0) */
-                CK("moe_fused", cudaMemsetAsync(pc, 0, 16, 0));
-                g_post_cnt = pc;
-            }
-            if (pc && (p.pg = param(a->post_g, (size_t)D, S_P1, "moe_fused")))
-                p.py = DP(a->post_y), p.po = DP(a->post_out), p.peps = a->post_eps, p.pcnt = pc, pn = 1;
-        }
         if (krt) {
             const int gh = kh != NULL; /* round 17: k_guh_rt and the down launch reading h */
             {
@@ -2573,7 +2529,6 @@ int g_moe_fused(const df_moe_fused_args *a) {
 #define DN_RTL(VV, S) \
     case VV * 8 + S: \
         !gh ? launch_k(k_moe_down_rt<VV, S, DN_RT>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out) \
-            : pn ? launch_k(k_moe_down_rt<VV, S, DN_RT, 2, 1>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out) \
             : hcg ? launch_k(k_moe_down_rt<VV, S, DN_RT, 2>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out) \
                   : launch_k(k_moe_down_rt<VV, S, DN_RT, 1>, dim3(nbr), dim3(32 * K), cpb, p, p.ga, out); \
         break
@@ -2586,7 +2541,6 @@ int g_moe_fused(const df_moe_fused_args *a) {
                 post("moe_fused");
             }
             g_moe_rt++, g_moe_guh += gh, g_moe_launches += 2, g_mm_launches += 2;
-            if (pn) *a->post_done = 1, g_moe_post++;
             moe_count_hits(3 * (int64_t)K);
             return 0;
         }

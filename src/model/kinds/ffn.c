@@ -157,8 +157,6 @@ static int moe_fused(const df_model *m, df_state *s, const df_layer *L, int l, c
     df_moe_fused_args a = {.layer = l, .x = xin, .out = out, .g = s->ge, .u = s->ue, .d = s->de_all, .D = D,
                            .I = c->moe_intermediate, .gate = gk.k, .p0 = gk.p0, .p1 = gk.p1};
     a.route = df_route_args_of(m, L, s->router_logits, 1, NULL, s->selw);
-    if (s->post_g && out == s->ffn_out && !L->has_shared) /* the add + norm after it: out is the whole FFN's output */
-        a.post_y = s->x, a.post_out = s->xn, a.post_g = s->post_g, a.post_eps = s->post_eps, a.post_done = &s->post_done;
     return df_moe_fused(&a);
 }
 
