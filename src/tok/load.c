@@ -16,7 +16,6 @@
 
 long df_tok_bytelevel_decode(const char *s, size_t n, uint8_t *out);
 void df_tok_bytelevel_tables(void);
-void df_tok_trie_add(df_trie *tr, const uint8_t *s, size_t n, int32_t term);
 df_tokenizer *df_tok_load_gguf_file(const char *path, char *err, size_t errlen);
 
 static const char *str_or_content(json_t *v) {
@@ -230,8 +229,8 @@ void df_tok_free(df_tokenizer *t) {
     free(t->steps);
     for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
     free(t->added);
-    free(t->trie_raw.nodes);
-    free(t->trie_norm.nodes);
+    df_tok_trie_free(&t->trie_raw);
+    df_tok_trie_free(&t->trie_norm);
     free(t->dec);
     free(t->dec_blob);
     free(t->chat_template);
@@ -318,6 +317,8 @@ int df_tok_finish(df_tokenizer *t, char *err, size_t errlen) {
             free(nc);
         }
     }
+    df_tok_trie_finish(&t->trie_raw);
+    df_tok_trie_finish(&t->trie_norm);
     /* parallel split safety (see tokenizer.c) */
     if (!t->n_steps) split_ok = 0;
     for (int i = 0; i < t->n_steps; i++) {

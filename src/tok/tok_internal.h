@@ -135,12 +135,30 @@ typedef struct {
     uint8_t special, lstrip, rstrip, single_word, normalized;
 } df_added;
 
-/* A byte trie for leftmost-longest matching. */
+/* A byte trie for leftmost-longest matching (trie.c). When its longest token
+ * is over DF_TRIE_WALK_MAX bytes, df_tok_trie_finish also builds an
+ * Aho-Corasick automaton over the reversed tokens so that a scan stays linear
+ * in the text (a plain walk per position costs up to the token length). */
+#define DF_TRIE_WALK_MAX 64
 typedef struct {
     struct df_trie_node *nodes;
     size_t n, cap;
+    size_t max_len;                /* bytes of the longest token */
     uint8_t first[256];
+    struct df_trie_node *rev;      /* reversed tokens (only when max_len > DF_TRIE_WALK_MAX) */
+    size_t rn;
+    int32_t *rfail;                /* failure link per reversed state */
+    uint32_t *rlong;               /* length of the longest terminal on its failure chain */
 } df_trie;
+/* per-text scan state: with the automaton, the longest token's length at each position */
+typedef struct { uint32_t *mlen; } df_trie_scan;
+void df_tok_trie_add(df_trie *tr, const uint8_t *s, size_t n, int32_t term);
+void df_tok_trie_finish(df_trie *tr); /* after the last add */
+void df_tok_trie_free(df_trie *tr);
+void df_tok_trie_scan_begin(const df_trie *tr, const uint8_t *s, size_t n, df_trie_scan *sc);
+void df_tok_trie_scan_end(df_trie_scan *sc);
+/* the longest token starting at s[p] (p < n): its length and *term, or 0 */
+size_t df_tok_trie_longest(const df_trie *tr, const df_trie_scan *sc, const uint8_t *s, size_t n, size_t p, int32_t *term);
 
 /* ---- the tokenizer ------------------------------------------------------ */
 

@@ -22,54 +22,6 @@
 
 void df_tok_bytelevel_tables(void);
 
-/* ---- trie --------------------------------------------------------------- */
-
-struct df_trie_node { int32_t child, sibling, term; uint8_t byte; };
-
-static int32_t trie_node(df_trie *tr, uint8_t byte) {
-    if (tr->n == tr->cap) {
-        tr->cap = tr->cap ? tr->cap * 2 : 256;
-        tr->nodes = df_xrealloc(tr->nodes, tr->cap * sizeof *tr->nodes);
-    }
-    struct df_trie_node *x = &tr->nodes[tr->n];
-    x->child = x->sibling = x->term = -1;
-    x->byte = byte;
-    return (int32_t)tr->n++;
-}
-
-void df_tok_trie_add(df_trie *tr, const uint8_t *s, size_t n, int32_t term);
-void df_tok_trie_add(df_trie *tr, const uint8_t *s, size_t n, int32_t term) {
-    if (!tr->n) trie_node(tr, 0);
-    int32_t cur = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t c = tr->nodes[cur].child, found = -1;
-        for (; c >= 0; c = tr->nodes[c].sibling)
-            if (tr->nodes[c].byte == s[i]) { found = c; break; }
-        if (found < 0) {
-            found = trie_node(tr, s[i]);
-            tr->nodes[found].sibling = tr->nodes[cur].child;
-            tr->nodes[cur].child = found;
-        }
-        cur = found;
-    }
-    if (tr->nodes[cur].term < 0) tr->nodes[cur].term = term; /* first token with this content wins */
-    tr->first[s[0]] = 1;
-}
-
-/* Longest token starting at s[0]: returns its length and sets *term, or 0. */
-static size_t trie_longest(const df_trie *tr, const uint8_t *s, size_t n, int32_t *term) {
-    int32_t cur = 0;
-    size_t best = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t c = tr->nodes[cur].child;
-        while (c >= 0 && tr->nodes[c].byte != s[i]) c = tr->nodes[c].sibling;
-        if (c < 0) break;
-        cur = c;
-        if (tr->nodes[cur].term >= 0) { best = i + 1; *term = tr->nodes[cur].term; }
-    }
-    return best;
-}
-
 /* ---- added-token splitting ---------------------------------------------- */
 
 typedef struct { size_t start, end; int32_t id; } df_seg; /* id < 0: text to encode */
@@ -81,11 +33,6 @@ static void seg_push(df_segs *s, size_t a, size_t b, int32_t id) {
 }
 
 static int is_ws_cp(uint32_t cp) { return cp < 0x110000 && (df_uc_props(cp) & DF_UC_WS); }
-static int is_word_cp(uint32_t cp) {
-    if (cp >= 0x110000) return 0;
-    int g = df_uc_gc(cp);
-    return g <= DF_GC_Lo || (g >= DF_GC_Nd && g <= DF_GC_No);
-}
 /* code point of the character ending at s[n) (invalid: 0xFFFFFFFF) */
 static uint32_t last_cp(const uint8_t *s, size_t n, size_t *start) {
     size_t k = n - 1;
@@ -102,10 +49,12 @@ static uint32_t last_cp(const uint8_t *s, size_t n, size_t *start) {
 static void split_added(const df_tokenizer *t, const df_trie *tr, const uint8_t *s, size_t n, size_t base,
                         int special_ok, df_segs *out) {
     size_t start_off = 0, p = 0;
+    size_t ws_from = 1, ws_to = 0; /* the last rstrip: from ws_from, whitespace up to ws_to (empty: none yet) */
+    df_trie_scan sc;
+    df_tok_trie_scan_begin(tr, s, n, &sc);
     while (p < n) {
-        if (!tr->first[s[p]]) { p++; continue; }
         int32_t term = -1;
-        size_t ml = trie_longest(tr, s + p, n - p, &term);
+        size_t ml = df_tok_trie_longest(tr, &sc, s, n, p, &term);
         if (!ml) { p++; continue; }
         const df_added *a = &t->added[term];
         size_t ms = p, me = p + ml;
@@ -115,11 +64,14 @@ static void split_added(const df_tokenizer *t, const df_trie *tr, const uint8_t 
             size_t k;
             uint32_t before = ms > 0 ? last_cp(s, ms, &k) : 0xFFFFFFFFu, after = 0xFFFFFFFFu;
             if (me < n && !df_utf8_decode(s + me, n - me, &after)) after = 0xFFFFFFFFu;
-            if ((ms > 0 && is_word_cp(before)) || (me < n && is_word_cp(after))) continue;
+            if ((ms > 0 && df_uc_is_word(before)) || (me < n && df_uc_is_word(after))) continue;
         }
         if (a->lstrip) {
+            /* HF strips back to the last non-whitespace character, then takes
+             * max(that, start_off): the walk stops at start_off (the same
+             * result; a whitespace run is not walked once per match) */
             size_t ns = ms;
-            while (ns > 0) {
+            while (ns > start_off) {
                 size_t k;
                 uint32_t cp = last_cp(s, ns, &k);
                 if (!is_ws_cp(cp)) break;
@@ -128,11 +80,21 @@ static void split_added(const df_tokenizer *t, const df_trie *tr, const uint8_t 
             ms = ns > start_off ? ns : start_off;
         }
         if (a->rstrip) {
-            while (me < n) {
-                uint32_t cp;
-                int l = df_utf8_decode(s + me, n - me, &cp);
-                if (!l || !is_ws_cp(cp)) break;
-                me += (size_t)l;
+            /* the scan goes on from the match's end, not from after the
+             * stripped run (as HF's find_iter), so matches inside one long
+             * run would each strip it again: a start inside the last
+             * stripped run at a character boundary ends where it ended */
+            if (me >= ws_from && me <= ws_to && (me == ws_to || (s[me] & 0xC0) != 0x80)) {
+                me = ws_to;
+            } else {
+                ws_from = me;
+                while (me < n) {
+                    uint32_t cp;
+                    int l = df_utf8_decode(s + me, n - me, &cp);
+                    if (!l || !is_ws_cp(cp)) break;
+                    me += (size_t)l;
+                }
+                ws_to = me;
             }
         }
         if (start_off < ms) seg_push(out, base + start_off, base + ms, -1);
@@ -140,6 +102,7 @@ static void split_added(const df_tokenizer *t, const df_trie *tr, const uint8_t 
         start_off = me;
     }
     if (start_off < n) seg_push(out, base + start_off, base + n, -1);
+    df_tok_trie_scan_end(&sc);
 }
 
 /* ---- the encode pipeline ------------------------------------------------ */

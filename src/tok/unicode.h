@@ -42,6 +42,20 @@ static inline uint8_t df_uc_props(uint32_t cp) {
 }
 static inline int df_uc_gc(uint32_t cp) { return df_uc_props(cp) & 31; }
 
+/* Rust regex's \w (UTS #18: Alphabetic, Mark, Nd, Pc, Join_Control), which HF
+ * tokenizers' single_word test uses. Alphabetic is L, Nl and Other_Alphabetic
+ * (and Other_Lower/Uppercase); outside L, M and Nl those are only the circled
+ * and squared Latin letters (So) below: test_tok checks this against PCRE2's
+ * [\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}] on every code point. */
+static inline int df_uc_is_word(uint32_t cp) {
+    if (cp >= 0x110000) return 0;
+    int g = df_uc_gc(cp);
+    if (g <= DF_GC_Nl || g == DF_GC_Pc) return 1; /* L*, M*, Nd, Nl */
+    if (cp == 0x200C || cp == 0x200D) return 1;
+    return g == DF_GC_So && ((cp >= 0x24B6 && cp <= 0x24E9) || (cp >= 0x1F130 && cp <= 0x1F149) ||
+                             (cp >= 0x1F150 && cp <= 0x1F169) || (cp >= 0x1F170 && cp <= 0x1F189));
+}
+
 /* Decodes one well-formed UTF-8 character at s[0..n) (n >= 1). Returns its
  * length (1-4) and sets *cp; returns 0 (and *cp = 0xFFFFFFFF) when s[0]
  * does not start a well-formed sequence. */

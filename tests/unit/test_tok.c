@@ -30,6 +30,8 @@ static void test_tables(void) {
         {"\\p{M}", (1u << DF_GC_Mn) | (1u << DF_GC_Mc) | (1u << DF_GC_Me), 0},
         {"\\p{N}", (1u << DF_GC_Nd) | (1u << DF_GC_Nl) | (1u << DF_GC_No), 0},
         {"\\p{P}", 0x7Fu << DF_GC_Pc, 0}, {"\\p{S}", 0xFu << DF_GC_Sm, 0},
+        /* ws 2: df_uc_is_word, Rust regex's \w (HF single_word) */
+        {"[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]", 0, 2},
     };
     size_t cap = 0x110000 * 4, n = 0;
     uint8_t *buf = malloc(cap);
@@ -51,7 +53,7 @@ static void test_tables(void) {
         for (size_t i = 0; i < m && bad < 3; i++) {
             size_t l = (i + 1 < m ? offs[i + 1] : n) - offs[i];
             int pm = pcre2_match(re, buf + offs[i], l, 0, PCRE2_ANCHORED, md, NULL) >= 0;
-            int tm = (cls[k].gcs >> df_uc_gc(cps[i])) & 1;
+            int tm = cls[k].ws == 2 ? df_uc_is_word(cps[i]) : (int)((cls[k].gcs >> df_uc_gc(cps[i])) & 1);
             if (pm != tm) { bad++; CHECK(0, "%s: U+%04X pcre2=%d table=%d", cls[k].re, cps[i], pm, tm); }
         }
         pcre2_match_data_free(md);
@@ -539,6 +541,54 @@ static void test_limits(void) {
     free(text);
 }
 
+/* ---- added-token trie: the scan (plain walk, and the reversed automaton
+ * once a token is over DF_TRIE_WALK_MAX bytes) against brute force ---- */
+static void test_trie(void) {
+    for (int round = 0; round < 400; round++) {
+        int ntok = 1 + (int)(rnd() % 8), alpha = 2 + (int)(rnd() % 3);
+        int longest = round % 2 ? DF_TRIE_WALK_MAX + 40 : 12;
+        uint8_t tok[8][DF_TRIE_WALK_MAX + 40];
+        size_t tl[8];
+        df_trie tr = {0};
+        for (int k = 0; k < ntok; k++) {
+            tl[k] = 1 + rnd() % (size_t)longest;
+            if (k == 0 && round % 2) tl[k] = (size_t)longest; /* the automaton's rounds */
+            /* long runs of one byte with a different tail: the plain walk's worst case */
+            for (size_t i = 0; i < tl[k]; i++) tok[k][i] = (uint8_t)('a' + (rnd() % 4 ? 0 : rnd() % (unsigned)alpha));
+            df_tok_trie_add(&tr, tok[k], tl[k], k);
+        }
+        df_tok_trie_finish(&tr);
+        CHECK(!!tr.rev == (round % 2), "round %d: automaton built %d", round, !!tr.rev);
+        size_t n = 1 + rnd() % 600;
+        uint8_t *s = malloc(n);
+        for (size_t i = 0; i < n; i++) s[i] = (uint8_t)('a' + (rnd() % 5 ? 0 : rnd() % (unsigned)alpha));
+        /* paste whole tokens in, so that long ones match too */
+        for (int j = 0; j < 6; j++) {
+            int k = (int)(rnd() % (unsigned)ntok);
+            size_t at = rnd() % n;
+            if (at + tl[k] <= n) memcpy(s + at, tok[k], tl[k]);
+        }
+        df_trie_scan sc;
+        df_tok_trie_scan_begin(&tr, s, n, &sc);
+        int bad = 0;
+        for (size_t p = 0; p < n && !bad; p++) {
+            size_t want = 0;
+            int32_t wterm = -1, term = -1;
+            for (int k = 0; k < ntok; k++) /* the longest; the first token of equal content wins */
+                if (tl[k] <= n - p && !memcmp(s + p, tok[k], tl[k]) && tl[k] > want) want = tl[k], wterm = k;
+            size_t got = df_tok_trie_longest(&tr, &sc, s, n, p, &term);
+            if (got != want || (got && term != wterm)) {
+                bad = 1;
+                CHECK(0, "round %d (automaton %d): at %zu of %zu longest %zu term %d, want %zu term %d", round, !!tr.rev, p, n, got,
+                      (int)term, want, (int)wterm);
+            }
+        }
+        df_tok_trie_scan_end(&sc);
+        free(s);
+        df_tok_trie_free(&tr);
+    }
+}
+
 int main(void) {
     test_tables();
     test_nfc();
@@ -547,6 +597,7 @@ int main(void) {
     test_fixtures();
     test_gguf();
     test_limits();
+    test_trie();
     if (fails) fprintf(stderr, "%d failure(s)\n", fails);
     else printf("test_tok: all passed\n");
     return fails > 100 ? 100 : fails;
