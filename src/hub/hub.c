@@ -462,8 +462,13 @@ int df_hub_parse_revision(const char *txt, size_t len, const char *url, df_hub_r
                 return df_err(err, errlen, DF_EFORMAT, "%s: siblings[%zu].lfs.sha256: expected 64 hex digits", url, i);
             }
             df_hub_sp(d->sha256, sizeof d->sha256, "%s", s256);
-            json_t *ls = json_object_get(lfs, "size");
-            if (json_is_integer(ls)) d->size = json_integer_value(ls);
+            json_t *ls = json_object_get(lfs, "size"); /* the file's size (size is the pointer's then) */
+            if (ls && (!json_is_integer(ls) || json_integer_value(ls) < 0)) {
+                json_decref(j);
+                df_hub_repo_free(r);
+                return df_err(err, errlen, DF_EFORMAT, "%s: siblings[%zu].lfs.size: expected an integer >= 0", url, i);
+            }
+            if (ls) d->size = json_integer_value(ls);
         }
     }
     json_decref(j);

@@ -80,6 +80,26 @@ int main(void) {
     CHECK(!df_hub_is_expert_tensor("model.layers.1.mlp.experts.0.gate_proj.weight_shape"), "INT4's weight_shape is read at load");
     CHECK(df_hub_is_expert_tensor("model.layers.1.mlp.experts.0.gate_proj.weight_packed"), "INT4 packed weight");
     CHECK(df_hub_is_expert_tensor("model.layers.1.mlp.experts.0.gate_proj.weight_scale_inv"), "FP8 scale");
+
+    /* the revision API's answer: an LFS file's size is lfs.size, which must be a size too (fuzz_hub_revision found a
+     * negative one accepted and handed to the downloader) */
+    {
+        static const char *const lfs_sizes[] = {"1000", "-1000", "\"12\"", "null"};
+        for (int k = 0; k < 4; k++) {
+            char txt[512];
+            snprintf(txt, sizeof txt,
+                     "{\"sha\": \"0123456789abcdef0123456789abcdef01234567\", \"siblings\": [{\"rfilename\": \"m.safetensors\", "
+                     "\"size\": 134, \"blobId\": \"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb\", \"lfs\": {\"sha256\": "
+                     "\"cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc\", \"size\": %s}}]}",
+                     lfs_sizes[k]);
+            df_hub_repo r;
+            memset(&r, 0, sizeof r);
+            int rc = df_hub_parse_revision(txt, strlen(txt), "rev", &r, err, sizeof err);
+            if (k == 0) CHECK(rc == 0 && r.n_files == 1 && r.files[0].size == 1000, "lfs.size 1000: rc %d %s", rc, err);
+            else CHECK(rc == DF_EFORMAT && strstr(err, "siblings[0].lfs.size"), "lfs.size %s: rc %d %s", lfs_sizes[k], rc, err);
+            df_hub_repo_free(&r);
+        }
+    }
     if (failures) { fprintf(stderr, "%d failures\n", failures); return 1; }
     printf("hub: all checks passed\n");
     return 0;
