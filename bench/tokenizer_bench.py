@@ -63,11 +63,12 @@ def corpus(mb):
 
 def build_driver(tmp):
     exe = Path(tmp) / "tokenizer_bench"
-    srcs = [str(p) for p in sorted((REPO / "src" / "tok").glob("*.c")) if not p.name.startswith("template")]
-    srcs += [str(REPO / "src" / "format" / "gguf.c")]
+    # the tok module and what it links against (format: the GGUF vocabulary; util), as the Makefile builds them
+    srcs = [str(p) for d in ("tok", "format") for p in sorted((REPO / "src" / d).glob("*.c"))]
+    srcs += [str(REPO / "src" / "util" / "bulkread.c")]
     cmd = ["cc", "-std=c11", "-D_GNU_SOURCE", "-O2", "-march=native", "-I" + str(REPO / "include"), "-I" + str(REPO / "src"),
            "-o", str(exe), str(REPO / "bench" / "tokenizer_bench.c"), *srcs, str(REPO / "src" / "util" / "util.c"),
-           "-ljansson", "-lpcre2-8", "-lm", "-pthread"]
+           "-ljansson", "-lpcre2-8", "-luring", "-lxxhash", "-lm", "-pthread"]
     subprocess.run(cmd, check=True)
     return exe
 

@@ -53,6 +53,8 @@ static void split_added(const df_tokenizer *t, const df_trie *tr, const uint8_t 
     df_trie_scan sc;
     df_tok_trie_scan_begin(tr, s, n, &sc);
     while (p < n) {
+        /* the common case inline: no token starts with this byte (no automaton) */
+        if (!sc.mlen && !tr->first[s[p]]) { p++; continue; }
         int32_t term = -1;
         size_t ml = df_tok_trie_longest(tr, &sc, s, n, p, &term);
         if (!ml) { p++; continue; }
