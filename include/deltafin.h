@@ -331,6 +331,8 @@ typedef struct {
     int64_t stale_reuses;      /* reads that evicted an expert unused for 16 positions instead of taking fresh memory */
     double slot_touch_gbs;     /* measured first-touch speed of expert-cache memory */
     double io_wait_seconds;
+    int64_t decode_ahead_tokens;            /* decode steps whose forward pass was queued before their token was known
+                                               (greedy decoding one token ahead: a device backend's default) */
     int64_t decode_bytes_read;              /* expert bytes read during decode steps */
     double decode_io_wait_seconds;          /* time decode steps waited for expert reads */
     int64_t expert_cache_bytes;             /* slot memory */

@@ -431,6 +431,23 @@ typedef struct df_backend_ops {
     void (*add_rmsnorm)(df_act *out, df_act *y, const df_act *x, const float *g, int rows, int cols, float eps);
     /* qk_norm_rope: see df_qk_norm_rope_args (q/k norms and the rotation of a GQA layer) */
     void (*qk_norm_rope)(const df_qk_norm_rope_args *a);
+
+    /* Greedy decoding one token ahead (optional: all three or none; core/session.c's df_session_sample_ahead):
+     * the host queues the forward pass of a token before it knows the token, so a device never waits for the
+     * host between two tokens.
+     * next_token: the argmax of logits[0..vocab) by df_argmax's rule (the first of equal maxima, NaN never
+     * chosen, 0 when logits[0] is NaN) into the backend's token slot of the calling thread, where embed_token
+     * reads it, and its read-back started; returns a ticket (>= 0).
+     * next_token_wait: that id, waiting for the read-back; only the last 2 tickets of the thread can be waited for.
+     * embed_token: out[0..emb->cols) = row (the token slot) of emb as df_dequant_row gives it: 0, or
+     * DF_EUNSUPPORTED with nothing done when the backend holds no copy of emb it gathers rows of (out NULL: only
+     * says which). */
+    int64_t (*next_token)(const df_act *logits, int vocab);
+    int32_t (*next_token_wait)(int64_t ticket);
+    int (*embed_token)(const df_weight *emb, df_act *out);
+    /* 1: operations return before their work is done (a device queue), so a pass queued ahead runs while the host
+     * waits for its token; 0 (the CPU): queuing ahead gains nothing and is done only when asked (DELTAFIN_AHEAD=1) */
+    int queued;
 } df_backend_ops;
 
 extern const df_backend_ops df_backend_cpu;        /* best ISA, all threads */

@@ -88,6 +88,9 @@ static void print_stats(df_engine *e) {
         df_engine_info(e, &mi);
         fprintf(stderr, "[stats] backend %s (%d CPU threads)\n", mi.backend, mi.backend_threads);
     }
+    if (st.decode_ahead_tokens)
+        fprintf(stderr, "[stats] decode ahead: %lld of %lld decode steps queued before their token was known (greedy, one token ahead)\n",
+                (long long)st.decode_ahead_tokens, (long long)st.decode_tokens);
     if (st.gpu_budget_bytes) {
         const int64_t req = st.gpu_cache_hits + st.gpu_cache_misses;
         const double secs = st.prefill_seconds + st.decode_seconds;

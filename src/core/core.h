@@ -44,6 +44,15 @@ int df_session_verify_exact(const df_session *s);
  * there (NULL: unknown, recomputed when needed); credits `credited` decode
  * tokens to the engine's stats. */
 int df_session_cut(df_session *s, size_t len, const float *logits, long credited);
+/* Greedy decoding one token ahead (generate.c's plain steps): df_session_sample's choice where sp is greedy
+ * without a mask, returned after the forward pass of that token has been queued (not run) at the next position,
+ * so that a df_session_push of the same id returns at once and a device backend never waits for the host between
+ * two tokens; every other session call first drops the queued pass (positions past the length are rewritten
+ * before they are read). The ids are df_session_sample's: the logits' argmax by df_argmax's rule, on the backend.
+ * Where the conditions are not met (sp, recurrent layers, an MTP module, a host expert cache, a full context, a
+ * backend without the ops (backend.h next_token), or DELTAFIN_AHEAD=0) it is df_session_sample; a backend whose
+ * ops run synchronously (the CPU) takes this path only with DELTAFIN_AHEAD=1. */
+int df_session_sample_ahead(df_session *s, const df_sampling *sp, int32_t *out_id);
 /* The main model's final hidden states (before the final norm), [max_ctx x
  * hidden], valid for positions below the length that this session computed;
  * NULL unless the model has an MTP module. */

@@ -144,8 +144,12 @@ df_engine *df_engine_open(const char *model, const df_options *opt, char *err, s
     int64_t budget = o.ram_bytes > 0 ? o.ram_bytes : df_mem_available() - ((int64_t)2 << 30);
     /* mode: 1 everything resident; 2 routed experts stream through the expert
      * cache (asked for with --expert-cache, or when the weights exceed the budget) */
-    df_load_opts lo = {.mode = o.expert_cache_bytes >= 0 || total >= budget || df_is_store(path) || df_engine_is_hub_stream(path) ? 2 : o.mmap_weights ? 0 : 1,
-                       .resident_embed = o.resident_embed, .populate = !o.no_populate, .spine_budget = budget};
+    const int mode = o.expert_cache_bytes >= 0 || total >= budget || df_is_store(path) || df_engine_is_hub_stream(path) ? 2 : o.mmap_weights ? 0 : 1;
+    /* a device backend that decodes one token ahead gathers the next token's embedding row itself (backend.h
+     * embed_token): the embedding is then kept and registered like the other weights instead of read from its file
+     * row by row, unless the experts stream (memory is short then) */
+    df_load_opts lo = {.mode = mode, .resident_embed = o.resident_embed || (mode != 2 && df_be->queued && df_be->embed_token),
+                       .populate = !o.no_populate, .spine_budget = budget};
     df_model *m = NULL;
     int rc = df_model_load(path, &lo, &m, err, errlen);
     free(path);

@@ -398,7 +398,10 @@ int df_gen_step(df_gen *g, df_gen_token *out) {
             sp.allow = g->allow;
         }
         t = df_now();
-        rc = df_session_sample(g->s, &sp, &id);
+        /* greedy plain steps with another token to come: the next pass queued before this token is known (core.h) */
+        const int ahead = !g->gm && !logits && !g->spec && g->n + 1 < g->cfg.max_new &&
+                          (!g->cfg.max_context || g->prompt_len + g->pushed + 1 < (size_t)g->cfg.max_context);
+        rc = ahead ? df_session_sample_ahead(g->s, &sp, &id) : df_session_sample(g->s, &sp, &id);
         g->t_engine += df_now() - t;
         if (rc) return fail(g, out, rc, df_engine_error(g->e));
     }

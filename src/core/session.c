@@ -44,6 +44,7 @@ df_session *df_session_new(df_engine *e, int max_context) {
     s->work = df_xmalloc((size_t)c->vocab * 2 * sizeof(float));
     if (e->model->mtp.layer) s->hid = df_xcalloc((size_t)max_context * (size_t)c->hidden, sizeof(float));
     df_rng_seed(&s->rng, 0);
+    s->ahead_on = -1;
     return s;
 }
 
@@ -76,7 +77,10 @@ const float *df_session_hidden(const df_session *s) { return s->hid; }
 
 size_t df_session_len(const df_session *s) { return s->len; }
 size_t df_session_reused(const df_session *s) { return s->reused; }
-const float *df_session_logits(df_session *s) { return s->logits_valid ? s->logits : NULL; }
+const float *df_session_logits(df_session *s) {
+    df_session_settle(s);
+    return s->logits_valid ? s->logits : NULL;
+}
 void df_session_seed(df_session *s, uint64_t seed) { df_rng_seed(&s->rng, seed); }
 
 static int check_ids(df_session *s, const int32_t *ids, size_t n) {
@@ -164,6 +168,7 @@ static void restore_slot(df_session *s, snap_slot *p) {
 }
 
 void df_session_reset(df_session *s) {
+    df_session_settle(s);
     for (int i = 0; i < DF_MAX_SNAPSHOTS; i++) snap_drop(&s->snaps[i]);
     df_state_clear_fixed(&s->st);
     s->len = 0;
@@ -171,9 +176,13 @@ void df_session_reset(df_session *s) {
     s->reused = 0;
 }
 
-int df_session_snapshot(df_session *s) { return take_snapshot(s, 0); }
+int df_session_snapshot(df_session *s) {
+    df_session_settle(s);
+    return take_snapshot(s, 0);
+}
 
 int df_session_restore(df_session *s, int id) {
+    df_session_settle(s);
     if (id < 0 || id >= DF_MAX_SNAPSHOTS || !s->snaps[id].used)
         return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "snapshot %d does not exist (dropped, or invalidated by rewriting an earlier position)", id);
     if ((size_t)s->snaps[id].st.pos > s->len && !df_state_truncatable(s->e->model))
@@ -227,6 +236,7 @@ size_t df_session_reusable(const df_session *s, const int32_t *ids, size_t n) {
 }
 
 int df_session_sync(df_session *s, const int32_t *ids, size_t n) {
+    df_session_settle(s);
     int rc = check_ids(s, ids, n);
     if (rc) return rc;
     size_t common = 0;
@@ -248,6 +258,16 @@ int df_session_sync(df_session *s, const int32_t *ids, size_t n) {
 }
 
 int df_session_push(df_session *s, int32_t id) {
+    if (s->ahead && id == s->ahead_id) { /* the pass df_session_sample_ahead queued: counted there, credited here */
+        df_engine *e = s->e;
+        s->tokens[s->len++] = id;
+        s->ahead = 0, s->tok = 1, s->logits_valid = 0;
+        e->stats.decode_tokens++, e->stats.decode_ahead_tokens++;
+        e->stats.weight_bytes_touched += e->model->bytes_active;
+        e->stats.t_attention = s->st.t_attn, e->stats.t_experts = s->st.t_ffn, e->stats.t_other = s->st.t_other;
+        return 0;
+    }
+    df_session_settle(s);
     if (s->len >= (size_t)s->st.max_ctx)
         return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "context full (%d tokens)", s->st.max_ctx);
     int rc = check_ids(s, &id, 1);
@@ -257,7 +277,10 @@ int df_session_push(df_session *s, int32_t id) {
 }
 
 int df_session_sample(df_session *s, const df_sampling *sp, int32_t *out_id) {
-    if (!s->logits_valid) return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "no logits: the session is empty");
+    df_session_settle(s);
+    if (!s->logits_valid)
+        return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, s->len ? "no logits at the session's end (a pass queued ahead replaced them: sync first)"
+                                                               : "no logits: the session is empty");
     int rc = df_sampling_check(sp, df_errbuf(), DF_ERRLEN);
     if (rc) return rc;
     int id = df_sample(s->logits, s->e->model->cfg.vocab, sp, &s->rng, s->work);
@@ -267,6 +290,7 @@ int df_session_sample(df_session *s, const df_sampling *sp, int32_t *out_id) {
 }
 
 int df_session_eval_all(df_session *s, const int32_t *ids, size_t n, float *out) {
+    df_session_settle(s);
     int rc = check_ids(s, ids, n);
     if (rc) return rc;
     df_engine *e = s->e;
@@ -316,6 +340,7 @@ int df_session_verify_exact(const df_session *s) {
 }
 
 int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out) {
+    df_session_settle(s);
     if (!df_state_truncatable(s->e->model))
         return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "verify: the model has recurrent layers (no truncation)");
     if (n == 0 || n > DF_MAX_BATCH)
@@ -356,6 +381,7 @@ int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out) {
 }
 
 int df_session_cut(df_session *s, size_t len, const float *logits, long credited) {
+    df_session_settle(s);
     if (len > s->len || (len < s->len && !df_state_truncatable(s->e->model)))
         return df_err(df_errbuf(), DF_ERRLEN, DF_EINTERNAL, "cut: length %zu of a session of %zu", len, s->len);
     for (int i = 0; i < DF_MAX_SNAPSHOTS; i++)
@@ -366,5 +392,70 @@ int df_session_cut(df_session *s, size_t len, const float *logits, long credited
         if (logits && logits != s->logits) memcpy(s->logits, logits, (size_t)s->e->model->cfg.vocab * sizeof(float));
     }
     s->e->stats.decode_tokens += credited;
+    return 0;
+}
+
+/* ---- greedy decoding one token ahead (core.h) ---------------------------- */
+
+/* the last pass queued ahead by any session: the backend's token slot holds its argmax */
+static int64_t ahead_seq;
+
+void df_session_settle(df_session *s) {
+    if (s->ahead) {
+        /* the queued pass wrote position len (past the timeline, rewritten before it is read) and, when its token was
+         * the backend's own, replaced the logits after len - 1 there: they stay unknown (logits_valid 0) */
+        s->ahead = 0;
+        return;
+    }
+    if (s->tok) {
+        df_read(s->logits, s->st.logits, (size_t)s->e->model->cfg.vocab);
+        s->logits_valid = 1;
+        s->tok = 0;
+    }
+}
+
+static int ahead_ok(df_session *s, const df_sampling *sp) {
+    if (s->ahead_on < 0) {
+        const char *v = getenv("DELTAFIN_AHEAD");
+        const df_model *m = s->e->model;
+        const int on = df_be->next_token && df_be->next_token_wait && !(v && !strcmp(v, "0")) && (df_be->queued || (v && !strcmp(v, "1"))) &&
+                       df_state_truncatable(m) && !s->hid && !s->e->ecache;
+        s->ahead_on = on ? (df_forward_ahead_embeds(m) ? 2 : 1) : 0;
+    }
+    return s->ahead_on && (!sp || (sp->temperature <= 0 && !sp->allow)) && s->len + 1 < (size_t)s->st.max_ctx && (s->logits_valid || s->tok);
+}
+
+int df_session_sample_ahead(df_session *s, const df_sampling *sp, int32_t *out_id) {
+    if (!ahead_ok(s, sp)) return df_session_sample(s, sp, out_id);
+    int rc = df_sampling_check(sp, df_errbuf(), DF_ERRLEN);
+    if (rc) return rc;
+    if (s->ahead) df_session_settle(s);
+    if (sp && sp->seed && sp->seed != s->rng.seed) df_rng_seed(&s->rng, sp->seed); /* as df_sample does */
+    df_engine *e = s->e;
+    for (int i = 0; i < DF_MAX_SNAPSHOTS; i++) /* position len is rewritten */
+        if (s->snaps[i].used && (size_t)s->snaps[i].st.pos > s->len) snap_drop(&s->snaps[i]);
+    df_tier_stats ts0, ts1;
+    const int tiers = !df_tier_stats_get(&ts0);
+    double t0 = df_now();
+    int32_t id;
+    int64_t tk = 0;
+    if (s->tok && s->ahead_on == 2 && s->seq == ahead_seq) {
+        /* the pass of the token the backend is choosing, queued before the host knows it */
+        rc = df_forward_ahead(e->model, &s->st, NULL, (int)s->len, &tk);
+        id = df_be->next_token_wait(s->ticket);
+    } else {
+        if (s->tok) id = df_be->next_token_wait(s->ticket), s->tok = 0;
+        else if ((rc = df_session_sample(s, sp, &id))) return rc;
+        rc = df_forward_ahead(e->model, &s->st, &id, (int)s->len, &tk);
+    }
+    s->tok = 0;
+    if (rc) {
+        s->logits_valid = 0;
+        return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", s->len, s->st.err[0] ? s->st.err : "bad input");
+    }
+    s->ahead = 1, s->ahead_id = id, s->ticket = tk, s->seq = ++ahead_seq;
+    e->stats.decode_seconds += df_now() - t0;
+    if (tiers && !df_tier_stats_get(&ts1)) e->stats.gpu_decode_h2d_expert_bytes += ts1.h2d_expert_bytes - ts0.h2d_expert_bytes;
+    *out_id = id;
     return 0;
 }

@@ -152,6 +152,7 @@ static int wr(pc_writer *w, const void *p, size_t n) {
 }
 
 int df_session_save(df_session *s, int snap, const int32_t *ids, size_t n, int fd, uint64_t *bytes) {
+    df_session_settle(s);
     const df_model *m = s->e->model;
     const size_t V = (size_t)m->cfg.vocab, F = fixed_floats(s), C = cache_floats(s);
     if (bytes) *bytes = 0;
@@ -248,6 +249,7 @@ static int read_section(int fd, void *p, size_t bytes, uint64_t *off, uint64_t s
 }
 
 int df_session_load(df_session *s, int fd, const int32_t *ids, size_t n, size_t *pos_out) {
+    df_session_settle(s);
     const df_model *m = s->e->model;
     const size_t V = (size_t)m->cfg.vocab, F = fixed_floats(s), C = cache_floats(s);
     *pos_out = 0;

@@ -37,7 +37,17 @@ struct df_session {
     uint64_t snap_clock;
     float *hid;      /* [max_ctx x hidden]: the final hidden state (before the final norm) of every
                         position, kept when the model has an MTP module (its drafter's input); else NULL */
+    /* greedy decoding ahead (df_session_sample_ahead): ahead: the pass of ahead_id at position len is queued;
+     * tok: the argmax of the logits after the last position (len, or len - 1 without ahead) was started on the
+     * backend (ticket), and with tok_dev those logits are on the backend only (logits_valid 0) */
+    int ahead, tok, tok_dev, ahead_on; /* ahead_on: -1 not decided yet, 0 off, 1 host tokens, 2 the backend's token slot */
+    int32_t ahead_id;
+    int64_t ticket, seq;
 };
+
+/* Drops a pass queued ahead and brings logits left on the backend to the host (session.c): every session call
+ * that reads or changes the state begins with it. */
+void df_session_settle(df_session *s);
 
 /* Empties the session (session.c): every snapshot dropped, fixed states
  * zero, length 0, no logits. */

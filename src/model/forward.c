@@ -183,18 +183,27 @@ void df_snapshot_free(df_snapshot *snap) {
     memset(snap, 0, sizeof *snap);
 }
 
-int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all) {
+/* The forward pass. tokens NULL: one position whose token is the backend's token slot (embed_token; the caller
+ * checked that it gathers m's embedding); logits NULL: the last position's logits stay in s->logits and their
+ * argmax is started (next_token), its ticket in *ticket. */
+static int fwd(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all, int64_t *ticket) {
     const df_config *c = &m->cfg;
     const int H = c->hidden;
     if (n <= 0 || n > s->max_batch || (all && n > s->max_logits) || pos0 < 0 || pos0 + n > s->max_ctx) return DF_EINPUT;
-    for (int t = 0; t < n; t++)
+    if ((!tokens || !logits) && (n != 1 || all)) return DF_EINPUT;
+    if ((!logits && !df_be->next_token) || (!tokens && !df_be->embed_token)) return DF_EUNSUPPORTED;
+    for (int t = 0; tokens && t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab) return DF_EINPUT;
     double t0 = df_now();
     s->err[0] = 0;
     if (s->src) s->src->ops->set_token(s->src, pos0);
-    for (int t = 0; t < n; t++)
-        if (df_model_embed_row(m, tokens[t], s->emb + (size_t)t * H, s->err, sizeof s->err)) return DF_EIO;
-    df_write(s->x, s->emb, (size_t)n * H);
+    if (!tokens) {
+        if (df_be->embed_token(&m->embed, s->x)) return DF_EUNSUPPORTED;
+    } else {
+        for (int t = 0; t < n; t++)
+            if (df_model_embed_row(m, tokens[t], s->emb + (size_t)t * H, s->err, sizeof s->err)) return DF_EIO;
+        df_write(s->x, s->emb, (size_t)n * H);
+    }
     df_rope_table(s->rope_cs, pos0, n, m->inv_freq, c->rope_dim / 2, m->rope_scale);
     const float eps = (float)c->rms_eps;
     double t1 = df_now();
@@ -264,7 +273,20 @@ int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int
     }
     if (!normed) df_rmsnorm_rows(s->xn, H, fin, H, m->final_norm, cnt, H, eps);
     df_matmul(&m->lm_head, s->xn, cnt, s->logits);
-    df_read(logits, s->logits, (size_t)cnt * c->vocab);
+    if (logits) df_read(logits, s->logits, (size_t)cnt * c->vocab);
+    else *ticket = df_be->next_token(s->logits, c->vocab);
     s->t_other += df_now() - t2;
     return 0;
+}
+
+int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all) {
+    return logits && tokens ? fwd(m, s, tokens, n, pos0, logits, all, NULL) : DF_EINPUT;
+}
+
+int df_forward_ahead(const df_model *m, df_state *s, const int32_t *token, int pos0, int64_t *ticket) {
+    return fwd(m, s, token, 1, pos0, NULL, 0, ticket);
+}
+
+int df_forward_ahead_embeds(const df_model *m) {
+    return df_be->next_token && df_be->embed_token && df_be->embed_token(&m->embed, NULL) == 0;
 }

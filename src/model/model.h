@@ -266,5 +266,12 @@ void df_state_clear_fixed(df_state *s);
  * logits[vocab], or for every position into logits[n x vocab] if all
  * (then n <= max_logits). */
 int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all);
+/* One position at pos0 queued ahead (backend.h, next_token): its token *token, or with token NULL the backend's
+ * token slot (the argmax the last pass started; only where df_forward_ahead_embeds); its logits stay on the
+ * backend and their argmax is started, the ticket in *ticket. 0, DF_EUNSUPPORTED (the backend has no such ops),
+ * or a DF_E* code of the pass. */
+int df_forward_ahead(const df_model *m, df_state *s, const int32_t *token, int pos0, int64_t *ticket);
+/* 1 when df_forward_ahead can take its token from the backend's slot (the backend gathers rows of m's embedding) */
+int df_forward_ahead_embeds(const df_model *m);
 
 #endif

@@ -23,16 +23,19 @@ void df_model_foreach_weight(df_model *m, df_weight_fn fn, void *ctx) {
 }
 
 /* ---- registration with the backend -------------------------------------- */
-typedef struct { int rc; } reg_ctx;
+typedef struct { int rc; const df_weight *last; } reg_ctx;
 static void reg_one(void *p, df_weight *w) {
     reg_ctx *c = p;
-    if (!c->rc) c->rc = df_weight_register(w);
+    if (!c->rc && w != c->last) c->rc = df_weight_register(w);
 }
 static void unreg_one(void *p, df_weight *w) { (void)p; df_weight_unregister(w); }
 
 int df_model_backend_attach(df_model *m, char *err, size_t errlen) {
-    reg_ctx c = {0};
+    /* an untied embedding last: no product reads it (a device backend holds it only to gather the next token's row,
+     * backend.h embed_token), so under a device memory budget the weights the products read get the room first */
+    reg_ctx c = {0, m->embed.data && m->embed.data != m->lm_head.data ? &m->embed : NULL};
     df_model_foreach_weight(m, reg_one, &c);
+    if (c.last && !c.rc) c.rc = df_weight_register(&m->embed);
     if (c.rc) return df_err(err, errlen, c.rc, "%s: the %s backend cannot hold the model's weights", m->dir, df_be->name);
     const size_t H = (size_t)m->cfg.hidden, hd = (size_t)m->cfg.head_dim, kc = (size_t)m->cfg.kda_heads * (size_t)m->cfg.kda_head_dim;
     int rc = df_param_register(m->final_norm, H);

@@ -1318,6 +1318,98 @@ static void mm_cp_checks(void) {
 }
 #endif
 
+#ifdef DF_CUDA
+/* Greedy decoding ahead (backend.h next_token / next_token_wait / embed_token): the device argmax against
+ * the CPU backend's (test_core_ahead checks that one against df_argmax) on NaN (first and elsewhere),
+ * infinities, signed zeros, ties and random logits of real vocabulary sizes, two tickets outstanding; the embedding row the token slot names, bit-equal to df_dequant_row for F32, F16 and
+ * BF16 rows (and GGML F16), refused for a weight that is not registered or not float. */
+static int cpu_argmax(const float *x, int n) {
+    df_act *h = df_backend_cpu.alloc((size_t)n);
+    df_backend_cpu.write(h, x, (size_t)n);
+    const int id = df_backend_cpu.next_token_wait(df_backend_cpu.next_token(h, n));
+    df_backend_cpu.free(h);
+    return id;
+}
+static void ahead_checks(void) {
+    const float nan = NAN, inf = INFINITY;
+    const float cases[][6] = {{1, 3, 3, 2, 0, 0}, {nan, 5, 6, 1, 2, 3}, {1, nan, 7, nan, 7, 2}, {-inf, -inf, -inf, -inf, -inf, -inf},
+                              {-0.0f, 0.0f, -1, -2, -3, -4}, {0.0f, -0.0f, -1, -2, -3, -4}, {-5, inf, 3, inf, nan, 1}, {2, 2, 2, 2, 2, 2}};
+    df_act *b = df_backend_cuda.alloc(151936);
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        df_backend_cuda.write(b, cases[c], 6);
+        const int64_t t = df_backend_cuda.next_token(b, 6);
+        const int got = df_backend_cuda.next_token_wait(t), want = cpu_argmax(cases[c], 6);
+        CHECK(got == want, "next_token case %zu: %d, the CPU's %d", c, got, want);
+    }
+    static float x[151936];
+    for (int r = 0; r < 60; r++) {
+        const int n = r % 3 == 0 ? 151936 : r % 3 == 1 ? 8192 : 1 + (int)(rnd() % 5000);
+        for (int i = 0; i < n; i++) x[i] = r % 2 ? (float)(rnd() % 9) - 4 : (float)(rnd() % 100000) / 997.0f; /* ties, or few */
+        if (r % 5 == 0) x[rnd() % n] = NAN;
+        if (r % 7 == 0) x[0] = NAN;
+        df_backend_cuda.write(b, x, (size_t)n);
+        const int w1 = cpu_argmax(x, n);
+        const int64_t t1 = df_backend_cuda.next_token(b, n);
+        x[n - 1] = 1e30f; /* a second ticket outstanding before the first is read */
+        df_backend_cuda.write(b, x, (size_t)n);
+        const int64_t t2 = df_backend_cuda.next_token(b, n);
+        const int g1 = df_backend_cuda.next_token_wait(t1), g2 = df_backend_cuda.next_token_wait(t2);
+        const int w2 = cpu_argmax(x, n);
+        CHECK(g1 == w1 && g2 == w2, "next_token random %d (n %d): %d vs %d, second ticket %d vs %d", r, n, g1, w1, g2, w2);
+    }
+    for (int r = 0; r < 20; r++) {
+        const int n = 1 + (int)(rnd() % 151936);
+        for (int i = 0; i < n; i++) x[i] = (float)(rnd() % 13) - 6;
+        df_backend_cuda.write(b, x, (size_t)n);
+        const int64_t t = df_backend_cuda.next_token(b, n);
+        CHECK(df_backend_cuda.next_token_wait(t) == cpu_argmax(x, n), "next_token alone %d (n %d)", r, n);
+    }
+    /* embed_token: the row of the slot, as df_dequant_row gives it */
+    enum { R = 50, C = 300 };
+    static uint8_t raw[R * C * 4];
+    static float ref[C], got[C];
+    const struct { int fmt, gt, eb; } kinds[] = {{DF_W_F32, 0, 4}, {DF_W_F16, 0, 2}, {DF_W_BF16, 0, 2}, {DF_W_GGML, DF_GGML_F16, 2}};
+    df_act *out = df_backend_cuda.alloc(C), *lg = df_backend_cuda.alloc(R);
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        for (size_t i = 0; i < sizeof raw; i++) raw[i] = (uint8_t)rnd();
+        if (kinds[k].eb == 2) /* no NaN / infinity codes: exponents below the top */
+            for (size_t i = 1; i < (size_t)R * C * 2; i += 2) raw[i] &= 0x3f;
+        else
+            for (size_t i = 3; i < (size_t)R * C * 4; i += 4) raw[i] &= 0x3f;
+        df_weight w;
+        memset(&w, 0, sizeof w);
+        w.fmt = (df_wfmt)kinds[k].fmt, w.ggml_type = kinds[k].gt, w.rows = R, w.cols = C, w.data = raw, w.row_bytes = (size_t)C * kinds[k].eb;
+        CHECK(df_backend_cuda.embed_token(&w, NULL) == DF_EUNSUPPORTED, "embed_token of an unregistered weight (kind %zu)", k);
+        CHECK(df_backend_cuda.weight_register(&w) == 0 && df_backend_cuda.embed_token(&w, NULL) == 0, "kind %zu: registered", k);
+        for (int row = 0; row < R; row += 7) {
+            float l[R];
+            for (int i = 0; i < R; i++) l[i] = i == row ? 1.0f : 0.0f;
+            df_backend_cuda.write(lg, l, R);
+            const int64_t t = df_backend_cuda.next_token(lg, R);
+            CHECK(df_backend_cuda.embed_token(&w, out) == 0, "embed_token kind %zu", k);
+            CHECK(df_backend_cuda.next_token_wait(t) == row, "the slot's row");
+            df_backend_cuda.read(got, out, C);
+            df_dequant_row(&w, row, ref);
+            int bad = 0;
+            for (int c = 0; c < C; c++) bad += fbits(got[c]) != fbits(ref[c]);
+            CHECK(!bad, "embed_token kind %zu row %d: %d of %d values differ from df_dequant_row", k, row, bad, C);
+        }
+        df_backend_cuda.weight_unregister(&w);
+    }
+    df_weight f8;
+    memset(&f8, 0, sizeof f8);
+    f8.fmt = DF_W_FP8, f8.rows = R, f8.cols = 128, f8.data = raw, f8.row_bytes = 128, f8.blk_r = 128, f8.blk_c = 128;
+    static float sc[1] = {1.0f};
+    f8.scale = (const uint8_t *)sc, f8.scale_dtype = DF_SCALE_F32, f8.scale_cols = 1;
+    if (df_backend_cuda.weight_register(&f8) == 0) {
+        CHECK(df_backend_cuda.embed_token(&f8, NULL) == DF_EUNSUPPORTED, "embed_token of an FP8 weight: not gathered");
+        df_backend_cuda.weight_unregister(&f8);
+    }
+    df_backend_cuda.free(b), df_backend_cuda.free(out), df_backend_cuda.free(lg);
+}
+
+#endif
+
 int main(void) {
     char err[256] = "";
     CHECK(df_backend_choose(NULL, err, sizeof err) == 0 && df_be == &df_backend_cpu, "NULL keeps the default (cpu)");
@@ -1475,6 +1567,7 @@ int main(void) {
         attn_dec_checks(4, 0);  /* never the tree */
         df_cuda_set_attn_tree(-1);
         fused_rows_checks();
+        ahead_checks();
         moe_chain_checks(); /* last: it resets the expert cache and its size */
         df_backend_select("cpu");
     } else

@@ -383,6 +383,26 @@ static void c_kda_scan(const df_kda_args *a) {
 }
 
 /* ---- the tables -------------------------------------------------------------------- */
+/* Greedy decoding ahead (backend.h): synchronous here, the token slot the calling thread's. df_argmax's rule:
+ * the first of equal maxima (x > best only), NaN never chosen (a comparison with NaN is false), 0 when x[0] is NaN. */
+static _Thread_local int32_t c_tok, c_tok_ring[2];
+static _Thread_local int64_t c_tok_n;
+static int64_t c_next_token(const df_act *logits, int vocab) {
+    const float *x = DF_CF(logits);
+    int32_t best = 0;
+    if (vocab > 0 && x[0] == x[0])
+        for (int32_t i = 1; i < vocab; i++)
+            if (x[i] > x[best]) best = i;
+    c_tok = best, c_tok_ring[c_tok_n & 1] = best;
+    return c_tok_n++;
+}
+static int32_t c_next_token_wait(int64_t ticket) { return c_tok_ring[ticket & 1]; }
+static int c_embed_token(const df_weight *emb, df_act *out) {
+    if (!emb->data) return DF_EUNSUPPORTED; /* an embedding read from its file row by row (model/loader.c) */
+    if (out) df_dequant_row(emb, c_tok, DF_F(out));
+    return 0;
+}
+
 const df_backend_ops df_backend_cpu = {
     .name = "cpu",
     .alloc = c_alloc, .free = c_free, .write = c_write, .read = c_read, .copy = c_copy, .zero = c_zero,
@@ -396,6 +416,7 @@ const df_backend_ops df_backend_cpu = {
     .route = c_route, .moe_combine = c_moe_combine,
     .causal_conv1d = c_causal_conv1d, .kda_scan = c_kda_scan, .kda_gate = c_kda_gate,
     .exact_products = df_cpu_exact_products,
+    .next_token = c_next_token, .next_token_wait = c_next_token_wait, .embed_token = c_embed_token,
 };
 
 /* The reference: every computing op of the table on the scalar kernels
@@ -433,6 +454,7 @@ const df_backend_ops df_backend_cpu_scalar = {
     .route = c_route, .moe_combine = r_moe_combine,
     .causal_conv1d = c_causal_conv1d, .kda_scan = r_kda_scan, .kda_gate = c_kda_gate,
     .exact_products = df_cpu_exact_products,
+    .next_token = c_next_token, .next_token_wait = c_next_token_wait, .embed_token = c_embed_token,
 };
 
 void df_backend_init(int n_threads) { df_pool_init(n_threads); }

@@ -980,6 +980,116 @@ extern "C" int df_cuda_available(void) {
     return n > 0;
 }
 
+/* ---- greedy decoding one token ahead (backend.h next_token / embed_token) ---------------------------------
+ * k_argmax (one block) writes the id into a device int (the token slot, read by k_embed_tok of the pass queued
+ * next) and, with the ticket's number in one 8-byte store, into page-locked host memory mapped into the device: no
+ * copy between the
+ * kernels (a memcpy node would end the programmatic launch chain), and the host waits by polling that memory,
+ * which the next pass's kernels, queued already, do not delay. */
+/* the better of two (value, index) candidates: the larger value, of equal ones (== : -0 and +0 too) the lower index */
+static __device__ __forceinline__ void am_take(float &bv, int &bi, float ov, int oi) {
+    if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+}
+__global__ void __launch_bounds__(1024) k_argmax(const float *x, int n, int *slot, volatile unsigned long long *host, unsigned seq) {
+    pdl_entry();
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    float bv = 0.0f;
+    int bi = -1;
+    const int n4 = ((uintptr_t)x & 15) ? 0 : n / 4; /* 16-byte loads where aligned (always, from alloc) */
+    for (int q = threadIdx.x; q < n4; q += blockDim.x) { /* this thread's first maximum, NaN skipped */
+        const float4 v = ld_act((const float4 *)x + q);
+        const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (e[k] == e[k] && (bi < 0 || e[k] > bv)) bv = e[k], bi = 4 * q + k;
+    }
+    for (int i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) {
+        const float v = ld_act(x + i);
+        if (v == v && (bi < 0 || v > bv)) bv = v, bi = i;
+    }
+    for (int o = 16; o; o >>= 1) am_take(bv, bi, __shfl_down_sync(0xffffffffu, bv, o), __shfl_down_sync(0xffffffffu, bi, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (!lane) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (warp) return;
+    bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : 0.0f, bi = lane < (int)(blockDim.x >> 5) ? si[lane] : -1;
+    for (int o = 16; o; o >>= 1) am_take(bv, bi, __shfl_down_sync(0xffffffffu, bv, o), __shfl_down_sync(0xffffffffu, bi, o));
+    if (lane) return;
+    const float x0 = ld_act(x);
+    const int id = n <= 0 || x0 != x0 || bi < 0 ? 0 : bi; /* df_argmax: 0 when x[0] is NaN */
+    *slot = id;
+    *host = (unsigned long long)seq << 32 | (unsigned)id; /* one 8-byte store: the host sees the ticket and its id together */
+}
+__global__ void k_embed_tok(DW w, const int *slot, float *out) {
+    pdl_entry();
+    const int64_t r = *(volatile const int *)slot;
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < w.cols; c += (int64_t)gridDim.x * blockDim.x) out[c] = wget(w, r, c);
+}
+static int *g_tok_slot;
+static volatile unsigned long long *g_tok_host; /* [2]: ticket's low 32 bits << 32 | id */
+static int64_t g_tok_n;
+static int tok_init(void) {
+    if (g_tok_slot) return 0;
+    void *h = NULL;
+    if (cudaMalloc((void **)&g_tok_slot, sizeof(int)) != cudaSuccess || cudaHostAlloc(&h, 2 * sizeof(unsigned long long), cudaHostAllocMapped) != cudaSuccess) {
+        cudaGetLastError();
+        if (g_tok_slot) cudaFree(g_tok_slot), g_tok_slot = NULL;
+        return DF_ENOMEM;
+    }
+    g_tok_host = (volatile unsigned long long *)h;
+    g_tok_host[0] = g_tok_host[1] = ~0ull;
+    return 0;
+}
+static int64_t g_next_token(const df_act *logits, int vocab) {
+    PROF_SCOPE();
+    LOCK();
+    if (tok_init()) {
+        fprintf(stderr, "deltafin: cuda backend: next_token: cannot allocate the token slot\n");
+        exit(1);
+    }
+    const int64_t t = g_tok_n++;
+    volatile unsigned long long *h = g_tok_host + (t & 1);
+    unsigned long long *hd = NULL;
+    CK("next_token", cudaHostGetDevicePointer((void **)&hd, (void *)h, 0));
+    launch_k(k_argmax, dim3(1), dim3(1024), 0, DCP(logits), vocab, g_tok_slot, (volatile unsigned long long *)hd, (unsigned)t);
+    post("next_token");
+    return t;
+}
+static int32_t g_next_token_wait(int64_t ticket) {
+    PROF_SCOPE();
+    volatile unsigned long long *h = g_tok_host + (ticket & 1);
+    const unsigned want = (unsigned)ticket; /* a late write of a dropped ticket two back carries its own number */
+    unsigned long long v;
+    for (unsigned spins = 1; (unsigned)((v = *h) >> 32) != want; spins++) {
+        if (spins % 4096) { __builtin_ia32_pause(); continue; }
+        const cudaError_t e = cudaStreamQuery(0); /* every 4096 polls: the queue failed, or ran dry without the write */
+        if (e == cudaSuccess && (unsigned)(*h >> 32) != want) {
+            fprintf(stderr, "deltafin: cuda backend: next_token_wait: ticket %lld was never written (the queue is empty)\n", (long long)ticket);
+            exit(1);
+        }
+        if (e != cudaSuccess && e != cudaErrorNotReady) {
+            report("next_token_wait", e);
+            exit(1);
+        }
+    }
+    __atomic_add_fetch(&g_host_waits, 1, __ATOMIC_SEQ_CST);
+    return (int32_t)(unsigned)v;
+}
+static int g_embed_token(const df_weight *emb, df_act *out) {
+    const cw *h = (const cw *)emb->handle;
+    const int plain = emb->fmt == DF_W_F32 || emb->fmt == DF_W_F16 || emb->fmt == DF_W_BF16 ||
+                      (emb->fmt == DF_W_GGML && (emb->ggml_type == DF_GGML_F32 || emb->ggml_type == DF_GGML_F16 || emb->ggml_type == DF_GGML_BF16));
+    if (!h || h->host || !h->data || !plain) return DF_EUNSUPPORTED; /* float rows only: their decode is exact, as the host's */
+    if (!out) return 0;
+    PROF_SCOPE();
+    LOCK();
+    if (tok_init()) return DF_EUNSUPPORTED;
+    launch_k(k_embed_tok, dim3(blocks_for((size_t)emb->cols, 256)), dim3(256), 0, h->d, (const int *)g_tok_slot, DP(out));
+    post("embed_token");
+    return 0;
+}
+
 extern "C" const df_backend_ops df_backend_cuda = {
     "cuda",
     g_alloc, g_free, g_write, g_read, g_copy, g_zero,
@@ -995,5 +1105,7 @@ extern "C" const df_backend_ops df_backend_cuda = {
     g_moe_resident, g_moe_fused, g_moe_preload,
     NULL, /* exact_products: not honoured (auto takes plain steps on this backend) */
     g_add_rmsnorm, g_qk_norm_rope,
+    g_next_token, g_next_token_wait, g_embed_token,
+    1, /* queued */
 };
 
