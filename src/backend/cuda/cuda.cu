@@ -283,11 +283,33 @@ static void g_read(float *dst, const df_act *src, size_t n) {
     if (e != cudaSuccess) report("read", e);
     else __atomic_add_fetch(&g_host_waits, 1, __ATOMIC_SEQ_CST); /* every kernel queued before the copy has finished */
 }
-static void g_copy(df_act *dst, const df_act *src, size_t n) { if (n) CK("copy", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice)); }
 static void g_zero(df_act *dst, size_t n) { if (n) CK("zero", cudaMemset(dst, 0, n * sizeof(float))); }
+/* Copies within the device as kernels, not cudaMemcpy: a memcpy in the stream ends the chain of programmatic launches
+ * (round 23's trace: the 256-byte rope rows MLA copies into its cache every layer cost ~2 us of idle GPU each). */
+__global__ void k_copy_rows(float *dst, size_t ds, const float *src, size_t ss, int rows, int cols) {
+    pdl_entry();
+    const size_t N = (size_t)rows * (size_t)cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / (size_t)cols, c = i % (size_t)cols;
+        dst[r * ds + c] = ld_act(src + r * ss + c);
+    }
+}
+static int g_copy_memcpy = -1; /* DELTAFIN_CUDA_MEMCPY=1: copies through cudaMemcpy2D as before round 23 (a measurement aid) */
 static void g_copy_rows(df_act *dst, size_t ds, const df_act *src, size_t ss, int rows, int cols) {
     if (rows <= 0 || cols <= 0) return;
-    CK("copy_rows", cudaMemcpy2D(dst, ds * sizeof(float), src, ss * sizeof(float), (size_t)cols * sizeof(float), (size_t)rows, cudaMemcpyDeviceToDevice));
+    if (g_copy_memcpy < 0) g_copy_memcpy = getenv("DELTAFIN_CUDA_MEMCPY") && !strcmp(getenv("DELTAFIN_CUDA_MEMCPY"), "1");
+    if (g_copy_memcpy) {
+        CK("copy_rows", cudaMemcpy2D(dst, (ds ? ds : (size_t)cols) * sizeof(float), src, (ss ? ss : (size_t)cols) * sizeof(float),
+                                     (size_t)cols * sizeof(float), (size_t)rows, cudaMemcpyDeviceToDevice));
+        return;
+    }
+    launch_k(k_copy_rows, dim3(blocks_for((size_t)rows * (size_t)cols, 256)), dim3(256), 0, DP(dst), ds, DCP(src), ss, rows, cols);
+    post("copy_rows");
+}
+static void g_copy(df_act *dst, const df_act *src, size_t n) {
+    if (!n) return;
+    if (n > (size_t)1 << 30) { CK("copy", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice)); return; } /* cols is an int */
+    g_copy_rows(dst, 0, src, 0, 1, (int)n);
 }
 
 __global__ void k_gather(float *dst, const float *src, const int *idx, int n, int cols, int scatter) { pdl_entry();
