@@ -8,9 +8,7 @@ set -u
 S=${1:?stage}
 OUT=${OUT:-/tmp/crit}
 mkdir -p "$OUT"
-CUBLAS_DIR=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
-export LD_LIBRARY_PATH="$S/lib:/usr/local/cuda/lib64:${CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-BIN=$S/bin/deltafin
+. "$(dirname "$0")/dev_env.sh"
 # the tracer (bench/cuda/ktrace.c) built here where a compiler and CUPTI's headers are, else KTRACE_LIB (built elsewhere)
 KT=$OUT/libktrace.so
 CU=$(ls -d /usr/local/cuda 2>/dev/null || ls -d /usr/local/cuda-* | head -1)

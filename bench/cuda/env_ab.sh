@@ -11,9 +11,7 @@ S=${1:?stage}
 shift
 OUT=${OUT:-/tmp/envab}
 mkdir -p "$OUT"
-CUBLAS_DIR=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
-export LD_LIBRARY_PATH="$S/lib:/usr/local/cuda/lib64:${CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-BIN=$S/bin/deltafin
+. "$(dirname "$0")/dev_env.sh"
 if [ "${AB_MODEL:-qwen3}" = dsv3 ]; then
     M=/tmp/dsv3
     V=8092

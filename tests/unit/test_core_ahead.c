@@ -14,19 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "check.h"
+#include "open_model.h"
 
-static int fails;
-#define CHECK(c, ...) do { if (!(c)) { fails++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
-static df_engine *open_model(const char *dir) {
-    df_options o;
-    df_options_default(&o);
-    o.n_threads = 2;
-    char err[512];
-    df_engine *e = df_engine_open(dir, &o, err, sizeof err);
-    if (!e) fprintf(stderr, "cannot open %s: %s\n", dir, err);
-    return e;
-}
 
 static const df_sampling greedy = {.temperature = 0, .top_p = 1};
 
@@ -134,7 +125,7 @@ int main(void) {
     test_model("tests/data/models/llama-bf16", 2);
     setenv("DELTAFIN_AHEAD", "0", 1);
     test_model("tests/data/models/llama-bf16", 0);
-    if (fails) { fprintf(stderr, "%d check(s) failed\n", fails); return 1; }
+    if (failures) { fprintf(stderr, "%d check(s) failed\n", failures); return 1; }
     printf("ahead tests: all passed\n");
     return 0;
 }

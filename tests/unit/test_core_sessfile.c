@@ -16,19 +16,11 @@
 #include <string.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include "open_model.h"
 
 static int fails;
 #define CHECK(c, ...) do { if (!(c)) { fails++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
-static df_engine *open_model(const char *dir) {
-    df_options o;
-    df_options_default(&o);
-    o.n_threads = 2;
-    char err[512];
-    df_engine *e = df_engine_open(dir, &o, err, sizeof err);
-    if (!e) fprintf(stderr, "cannot open %s: %s\n", dir, err);
-    return e;
-}
 
 static double rel_l2(const float *a, const float *b, int n) {
     double d = 0, r = 0;

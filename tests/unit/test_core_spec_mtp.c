@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "open_model.h"
 
 static int fails;
 #define CHECK(c, ...) do { if (!(c)) { fails++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
@@ -22,15 +23,6 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
-static df_engine *open_model(const char *dir) {
-    df_options o;
-    df_options_default(&o);
-    o.n_threads = 2;
-    char err[512];
-    df_engine *e = df_engine_open(dir, &o, err, sizeof err);
-    if (!e) fprintf(stderr, "cannot open %s: %s\n", dir, err);
-    return e;
-}
 
 /* The module's argmax for the last entry of timeline ids[0..n), from scratch. */
 static int fresh_mtp_argmax(df_engine *e, const int32_t *ids, size_t n, int V) {
