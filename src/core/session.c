@@ -397,7 +397,9 @@ int df_session_cut(df_session *s, size_t len, const float *logits, long credited
 
 /* ---- greedy decoding one token ahead (core.h) ---------------------------- */
 
-/* the last pass queued ahead by any session: the backend's token slot holds its argmax */
+/* the last pass queued ahead by any session: the backend's token slot holds its argmax (the slot is one per backend
+ * on a device: a session whose pass is not the last takes its token from the host; an engine runs one generation at a
+ * time, the server's queue.c) */
 static int64_t ahead_seq;
 
 void df_session_settle(df_session *s) {
@@ -439,7 +441,7 @@ int df_session_sample_ahead(df_session *s, const df_sampling *sp, int32_t *out_i
     double t0 = df_now();
     int32_t id;
     int64_t tk = 0;
-    if (s->tok && s->ahead_on == 2 && s->seq == ahead_seq) {
+    if (s->tok && s->ahead_on == 2 && s->seq == __atomic_load_n(&ahead_seq, __ATOMIC_ACQUIRE)) {
         /* the pass of the token the backend is choosing, queued before the host knows it */
         rc = df_forward_ahead(e->model, &s->st, NULL, (int)s->len, &tk);
         id = df_be->next_token_wait(s->ticket);
@@ -453,7 +455,7 @@ int df_session_sample_ahead(df_session *s, const df_sampling *sp, int32_t *out_i
         s->logits_valid = 0;
         return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", s->len, s->st.err[0] ? s->st.err : "bad input");
     }
-    s->ahead = 1, s->ahead_id = id, s->ticket = tk, s->seq = ++ahead_seq;
+    s->ahead = 1, s->ahead_id = id, s->ticket = tk, s->seq = __atomic_add_fetch(&ahead_seq, 1, __ATOMIC_ACQ_REL);
     e->stats.decode_seconds += df_now() - t0;
     if (tiers && !df_tier_stats_get(&ts1)) e->stats.gpu_decode_h2d_expert_bytes += ts1.h2d_expert_bytes - ts0.h2d_expert_bytes;
     *out_id = id;
