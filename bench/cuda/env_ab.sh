@@ -2,10 +2,10 @@
 # env_ab.sh STAGE ARM... - A/B of the resident decode under environment settings, on the GPU machine (issue 13 item
 # 5a): each ARM is NAME or NAME:VAR=VALUE[,VAR=VALUE...] (NAME alone: the build's defaults), run alternated AB_REPS
 # times (default 3) at each prompt length of AB_LENS (default "512 2048"), 128 decode tokens, greedy, on the synthetic
-# Qwen3-30B-A3B-shape BF16 model (make_moe.py, 4 layers; AB_MODEL=dsv3: the DeepSeek-V3-shape FP8 one of
-# bench/make_synthetic_dsv3.py, 4 layers, 32 experts). Prints a line a run (decode tok/s, the ids against the first
-# run of that length) and, per arm and length, the mean and its share of the HBM floor measured first (cuda_bench
-# --floor) at the model's weight bytes a token (from --stats).
+# Qwen3-30B-A3B-shape BF16 model (make_moe.py, 4 layers; AB_VOCAB=151936: with Qwen3's own vocabulary size;
+# AB_MODEL=dsv3: the DeepSeek-V3-shape FP8 one of bench/make_synthetic_dsv3.py, 4 layers, 32 experts). Prints a line
+# a run (decode tok/s, the ids against the first run of that length) and, per arm and length, the mean and its share
+# of the HBM floor measured first (cuda_bench --floor) at the model's weight bytes a token (from --stats).
 set -u
 S=${1:?stage}
 shift
@@ -16,6 +16,10 @@ if [ "${AB_MODEL:-qwen3}" = dsv3 ]; then
     M=/tmp/dsv3
     V=8092
     [ -f "$M/model.safetensors.index.json" ] || timeout 400 python3 bench/make_synthetic_dsv3.py "$M" --layers 4 --experts 32 --vocab 8192 >"$OUT/gen.log" 2>&1
+elif [ -n "${AB_VOCAB:-}" ]; then # the same model with a vocabulary of AB_VOCAB (151936: Qwen3's own)
+    M=/tmp/moe4-v$AB_VOCAB
+    V=8000
+    [ -f "$M/model.safetensors" ] || python3 "$(dirname "$0")/make_moe.py" "$M" --layers 4 --vocab "$AB_VOCAB" >"$OUT/gen.log" 2>&1
 else
     M=/tmp/moe4
     V=8000

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Writes a synthetic BF16 Qwen3-MoE checkpoint with Qwen3-30B-A3B expert
 shapes (hidden 2048, 32 heads x 128, 4 KV heads, 128 experts of width 768,
-top-8, q/k norms) and a small vocabulary (8192: the spine stays small, the
-experts are the bulk: 1.21 GB per layer), for the CUDA tier benchmark
+top-8, q/k norms) and a small vocabulary (8192 unless --vocab: the spine stays
+small, the experts are the bulk: 1.21 GB per layer), for the CUDA tier benchmark
 (tier_bench.sh). Needs only the Python standard library (the device machine
 has no numpy); values repeat a random pool (content does not matter for
 speed, routing is near uniform).
 
-Usage: make_moe.py OUT_DIR [--layers 4]"""
+Usage: make_moe.py OUT_DIR [--layers 4] [--vocab 8192]  (151936: Qwen3's own vocabulary)"""
 import argparse
 import json
 import os
@@ -17,9 +17,10 @@ import struct
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
 ap.add_argument("--layers", type=int, default=4)
+ap.add_argument("--vocab", type=int, default=8192)
 a = ap.parse_args()
 
-H, NH, NKV, HD, E, K, I, V = 2048, 32, 4, 128, 128, 8, 768, 8192
+H, NH, NKV, HD, E, K, I, V = 2048, 32, 4, 128, 128, 8, 768, a.vocab
 cfg = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": H, "intermediate_size": 6144,
        "moe_intermediate_size": I, "num_attention_heads": NH, "num_key_value_heads": NKV, "head_dim": HD,
        "num_experts": E, "num_experts_per_tok": K, "num_hidden_layers": a.layers, "decoder_sparse_step": 1,
