@@ -212,6 +212,7 @@ static int write_stats_json(const char *path, df_engine *e, const tok_series *ts
     json_object_set_new(o, "decode_bytes_read", json_integer(st.decode_bytes_read));
     json_object_set_new(o, "decode_bytes_per_token", json_real(st.decode_tokens ? (double)st.decode_bytes_read / st.decode_tokens : 0));
     json_object_set_new(o, "expert_cache_bytes", json_integer(st.expert_cache_bytes));
+    json_object_set_new(o, "decode_ahead_tokens", json_integer(st.decode_ahead_tokens));
     json_object_set_new(o, "ids", ids);
     json_t *se = json_object();
     json_object_set_new(se, "t", jarr_d(ts->t, ts->n));

@@ -60,6 +60,13 @@ def test_run_same_with_and_without_ahead(model_dir, args, queued):
         assert n == queued, ea
 
 
+def test_stats_json_counts_ahead_steps(model_dir, tmp_path):
+    js = tmp_path / "s.json"
+    out, err = run(model_dir, "1", "--prompt", PROMPT, "--max-new", "12", "--spec", "none", "--ignore-eos", "--stats-json", str(js))
+    st = json.loads(js.read_text())
+    assert st["decode_ahead_tokens"] == ahead_steps(err)[0] == st["decode_tokens"] == 11
+
+
 def requests(srv):
     out = []
     for body in [{"prompt": PROMPT, "max_tokens": 24},
