@@ -4,7 +4,8 @@
 # that tools/cuda_device.sh staged (bin/: deltafin, test_backend_ops,
 # test_backend_cuda, cuda_bench, h2d_bw; lib/; this script, cuda_e2e.py,
 # cuda_tiers.py, make_moe.py, tier_bench.sh, e2e_pct.py):
-#   1. test_backend_cuda (incl. the batching of cached experts), then the
+#   1. test_backend_cuda (incl. the batching of cached experts) and test_core_verify
+#      on cuda (verify passes bit-equal to plain steps), then the
 #      op-by-op conformance test (test_backend_ops --backend cuda --ref cpu-scalar);
 #   2. model parity (cuda_e2e.py: every tiny model in tests/data/models, CUDA vs CPU);
 #   3. the tier checks (cuda_tiers.py: tiny MoE models under a tiny VRAM budget);
@@ -105,6 +106,10 @@ fi
 if has unit; then
     step "test_backend_cuda" 60 cuda_unit.log "$S/bin/test_backend_cuda"
     tail -3 "$OUT/cuda_unit.log"
+    # issue 15 on the GPU: every verify pass's logits bit-equal to plain steps (exact products, attention and MoE a
+    # position at a time); SmolLM2 too where $HOME/.cache/deltafin/models holds it
+    DELTAFIN_TEST_BACKEND=cuda step "test_core_verify on cuda" 300 cuda_verify.log "$S/bin/test_core_verify"
+    grep -E "FAIL|failures" "$OUT/cuda_verify.log" | tail -8
 fi
 if has conf; then
     step "conformance (test_backend_ops --backend cuda --ref cpu-scalar)" 240 conformance.log "$S/bin/test_backend_ops" --backend cuda --ref cpu-scalar

@@ -418,8 +418,15 @@ typedef struct df_backend_ops {
      * gives for each token's row of Y exactly the bits that the same product
      * with n = 1 gives for that token's x alone (the decode product's order,
      * not the prefill GEMM's), at about the compute of n one-token products.
-     * Returns 1 when honoured, 0 when the backend cannot (its verify pass is
-     * then not bit-identical to plain steps). NULL: not supported (0). */
+     * The same holds for attention (each position's output the bits of a
+     * one-position step at that position: the CUDA backend launches its
+     * decode attention a position at a time). Returns 1 when honoured; 2 when
+     * honoured but a MoE layer's routed experts must run a position at a time
+     * through the one-token path (the caller does: model/kinds/ffn.c), since
+     * the device routes and combines a token's experts in kernels of their
+     * own (moe_fused, whose bits the batched host-routed path does not give);
+     * 0 when the backend cannot (its verify pass is then not bit-identical to
+     * plain steps). NULL: not supported (0). */
     int (*exact_products)(int on);
 
     /* Fused operations (optional; NULL: the wrappers below issue the plain
@@ -535,7 +542,8 @@ static inline int df_moe_resident(int layer, int n_experts, int k, int n) { retu
 static inline int df_moe_fused(const df_moe_fused_args *a) { return df_be->moe_fused ? df_be->moe_fused(a) : 1; }
 static inline int df_moe_preload(const df_weight *w, int n) { return df_be->moe_preload ? df_be->moe_preload(w, n) : 0; }
 /* backend.h: exact_products. 1: honoured (the products from here on until
- * off are the one-token bits), 0: the backend has no exact mode. */
+ * off are the one-token bits), 2: honoured with a MoE layer's experts a
+ * position at a time, 0: the backend has no exact mode. */
 static inline int df_exact_products(int on) { return df_be->exact_products ? df_be->exact_products(on) : 0; }
 /* The fused operations on backend be, or their plain composition where be has none (tests call these with a
  * named backend; the model calls the df_be forms below). */

@@ -358,9 +358,10 @@ int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out) {
     /* the products of the pass in the one-token order (backend.h:
      * exact_products), so each position's logits are the bits a plain step
      * gives; a backend without the mode runs its batched products */
-    (void)df_exact_products(1);
+    s->st.exact = df_exact_products(1);
     rc = df_forward(e->model, &s->st, ids, (int)n, (int)s->len, out, 1);
     (void)df_exact_products(0);
+    s->st.exact = 0;
     if (rc) return df_err(df_errbuf(), DF_ERRLEN, rc, "forward pass failed at position %zu: %s", s->len, s->st.err[0] ? s->st.err : "bad input");
     keep_hidden(s, s->len, n);
     memcpy(s->tokens + s->len, ids, n * sizeof(int32_t));

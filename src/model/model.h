@@ -236,6 +236,9 @@ typedef struct {
     int *pred;                /* [topk] predicted experts of the next layer */
     df_expert_source *src;    /* where routed experts come from (set by the engine) */
     double t_attn, t_ffn, t_other;
+    /* the pass runs in the backend's exact products (backend.h: exact_products' answer, set by the session around a
+     * verify pass; 0 otherwise): 2 runs a MoE layer's routed experts a position at a time (ffn.c) */
+    int exact;
 } df_state;
 
 /* max_batch positions a call; max_logits (<= max_batch) of them with logits each (df_forward's all) */

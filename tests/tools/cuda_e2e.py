@@ -11,7 +11,9 @@ golden.json), with --backend cpu and with --backend cuda:
     the logits must agree per position (rel L2 <= 1e-3) and have the same
     argmax;
   - `deltafin run` of GREEDY new tokens from the golden ids (--temperature 0,
-    --ignore-eos, --print-ids): the tokens must be identical.
+    --ignore-eos, --print-ids): the tokens must be identical; and on CUDA
+    from the golden ids three times over, `--spec ngram` (verify passes at
+    every prompt-lookup match) against `--spec none`: identical.
 
     cuda_e2e.py DELTAFIN_BIN [MODEL_DIR ...]
 
@@ -42,9 +44,9 @@ def eval_logits(binary, model, ids, backend, out, env=None):
     return np.fromfile(out, dtype="<f4"), p.stderr.strip()
 
 
-def greedy(binary, model, ids, backend):
+def greedy(binary, model, ids, backend, spec="auto"):
     p = subprocess.run([binary, "run", "--backend", backend, "--model", str(model), "--ids", ",".join(map(str, ids)), "--max-new", str(GREEDY),
-                        "--temperature", "0", "--ignore-eos", "--print-ids"], capture_output=True, text=True, timeout=600)
+                        "--temperature", "0", "--ignore-eos", "--print-ids", "--spec", spec], capture_output=True, text=True, timeout=600)
     if p.returncode:
         return None, p.stderr.strip()
     return p.stdout.split(), p.stderr.strip()
@@ -97,6 +99,13 @@ def main():
                 print(f"ok   {m.name} greedy: {len(tc)} tokens identical")
             else:
                 print(f"FAIL {m.name} greedy: cpu {tc if tc is not None else err_c!r}, cuda {tg if tg is not None else err_g!r}")
+            # speculation on the GPU (issue 15): prompt lookup drafting at every match, the ids of --spec none
+            tn, err_n = greedy(binary, m, g["ids"] * 3, "cuda", "none")
+            ts, err_s = greedy(binary, m, g["ids"] * 3, "cuda", "ngram")
+            ok = tn is not None and tn == ts and len(tn) >= GREEDY
+            bad += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {m.name} greedy, cuda --spec ngram against none: "
+                  + (f"{len(tn)} tokens identical" if ok else f"none {tn if tn is not None else err_n!r}, ngram {ts if ts is not None else err_s!r}"))
     print(f"cuda_e2e: {len(models)} models, {bad} failures")
     return 1 if bad else 0
 

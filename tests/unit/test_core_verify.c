@@ -7,6 +7,10 @@
  * Q2_K), resident and with the experts streamed through a minimal expert
  * cache, on two threads and on the scalar kernels, for passes of 2 to 9
  * positions; and SmolLM2 Q4_1 (the default model) where it is installed.
+ * DELTAFIN_TEST_BACKEND=cuda runs it all on the CUDA backend (a CUDA build on a
+ * GPU machine: bench/cuda/device_run.sh), whose exact products launch the
+ * decode kernels with the one-token split, its attention a position at a
+ * time and a MoE layer's experts a position at a time (backend.h).
  * The pass then continues like plain steps: after a cut back to an accepted
  * prefix, the next step's logits equal the plain session's. And `auto`
  * speculates only on a backend whose verify pass is exact: with the CPU
@@ -32,6 +36,7 @@ static df_engine *open_model(const char *path, int64_t expert_cache) {
     df_options_default(&o);
     o.n_threads = 2;
     o.expert_cache_bytes = expert_cache;
+    o.backend = getenv("DELTAFIN_TEST_BACKEND"); /* NULL: the CPU; "cuda" on a GPU machine (bench/cuda/device_run.sh) */
     char err[512];
     df_engine *e = df_engine_open(path, &o, err, sizeof err);
     if (!e) fprintf(stderr, "cannot open %s: %s\n", path, err);
@@ -138,11 +143,13 @@ int main(int argc, char **argv) {
         check_model("tests/data/models/qwen3-moe-k70", 0, "streamed");
         check_model("tests/data/models/kimi-k2-int4", 0, "streamed");
         check_model("tests/data/gguf_moe/deepseek2-q4_k_m.gguf", 0, "streamed");
-        /* the scalar kernels */
-        df_set_isa(DF_ISA_SCALAR), df_ggml_set_isa(DF_GGML_ISA_SCALAR);
-        check_model("tests/data/models/deepseek-v3-fp8", -1, "scalar");
-        check_model("tests/data/gguf_moe/qwen3moe-q4_k_m.gguf", -1, "scalar");
-        df_set_isa(-1), df_ggml_set_isa(DF_GGML_ISA_AUTO);
+        /* the scalar kernels (the CPU's) */
+        if (!getenv("DELTAFIN_TEST_BACKEND")) {
+            df_set_isa(DF_ISA_SCALAR), df_ggml_set_isa(DF_GGML_ISA_SCALAR);
+            check_model("tests/data/models/deepseek-v3-fp8", -1, "scalar");
+            check_model("tests/data/gguf_moe/qwen3moe-q4_k_m.gguf", -1, "scalar");
+            df_set_isa(-1), df_ggml_set_isa(DF_GGML_ISA_AUTO);
+        }
         /* the default model (SmolLM2 Q4_1 + Q8_0), when installed */
         char p[1024];
         const char *home = getenv("HOME");
@@ -150,6 +157,6 @@ int main(int argc, char **argv) {
         if (!access(p, R_OK)) check_model(p, -1, "default model");
         else printf("test_core_verify: %s not installed, skipped\n", p);
     }
-    printf("test_core_verify: %d positions compared, %d failures\n", passes, fails);
+    printf("test_core_verify (%s backend): %d positions compared, %d failures\n", df_be ? df_be->name : "no", passes, fails);
     return fails ? 1 : 0;
 }

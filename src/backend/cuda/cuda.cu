@@ -1125,7 +1125,7 @@ extern "C" const df_backend_ops df_backend_cuda = {
     g_causal_conv1d, g_kda_scan, g_kda_gate,
     g_host_pin, g_host_unpin, g_host_fence, g_experts_done, g_tier_reset, g_tier_stats,
     g_moe_resident, g_moe_fused, g_moe_preload,
-    NULL, /* exact_products: not honoured (auto takes plain steps on this backend) */
+    g_exact_products, /* the verify pass's products and attention in the one-token bits (cuda_mm.cu) */
     g_add_rmsnorm, g_qk_norm_rope,
     g_next_token, g_next_token_wait, g_embed_token,
     1, /* queued */

@@ -90,6 +90,9 @@ struct ProfScope {
 #define PROF_SCOPE() ProfScope prof_(__func__)
 /* DELTAFIN_CUDA_LEAN: the mask of the decode-step savings in force (cuda_mm.cu: 1 products, 2 attention) */
 int lean_mask(void);
+/* exact products on for the calling thread (cuda_mm.cu; backend.h exact_products): attention a position a launch */
+extern thread_local int g_exact;
+int g_exact_products(int on);
 /* blocking host waits for the device so far (g_read; cuda_ops.cu's decode attention reads rows final before them early) */
 extern int64_t g_host_waits;
 /* ---- programmatic dependent launch (DELTAFIN_CUDA_LEAN bit 32, round 7) ----------------------------------

@@ -1737,9 +1737,49 @@ static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
     return 0;
 }
 
+/* ---- exact products (backend.h: exact_products; the speculative verify pass) ----------------------------------
+ * On, a product of n > 1 tokens gives each token's row of Y the bits of the same product of that token alone. A
+ * job takes the one-token path's bits in one of two ways. Its one-token launch is k_mm (every row's fmaf chain and
+ * sums depend only on the row's split over warps, wk: mm_warp), so the n tokens go through k_mm with the one-token
+ * wk in one launch, the weight read once. Or its one-token launch may be another kernel with its own order: the
+ * FP8 and BF16 rows of the 16-byte path (k_mm_f8's body, LEAN bits 524288 and 134217728) and, with LEAN bit 1024,
+ * the float spine rows (k_mm_cp); whether they take it depends on the batch (jobs of one decoder, at most
+ * MM_SMALLJ of them), so a call holding any such job runs as n one-token calls with the same job list (the same
+ * grouping, the same kernels). Thread-local, as the CPU backend's mode: the session sets it around its pass. */
+thread_local int g_exact;
+int g_exact_products(int on) {
+    g_exact = on != 0;
+    return 2; /* honoured; a MoE layer's experts run per position (backend.h): the device-routed path has its own bits */
+}
+static int exact_per_token(const df_mv_job *jobs, int n_jobs) {
+    for (int j = 0; j < n_jobs; j++) {
+        const df_weight *w = jobs[j].w;
+        if (w->fmt == DF_W_BF16 || w->fmt == DF_W_FP8) return 1;
+        if ((lean_mask() & 1024) && !w->ident && (w->fmt == DF_W_F32 || w->fmt == DF_W_F16)) return 1;
+    }
+    return 0;
+}
+static void mm_batch(const df_mv_job *jobs, int n_jobs, int n);
 void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
     LOCK();
     if (n <= 0) return;
+    if (n > 1 && g_exact && exact_per_token(jobs, n_jobs)) {
+        df_mv_job st[32], *one = n_jobs <= 32 ? st : (df_mv_job *)malloc((size_t)n_jobs * sizeof *one);
+        if (!one) {
+            fprintf(stderr, "deltafin: cuda backend: matmul_batch: out of host memory for %d jobs\n", n_jobs);
+            exit(1);
+        }
+        for (int t = 0; t < n; t++) {
+            for (int j = 0; j < n_jobs; j++)
+                one[j] = df_mv_job{jobs[j].w, df_act_atc(jobs[j].x, (size_t)t * (size_t)jobs[j].w->cols), df_act_at(jobs[j].y, (size_t)t * (size_t)jobs[j].w->rows)};
+            mm_batch(one, n_jobs, 1);
+        }
+        if (one != st) free(one);
+        return;
+    }
+    mm_batch(jobs, n_jobs, n);
+}
+static void mm_batch(const df_mv_job *jobs, int n_jobs, int n) {
     g_xs.X = NULL; /* x may have changed since the last call */
     if (n > 1 && g_prof > 0) prof_restart();
     MmBatch b;
@@ -1755,8 +1795,10 @@ void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n) {
         if (scratch) mm_flush(&b, blocks, n), blocks = 0;
         if (w_get(jobs[j].w, S_WD0, S_WS0, &d, "matmul_batch")) continue;
         if (d.rows <= 0) continue;
-        if (n >= MM_GEMM_MIN_N && !mm_gemm(d, DCP(jobs[j].x), DP(jobs[j].y), n)) continue;
-        const int vec = vec_kind(d, DCP(jobs[j].x)), wk = n == 1 ? split_at(d, vec, split1(jobs[j].w->ident != 0)) : split_of(d, vec), per_block = MM_WARPS / wk * MM_R;
+        if (n >= MM_GEMM_MIN_N && !g_exact && !mm_gemm(d, DCP(jobs[j].x), DP(jobs[j].y), n)) continue;
+        /* exact products: the one-token split, so k_mm gives each token the one-token bits */
+        const int vec = vec_kind(d, DCP(jobs[j].x)), wk = n == 1 || g_exact ? split_at(d, vec, split1(jobs[j].w->ident != 0)) : split_of(d, vec),
+                  per_block = MM_WARPS / wk * MM_R;
         const unsigned nb = (unsigned)((d.rows + per_block - 1) / per_block);
         /* round 9 (bit 1024): one-token products of spine weights of the plain 16-byte decoders through k_mm_cp
          * (a job takes that kernel whatever the other jobs of its batch, so its bits do not depend on them) */

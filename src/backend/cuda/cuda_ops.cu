@@ -29,7 +29,7 @@ __device__ void block_softmax(float *sc, int len) {
 
 /* Tokens per attention launch: the scores scratch (tokens x heads x positions
  * floats) stays under 64 Mi floats and grid.y under its limit; later chunks
- * are later positions of the same cache. */
+ * are later positions of the same cache. With exact products on: 1. */
 static int g_chunk = -1; /* DELTAFIN_CUDA_ATTN_CHUNK=N: at most N tokens per launch (a testing aid for the chunked path) */
 static int chunk_tokens(int n, int heads, int pos0) {
     if (g_chunk < 0) {
@@ -37,6 +37,8 @@ static int chunk_tokens(int n, int heads, int pos0) {
         g_chunk = e ? atoi(e) : 0;
         if (g_chunk < 0) g_chunk = 0;
     }
+    /* exact products (cuda_mm.cu, g_exact): a position at a time, each a one-position step's launch and bits */
+    if (g_exact) return 1;
     const size_t T = (size_t)pos0 + n, cap = ((size_t)64 << 20) / ((size_t)(heads > 0 ? heads : 1) * (T ? T : 1));
     size_t per = cap < 1 ? 1 : cap > 65535 ? 65535 : cap;
     if (g_chunk && (size_t)g_chunk < per) per = (size_t)g_chunk;

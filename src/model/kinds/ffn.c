@@ -188,6 +188,19 @@ static int moe_preload(const df_model *m, const df_layer *L, int l) {
 int df_ffn_moe(const df_model *m, df_state *s, const df_layer *L, int l, int n) {
     const df_config *c = &m->cfg;
     const int H = c->hidden, E = c->n_experts, K = c->n_experts_used;
+    if (s->exact == 2 && n > 1) {
+        /* a verify pass on a backend whose one-token MoE has bits of its own (backend.h: exact_products 2): each
+         * position through this function as a plain step's (router, experts, combine, shared experts), its rows of
+         * xn and ffn_out viewed as a batch of one; the other scratch is per call */
+        df_act *xn = s->xn, *fo = s->ffn_out;
+        int rc = 0;
+        for (int t = 0; t < n && !rc; t++) {
+            s->xn = DF_AT(xn, (size_t)t * H), s->ffn_out = DF_AT(fo, (size_t)t * H);
+            rc = df_ffn_moe(m, s, L, l, 1);
+        }
+        s->xn = xn, s->ffn_out = fo;
+        return rc;
+    }
     df_matmul(&L->w.router, s->xn, n, s->router_logits);
     df_expert_source *src = s->src ? s->src : m->resident_src;
     /* latent MoE: the routed experts work on the latent projection of the input */
