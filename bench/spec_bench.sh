@@ -7,7 +7,9 @@
 #                                     ~/.cache/deltafin/models/smollm2-135m-instruct/model.gguf;
 #                                     ./deltafin setup --model smollm2-135m-instruct makes it)
 # Env: DELTAFIN_BIN (default ./deltafin), REPS (default 3), MAX_NEW (default 200),
-#      THREADS (default 1: steadier on a shared machine), SPEC_MAX (default 8).
+#      THREADS (default 1: steadier on a shared machine), SPEC_MAX (default 8),
+#      RUN_ARGS (more options for every run, e.g. "--backend cuda" on a GPU
+#      machine: bench/cuda/spec_cuda.sh).
 #
 # Prompts (rows):
 #   edit:     the 158-line Python file bench/spec_edit_src.py in a code block,
@@ -122,7 +124,7 @@ sys.stdout.write("<|im_start|>system\nYou are a helpful AI assistant named SmolL
                  "<|im_start|>assistant\n```python\n" + src.split("\n")[0] + "\n")
 PY
 "$BIN" tokenize --tokenizer "$MODEL" <"$TMP/edit.txt" | tr -d '[] \n' >"$TMP/edit.ids"
-echo "== $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $BIN; model $MODEL; edit: $(wc -l <"$NEWSRC") lines, $(awk -F, '{print NF}' "$TMP/edit.ids") prompt tokens; edit-old: $(wc -l <"$SRC") lines; REPS=$REPS MAX_NEW=$MAX_NEW THREADS=$THREADS SPEC_MAX=$SPEC_MAX"
+echo "== $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $BIN; model $MODEL; edit: $(wc -l <"$NEWSRC") lines, $(awk -F, '{print NF}' "$TMP/edit.ids") prompt tokens; edit-old: $(wc -l <"$SRC") lines; REPS=$REPS MAX_NEW=$MAX_NEW THREADS=$THREADS SPEC_MAX=$SPEC_MAX RUN_ARGS=${RUN_ARGS:-}"
 # the floors of this run (memory read with 1 and THREADS threads, peak f32 FMA), before the rows and after them
 floors() { echo "-- floors ($1): $("$BIN" bench floors --threads "$THREADS" 2>/dev/null | tail -1)"; }
 floors before
@@ -136,7 +138,8 @@ one() { # prompt-name arm rep
         edit-old) in=(--chat --prompt "$EDIT_OLD") ;;
         *) in=(--chat --prompt "$CHAT") ;;
     esac
-    "$BIN" run --model "$MODEL" --threads "$THREADS" "${in[@]}" --max-new "$MAX_NEW" --ignore-eos \
+    # shellcheck disable=SC2086
+    "$BIN" run --model "$MODEL" --threads "$THREADS" ${RUN_ARGS:-} "${in[@]}" --max-new "$MAX_NEW" --ignore-eos \
         --print-ids --stats --spec "$arm" --spec-max "$SPEC_MAX" >"$TMP/$p.$arm.$r.ids" 2>"$TMP/$p.$arm.$r.err"
     local tps spec
     tps=$(grep -o 'decode [0-9]* tokens in [0-9.]* s ([0-9.]* tok/s' "$TMP/$p.$arm.$r.err" | grep -o '[0-9.]* tok/s' | cut -d' ' -f1)

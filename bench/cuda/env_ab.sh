@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # env_ab.sh STAGE ARM... - A/B of the resident decode under environment settings, on the GPU machine (issue 13 item
-# 5a): each ARM is NAME or NAME:VAR=VALUE[,VAR=VALUE...] (NAME alone: the build's defaults), run alternated AB_REPS
+# 5a): each ARM is NAME or NAME:VAR=VALUE[,VAR=VALUE...] (NAME alone: the build's defaults; SPEC=MODE: --spec MODE), run alternated AB_REPS
 # times (default 3) at each prompt length of AB_LENS (default "512 2048"), 128 decode tokens, greedy, on the synthetic
 # Qwen3-30B-A3B-shape BF16 model (make_moe.py, 4 layers; AB_VOCAB=151936: with Qwen3's own vocabulary size;
 # AB_MODEL=dsv3: the DeepSeek-V3-shape FP8 one of bench/make_synthetic_dsv3.py, 4 layers, 32 experts). Prints a line
@@ -37,15 +37,19 @@ for n in ${AB_LENS:-512 2048}; do
             name=${arm%%:*}
             envs=()
             [ "$name" != "$arm" ] && IFS=, read -r -a envs <<<"${arm#*:}"
+            opts=() # SPEC=MODE among an arm's settings: --spec MODE (not an environment variable)
+            for i in "${!envs[@]}"; do
+                case ${envs[$i]} in SPEC=*) opts+=(--spec "${envs[$i]#SPEC=}"); unset "envs[$i]" ;; esac
+            done
             env "${envs[@]}" timeout 200 "$BIN" run --backend cuda --model "$M" --ids "$IDS" --max-new 128 --ignore-eos --print-ids --stats \
-                --gpu-memory 100G >"$OUT/run.out" 2>"$OUT/run.log"
+                --gpu-memory 100G "${opts[@]}" >"$OUT/run.out" 2>"$OUT/run.log"
             rc=$?
             tps=$(grep -h '^\[stats\] prefill' "$OUT/run.log" | sed 's/.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\1/' | head -1)
             gbs=$(grep -h '^\[stats\] prefill' "$OUT/run.log" | sed 's/.*(\([0-9.]*\) tok\/s, \([0-9.]*\) GB.*/\2/' | head -1)
             grep -E '^[0-9 ]+$' "$OUT/run.out" >"$OUT/cur.ids"
             [ -f "$OUT/ref$n.ids" ] || cp "$OUT/cur.ids" "$OUT/ref$n.ids"
             same=$(cmp -s "$OUT/cur.ids" "$OUT/ref$n.ids" && echo same || echo DIFFER)
-            echo "$name p$n rc $rc decode ${tps:-?} tok/s ($gbs GB/s of weights), ids $same"
+            echo "$name p$n rc $rc decode ${tps:-?} tok/s ($gbs GB/s of weights), ids $same; $(grep -h '^\[stats\] spec' "$OUT/run.log" | head -1 | cut -c9-130)"
             [ "$rc" = 0 ] || tail -3 "$OUT/run.log"
             echo "$name $n ${tps:-0} ${gbs:-0}" >>"$OUT/tps.txt"
         done

@@ -35,10 +35,13 @@ int df_session_sample_logits(df_session *s, const float *logits, const df_sampli
  * expert bytes count as decode; tokens are credited by df_session_cut. On a
  * backend with exact products (df_session_verify_exact) row i of out is,
  * bit for bit, the logits of a plain step (df_session_push) of ids[i] after
- * ids[0..i): the pass runs every product in the one-token order. */
+ * ids[0..i): the pass runs every product in the one-token order. Where the
+ * pass of ids[0] was queued ahead (df_session_sample_ahead,
+ * df_session_queue), that queued plain step is row 0 and the pass runs over
+ * ids[1..n). */
 int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out);
 /* 1 when the session's backend makes verify passes bit-identical to plain
- * steps (backend.h: exact_products; the CPU), 0 otherwise (CUDA). */
+ * steps (backend.h: exact_products; the CPU and CUDA backends), 0 otherwise. */
 int df_session_verify_exact(const df_session *s);
 /* Back to len (<= the length; truncation) with logits the distribution
  * there (NULL: unknown, recomputed when needed); credits `credited` decode
@@ -53,6 +56,14 @@ int df_session_cut(df_session *s, size_t len, const float *logits, long credited
  * backend without the ops (backend.h next_token), or DELTAFIN_AHEAD=0) it is df_session_sample; a backend whose
  * ops run synchronously (the CPU) takes this path only with DELTAFIN_AHEAD=1. */
 int df_session_sample_ahead(df_session *s, const df_sampling *sp, int32_t *out_id);
+/* The forward pass of a token the caller already knows (the last token a verify pass decided) queued at the next
+ * position as df_session_sample_ahead queues its own: the df_session_push of id, or a df_session_verify whose first
+ * id it is, then confirms it, and a df_session_sample_ahead after that push finds the logits on the backend (no
+ * synchronous step between a pass and the next). 1 when queued; 0 when not (the conditions of
+ * df_session_sample_ahead but the sampling, or logits still on the backend): the push then runs the step. */
+int df_session_queue(df_session *s, int32_t id);
+/* 1 with *id the token whose pass is queued at the next position (df_session_sample_ahead, df_session_queue), else 0 */
+int df_session_queued(const df_session *s, int32_t *id);
 /* The main model's final hidden states (before the final norm), [max_ctx x
  * hidden], valid for positions below the length that this session computed;
  * NULL unless the model has an MTP module. */

@@ -45,6 +45,12 @@ struct df_gen {
     int has_pending, over;
     const char *finish;
     double t_engine;
+    /* a plain step pushed whose time is not noted yet (speculation's economics): a step queued ahead runs on the
+     * device while the host goes on, and the host waits for it when it samples the token after it, so a plain step
+     * is noted with that sampling's time added (close_plain) */
+    int plain_open;
+    double plain_dt;
+    int k_next; /* the pending token's drafts, decided when it became known (-1: at its push) */
     df_gmatch *gm;        /* constrained decoding: the document so far */
     uint32_t *allow;      /* its mask, (vocab + 31) / 32 words */
     char err[256];
@@ -163,6 +169,7 @@ df_gen *df_gen_new(df_engine *e, df_session *s, const df_gen_config *cfg) {
     g->e = e;
     g->s = s;
     g->cfg = *cfg;
+    g->k_next = -1;
     df_engine_info(e, &g->info);
     g->cfg.n_stop = cfg->text ? cfg->n_stop : 0; /* stop strings need text */
     g->cfg.stop = NULL;
@@ -303,40 +310,56 @@ static int verify(df_gen *g, int k) {
 
 /* The pending token into the session: already there (an accepted draft),
  * a verify pass with drafts after it, or a plain step. */
+/* How many drafts the pending token's push takes (0: a plain step), the drafts in draft[1..k]. */
+static int decide_k(df_gen *g) {
+    if (!g->spec) return 0;
+    double t = df_now();
+    size_t len = df_session_len(g->s), lim = df_session_max_ctx(g->s);
+    if (g->cfg.max_context && g->cfg.max_context < lim) lim = g->cfg.max_context;
+    long room = lim > len + 1 ? (long)(lim - len - 1) : 0;
+    if (g->cfg.max_new - g->n - 1 < room) room = g->cfg.max_new - g->n - 1;
+    int k = df_spec_want(g->spec, room > DF_SPEC_MAX_K ? DF_SPEC_MAX_K : (int)room);
+    if (k > 0) {
+        k = df_spec_draft(g->spec, k, g->draft + 1, g->err, sizeof g->err);
+        if (k < 0) {
+            snprintf(g->ss.off_reason, sizeof g->ss.off_reason, "the drafter failed (%.120s): speculation off", g->err);
+            df_spec_free(g->spec);
+            g->spec = NULL;
+            k = 0;
+        }
+        g->ss.t_draft += df_now() - t;
+    }
+    return k;
+}
+
 static int push_pending(df_gen *g) {
     g->has_pending = 0;
     if (g->pending_in_session) { g->pushed++; return 0; }
-    int k = 0, rc;
+    int k, rc;
     double t = df_now();
-    if (g->spec) {
-        size_t len = df_session_len(g->s), lim = df_session_max_ctx(g->s);
-        if (g->cfg.max_context && g->cfg.max_context < lim) lim = g->cfg.max_context;
-        long room = lim > len + 1 ? (long)(lim - len - 1) : 0;
-        if (g->cfg.max_new - g->n - 1 < room) room = g->cfg.max_new - g->n - 1;
-        k = df_spec_want(g->spec, room > DF_SPEC_MAX_K ? DF_SPEC_MAX_K : (int)room);
-        if (k > 0) {
-            k = df_spec_draft(g->spec, k, g->draft + 1, g->err, sizeof g->err);
-            if (k < 0) {
-                snprintf(g->ss.off_reason, sizeof g->ss.off_reason, "the drafter failed (%.120s): speculation off", g->err);
-                df_spec_free(g->spec);
-                g->spec = NULL;
-                k = 0;
-            }
-            g->ss.t_draft += df_now() - t;
-        }
-    }
+    if (g->k_next >= 0) k = g->k_next, g->k_next = -1; /* decided when the token became known (df_gen_step) */
+    else k = decide_k(g);
     if (k > 0) {
         rc = verify(g, k);
     } else {
         double t1 = df_now();
         rc = df_session_push(g->s, g->pending);
-        double dt = df_now() - t1;
-        if (g->spec) { df_spec_note_plain(g->spec, dt); g->ss.plain_steps++; g->ss.t_plain += dt; }
-        else if (g->cfg.spec) { g->ss.plain_steps++; g->ss.t_plain += dt; }
+        if (g->cfg.spec) g->plain_open = 1, g->plain_dt = df_now() - t1;
     }
     g->t_engine += df_now() - t;
     if (!rc) g->pushed++;
     return rc;
+}
+
+/* The plain step pushed last, noted with `extra` seconds (the sampling of the token after it, where the host
+ * waited for it) */
+static void close_plain(df_gen *g, double extra) {
+    if (!g->plain_open) return;
+    g->plain_open = 0;
+    const double dt = g->plain_dt + extra;
+    if (g->spec) df_spec_note_plain(g->spec, dt);
+    g->ss.plain_steps++;
+    g->ss.t_plain += dt;
 }
 
 /* Generation is over: the session holds the prompt and every chosen token
@@ -359,6 +382,7 @@ int df_gen_step(df_gen *g, df_gen_token *out) {
         if (rc) { settle(g); return fail(g, out, rc, df_engine_error(g->e)); }
     }
     if (g->n >= g->cfg.max_new) { /* max_new 0 */
+        close_plain(g, 0.0);
         if ((rc = finish(g, "length"))) return fail(g, out, rc, "out of memory");
         hand_out(g, out);
         return 0;
@@ -370,6 +394,7 @@ int df_gen_step(df_gen *g, df_gen_token *out) {
         logits = g->ql + (size_t)g->qi * (size_t)g->info.vocab_size;
         id = g->q[g->qi++];
         in_session = g->qi < g->qn;
+        close_plain(g, 0.0);
     } else {
         g->qi = g->qn = 0;
         logits = g->cfg.logprobs ? df_session_logits(g->s) : NULL;
@@ -399,9 +424,13 @@ int df_gen_step(df_gen *g, df_gen_token *out) {
         }
         t = df_now();
         /* greedy plain steps with another token to come: the next pass queued before this token is known (core.h) */
-        const int ahead = !g->gm && !logits && !g->spec && g->n + 1 < g->cfg.max_new &&
+        /* with speculation, where its last choice was a plain step (the next one likely is too): a verify pass
+         * that follows after all takes the queued pass as its first position (df_session_verify), at a plain
+         * step's cost instead of a position's in the pass */
+        const int ahead = !g->gm && !logits && (!g->spec || df_spec_k_now(g->spec) == 0) && g->n + 1 < g->cfg.max_new &&
                           (!g->cfg.max_context || g->prompt_len + g->pushed + 1 < (size_t)g->cfg.max_context);
         rc = ahead ? df_session_sample_ahead(g->s, &sp, &id) : df_session_sample(g->s, &sp, &id);
+        close_plain(g, df_now() - t); /* where the last step was queued ahead, this waited for it */
         g->t_engine += df_now() - t;
         if (rc) return fail(g, out, rc, df_engine_error(g->e));
     }
@@ -436,6 +465,15 @@ int df_gen_step(df_gen *g, df_gen_token *out) {
         g->pending = id;
         g->has_pending = 1;
         g->pending_in_session = in_session;
+        int32_t qid;
+        if (g->spec && !in_session && !(df_session_queued(g->s, &qid) && qid == id)) {
+            /* the token is known on the host and its step not queued (a pass decided it, or the host sampled it): its
+             * push decided now, and a plain step queued at once (no wait for the device between a pass and it) */
+            double t = df_now();
+            g->k_next = decide_k(g);
+            if (g->k_next == 0) (void)df_session_queue(g->s, id);
+            g->t_engine += df_now() - t;
+        }
     }
     if (g->over) settle(g);
     hand_out(g, out);

@@ -340,6 +340,20 @@ int df_session_verify_exact(const df_session *s) {
 }
 
 int df_session_verify(df_session *s, const int32_t *ids, size_t n, float *out) {
+    if (n >= 1 && n <= DF_MAX_BATCH && s->ahead && ids[0] == s->ahead_id && s->len + n <= (size_t)s->st.max_ctx) {
+        /* the first id's pass was queued ahead (df_session_sample_ahead): a plain step, so its logits are the bits
+         * this pass's first row would have; confirmed as df_session_push confirms it (tokens credited by the cut),
+         * its logits read back, and the pass runs over the drafts after it */
+        s->tokens[s->len++] = ids[0];
+        s->ahead = 0, s->tok = 1, s->logits_valid = 0;
+        s->e->stats.weight_bytes_touched += s->e->model->bytes_active;
+        const double t0 = df_now();
+        df_session_settle(s);
+        s->e->stats.decode_seconds += df_now() - t0;
+        const size_t V = (size_t)s->e->model->cfg.vocab;
+        memcpy(out, s->logits, V * sizeof(float));
+        return n == 1 ? 0 : df_session_verify(s, ids + 1, n - 1, out + V);
+    }
     df_session_settle(s);
     if (!df_state_truncatable(s->e->model))
         return df_err(df_errbuf(), DF_ERRLEN, DF_EINPUT, "verify: the model has recurrent layers (no truncation)");
@@ -426,6 +440,25 @@ static int ahead_ok(df_session *s, const df_sampling *sp) {
         s->ahead_on = on ? (df_forward_ahead_embeds(m) ? 2 : 1) : 0;
     }
     return s->ahead_on && (!sp || (sp->temperature <= 0 && !sp->allow)) && s->len + 1 < (size_t)s->st.max_ctx && (s->logits_valid || s->tok);
+}
+
+int df_session_queued(const df_session *s, int32_t *id) {
+    if (!s->ahead) return 0;
+    *id = s->ahead_id;
+    return 1;
+}
+
+int df_session_queue(df_session *s, int32_t id) {
+    if (s->ahead || s->tok || !ahead_ok(s, NULL) || check_ids(s, &id, 1)) return 0;
+    df_engine *e = s->e;
+    for (int i = 0; i < DF_MAX_SNAPSHOTS; i++) /* position len is rewritten */
+        if (s->snaps[i].used && (size_t)s->snaps[i].st.pos > s->len) snap_drop(&s->snaps[i]);
+    const double t0 = df_now();
+    int64_t tk = 0;
+    if (df_forward_ahead(e->model, &s->st, &id, (int)s->len, &tk)) return 0; /* the push runs the step (and says what failed) */
+    s->ahead = 1, s->ahead_id = id, s->ticket = tk, s->seq = __atomic_add_fetch(&ahead_seq, 1, __ATOMIC_ACQ_REL);
+    e->stats.decode_seconds += df_now() - t0;
+    return 1;
 }
 
 int df_session_sample_ahead(df_session *s, const df_sampling *sp, int32_t *out_id) {

@@ -2,6 +2,7 @@
 the token is known, a device backend's default) must not change what `deltafin run` and `deltafin serve` produce. On
 the CPU it runs only with DELTAFIN_AHEAD=1, so here every output with DELTAFIN_AHEAD=1 is compared byte for byte with
 DELTAFIN_AHEAD=0: prompts, chat, max_tokens 1 and 2 (nothing queued past the end), the end-of-sequence id, ids,
+speculation (auto's plain steps queued ahead; ngram's verify passes taking a queued pass as their first position),
 sampling (the plain path), and a server answering requests one after another on its reused sessions (a stop string: the queued pass dropped;
 the prefix reused by the next request) and streamed.
 
@@ -38,7 +39,10 @@ CASES = [
     (["--prompt", PROMPT, "--max-new", "2", "--spec", "none"], "all"),
     (["--chat", "--prompt", PROMPT, "--max-new", "30", "--spec", "none"], "all"),
     (["--ids", "785,1879,374,264", "--max-new", "30", "--print-ids", "--ignore-eos", "--spec", "none"], "all"),
-    (["--ids", "785,1879,374,264", "--max-new", "30", "--print-ids"], 0),  # --spec auto drafts on the CPU: plain path
+    (["--ids", "785,1879,374,264", "--max-new", "30", "--print-ids"], "all"),  # --spec auto: its plain steps queued ahead
+    # verify passes after queued plain steps: a pass takes the queued pass as its first position (session.c
+    # df_session_verify); the ids must not change
+    (["--ids", "785,1879,374,264,785,1879,374,264,785,1879", "--max-new", "60", "--print-ids", "--ignore-eos", "--spec", "ngram"], "some"),
     (["--prompt", PROMPT, "--max-new", "40", "--temperature", "0.8", "--seed", "5", "--spec", "none"], 0),  # sampled
 ]
 
@@ -56,6 +60,10 @@ def test_run_same_with_and_without_ahead(model_dir, args, queued):
     n, total = ahead_steps(ea)
     if queued == "all":  # every decode step was queued ahead (the last chosen token is never pushed)
         assert n > 0 and n == total, ea
+    elif queued == "some":  # plain steps queued ahead, and verify passes after some of them
+        assert 0 < n < total, ea
+        m = re.search(r"spec ngram: (\d+) verify passes", ea)
+        assert m and int(m.group(1)) > 0, ea
     else:
         assert n == queued, ea
 

@@ -113,6 +113,64 @@ static void test_argmax_rule(void) {
     df_free(buf);
 }
 
+/* A verify pass whose first id's pass was queued ahead (speculation with ahead steps: session.c df_session_verify
+ * confirms it and runs the pass over the drafts): each row of logits bit-equal to a plain step's, the pass taken
+ * that way (nothing queued after it), and after a cut back into it, the known next token queued (df_session_queue)
+ * and pushed, the next steps are a plain session's. */
+static void test_verify_after_ahead(const char *dir) {
+    df_engine *e = open_model(dir);
+    CHECK(e, "open %s", dir);
+    if (!e) return;
+    df_model_info mi;
+    df_engine_info(e, &mi);
+    const size_t V = (size_t)mi.vocab_size;
+    int32_t prompt[10], ids[8];
+    for (int i = 0; i < 10; i++) prompt[i] = (int32_t)((i * 31 + 5) % (int)V);
+    df_session *p = df_session_new(e, 128), *a = df_session_new(e, 128);
+    CHECK(p && a && !df_session_sync(p, prompt, 10) && !df_session_sync(a, prompt, 10), "%s: sessions", dir);
+    float *lp = malloc(6 * V * sizeof(float)), *out = malloc(6 * V * sizeof(float));
+    /* the plain session: the greedy id, then drafts (its own next ids but the fourth, changed) and their logits */
+    CHECK(!df_session_sample(p, &greedy, &ids[0]), "%s: plain sample", dir);
+    for (int i = 0; i < 5; i++) {
+        CHECK(!df_session_push(p, ids[i]), "%s: plain push %d", dir, i);
+        memcpy(lp + (size_t)i * V, df_session_logits(p), V * sizeof(float));
+        CHECK(!df_session_sample(p, &greedy, &ids[i + 1]), "%s: plain sample %d", dir, i);
+        if (i == 3) ids[i + 1] = (ids[i + 1] + 1) % (int32_t)V;
+    }
+    int32_t id;
+    CHECK(!df_session_sample_ahead(a, &greedy, &id) && id == ids[0] && a->ahead, "%s: queued pass of %d (plain %d)", dir, id, ids[0]);
+    CHECK(!df_session_verify(a, ids, 5, out), "%s: verify after a queued pass: %s", dir, df_engine_error(e));
+    CHECK(!a->ahead && df_session_len(a) == 15, "%s: after the pass: queued %d, length %zu", dir, a->ahead, df_session_len(a));
+    for (int i = 0; i < 5; i++)
+        CHECK(!memcmp(out + (size_t)i * V, lp + (size_t)i * V, V * sizeof(float)), "%s: pass row %d differs from the plain step's", dir, i);
+    /* accept 2 drafts, then plain steps again: the plain session's ids */
+    CHECK(!df_session_cut(a, 13, out + 2 * V, 3), "%s: cut", dir);
+    df_session *q = df_session_new(e, 128); /* the reference: the prompt, then plain steps (a prefill's rounding differs) */
+    CHECK(q && !df_session_sync(q, prompt, 10) && !df_session_push(q, ids[0]) && !df_session_push(q, ids[1]) && !df_session_push(q, ids[2]),
+          "%s: reference session", dir);
+    /* the token after the accepted prefix is known (the pass decided it): its step queued (df_session_queue), then
+     * confirmed by the push, and the steps after it take the backend's token */
+    CHECK(df_session_queue(a, ids[3]) == 1 && a->ahead && a->ahead_id == ids[3], "%s: queue a known token", dir);
+    CHECK(df_session_queue(a, ids[3]) == 0, "%s: a second queue while one is queued", dir);
+    CHECK(!df_session_push(a, ids[3]) && !a->ahead && !df_session_push(q, ids[3]), "%s: push of the queued token", dir);
+    for (int t = 0; t < 4; t++) {
+        int32_t x, y;
+        CHECK(!df_session_sample_ahead(a, &greedy, &x) && !df_session_sample(q, &greedy, &y) && x == y, "%s: step %d after the pass", dir, t);
+        CHECK(!df_session_push(a, x) && !df_session_push(q, y), "%s: push %d after the pass", dir, t);
+    }
+    /* a pass of one position after a queued pass: the confirmed step alone */
+    CHECK(!df_session_sample_ahead(a, &greedy, &id) && a->ahead, "%s: queued again", dir);
+    CHECK(!df_session_sample(q, &greedy, &ids[0]) && ids[0] == id && !df_session_push(q, id), "%s: reference step", dir);
+    int rc1 = df_session_verify(a, &id, 1, out);
+    const float *lq = df_session_logits(q);
+    size_t d1 = 0;
+    while (d1 < V && !memcmp(out + d1, lq + d1, sizeof(float))) d1++;
+    CHECK(!rc1 && d1 == V, "%s: pass of one: rc %d, logit %zu: %g vs %g", dir, rc1, d1, d1 < V ? out[d1] : 0.0, d1 < V ? lq[d1] : 0.0);
+    free(lp), free(out);
+    df_session_free(p), df_session_free(a), df_session_free(q);
+    df_engine_close(e);
+}
+
 int main(void) {
     setenv("DELTAFIN_AHEAD", "1", 1);
     df_backend_init(2);
@@ -123,6 +181,9 @@ int main(void) {
     test_model("tests/data/models/kimi-k3-tiny", 0);    /* hybrid: KDA layers keep a recurrent state */
     test_model("tests/data/models/kimi-linear-tiny", 0); /* recurrent layers: plain steps */
     test_model("tests/data/models/llama-bf16", 2);
+    test_verify_after_ahead("tests/data/models/llama-f32-tied");
+    test_verify_after_ahead("tests/data/models/qwen3-moe-k70");
+    test_verify_after_ahead("tests/data/models/deepseek-v3-fp8");
     setenv("DELTAFIN_AHEAD", "0", 1);
     test_model("tests/data/models/llama-bf16", 0);
     if (failures) { fprintf(stderr, "%d check(s) failed\n", failures); return 1; }
