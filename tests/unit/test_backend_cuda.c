@@ -1323,6 +1323,98 @@ static void mm_cp_checks(void) {
  * the CPU backend's (test_core_ahead checks that one against df_argmax) on NaN (first and elsewhere),
  * infinities, signed zeros, ties and random logits of real vocabulary sizes, two tickets outstanding; the embedding row the token slot names, bit-equal to df_dequant_row for F32, F16 and
  * BF16 rows (and GGML F16), refused for a weight that is not registered or not float. */
+/* Issue 15: exact products (backend.h exact_products) for a verify pass. Groups of jobs as the model issues them (the
+ * Qwen3-shape q/k/v in one call, o, lm_head; BF16 rows through k_mm_f8's body with KS 1, 2 and 4 (512 x 4096: 16 one-
+ * warp blocks, KS 4; 2048 x 4096: KS 2); F32 and F16 through k_mm; FP8 with 128 x 128 scale blocks (576 x 4096: KS 4;
+ * 1536 x 1024: KS 1); an
+ * unregistered weight) at n = 2, 5, 9 and 40 tokens (40: past the SGEMM threshold), under the default mask, with bit
+ * 1024 (k_mm_cp) and under 511 (k_mm only), with exact products on: every
+ * token's row bit-equal to the product of that token alone (n = 1). And off, a batch of 40 takes the SGEMM path, whose
+ * rows differ from the one-token bits somewhere (so the comparison can fail). */
+static void exact_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    enum { NJ = 11, NG = 9, XC = 4096, NT = 40 };
+    static const struct mm_shape S[NJ] = {
+        {DF_W_BF16, 4096, 2048, 1, 0}, {DF_W_BF16, 512, 2048, 1, 0}, {DF_W_BF16, 512, 2048, 1, 0}, {DF_W_BF16, 2048, 4096, 1, 1},
+        {DF_W_BF16, 512, 4096, 1, 2},  {DF_W_BF16, 8192, 2048, 1, 3}, {DF_W_F32, 45, 1000, 1, 4},   {DF_W_F16, 64, 3072, 1, 5},
+        {DF_W_F16, 33, 520, 0, 6},     {DF_W_FP8, 576, 4096, 1, 7},  {DF_W_FP8, 1536, 1024, 1, 8}};
+    static float xv[NT * XC], yn[NT * 8192];
+    df_weight w[NJ];
+    df_mv_job jobs[NJ], one[NJ];
+    uint8_t *data[NJ];
+    df_act *x = B->alloc((size_t)NT * XC), *y[NJ];
+    for (size_t c = 0; c < (size_t)NT * XC; c++) xv[c] = frnd();
+    B->write(x, xv, (size_t)NT * XC);
+    uint8_t *f8d = malloc((size_t)576 * 4096 + (size_t)1536 * 1024);
+    float *f8s = malloc(((size_t)5 * 32 + (size_t)12 * 8) * sizeof(float));
+    fp8_fill(f8d, (size_t)576 * 4096 + (size_t)1536 * 1024, f8s, (size_t)5 * 32 + (size_t)12 * 8);
+    for (int k = 0; k < NJ; k++) {
+        if (S[k].fmt == DF_W_FP8) {
+            data[k] = NULL;
+            if (S[k].rows == 576) fp8_weight(&w[k], 576, 4096, f8d, 0, f8s, 0);
+            else fp8_weight(&w[k], 1536, 1024, f8d, (size_t)576 * 4096, f8s, (size_t)5 * 32);
+        } else
+            data[k] = float_weight(&w[k], S[k].fmt, S[k].rows, S[k].cols);
+        if (S[k].reg) CHECK(B->weight_register(&w[k]) == 0 && w[k].handle, "exact: weight %d registered", k);
+        y[k] = B->alloc((size_t)NT * S[k].rows);
+    }
+    static const int ns[4] = {2, 5, 9, NT};
+    int64_t f8 = 0, checked = 0;
+    /* the default mask; with bit 1024 (k_mm_cp for the float spine: a call holding one runs a token at a time); 511 */
+    const int masks[3] = {df_cuda_lean_default(), df_cuda_lean_default() | 1024, 511};
+    for (int mi = 0; mi < 3; mi++)
+    for (int g = 0; g < NG; g++) {
+        df_cuda_set_lean_mask(masks[mi]);
+        int k0 = -1, nk = 0;
+        for (int k = 0; k < NJ; k++)
+            if (S[k].group == g) k0 = k0 < 0 ? k : k0, nk++;
+        for (int k = k0; k < k0 + nk; k++) jobs[k].w = &w[k], jobs[k].x = x, jobs[k].y = y[k];
+        for (int ni = 0; ni < 4; ni++) {
+            const int n = ns[ni];
+            for (int pass = 0; pass < 2; pass++) { /* 0: exact products on, 1: off (n = 40 only) */
+                if (pass && n != NT) continue;
+                /* each token alone */
+                const int64_t f0 = df_cuda_mm_f8_launches() + df_cuda_mm_f8_bf16_launches();
+                for (int t = 0; t < n; t++) {
+                    for (int k = k0; k < k0 + nk; k++)
+                        one[k] = (df_mv_job){&w[k], DF_AT((const df_act *)x, (size_t)t * S[k].cols), DF_AT(y[k], (size_t)t * S[k].rows)};
+                    B->matmul_batch(one + k0, nk, 1);
+                }
+                f8 += df_cuda_mm_f8_launches() + df_cuda_mm_f8_bf16_launches() - f0;
+                float *ref = malloc((size_t)NT * 8192 * 4 * nk);
+                for (int k = k0; k < k0 + nk; k++) B->read(ref + (size_t)(k - k0) * NT * 8192, y[k], (size_t)n * S[k].rows);
+                for (int k = k0; k < k0 + nk; k++) B->zero(y[k], (size_t)n * S[k].rows);
+                CHECK(B->exact_products && B->exact_products(!pass) == 2, "exact_products answers 2");
+                B->matmul_batch(jobs + k0, nk, n);
+                B->exact_products(0);
+                for (int k = k0; k < k0 + nk; k++) {
+                    B->read(yn, y[k], (size_t)n * S[k].rows);
+                    const float *r = ref + (size_t)(k - k0) * NT * 8192;
+                    size_t d = 0;
+                    while (d < (size_t)n * S[k].rows && !memcmp(&yn[d], &r[d], 4)) d++;
+                    if (!pass) {
+                        CHECK(d == (size_t)n * S[k].rows, "exact: job %d (%d x %d, fmt %d), %d tokens: token %zu row %zu: %.9g, alone %.9g", k, S[k].rows,
+                              S[k].cols, S[k].fmt, n, d / S[k].rows, d % S[k].rows, yn[d], r[d]);
+                        checked += (int64_t)n * S[k].rows;
+                    } else if (S[k].reg && S[k].cols >= 1024) /* the SGEMM's sums are in another order */
+                        CHECK(d < (size_t)n * S[k].rows, "exact off: job %d, %d tokens: bit-equal to the one-token rows (the check could not fail)", k, n);
+                }
+                free(ref);
+            }
+        }
+    }
+    df_cuda_set_lean_mask(-1);
+    CHECK(f8 > 0, "exact: no one-token product went through k_mm_f8 (the emulated path untested)");
+    for (int k = 0; k < NJ; k++) {
+        if (S[k].reg) B->weight_unregister(&w[k]);
+        B->free(y[k]);
+        free(data[k]);
+    }
+    free(f8d), free(f8s);
+    B->free(x);
+    printf("test_backend_cuda: exact products: %lld rows of %d groups at 2..%d tokens x 3 masks bit-equal to one-token products (%lld "
+           "one-token launches of k_mm_f8)\n", (long long)checked, NG, NT, (long long)f8);
+}
 static int cpu_argmax(const float *x, int n) {
     df_act *h = df_backend_cpu.alloc((size_t)n);
     df_backend_cpu.write(h, x, (size_t)n);
@@ -1568,6 +1660,7 @@ int main(void) {
         df_cuda_set_attn_tree(-1);
         fused_rows_checks();
         ahead_checks();
+        exact_checks();
         moe_chain_checks(); /* last: it resets the expert cache and its size */
         df_backend_select("cpu");
     } else

@@ -1206,33 +1206,43 @@ extern "C" int64_t df_cuda_mm_f8_bf16_launches(void) { return g_mm_f8b; }
 extern "C" int64_t df_cuda_mm_f8_split_launches(void) { return g_mm_f8s; }
 /* 1: the one-token FP8 launch went through k_mm_f8 (bit 524288; at most MM_SMALLJ jobs: the launch takes SF = 1 when every
  * job's scales allow it); 0: not taken */
-static int mm_flush_f8(MmBatch *b) {
+/* The parts KS a row group that k_mm_f8 takes for this batch of one token (mm_flush_f8), 0 where the batch does not go
+ * through it. Its rows' bits are k_mm's with wk = KS (the same decode, fmaf chain and lane steps; the KS parts' sums
+ * added from the first part's, not from 0: the same but for the sign of an all-zero sum). */
+static int f8_ks(const MmBatch *b) {
     /* round 15 (bit 134217728): BF16 rows of the 16-byte path through the same body, 4 steps of a lane's rows a round */
     const int bf = b->j[0].vec == V_BF16 && (lean_mask() & 134217728);
-    if (b->n != 1 || b->nj > MM_SMALLJ || (b->j[0].vec != V_FP8 && !bf) || !(lean_mask() & 524288)) return 0;
+    if (b->nj > MM_SMALLJ || (b->j[0].vec != V_FP8 && !bf) || !(lean_mask() & 524288)) return 0;
+    for (int i = 0; i < b->nj; i++)
+        if ((uint64_t)b->j[i].w.rows > 0x3fffffffu || b->j[i].vec != b->j[0].vec) return 0;
+    /* bit 2097152: KS parts a row group where the one-warp blocks fill at most half the slots of one wave (2 blocks an SM),
+     * the largest power of two (<= 4) that keeps the launch in one wave, and at least 2 steps a lane in each part */
+    int ks = 1;
+    if (lean_mask() & 2097152) {
+        uint64_t nb1 = 0, minv = UINT64_MAX;
+        for (int i = 0; i < b->nj; i++) {
+            nb1 += (uint64_t)((b->j[i].w.rows + MM_WARPS * MM_R - 1) / (MM_WARPS * MM_R));
+            const uint64_t v = (uint64_t)(b->j[i].w.cols / (bf ? 8 : 16));
+            minv = v < minv ? v : minv;
+        }
+        while (ks < 4 && nb1 * 2 * ks <= 2 * (uint64_t)sms() && minv >= (uint64_t)64 * 2 * ks) ks *= 2;
+    }
+    return ks;
+}
+static int mm_flush_f8(MmBatch *b) {
+    const int bf = b->j[0].vec == V_BF16;
+    const int ks = b->n == 1 ? f8_ks(b) : 0;
+    if (!ks) return 0;
     int sf = 1;
     for (int i = 0; i < b->nj; i++) {
         const DW &d = b->j[i].w;
         const uint32_t vps = (uint32_t)d.blk_c / 16;
-        if ((uint64_t)d.rows > 0x3fffffffu || b->j[i].vec != b->j[0].vec) return 0;
         if (bf) continue;
         if (d.sdt != DF_SCALE_F32 || ((uintptr_t)d.scale & 3) || d.blk_r % MM_R || !vps || (vps & (vps - 1))) sf = 0;
     }
     MmBatchT<MM_SMALLJ> s;
     memcpy(s.j, b->j, (size_t)b->nj * sizeof(MmJob));
     s.nj = b->nj, s.n = 1, s.t0 = b->t0, s.pf = b->pf, s.cp = 0;
-    /* bit 2097152: KS parts a row group where the one-warp blocks fill at most half the slots of one wave (2 blocks an SM),
-     * the largest power of two (<= 4) that keeps the launch in one wave, and at least 2 steps a lane in each part */
-    int ks = 1;
-    if (lean_mask() & 2097152) {
-        uint64_t nb1 = 0, minv = UINT64_MAX;
-        for (int i = 0; i < s.nj; i++) {
-            nb1 += (uint64_t)((s.j[i].w.rows + MM_WARPS * MM_R - 1) / (MM_WARPS * MM_R));
-            const uint64_t v = (uint64_t)(s.j[i].w.cols / (bf ? 8 : 16));
-            minv = v < minv ? v : minv;
-        }
-        while (ks < 4 && nb1 * 2 * ks <= 2 * (uint64_t)sms() && minv >= (uint64_t)64 * 2 * ks) ks *= 2;
-    }
     unsigned nb = 0;
     for (int i = 0; i < s.nj; i++) {
         s.j[i].blk0 = nb;
@@ -1318,6 +1328,32 @@ static void mm_flush_one(MmBatch *b, unsigned blocks) {
 static void mm_flush(MmBatch *b, unsigned blocks, int n) {
     if (!b->nj) return;
     if (n != 1 || !pdl_on()) b->pf = 0;
+    if (g_exact && n > 1) {
+        /* exact products: this batch's one-token launch emulated (the jobs hold the one-token split; the batch is the
+         * one a one-token call groups). Through k_mm_f8 with KS = 1: k_mm with wk 1, the n tokens in one launch;
+         * KS > 1 (its parts' sums start from the first part's): one-token launches, a token at a time. */
+        const int ks = f8_ks(b);
+        if (ks > 1) {
+            MmBatch one = *b;
+            for (int t = 0; t < n; t++) {
+                for (int i = 0; i < b->nj; i++)
+                    one.j[i].x = b->j[i].x + (int64_t)t * b->j[i].w.cols, one.j[i].y = b->j[i].y + (int64_t)t * b->j[i].w.rows;
+                one.n = 1, one.t0 = 0, one.pf = 0;
+                mm_flush_one(&one, blocks);
+                post("matmul_batch");
+                g_mm_launches++;
+            }
+            b->nj = 0, b->pf = 1;
+            return;
+        }
+        if (ks == 1) {
+            blocks = 0;
+            for (int i = 0; i < b->nj; i++) {
+                b->j[i].wk = 1, b->j[i].blk0 = blocks;
+                blocks += (unsigned)((b->j[i].w.rows + MM_WARPS * MM_R - 1) / (MM_WARPS * MM_R));
+            }
+        }
+    }
     const int per = 65535 * MM_TN;
     for (int t0 = 0; t0 < n; t0 += per) {
         b->t0 = t0;
@@ -1738,24 +1774,25 @@ static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
 }
 
 /* ---- exact products (backend.h: exact_products; the speculative verify pass) ----------------------------------
- * On, a product of n > 1 tokens gives each token's row of Y the bits of the same product of that token alone. A
- * job takes the one-token path's bits in one of two ways. Its one-token launch is k_mm (every row's fmaf chain and
- * sums depend only on the row's split over warps, wk: mm_warp), so the n tokens go through k_mm with the one-token
- * wk in one launch, the weight read once. Or its one-token launch may be another kernel with its own order: the
- * FP8 and BF16 rows of the 16-byte path (k_mm_f8's body, LEAN bits 524288 and 134217728) and, with LEAN bit 1024,
- * the float spine rows (k_mm_cp); whether they take it depends on the batch (jobs of one decoder, at most
- * MM_SMALLJ of them), so a call holding any such job runs as n one-token calls with the same job list (the same
- * grouping, the same kernels). Thread-local, as the CPU backend's mode: the session sets it around its pass. */
+ * On, a product of n > 1 tokens gives each token's row of Y the bits of the same product of that token alone. The
+ * jobs hold the one-token split of their rows over warps (wk) and group into the batches a one-token call makes (the
+ * same loop, the same flushes), and mm_flush emulates each batch's one-token launch. k_mm (and k_mm_bal, the same
+ * bits): every row's fmaf chain and sums depend only on wk (mm_warp), so the n tokens go through k_mm in one launch,
+ * the weight read once. k_mm_f8's body (FP8, and BF16 with LEAN bit 134217728, in batches of at most MM_SMALLJ
+ * jobs): a row's bits are k_mm's with wk = its KS; KS 1 goes through k_mm likewise, KS > 1 (its parts' sums start
+ * from the first part's, k_mm's from 0) a token at a time through the one-token launch. With LEAN bit 1024 (k_mm_cp
+ * for the float spine: its own order, and batches of its own) a call holding such a job runs as n one-token calls.
+ * Never the dequantize + SGEMM path. Thread-local, as the CPU backend's mode: the session sets it around its pass. */
 thread_local int g_exact;
 int g_exact_products(int on) {
     g_exact = on != 0;
     return 2; /* honoured; a MoE layer's experts run per position (backend.h): the device-routed path has its own bits */
 }
 static int exact_per_token(const df_mv_job *jobs, int n_jobs) {
+    if (!(lean_mask() & 1024)) return 0;
     for (int j = 0; j < n_jobs; j++) {
         const df_weight *w = jobs[j].w;
-        if (w->fmt == DF_W_BF16 || w->fmt == DF_W_FP8) return 1;
-        if ((lean_mask() & 1024) && !w->ident && (w->fmt == DF_W_F32 || w->fmt == DF_W_F16)) return 1;
+        if (!w->ident && (w->fmt == DF_W_F32 || w->fmt == DF_W_F16 || w->fmt == DF_W_BF16)) return 1;
     }
     return 0;
 }
