@@ -308,8 +308,6 @@ static int verify(df_gen *g, int k) {
     return 0;
 }
 
-/* The pending token into the session: already there (an accepted draft),
- * a verify pass with drafts after it, or a plain step. */
 /* How many drafts the pending token's push takes (0: a plain step), the drafts in draft[1..k]. */
 static int decide_k(df_gen *g) {
     if (!g->spec) return 0;
@@ -332,6 +330,8 @@ static int decide_k(df_gen *g) {
     return k;
 }
 
+/* The pending token into the session: already there (an accepted draft),
+ * a verify pass with drafts after it, or a plain step. */
 static int push_pending(df_gen *g) {
     g->has_pending = 0;
     if (g->pending_in_session) { g->pushed++; return 0; }
