@@ -64,6 +64,12 @@ def test_run_same_with_and_without_ahead(model_dir, args, queued):
         assert 0 < n < total, ea
         m = re.search(r"spec ngram: (\d+) verify passes", ea)
         assert m and int(m.group(1)) > 0, ea
+        # every generated token but the last was pushed once: by a plain step (counted when the token after it is
+        # known: generate.c close_plain) or by a pass (its first position and its accepted drafts)
+        for out, err in ((a, ea), (b, eb)):
+            m = re.search(r"spec ngram: (\d+) verify passes, \d+ drafted, (\d+) accepted .*?; (\d+) plain steps", err)
+            assert m, err
+            assert int(m.group(1)) + int(m.group(2)) + int(m.group(3)) == len(out.split()) - 1, err
     else:
         assert n == queued, ea
 
