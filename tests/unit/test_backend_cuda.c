@@ -1326,11 +1326,10 @@ static void mm_cp_checks(void) {
 /* Issue 15: exact products (backend.h exact_products) for a verify pass. Groups of jobs as the model issues them (the
  * Qwen3-shape q/k/v in one call, o, lm_head; BF16 rows through k_mm_f8's body with KS 1, 2 and 4 (512 x 4096: 16 one-
  * warp blocks, KS 4; 2048 x 4096: KS 2); F32 and F16 through k_mm; FP8 with 128 x 128 scale blocks (576 x 4096: KS 4;
- * 1536 x 1024: KS 1); an
- * unregistered weight) at n = 2, 5, 9 and 40 tokens (40: past the SGEMM threshold), under the default mask, with bit
- * 1024 (k_mm_cp) and under 511 (k_mm only), with exact products on: every
- * token's row bit-equal to the product of that token alone (n = 1). And off, a batch of 40 takes the SGEMM path, whose
- * rows differ from the one-token bits somewhere (so the comparison can fail). */
+ * 1536 x 1024: KS 1); an unregistered weight) at n = 2, 5, 9 and 40 tokens (40: past the SGEMM threshold), under the
+ * default mask, with bit 1024 (k_mm_cp) and under 511 (k_mm only), with exact products on: every token's row bit-equal
+ * to the product of that token alone (n = 1). And off, a batch of 40 takes the SGEMM path, whose rows differ from the
+ * one-token bits somewhere (so the comparison can fail). */
 static void exact_checks(void) {
     const df_backend_ops *B = &df_backend_cuda;
     enum { NJ = 11, NG = 9, XC = 4096, NT = 40 };
@@ -1381,7 +1380,8 @@ static void exact_checks(void) {
                     B->matmul_batch(one + k0, nk, 1);
                 }
                 f8 += df_cuda_mm_f8_launches() + df_cuda_mm_f8_bf16_launches() - f0;
-                float *ref = malloc((size_t)NT * 8192 * 4 * nk);
+                float *ref = malloc((size_t)NT * 8192 * sizeof(float) * (size_t)nk);
+                if (!ref) { CHECK(0, "exact: out of host memory"); return; }
                 for (int k = k0; k < k0 + nk; k++) B->read(ref + (size_t)(k - k0) * NT * 8192, y[k], (size_t)n * S[k].rows);
                 for (int k = k0; k < k0 + nk; k++) B->zero(y[k], (size_t)n * S[k].rows);
                 CHECK(B->exact_products && B->exact_products(!pass) == 2, "exact_products answers 2");

@@ -150,6 +150,9 @@ static void test_verify_after_ahead(const char *dir) {
           "%s: reference session", dir);
     /* the token after the accepted prefix is known (the pass decided it): its step queued (df_session_queue), then
      * confirmed by the push, and the steps after it take the backend's token */
+    /* an id outside the vocabulary is not queued (the push then refuses it, naming it) */
+    CHECK(df_session_queue(a, (int32_t)V) == 0 && df_session_queue(a, -1) == 0 && !a->ahead, "%s: an out-of-range id queued", dir);
+    CHECK(df_session_push(a, (int32_t)V) != 0 && df_session_len(a) == 13, "%s: an out-of-range id pushed", dir);
     CHECK(df_session_queue(a, ids[3]) == 1 && a->ahead && a->ahead_id == ids[3], "%s: queue a known token", dir);
     CHECK(df_session_queue(a, ids[3]) == 0, "%s: a second queue while one is queued", dir);
     CHECK(!df_session_push(a, ids[3]) && !a->ahead && !df_session_push(q, ids[3]), "%s: push of the queued token", dir);
