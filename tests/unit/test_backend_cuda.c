@@ -69,24 +69,27 @@ static void attn_split_checks(void) {
 }
 
 /* Round 10 (DELTAFIN_CUDA_LEAN bit 4096): one-token GQA decode attention in one launch over (chunk of 16 positions,
- * KV head) blocks, against the CPU (rel L2^2 <= 1e-10, and each head's largest output column where it leads by
- * more than 1e-4) and the default mask's launches (the same bound: other sums, so not bit for bit), for q heads per
- * KV head of 1, 3 (padded to 4), 8, 2 and 4 with 256-column heads, caches of 1, 2, 15, 16, 17, 100, 640, 641, 700, 769
- * and 2,048 positions (one chunk, a partial last chunk, the benchmark's 640, round 20's tree combine with a last group
- * of one part, 128 parts); each set with the tree combine at its default threshold, from 17 parts on, and never (the
+ * or 32 with round 24's blocks of 256 threads, KV head) blocks, against the CPU (rel L2^2 <= 1e-10, and each head's
+ * largest output column where it leads by more than 1e-4) and the default mask's launches (the same bound: other
+ * sums, so not bit for bit), for q heads per KV head of 1, 3 (padded to 4), 8, 2 and 4 with 256-column heads, caches
+ * of 1 to 2,048 positions (one chunk, partial and whole last chunks of either size, the benchmark's 640, round 20's
+ * tree combine with a last group of one part, 128 parts); for both block sizes, each set with the tree combine at its
+ * default threshold, from 17 parts on, and never (the
  * same bound against the CPU: other sums); one launch of k_attn_dec each; run twice, with
  * the cache's rows read before the programmatic wait (the host read back since the last attention over this cache)
  * and after it (no read between): the same bits. Shapes it does not take (16 q heads per KV head, head_dim 30) run
  * the default launches (no k_attn_dec launch) and stay near the CPU. */
-static void attn_dec_checks(int kw, int tree) {
+static void attn_dec_checks(int kw, int tree, int th) {
     df_cuda_set_attn_kw(kw); /* round 17: 2 positions a warp (8 a block) as well as 4 */
+    df_cuda_set_attn_th(th); /* round 24: blocks of 256 threads (32 positions) as well as 128 (16) */
     df_cuda_set_attn_tree(tree); /* round 20: the parts combined in groups of 16 first from `tree` parts on (0: never) */
     const df_backend_ops *B = &df_backend_cuda;
     enum { TMAX = 2048, MAXQ = 32 * 128, MAXKV = TMAX * 2 * 8 * 256 };
     static const struct { int nh, nkv, hd, takes; } SH[] = {
         {32, 4, 128, 1}, {8, 8, 64, 1}, {12, 4, 64, 1}, {16, 2, 64, 1}, {8, 4, 256, 1}, {12, 3, 256, 1}, {16, 1, 64, 0}, {4, 2, 30, 0},
     };
-    static const int lens[] = {1, 2, 15, 16, 17, 100, 640, 641, 700, 769, 2048}; /* 769: 49 parts, a last group of one */
+    /* 769: 49 parts of 16 positions, a last group of one; 513: 33 parts of 16 and 17 of 32, each a last group of one */
+    static const int lens[] = {1, 2, 15, 16, 17, 31, 32, 33, 100, 513, 640, 641, 700, 769, 2048};
     static float q[MAXQ], kv[MAXKV], o0[MAXQ], o1[MAXQ], o2[MAXQ], oc[MAXQ];
     const int mask0 = 2926;
     int bad = 0, launches = 0;
@@ -174,9 +177,11 @@ static void attn_dec_checks(int kw, int tree) {
         }
         B->free(dkv), B->free(dq), B->free(dk), B->free(dv), B->free(dcs), B->free(dout);
     }
-    printf("test_backend_cuda: one-launch decode attention (bit 4096, %d positions a warp, tree combine %s): %d shapes x %d lengths, %d launches, %s\n", kw,
-           tree < 0 ? "from 48 parts" : tree == 0 ? "never" : "from 17 parts", (int)(sizeof SH / sizeof *SH), (int)(sizeof lens / sizeof *lens), launches, bad ? "FAILED" : "near the CPU and the default launches");
+    printf("test_backend_cuda: one-launch decode attention (bit 4096, %d positions a warp, %d threads a block, tree combine %s): %d shapes x %d lengths, %d launches, %s\n", kw,
+           kw == 2 ? 128 : th, tree < 0 ? "from 48 parts" : tree == 0 ? "never" : "from 17 parts", (int)(sizeof SH / sizeof *SH), (int)(sizeof lens / sizeof *lens), launches,
+           bad ? "FAILED" : "near the CPU and the default launches");
     df_cuda_set_attn_kw(0);
+    df_cuda_set_attn_th(0);
 }
 
 /* K experts per token, I columns of a down row: (4, 128) one warp step per row, (8, 760) the benchmark's three
@@ -1653,10 +1658,12 @@ int main(void) {
         split_f16_checks();
         split_shared_x_checks();
         attn_split_checks();
-        attn_dec_checks(4, -1);
-        attn_dec_checks(2, -1);
-        attn_dec_checks(4, 17); /* the tree from 17 parts (257 positions) on */
-        attn_dec_checks(4, 0);  /* never the tree */
+        for (int th = 128; th <= 256; th *= 2) {
+            attn_dec_checks(4, -1, th);
+            attn_dec_checks(4, 17, th); /* the tree from 17 parts (257 or 513 positions) on */
+            attn_dec_checks(4, 0, th);  /* never the tree */
+        }
+        attn_dec_checks(2, -1, 0);
         df_cuda_set_attn_tree(-1);
         fused_rows_checks();
         ahead_checks();

@@ -63,6 +63,7 @@ int64_t df_cuda_moe_rt_launches(void);
 /* round 17: MoE layers whose gate/up launch applied the gate (k_guh_rt) */
 int64_t df_cuda_moe_guh_launches(void);
 void df_cuda_set_attn_kw(int kw); /* k_attn_dec's positions a warp: 2 or 4; anything else: DELTAFIN_CUDA_ATTN_KW or 4 */
+void df_cuda_set_attn_th(int th); /* k_attn_dec's threads a block: 128 or 256; anything else: DELTAFIN_CUDA_ATTN_TH or 256 */
 /* round 20: the fewest parts k_attn_dec combines in a tree (0: never; < 0: DELTAFIN_CUDA_ATTN_TREE or 48) */
 void df_cuda_set_attn_tree(int parts);
 /* Launches of round 11's one-token spine products in one balanced wave (k_mm_bal, bit 16384) so far (tests). */

@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+
 /* products: cuda_mm.cu */
 
 /* ---- attention -------------------------------------------------------------------------- */
@@ -339,6 +341,7 @@ __global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, fl
  * CPU's, rounded differently (f32 sums in other orders): NOT the bits of bits 2 / 16's launches; test_backend_cuda
  * and the conformance test compare it with the CPU. */
 #define AD_TH 128
+#define AD_TH_DEF 256                    /* round 24: the default block size (DELTAFIN_CUDA_ATTN_TH) */
 #define DC_KW 4                          /* positions per warp */
 #define DC_CH (DC_KW * AD_TH / 32)       /* positions per block: 16 */
 #define DC_MAXP 2048                     /* S x GP parts at most (the combine's stats in shared memory) */
@@ -377,24 +380,61 @@ static __device__ __forceinline__ void pf_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #endif
 }
+/* DELTAFIN_CUDA_ATTN_TS=1 (a measurement aid, off by default): k_attn_dec's blocks write the GPU's global timer at
+ * eight points (0 entry, 1 after griddepcontrol.wait, 2 scores in shared memory, 3 softmax, 4 the part written, 5 the
+ * ticket taken, 6 the last block past its fence, 7 the combine written) for the first AD_TS_CALLS decode launches;
+ * at exit the medians over the launches, from the launch's first entry, go to stderr (attn_ts_print). */
+#define AD_TS_CALLS 1024
+#define AD_TS_MAXB 4096 /* blocks a launch recorded at most */
+#define AD_TS_N 12     /* points a block */
+static __device__ __forceinline__ void ad_ts(unsigned long long *ts, int k) {
+    if (ts && !threadIdx.x) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        ts[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * AD_TS_N + k] = t;
+    }
+}
 /* Parts [z0, z0 + nz) of KV head kvh combined (k_attn_dec's last step, below): M = max m, w = exp(m - M), L = sum w l,
  * o = sum w o_z; into part zo (its m = M, l = L, o unnormalised) when out is NULL, else out = o / L. cw: G x nz floats of
  * shared memory. */
-template <int GP>
+template <int GP, int TH>
 static __device__ void ad_combine(const float *po, float *pml, int z0, int nz, int NKV, int kvh, int G, int hd, float *cw, float *cinv,
-                                  float *out, int zo) {
+                                  float *out, int zo, unsigned long long *ts = NULL) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd4 = hd >> 2;
-    constexpr int NW = AD_TH / 32;
+    constexpr int NW = TH / 32;
     for (int g = warp; g < G; g += NW) {
-        float M = -INFINITY;
-        for (int zz = lane; zz < nz; zz += 32) M = fmaxf(M, __ldcg(pml + (((size_t)(z0 + zz) * NKV + kvh) * GP + g) * 2));
-        M = warp_max(M);
-        float L = 0.0f;
-        for (int zz = lane; zz < nz; zz += 32) {
-            const float2 ml = __ldcg((const float2 *)(pml + (((size_t)(z0 + zz) * NKV + kvh) * GP + g) * 2));
-            const float w = expf(ml.x - M);
-            cw[g * nz + zz] = w;
-            L += w * ml.y;
+        float M = -INFINITY, L = 0.0f;
+        const float *pg = pml + ((size_t)kvh * GP + g) * 2;
+        const size_t zs2 = (size_t)NKV * GP * 2;
+        if (nz <= 64) { /* round 24: a lane's (m, l) pairs loaded once, in one round (the loops below load them twice) */
+            float2 ml[2];
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int zz = lane + 32 * k;
+                if (zz < nz) ml[k] = __ldcg((const float2 *)(pg + (size_t)(z0 + zz) * zs2));
+            }
+#pragma unroll
+            for (int k = 0; k < 2; k++)
+                if (lane + 32 * k < nz) M = fmaxf(M, ml[k].x);
+            M = warp_max(M);
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int zz = lane + 32 * k;
+                if (zz < nz) {
+                    const float w = expf(ml[k].x - M);
+                    cw[g * nz + zz] = w;
+                    L += w * ml[k].y;
+                }
+            }
+        } else {
+            for (int zz = lane; zz < nz; zz += 32) M = fmaxf(M, __ldcg(pg + (size_t)(z0 + zz) * zs2));
+            M = warp_max(M);
+            for (int zz = lane; zz < nz; zz += 32) {
+                const float2 ml = __ldcg((const float2 *)(pg + (size_t)(z0 + zz) * zs2));
+                const float w = expf(ml.x - M);
+                cw[g * nz + zz] = w;
+                L += w * ml.y;
+            }
         }
         L = warp_sum(L);
         if (!lane) {
@@ -402,8 +442,10 @@ static __device__ void ad_combine(const float *po, float *pml, int z0, int nz, i
             if (!out) pml[(((size_t)zo * NKV + kvh) * GP + g) * 2] = M, pml[(((size_t)zo * NKV + kvh) * GP + g) * 2 + 1] = L;
         }
     }
+    ad_ts(ts, 8);
     __syncthreads();
-    for (int i = threadIdx.x; i < G * hd4; i += AD_TH) {
+    ad_ts(ts, 9);
+    for (int i = threadIdx.x; i < G * hd4; i += TH) {
         const int g = i / hd4, c4 = i % hd4;
         const size_t zs = (size_t)NKV * GP * hd;
         const float *pz = po + (size_t)z0 * zs + ((size_t)kvh * GP + g) * hd + 4 * c4;
@@ -429,6 +471,7 @@ static __device__ void ad_combine(const float *po, float *pml, int z0, int nz, i
         o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
         if (out) *(float4 *)(out + (size_t)g * hd + 4 * c4) = o;
         else *(float4 *)(po + ((size_t)zo * NKV + kvh) * GP * hd + (size_t)g * hd + 4 * c4) = o;
+        if (i == (int)threadIdx.x) ad_ts(ts, 10);
     }
 }
 #define DC_GRP 16    /* round 20: parts a group combines first when the tree combine runs */
@@ -436,9 +479,11 @@ static __device__ void ad_combine(const float *po, float *pml, int z0, int nz, i
 /* GP: q heads per KV head rounded up to a power of two (<= 8); KW: positions a warp (DC_KW, or 2: DELTAFIN_CUDA_ATTN_KW); NF: float4s of a row per lane (head_dim <= 128 NF).
  * po: [S (+ groups)][NKV][GP][hd] partial sums, pml: [S (+ groups)][NKV][GP][2] (m, l); counts: NKV zeroed counters, then
  * NKV x DC_NGMAX for the groups; tree: combine in groups of DC_GRP first. */
-template <int GP, int NF, int KW = DC_KW>
-__global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *po, float *pml, unsigned *counts, int pre, int tree) {
-    constexpr int NW = AD_TH / 32, NV = KW * GP, CH = KW * NW;
+template <int GP, int NF, int KW = DC_KW, int TH = AD_TH>
+__global__ void __launch_bounds__(TH) k_attn_dec(df_attn_gqa_args a, float *po, float *pml, unsigned *counts, int pre, int tree, unsigned long long *ts) {
+    constexpr int NW = TH / 32, NV = KW * GP, CH = KW * NW;
+    static_assert(CH <= 32, "the chunk's softmax takes a lane a position");
+    ad_ts(ts, 0);
     const int z = blockIdx.x, kvh = blockIdx.y, S = gridDim.x, NKV = a.n_kv_heads, hd = a.head_dim, G = a.n_heads / NKV, h0 = kvh * G;
     const int T = a.pos0 + 1, j0 = z * CH, cnt = T - j0 < CH ? T - j0 : CH;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd4 = hd >> 2;
@@ -462,6 +507,7 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
         }
     }
     pdl_wait();
+    ad_ts(ts, 1);
 #pragma unroll
     for (int k = 0; k < KW; k++) {
         const int j = j0 + warp * KW + k;
@@ -501,6 +547,7 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
         if (!(lane & (32 / NV - 1))) sc[idx % GP][warp * KW + idx / GP] = tot * a.scale;
     }
     __syncthreads();
+    ad_ts(ts, 2);
     /* each head's softmax over the chunk: a warp per head, a lane per position */
     for (int g = warp; g < G; g += NW) {
         const float s = lane < cnt ? sc[g][lane] : -INFINITY;
@@ -514,6 +561,7 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
         }
     }
     __syncthreads();
+    ad_ts(ts, 3);
     /* o_g = sum_k p_gk V_k: the warp's positions in registers, then the warps' sums in shared memory */
 #pragma unroll
     for (int g = 0; g < GP; g++) {
@@ -532,7 +580,7 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < G * hd4; i += AD_TH) {
+    for (int i = threadIdx.x; i < G * hd4; i += TH) {
         float4 o = *(const float4 *)&red[0][i * 4];
 #pragma unroll
         for (int w = 1; w < NW; w++) {
@@ -542,39 +590,53 @@ __global__ void __launch_bounds__(AD_TH) k_attn_dec(df_attn_gqa_args a, float *p
         const int g = i / hd4, c4 = i % hd4;
         *(float4 *)(po + (((size_t)z * NKV + kvh) * GP + g) * hd + 4 * c4) = o;
     }
+    ad_ts(ts, 4);
     /* the last of the KV head's S blocks combines; round 20 (tree): the last of each group of DC_GRP blocks combines
      * its group into part S + group first, and the last of those the groups (S = 128 parts at 2,048 positions were
      * 16 dependent rounds of loads in one block) */
     __shared__ int last;
     __shared__ float cw[DC_MAXP];
     __shared__ float cinv[GP];
-    __threadfence();
+    /* round 24: the tickets as cooperative groups' grid barrier takes them: the block's barrier, then ONE thread's fence
+     * (cumulative: it orders every write the barrier ordered before it) and atomic, and on the last block that thread's
+     * fence again before the barrier the others wait at (was: a fence in every thread; ~0.4 us a launch) */
     __syncthreads();
     unsigned *ctr = counts + kvh;
     if (tree) {
         const int q = z / DC_GRP, ng = (S + DC_GRP - 1) / DC_GRP, gz0 = q * DC_GRP, gn = S - gz0 < DC_GRP ? S - gz0 : DC_GRP;
         unsigned *gc = counts + NKV + (size_t)kvh * DC_NGMAX + q;
-        if (!threadIdx.x) last = atomicAdd(gc, 1u) == (unsigned)gn - 1;
+        if (!threadIdx.x) {
+            __threadfence();
+            last = atomicAdd(gc, 1u) == (unsigned)gn - 1;
+            if (last) __threadfence();
+        }
         __syncthreads();
         if (!last) return;
-        __threadfence();
-        ad_combine<GP>(po, pml, gz0, gn, NKV, kvh, G, hd, cw, cinv, NULL, S + q);
-        if (!threadIdx.x) *gc = 0;
-        __threadfence();
+        ad_combine<GP, TH>(po, pml, gz0, gn, NKV, kvh, G, hd, cw, cinv, NULL, S + q);
         __syncthreads();
-        if (!threadIdx.x) last = atomicAdd(ctr, 1u) == (unsigned)ng - 1;
+        if (!threadIdx.x) {
+            *gc = 0;
+            __threadfence();
+            last = atomicAdd(ctr, 1u) == (unsigned)ng - 1;
+            if (last) __threadfence();
+        }
         __syncthreads();
         if (!last) return;
-        __threadfence();
-        ad_combine<GP>(po, pml, S, ng, NKV, kvh, G, hd, cw, cinv, DP(a.out) + (size_t)h0 * hd, 0);
+        ad_combine<GP, TH>(po, pml, S, ng, NKV, kvh, G, hd, cw, cinv, DP(a.out) + (size_t)h0 * hd, 0);
     } else {
-        if (!threadIdx.x) last = atomicAdd(ctr, 1u) == (unsigned)S - 1;
+        if (!threadIdx.x) {
+            __threadfence();
+            last = atomicAdd(ctr, 1u) == (unsigned)S - 1;
+            if (last) __threadfence();
+        }
         __syncthreads();
+        ad_ts(ts, 5);
         if (!last) return;
-        __threadfence();
-        ad_combine<GP>(po, pml, 0, S, NKV, kvh, G, hd, cw, cinv, DP(a.out) + (size_t)h0 * hd, 0);
+        ad_ts(ts, 6);
+        ad_combine<GP, TH>(po, pml, 0, S, NKV, kvh, G, hd, cw, cinv, DP(a.out) + (size_t)h0 * hd, 0, ts);
     }
     if (!threadIdx.x) *ctr = 0;
+    ad_ts(ts, 7);
 }
 static unsigned *g_att_cnt; /* zeroed counters of k_attn_gqa_fused, g_att_cnt_n of them */
 static size_t g_att_cnt_n;
@@ -612,7 +674,55 @@ static int final_rows(const void *kv, int pos0) {
 static int g_attn_tree = -1;
 static int kw_env = -1; /* DELTAFIN_CUDA_ATTN_KW=2 (round 17, a measurement aid): 2 positions a warp, 8 a block */
 extern "C" void df_cuda_set_attn_kw(int kw) { kw_env = kw == 2 || kw == DC_KW ? kw : -1; }
+/* round 24: k_attn_dec's block size, 128 threads (16 positions a block) or 256 (32 positions: half the parts, which the
+ * one combining block of each KV head reads in dependent rounds of L2 loads; DELTAFIN_CUDA_ATTN_TH=128 or 256) */
+static int th_env = -1;
+extern "C" void df_cuda_set_attn_th(int th) { th_env = th == 128 || th == 256 ? th : -1; }
 extern "C" void df_cuda_set_attn_tree(int parts) { g_attn_tree = parts; }
+/* DELTAFIN_CUDA_ATTN_TS (above): the launches' records, their grids, and the summary at exit */
+static unsigned long long *g_ts_dev;
+static int g_ts_on = -1, g_ts_calls;
+static size_t g_ts_blocks[AD_TS_CALLS];
+static void attn_ts_print(void) {
+    if (!g_ts_calls) return;
+    const size_t per = (size_t)AD_TS_MAXB * AD_TS_N;
+    unsigned long long *h = (unsigned long long *)malloc((size_t)g_ts_calls * per * sizeof *h);
+    if (!h || cudaMemcpy(h, g_ts_dev, (size_t)g_ts_calls * per * sizeof *h, cudaMemcpyDeviceToHost) != cudaSuccess) return free(h);
+    /* per launch: from its first entry, the latest block at points 0-5, and the combining blocks' 6 and 7 (latest) */
+    static double v[AD_TS_N][AD_TS_CALLS];
+    for (int c = 0; c < g_ts_calls; c++) {
+        const unsigned long long *r = h + (size_t)c * per;
+        unsigned long long t0 = ~0ull, mx[AD_TS_N] = {0};
+        for (size_t b = 0; b < g_ts_blocks[c]; b++) {
+            if (r[b * AD_TS_N] < t0) t0 = r[b * AD_TS_N];
+            for (int k = 0; k < AD_TS_N; k++)
+                if (r[b * AD_TS_N + k] > mx[k]) mx[k] = r[b * AD_TS_N + k];
+        }
+        for (int k = 0; k < AD_TS_N; k++) v[k][c] = mx[k] ? (double)(mx[k] - t0) / 1e3 : 0.0;
+    }
+    static const char *nm[11] = {"entry", "past wait", "scores", "softmax", "part written", "ticket", "last past fence", "combined",
+                                 "stats", "stats synced", "first o"};
+    fprintf(stderr, "deltafin: cuda: k_attn_dec timeline over %d launches (us from the launch's first block entry, the latest block, median):", g_ts_calls);
+    for (int k = 0; k < 11; k++) {
+        std::sort(v[k], v[k] + g_ts_calls);
+        fprintf(stderr, " %s %.2f;", nm[k], v[k][g_ts_calls / 2]);
+    }
+    fprintf(stderr, "\n");
+    free(h);
+}
+static unsigned long long *attn_ts_slot(size_t blocks) {
+    if (g_ts_on < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_ATTN_TS");
+        g_ts_on = e && !strcmp(e, "1");
+        if (g_ts_on && (cudaMalloc(&g_ts_dev, (size_t)AD_TS_CALLS * AD_TS_MAXB * AD_TS_N * sizeof *g_ts_dev) != cudaSuccess ||
+                        cudaMemset(g_ts_dev, 0, (size_t)AD_TS_CALLS * AD_TS_MAXB * AD_TS_N * sizeof *g_ts_dev) != cudaSuccess))
+            g_ts_on = 0;
+        if (g_ts_on) atexit(attn_ts_print);
+    }
+    if (!g_ts_on || g_ts_calls >= AD_TS_CALLS || blocks > AD_TS_MAXB) return NULL;
+    g_ts_blocks[g_ts_calls] = blocks;
+    return g_ts_dev + (size_t)g_ts_calls++ * AD_TS_MAXB * AD_TS_N;
+}
 /* 1 when k_attn_dec took the launch */
 static int attn_dec(const df_attn_gqa_args &c, int pre) {
     const int NH = c.n_heads, NKV = c.n_kv_heads, hd = c.head_dim;
@@ -625,8 +735,15 @@ static int attn_dec(const df_attn_gqa_args &c, int pre) {
         if (e && *e && strcmp(e, "2") && strcmp(e, "4"))
             fprintf(stderr, "deltafin: cuda backend: DELTAFIN_CUDA_ATTN_KW=%s is not 2 or 4 (positions a warp of the decode attention): 4\n", e);
     }
+    if (th_env < 0) {
+        const char *e = getenv("DELTAFIN_CUDA_ATTN_TH");
+        th_env = e && !strcmp(e, "128") ? 128 : AD_TH_DEF;
+        if (e && *e && strcmp(e, "128") && strcmp(e, "256"))
+            fprintf(stderr, "deltafin: cuda backend: DELTAFIN_CUDA_ATTN_TH=%s is not 128 or 256 (threads a block of the decode attention): %d\n", e, AD_TH_DEF);
+    }
     const int T = c.pos0 + 1;
-    int kw = kw_env, S = (T + kw * AD_TH / 32 - 1) / (kw * AD_TH / 32);
+    int kw = kw_env, th = kw == 2 ? AD_TH : th_env; /* 2 positions a warp: 128 threads only */
+    int S = (T + kw * th / 32 - 1) / (kw * th / 32);
     if (kw != DC_KW && ((size_t)S * GP > DC_MAXP || S > 65535)) kw = DC_KW, S = (T + DC_CH - 1) / DC_CH; /* too many parts: 16 a block */
     if ((size_t)S * GP > DC_MAXP || S > 65535 || NKV > 65535) return 0;
     if (g_attn_tree < 0) { /* DELTAFIN_CUDA_ATTN_TREE: the fewest parts that take the tree combine (default 48; 0 = never) */
@@ -646,7 +763,11 @@ static int attn_dec(const df_attn_gqa_args &c, int pre) {
         g_att_cnt = cnt, g_att_cnt_n = ncnt;
     }
     const dim3 grid((unsigned)S, (unsigned)NKV);
-#define AD_L(GG, FF) (kw == 2 ? launch_k(k_attn_dec<GG, FF, 2>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre, tree) : launch_k(k_attn_dec<GG, FF>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre, tree))
+    unsigned long long *ts = attn_ts_slot((size_t)S * NKV);
+#define AD_L(GG, FF)                                                                                                        \
+    (kw == 2      ? launch_k(k_attn_dec<GG, FF, 2>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre, tree, ts)              \
+     : th == 256 ? launch_k(k_attn_dec<GG, FF, DC_KW, 256>, dim3(grid), dim3(256), 0, c, po, pml, cnt, pre, tree, ts)      \
+                 : launch_k(k_attn_dec<GG, FF>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre, tree, ts))
     if (NF == 1) GP == 1 ? AD_L(1, 1) : GP == 2 ? AD_L(2, 1) : GP == 4 ? AD_L(4, 1) : AD_L(8, 1);
     else GP == 1 ? AD_L(1, 2) : GP == 2 ? AD_L(2, 2) : AD_L(4, 2);
 #undef AD_L
@@ -1323,14 +1444,6 @@ void g_attn_mla(const df_attn_mla_args *a) {
 
 /* ---- rows ------------------------------------------------------------------------------- */
 /* the threads of a row's block (the sums' order depends on it: the fused ops below use the same count) */
-static unsigned rms_threads(int cols) {
-    unsigned th = 128;
-    if (lean_mask() & 4) {
-        const unsigned want = ((unsigned)((cols + 1) / 2) + 31u) / 32u * 32u;
-        th = want > 1024u ? 1024u : want < 32u ? 32u : want;
-    }
-    return th;
-}
 /* A row of at most RN_REG x blockDim columns: the thread's elements loaded at once into registers (all loads in
  * flight, not one dependent round per element) and kept there for the second pass; the same sums in the same
  * order as the loops (the same bits). */
@@ -1342,6 +1455,31 @@ static int rn_reg(void) { /* DELTAFIN_CUDA_RN_REG=0: the loops for every row (th
         g_rn_reg = !(e && !strcmp(e, "0"));
     }
     return g_rn_reg;
+}
+/* threads a row of the norm launches: half the columns (bit 4), at most DELTAFIN_CUDA_RN_TH (round 24: 32..1024 in
+ * steps of 32, default 512: a block of 1,024 threads spent its time in the barriers and the 32-part block sum; 512
+ * measured +1.4% decode, 256 -0.7%) but never fewer than keep the row in RN_REG registers a thread (7168 columns: 896);
+ * other thread counts sum the squares in other groups (other bits, the same bound) */
+enum { RN_CAP_DEF = 512 };
+static unsigned g_rn_cap;
+static unsigned rms_threads(int cols) {
+    unsigned th = 128;
+    if (lean_mask() & 4) {
+        if (!g_rn_cap) {
+            const char *e = getenv("DELTAFIN_CUDA_RN_TH");
+            const int v = e && *e ? atoi(e) : RN_CAP_DEF;
+            if (e && *e && !(v >= 32 && v <= 1024 && v % 32 == 0))
+                fprintf(stderr, "deltafin: cuda backend: DELTAFIN_CUDA_RN_TH=%s is not a multiple of 32 in 32..1024 (threads a norm row at most): %d\n", e, RN_CAP_DEF);
+            g_rn_cap = v >= 32 && v <= 1024 && v % 32 == 0 ? (unsigned)v : (unsigned)RN_CAP_DEF;
+        }
+        const unsigned want = ((unsigned)((cols + 1) / 2) + 31u) / 32u * 32u;
+        th = want > 1024u ? 1024u : want < 32u ? 32u : want;
+        if (th > g_rn_cap) {
+            const unsigned need = ((unsigned)((cols + RN_REG - 1) / RN_REG) + 31u) / 32u * 32u;
+            th = need > g_rn_cap ? (need > 1024u ? 1024u : need) : g_rn_cap;
+        }
+    }
+    return th;
 }
 static __device__ __forceinline__ void rn_load(const float *p, int n, float (&v)[RN_REG]) {
 #pragma unroll
