@@ -17,6 +17,8 @@
  *   cgsync-W       the same with cooperative groups' grid.sync()
  * W = 1 and W = the SM count (one block an SM, 256 threads). Then dependent loads in one thread (pointer chase
  * over a random cycle of 128-byte lines): L2-resident (8 MiB) and DRAM (1 GiB), ns a load.
+ * Then tokens of 41 such steps (a Qwen3-shape decode token's launches) issued as launches, as a graph whose nodes get
+ * each token's arguments, and as a graph captured anew and updated a token: wall and host time a token (run_tokens).
  * Usage: chain_bench [N (default 2000)]. Prints one line an arm: us a step (best of 5 runs) and "ok" / "FAILED". */
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -24,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 namespace cg = cooperative_groups;
 
@@ -202,6 +205,87 @@ static int chase(size_t lines, const char *what, int clk_khz) {
     return 1;
 }
 
+/* A decode step as the host would issue it: `tokens` tokens of NS dependent PDL steps over W blocks, each token's steps
+ * continuing the value chain of the token before (so every token's launches take other buffers: their arguments
+ * change), issued three ways: launched one by one (`stream`); a graph captured once whose nodes get each token's
+ * arguments through cudaGraphExecKernelNodeSetParams, then one cudaGraphLaunch (`graph-set`); the token captured
+ * anew, cudaGraphExecUpdate into the instantiated graph, one launch (`graph-recap`). Prints the wall time a token
+ * (host and GPU overlapped: the larger wins) and the host's time in the calls a token. */
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+static void queue_tok(cudaStream_t s, int W, unsigned *buf, int t, int NS) {
+    for (int i = 0; i < NS; i++) {
+        const long k = (long)t * NS + i;
+        launch_step(s, W, buf + (size_t)(k & 1) * W, buf + (size_t)((k + 1) & 1) * W, 1);
+    }
+}
+static int run_tokens(int mode, int W, int NS, int tokens, cudaStream_t s, unsigned *buf) {
+    static const char *nm[] = {"stream", "graph-set", "graph-recap"};
+    CK(cudaMemsetAsync(buf, 0, 2 * (size_t)W * sizeof(unsigned), s));
+    CK(cudaStreamSynchronize(s));
+    cudaGraphExec_t ge = NULL;
+    cudaGraphNode_t *nodes = NULL;
+    size_t nn = 0;
+    cudaGraph_t g0 = NULL; /* graph-set: its nodes are the handles the updates name */
+    if (mode) { /* token 0 captured and instantiated before the clock starts */
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        queue_tok(s, W, buf, 0, NS);
+        CK(cudaStreamEndCapture(s, &g0));
+        CK(cudaGraphInstantiate(&ge, g0, 0));
+        CK(cudaGraphGetNodes(g0, NULL, &nn));
+        nodes = (cudaGraphNode_t *)malloc(nn * sizeof *nodes);
+        CK(cudaGraphGetNodes(g0, nodes, &nn));
+        if ((int)nn != NS) return fprintf(stderr, "chain_bench: captured %zu nodes, expected %d\n", nn, NS), 0;
+    }
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    double host = 0;
+    CK(cudaEventRecord(a, s));
+    for (int t = 0; t < tokens; t++) {
+        const double h0 = now_us();
+        if (mode == 0) queue_tok(s, W, buf, t, NS);
+        else if (mode == 1) {
+            for (int i = 0; i < NS; i++) { /* node i: step i of token t (capture order = chain order; the check below says if not) */
+                const long k = (long)t * NS + i;
+                unsigned *in = buf + (size_t)(k & 1) * W, *out = buf + (size_t)((k + 1) & 1) * W;
+                int pdl = 1;
+                void *args[] = {&in, &out, &pdl};
+                cudaKernelNodeParams kp = {};
+                kp.func = (void *)k_step, kp.gridDim = dim3((unsigned)W), kp.blockDim = dim3(256), kp.kernelParams = args;
+                CK(cudaGraphExecKernelNodeSetParams(ge, nodes[i], &kp));
+            }
+            CK(cudaGraphLaunch(ge, s));
+        } else {
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            queue_tok(s, W, buf, t, NS);
+            CK(cudaStreamEndCapture(s, &g));
+            cudaGraphExecUpdateResultInfo info;
+            CK(cudaGraphExecUpdate(ge, g, &info));
+            CK(cudaGraphDestroy(g));
+            CK(cudaGraphLaunch(ge, s));
+        }
+        host += now_us() - h0;
+    }
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    const int ok = check(buf, W, tokens * NS);
+    printf("token %-11s W=%-4d %d steps a token, %d tokens: %7.2f us a token (%5.3f us a step), host %7.2f us a token in the calls  %s\n", nm[mode], W, NS,
+           tokens, ms * 1e3 / tokens, ms * 1e3 / tokens / NS, host / tokens, ok ? "ok" : "FAILED");
+    if (ge) CK(cudaGraphExecDestroy(ge));
+    if (g0) CK(cudaGraphDestroy(g0));
+    free(nodes);
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return ok;
+}
+
 int main(int argc, char **argv) {
     const int N = argc > 1 ? atoi(argv[1]) : 2000;
     if (N < 2 || N > 1000000) return fprintf(stderr, "chain_bench: N %d out of 2..1000000\n", N), 2;
@@ -224,6 +308,7 @@ int main(int argc, char **argv) {
     const int Ws[] = {1, SM};
     for (int wi = 0; wi < 2; wi++)
         for (int arm = 0; arm <= A_CG; arm++) ok &= run_arm(arm, Ws[wi], N, s, buf, bar);
+    for (int mode = 0; mode < 3; mode++) ok &= run_tokens(mode, SM, 41, 500, s, buf); /* ~41 launches: a Qwen3-shape token */
     chase((size_t)8 << 13, "L2", clk);    /* 8 MiB */
     chase((size_t)1 << 23, "DRAM", clk);  /* 1 GiB */
     return ok ? 0 : 1;
