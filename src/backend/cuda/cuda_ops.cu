@@ -380,10 +380,10 @@ static __device__ __forceinline__ void pf_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #endif
 }
-/* DELTAFIN_CUDA_ATTN_TS=1 (a measurement aid, off by default): k_attn_dec's blocks write the GPU's global timer at
- * eight points (0 entry, 1 after griddepcontrol.wait, 2 scores in shared memory, 3 softmax, 4 the part written, 5 the
- * ticket taken, 6 the last block past its fence, 7 the combine written) for the first AD_TS_CALLS decode launches;
- * at exit the medians over the launches, from the launch's first entry, go to stderr (attn_ts_print). */
+/* DELTAFIN_CUDA_ATTN_TS=1 / DELTAFIN_CUDA_MLA_TS=1 (measurement aids, off by default): k_attn_dec's / k_mla_chunk's
+ * blocks write the GPU's global timer at their points (the names in g_kts_attn / g_kts_mla below: entry, past
+ * griddepcontrol.wait, ...) for the first AD_TS_CALLS decode launches; at exit the medians over the launches of the
+ * latest block at each point, from the launch's first block entry, go to stderr (kts_print). */
 #define AD_TS_CALLS 1024
 #define AD_TS_MAXB 4096 /* blocks a launch recorded at most */
 #define AD_TS_N 12     /* points a block */
@@ -391,7 +391,7 @@ static __device__ __forceinline__ void ad_ts(unsigned long long *ts, int k) {
     if (ts && !threadIdx.x) {
         unsigned long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        ts[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * AD_TS_N + k] = t;
+        ts[(((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * AD_TS_N + k] = t;
     }
 }
 /* Parts [z0, z0 + nz) of KV head kvh combined (k_attn_dec's last step, below): M = max m, w = exp(m - M), L = sum w l,
@@ -679,49 +679,60 @@ extern "C" void df_cuda_set_attn_kw(int kw) { kw_env = kw == 2 || kw == DC_KW ? 
 static int th_env = -1;
 extern "C" void df_cuda_set_attn_th(int th) { th_env = th == 128 || th == 256 ? th : -1; }
 extern "C" void df_cuda_set_attn_tree(int parts) { g_attn_tree = parts; }
-/* DELTAFIN_CUDA_ATTN_TS (above): the launches' records, their grids, and the summary at exit */
-static unsigned long long *g_ts_dev;
-static int g_ts_on = -1, g_ts_calls;
-static size_t g_ts_blocks[AD_TS_CALLS];
-static void attn_ts_print(void) {
-    if (!g_ts_calls) return;
+/* DELTAFIN_CUDA_ATTN_TS / DELTAFIN_CUDA_MLA_TS (above): a kernel's launches' records, their grids, the summary at exit */
+struct KTs {
+    const char *env, *kernel;
+    int npts;
+    const char *names[AD_TS_N];
+    unsigned long long *dev;
+    int on, calls;
+    size_t blocks[AD_TS_CALLS];
+};
+static KTs g_kts_attn = {"DELTAFIN_CUDA_ATTN_TS", "k_attn_dec", 11,
+                         {"entry", "past wait", "scores", "softmax", "part written", "ticket", "last past fence", "combined", "stats",
+                          "stats synced", "first o"},
+                         NULL, -1, 0, {0}};
+static KTs g_kts_mla = {"DELTAFIN_CUDA_MLA_TS", "k_mla_chunk", 6, {"entry", "past wait", "q loaded", "scores", "softmax", "o written"}, NULL, -1, 0, {0}};
+static void kts_print_one(KTs &k) {
+    if (!k.calls) return;
     const size_t per = (size_t)AD_TS_MAXB * AD_TS_N;
-    unsigned long long *h = (unsigned long long *)malloc((size_t)g_ts_calls * per * sizeof *h);
-    if (!h || cudaMemcpy(h, g_ts_dev, (size_t)g_ts_calls * per * sizeof *h, cudaMemcpyDeviceToHost) != cudaSuccess) return free(h);
-    /* per launch: from its first entry, the latest block at points 0-5, and the combining blocks' 6 and 7 (latest) */
-    static double v[AD_TS_N][AD_TS_CALLS];
-    for (int c = 0; c < g_ts_calls; c++) {
-        const unsigned long long *r = h + (size_t)c * per;
-        unsigned long long t0 = ~0ull, mx[AD_TS_N] = {0};
-        for (size_t b = 0; b < g_ts_blocks[c]; b++) {
-            if (r[b * AD_TS_N] < t0) t0 = r[b * AD_TS_N];
-            for (int k = 0; k < AD_TS_N; k++)
-                if (r[b * AD_TS_N + k] > mx[k]) mx[k] = r[b * AD_TS_N + k];
+    unsigned long long *h = (unsigned long long *)malloc((size_t)k.calls * per * sizeof *h);
+    double *v = (double *)malloc((size_t)AD_TS_N * k.calls * sizeof *v);
+    if (h && v && cudaMemcpy(h, k.dev, (size_t)k.calls * per * sizeof *h, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        for (int c = 0; c < k.calls; c++) { /* from the launch's first entry, the latest block at each point */
+            const unsigned long long *r = h + (size_t)c * per;
+            unsigned long long t0 = ~0ull, mx[AD_TS_N] = {0};
+            for (size_t b = 0; b < k.blocks[c]; b++) {
+                if (r[b * AD_TS_N] && r[b * AD_TS_N] < t0) t0 = r[b * AD_TS_N];
+                for (int q = 0; q < AD_TS_N; q++)
+                    if (r[b * AD_TS_N + q] > mx[q]) mx[q] = r[b * AD_TS_N + q];
+            }
+            for (int q = 0; q < AD_TS_N; q++) v[(size_t)q * k.calls + c] = mx[q] && t0 != ~0ull ? (double)(mx[q] - t0) / 1e3 : 0.0;
         }
-        for (int k = 0; k < AD_TS_N; k++) v[k][c] = mx[k] ? (double)(mx[k] - t0) / 1e3 : 0.0;
+        fprintf(stderr, "deltafin: cuda: %s timeline over %d launches (us from the launch's first block entry, the latest block, median):", k.kernel, k.calls);
+        for (int q = 0; q < k.npts; q++) {
+            std::sort(v + (size_t)q * k.calls, v + (size_t)(q + 1) * k.calls);
+            fprintf(stderr, " %s %.2f;", k.names[q], v[(size_t)q * k.calls + k.calls / 2]);
+        }
+        fprintf(stderr, "\n");
     }
-    static const char *nm[11] = {"entry", "past wait", "scores", "softmax", "part written", "ticket", "last past fence", "combined",
-                                 "stats", "stats synced", "first o"};
-    fprintf(stderr, "deltafin: cuda: k_attn_dec timeline over %d launches (us from the launch's first block entry, the latest block, median):", g_ts_calls);
-    for (int k = 0; k < 11; k++) {
-        std::sort(v[k], v[k] + g_ts_calls);
-        fprintf(stderr, " %s %.2f;", nm[k], v[k][g_ts_calls / 2]);
-    }
-    fprintf(stderr, "\n");
-    free(h);
+    free(h), free(v);
 }
-static unsigned long long *attn_ts_slot(size_t blocks) {
-    if (g_ts_on < 0) {
-        const char *e = getenv("DELTAFIN_CUDA_ATTN_TS");
-        g_ts_on = e && !strcmp(e, "1");
-        if (g_ts_on && (cudaMalloc(&g_ts_dev, (size_t)AD_TS_CALLS * AD_TS_MAXB * AD_TS_N * sizeof *g_ts_dev) != cudaSuccess ||
-                        cudaMemset(g_ts_dev, 0, (size_t)AD_TS_CALLS * AD_TS_MAXB * AD_TS_N * sizeof *g_ts_dev) != cudaSuccess))
-            g_ts_on = 0;
-        if (g_ts_on) atexit(attn_ts_print);
+static void kts_print(void) { kts_print_one(g_kts_attn), kts_print_one(g_kts_mla); }
+/* the record of this launch of k.kernel (blocks of it at most AD_TS_MAXB), NULL when off or past AD_TS_CALLS */
+static unsigned long long *kts_slot(KTs &k, size_t blocks) {
+    if (k.on < 0) {
+        const char *e = getenv(k.env);
+        k.on = e && !strcmp(e, "1");
+        if (k.on && (cudaMalloc(&k.dev, (size_t)AD_TS_CALLS * AD_TS_MAXB * AD_TS_N * sizeof *k.dev) != cudaSuccess ||
+                     cudaMemset(k.dev, 0, (size_t)AD_TS_CALLS * AD_TS_MAXB * AD_TS_N * sizeof *k.dev) != cudaSuccess))
+            k.on = 0;
+        static int registered;
+        if (k.on && !registered) registered = 1, atexit(kts_print);
     }
-    if (!g_ts_on || g_ts_calls >= AD_TS_CALLS || blocks > AD_TS_MAXB) return NULL;
-    g_ts_blocks[g_ts_calls] = blocks;
-    return g_ts_dev + (size_t)g_ts_calls++ * AD_TS_MAXB * AD_TS_N;
+    if (!k.on || k.calls >= AD_TS_CALLS || blocks > AD_TS_MAXB) return NULL;
+    k.blocks[k.calls] = blocks;
+    return k.dev + (size_t)k.calls++ * AD_TS_MAXB * AD_TS_N;
 }
 /* 1 when k_attn_dec took the launch */
 static int attn_dec(const df_attn_gqa_args &c, int pre) {
@@ -763,7 +774,7 @@ static int attn_dec(const df_attn_gqa_args &c, int pre) {
         g_att_cnt = cnt, g_att_cnt_n = ncnt;
     }
     const dim3 grid((unsigned)S, (unsigned)NKV);
-    unsigned long long *ts = attn_ts_slot((size_t)S * NKV);
+    unsigned long long *ts = kts_slot(g_kts_attn, (size_t)S * NKV);
 #define AD_L(GG, FF)                                                                                                        \
     (kw == 2      ? launch_k(k_attn_dec<GG, FF, 2>, dim3(grid), dim3(AD_TH), 0, c, po, pml, cnt, pre, tree, ts)              \
      : th == 256 ? launch_k(k_attn_dec<GG, FF, DC_KW, 256>, dim3(grid), dim3(256), 0, c, po, pml, cnt, pre, tree, ts)      \
@@ -985,7 +996,10 @@ __global__ void __launch_bounds__(MD_BIG) k_mla_absorb(df_attn_mla_args a, DW w,
 }
 /* block (chunk s, head group g, position t); dynamic shared memory: qf of the group [MD_HG][cd], the chunk's
  * cache rows [ch][cd], e [MD_HG][ch] */
-__global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const float *qf, int ch, int S, float *part, int hq4) { pdl_entry();
+__global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const float *qf, int ch, int S, float *part, int hq4, unsigned long long *ts) {
+    ad_ts(ts, 0);
+    pdl_entry();
+    ad_ts(ts, 1);
     extern __shared__ float sh[];
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z, NH = a.n_heads, R = a.kv_lora, rope = a.rope;
     const int len = a.pos0 + t + 1, h0 = g * MD_HG, nh = NH - h0 < MD_HG ? NH - h0 : MD_HG;
@@ -1004,6 +1018,7 @@ __global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const f
         for (int i = threadIdx.x; i < nh * cd; i += blockDim.x) qg[i] = qsrc[i];
     }
     __syncthreads();
+    ad_ts(ts, 2);
     const float *cache = DCP(a.cache);
     for (int jj = wid; jj < nj; jj += nw) { /* the scores: a warp a position, its row in registers */
         const float *row = cache + (size_t)(j0 + jj) * cd;
@@ -1039,6 +1054,7 @@ __global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const f
         }
     }
     __syncthreads();
+    ad_ts(ts, 3);
     for (int i = wid; i < nh; i += nw) { /* each head's max and sum of exp over the chunk */
         float *ei = e + (size_t)i * ch;
         float m = -INFINITY;
@@ -1056,6 +1072,7 @@ __global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const f
         }
     }
     __syncthreads();
+    ad_ts(ts, 4);
     /* o = sum_j e_j c_j: a thread 4 columns (a float4 of each row) and half the group's heads in registers */
     const int hh = threadIdx.x / (blockDim.x / 2), ih0 = hh * (MD_HG / 2);
     for (int c4 = threadIdx.x % (blockDim.x / 2); 4 * c4 < R; c4 += blockDim.x / 2) {
@@ -1095,6 +1112,7 @@ __global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const f
                 if (c + 3 < R) o[3] = acc[i].w;
             }
     }
+    ad_ts(ts, 5);
 }
 /* t's partials of head h combined into ol[kv_lora] (shared): M = max m_s, weights exp(m_s - M), L = sum l_s x
  * weight in chunk order, ol = sum_s o_s x weight / L in chunk order. Every thread of the block calls it. */
@@ -1363,7 +1381,8 @@ static int mla_dec1(const df_attn_mla_args &c, const DW &kvb, const DW &kb, cons
     } else if (split_k) { MLA_BY_KIND(mla_kind(kb), MLA_ABSORB1, c, kb, qf) }
     else { MLA_BY_KIND(mla_kind(kvb), MLA_ABSORB0, c, kvb, qf) }
     post("attn_mla");
-    launch_k(k_mla_chunk, dim3((unsigned)S, (unsigned)G, (unsigned)c.n), dim3(MD_TH), shb, c, (const float *)qf, ch, S, part, (lean_mask() & 67108864) ? 1 : 0);
+    unsigned long long *mts = c.n == 1 ? kts_slot(g_kts_mla, (size_t)S * G) : NULL;
+    launch_k(k_mla_chunk, dim3((unsigned)S, (unsigned)G, (unsigned)c.n), dim3(MD_TH), shb, c, (const float *)qf, ch, S, part, (lean_mask() & 67108864) ? 1 : 0, mts);
     post("attn_mla");
     const DW &wv = split_v ? vb : kvb;
     const float *pc = part;
