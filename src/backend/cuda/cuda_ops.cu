@@ -339,7 +339,8 @@ __global__ void __launch_bounds__(AT_TH) k_attn_gqa_fused(df_attn_gqa_args a, fl
  * finish (a counter per KV head, set back to 0 by it) combines its S parts: M = max m, w = exp(m - M), L = sum w l,
  * out = sum w o / L, every part's stats read at once and the o sums over 16-byte loads. softmax(s) v as the
  * CPU's, rounded differently (f32 sums in other orders): NOT the bits of bits 2 / 16's launches; test_backend_cuda
- * and the conformance test compare it with the CPU. */
+ * and the conformance test compare it with the CPU. Round 24: blocks of TH = 256 threads by default (32 positions a
+ * block: the one combining block of a KV head reads half the parts; DELTAFIN_CUDA_ATTN_TH=128 restores 16 a block). */
 #define AD_TH 128
 #define AD_TH_DEF 256                    /* round 24: the default block size (DELTAFIN_CUDA_ATTN_TH) */
 #define DC_KW 4                          /* positions per warp */
