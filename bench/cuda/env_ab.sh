@@ -50,7 +50,7 @@ for n in ${AB_LENS:-512 2048}; do
             [ -f "$OUT/ref$n.ids" ] || cp "$OUT/cur.ids" "$OUT/ref$n.ids"
             same=$(cmp -s "$OUT/cur.ids" "$OUT/ref$n.ids" && echo same || echo DIFFER)
             echo "$name p$n rc $rc decode ${tps:-?} tok/s ($gbs GB/s of weights), ids $same; $(grep -h '^\[stats\] spec' "$OUT/run.log" | head -1 | cut -c9-130)"
-            grep -h " timeline over " "$OUT/run.log" | head -2 # DELTAFIN_CUDA_ATTN_TS / DELTAFIN_CUDA_MLA_TS
+            grep -h " timeline over \| graphs: " "$OUT/run.log" | head -12 # DELTAFIN_CUDA_ATTN_TS / DELTAFIN_CUDA_MLA_TS / DELTAFIN_CUDA_GRAPH_STATS
             [ "$rc" = 0 ] || tail -3 "$OUT/run.log"
             echo "$name $n ${tps:-0} ${gbs:-0}" >>"$OUT/tps.txt"
         done

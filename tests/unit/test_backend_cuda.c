@@ -1507,6 +1507,56 @@ static void ahead_checks(void) {
 
 #endif
 
+/* Round 25: the launches between host-visible points recorded and issued as a CUDA graph. Steps of ~24 launches
+ * (add, scale, axpy, rmsnorm, add_rmsnorm), each step on the other of two buffer sets with its own scalars, and every
+ * third step on fewer rows (other grids): the graph's nodes get other arguments and shapes. Run with recording off
+ * (every launch direct) and on with graphs from 2 launches: the same bits after every step; a read in the middle of
+ * step 4 (the recorded launches go out before it, the rest after); the graph built once for the step's sequence and
+ * replayed (launches, nodes updated) the other steps. */
+static void graph_checks(void) {
+    const df_backend_ops *B = &df_backend_cuda;
+    enum { COLS = 2048, ROWS = 3, STEPS = 8 };
+    const size_t N = (size_t)ROWS * COLS;
+    static float h0[2][ROWS * COLS], g[COLS], out[2][STEPS][2][ROWS * COLS], mid[2][ROWS * COLS];
+    for (int s = 0; s < 2; s++)
+        for (size_t i = 0; i < N; i++) h0[s][i] = frnd();
+    for (int i = 0; i < COLS; i++) g[i] = frnd();
+    CHECK(B->param_register(g, COLS) == 0, "param_register"); /* else each norm uploads it: a copy, a flush */
+    int64_t st0[6], st1[6];
+    for (int on = 0; on < 2; on++) {
+        df_cuda_set_graph(on, on ? 2 : 0);
+        df_cuda_graph_stats(st0);
+        df_act *a[2], *b[2], *o[2];
+        for (int s = 0; s < 2; s++) a[s] = B->alloc(N), b[s] = B->alloc(N), o[s] = B->alloc(N), B->write(a[s], h0[s], N), B->write(b[s], h0[1 - s], N);
+        for (int step = 0; step < STEPS; step++) {
+            const int s = step & 1, rows = step % 3 == 2 ? 1 : ROWS;
+            const size_t n = (size_t)rows * COLS;
+            for (int k = 0; k < 4; k++) {
+                B->add(a[s], b[s], n);
+                B->scale(a[s], 0.5f + 0.01f * (float)(step + k), n);
+                B->axpy(b[s], -0.25f - 0.001f * (float)step, a[s], n);
+                B->rmsnorm(o[s], COLS, a[s], COLS, g, rows, COLS, 1e-6f);
+                B->add_rmsnorm(o[s], b[s], o[s], g, rows, COLS, 1e-5f);
+                B->add(a[s], o[s], n);
+                if (step == 4 && k == 1) B->read(mid[on], a[s], N); /* a flush in the middle of the sequence */
+            }
+            B->read(out[on][step][0], a[s], N), B->read(out[on][step][1], b[s], N);
+        }
+        for (int s = 0; s < 2; s++) B->free(a[s]), B->free(b[s]), B->free(o[s]);
+        df_cuda_graph_stats(st1);
+        if (on) {
+            CHECK(st1[2] - st0[2] >= 1 && st1[2] - st0[2] <= 3, "graphs built: %lld (the step's sequence once; the 1-row steps' too)", (long long)(st1[2] - st0[2]));
+            CHECK(st1[1] - st0[1] >= STEPS - 3, "graph launches: %lld of %d steps", (long long)(st1[1] - st0[1]), STEPS);
+            CHECK(st1[3] - st0[3] > 0, "graph nodes updated: %lld", (long long)(st1[3] - st0[3]));
+        } else CHECK(st1[1] == st0[1] && st1[5] == st0[5], "recording off: %lld graph launches, %lld records", (long long)(st1[1] - st0[1]), (long long)(st1[5] - st0[5]));
+    }
+    CHECK(!memcmp(mid[0], mid[1], sizeof mid[0]), "graph: the read in the middle of a step differs from direct launches");
+    int bad = 0;
+    for (int step = 0; step < STEPS; step++) bad += !!memcmp(out[0][step], out[1][step], sizeof out[0][step]);
+    CHECK(!bad, "graph: %d of %d steps' results differ from direct launches", bad, STEPS);
+    df_cuda_set_graph(1, 16);
+}
+
 int main(void) {
     char err[256] = "";
     CHECK(df_backend_choose(NULL, err, sizeof err) == 0 && df_be == &df_backend_cpu, "NULL keeps the default (cpu)");
@@ -1666,6 +1716,7 @@ int main(void) {
         attn_dec_checks(2, -1, 0);
         df_cuda_set_attn_tree(-1);
         fused_rows_checks();
+        graph_checks();
         ahead_checks();
         exact_checks();
         moe_chain_checks(); /* last: it resets the expert cache and its size */

@@ -55,6 +55,7 @@ void report(const char *op, cudaError_t e) {
     else fprintf(stderr, "deltafin: cuda backend: %s: %s (%s)\n", op, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 void post(const char *op) {
+    if (g_gr_state > 0) gr_note(op); /* recorded: its launch errors come at the flush, named by this op */
     CK(op, cudaGetLastError());
     if (g_sync < 0) {
         const char *s = getenv("DELTAFIN_CUDA_SYNC");
@@ -234,6 +235,7 @@ static void dfree(void *p, int64_t *part, const char *op) {
     size_t n = adel(p);
     g_used -= (int64_t)n;
     if (part) *part -= (int64_t)n;
+    gr_flush(); /* kernels recorded before the free may use p */
     CK(op, cudaFree(p));
 }
 
@@ -268,6 +270,7 @@ static df_act *g_alloc(size_t n) {
         return NULL;
     }
     if (dmalloc(&p, bytes, &g_act_used, "alloc") != cudaSuccess) return NULL;
+    gr_flush();
     CK("alloc", cudaMemset(p, 0, bytes));
     return (df_act *)p;
 }
@@ -275,15 +278,16 @@ static void g_free(df_act *p) {
     LOCK();
     dfree(p, &g_act_used, "free");
 }
-static void g_write(df_act *dst, const float *src, size_t n) { PROF_SCOPE(); if (n) CK("write", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice)); }
+static void g_write(df_act *dst, const float *src, size_t n) { PROF_SCOPE(); if (n) { gr_flush(); CK("write", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice)); } }
 static void g_read(float *dst, const df_act *src, size_t n) {
     PROF_SCOPE();
     if (!n) return;
+    gr_flush_step();
     const cudaError_t e = cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) report("read", e);
     else __atomic_add_fetch(&g_host_waits, 1, __ATOMIC_SEQ_CST); /* every kernel queued before the copy has finished */
 }
-static void g_zero(df_act *dst, size_t n) { if (n) CK("zero", cudaMemset(dst, 0, n * sizeof(float))); }
+static void g_zero(df_act *dst, size_t n) { if (n) { gr_flush(); CK("zero", cudaMemset(dst, 0, n * sizeof(float))); } }
 /* Copies within the device as kernels, not cudaMemcpy: a memcpy in the stream ends the chain of programmatic launches
  * (round 23's trace: the 256-byte rope rows MLA copies into its cache every layer cost ~2 us of idle GPU each). */
 __global__ void k_copy_rows(float *dst, size_t ds, const float *src, size_t ss, int rows, int cols) {
@@ -299,6 +303,7 @@ static void g_copy_rows(df_act *dst, size_t ds, const df_act *src, size_t ss, in
     if (rows <= 0 || cols <= 0) return;
     if (g_copy_memcpy < 0) g_copy_memcpy = getenv("DELTAFIN_CUDA_MEMCPY") && !strcmp(getenv("DELTAFIN_CUDA_MEMCPY"), "1");
     if (g_copy_memcpy) {
+        gr_flush();
         CK("copy_rows", cudaMemcpy2D(dst, (ds ? ds : (size_t)cols) * sizeof(float), src, (ss ? ss : (size_t)cols) * sizeof(float),
                                      (size_t)cols * sizeof(float), (size_t)rows, cudaMemcpyDeviceToDevice));
         return;
@@ -308,7 +313,7 @@ static void g_copy_rows(df_act *dst, size_t ds, const df_act *src, size_t ss, in
 }
 static void g_copy(df_act *dst, const df_act *src, size_t n) {
     if (!n) return;
-    if (n > (size_t)1 << 30) { CK("copy", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice)); return; } /* cols is an int */
+    if (n > (size_t)1 << 30) { gr_flush(); CK("copy", cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice)); return; } /* cols is an int */
     g_copy_rows(dst, 0, src, 0, 1, (int)n);
 }
 
@@ -323,6 +328,7 @@ static void gather_scatter(df_act *dst, const df_act *src, const int *idx, int n
     if (n <= 0 || cols <= 0) return;
     int *di = (int *)slot(S_IDX, (size_t)n * sizeof(int), op);
     if (!di) return;
+    gr_flush(); /* a gather recorded before may still read the slot */
     CK(op, cudaMemcpy(di, idx, (size_t)n * sizeof(int), cudaMemcpyHostToDevice));
     if (scatter) {
         /* rows in order, as the CPU does (a repeated index: the last row wins) */
@@ -389,6 +395,7 @@ static int g_param_register(const float *p, size_t n) {
         e->n = n;
     }
     if (n) {
+        gr_flush();
         cudaError_t err = cudaMemcpy(e->dev, p, n * sizeof(float), cudaMemcpyHostToDevice);
         if (err != cudaSuccess) { report("param_register", err); return DF_EINTERNAL; }
     }
@@ -399,7 +406,7 @@ const float *param(const float *p, size_t n, int s, const char *op) {
     pent *e = pfind(p);
     if (e && e->n >= n) return e->dev;
     float *d = (float *)slot(s, (n ? n : 1) * sizeof(float), op);
-    if (d && n) CK(op, cudaMemcpy(d, p, n * sizeof(float), cudaMemcpyHostToDevice));
+    if (d && n) { gr_flush(); CK(op, cudaMemcpy(d, p, n * sizeof(float), cudaMemcpyHostToDevice)); }
     return d;
 }
 
@@ -445,6 +452,7 @@ static DW dw_of(const df_weight *w, const void *data, const void *scale) {
 /* Uploads w's bytes into the given buffers (device memory owned by the caller). */
 static int w_upload(const df_weight *w, void *data, void *scale, const char *op) {
     const size_t db = (size_t)w->rows * w->row_bytes, sb = (size_t)df_weight_scale_bytes(w);
+    gr_flush();
     cudaError_t e = cudaMemcpy(data, w->data, db, cudaMemcpyHostToDevice);
     if (e == cudaSuccess && sb && w->scale) e = cudaMemcpy(scale, w->scale, sb, cudaMemcpyHostToDevice);
     if (e != cudaSuccess) { report(op, e); return DF_EINTERNAL; }
@@ -707,6 +715,7 @@ static int vc_get(const df_weight *w, size_t db, size_t sb, DW *out, const char 
     if (i < 0) return 1;
     uint8_t *base = g_vc_mem + (size_t)i * (size_t)g_vc_slot_bytes;
     const int layer = (int)(w->ident >> 40) - 1, expert = (int)((w->ident >> 8) & 0xffffffffu);
+    gr_flush(); /* the events below order the copy against the kernels recorded so far */
     cudaError_t e = cudaSuccess;
     if (ve >= 0) e = cudaStreamWaitEvent(g_cs, g_ev_epoch[ve % EV_RING], 0); /* the slot's last readers have run */
     if (old) {
@@ -757,6 +766,7 @@ static void g_host_unpin(void *p) {
     LOCK();
     for (int i = 0; i < g_npin; i++)
         if (g_pin[i].p == (uint8_t *)p) {
+            gr_flush();
             CK("host_unpin", cudaDeviceSynchronize());
             CK("host_unpin", cudaHostUnregister(p));
             g_pinned -= (int64_t)g_pin[i].n;
@@ -773,6 +783,7 @@ static void g_host_fence(void) {
 static void g_experts_done(void) {
     LOCK();
     if (g_vc_state <= 0) return;
+    gr_flush(); /* the epoch event follows the slots' readers */
     CK("experts_done", cudaEventRecord(g_ev_epoch[g_vc.epoch % EV_RING], 0));
     df_vc_fence(&g_vc);
 }
@@ -851,6 +862,7 @@ static int g_moe_resident(int layer, int n_experts, int k, int n) {
     if (!t->dev && dmalloc((void **)&t->dev, (size_t)3 * n_experts * sizeof(DW), &g_cache_used, "moe_resident") != cudaSuccess) return 0;
     t->n_experts = n_experts;
     /* synchronous on the legacy stream: after every kernel that may still read an older table */
+    gr_flush();
     cudaError_t e = cudaMemcpy(t->dev, h, (size_t)3 * n_experts * sizeof(DW), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) { report("moe_resident", e); return 0; }
     memcpy(t->h0, h, sizeof t->h0);
@@ -890,6 +902,7 @@ static void g_tier_reset(void) {
         pthread_mutex_unlock(&g_mu);
     }
     LOCK();
+    gr_flush();
     if (g_vc_state > 0) {
         CK("tier_reset", cudaDeviceSynchronize());
         df_vc_free(&g_vc);
@@ -1076,10 +1089,12 @@ static int64_t g_next_token(const df_act *logits, int vocab) {
     CK("next_token", cudaHostGetDevicePointer((void **)&hd, (void *)h, 0));
     launch_k(k_argmax, dim3(1), dim3(1024), 0, DCP(logits), vocab, g_tok_slot, (volatile unsigned long long *)hd, (unsigned)t);
     post("next_token");
+    gr_flush_step(); /* the step so far goes out now: the host waits for its token next */
     return t;
 }
 static int32_t g_next_token_wait(int64_t ticket) {
     PROF_SCOPE();
+    gr_flush_step();
     volatile unsigned long long *h = g_tok_host + (ticket & 1);
     const unsigned want = (unsigned)ticket; /* a late write of a dropped ticket two back carries its own number */
     unsigned long long v;

@@ -92,6 +92,13 @@ int64_t df_cuda_split_f16_xsplits(void);
 /* The weight slab of a prefill product in bytes (rows go through cuBLAS in chunks of it; 0: the default, 256 MiB);
  * tests make it small. */
 void df_cuda_set_slab_bytes(size_t bytes);
+/* Round 25: the launches between two host-visible points recorded and issued as one CUDA graph, updated in place,
+ * from the second time the same kernels come in the same order (DELTAFIN_CUDA_GRAPH, default on; cuda_graph.cu).
+ * on 0: every launch issued directly from here (what was recorded goes out first); min_nodes >= 2: the fewest
+ * launches a graph is built for (default 16, DELTAFIN_CUDA_GRAPH_MIN); anything less keeps it (tests). */
+void df_cuda_set_graph(int on, int min_nodes);
+/* out[6]: flushes, graph launches, graphs built, graph nodes updated, launches issued directly, launches recorded */
+void df_cuda_graph_stats(int64_t out[6]);
 
 #ifdef __cplusplus
 }

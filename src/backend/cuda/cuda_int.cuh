@@ -21,6 +21,7 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <type_traits>
 
 void report(const char *op, cudaError_t e);
 #define CK(op, call)                                  \
@@ -125,8 +126,46 @@ extern int64_t g_pdl_launches;
 /* 1: launch_k launches with the attribute (bit 32 of the mask, and the launch API accepted it once) */
 int pdl_on(void);
 void pdl_refused(cudaError_t e);
-/* k<<<g, b, sm>>>(args...) on the legacy stream, with the attribute when pdl_on() */
+/* ---- the launches of a step replayed as a CUDA graph (round 25, cuda_graph.cu; DELTAFIN_CUDA_GRAPH) -------------
+ * With it on, launch_k does not launch: it records the kernel, its launch shape and a copy of its arguments (each
+ * converted to the kernel's parameter type, as a launch converts it). gr_flush() issues what was recorded, in order,
+ * on the legacy stream: a sequence of kernels seen before (the same kernels in the same order; a decode step is one)
+ * as one launch of the CUDA graph built for it, its nodes given this time's shapes and arguments where they changed
+ * (cudaGraphExecKernelNodeSetParams), programmatic edges where the launches were programmatic; anything else as the
+ * launches it recorded (so is any sequence that does not end a step: see gr_flush_at). Every call that orders work on the legacy stream against the host or another stream (a copy,
+ * a memset, an event, a stream wait, a free, cuBLAS, a host wait or poll) calls gr_flush() first, so the stream
+ * runs the same kernels in the same order either way: the same bits. */
+int gr_init(void);
+extern int g_gr_state; /* 1 recording, 0 off, -1 not decided yet */
+static inline int gr_rec_on(void) { return g_gr_state > 0 || (g_gr_state < 0 && gr_init()); }
+void gr_begin(const void *fn, dim3 g, dim3 b, size_t sm, int pdl, int nargs, size_t bytes); /* takes the recorder's lock */
+void *gr_arg(size_t size, size_t align);
+void gr_end(void); /* releases it */
+/* step 1: the end of a step (the host reads its result next: next_token, next_token_wait, read), the only flushes
+ * whose launches may go out as a graph; 0: any other (prefill's pieces between copies and cuBLAS calls, a tier's
+ * copies). file:line: counted per call site for DELTAFIN_CUDA_GRAPH_STATS. */
+void gr_flush_at(const char *file, int line, int step);
+#define gr_flush() gr_flush_at(__FILE__, __LINE__, 0)
+#define gr_flush_step() gr_flush_at(__FILE__, __LINE__, 1)
+void gr_note(const char *op); /* post(): the op (and layer) of the latest record, for its errors */
+template <typename T, typename A> static inline void gr_put(A a) {
+    const T v = (T)a;
+    memcpy(gr_arg(sizeof(T), alignof(T)), (const void *)&v, sizeof(T));
+}
+template <typename... P> static constexpr size_t gr_bytes(void) { return (size_t(0) + ... + (sizeof(P) + 16)); }
+/* k<<<g, b, sm>>>(args...) on the legacy stream, with the attribute when pdl_on(); recorded for gr_flush() while
+ * recording is on */
 template <typename... P, typename... A> static inline void launch_k(void (*k)(P...), dim3 g, dim3 b, size_t sm, A... args) {
+    static_assert(sizeof...(P) == sizeof...(A), "launch_k: an argument a parameter");
+    if (gr_rec_on()) {
+        const int pdl = pdl_on();
+        gr_begin((const void *)k, g, b, sm, pdl, (int)sizeof...(P), gr_bytes<P...>());
+        int d_[] = {0, (gr_put<typename std::remove_cv<P>::type>(args), 0)...};
+        (void)d_;
+        gr_end();
+        if (pdl) g_pdl_launches++;
+        return;
+    }
     if (pdl_on()) {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute at[1] = {};

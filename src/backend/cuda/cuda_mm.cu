@@ -1676,8 +1676,10 @@ static int mm_gemm_f16(cublasHandle_t h, const DW &d, const float *X, float *Y, 
     __half *wp = (__half *)slot(S_SLAB0, (size_t)chunk * KP * 2, "matmul_batch");
     __half *xp = (__half *)slot(S_X0, (size_t)n * KP * 2, "matmul_batch");
     if (!mx || !m || !wp || !xp) return -1;
+    gr_flush();
     CK("matmul_batch", cudaMemsetAsync(m, 0, mbytes, 0));
     if (!reuse) {
+        gr_flush();
         CK("matmul_batch", cudaMemsetAsync(mx, 0, 2 * sizeof(unsigned), 0));
         const size_t N = (size_t)n * K;
         const int v4 = !((uintptr_t)X & 15) && !(K & 3);
@@ -1703,6 +1705,7 @@ static int mm_gemm_f16(cublasHandle_t h, const DW &d, const float *X, float *Y, 
         post("matmul_batch");
         cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
         cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE);
+        gr_flush(); /* cuBLAS launches on the legacy stream too */
         /* column-major view: Y^T[rows x n] (ld rows) = alpha (W' chunk, ld KP)^T . X'^T[KP x n] (ld KP) */
         cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, (int)KP, alpha, wp, CUDA_R_16F, (int)KP, xp, CUDA_R_16F, (int)KP,
                                         (const float *)(const void *)(mx + 1), Y + r0, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -1754,6 +1757,7 @@ static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
             launch_k(k_dequant, dim3(g), dim3(256), 0, d, r0, nr, (float *)(void *)wp.p[0]);
             post("matmul_batch");
             cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
+            gr_flush();
             cublasStatus_t s = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n, K, &one, (const float *)(void *)wp.p[0], K, X, K, &zero, Y + r0, ldc);
             if (s != CUBLAS_STATUS_SUCCESS) return blas_fail("cublasSgemm", d, nr, n, s);
             continue;
@@ -1761,6 +1765,7 @@ static int mm_gemm(const DW &d, const float *X, float *Y, int n) {
         launch_k(k_dequant_split, dim3(g), dim3(256), 0, d, r0, nr, wp);
         post("matmul_batch");
         cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+        gr_flush();
         int first = 1;
         for (int i = 0; i < wparts; i++)
             for (int j = 0; i + j <= 2; j++) {

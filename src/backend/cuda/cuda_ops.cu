@@ -699,6 +699,7 @@ static void kts_print_one(KTs &k) {
     const size_t per = (size_t)AD_TS_MAXB * AD_TS_N;
     unsigned long long *h = (unsigned long long *)malloc((size_t)k.calls * per * sizeof *h);
     double *v = (double *)malloc((size_t)AD_TS_N * k.calls * sizeof *v);
+    gr_flush();
     if (h && v && cudaMemcpy(h, k.dev, (size_t)k.calls * per * sizeof *h, cudaMemcpyDeviceToHost) == cudaSuccess) {
         for (int c = 0; c < k.calls; c++) { /* from the launch's first entry, the latest block at each point */
             const unsigned long long *r = h + (size_t)c * per;
@@ -771,6 +772,7 @@ static int attn_dec(const df_attn_gqa_args &c, int pre) {
     unsigned *cnt = (unsigned *)slot(S_CNT, ncnt * sizeof(unsigned), "attn_gqa");
     if (!cnt) return -1;
     if (cnt != g_att_cnt || ncnt > g_att_cnt_n) { /* a new buffer: zero it once (k_attn_gqa_fused's counters share it) */
+        gr_flush();
         CK("attn_gqa", cudaMemsetAsync(cnt, 0, ncnt * sizeof(unsigned), 0));
         g_att_cnt = cnt, g_att_cnt_n = ncnt;
     }
@@ -827,6 +829,7 @@ void g_attn_gqa(const df_attn_gqa_args *a) {
             if (lean_mask() & 2) {
                 cnt = (unsigned *)slot(S_CNT, pairs * sizeof(unsigned), "attn_gqa");
                 if (cnt && (cnt != g_att_cnt || pairs > g_att_cnt_n)) { /* a new buffer: zero it once */
+                    gr_flush();
                     CK("attn_gqa", cudaMemsetAsync(cnt, 0, pairs * sizeof(unsigned), 0));
                     g_att_cnt = cnt, g_att_cnt_n = pairs;
                 }
@@ -1831,6 +1834,7 @@ void g_route(const df_route_args *a) {
     const size_t nl = (size_t)a->n * a->n_experts, nw = (size_t)a->n * a->k, need = nl + nw + 64;
     if (g_rt_cap < need) {
         if (g_rt_pin) {
+            gr_flush();
             cudaDeviceSynchronize(); /* the last weights copy may still read it */
             if (g_rt_pageable) free(g_rt_pin);
             else cudaFreeHost(g_rt_pin);
@@ -1847,6 +1851,7 @@ void g_route(const df_route_args *a) {
         g_rt_cap = need;
     }
     float *lg = g_rt_pin, *w = g_rt_pin + nl;
+    gr_flush();
     CK("route", cudaMemcpy(lg, a->logits, nl * sizeof(float), cudaMemcpyDeviceToHost));
     df_route_args h = *a;
     h.logits = (const df_act *)lg;
