@@ -1507,6 +1507,7 @@ static void ahead_checks(void) {
 
 #endif
 
+#ifdef DF_CUDA
 /* Round 25: the launches between host-visible points recorded and issued as a CUDA graph. Steps of ~24 launches
  * (add, scale, axpy, rmsnorm, add_rmsnorm), each step on the other of two buffer sets with its own scalars, and every
  * third step on fewer rows (other grids): the graph's nodes get other arguments and shapes. Run with recording off
@@ -1556,6 +1557,7 @@ static void graph_checks(void) {
     CHECK(!bad, "graph: %d of %d steps' results differ from direct launches", bad, STEPS);
     df_cuda_set_graph(1, 16);
 }
+#endif
 
 int main(void) {
     char err[256] = "";
