@@ -1512,7 +1512,8 @@ static void ahead_checks(void) {
  * (add, scale, axpy, rmsnorm, add_rmsnorm), each step on the other of two buffer sets with its own scalars, and every
  * third step on fewer rows (other grids): the graph's nodes get other arguments and shapes. Run with recording off
  * (every launch direct) and on with graphs from 2 launches: the same bits after every step; a read in the middle of
- * step 4 (the recorded launches go out before it, the rest after); the graph built once for the step's sequence and
+ * step 4 (the recorded launches go out before it, the rest after); step 6 with the check for an idle GPU at a step's
+ * first launch on (after reads it is idle: launched one by one); the graph built once for the step's sequence and
  * replayed (launches, nodes updated) the other steps. */
 static void graph_checks(void) {
     const df_backend_ops *B = &df_backend_cuda;
@@ -1523,7 +1524,7 @@ static void graph_checks(void) {
         for (size_t i = 0; i < N; i++) h0[s][i] = frnd();
     for (int i = 0; i < COLS; i++) g[i] = frnd();
     CHECK(B->param_register(g, COLS) == 0, "param_register"); /* else each norm uploads it: a copy, a flush */
-    int64_t st0[6], st1[6];
+    int64_t st0[7], st1[7];
     for (int on = 0; on < 2; on++) {
         df_cuda_set_graph(on, on ? 2 : 0);
         df_cuda_graph_stats(st0);
@@ -1532,6 +1533,9 @@ static void graph_checks(void) {
         for (int step = 0; step < STEPS; step++) {
             const int s = step & 1, rows = step % 3 == 2 ? 1 : ROWS;
             const size_t n = (size_t)rows * COLS;
+            /* each step follows reads, so the GPU is idle at its first launch: recorded all the same but for step 6 (the
+             * check on: it goes out launch by launch) */
+            df_cuda_set_graph_idle_check(step == 6);
             for (int k = 0; k < 4; k++) {
                 B->add(a[s], b[s], n);
                 B->scale(a[s], 0.5f + 0.01f * (float)(step + k), n);
@@ -1547,7 +1551,8 @@ static void graph_checks(void) {
         df_cuda_graph_stats(st1);
         if (on) {
             CHECK(st1[2] - st0[2] >= 1 && st1[2] - st0[2] <= 3, "graphs built: %lld (the step's sequence once; the 1-row steps' too)", (long long)(st1[2] - st0[2]));
-            CHECK(st1[1] - st0[1] >= STEPS - 3, "graph launches: %lld of %d steps", (long long)(st1[1] - st0[1]), STEPS);
+            CHECK(st1[1] - st0[1] >= STEPS - 4, "graph launches: %lld of %d steps", (long long)(st1[1] - st0[1]), STEPS);
+            CHECK(st1[6] - st0[6] >= 1, "no step found the GPU idle (step 6 should)");
             CHECK(st1[3] - st0[3] > 0, "graph nodes updated: %lld", (long long)(st1[3] - st0[3]));
         } else CHECK(st1[1] == st0[1] && st1[5] == st0[5], "recording off: %lld graph launches, %lld records", (long long)(st1[1] - st0[1]), (long long)(st1[5] - st0[5]));
     }
@@ -1556,6 +1561,7 @@ static void graph_checks(void) {
     for (int step = 0; step < STEPS; step++) bad += !!memcmp(out[0][step], out[1][step], sizeof out[0][step]);
     CHECK(!bad, "graph: %d of %d steps' results differ from direct launches", bad, STEPS);
     df_cuda_set_graph(1, 16);
+    df_cuda_set_graph_idle_check(1);
 }
 #endif
 

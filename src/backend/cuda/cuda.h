@@ -97,8 +97,11 @@ void df_cuda_set_slab_bytes(size_t bytes);
  * on 0: every launch issued directly from here (what was recorded goes out first); min_nodes >= 2: the fewest
  * launches a graph is built for (default 16, DELTAFIN_CUDA_GRAPH_MIN); anything less keeps it (tests). */
 void df_cuda_set_graph(int on, int min_nodes);
-/* out[6]: flushes, graph launches, graphs built, graph nodes updated, launches issued directly, launches recorded */
-void df_cuda_graph_stats(int64_t out[6]);
+/* out[7]: flushes, graph launches, graphs built, graph nodes updated, launches issued directly, launches recorded,
+ * steps whose first launch found the GPU idle (those go out launch by launch: a graph would wait for the whole step) */
+void df_cuda_graph_stats(int64_t out[7]);
+/* 0: record every step, even one whose first launch finds the GPU idle (tests: a test's steps follow its reads); 1: the default */
+void df_cuda_set_graph_idle_check(int on);
 
 #ifdef __cplusplus
 }
