@@ -9,9 +9,10 @@
  * The backend launches on the legacy stream, which cannot be captured, so the graph is built node by node
  * (cudaGraphAddNode, an edge from each node to the next: programmatic, from the kernel's programmatic port, where
  * the launch was programmatic). Only a step's end (gr_flush_step: the host is about to read the step's result)
- * issues a graph; other flushes, and a step's first sighting, go out as launches. A sequence is keyed by its kernels in order; up to GR_CACHE graphs are kept (the
- * least recently used one goes). Sequences shorter than g_gr_min kernels (prefill's pieces between cuBLAS calls)
- * are launched as recorded. Any failure to build, instantiate, update or launch a graph is reported once and turns
+ * issues a graph; other flushes, and a step's first sighting, go out as launches; so does a step whose first launch
+ * finds the GPU idle (launched as it comes: see g_direct). A sequence is keyed by its kernels in order; up to GR_CACHE
+ * graphs are kept (the least recently used one goes). Sequences shorter than g_gr_min kernels are launched as
+ * recorded. Any failure to build, instantiate, update or launch a graph is reported once and turns
  * recording off: the launches go out as recorded, then every later launch directly. */
 #include "backend/cuda/cuda_int.cuh"
 
