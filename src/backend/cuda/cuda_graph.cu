@@ -47,7 +47,7 @@ typedef struct {
 } GrGraph;
 
 int g_gr_state = -1;
-static int g_gr_min = 16;
+static int g_gr_min = 16, g_stats;
 static pthread_mutex_t g_gr_mu = PTHREAD_MUTEX_INITIALIZER;
 static GrRec *g_rec;
 static int g_nrec;
@@ -103,11 +103,20 @@ int gr_init(void) {
     if (g_gr_state < 0) {
         const char *e = getenv("DELTAFIN_CUDA_GRAPH"), *s = getenv("DELTAFIN_CUDA_SYNC"), *p = getenv("DELTAFIN_CUDA_PROF"),
                    *m = getenv("DELTAFIN_CUDA_GRAPH_MIN");
+        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+            fprintf(stderr, "deltafin: cuda backend: DELTAFIN_CUDA_GRAPH=%s is not 0 or 1: 1 (graphs on)\n", e);
         int on = !(e && *e && !strcmp(e, "0"));
         if ((s && *s && strcmp(s, "0")) || (p && *p && strcmp(p, "0"))) on = 0;
-        if (m && *m) g_gr_min = atoi(m) > 2 ? atoi(m) : 2;
+        if (m && *m) {
+            char *end = NULL;
+            const long v = strtol(m, &end, 10);
+            if (*end || v < 2 || v > GR_MAXN)
+                fprintf(stderr, "deltafin: cuda backend: DELTAFIN_CUDA_GRAPH_MIN=%s is not an integer in 2..%d (the fewest launches a graph is built for): %d\n", m,
+                        GR_MAXN, g_gr_min);
+            else g_gr_min = (int)v;
+        }
         const char *ps = getenv("DELTAFIN_CUDA_GRAPH_STATS");
-        if (ps && !strcmp(ps, "1")) atexit(gr_print);
+        if (ps && !strcmp(ps, "1")) g_stats = 1, atexit(gr_print);
         if (on) gr_alloc();
         g_gr_state = on;
     }
@@ -301,7 +310,7 @@ void gr_flush_at(const char *file, int line, int step) {
     if (g_gr_state <= 0 && !g_nrec) return;
     pthread_mutex_lock(&g_gr_mu);
     if (step) g_step_new = 1, g_direct = 0;
-    if (g_nrec)
+    if (g_nrec && g_stats) /* where flushes come from: only for DELTAFIN_CUDA_GRAPH_STATS */
         for (int i = 0; i < GR_SITES; i++)
             if (!g_site[i].file || (g_site[i].line == line && !strcmp(g_site[i].file, file))) {
                 g_site[i].file = file, g_site[i].line = line, g_site[i].n++, g_site[i].launches += g_nrec;

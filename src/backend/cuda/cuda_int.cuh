@@ -149,7 +149,7 @@ void gr_flush_at(const char *file, int line, int step);
 #define gr_flush_step() gr_flush_at(__FILE__, __LINE__, 1)
 void gr_note(const char *op); /* post(): the op (and layer) of the latest record, for its errors */
 template <typename T, typename A> static inline void gr_put(A a) {
-    const T v = (T)a;
+    const T v = a; /* the implicit conversion a launch applies, no more */
     memcpy(gr_arg(sizeof(T), alignof(T)), (const void *)&v, sizeof(T));
 }
 template <typename... P> static constexpr size_t gr_bytes(void) { return (size_t(0) + ... + (sizeof(P) + 16)); }
