@@ -1,0 +1,1041 @@
+/* layer_bench.cu - what a persistent decode kernel could reach on this GPU (issue 13, the 70% goal), before anyone
+ * builds one into the backend: a synthetic Qwen3-30B-A3B-shape decode layer (BF16 weights, f32 activations, one
+ * token) run as the same tasks two ways, timed against the HBM read floor measured in the same run.
+ *
+ * The layer (a decode step of transformers' Qwen3MoeDecoderLayer, H = 2048, 32 q heads / 4 KV heads of 128, 128
+ * experts of 768 choosing 8, softmax routing with norm_topk_prob): x = rmsnorm(h); q k v = W_qkv x; per-head q/k
+ * RMSNorm, rotate-half RoPE at position P; attention over P cached positions plus the new one; h += W_o att;
+ * x2 = rmsnorm(h); softmax(W_r x2), top 8, weights renormalised; for each chosen expert a = silu(W_g x2) * (W_u x2),
+ * y = W_d a; h += sum_k w_k y_k. 113.8 MB of weights a layer; L layers of their own weights (default 4), the
+ * residual stream carried from layer to layer and from token to token (a token's first layer needs the last one's h).
+ *
+ * The work is cut into the same tasks for every arm (so every arm computes the same bits, checked):
+ *   QKV    rows of W_qkv, the input norm computed by every block from h (no launch of its own)
+ *   ATTN   (KV head, 32 positions): q/k norm + RoPE of its heads, scores, softmax part, P x V part; the last part
+ *          of a KV head (a ticket) combines its 8 heads' parts into att
+ *   O      rows of W_o, h += the row's value
+ *   ROUTER rows of W_r, the norm again computed by every block
+ *   GUH    (chosen expert, rows) gate and up rows together, a = silu(g) u; every block routes for itself
+ *   DOWN   (chosen expert, rows); the last of the 8 experts' tasks of a row range (a ticket) adds their sum,
+ *          weighted in k order, into h
+ * Every product task loads its first weight rows into registers before it waits for its input (the weights are
+ * written by nothing), then streams the rest two to five rows ahead.
+ * Arms:
+ *   launch        a kernel an op (6 a layer), programmatic launches (griddepcontrol: launch_dependents at entry,
+ *                 wait before the input is read), one token captured as a CUDA graph and replayed: the backend's way
+ *   launch-1      the same with the kernels built for one block an SM (255 registers) and one block an SM of tasks:
+ *                 the persistent kernel's occupancy, so that launch-1 vs persist is the schedule alone
+ *   persist       ONE cooperative launch of resident blocks (the SM count x blocks an SM) for all tokens; block b
+ *                 runs tasks b, b + G, ... of each op in op order and waits on the op before's counter (acquire load
+ *                 of a counter the producers bump after a fence), DOWN of an expert on that expert's GUH only
+ *   persist-tok   the same kernel launched once a token
+ *   persist-nopf  persist with the weights loaded only after the wait (what the early loads are worth)
+ *   persist-noexp persist with DOWN waiting for every expert's GUH (what per-expert readiness is worth)
+ *   persist-nodep persist with no waits at all (the tasks' streaming alone; its results are garbage, not checked)
+ * Then the timeline of one token in launch and persist: per layer and op, when its first task began, its first and
+ * last waits returned and its last task ended (the global timer), from the moment the token's first wait returned.
+ * A wait that lasts more than ~2 s sets an error flag (a deadlock or a lost counter shows as "TIMEOUT", not a hang).
+ * Checks: every arm's h after one token against a double-precision host forward of the same weights (rel L2 and the
+ * chosen experts), and every arm's h after the timed tokens against the launch arm's, bit for bit.
+ * Usage: layer_bench [tokens (256)] [layers (4)] [cached positions P (640)]
+ * Without nvcc (g++ -x c++ -O2 layer_bench.cu): only the host forward, timed (a check of the reference itself). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define HD __host__ __device__
+#else
+#define HD
+#endif
+
+enum { H = 2048, NQ = 32, NKV = 4, HD_ = 128, QR = NQ * HD_, KR = NKV * HD_, QKV = QR + 2 * KR, NE = 128, TOPK = 8, IE = 768, CH = 32, MAXL = 8 };
+#define EPS 1e-6f
+
+/* ---- weights from a hash: the device writes them, the host reference recomputes the rows it needs ---------------- */
+HD static inline uint32_t mix(uint32_t seed, uint32_t i) {
+    uint32_t x = i ^ (seed * 0x9E3779B9u);
+    x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
+    x += seed * 0x632BE5ABu;
+    x ^= x >> 13, x *= 0x9E3779B1u, x ^= x >> 16;
+    return x;
+}
+HD static inline uint32_t f2u(float f) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+HD static inline float u2f(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+/* a weight: uniform in [-1/32, 1/32) (every step exact), rounded to BF16 (nearest even) */
+HD static inline uint16_t wbits(uint32_t seed, uint32_t i) {
+    const float f = ((float)(mix(seed, i) >> 8) * (1.0f / 16777216.0f) - 0.5f) * (1.0f / 16.0f);
+    uint32_t b = f2u(f);
+    b += 0x7fffu + ((b >> 16) & 1u);
+    return (uint16_t)(b >> 16);
+}
+HD static inline float bf2f(uint16_t b) { return u2f((uint32_t)b << 16); }
+/* a float: base + amp t, t in [-1, 1) with 16 bits (exact for the bases and powers of two used) */
+HD static inline float fval(uint32_t seed, uint32_t i, float base, float amp) {
+    return base + amp * (((float)(mix(seed, i) >> 16) - 32768.0f) * (1.0f / 32768.0f));
+}
+enum { S_QKV, S_O, S_R, S_G, S_U, S_D, S_N1, S_N2, S_QN, S_KN, S_KC, S_VC };
+static inline uint32_t seed_of(int l, int what) { return 100u + 16u * (uint32_t)l + (uint32_t)what; }
+#define SEED_H0 7u
+
+/* ---- the host reference: the layer in double precision ------------------------------------------------------------- */
+static double ref_w(int l, int what, size_t i) { return bf2f(wbits(seed_of(l, what), (uint32_t)i)); }
+static void ref_norm(const double *x, int n, int l, int what, uint32_t off, double *o) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const double inv = 1.0 / sqrt(ss / n + (double)EPS);
+    for (int i = 0; i < n; i++) o[i] = (double)fval(seed_of(l, what), off + (uint32_t)i, 1.0f, 0.125f) * x[i] * inv;
+}
+static void ref_rope(double *v, const float *cs) {
+    for (int i = 0; i < HD_ / 2; i++) {
+        const double a = v[i], b = v[i + HD_ / 2], c = cs[2 * i], s = cs[2 * i + 1];
+        v[i] = a * c - b * s, v[i + HD_ / 2] = b * c + a * s;
+    }
+}
+/* one layer on h (in place); ids: the 8 experts chosen */
+static void ref_layer(int l, int P, const float *cs, double *h, int *ids) {
+    static double x[H], qkv[QKV], att[QR], lg[NE], act[IE], y[H];
+    ref_norm(h, H, l, S_N1, 0, x);
+    for (int r = 0; r < QKV; r++) {
+        double s = 0;
+        for (int c = 0; c < H; c++) s += ref_w(l, S_QKV, (size_t)r * H + c) * x[c];
+        qkv[r] = s;
+    }
+    for (int hh = 0; hh < NQ + NKV; hh++) { /* q heads then k heads: norm, rope */
+        double *v = qkv + (size_t)hh * HD_, t[HD_];
+        ref_norm(v, HD_, l, hh < NQ ? S_QN : S_KN, 0, t);
+        memcpy(v, t, sizeof t);
+        ref_rope(v, cs);
+    }
+    const double scale = 1.0 / sqrt((double)HD_);
+    double *sc = (double *)malloc((size_t)(P + 1) * sizeof(double));
+    for (int qh = 0; qh < NQ; qh++) {
+        const int g = qh / (NQ / NKV);
+        const double *q = qkv + (size_t)qh * HD_;
+        double mx = -1e300;
+        for (int p = 0; p <= P; p++) {
+            double s = 0;
+            for (int d = 0; d < HD_; d++) {
+                const double k = p < P ? fval(seed_of(l, S_KC), (uint32_t)(((size_t)p * NKV + g) * HD_ + d), 0.0f, 1.0f) : qkv[QR + g * HD_ + d];
+                s += q[d] * k;
+            }
+            sc[p] = s * scale;
+            if (sc[p] > mx) mx = sc[p];
+        }
+        double den = 0;
+        for (int p = 0; p <= P; p++) den += (sc[p] = exp(sc[p] - mx));
+        for (int d = 0; d < HD_; d++) {
+            double o = 0;
+            for (int p = 0; p <= P; p++) {
+                const double v = p < P ? fval(seed_of(l, S_VC), (uint32_t)(((size_t)p * NKV + g) * HD_ + d), 0.0f, 1.0f) : qkv[QR + KR + g * HD_ + d];
+                o += sc[p] * v;
+            }
+            att[(size_t)qh * HD_ + d] = o / den;
+        }
+    }
+    free(sc);
+    for (int r = 0; r < H; r++) {
+        double s = 0;
+        for (int c = 0; c < QR; c++) s += ref_w(l, S_O, (size_t)r * QR + c) * att[c];
+        h[r] += s;
+    }
+    ref_norm(h, H, l, S_N2, 0, x);
+    double mx = -1e300;
+    for (int e = 0; e < NE; e++) {
+        double s = 0;
+        for (int c = 0; c < H; c++) s += ref_w(l, S_R, (size_t)e * H + c) * x[c];
+        lg[e] = s;
+        if (s > mx) mx = s;
+    }
+    double den = 0;
+    for (int e = 0; e < NE; e++) den += (lg[e] = exp(lg[e] - mx));
+    int taken[NE] = {0};
+    double wk[TOPK], wsum = 0;
+    for (int k = 0; k < TOPK; k++) {
+        int b = -1;
+        for (int e = 0; e < NE; e++)
+            if (!taken[e] && (b < 0 || lg[e] > lg[b])) b = e;
+        taken[b] = 1, ids[k] = b, wk[k] = lg[b] / den, wsum += wk[k];
+    }
+    for (int r = 0; r < H; r++) y[r] = 0;
+    for (int k = 0; k < TOPK; k++) {
+        const size_t e = (size_t)ids[k];
+        for (int i = 0; i < IE; i++) {
+            double g = 0, u = 0;
+            for (int c = 0; c < H; c++) {
+                g += ref_w(l, S_G, (e * IE + i) * H + c) * x[c];
+                u += ref_w(l, S_U, (e * IE + i) * H + c) * x[c];
+            }
+            act[i] = g / (1.0 + exp(-g)) * u;
+        }
+        for (int r = 0; r < H; r++) {
+            double s = 0;
+            for (int i = 0; i < IE; i++) s += ref_w(l, S_D, (e * H + r) * IE + i) * act[i];
+            y[r] += wk[k] / wsum * s;
+        }
+    }
+    for (int r = 0; r < H; r++) h[r] += y[r];
+}
+static void rope_table(int P, float *cs) { /* Qwen3's rope_theta 1e6, position P */
+    for (int i = 0; i < HD_ / 2; i++) {
+        const double ang = (double)P * pow(1e6, -2.0 * i / HD_);
+        cs[2 * i] = (float)cos(ang), cs[2 * i + 1] = (float)sin(ang);
+    }
+}
+static void ref_forward(int L, int P, double *h, int *ids) {
+    float cs[HD_];
+    rope_table(P, cs);
+    for (int i = 0; i < H; i++) h[i] = fval(SEED_H0, (uint32_t)i, 0.0f, 1.0f);
+    for (int l = 0; l < L; l++) ref_layer(l, P, cs, h, ids + TOPK * l);
+}
+
+#ifndef __CUDACC__
+#include <time.h>
+int main(int argc, char **argv) { /* the reference alone, for a look at it without a GPU */
+    const int L = argc > 1 ? atoi(argv[1]) : 1, P = argc > 2 ? atoi(argv[2]) : 640;
+    if (L < 1 || L > MAXL || P < 1 || P > 65536) return fprintf(stderr, "layer_bench (host): layers 1..%d, P 1..65536\n", MAXL), 2;
+    static double h[H];
+    int ids[TOPK * MAXL];
+    const clock_t t0 = clock();
+    ref_forward(L, P, h, ids);
+    double ss = 0, dd = 0;
+    int finite = 1;
+    for (int i = 0; i < H; i++) {
+        const double d = h[i] - fval(SEED_H0, (uint32_t)i, 0.0f, 1.0f);
+        ss += h[i] * h[i], dd += d * d, finite &= isfinite(h[i]) != 0;
+    }
+    printf("host forward, %d layer(s), P %d: %.2f s, |h| %.6f, |h - h0| %.6f, h[0..3] %.6f %.6f %.6f %.6f, %s\n", L, P,
+           (double)(clock() - t0) / CLOCKS_PER_SEC, sqrt(ss), sqrt(dd), h[0], h[1], h[2], h[3], finite ? "finite" : "NOT FINITE");
+    for (int l = 0; l < L; l++) {
+        printf("layer %d experts:", l);
+        for (int k = 0; k < TOPK; k++) printf(" %d", ids[TOPK * l + k]);
+        printf("\n");
+    }
+    return finite ? 0 : 1;
+}
+#else
+/* ======================================== the device side ======================================================= */
+#include <cuda_runtime.h>
+#include "read_floor.cuh"
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "layer_bench: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); exit(1); } } while (0)
+#define TH 256 /* threads a block, 8 warps */
+
+enum { OP_QKV, OP_ATTN, OP_O, OP_R, OP_GUH, OP_DN, NOP };
+/* counters, each on its own 128-byte line (index * 32 in the counter array) */
+enum { C_H, C_QKV, C_ATT, C_O, C_R, C_GUH0, C_TA0 = C_GUH0 + TOPK, C_TD0 = C_TA0 + NKV, C_ERR = C_TD0 + 64, C_N };
+#define CN(n, c) ((n).cnt + 32 * (c))
+
+/* a layer's weights and cache (a table in device memory: a kernel parameter's arrays indexed by a run-time layer
+ * would be copied to local memory) */
+struct LW {
+    const uint16_t *wqkv, *wo, *wr, *wg, *wu, *wd;
+    const float *n1, *n2, *qn, *kn;
+    float *kc, *vc; /* [P + 1][NKV][HD_] */
+};
+struct Net {
+    const LW *lw;
+    const float *cs;            /* RoPE cos / sin at position P, HD_ floats */
+    float *h, *qkv, *part, *att, *lg, *act, *dy;
+    int *ids_dbg;
+    unsigned *cnt;
+    int L, P, nch, G, pf, pexp, nodep, dbg_n;
+    int ts_on, ts_tok;           /* the timeline: token ts_tok's steps (ts_on: 1) */
+    unsigned long long *ts;      /* [MAXL][NOP][4]: first begin, first ready, last ready, last end (global timer, ns) */
+    int qkv_R, qkv_n, o_R, o_n, r_R, r_n, guh_pairs, guh_tpe, dn_R, dn_tpe;
+};
+struct Sh {
+    int ids[TOPK];
+    float wts[TOPK];
+    int s;
+    float red[8];
+    unsigned last;
+};
+
+__device__ __forceinline__ void pdl_go(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o));
+    return v;
+}
+/* the block's sum, the warps' sums added in warp order (the same bits in every block) */
+__device__ __forceinline__ float block_sum(float v, Sh &sh) {
+    v = warp_sum(v);
+    __syncthreads();
+    if (!(threadIdx.x & 31)) sh.red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0;
+#pragma unroll
+    for (int w = 0; w < TH / 32; w++) s += sh.red[w];
+    return s;
+}
+/* a weight load: read-only, not kept in L1, issued where it stands (before a wait) */
+__device__ __forceinline__ uint4 ldw(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+/* the same, issued only once acc is known: a row's registers are reloaded after its product has consumed them (else the
+ * compiler may keep old and new rows live at once: 2 x the registers) */
+__device__ __forceinline__ uint4 ldw_after(const uint4 *p, float acc) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "f"(acc));
+    return r;
+}
+__device__ __forceinline__ unsigned ld_acq(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long gtimer(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+/* the timeline (ts_on): thread 0 of each task folds the global timer into op's slots of step s's layer, when s is a
+ * step of token ts_tok; k: 0 the task began, 1 its wait returned, 2 it ended */
+enum { TS_BEGIN, TS_READY, TS_END };
+__device__ __forceinline__ void ts_mark(const Net &n, int s, int op, int k) {
+    if (!n.ts_on || s / n.L != n.ts_tok || threadIdx.x) return;
+    unsigned long long *p = n.ts + ((size_t)(s % n.L) * NOP + op) * 4;
+    const unsigned long long t = gtimer();
+    if (k == TS_BEGIN) atomicMin(p, t);
+    else if (k == TS_READY) atomicMin(p + 1, t), atomicMax(p + 2, t);
+    else atomicMax(p + 3, t);
+}
+__device__ __forceinline__ void ts_end(const Net &n, int s, int op) { /* after every thread of the task */
+    if (!n.ts_on) return;
+    __syncthreads();
+    ts_mark(n, s, op, TS_END);
+}
+/* M = 0 (launch arm): the programmatic wait; M = 1: thread 0 spins on the counter (acquire) until it reaches target
+ * (nodep: no wait at all, a measurement of the tasks' streaming alone: the results are garbage) */
+template <int M> __device__ __forceinline__ void dep_wait(const Net &n, const unsigned *c, unsigned target) {
+    if (!M) {
+        pdl_wait();
+        return;
+    }
+    if (n.nodep) return;
+    if (!threadIdx.x) {
+        const long long t0 = clock64();
+        unsigned *err = CN(n, C_ERR);
+        while ((int)(ld_acq(c) - target) < 0) {
+            if (*(volatile unsigned *)err) break;
+            __nanosleep(32);
+            if (clock64() - t0 > 4000000000LL) {
+                atomicExch(err, 1u);
+                break;
+            }
+        }
+    }
+    __syncthreads();
+}
+/* a task's results written by every thread: counted done (fence, then the counter) */
+__device__ __forceinline__ void done(unsigned *c) {
+    __syncthreads();
+    if (!threadIdx.x) __threadfence(), atomicAdd(c, 1u);
+}
+/* true in the block that arrives n-th (mod n) at the ticket; its later reads see every earlier arrival's writes */
+__device__ __forceinline__ bool ticket_last(unsigned *c, unsigned n, Sh &sh) {
+    __syncthreads();
+    if (!threadIdx.x) {
+        __threadfence();
+        const unsigned o = atomicAdd(c, 1u);
+        sh.last = o % n == n - 1;
+        if (sh.last) __threadfence();
+    }
+    __syncthreads();
+    return sh.last != 0;
+}
+/* x from shared memory, loaded where it stands (volatile: not hoisted out of the row loop into 64 registers) */
+__device__ __forceinline__ float4 lds4(const float4 *p) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"((unsigned)__cvta_generic_to_shared(p)));
+    return v;
+}
+/* the same, issued only once dep is known (x of a step read after the step two before has been multiplied: the
+ * compiler would otherwise load all of a row's x first, 8 J registers more) */
+__device__ __forceinline__ float4 lds4_after(const float4 *p, float dep) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"((unsigned)__cvta_generic_to_shared(p)), "f"(dep));
+    return v;
+}
+/* 8 BF16 weights against x's 8 values (x in two planes: A[q] = x[8q..8q+3], B[q] = x[8q+4..8q+7]) */
+__device__ __forceinline__ float dot8(uint4 v, float4 a, float4 b, float acc) {
+    acc = fmaf(__uint_as_float(v.x << 16), a.x, acc);
+    acc = fmaf(__uint_as_float(v.x & 0xffff0000u), a.y, acc);
+    acc = fmaf(__uint_as_float(v.y << 16), a.z, acc);
+    acc = fmaf(__uint_as_float(v.y & 0xffff0000u), a.w, acc);
+    acc = fmaf(__uint_as_float(v.z << 16), b.x, acc);
+    acc = fmaf(__uint_as_float(v.z & 0xffff0000u), b.y, acc);
+    acc = fmaf(__uint_as_float(v.w << 16), b.z, acc);
+    acc = fmaf(__uint_as_float(v.w & 0xffff0000u), b.w, acc);
+    return acc;
+}
+/* A warp's n rows (addr(k): row k's first 16 bytes; J 16-byte steps a lane, the lane's steps lane + 32 j): rows_pre
+ * loads the first PF into b; rows_run multiplies row k from b[k % PF] and loads row k + PF into its place, the sum
+ * to emit(k, sum) in every lane. */
+template <int J, int PF, class A> __device__ __forceinline__ void rows_pre(int n, A addr, uint4 (&b)[PF][J]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int s = 0; s < PF; s++)
+        if (s < n) {
+            const uint4 *p = addr(s);
+#pragma unroll
+            for (int j = 0; j < J; j++) b[s][j] = ldw(p + lane + 32 * j);
+        }
+}
+template <int J, int PF, class A, class E>
+__device__ __forceinline__ void rows_run(int n, A addr, const float4 *XA, const float4 *XB, E emit, uint4 (&b)[PF][J]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll 1
+    for (int k0 = 0; k0 < n; k0 += PF) {
+#pragma unroll
+        for (int s = 0; s < PF; s++) {
+            const int k = k0 + s;
+            if (k < n) {
+                float a0 = 0.0f, a1 = 0.0f; /* even and odd steps: two chains, x of step j read once step j - 2 is done */
+#pragma unroll
+                for (int j = 0; j < J; j++) {
+                    float &a = j & 1 ? a1 : a0;
+                    a = dot8(b[s][j], lds4_after(XA + lane + 32 * j, a), lds4_after(XB + lane + 32 * j, a), a);
+                }
+                const float acc = a0 + a1;
+                if (k + PF < n) {
+                    const uint4 *p = addr(k + PF);
+#pragma unroll
+                    for (int j = 0; j < J; j++) b[s][j] = ldw_after(p + lane + 32 * j, acc);
+                }
+                emit(k, warp_sum(acc));
+            }
+        }
+    }
+}
+/* x = rmsnorm(h) by w into the planes (H = 2048: one 8-value step a thread); h read through L2 */
+__device__ __forceinline__ void norm_planes(const float *h, const float *w, float4 *XA, float4 *XB, Sh &sh) {
+    const int q = threadIdx.x;
+    const float4 a = __ldcg((const float4 *)h + 2 * q), b = __ldcg((const float4 *)h + 2 * q + 1);
+    float ss = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    ss = block_sum(ss, sh);
+    const float inv = 1.0f / sqrtf(ss / H + EPS);
+    const float4 wa = ((const float4 *)w)[2 * q], wb = ((const float4 *)w)[2 * q + 1];
+    XA[q] = make_float4(wa.x * (a.x * inv), wa.y * (a.y * inv), wa.z * (a.z * inv), wa.w * (a.w * inv));
+    XB[q] = make_float4(wb.x * (b.x * inv), wb.y * (b.y * inv), wb.z * (b.z * inv), wb.w * (b.w * inv));
+    __syncthreads();
+}
+__device__ __forceinline__ void planes_from(const float *x, int n8, float4 *XA, float4 *XB) {
+    for (int q = threadIdx.x; q < n8; q += TH) XA[q] = __ldcg((const float4 *)x + 2 * q), XB[q] = __ldcg((const float4 *)x + 2 * q + 1);
+    __syncthreads();
+}
+/* the route of step s (softmax of the router's logits, top 8 by value then lower id, weights renormalised) into sh,
+ * by warp 0 of the block; once a step a block */
+__device__ void route(const Net &n, int s, Sh &sh) {
+    if (sh.s == s) return;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const float4 v4 = __ldcg((const float4 *)n.lg + lane);
+        float v[4] = {v4.x, v4.y, v4.z, v4.w};
+        const float mx = warp_max(fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3])));
+        float e[4], es = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) e[i] = expf(v[i] - mx), es += e[i];
+        const float den = warp_sum(es);
+        float p[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) p[i] = e[i] / den;
+        unsigned taken = 0;
+        float pk[TOPK];
+#pragma unroll
+        for (int k = 0; k < TOPK; k++) {
+            float bv = -1.0f;
+            int bi = 1 << 30;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (!(taken >> i & 1) && p[i] > bv) bv = p[i], bi = 4 * lane + i;
+#pragma unroll
+            for (int o = 16; o; o >>= 1) {
+                const float ov = __shfl_xor_sync(~0u, bv, o);
+                const int oi = __shfl_xor_sync(~0u, bi, o);
+                if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+            }
+            if (bi >> 2 == lane) taken |= 1u << (bi & 3);
+            pk[k] = bv;
+            if (!lane) sh.ids[k] = bi & (NE - 1); /* (always < NE but in the nodep arm, whose logits are garbage) */
+        }
+        float ws = 0, mine = 0.0f;
+#pragma unroll
+        for (int k = 0; k < TOPK; k++) ws += pk[k], mine = lane == k ? pk[k] : mine;
+        if (lane < TOPK) sh.wts[lane] = mine / ws;
+        if (!lane) sh.s = s;
+    }
+    __syncthreads();
+    if (!blockIdx.x && threadIdx.x < TOPK && s < n.dbg_n) n.ids_dbg[s * TOPK + threadIdx.x] = sh.ids[threadIdx.x];
+}
+
+/* ---- the tasks: M = 0 launch arm (wait = griddepcontrol.wait), M = 1 persistent (wait = counters) ------------------ */
+/* D: rows in flight a warp, in units of 16 steps a lane (256 bytes a lane). The launch arm's kernels: 1, at 2 blocks
+ * an SM (<= 128 registers, no spills: 128 KB an SM in flight). The persistent kernel: PDEPTH (default 1), one block an
+ * SM: every op's code in one kernel needs more than 128 registers (1.7 KB of spills a thread at 2 blocks an SM), and
+ * at PDEPTH 2 more than 255 (2.4 KB of spills), so by default it keeps half the launch arm's bytes in flight (64 KB
+ * an SM); build with -DPDEPTH=2 to see the spilling variant. */
+#ifndef PDEPTH
+#define PDEPTH 1
+#endif
+#define DEPTH (M ? PDEPTH : 1)
+/* a dense product's task: rows [t R, t R + R) of W (< rows; J x 256 BF16 columns each), PF rows in flight a warp, the
+ * first loaded before the wait for counter wc to reach target; x = rmsnorm(h) by normw (normw != NULL) or the J x 256
+ * floats at xin; emit(row, value) in lane 0; then the task counted done on donec */
+template <int M, int J, int PF, class E>
+__device__ __forceinline__ void t_dense(const Net &n, int s, int op, int t, int R, int rows, const uint16_t *W, const unsigned *wc, unsigned target,
+                                        const float *normw, const float *xin, unsigned *donec, float4 *sm, Sh &sh, E emit) {
+    __syncthreads();
+    ts_mark(n, s, op, TS_BEGIN);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = t * R;
+    const int rt = rows - r0 < R ? rows - r0 : R, nw = rt > w ? (rt - w + 7) / 8 : 0;
+    auto addr = [&](int k) { return (const uint4 *)(W + (size_t)(r0 + w + 8 * k) * (J * 256)); };
+    uint4 b[PF][J];
+    if (n.pf) rows_pre<J, PF>(nw, addr, b);
+    dep_wait<M>(n, wc, target);
+    ts_mark(n, s, op, TS_READY);
+    if (!n.pf) rows_pre<J, PF>(nw, addr, b);
+    float4 *XA = sm, *XB = sm + J * 32;
+    if (normw) norm_planes(n.h, normw, XA, XB, sh);
+    else planes_from(xin, J * 32, XA, XB);
+    rows_run<J, PF>(nw, addr, XA, XB, [&](int k, float v) { if (!lane) emit(r0 + w + 8 * k, v); }, b);
+    if (M) done(donec);
+    ts_end(n, s, op);
+}
+template <int M> __device__ void t_qkv(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
+    float *y = n.qkv;
+    t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_QKV, t, n.qkv_R, QKV, n.lw[l].wqkv, CN(n, C_H), (unsigned)(n.dn_tpe * s), n.lw[l].n1, NULL, CN(n, C_QKV), sm, sh,
+                                   [&](int r, float v) { y[r] = v; });
+}
+/* q or k head (128 values at src) normalised by g, rotated, into dst (warp-wide; lane holds 4 values) */
+__device__ __forceinline__ void head_norm_rope(const float *src, const float *g, const float *cs, float *tmp, float *dst) {
+    const int lane = threadIdx.x & 31;
+    const float4 v = __ldcg((const float4 *)src + lane);
+    const float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+    const float inv = 1.0f / sqrtf(ss / HD_ + EPS);
+    const float4 gg = ((const float4 *)g)[lane];
+    ((float4 *)tmp)[lane] = make_float4(gg.x * (v.x * inv), gg.y * (v.y * inv), gg.z * (v.z * inv), gg.w * (v.w * inv));
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = lane + 32 * r;
+        const float a = tmp[i], bb = tmp[i + HD_ / 2], c = cs[2 * i], sn = cs[2 * i + 1];
+        dst[i] = a * c - bb * sn, dst[i + HD_ / 2] = bb * c + a * sn;
+    }
+    __syncwarp();
+}
+#define KS 132 /* a cached row's stride in shared memory (floats): float4 reads of 32 rows at once without conflicts */
+template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
+    __syncthreads();
+    ts_mark(n, s, OP_ATTN, TS_BEGIN);
+    const int g = t / n.nch, c = t % n.nch, w = threadIdx.x >> 5, lane = threadIdx.x & 31, P = n.P;
+    const int p0 = c * CH, np = P + 1 - p0 < CH ? P + 1 - p0 : CH, ncache = P - p0 < np ? P - p0 : np;
+    float *Ks = (float *)sm, *Vs = Ks + CH * KS, *Qs = Vs + CH * KS, *Tq = Qs + 8 * HD_, *Tk = Tq + 8 * HD_;
+    const float *kc = n.lw[l].kc, *vc = n.lw[l].vc;
+    for (int i = threadIdx.x; i < ncache * (HD_ / 4); i += TH) { /* the cached rows, copied while the products run */
+        const int j = i / (HD_ / 4), q = i % (HD_ / 4);
+        const size_t src = (((size_t)(p0 + j) * NKV + g) * HD_) * 4 + (size_t)q * 16;
+        const unsigned dk = (unsigned)__cvta_generic_to_shared(Ks + j * KS + 4 * q), dv = (unsigned)__cvta_generic_to_shared(Vs + j * KS + 4 * q);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dk), "l"((const char *)kc + src));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dv), "l"((const char *)vc + src));
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    dep_wait<M>(n, CN(n, C_QKV), (unsigned)(n.qkv_n * (s + 1)));
+    ts_mark(n, s, OP_ATTN, TS_READY);
+    head_norm_rope(n.qkv + (size_t)(8 * g + w) * HD_, n.lw[l].qn, n.cs, Tq + w * HD_, Qs + w * HD_);
+    if (w == 0 && ncache < np) { /* the new position's k and v: this chunk holds position P */
+        const int j = P - p0;
+        head_norm_rope(n.qkv + QR + (size_t)g * HD_, n.lw[l].kn, n.cs, Tk, Ks + j * KS);
+        ((float4 *)(Vs + j * KS))[lane] = __ldcg((const float4 *)(n.qkv + QR + KR + (size_t)g * HD_) + lane);
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    if (ncache < np && threadIdx.x < HD_ / 4) { /* the new row into the cache (read by no task of this step) */
+        const int j = P - p0;
+        ((float4 *)(n.lw[l].kc + ((size_t)P * NKV + g) * HD_))[threadIdx.x] = ((const float4 *)(Ks + j * KS))[threadIdx.x];
+        ((float4 *)(n.lw[l].vc + ((size_t)P * NKV + g) * HD_))[threadIdx.x] = ((const float4 *)(Vs + j * KS))[threadIdx.x];
+    }
+    { /* warp w: head 8 g + w over the chunk's positions, lane j = position p0 + j */
+        const float4 *q4 = (const float4 *)(Qs + w * HD_);
+        float sc = -INFINITY;
+        if (lane < np) {
+            const float4 *k4 = (const float4 *)(Ks + lane * KS);
+            float a = 0.0f;
+#pragma unroll 8
+            for (int m = 0; m < HD_ / 4; m++) {
+                const float4 qq = q4[m], kk = k4[m];
+                a = fmaf(qq.x, kk.x, a), a = fmaf(qq.y, kk.y, a), a = fmaf(qq.z, kk.z, a), a = fmaf(qq.w, kk.w, a);
+            }
+            sc = a * (1.0f / sqrtf((float)HD_));
+        }
+        const float mx = warp_max(sc);
+        const float p = lane < np ? expf(sc - mx) : 0.0f;
+        const float ls = warp_sum(p);
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int j = 0; j < np; j++) {
+            const float pj = __shfl_sync(~0u, p, j);
+            const float4 v = ((const float4 *)(Vs + j * KS))[lane];
+            o.x = fmaf(pj, v.x, o.x), o.y = fmaf(pj, v.y, o.y), o.z = fmaf(pj, v.z, o.z), o.w = fmaf(pj, v.w, o.w);
+        }
+        float *pt = n.part + ((size_t)(g * n.nch + c) * 8 + w) * KS;
+        if (!lane) pt[0] = mx, pt[1] = ls;
+        ((float4 *)(pt + 4))[lane] = o;
+    }
+    if (ticket_last(CN(n, C_TA0 + g), (unsigned)n.nch, sh)) { /* the last part of KV head g: combine its 8 heads */
+        float m = -INFINITY;
+        for (int cc = 0; cc < n.nch; cc++) m = fmaxf(m, __ldcg(n.part + ((size_t)(g * n.nch + cc) * 8 + w) * KS));
+        float L = 0.0f;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int cc = 0; cc < n.nch; cc++) {
+            const float *pt = n.part + ((size_t)(g * n.nch + cc) * 8 + w) * KS;
+            const float f = expf(__ldcg(pt) - m);
+            const float4 v = __ldcg((const float4 *)(pt + 4) + lane);
+            L = fmaf(__ldcg(pt + 1), f, L);
+            o.x = fmaf(v.x, f, o.x), o.y = fmaf(v.y, f, o.y), o.z = fmaf(v.z, f, o.z), o.w = fmaf(v.w, f, o.w);
+        }
+        const float inv = 1.0f / L;
+        ((float4 *)(n.att + (size_t)(8 * g + w) * HD_))[lane] = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        if (M) done(CN(n, C_ATT));
+    }
+    ts_end(n, s, OP_ATTN);
+}
+template <int M> __device__ void t_o(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
+    float *h = n.h;
+    t_dense<M, QR / 256, DEPTH>(n, s, OP_O, t, n.o_R, H, n.lw[l].wo, CN(n, C_ATT), (unsigned)(NKV * (s + 1)), NULL, n.att, CN(n, C_O), sm, sh,
+                                [&](int r, float v) { h[r] = __ldcg(h + r) + v; });
+}
+template <int M> __device__ void t_router(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
+    float *y = n.lg;
+    t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_R, t, n.r_R, NE, n.lw[l].wr, CN(n, C_O), (unsigned)(n.o_n * (s + 1)), n.lw[l].n2, NULL, CN(n, C_R), sm, sh,
+                                   [&](int r, float v) { y[r] = v; });
+}
+template <int M> __device__ void t_guh(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
+    constexpr int D = DEPTH;
+    __syncthreads();
+    ts_mark(n, s, OP_GUH, TS_BEGIN);
+    const int e = t / n.guh_tpe, w = threadIdx.x >> 5, lane = threadIdx.x & 31, i0 = (t % n.guh_tpe) * n.guh_pairs;
+    const int pt = IE - i0 < n.guh_pairs ? IE - i0 : n.guh_pairs, npw = pt > w ? (pt - w + 7) / 8 : 0;
+    dep_wait<M>(n, CN(n, C_R), (unsigned)(n.r_n * (s + 1)));
+    ts_mark(n, s, OP_GUH, TS_READY);
+    if (!M) pdl_go(); /* the down launch may start once the logits are final (it routes before its own wait) */
+    route(n, s, sh);
+    const size_t ex = (size_t)sh.ids[e] * IE;
+    const uint16_t *Wg = n.lw[l].wg, *Wu = n.lw[l].wu;
+    auto addr = [&](int k) { return (const uint4 *)((k & 1 ? Wu : Wg) + (ex + i0 + w + 8 * (k >> 1)) * H); };
+    uint4 b[2 * D][8];
+    rows_pre<8, 2 * D>(2 * npw, addr, b); /* the loads fly while the block normalises */
+    float4 *XA = sm, *XB = sm + H / 8;
+    norm_planes(n.h, n.lw[l].n2, XA, XB, sh);
+    float *a = n.act + (size_t)e * IE, gv = 0.0f;
+    rows_run<8, 2 * D>(2 * npw, addr, XA, XB, [&](int k, float v) {
+        if (!(k & 1)) gv = v;
+        else if (!lane) a[i0 + w + 8 * (k >> 1)] = gv / (1.0f + expf(-gv)) * v;
+    }, b);
+    if (M) done(CN(n, C_GUH0 + e));
+    ts_end(n, s, OP_GUH);
+}
+template <int M> __device__ void t_down(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
+    constexpr int D = DEPTH;
+    __syncthreads();
+    ts_mark(n, s, OP_DN, TS_BEGIN);
+    const int e = t / n.dn_tpe, rb = t % n.dn_tpe, w = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = rb * n.dn_R;
+    const int rt = H - r0 < n.dn_R ? H - r0 : n.dn_R, nw = rt > w ? (rt - w + 7) / 8 : 0;
+    if (M && sh.s != s) dep_wait<M>(n, CN(n, C_R), (unsigned)(n.r_n * (s + 1))); /* the route first (launch arm: final already) */
+    route(n, s, sh);
+    const size_t ex = (size_t)sh.ids[e] * H;
+    const uint16_t *W = n.lw[l].wd;
+    auto addr = [&](int k) { return (const uint4 *)(W + (ex + r0 + w + 8 * k) * IE); };
+    uint4 b[5 * D][3];
+    if (n.pf) rows_pre<3, 5 * D>(nw, addr, b);
+    if (!M || n.pexp) dep_wait<M>(n, CN(n, C_GUH0 + e), (unsigned)(n.guh_tpe * (s + 1)));
+    else
+        for (int k = 0; k < TOPK; k++) dep_wait<M>(n, CN(n, C_GUH0 + k), (unsigned)(n.guh_tpe * (s + 1)));
+    ts_mark(n, s, OP_DN, TS_READY);
+    if (!n.pf) rows_pre<3, 5 * D>(nw, addr, b);
+    float4 *XA = sm, *XB = sm + IE / 8;
+    planes_from(n.act + (size_t)e * IE, IE / 8, XA, XB);
+    float *y = n.dy + (size_t)e * H;
+    rows_run<3, 5 * D>(nw, addr, XA, XB, [&](int k, float v) { if (!lane) y[r0 + w + 8 * k] = v; }, b);
+    if (ticket_last(CN(n, C_TD0 + rb), TOPK, sh)) { /* the last expert of this row range: h += the weighted sum, k order */
+        for (int r = r0 + (int)threadIdx.x; r < r0 + rt; r += TH) {
+            float o = 0.0f;
+#pragma unroll
+            for (int k = 0; k < TOPK; k++) o = fmaf(sh.wts[k], __ldcg(n.dy + (size_t)k * H + r), o);
+            n.h[r] = __ldcg(n.h + r) + o;
+        }
+        if (M) done(CN(n, C_H));
+    }
+    ts_end(n, s, OP_DN);
+}
+template <int M> __device__ __forceinline__ void run_op(int op, const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
+    switch (op) {
+    case OP_QKV: t_qkv<M>(n, l, s, t, sm, sh); break;
+    case OP_ATTN: t_attn<M>(n, l, s, t, sm, sh); break;
+    case OP_O: t_o<M>(n, l, s, t, sm, sh); break;
+    case OP_R: t_router<M>(n, l, s, t, sm, sh); break;
+    case OP_GUH: t_guh<M>(n, l, s, t, sm, sh); break;
+    default: t_down<M>(n, l, s, t, sm, sh); break;
+    }
+}
+static __host__ __device__ int op_tasks(const Net &n, int op) {
+    return op == OP_QKV ? n.qkv_n : op == OP_ATTN ? NKV * n.nch : op == OP_O ? n.o_n : op == OP_R ? n.r_n : op == OP_GUH ? TOPK * n.guh_tpe : TOPK * n.dn_tpe;
+}
+#define SMEM_BYTES ((2 * CH * KS + 17 * HD_) * 4) /* the attention's: a chunk's k and v rows, 8 q heads twice, k scratch */
+
+/* the persistent arm: steps s0 .. s0 + ns - 1 (step s = layer s % L of token s / L), every op's tasks in op order */
+__global__ void __launch_bounds__(TH, 1) k_persist(const Net *np, int s0, int ns) {
+    /* the parameters read from global memory (not a kernel parameter): the compiler may not hoist every op's fields out
+     * of the loops into registers for the whole kernel (it did: 2.4 KB of spills) */
+    const Net &n = *np;
+    extern __shared__ float4 sm[];
+    __shared__ Sh sh;
+    if (!threadIdx.x) sh.s = -1;
+    for (int s = s0; s < s0 + ns; s++) {
+        const int l = s % n.L;
+#pragma unroll 1
+        for (int op = 0; op < NOP; op++) {
+            const int nt = op_tasks(n, op);
+            for (int t = blockIdx.x; t < nt; t += gridDim.x) run_op<1>(op, n, l, s, t, sm, sh);
+        }
+    }
+}
+/* the launch arms: one op of step s, a block a task; B blocks an SM at least (2: the backend's way; 1: the persistent
+ * kernel's occupancy, to tell the schedule's effect from the occupancy's) */
+template <int OP, int B> __global__ void __launch_bounds__(TH, B) k_op(const __grid_constant__ Net n, int s) {
+    extern __shared__ float4 sm[];
+    __shared__ Sh sh;
+    if (!threadIdx.x) sh.s = -1;
+    if (OP != OP_GUH) pdl_go();
+    run_op<0>(OP, n, s % n.L, s, blockIdx.x, sm, sh);
+}
+
+__global__ void k_fill_w(uint16_t *p, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = wbits(seed, (uint32_t)i);
+}
+__global__ void k_fill_f(float *p, size_t n, uint32_t seed, float base, float amp) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = fval(seed, (uint32_t)i, base, amp);
+}
+
+template <int B> static const void *op_kernel_b(int op) {
+    switch (op) {
+    case OP_QKV: return (const void *)k_op<OP_QKV, B>;
+    case OP_ATTN: return (const void *)k_op<OP_ATTN, B>;
+    case OP_O: return (const void *)k_op<OP_O, B>;
+    case OP_R: return (const void *)k_op<OP_R, B>;
+    case OP_GUH: return (const void *)k_op<OP_GUH, B>;
+    default: return (const void *)k_op<OP_DN, B>;
+    }
+}
+static int g_launch1; /* queue_launch_token takes the 1-block-an-SM kernels */
+static const void *op_kernel(int op) { return g_launch1 ? op_kernel_b<1>(op) : op_kernel_b<2>(op); }
+static void queue_launch_token(const Net &n, int s0, cudaStream_t st) {
+    for (int s = s0; s < s0 + n.L; s++)
+        for (int op = 0; op < NOP; op++) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)op_tasks(n, op)), cfg.blockDim = dim3(TH), cfg.dynamicSmemBytes = SMEM_BYTES, cfg.stream = st;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = at, cfg.numAttrs = 1;
+            int ss = s;
+            void *args[] = {(void *)&n, &ss};
+            CK(cudaLaunchKernelExC(&cfg, op_kernel(op), args));
+        }
+}
+static Net *g_dnet; /* the device copy k_persist reads */
+static void launch_persist(const Net &n, int s0, int ns, cudaStream_t st) {
+    int a = s0, b = ns;
+    void *args[] = {(void *)&g_dnet, &a, &b};
+    CK(cudaLaunchCooperativeKernel((const void *)k_persist, dim3((unsigned)n.G), dim3(TH), args, SMEM_BYTES, st));
+}
+static unsigned err_flag(const Net &n) {
+    unsigned e = 0;
+    CK(cudaMemcpy(&e, CN(n, C_ERR), sizeof e, cudaMemcpyDeviceToHost));
+    return e;
+}
+static void reset_state(const Net &n, cudaStream_t st) {
+    CK(cudaStreamSynchronize(st));
+    k_fill_f<<<8, 256, 0, st>>>(n.h, H, SEED_H0, 0.0f, 1.0f);
+    CK(cudaMemsetAsync(n.cnt, 0, (size_t)C_N * 32 * sizeof(unsigned), st));
+    CK(cudaStreamSynchronize(st));
+}
+/* the tasks of an op for G resident blocks: one wave, the rows dealt evenly (the launch arm's kernels: G = 2 blocks an
+ * SM; the persistent kernel: its blocks). Only which warp takes a row changes with G, not a row's arithmetic. */
+static void decompose(Net &n, int G) {
+    const int G8 = G / TOPK > 0 ? G / TOPK : 1;
+    n.G = G;
+    n.qkv_R = (QKV + G - 1) / G, n.qkv_n = (QKV + n.qkv_R - 1) / n.qkv_R;
+    n.o_R = (H + G - 1) / G, n.o_n = (H + n.o_R - 1) / n.o_R;
+    n.r_R = 8, n.r_n = NE / 8;
+    n.guh_pairs = (IE + G8 - 1) / G8, n.guh_tpe = (IE + n.guh_pairs - 1) / n.guh_pairs;
+    n.dn_R = (H + G8 - 1) / G8, n.dn_tpe = (H + n.dn_R - 1) / n.dn_R;
+}
+static void print_tasks(const Net &n, const char *who) {
+    printf("%s, G = %d: tasks a layer: qkv %d x %d rows, attn %d x %d positions, o %d x %d rows, router %d x %d, gate/up %d x %d pairs, down %d x %d rows\n",
+           who, n.G, n.qkv_n, n.qkv_R, NKV * n.nch, CH, n.o_n, n.o_R, n.r_n, n.r_R, TOPK * n.guh_tpe, n.guh_pairs, TOPK * n.dn_tpe, n.dn_R);
+}
+static int g_glaunch, g_gpersist;
+enum { A_LAUNCH, A_LAUNCH1, A_PERSIST, A_PTOK, A_NOPF, A_NOEXP, A_NODEP, NARM };
+static const char *arm_nm[NARM] = {"launch", "launch-1", "persist", "persist-tok", "persist-nopf", "persist-noexp", "persist-nodep"};
+/* tokens of arm a from the initial state; the time of the last of reps runs (ms, best), h after them into hout */
+static float run_arm(Net n, int arm, int tokens, int reps, cudaStream_t st, float *hout) {
+    n.pf = arm != A_NOPF, n.pexp = arm != A_NOEXP, n.nodep = arm == A_NODEP;
+    decompose(n, arm == A_LAUNCH ? g_glaunch : g_gpersist);
+    CK(cudaMemcpy(g_dnet, &n, sizeof n, cudaMemcpyHostToDevice));
+    g_launch1 = arm == A_LAUNCH1;
+    cudaGraphExec_t ge = NULL;
+    if (arm == A_LAUNCH || arm == A_LAUNCH1) {
+        cudaGraph_t g;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        queue_launch_token(n, 0, st); /* the steps' numbers matter only modulo L in this arm (tickets count modulo) */
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphDestroy(g));
+    }
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    float best = 1e30f;
+    for (int r = 0; r < reps; r++) {
+        reset_state(n, st);
+        CK(cudaEventRecord(a, st));
+        if (ge)
+            for (int t = 0; t < tokens; t++) CK(cudaGraphLaunch(ge, st));
+        else if (arm == A_PTOK)
+            for (int t = 0; t < tokens; t++) launch_persist(n, t * n.L, n.L, st);
+        else launch_persist(n, 0, tokens * n.L, st);
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        CK(cudaGetLastError());
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (ms < best) best = ms;
+        if (err_flag(n)) {
+            printf("arm %-13s TIMEOUT: a wait lasted ~2 s (deadlock or a lost counter)\n", arm_nm[arm]);
+            best = -1.0f;
+            break;
+        }
+    }
+    CK(cudaMemcpy(hout, n.h, H * sizeof(float), cudaMemcpyDeviceToHost));
+    if (ge) CK(cudaGraphExecDestroy(ge));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return best;
+}
+/* The timeline of one token (the middle one of `tokens`) in the launch arm (its graph, then one graph with the marks)
+ * or the persistent arm (one launch): per layer and op, from the moment token's first QKV wait returned, when the op's
+ * first task began, its first and last waits returned, its last task ended (us). */
+static void run_timeline(Net n, int arm, int tokens, cudaStream_t st) {
+    n.pf = 1, n.pexp = 1, n.nodep = 0;
+    g_launch1 = 0;
+    decompose(n, arm == A_LAUNCH ? g_glaunch : g_gpersist);
+    unsigned long long init[MAXL * NOP * 4];
+    for (int i = 0; i < MAXL * NOP; i++) init[4 * i] = init[4 * i + 1] = ~0ull, init[4 * i + 2] = init[4 * i + 3] = 0;
+    CK(cudaMemcpy(n.ts, init, sizeof init, cudaMemcpyHostToDevice));
+    reset_state(n, st);
+    if (arm == A_LAUNCH) {
+        cudaGraphExec_t ge[2];
+        for (int k = 0; k < 2; k++) {
+            n.ts_on = k, n.ts_tok = 0;
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            queue_launch_token(n, 0, st);
+            CK(cudaStreamEndCapture(st, &g));
+            CK(cudaGraphInstantiate(&ge[k], g, 0));
+            CK(cudaGraphDestroy(g));
+        }
+        for (int t = 0; t < tokens / 2; t++) CK(cudaGraphLaunch(ge[0], st));
+        CK(cudaGraphLaunch(ge[1], st));
+        CK(cudaStreamSynchronize(st));
+        CK(cudaGraphExecDestroy(ge[0]));
+        CK(cudaGraphExecDestroy(ge[1]));
+    } else {
+        n.ts_on = 1, n.ts_tok = tokens / 2;
+        CK(cudaMemcpy(g_dnet, &n, sizeof n, cudaMemcpyHostToDevice));
+        launch_persist(n, 0, tokens * n.L, st);
+        CK(cudaStreamSynchronize(st));
+    }
+    CK(cudaGetLastError());
+    unsigned long long ts[MAXL * NOP * 4];
+    CK(cudaMemcpy(ts, n.ts, sizeof ts, cudaMemcpyDeviceToHost));
+    static const char *opn[NOP] = {"qkv", "attn", "o", "router", "gateup", "down"};
+    const double t0 = (double)ts[(0 * NOP + OP_QKV) * 4 + 1];
+    for (int l = 0; l < n.L; l++)
+        for (int op = 0; op < NOP; op++) {
+            const unsigned long long *p = ts + ((size_t)l * NOP + op) * 4;
+            printf("ts %-7s layer %d %-6s began %8.2f  ready %8.2f .. %8.2f  ended %8.2f us\n", arm_nm[arm], l, opn[op], (p[0] - t0) / 1e3, (p[1] - t0) / 1e3,
+                   (p[2] - t0) / 1e3, (p[3] - t0) / 1e3);
+        }
+    printf("ts %-7s token: %.2f us from the first layer's input to the last layer's output (%.2f us a layer)\n", arm_nm[arm],
+           (ts[((size_t)(n.L - 1) * NOP + OP_DN) * 4 + 3] - t0) / 1e3, (ts[((size_t)(n.L - 1) * NOP + OP_DN) * 4 + 3] - t0) / 1e3 / n.L);
+}
+/* rel L2 of what the layers added to h (h - h0), against the reference's: h0 itself would hide their errors */
+static double rel_l2(const float *a, const double *ref) {
+    double num = 0, den = 0;
+    for (int i = 0; i < H; i++) {
+        const double h0 = fval(SEED_H0, (uint32_t)i, 0.0f, 1.0f), d = (a[i] - h0) - (ref[i] - h0);
+        num += d * d, den += (ref[i] - h0) * (ref[i] - h0);
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+static uint16_t *alloc_w(size_t n, uint32_t seed) {
+    uint16_t *p = NULL;
+    CK(cudaMalloc(&p, n * 2));
+    k_fill_w<<<1024, 256>>>(p, n, seed);
+    return p;
+}
+static float *alloc_f(size_t n, uint32_t seed, float base, float amp) {
+    float *p = NULL;
+    CK(cudaMalloc(&p, n * 4));
+    k_fill_f<<<256, 256>>>(p, n, seed, base, amp);
+    return p;
+}
+
+int main(int argc, char **argv) {
+    const int T = argc > 1 ? atoi(argv[1]) : 256, L = argc > 2 ? atoi(argv[2]) : 4, P = argc > 3 ? atoi(argv[3]) : 640;
+    if (T < 1 || T > 100000 || L < 1 || L > MAXL || P < 1 || P > 32768)
+        return fprintf(stderr, "layer_bench: tokens 1..100000, layers 1..%d, cached positions 1..32768 (got %d %d %d)\n", MAXL, T, L, P), 2;
+    cudaDeviceProp pr;
+    CK(cudaGetDeviceProperties(&pr, 0));
+    const int SM = pr.multiProcessorCount;
+    CK(cudaFuncSetAttribute((const void *)k_persist, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+    for (int op = 0; op < NOP; op++) {
+        CK(cudaFuncSetAttribute(op_kernel_b<1>(op), cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+        CK(cudaFuncSetAttribute(op_kernel_b<2>(op), cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+    }
+    int occ = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_persist, TH, SMEM_BYTES));
+    if (occ < 1) return fprintf(stderr, "layer_bench: the persistent kernel fits no SM\n"), 1;
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, k_persist));
+    const double floor_gbs = read_floor_gbs(SM);
+    Net n;
+    memset(&n, 0, sizeof n);
+    int occl = 0;
+    for (int op = 0; op < NOP; op++) { /* the launch arm's blocks an SM: the least of its kernels' */
+        int o = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, op_kernel_b<2>(op), TH, SMEM_BYTES));
+        occl = op == 0 || o < occl ? o : occl;
+    }
+    if (occl < 1) return fprintf(stderr, "layer_bench: a launch arm kernel fits no SM\n"), 1;
+    g_glaunch = SM * occl, g_gpersist = SM * occ;
+    if (g_glaunch > 64 * TOPK || g_gpersist > 64 * TOPK) return fprintf(stderr, "layer_bench: more than 64 down row ranges (tickets)\n"), 1;
+    n.L = L, n.P = P, n.nch = (P + 1 + CH - 1) / CH, n.dbg_n = L;
+    size_t wbytes = 0;
+    LW hl[MAXL];
+    for (int l = 0; l < L; l++) {
+        hl[l].wqkv = alloc_w((size_t)QKV * H, seed_of(l, S_QKV));
+        hl[l].wo = alloc_w((size_t)H * QR, seed_of(l, S_O));
+        hl[l].wr = alloc_w((size_t)NE * H, seed_of(l, S_R));
+        hl[l].wg = alloc_w((size_t)NE * IE * H, seed_of(l, S_G));
+        hl[l].wu = alloc_w((size_t)NE * IE * H, seed_of(l, S_U));
+        hl[l].wd = alloc_w((size_t)NE * H * IE, seed_of(l, S_D));
+        hl[l].n1 = alloc_f(H, seed_of(l, S_N1), 1.0f, 0.125f);
+        hl[l].n2 = alloc_f(H, seed_of(l, S_N2), 1.0f, 0.125f);
+        hl[l].qn = alloc_f(HD_, seed_of(l, S_QN), 1.0f, 0.125f);
+        hl[l].kn = alloc_f(HD_, seed_of(l, S_KN), 1.0f, 0.125f);
+        hl[l].kc = alloc_f((size_t)(P + 1) * KR, seed_of(l, S_KC), 0.0f, 1.0f);
+        hl[l].vc = alloc_f((size_t)(P + 1) * KR, seed_of(l, S_VC), 0.0f, 1.0f);
+    }
+    LW *dl = NULL;
+    CK(cudaMalloc(&dl, sizeof hl));
+    CK(cudaMemcpy(dl, hl, sizeof hl, cudaMemcpyHostToDevice));
+    n.lw = dl;
+    wbytes = 2 * ((size_t)QKV * H + (size_t)H * QR + (size_t)NE * H + (size_t)TOPK * 3 * IE * H); /* a layer's weight bytes read */
+    const size_t cbytes = (size_t)P * KR * 2 * 4;                                                /* its cached rows */
+    float cs[HD_], *dcs = NULL;
+    rope_table(P, cs);
+    CK(cudaMalloc(&dcs, sizeof cs));
+    CK(cudaMemcpy(dcs, cs, sizeof cs, cudaMemcpyHostToDevice));
+    n.cs = dcs;
+    CK(cudaMalloc(&n.h, H * 4));
+    CK(cudaMalloc(&n.qkv, QKV * 4));
+    CK(cudaMalloc(&n.part, (size_t)NKV * n.nch * 8 * KS * 4));
+    CK(cudaMalloc(&n.att, QR * 4));
+    CK(cudaMalloc(&n.lg, NE * 4));
+    CK(cudaMalloc(&n.act, TOPK * IE * 4));
+    CK(cudaMalloc(&n.dy, (size_t)TOPK * H * 4));
+    CK(cudaMalloc(&n.ids_dbg, (size_t)MAXL * TOPK * sizeof(int)));
+    CK(cudaMalloc(&n.cnt, (size_t)C_N * 32 * sizeof(unsigned)));
+    CK(cudaMalloc(&g_dnet, sizeof(Net)));
+    CK(cudaMalloc(&n.ts, (size_t)MAXL * NOP * 4 * sizeof(unsigned long long)));
+    CK(cudaDeviceSynchronize());
+    printf("device: %s, %d SMs, L2 %d MiB; persistent blocks an SM %d (%d registers a thread, %d B shared), launch arm blocks an SM %d\n", pr.name, SM,
+           pr.l2CacheSize >> 20, occ, fa.numRegs, SMEM_BYTES, occl);
+    decompose(n, g_glaunch);
+    print_tasks(n, "launch");
+    decompose(n, g_gpersist);
+    print_tasks(n, "persist");
+    printf("HBM read floor %.1f GB/s; a layer reads %.1f MB of weights (%.2f us at the floor) + %.2f MB of cache\n", floor_gbs, wbytes / 1e6,
+           wbytes / (floor_gbs * 1e3), cbytes / 1e6);
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+
+    /* one token through every arm against the host's double-precision forward */
+    static double href[H];
+    int rids[TOPK * MAXL], dids[TOPK * MAXL];
+    ref_forward(L, P, href, rids);
+    int ok = 1;
+    float h1[NARM][H];
+    for (int arm = 0; arm < NARM; arm++) {
+        if (arm == A_NODEP) continue; /* its results are garbage by design */
+        CK(cudaMemset(n.ids_dbg, 0xff, (size_t)MAXL * TOPK * sizeof(int)));
+        const float ms = run_arm(n, arm, 1, 1, st, h1[arm]);
+        CK(cudaMemcpy(dids, n.ids_dbg, (size_t)L * TOPK * sizeof(int), cudaMemcpyDeviceToHost));
+        int same_ids = 1;
+        for (int i = 0; i < L * TOPK; i++) same_ids &= dids[i] == rids[i];
+        const double e = rel_l2(h1[arm], href);
+        const int good = ms >= 0 && e < 1e-4 && same_ids && (arm == 0 || !memcmp(h1[arm], h1[0], sizeof h1[0]));
+        printf("check %-13s one token: rel L2 vs the host %.3g, experts %s, bits %s  %s\n", arm_nm[arm], e, same_ids ? "equal" : "DIFFER",
+               arm == 0 ? "(the reference arm)" : !memcmp(h1[arm], h1[0], sizeof h1[0]) ? "equal to launch" : "DIFFER from launch", good ? "ok" : "FAILED");
+        ok &= good;
+    }
+    /* the timed runs */
+    static float hT[NARM][H];
+    for (int arm = 0; arm < NARM; arm++) {
+        const float ms = run_arm(n, arm, T, 3, st, hT[arm]);
+        if (ms < 0) {
+            ok = 0;
+            continue;
+        }
+        const double us_layer = ms * 1e3 / ((double)T * L), gbs = wbytes / (us_layer * 1e3);
+        const int same = arm == A_NODEP || !memcmp(hT[arm], hT[0], sizeof hT[0]);
+        printf("arm %-13s %d tokens x %d layers: %8.2f us a token, %6.2f us a layer, %7.1f GB/s of weights = %5.1f%% of the floor (with the cache %5.1f%%)  %s\n",
+               arm_nm[arm], T, L, ms * 1e3 / T, us_layer, gbs, 100.0 * gbs / floor_gbs, 100.0 * (wbytes + cbytes) / (us_layer * 1e3) / floor_gbs,
+               arm == A_NODEP ? "(no waits: streaming alone, results not checked)" : same ? "bits ok" : "BITS DIFFER from launch");
+        ok &= same;
+    }
+    run_timeline(n, A_LAUNCH, T, st);
+    run_timeline(n, A_PERSIST, T, st);
+    printf("%s\n", ok ? "layer_bench: ok" : "layer_bench: FAILED");
+    return ok ? 0 : 1;
+}
+#endif
