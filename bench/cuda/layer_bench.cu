@@ -435,11 +435,14 @@ __device__ __forceinline__ void rows_run(int n, A addr, const float4 *XA, const 
         }
     }
 }
+/* acc + the squares of v's 4 values, as explicit fmas: every kernel gets the same bits (contraction left to the
+ * compiler could differ between kernels; the arms are compared bit for bit) */
+__device__ __forceinline__ float sumsq4(float4 v, float acc) { return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, acc)))); }
 /* x = rmsnorm(h) by w into the planes (H = 2048: one 8-value step a thread); h read through L2 */
 __device__ __forceinline__ void norm_planes(const float *h, const float *w, float4 *XA, float4 *XB, Sh &sh) {
     const int q = threadIdx.x;
     const float4 a = __ldcg((const float4 *)h + 2 * q), b = __ldcg((const float4 *)h + 2 * q + 1);
-    float ss = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    float ss = sumsq4(b, sumsq4(a, 0.0f));
     ss = block_sum(ss, sh);
     const float inv = 1.0f / sqrtf(ss / H + EPS);
     const float4 wa = ((const float4 *)w)[2 * q], wb = ((const float4 *)w)[2 * q + 1];
@@ -539,7 +542,7 @@ template <int M> __device__ void t_qkv(const Net &n, int l, int s, int t, float4
 __device__ __forceinline__ void head_norm_rope(const float *src, const float *g, const float *cs, float *tmp, float *dst) {
     const int lane = threadIdx.x & 31;
     const float4 v = __ldcg((const float4 *)src + lane);
-    const float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+    const float ss = warp_sum(sumsq4(v, 0.0f));
     const float inv = 1.0f / sqrtf(ss / HD_ + EPS);
     const float4 gg = ((const float4 *)g)[lane];
     ((float4 *)tmp)[lane] = make_float4(gg.x * (v.x * inv), gg.y * (v.y * inv), gg.z * (v.z * inv), gg.w * (v.w * inv));
@@ -548,7 +551,7 @@ __device__ __forceinline__ void head_norm_rope(const float *src, const float *g,
     for (int r = 0; r < 2; r++) {
         const int i = lane + 32 * r;
         const float a = tmp[i], bb = tmp[i + HD_ / 2], c = cs[2 * i], sn = cs[2 * i + 1];
-        dst[i] = a * c - bb * sn, dst[i + HD_ / 2] = bb * c + a * sn;
+        dst[i] = fmaf(a, c, -(bb * sn)), dst[i + HD_ / 2] = fmaf(bb, c, a * sn);
     }
     __syncwarp();
 }
