@@ -31,6 +31,8 @@
  *   persist-tok   the same kernel launched once a token
  *   persist-nopf  persist with the weights loaded only after the wait (what the early loads are worth)
  *   persist-noexp persist with DOWN waiting for every expert's GUH (what per-expert readiness is worth)
+ *   persist-l2    persist with each task's rows past the registers' also asked of L2 before its wait (one
+ *                 cp.async.bulk.prefetch.L2 a row); launch-l2 the same for the launch arm
  *   persist-nodep persist with no waits at all (the tasks' streaming alone; its results are garbage, not checked)
  * Then the timeline of one token in launch and persist: per layer and op, when its first task began, its first and
  * last waits returned and its last task ended (the global timer), from the moment the token's first wait returned.
@@ -257,7 +259,7 @@ struct Net {
     float *h, *qkv, *part, *att, *lg, *act, *dy;
     int *ids_dbg;
     unsigned *cnt;
-    int L, P, nch, G, pf, pexp, nodep, dbg_n;
+    int L, P, nch, G, pf, pexp, nodep, l2pf, dbg_n;
     int ts_on, ts_tok;           /* the timeline: token ts_tok's steps (ts_on: 1) */
     unsigned long long *ts;      /* [MAXL][NOP][4]: first begin, first ready, last ready, last end (global timer, ns) */
     int qkv_R, qkv_n, o_R, o_n, r_R, r_n, guh_pairs, guh_tpe, dn_R, dn_tpe;
@@ -409,6 +411,13 @@ template <int J, int PF, class A> __device__ __forceinline__ void rows_pre(int n
             for (int j = 0; j < J; j++) b[s][j] = ldw(p + lane + 32 * j);
         }
 }
+/* l2pf: the rows past the first PF asked of L2 before the wait too (one bulk prefetch a row, lane 0), so that what
+ * the registers cannot hold is on chip when the wait returns */
+template <int J, int PF, class A> __device__ __forceinline__ void rows_l2(const Net &n, int nr, A addr) {
+    if (!n.l2pf || (threadIdx.x & 31)) return;
+    for (int k = PF; k < nr; k++)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(addr(k)), "r"(J * 512) : "memory");
+}
 template <int J, int PF, class A, class E>
 __device__ __forceinline__ void rows_run(int n, A addr, const float4 *XA, const float4 *XB, E emit, uint4 (&b)[PF][J]) {
     const int lane = threadIdx.x & 31;
@@ -522,7 +531,7 @@ __device__ __forceinline__ void t_dense(const Net &n, int s, int op, int t, int 
     const int rt = rows - r0 < R ? rows - r0 : R, nw = rt > w ? (rt - w + 7) / 8 : 0;
     auto addr = [&](int k) { return (const uint4 *)(W + (size_t)(r0 + w + 8 * k) * (J * 256)); };
     uint4 b[PF][J];
-    if (n.pf) rows_pre<J, PF>(nw, addr, b);
+    if (n.pf) rows_pre<J, PF>(nw, addr, b), rows_l2<J, PF>(n, nw, addr);
     dep_wait<M>(n, wc, target);
     ts_mark(n, s, op, TS_READY);
     if (!n.pf) rows_pre<J, PF>(nw, addr, b);
@@ -677,7 +686,7 @@ template <int M> __device__ void t_down(const Net &n, int l, int s, int t, float
     const uint16_t *W = n.lw[l].wd;
     auto addr = [&](int k) { return (const uint4 *)(W + (ex + r0 + w + 8 * k) * IE); };
     uint4 b[5 * D][3];
-    if (n.pf) rows_pre<3, 5 * D>(nw, addr, b);
+    if (n.pf) rows_pre<3, 5 * D>(nw, addr, b), rows_l2<3, 5 * D>(n, nw, addr);
     if (!M || n.pexp) dep_wait<M>(n, CN(n, C_GUH0 + e), (unsigned)(n.guh_tpe * (s + 1)));
     else
         for (int k = 0; k < TOPK; k++) dep_wait<M>(n, CN(n, C_GUH0 + k), (unsigned)(n.guh_tpe * (s + 1)));
@@ -806,16 +815,16 @@ static void print_tasks(const Net &n, const char *who) {
            who, n.G, n.qkv_n, n.qkv_R, NKV * n.nch, CH, n.o_n, n.o_R, n.r_n, n.r_R, TOPK * n.guh_tpe, n.guh_pairs, TOPK * n.dn_tpe, n.dn_R);
 }
 static int g_glaunch, g_gpersist;
-enum { A_LAUNCH, A_LAUNCH1, A_PERSIST, A_PTOK, A_NOPF, A_NOEXP, A_NODEP, NARM };
-static const char *arm_nm[NARM] = {"launch", "launch-1", "persist", "persist-tok", "persist-nopf", "persist-noexp", "persist-nodep"};
+enum { A_LAUNCH, A_LAUNCH1, A_PERSIST, A_PTOK, A_NOPF, A_NOEXP, A_L2, A_L2LAUNCH, A_NODEP, NARM };
+static const char *arm_nm[NARM] = {"launch", "launch-1", "persist", "persist-tok", "persist-nopf", "persist-noexp", "persist-l2", "launch-l2", "persist-nodep"};
 /* tokens of arm a from the initial state; the time of the last of reps runs (ms, best), h after them into hout */
 static float run_arm(Net n, int arm, int tokens, int reps, cudaStream_t st, float *hout) {
-    n.pf = arm != A_NOPF, n.pexp = arm != A_NOEXP, n.nodep = arm == A_NODEP;
-    decompose(n, arm == A_LAUNCH ? g_glaunch : g_gpersist);
+    n.pf = arm != A_NOPF, n.pexp = arm != A_NOEXP, n.nodep = arm == A_NODEP, n.l2pf = arm == A_L2 || arm == A_L2LAUNCH;
+    decompose(n, arm == A_LAUNCH || arm == A_L2LAUNCH ? g_glaunch : g_gpersist);
     CK(cudaMemcpy(g_dnet, &n, sizeof n, cudaMemcpyHostToDevice));
     g_launch1 = arm == A_LAUNCH1;
     cudaGraphExec_t ge = NULL;
-    if (arm == A_LAUNCH || arm == A_LAUNCH1) {
+    if (arm == A_LAUNCH || arm == A_LAUNCH1 || arm == A_L2LAUNCH) {
         cudaGraph_t g;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         queue_launch_token(n, 0, st); /* the steps' numbers matter only modulo L in this arm (tickets count modulo) */
@@ -857,7 +866,7 @@ static float run_arm(Net n, int arm, int tokens, int reps, cudaStream_t st, floa
  * or the persistent arm (one launch): per layer and op, from the moment token's first QKV wait returned, when the op's
  * first task began, its first and last waits returned, its last task ended (us). */
 static void run_timeline(Net n, int arm, int tokens, cudaStream_t st) {
-    n.pf = 1, n.pexp = 1, n.nodep = 0;
+    n.pf = 1, n.pexp = 1, n.nodep = 0, n.l2pf = 0;
     g_launch1 = 0;
     decompose(n, arm == A_LAUNCH ? g_glaunch : g_gpersist);
     unsigned long long init[MAXL * NOP * 4];
