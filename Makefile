@@ -101,7 +101,7 @@ UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(UNIT_SRCS:tests/unit/%.c=$(O)/tests/%)
 FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all test unit asan hostile-asan deps demo clean fuzz fuzz-objs bench cuda-check deltafin
+.PHONY: all test unit asan hostile-asan deps demo clean fuzz fuzz-objs bench cuda-check layer-bench-emu deltafin
 # the benchmark drivers too: a stale bench binary measures the kernels it was linked with, not the tree's
 all: $(O)/deltafin $(O)/bench/kernel_bench $(O)/bench/verify_bench $(O)/bench/attn_read $(O)/bench/spec_replay
 ifeq ($(O),$(if $(filter 1,$(CUDA)),build-cuda,build))
@@ -129,6 +129,16 @@ $(O)/%.cu.o: %.cu src/backend/cuda/cuda.h src/backend/cuda/cuda_int.cuh src/back
 cuda-check:
 	@$(MAKE) --no-print-directory CUDA=1 O=build-cuda build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda
 	./build-cuda/tests/test_backend_cuda
+	@mkdir -p build-cuda/bench
+	$(NVCC) -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/layer_bench bench/cuda/layer_bench.cu
+
+# bench/cuda/layer_bench.cu's kernels run on the CPU (bench/cuda/simt_emu.h: every GPU thread a fiber): one token of
+# one layer through the launch arm and three persistent arms against the benchmark's double-precision host forward
+# and bit for bit against each other, with a deadlock reported (~1 min; no GPU or nvcc needed). Part of `make test`.
+layer-bench-emu:
+	@mkdir -p $(O)/bench
+	$(CXX) -std=c++17 -O2 -DSIMT_EMU -Wall -Wextra -Wno-unknown-pragmas -Wno-unused-function -x c++ -o $(O)/bench/layer_bench_emu bench/cuda/layer_bench.cu -lm
+	./$(O)/bench/layer_bench_emu 1 64 8 16
 
 # bench/cuda: the CUDA backend's speed against floors measured in the same run
 # (HBM read, cuBLAS SGEMM / BF16 GEMM); run on a GPU (tools/cuda_device.sh).
@@ -180,6 +190,7 @@ unit-%: $$(call unit_bins,$$*)
 test: all $(UNIT_BINS)
 	O=$(O) ./tests/run_all.sh
 	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory cuda-check; else echo "cuda-check skipped: $(NVCC) not found"; fi
+	$(MAKE) --no-print-directory layer-bench-emu
 	$(MAKE) --no-print-directory hostile-asan
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 

@@ -40,7 +40,10 @@
  * Checks: every arm's h after one token against a double-precision host forward of the same weights (rel L2 and the
  * chosen experts), and every arm's h after the timed tokens against the launch arm's, bit for bit.
  * Usage: layer_bench [tokens (256)] [layers (4)] [cached positions P (640)]
- * Without nvcc (g++ -x c++ -O2 layer_bench.cu): only the host forward, timed (a check of the reference itself). */
+ * Built with g++ -x c++ -DSIMT_EMU (make layer-bench-emu): the same kernels on the CPU (simt_emu.h), one token through
+ * the launch arm and the persist / persist-noexp / persist-nopf arms, checked as on the GPU (no timing):
+ * layer_bench_emu [layers (1)] [P (640)] [persistent blocks (24)] [launch blocks (48)].
+ * Built with g++ -x c++ alone: only the host forward, timed (a look at the reference itself). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -209,7 +212,7 @@ static void ref_forward(int L, int P, double *h, int *ids) {
     for (int l = 0; l < L; l++) ref_layer(l, P, cs, h, ids + TOPK * l);
 }
 
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(SIMT_EMU)
 #include <time.h>
 int main(int argc, char **argv) { /* the reference alone, for a look at it without a GPU */
     const int L = argc > 1 ? atoi(argv[1]) : 1, P = argc > 2 ? atoi(argv[2]) : 640;
@@ -235,8 +238,19 @@ int main(int argc, char **argv) { /* the reference alone, for a look at it witho
 }
 #else
 /* ======================================== the device side ======================================================= */
+#ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include "read_floor.cuh"
+/* what differs from the CPU emulation (simt_emu.h): shared memory and the inline PTX helpers below */
+#define DYN_SMEM(T, name) extern __shared__ T name[]
+#define BLOCK_STATIC(T, name) __shared__ T name
+#define PTX(cuda, emu) cuda
+#else
+#include "simt_emu.h"
+#define DYN_SMEM(T, name) T *name = (T *)emu_smem()
+#define BLOCK_STATIC(T, name) T &name = *(T *)emu_static(sizeof(T))
+#define PTX(cuda, emu) emu
+#endif
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "layer_bench: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); exit(1); } } while (0)
 #define TH 256 /* threads a block, 8 warps */
@@ -272,8 +286,8 @@ struct Sh {
     unsigned last;
 };
 
-__device__ __forceinline__ void pdl_go(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_go(void) { PTX(asm volatile("griddepcontrol.launch_dependents;" ::: "memory"), ); }
+__device__ __forceinline__ void pdl_wait(void) { PTX(asm volatile("griddepcontrol.wait;" ::: "memory"), ); }
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
@@ -298,24 +312,25 @@ __device__ __forceinline__ float block_sum(float v, Sh &sh) {
 /* a weight load: read-only, not kept in L1, issued where it stands (before a wait) */
 __device__ __forceinline__ uint4 ldw(const uint4 *p) {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    PTX(asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p)), r = *p);
     return r;
 }
 /* the same, issued only once acc is known: a row's registers are reloaded after its product has consumed them (else the
  * compiler may keep old and new rows live at once: 2 x the registers) */
 __device__ __forceinline__ uint4 ldw_after(const uint4 *p, float acc) {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "f"(acc));
+    PTX(asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "f"(acc)),
+        ((void)acc, r = *p));
     return r;
 }
 __device__ __forceinline__ unsigned ld_acq(const unsigned *p) {
     unsigned v;
-    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    PTX(asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"), v = *(volatile const unsigned *)p);
     return v;
 }
 __device__ __forceinline__ unsigned long long gtimer(void) {
     unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    PTX(asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)), t = g_emu.switches);
     return t;
 }
 /* the timeline (ts_on): thread 0 of each task folds the global timer into op's slots of step s's layer, when s is a
@@ -376,14 +391,15 @@ __device__ __forceinline__ bool ticket_last(unsigned *c, unsigned n, Sh &sh) {
 /* x from shared memory, loaded where it stands (volatile: not hoisted out of the row loop into 64 registers) */
 __device__ __forceinline__ float4 lds4(const float4 *p) {
     float4 v;
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"((unsigned)__cvta_generic_to_shared(p)));
+    PTX(asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"((unsigned)__cvta_generic_to_shared(p))), v = *p);
     return v;
 }
 /* the same, issued only once dep is known (x of a step read after the step two before has been multiplied: the
  * compiler would otherwise load all of a row's x first, 8 J registers more) */
 __device__ __forceinline__ float4 lds4_after(const float4 *p, float dep) {
     float4 v;
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"((unsigned)__cvta_generic_to_shared(p)), "f"(dep));
+    PTX(asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"((unsigned)__cvta_generic_to_shared(p)), "f"(dep)),
+        ((void)dep, v = *p));
     return v;
 }
 /* 8 BF16 weights against x's 8 values (x in two planes: A[q] = x[8q..8q+3], B[q] = x[8q+4..8q+7]) */
@@ -416,7 +432,7 @@ template <int J, int PF, class A> __device__ __forceinline__ void rows_pre(int n
 template <int J, int PF, class A> __device__ __forceinline__ void rows_l2(const Net &n, int nr, A addr) {
     if (!n.l2pf || (threadIdx.x & 31)) return;
     for (int k = PF; k < nr; k++)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(addr(k)), "r"(J * 512) : "memory");
+        PTX(asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(addr(k)), "r"(J * 512) : "memory"), (void)addr(k));
 }
 template <int J, int PF, class A, class E>
 __device__ __forceinline__ void rows_run(int n, A addr, const float4 *XA, const float4 *XB, E emit, uint4 (&b)[PF][J]) {
@@ -564,6 +580,10 @@ __device__ __forceinline__ void head_norm_rope(const float *src, const float *g,
     }
     __syncwarp();
 }
+/* 16 bytes global -> shared, asynchronously (cp.async; the emulation copies at once) */
+__device__ __forceinline__ void cp16(float *dst, const char *src) {
+    PTX(asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)), memcpy(dst, src, 16));
+}
 #define KS 132 /* a cached row's stride in shared memory (floats): float4 reads of 32 rows at once without conflicts */
 template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
     __syncthreads();
@@ -575,11 +595,9 @@ template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float
     for (int i = threadIdx.x; i < ncache * (HD_ / 4); i += TH) { /* the cached rows, copied while the products run */
         const int j = i / (HD_ / 4), q = i % (HD_ / 4);
         const size_t src = (((size_t)(p0 + j) * NKV + g) * HD_) * 4 + (size_t)q * 16;
-        const unsigned dk = (unsigned)__cvta_generic_to_shared(Ks + j * KS + 4 * q), dv = (unsigned)__cvta_generic_to_shared(Vs + j * KS + 4 * q);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dk), "l"((const char *)kc + src));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dv), "l"((const char *)vc + src));
+        cp16(Ks + j * KS + 4 * q, (const char *)kc + src), cp16(Vs + j * KS + 4 * q, (const char *)vc + src);
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    PTX(asm volatile("cp.async.commit_group;" ::: "memory"), );
     dep_wait<M>(n, CN(n, C_QKV), (unsigned)(n.qkv_n * (s + 1)));
     ts_mark(n, s, OP_ATTN, TS_READY);
     head_norm_rope(n.qkv + (size_t)(8 * g + w) * HD_, n.lw[l].qn, n.cs, Tq + w * HD_, Qs + w * HD_);
@@ -588,7 +606,7 @@ template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float
         head_norm_rope(n.qkv + QR + (size_t)g * HD_, n.lw[l].kn, n.cs, Tk, Ks + j * KS);
         ((float4 *)(Vs + j * KS))[lane] = __ldcg((const float4 *)(n.qkv + QR + KR + (size_t)g * HD_) + lane);
     }
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    PTX(asm volatile("cp.async.wait_all;" ::: "memory"), );
     __syncthreads();
     if (ncache < np && threadIdx.x < HD_ / 4) { /* the new row into the cache (read by no task of this step) */
         const int j = P - p0;
@@ -727,8 +745,8 @@ __global__ void __launch_bounds__(TH, 1) k_persist(const Net *np, int s0, int ns
     /* the parameters read from global memory (not a kernel parameter): the compiler may not hoist every op's fields out
      * of the loops into registers for the whole kernel (it did: 2.4 KB of spills) */
     const Net &n = *np;
-    extern __shared__ float4 sm[];
-    __shared__ Sh sh;
+    DYN_SMEM(float4, sm);
+    BLOCK_STATIC(Sh, sh);
     if (!threadIdx.x) sh.s = -1;
     for (int s = s0; s < s0 + ns; s++) {
         const int l = s % n.L;
@@ -742,13 +760,38 @@ __global__ void __launch_bounds__(TH, 1) k_persist(const Net *np, int s0, int ns
 /* the launch arms: one op of step s, a block a task; B blocks an SM at least (2: the backend's way; 1: the persistent
  * kernel's occupancy, to tell the schedule's effect from the occupancy's) */
 template <int OP, int B> __global__ void __launch_bounds__(TH, B) k_op(const __grid_constant__ Net n, int s) {
-    extern __shared__ float4 sm[];
-    __shared__ Sh sh;
+    DYN_SMEM(float4, sm);
+    BLOCK_STATIC(Sh, sh);
     if (!threadIdx.x) sh.s = -1;
     if (OP != OP_GUH) pdl_go();
     run_op<0>(OP, n, s % n.L, s, blockIdx.x, sm, sh);
 }
 
+/* the tasks of an op for G resident blocks: one wave, the rows dealt evenly (the launch arm's kernels: G = 2 blocks an
+ * SM; the persistent kernel: its blocks). Only which warp takes a row changes with G, not a row's arithmetic. */
+static void decompose(Net &n, int G) {
+    const int G8 = G / TOPK > 0 ? G / TOPK : 1;
+    n.G = G;
+    n.qkv_R = (QKV + G - 1) / G, n.qkv_n = (QKV + n.qkv_R - 1) / n.qkv_R;
+    n.o_R = (H + G - 1) / G, n.o_n = (H + n.o_R - 1) / n.o_R;
+    n.r_R = 8, n.r_n = NE / 8;
+    n.guh_pairs = (IE + G8 - 1) / G8, n.guh_tpe = (IE + n.guh_pairs - 1) / n.guh_pairs;
+    n.dn_R = (H + G8 - 1) / G8, n.dn_tpe = (H + n.dn_R - 1) / n.dn_R;
+}
+static void print_tasks(const Net &n, const char *who) {
+    printf("%s, G = %d: tasks a layer: qkv %d x %d rows, attn %d x %d positions, o %d x %d rows, router %d x %d, gate/up %d x %d pairs, down %d x %d rows\n",
+           who, n.G, n.qkv_n, n.qkv_R, NKV * n.nch, CH, n.o_n, n.o_R, n.r_n, n.r_R, TOPK * n.guh_tpe, n.guh_pairs, TOPK * n.dn_tpe, n.dn_R);
+}
+/* rel L2 of what the layers added to h (h - h0), against the reference's: h0 itself would hide their errors */
+static double rel_l2(const float *a, const double *ref) {
+    double num = 0, den = 0;
+    for (int i = 0; i < H; i++) {
+        const double h0 = fval(SEED_H0, (uint32_t)i, 0.0f, 1.0f), d = (a[i] - h0) - (ref[i] - h0);
+        num += d * d, den += (ref[i] - h0) * (ref[i] - h0);
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+#ifdef __CUDACC__ /* ---- the GPU run ---- */
 __global__ void k_fill_w(uint16_t *p, size_t n, uint32_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = wbits(seed, (uint32_t)i);
 }
@@ -798,21 +841,6 @@ static void reset_state(const Net &n, cudaStream_t st) {
     k_fill_f<<<8, 256, 0, st>>>(n.h, H, SEED_H0, 0.0f, 1.0f);
     CK(cudaMemsetAsync(n.cnt, 0, (size_t)C_N * 32 * sizeof(unsigned), st));
     CK(cudaStreamSynchronize(st));
-}
-/* the tasks of an op for G resident blocks: one wave, the rows dealt evenly (the launch arm's kernels: G = 2 blocks an
- * SM; the persistent kernel: its blocks). Only which warp takes a row changes with G, not a row's arithmetic. */
-static void decompose(Net &n, int G) {
-    const int G8 = G / TOPK > 0 ? G / TOPK : 1;
-    n.G = G;
-    n.qkv_R = (QKV + G - 1) / G, n.qkv_n = (QKV + n.qkv_R - 1) / n.qkv_R;
-    n.o_R = (H + G - 1) / G, n.o_n = (H + n.o_R - 1) / n.o_R;
-    n.r_R = 8, n.r_n = NE / 8;
-    n.guh_pairs = (IE + G8 - 1) / G8, n.guh_tpe = (IE + n.guh_pairs - 1) / n.guh_pairs;
-    n.dn_R = (H + G8 - 1) / G8, n.dn_tpe = (H + n.dn_R - 1) / n.dn_R;
-}
-static void print_tasks(const Net &n, const char *who) {
-    printf("%s, G = %d: tasks a layer: qkv %d x %d rows, attn %d x %d positions, o %d x %d rows, router %d x %d, gate/up %d x %d pairs, down %d x %d rows\n",
-           who, n.G, n.qkv_n, n.qkv_R, NKV * n.nch, CH, n.o_n, n.o_R, n.r_n, n.r_R, TOPK * n.guh_tpe, n.guh_pairs, TOPK * n.dn_tpe, n.dn_R);
 }
 static int g_glaunch, g_gpersist;
 enum { A_LAUNCH, A_LAUNCH1, A_PERSIST, A_PTOK, A_NOPF, A_NOEXP, A_L2, A_L2LAUNCH, A_NODEP, NARM };
@@ -908,15 +936,6 @@ static void run_timeline(Net n, int arm, int tokens, cudaStream_t st) {
         }
     printf("ts %-7s token: %.2f us from the first layer's input to the last layer's output (%.2f us a layer)\n", arm_nm[arm],
            (ts[((size_t)(n.L - 1) * NOP + OP_DN) * 4 + 3] - t0) / 1e3, (ts[((size_t)(n.L - 1) * NOP + OP_DN) * 4 + 3] - t0) / 1e3 / n.L);
-}
-/* rel L2 of what the layers added to h (h - h0), against the reference's: h0 itself would hide their errors */
-static double rel_l2(const float *a, const double *ref) {
-    double num = 0, den = 0;
-    for (int i = 0; i < H; i++) {
-        const double h0 = fval(SEED_H0, (uint32_t)i, 0.0f, 1.0f), d = (a[i] - h0) - (ref[i] - h0);
-        num += d * d, den += (ref[i] - h0) * (ref[i] - h0);
-    }
-    return sqrt(num / (den > 0 ? den : 1));
 }
 static uint16_t *alloc_w(size_t n, uint32_t seed) {
     uint16_t *p = NULL;
@@ -1050,4 +1069,93 @@ int main(int argc, char **argv) {
     printf("%s\n", ok ? "layer_bench: ok" : "layer_bench: FAILED");
     return ok ? 0 : 1;
 }
+#else /* ---- SIMT_EMU: the same kernels on the CPU (simt_emu.h), one token, checked as on the GPU ---- */
+static void fill_w(uint16_t *p, size_t n, uint32_t seed) {
+    for (size_t i = 0; i < n; i++) p[i] = wbits(seed, (uint32_t)i);
+}
+static void fill_f(float *p, size_t n, uint32_t seed, float base, float amp) {
+    for (size_t i = 0; i < n; i++) p[i] = fval(seed, (uint32_t)i, base, amp);
+}
+template <class T> static T *zal(size_t n) { return (T *)calloc(n ? n : 1, sizeof(T)); }
+/* one token of L layers through the launch arm (a kernel at a time, every block of it at once) or the persistent
+ * kernel (G blocks, one launch), from the initial h; h after it into hout, the chosen experts into ids */
+static void emu_token(Net n, int persistent, int G, int pexp, int pf, float *hout, int *ids) {
+    decompose(n, G);
+    n.pexp = pexp, n.pf = pf, n.nodep = 0, n.l2pf = 1, n.ts_on = 0;
+    fill_f(n.h, H, SEED_H0, 0.0f, 1.0f);
+    memset(n.cnt, 0, (size_t)C_N * 32 * sizeof(unsigned));
+    memset(n.ids_dbg, 0xff, (size_t)MAXL * TOPK * sizeof(int));
+    if (persistent) emu_launch(dim3((unsigned)G), dim3(TH), SMEM_BYTES, [&] { k_persist(&n, 0, n.L); });
+    else
+        for (int s = 0; s < n.L; s++)
+            for (int op = 0; op < NOP; op++) {
+                const dim3 g((unsigned)op_tasks(n, op));
+                switch (op) {
+                case OP_QKV: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_QKV, 2>(n, s); }); break;
+                case OP_ATTN: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_ATTN, 2>(n, s); }); break;
+                case OP_O: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_O, 2>(n, s); }); break;
+                case OP_R: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_R, 2>(n, s); }); break;
+                case OP_GUH: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_GUH, 2>(n, s); }); break;
+                default: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_DN, 2>(n, s); }); break;
+                }
+            }
+    memcpy(hout, n.h, H * sizeof(float));
+    memcpy(ids, n.ids_dbg, (size_t)n.L * TOPK * sizeof(int));
+    if (n.cnt[32 * C_ERR]) fprintf(stderr, "layer_bench (emulated): a wait timed out\n");
+}
+int main(int argc, char **argv) {
+    const int L = argc > 1 ? atoi(argv[1]) : 1, P = argc > 2 ? atoi(argv[2]) : 640, GP = argc > 3 ? atoi(argv[3]) : 24, GL = argc > 4 ? atoi(argv[4]) : 48;
+    if (L < 1 || L > MAXL || P < 1 || P > 32768 || GP < 1 || GP > 512 || GL < 1 || GL > 512)
+        return fprintf(stderr, "layer_bench (emulated): layers 1..%d, positions 1..32768, blocks 1..512 (got %d %d %d %d)\n", MAXL, L, P, GP, GL), 2;
+    Net n;
+    memset(&n, 0, sizeof n);
+    n.L = L, n.P = P, n.nch = (P + 1 + CH - 1) / CH, n.dbg_n = L;
+    static LW lw[MAXL];
+    for (int l = 0; l < L; l++) {
+        uint16_t *w;
+        float *f;
+        lw[l].wqkv = w = zal<uint16_t>((size_t)QKV * H), fill_w(w, (size_t)QKV * H, seed_of(l, S_QKV));
+        lw[l].wo = w = zal<uint16_t>((size_t)H * QR), fill_w(w, (size_t)H * QR, seed_of(l, S_O));
+        lw[l].wr = w = zal<uint16_t>((size_t)NE * H), fill_w(w, (size_t)NE * H, seed_of(l, S_R));
+        lw[l].wg = w = zal<uint16_t>((size_t)NE * IE * H), fill_w(w, (size_t)NE * IE * H, seed_of(l, S_G));
+        lw[l].wu = w = zal<uint16_t>((size_t)NE * IE * H), fill_w(w, (size_t)NE * IE * H, seed_of(l, S_U));
+        lw[l].wd = w = zal<uint16_t>((size_t)NE * H * IE), fill_w(w, (size_t)NE * H * IE, seed_of(l, S_D));
+        lw[l].n1 = f = zal<float>(H), fill_f(f, H, seed_of(l, S_N1), 1.0f, 0.125f);
+        lw[l].n2 = f = zal<float>(H), fill_f(f, H, seed_of(l, S_N2), 1.0f, 0.125f);
+        lw[l].qn = f = zal<float>(HD_), fill_f(f, HD_, seed_of(l, S_QN), 1.0f, 0.125f);
+        lw[l].kn = f = zal<float>(HD_), fill_f(f, HD_, seed_of(l, S_KN), 1.0f, 0.125f);
+        lw[l].kc = f = zal<float>((size_t)(P + 1) * KR), fill_f(f, (size_t)(P + 1) * KR, seed_of(l, S_KC), 0.0f, 1.0f);
+        lw[l].vc = f = zal<float>((size_t)(P + 1) * KR), fill_f(f, (size_t)(P + 1) * KR, seed_of(l, S_VC), 0.0f, 1.0f);
+    }
+    static float cs[HD_];
+    rope_table(P, cs);
+    n.lw = lw, n.cs = cs;
+    n.h = zal<float>(H), n.qkv = zal<float>(QKV), n.part = zal<float>((size_t)NKV * n.nch * 8 * KS), n.att = zal<float>(QR), n.lg = zal<float>(NE);
+    n.act = zal<float>(TOPK * IE), n.dy = zal<float>((size_t)TOPK * H), n.ids_dbg = zal<int>((size_t)MAXL * TOPK), n.cnt = zal<unsigned>((size_t)C_N * 32);
+    n.ts = zal<unsigned long long>((size_t)MAXL * NOP * 4);
+    static double href[H];
+    int rids[TOPK * MAXL];
+    ref_forward(L, P, href, rids);
+    static const struct {
+        const char *name;
+        int persistent, pexp, pf;
+    } arms[] = {{"launch", 0, 1, 1}, {"persist", 1, 1, 1}, {"persist-noexp", 1, 0, 1}, {"persist-nopf", 1, 1, 0}};
+    static float h[4][H];
+    int ok = 1;
+    for (int a = 0; a < 4; a++) {
+        int ids[TOPK * MAXL];
+        emu_token(n, arms[a].persistent, arms[a].persistent ? GP : GL, arms[a].pexp, arms[a].pf, h[a], ids);
+        int same_ids = 1;
+        for (int i = 0; i < L * TOPK; i++) same_ids &= ids[i] == rids[i];
+        const double e = rel_l2(h[a], href);
+        const int bits = !memcmp(h[a], h[0], sizeof h[0]), good = e < 1e-4 && same_ids && bits && !n.cnt[32 * C_ERR];
+        printf("emulated %-13s (%s %d blocks), %d layer(s), P %d: rel L2 vs the host %.3g, experts %s, bits %s  %s\n", arms[a].name,
+               arms[a].persistent ? "one launch of" : "launches of", arms[a].persistent ? GP : GL, L, P, e, same_ids ? "equal" : "DIFFER",
+               a == 0 ? "(the reference arm)" : bits ? "equal to launch" : "DIFFER from launch", good ? "ok" : "FAILED");
+        ok &= good;
+    }
+    printf("%s\n", ok ? "layer_bench (emulated): ok" : "layer_bench (emulated): FAILED");
+    return ok ? 0 : 1;
+}
+#endif /* __CUDACC__ */
 #endif

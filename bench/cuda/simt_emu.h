@@ -1,0 +1,158 @@
+/* simt_emu.h - a CPU emulation of the CUDA subset bench/cuda/layer_bench.cu uses, to check the benchmark's logic on a
+ * machine without a GPU: every GPU thread of a launch is a fiber (ucontext) of one OS thread, switching at block
+ * barriers, warp shuffles / barriers and spin waits; all blocks of a launch run together (a persistent kernel's
+ * blocks wait on each other). What it shows: indices, task cuts, counters and tickets, a deadlock (a round in which
+ * every live thread only polled: reported, then exit 3), and the results. What it does not: speed, the GPU's memory
+ * model (every access here is sequentially consistent), inline PTX (the benchmark gives each such helper a plain
+ * C++ body under SIMT_EMU).
+ * Usage: #define SIMT_EMU before including; launch with emu_launch(grid, block, smem bytes, [&] { kernel(args); }). */
+#pragma once
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+#include <functional>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __grid_constant__
+#define __launch_bounds__(...)
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct uint4 {
+    unsigned x, y, z, w;
+};
+struct float4 {
+    float x, y, z, w;
+};
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+
+struct EmuFiber {
+    ucontext_t ctx;
+    dim3 ti, bi;
+    int done;
+};
+struct EmuBlock {
+    unsigned arrived, gen;                 /* __syncthreads */
+    unsigned warrived[32], wgen[32];       /* each warp's barrier */
+    float wbuf[32][32];                    /* each warp's shuffle slots */
+    std::vector<unsigned char> smem, stat; /* dynamic and "static" shared memory */
+};
+static struct {
+    ucontext_t sched;
+    std::vector<EmuFiber> f;
+    std::vector<EmuBlock> b;
+    std::vector<std::vector<char>> stacks;
+    dim3 grid, block;
+    EmuFiber *cur;
+    int progress;                 /* something other than a poll happened since the last round */
+    unsigned long long switches;  /* the emulated clock */
+    const std::function<void()> *body;
+} g_emu;
+
+#define threadIdx (g_emu.cur->ti)
+#define blockIdx (g_emu.cur->bi)
+#define blockDim (g_emu.block)
+#define gridDim (g_emu.grid)
+
+static inline EmuBlock &emu_blk(void) { return g_emu.b[g_emu.cur->bi.x]; }
+static inline void emu_yield(void) {
+    g_emu.switches++;
+    swapcontext(&g_emu.cur->ctx, &g_emu.sched);
+}
+/* a barrier over `count` threads: arrive, then poll until the generation moves */
+static inline void emu_bar(unsigned &arrived, unsigned &gen, unsigned count) {
+    const unsigned g = gen;
+    g_emu.progress = 1;
+    if (++arrived == count) {
+        arrived = 0, gen++;
+        return;
+    }
+    while (gen == g) emu_yield();
+    g_emu.progress = 1;
+}
+static inline void __syncthreads(void) { emu_bar(emu_blk().arrived, emu_blk().gen, g_emu.block.x); }
+static inline void emu_warp_bar(void) {
+    const unsigned w = g_emu.cur->ti.x >> 5;
+    EmuBlock &b = emu_blk();
+    const unsigned nwarp = (g_emu.block.x + 31) / 32, lanes = w + 1 < nwarp || !(g_emu.block.x & 31) ? 32 : (g_emu.block.x & 31);
+    emu_bar(b.warrived[w], b.wgen[w], lanes);
+}
+static inline void __syncwarp(unsigned m = ~0u) { (void)m, emu_warp_bar(); }
+template <class T> static inline T emu_shfl(T v, int src) {
+    static_assert(sizeof(T) == 4, "32-bit shuffles only");
+    const unsigned w = g_emu.cur->ti.x >> 5, lane = g_emu.cur->ti.x & 31;
+    EmuBlock &b = emu_blk();
+    memcpy(&b.wbuf[w][lane], &v, 4);
+    emu_warp_bar();
+    T r;
+    memcpy(&r, &b.wbuf[w][src & 31], 4);
+    emu_warp_bar();
+    return r;
+}
+template <class T> static inline T __shfl_xor_sync(unsigned m, T v, int o) { return (void)m, emu_shfl(v, (int)(g_emu.cur->ti.x & 31) ^ o); }
+template <class T> static inline T __shfl_sync(unsigned m, T v, int src) { return (void)m, emu_shfl(v, src); }
+static inline void __threadfence(void) {}
+static inline void __nanosleep(unsigned) { emu_yield(); } /* a poll: not progress */
+static inline long long clock64(void) { return (long long)g_emu.switches; }
+template <class T> static inline T atomicAdd(T *p, T v) { const T o = *p; *p = o + v; g_emu.progress = 1; return o; }
+template <class T> static inline T atomicMin(T *p, T v) { const T o = *p; if (v < o) *p = v; g_emu.progress = 1; return o; }
+template <class T> static inline T atomicMax(T *p, T v) { const T o = *p; if (v > o) *p = v; g_emu.progress = 1; return o; }
+template <class T> static inline T atomicExch(T *p, T v) { const T o = *p; *p = v; g_emu.progress = 1; return o; }
+template <class T> static inline T __ldcg(const T *p) { return *p; }
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline void *emu_smem(void) { return emu_blk().smem.data(); }
+static inline void *emu_static(size_t n) {
+    EmuBlock &b = emu_blk();
+    if (b.stat.size() < n) b.stat.resize(n); /* (first use, before any thread keeps a pointer: every call asks the same size) */
+    return b.stat.data();
+}
+
+static void emu_entry(void) {
+    (*g_emu.body)();
+    g_emu.cur->done = 1;
+    g_emu.progress = 1;
+    swapcontext(&g_emu.cur->ctx, &g_emu.sched);
+}
+/* runs body as grid x block threads (1-D), smem bytes of dynamic shared memory a block; exit 3 on a deadlock */
+static void emu_launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body) {
+    const size_t nb = grid.x, nt = block.x, n = nb * nt, stack = 64 << 10;
+    g_emu.grid = grid, g_emu.block = block, g_emu.body = &body;
+    g_emu.f.assign(n, EmuFiber());
+    g_emu.b.assign(nb, EmuBlock());
+    for (auto &b : g_emu.b) b.smem.assign(smem + 16, 0xAB), b.stat.assign(1024, 0);
+    if (g_emu.stacks.size() < n) g_emu.stacks.resize(n);
+    for (size_t i = 0; i < n; i++) {
+        EmuFiber &f = g_emu.f[i];
+        f.bi = dim3((unsigned)(i / nt)), f.ti = dim3((unsigned)(i % nt)), f.done = 0;
+        g_emu.stacks[i].resize(stack);
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = g_emu.stacks[i].data(), f.ctx.uc_stack.ss_size = stack, f.ctx.uc_link = &g_emu.sched;
+        makecontext(&f.ctx, emu_entry, 0);
+    }
+    for (size_t live = n; live;) {
+        g_emu.progress = 0;
+        live = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (g_emu.f[i].done) continue;
+            g_emu.cur = &g_emu.f[i];
+            swapcontext(&g_emu.sched, &g_emu.f[i].ctx);
+            live += !g_emu.f[i].done;
+        }
+        if (live && !g_emu.progress) {
+            fprintf(stderr, "simt_emu: deadlock: %zu threads live and a whole round in which every one only polled\n", live);
+            exit(3);
+        }
+    }
+    g_emu.cur = NULL;
+}
