@@ -534,6 +534,9 @@ __device__ void route(const Net &n, int s, Sh &sh) {
 #ifndef PDEPTH
 #define PDEPTH 1
 #endif
+#ifndef PBLOCKS /* the persistent kernel's blocks an SM (-DPBLOCKS=2: 16 warps an SM at <= 128 registers, with spills) */
+#define PBLOCKS 1
+#endif
 #define DEPTH (M ? PDEPTH : 1)
 /* a dense product's task: rows [t R, t R + R) of W (< rows; J x 256 BF16 columns each), PF rows in flight a warp, the
  * first loaded before the wait for counter wc to reach target; x = rmsnorm(h) by normw (normw != NULL) or the J x 256
@@ -741,7 +744,7 @@ static __host__ __device__ int op_tasks(const Net &n, int op) {
 #define SMEM_BYTES ((2 * CH * KS + 17 * HD_) * 4) /* the attention's: a chunk's k and v rows, 8 q heads twice, k scratch */
 
 /* the persistent arm: steps s0 .. s0 + ns - 1 (step s = layer s % L of token s / L), every op's tasks in op order */
-__global__ void __launch_bounds__(TH, 1) k_persist(const Net *np, int s0, int ns) {
+__global__ void __launch_bounds__(TH, PBLOCKS) k_persist(const Net *np, int s0, int ns) {
     /* the parameters read from global memory (not a kernel parameter): the compiler may not hoist every op's fields out
      * of the loops into registers for the whole kernel (it did: 2.4 KB of spills) */
     const Net &n = *np;
@@ -842,13 +845,13 @@ static void reset_state(const Net &n, cudaStream_t st) {
     CK(cudaMemsetAsync(n.cnt, 0, (size_t)C_N * 32 * sizeof(unsigned), st));
     CK(cudaStreamSynchronize(st));
 }
-static int g_glaunch, g_gpersist;
+static int g_glaunch, g_gpersist, g_sms; /* blocks of the launch arm's waves, of the persistent kernel; the SMs */
 enum { A_LAUNCH, A_LAUNCH1, A_PERSIST, A_PTOK, A_NOPF, A_NOEXP, A_L2, A_L2LAUNCH, A_NODEP, NARM };
 static const char *arm_nm[NARM] = {"launch", "launch-1", "persist", "persist-tok", "persist-nopf", "persist-noexp", "persist-l2", "launch-l2", "persist-nodep"};
 /* tokens of arm a from the initial state; the time of the last of reps runs (ms, best), h after them into hout */
 static float run_arm(Net n, int arm, int tokens, int reps, cudaStream_t st, float *hout) {
     n.pf = arm != A_NOPF, n.pexp = arm != A_NOEXP, n.nodep = arm == A_NODEP, n.l2pf = arm == A_L2 || arm == A_L2LAUNCH;
-    decompose(n, arm == A_LAUNCH || arm == A_L2LAUNCH ? g_glaunch : g_gpersist);
+    decompose(n, arm == A_LAUNCH || arm == A_L2LAUNCH ? g_glaunch : arm == A_LAUNCH1 ? g_sms : g_gpersist);
     CK(cudaMemcpy(g_dnet, &n, sizeof n, cudaMemcpyHostToDevice));
     g_launch1 = arm == A_LAUNCH1;
     cudaGraphExec_t ge = NULL;
@@ -977,7 +980,7 @@ int main(int argc, char **argv) {
         occl = op == 0 || o < occl ? o : occl;
     }
     if (occl < 1) return fprintf(stderr, "layer_bench: a launch arm kernel fits no SM\n"), 1;
-    g_glaunch = SM * occl, g_gpersist = SM * occ;
+    g_glaunch = SM * occl, g_gpersist = SM * occ, g_sms = SM;
     if (g_glaunch > 64 * TOPK || g_gpersist > 64 * TOPK) return fprintf(stderr, "layer_bench: more than 64 down row ranges (tickets)\n"), 1;
     n.L = L, n.P = P, n.nch = (P + 1 + CH - 1) / CH, n.dbg_n = L;
     size_t wbytes = 0;
