@@ -133,12 +133,13 @@ cuda-check:
 	$(NVCC) -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/layer_bench bench/cuda/layer_bench.cu
 
 # bench/cuda/layer_bench.cu's kernels run on the CPU (bench/cuda/simt_emu.h: every GPU thread a fiber): one token of
-# one layer through the launch arm and three persistent arms against the benchmark's double-precision host forward
+# one layer through the launch arm and four persistent arms (registers, no per-expert waits, no early loads, the
+# shared-memory ring) against the benchmark's double-precision host forward
 # and bit for bit against each other, with a deadlock reported (~1 min; no GPU or nvcc needed). Part of `make test`.
 layer-bench-emu:
 	@mkdir -p $(O)/bench
 	$(CXX) -std=c++17 -O2 -DSIMT_EMU -Wall -Wextra -Wno-unknown-pragmas -Wno-unused-function -x c++ -o $(O)/bench/layer_bench_emu bench/cuda/layer_bench.cu -lm
-	./$(O)/bench/layer_bench_emu 1 64 8 16
+	./$(O)/bench/layer_bench_emu 1 64 20 36
 
 # bench/cuda: the CUDA backend's speed against floors measured in the same run
 # (HBM read, cuBLAS SGEMM / BF16 GEMM); run on a GPU (tools/cuda_device.sh).

@@ -41,7 +41,7 @@
  * chosen experts), and every arm's h after the timed tokens against the launch arm's, bit for bit.
  * Usage: layer_bench [tokens (256)] [layers (4)] [cached positions P (640)]
  * Built with g++ -x c++ -DSIMT_EMU (make layer-bench-emu): the same kernels on the CPU (simt_emu.h), one token through
- * the launch arm and the persist / persist-noexp / persist-nopf arms, checked as on the GPU (no timing):
+ * the launch arm and the persist / persist-noexp / persist-nopf / persist-smem arms, checked as on the GPU (no timing):
  * layer_bench_emu [layers (1)] [P (640)] [persistent blocks (24)] [launch blocks (48)].
  * Built with g++ -x c++ alone: only the host forward, timed (a look at the reference itself). */
 #include <math.h>
@@ -273,7 +273,7 @@ struct Net {
     float *h, *qkv, *part, *att, *lg, *act, *dy;
     int *ids_dbg;
     unsigned *cnt;
-    int L, P, nch, G, pf, pexp, nodep, l2pf, dbg_n;
+    int L, P, nch, G, pf, pexp, nodep, l2pf, smw, dbg_n;
     int ts_on, ts_tok;           /* the timeline: token ts_tok's steps (ts_on: 1) */
     unsigned long long *ts;      /* [MAXL][NOP][4]: first begin, first ready, last ready, last end (global timer, ns) */
     int qkv_R, qkv_n, o_R, o_n, r_R, r_n, guh_pairs, guh_tpe, dn_R, dn_tpe;
@@ -427,11 +427,70 @@ template <int J, int PF, class A> __device__ __forceinline__ void rows_pre(int n
             for (int j = 0; j < J; j++) b[s][j] = ldw(p + lane + 32 * j);
         }
 }
+/* 16 bytes global -> shared, asynchronously (cp.async; the emulation copies at once); cp16_after: issued only once dep
+ * is known (a ring slot is refilled after its row's product has read it) */
+__device__ __forceinline__ void cp16(void *dst, const void *src) {
+    PTX(asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)), emu_cp16(dst, src));
+}
+__device__ __forceinline__ void cp16_after(void *dst, const void *src, float dep) {
+    PTX(asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "f"(dep)),
+        ((void)dep, emu_cp16(dst, src)));
+}
+__device__ __forceinline__ void cp_commit(void) { PTX(asm volatile("cp.async.commit_group;" ::: "memory"), emu_cp_commit()); }
+template <int N> __device__ __forceinline__ void cp_wait(void) { PTX(asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"), emu_cp_wait(N)); }
+/* persist-smem (smw): a warp's rows in flight in a ring of shared memory instead of registers: the persistent kernel
+ * runs one block an SM (more registers spill), so its registers hold half the launch arm's bytes in flight, while
+ * ~180 KB of the SM's shared memory sit unused. RING_BYTES a block (after the 16 KB of x planes), RING_WARP a warp,
+ * ring_slots<J>() rows of J x 512 bytes; slot s holds a row as [J][32 lanes] 16-byte pieces, each lane reading only
+ * the pieces it copied (no barrier between lanes). */
+#ifndef PBLOCKS /* the persistent kernel's blocks an SM (-DPBLOCKS=2: 16 warps an SM at <= 128 registers, with spills) */
+#define PBLOCKS 1
+#endif
+#define PLANES_BYTES (16 << 10)
+#define RING_BYTES ((PBLOCKS == 1 ? 160 : 80) << 10)
+#define RING_WARP (RING_BYTES / 8)
+template <int J> __host__ __device__ constexpr int ring_slots() { return RING_WARP / (J * 512) < 1 ? 1 : RING_WARP / (J * 512); }
+template <int J, int SL, class A> __device__ __forceinline__ void ring_pre(int n, A addr, uint4 *ring) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int s = 0; s < SL; s++) {
+        if (s < n) {
+            const uint4 *p = addr(s);
+#pragma unroll
+            for (int j = 0; j < J; j++) cp16(ring + (s * J + j) * 32 + lane, p + lane + 32 * j);
+        }
+        cp_commit(); /* a group a slot, empty or not: the waits below count groups */
+    }
+}
+template <int J, int SL, class A, class E>
+__device__ __forceinline__ void ring_run(int n, A addr, const float4 *XA, const float4 *XB, E emit, uint4 *ring) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll 1
+    for (int k = 0; k < n; k++) {
+        uint4 *slot = ring + (k % SL) * J * 32 + lane;
+        cp_wait<SL - 1>(); /* row k's group (SL - 1 groups were committed after it) */
+        float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            float &a = j & 1 ? a1 : a0;
+            a = dot8(slot[j * 32], lds4_after(XA + lane + 32 * j, a), lds4_after(XB + lane + 32 * j, a), a);
+        }
+        const float acc = a0 + a1;
+        if (k + SL < n) {
+            const uint4 *p = addr(k + SL);
+#pragma unroll
+            for (int j = 0; j < J; j++) cp16_after(slot + j * 32, p + lane + 32 * j, acc);
+        }
+        cp_commit();
+        emit(k, warp_sum(acc));
+    }
+    cp_wait<0>(); /* (only empty groups are left; the next task's copies must not meet them) */
+}
 /* l2pf: the rows past the first PF asked of L2 before the wait too (one bulk prefetch a row, lane 0), so that what
  * the registers cannot hold is on chip when the wait returns */
-template <int J, int PF, class A> __device__ __forceinline__ void rows_l2(const Net &n, int nr, A addr) {
+template <int J, class A> __device__ __forceinline__ void rows_l2(const Net &n, int from, int nr, A addr) {
     if (!n.l2pf || (threadIdx.x & 31)) return;
-    for (int k = PF; k < nr; k++)
+    for (int k = from; k < nr; k++)
         PTX(asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(addr(k)), "r"(J * 512) : "memory"), (void)addr(k));
 }
 template <int J, int PF, class A, class E>
@@ -459,6 +518,17 @@ __device__ __forceinline__ void rows_run(int n, A addr, const float4 *XA, const 
             }
         }
     }
+}
+/* the rows of a task through registers (rows_pre / rows_run) or the ring (M = 1 with smw) */
+#define RING_OF(sm) ((uint4 *)((char *)(sm) + PLANES_BYTES) + (threadIdx.x >> 5) * (RING_WARP / 16))
+template <int M, int J, int PF, class A> __device__ __forceinline__ void any_pre(const Net &n, int nr, A addr, uint4 (&b)[PF][J], float4 *sm) {
+    if (M && n.smw) ring_pre<J, ring_slots<J>()>(nr, addr, RING_OF(sm));
+    else rows_pre<J, PF>(nr, addr, b);
+}
+template <int M, int J, int PF, class A, class E>
+__device__ __forceinline__ void any_run(const Net &n, int nr, A addr, const float4 *XA, const float4 *XB, E emit, uint4 (&b)[PF][J], float4 *sm) {
+    if (M && n.smw) ring_run<J, ring_slots<J>()>(nr, addr, XA, XB, emit, RING_OF(sm));
+    else rows_run<J, PF>(nr, addr, XA, XB, emit, b);
 }
 /* acc + the squares of v's 4 values, as explicit fmas: every kernel gets the same bits (contraction left to the
  * compiler could differ between kernels; the arms are compared bit for bit) */
@@ -534,9 +604,6 @@ __device__ void route(const Net &n, int s, Sh &sh) {
 #ifndef PDEPTH
 #define PDEPTH 1
 #endif
-#ifndef PBLOCKS /* the persistent kernel's blocks an SM (-DPBLOCKS=2: 16 warps an SM at <= 128 registers, with spills) */
-#define PBLOCKS 1
-#endif
 #define DEPTH (M ? PDEPTH : 1)
 /* a dense product's task: rows [t R, t R + R) of W (< rows; J x 256 BF16 columns each), PF rows in flight a warp, the
  * first loaded before the wait for counter wc to reach target; x = rmsnorm(h) by normw (normw != NULL) or the J x 256
@@ -550,14 +617,14 @@ __device__ __forceinline__ void t_dense(const Net &n, int s, int op, int t, int 
     const int rt = rows - r0 < R ? rows - r0 : R, nw = rt > w ? (rt - w + 7) / 8 : 0;
     auto addr = [&](int k) { return (const uint4 *)(W + (size_t)(r0 + w + 8 * k) * (J * 256)); };
     uint4 b[PF][J];
-    if (n.pf) rows_pre<J, PF>(nw, addr, b), rows_l2<J, PF>(n, nw, addr);
+    if (n.pf) any_pre<M, J, PF>(n, nw, addr, b, sm), rows_l2<J>(n, M && n.smw ? ring_slots<J>() : PF, nw, addr); /* past the rows in flight */
     dep_wait<M>(n, wc, target);
     ts_mark(n, s, op, TS_READY);
-    if (!n.pf) rows_pre<J, PF>(nw, addr, b);
+    if (!n.pf) any_pre<M, J, PF>(n, nw, addr, b, sm);
     float4 *XA = sm, *XB = sm + J * 32;
     if (normw) norm_planes(n.h, normw, XA, XB, sh);
     else planes_from(xin, J * 32, XA, XB);
-    rows_run<J, PF>(nw, addr, XA, XB, [&](int k, float v) { if (!lane) emit(r0 + w + 8 * k, v); }, b);
+    any_run<M, J, PF>(n, nw, addr, XA, XB, [&](int k, float v) { if (!lane) emit(r0 + w + 8 * k, v); }, b, sm);
     if (M) done(donec);
     ts_end(n, s, op);
 }
@@ -583,10 +650,6 @@ __device__ __forceinline__ void head_norm_rope(const float *src, const float *g,
     }
     __syncwarp();
 }
-/* 16 bytes global -> shared, asynchronously (cp.async; the emulation copies at once) */
-__device__ __forceinline__ void cp16(float *dst, const char *src) {
-    PTX(asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)), memcpy(dst, src, 16));
-}
 #define KS 132 /* a cached row's stride in shared memory (floats): float4 reads of 32 rows at once without conflicts */
 template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
     __syncthreads();
@@ -600,7 +663,7 @@ template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float
         const size_t src = (((size_t)(p0 + j) * NKV + g) * HD_) * 4 + (size_t)q * 16;
         cp16(Ks + j * KS + 4 * q, (const char *)kc + src), cp16(Vs + j * KS + 4 * q, (const char *)vc + src);
     }
-    PTX(asm volatile("cp.async.commit_group;" ::: "memory"), );
+    cp_commit();
     dep_wait<M>(n, CN(n, C_QKV), (unsigned)(n.qkv_n * (s + 1)));
     ts_mark(n, s, OP_ATTN, TS_READY);
     head_norm_rope(n.qkv + (size_t)(8 * g + w) * HD_, n.lw[l].qn, n.cs, Tq + w * HD_, Qs + w * HD_);
@@ -609,7 +672,7 @@ template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float
         head_norm_rope(n.qkv + QR + (size_t)g * HD_, n.lw[l].kn, n.cs, Tk, Ks + j * KS);
         ((float4 *)(Vs + j * KS))[lane] = __ldcg((const float4 *)(n.qkv + QR + KR + (size_t)g * HD_) + lane);
     }
-    PTX(asm volatile("cp.async.wait_all;" ::: "memory"), );
+    cp_wait<0>();
     __syncthreads();
     if (ncache < np && threadIdx.x < HD_ / 4) { /* the new row into the cache (read by no task of this step) */
         const int j = P - p0;
@@ -684,14 +747,14 @@ template <int M> __device__ void t_guh(const Net &n, int l, int s, int t, float4
     const uint16_t *Wg = n.lw[l].wg, *Wu = n.lw[l].wu;
     auto addr = [&](int k) { return (const uint4 *)((k & 1 ? Wu : Wg) + (ex + i0 + w + 8 * (k >> 1)) * H); };
     uint4 b[2 * D][8];
-    rows_pre<8, 2 * D>(2 * npw, addr, b); /* the loads fly while the block normalises */
+    any_pre<M, 8, 2 * D>(n, 2 * npw, addr, b, sm); /* the loads fly while the block normalises */
     float4 *XA = sm, *XB = sm + H / 8;
     norm_planes(n.h, n.lw[l].n2, XA, XB, sh);
     float *a = n.act + (size_t)e * IE, gv = 0.0f;
-    rows_run<8, 2 * D>(2 * npw, addr, XA, XB, [&](int k, float v) {
+    any_run<M, 8, 2 * D>(n, 2 * npw, addr, XA, XB, [&](int k, float v) {
         if (!(k & 1)) gv = v;
         else if (!lane) a[i0 + w + 8 * (k >> 1)] = gv / (1.0f + expf(-gv)) * v;
-    }, b);
+    }, b, sm);
     if (M) done(CN(n, C_GUH0 + e));
     ts_end(n, s, OP_GUH);
 }
@@ -707,16 +770,16 @@ template <int M> __device__ void t_down(const Net &n, int l, int s, int t, float
     const uint16_t *W = n.lw[l].wd;
     auto addr = [&](int k) { return (const uint4 *)(W + (ex + r0 + w + 8 * k) * IE); };
     uint4 b[5 * D][3];
-    if (n.pf) rows_pre<3, 5 * D>(nw, addr, b), rows_l2<3, 5 * D>(n, nw, addr);
+    if (n.pf) any_pre<M, 3, 5 * D>(n, nw, addr, b, sm), rows_l2<3>(n, M && n.smw ? ring_slots<3>() : 5 * D, nw, addr);
     if (!M || n.pexp) dep_wait<M>(n, CN(n, C_GUH0 + e), (unsigned)(n.guh_tpe * (s + 1)));
     else
         for (int k = 0; k < TOPK; k++) dep_wait<M>(n, CN(n, C_GUH0 + k), (unsigned)(n.guh_tpe * (s + 1)));
     ts_mark(n, s, OP_DN, TS_READY);
-    if (!n.pf) rows_pre<3, 5 * D>(nw, addr, b);
+    if (!n.pf) any_pre<M, 3, 5 * D>(n, nw, addr, b, sm);
     float4 *XA = sm, *XB = sm + IE / 8;
     planes_from(n.act + (size_t)e * IE, IE / 8, XA, XB);
     float *y = n.dy + (size_t)e * H;
-    rows_run<3, 5 * D>(nw, addr, XA, XB, [&](int k, float v) { if (!lane) y[r0 + w + 8 * k] = v; }, b);
+    any_run<M, 3, 5 * D>(n, nw, addr, XA, XB, [&](int k, float v) { if (!lane) y[r0 + w + 8 * k] = v; }, b, sm);
     if (ticket_last(CN(n, C_TD0 + rb), TOPK, sh)) { /* the last expert of this row range: h += the weighted sum, k order */
         for (int r = r0 + (int)threadIdx.x; r < r0 + rt; r += TH) {
             float o = 0.0f;
@@ -742,6 +805,8 @@ static __host__ __device__ int op_tasks(const Net &n, int op) {
     return op == OP_QKV ? n.qkv_n : op == OP_ATTN ? NKV * n.nch : op == OP_O ? n.o_n : op == OP_R ? n.r_n : op == OP_GUH ? TOPK * n.guh_tpe : TOPK * n.dn_tpe;
 }
 #define SMEM_BYTES ((2 * CH * KS + 17 * HD_) * 4) /* the attention's: a chunk's k and v rows, 8 q heads twice, k scratch */
+#define PSMEM_BYTES (PLANES_BYTES + RING_BYTES)   /* the persistent kernel's: the planes, then the ring (over the attention's) */
+static_assert(PSMEM_BYTES >= SMEM_BYTES, "the persistent kernel's shared memory holds the attention's");
 
 /* the persistent arm: steps s0 .. s0 + ns - 1 (step s = layer s % L of token s / L), every op's tasks in op order */
 __global__ void __launch_bounds__(TH, PBLOCKS) k_persist(const Net *np, int s0, int ns) {
@@ -832,7 +897,7 @@ static Net *g_dnet; /* the device copy k_persist reads */
 static void launch_persist(const Net &n, int s0, int ns, cudaStream_t st) {
     int a = s0, b = ns;
     void *args[] = {(void *)&g_dnet, &a, &b};
-    CK(cudaLaunchCooperativeKernel((const void *)k_persist, dim3((unsigned)n.G), dim3(TH), args, SMEM_BYTES, st));
+    CK(cudaLaunchCooperativeKernel((const void *)k_persist, dim3((unsigned)n.G), dim3(TH), args, PSMEM_BYTES, st));
 }
 static unsigned err_flag(const Net &n) {
     unsigned e = 0;
@@ -846,11 +911,13 @@ static void reset_state(const Net &n, cudaStream_t st) {
     CK(cudaStreamSynchronize(st));
 }
 static int g_glaunch, g_gpersist, g_sms; /* blocks of the launch arm's waves, of the persistent kernel; the SMs */
-enum { A_LAUNCH, A_LAUNCH1, A_PERSIST, A_PTOK, A_NOPF, A_NOEXP, A_L2, A_L2LAUNCH, A_NODEP, NARM };
-static const char *arm_nm[NARM] = {"launch", "launch-1", "persist", "persist-tok", "persist-nopf", "persist-noexp", "persist-l2", "launch-l2", "persist-nodep"};
+enum { A_LAUNCH, A_LAUNCH1, A_PERSIST, A_PTOK, A_NOPF, A_NOEXP, A_L2, A_L2LAUNCH, A_SMEM, A_SMEML2, A_NODEP, NARM };
+static const char *arm_nm[NARM] = {"launch", "launch-1", "persist", "persist-tok", "persist-nopf", "persist-noexp", "persist-l2", "launch-l2",
+                                   "persist-smem", "persist-smem-l2", "persist-nodep"};
 /* tokens of arm a from the initial state; the time of the last of reps runs (ms, best), h after them into hout */
 static float run_arm(Net n, int arm, int tokens, int reps, cudaStream_t st, float *hout) {
-    n.pf = arm != A_NOPF, n.pexp = arm != A_NOEXP, n.nodep = arm == A_NODEP, n.l2pf = arm == A_L2 || arm == A_L2LAUNCH;
+    n.pf = arm != A_NOPF, n.pexp = arm != A_NOEXP, n.nodep = arm == A_NODEP, n.l2pf = arm == A_L2 || arm == A_L2LAUNCH || arm == A_SMEML2;
+    n.smw = arm == A_SMEM || arm == A_SMEML2;
     decompose(n, arm == A_LAUNCH || arm == A_L2LAUNCH ? g_glaunch : arm == A_LAUNCH1 ? g_sms : g_gpersist);
     CK(cudaMemcpy(g_dnet, &n, sizeof n, cudaMemcpyHostToDevice));
     g_launch1 = arm == A_LAUNCH1;
@@ -897,7 +964,7 @@ static float run_arm(Net n, int arm, int tokens, int reps, cudaStream_t st, floa
  * or the persistent arm (one launch): per layer and op, from the moment token's first QKV wait returned, when the op's
  * first task began, its first and last waits returned, its last task ended (us). */
 static void run_timeline(Net n, int arm, int tokens, cudaStream_t st) {
-    n.pf = 1, n.pexp = 1, n.nodep = 0, n.l2pf = 0;
+    n.pf = 1, n.pexp = 1, n.nodep = 0, n.l2pf = 0, n.smw = 0;
     g_launch1 = 0;
     decompose(n, arm == A_LAUNCH ? g_glaunch : g_gpersist);
     unsigned long long init[MAXL * NOP * 4];
@@ -960,13 +1027,13 @@ int main(int argc, char **argv) {
     cudaDeviceProp pr;
     CK(cudaGetDeviceProperties(&pr, 0));
     const int SM = pr.multiProcessorCount;
-    CK(cudaFuncSetAttribute((const void *)k_persist, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+    CK(cudaFuncSetAttribute((const void *)k_persist, cudaFuncAttributeMaxDynamicSharedMemorySize, PSMEM_BYTES));
     for (int op = 0; op < NOP; op++) {
         CK(cudaFuncSetAttribute(op_kernel_b<1>(op), cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
         CK(cudaFuncSetAttribute(op_kernel_b<2>(op), cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
     }
     int occ = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_persist, TH, SMEM_BYTES));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_persist, TH, PSMEM_BYTES));
     if (occ < 1) return fprintf(stderr, "layer_bench: the persistent kernel fits no SM\n"), 1;
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, k_persist));
@@ -1023,7 +1090,7 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&n.ts, (size_t)MAXL * NOP * 4 * sizeof(unsigned long long)));
     CK(cudaDeviceSynchronize());
     printf("device: %s, %d SMs, L2 %d MiB; persistent blocks an SM %d (%d registers a thread, %d B shared), launch arm blocks an SM %d\n", pr.name, SM,
-           pr.l2CacheSize >> 20, occ, fa.numRegs, SMEM_BYTES, occl);
+           pr.l2CacheSize >> 20, occ, fa.numRegs, PSMEM_BYTES, occl);
     decompose(n, g_glaunch);
     print_tasks(n, "launch");
     decompose(n, g_gpersist);
@@ -1082,13 +1149,13 @@ static void fill_f(float *p, size_t n, uint32_t seed, float base, float amp) {
 template <class T> static T *zal(size_t n) { return (T *)calloc(n ? n : 1, sizeof(T)); }
 /* one token of L layers through the launch arm (a kernel at a time, every block of it at once) or the persistent
  * kernel (G blocks, one launch), from the initial h; h after it into hout, the chosen experts into ids */
-static void emu_token(Net n, int persistent, int G, int pexp, int pf, float *hout, int *ids) {
+static void emu_token(Net n, int persistent, int G, int pexp, int pf, int smw, float *hout, int *ids) {
     decompose(n, G);
-    n.pexp = pexp, n.pf = pf, n.nodep = 0, n.l2pf = 1, n.ts_on = 0;
+    n.pexp = pexp, n.pf = pf, n.nodep = 0, n.l2pf = 1, n.smw = smw, n.ts_on = 0;
     fill_f(n.h, H, SEED_H0, 0.0f, 1.0f);
     memset(n.cnt, 0, (size_t)C_N * 32 * sizeof(unsigned));
     memset(n.ids_dbg, 0xff, (size_t)MAXL * TOPK * sizeof(int));
-    if (persistent) emu_launch(dim3((unsigned)G), dim3(TH), SMEM_BYTES, [&] { k_persist(&n, 0, n.L); });
+    if (persistent) emu_launch(dim3((unsigned)G), dim3(TH), PSMEM_BYTES, [&] { k_persist(&n, 0, n.L); });
     else
         for (int s = 0; s < n.L; s++)
             for (int op = 0; op < NOP; op++) {
@@ -1141,13 +1208,14 @@ int main(int argc, char **argv) {
     ref_forward(L, P, href, rids);
     static const struct {
         const char *name;
-        int persistent, pexp, pf;
-    } arms[] = {{"launch", 0, 1, 1}, {"persist", 1, 1, 1}, {"persist-noexp", 1, 0, 1}, {"persist-nopf", 1, 1, 0}};
-    static float h[4][H];
+        int persistent, pexp, pf, smw;
+    } arms[] = {{"launch", 0, 1, 1, 0}, {"persist", 1, 1, 1, 0}, {"persist-noexp", 1, 0, 1, 0}, {"persist-nopf", 1, 1, 0, 0}, {"persist-smem", 1, 1, 1, 1}};
+    enum { NA = sizeof arms / sizeof arms[0] };
+    static float h[NA][H];
     int ok = 1;
-    for (int a = 0; a < 4; a++) {
+    for (int a = 0; a < NA; a++) {
         int ids[TOPK * MAXL];
-        emu_token(n, arms[a].persistent, arms[a].persistent ? GP : GL, arms[a].pexp, arms[a].pf, h[a], ids);
+        emu_token(n, arms[a].persistent, arms[a].persistent ? GP : GL, arms[a].pexp, arms[a].pf, arms[a].smw, h[a], ids);
         int same_ids = 1;
         for (int i = 0; i < L * TOPK; i++) same_ids &= ids[i] == rids[i];
         const double e = rel_l2(h[a], href);

@@ -3,8 +3,8 @@
  * barriers, warp shuffles / barriers and spin waits; all blocks of a launch run together (a persistent kernel's
  * blocks wait on each other). What it shows: indices, task cuts, counters and tickets, a deadlock (a round in which
  * every live thread only polled: reported, then exit 3), and the results. What it does not: speed, the GPU's memory
- * model (every access here is sequentially consistent), inline PTX (the benchmark gives each such helper a plain
- * C++ body under SIMT_EMU).
+ * model (every access here is sequentially consistent but cp.async's, whose copies land only when a wait retires
+ * their group), inline PTX (the benchmark gives each such helper a plain C++ body under SIMT_EMU).
  * Usage: #define SIMT_EMU before including; launch with emu_launch(grid, block, smem bytes, [&] { kernel(args); }). */
 #pragma once
 #include <math.h>
@@ -36,10 +36,16 @@ struct float4 {
 };
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
+struct EmuCopy {
+    void *dst;
+    unsigned char bytes[16];
+};
 struct EmuFiber {
     ucontext_t ctx;
     dim3 ti, bi;
     int done;
+    std::vector<std::vector<EmuCopy>> groups; /* cp.async: committed groups not yet waited for, oldest first */
+    std::vector<EmuCopy> open;                /* copies issued since the last commit */
 };
 struct EmuBlock {
     unsigned arrived, gen;                 /* __syncthreads */
@@ -111,6 +117,25 @@ template <class T> static inline T atomicExch(T *p, T v) { const T o = *p; *p = 
 template <class T> static inline T __ldcg(const T *p) { return *p; }
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+/* cp.async as the GPU may run it: the 16 source bytes read at issue, written to shared memory only when a wait
+ * retires the copy's group (a missing or short wait reads what the slot held before, as it could on the GPU) */
+static inline void emu_cp16(void *dst, const void *src) {
+    EmuCopy c;
+    c.dst = dst;
+    memcpy(c.bytes, src, 16);
+    g_emu.cur->open.push_back(c);
+}
+static inline void emu_cp_commit(void) {
+    g_emu.cur->groups.push_back(g_emu.cur->open);
+    g_emu.cur->open.clear();
+}
+static inline void emu_cp_wait(int n) { /* wait_group n: at most n groups left pending */
+    auto &gs = g_emu.cur->groups;
+    while ((int)gs.size() > n) {
+        for (const EmuCopy &c : gs.front()) memcpy(c.dst, c.bytes, 16);
+        gs.erase(gs.begin());
+    }
+}
 static inline void *emu_smem(void) { return emu_blk().smem.data(); }
 static inline void *emu_static(size_t n) {
     EmuBlock &b = emu_blk();
@@ -134,7 +159,7 @@ static void emu_launch(dim3 grid, dim3 block, size_t smem, const std::function<v
     if (g_emu.stacks.size() < n) g_emu.stacks.resize(n);
     for (size_t i = 0; i < n; i++) {
         EmuFiber &f = g_emu.f[i];
-        f.bi = dim3((unsigned)(i / nt)), f.ti = dim3((unsigned)(i % nt)), f.done = 0;
+        f.bi = dim3((unsigned)(i / nt)), f.ti = dim3((unsigned)(i % nt)), f.done = 0, f.groups.clear(), f.open.clear();
         g_emu.stacks[i].resize(stack);
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = g_emu.stacks[i].data(), f.ctx.uc_stack.ss_size = stack, f.ctx.uc_link = &g_emu.sched;
