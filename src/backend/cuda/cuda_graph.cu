@@ -12,8 +12,9 @@
  * issues a graph; other flushes, and a step's first sighting, go out as launches; so does a step whose first launch
  * finds the GPU idle (launched as it comes: see g_direct). A sequence is keyed by its kernels in order; up to GR_CACHE
  * graphs are kept (the least recently used one goes). Sequences shorter than g_gr_min kernels are launched as
- * recorded. Any failure to build, instantiate, update or launch a graph is reported once and turns
- * recording off: the launches go out as recorded, then every later launch directly. */
+ * recorded. Any failure to build, instantiate, update or launch a graph (host memory for the recorder's buffers or a
+ * graph's arrays included) is reported once and turns recording off: the launches go out as recorded, then every
+ * later launch directly. */
 #include "backend/cuda/cuda_int.cuh"
 
 #define GR_MAXN 16384          /* records before a flush is forced */
@@ -69,21 +70,27 @@ static int g_step_new = 1, g_direct, g_idle_check = 1;
 static struct { const char *file; int line; int64_t n, launches; } g_site[GR_SITES]; /* where flushes came from */
 static int64_t g_st[7]; /* flushes, graph launches, graphs built, nodes updated, launches replayed directly, records */
 
+/* NULL (said on stderr) where the host cannot give n bytes: the caller turns graphs off, launches go out as they come */
 static void *gr_zalloc(size_t n) {
     void *p = calloc(1, n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "deltafin: cuda backend: graph recorder: out of host memory (%zu bytes)\n", n);
-        exit(1);
-    }
+    if (!p) fprintf(stderr, "deltafin: cuda backend: graph recorder: out of host memory (%zu bytes)\n", n);
     return p;
 }
 
-static void gr_alloc(void) {
-    if (g_rec) return;
-    g_rec = (GrRec *)gr_zalloc(GR_MAXN * sizeof *g_rec);
-    g_aoff = (uint32_t *)gr_zalloc(GR_MAXA * sizeof *g_aoff);
-    g_ptr = (void **)gr_zalloc(GR_MAXA * sizeof *g_ptr);
-    g_arena = (char *)gr_zalloc(GR_ARENA);
+/* the recorder's buffers (~16 MB), once; 0 if the host has not got them (nothing kept: recording stays off) */
+static int gr_alloc(void) {
+    if (g_rec) return 1;
+    GrRec *rec = (GrRec *)gr_zalloc(GR_MAXN * sizeof *rec);
+    uint32_t *aoff = rec ? (uint32_t *)gr_zalloc(GR_MAXA * sizeof *aoff) : NULL;
+    void **ptr = aoff ? (void **)gr_zalloc(GR_MAXA * sizeof *ptr) : NULL;
+    char *arena = ptr ? (char *)gr_zalloc(GR_ARENA) : NULL;
+    if (!arena) {
+        free(rec), free(aoff), free(ptr);
+        fprintf(stderr, "deltafin: cuda backend: CUDA graphs off (DELTAFIN_CUDA_GRAPH=0 does the same)\n");
+        return 0;
+    }
+    g_rec = rec, g_aoff = aoff, g_ptr = ptr, g_arena = arena;
+    return 1;
 }
 
 /* DELTAFIN_CUDA_GRAPH_STATS=1: one line at exit (a measurement aid) */
@@ -117,7 +124,7 @@ int gr_init(void) {
         }
         const char *ps = getenv("DELTAFIN_CUDA_GRAPH_STATS");
         if (ps && !strcmp(ps, "1")) g_stats = 1, atexit(gr_print);
-        if (on) gr_alloc();
+        if (on && !gr_alloc()) on = 0;
         g_gr_state = on;
     }
     pthread_mutex_unlock(&g_gr_mu);
@@ -217,6 +224,10 @@ static int gr_build(GrGraph *c, uint64_t key) {
     cudaError_t e = cudaGraphCreate(&c->graph, 0);
     if (e != cudaSuccess) return gr_off(NULL, "graph create", e), 0;
     c->node = (cudaGraphNode_t *)gr_zalloc(g_nrec * sizeof *c->node);
+    if (!c->node) {
+        cudaGraphDestroy(c->graph);
+        return gr_off(NULL, "graph nodes", cudaErrorMemoryAllocation), 0;
+    }
     for (int i = 0; i < g_nrec; i++) {
         const GrRec *r = &g_rec[i];
         alignas(cudaGraphNodeParams) unsigned char npb[sizeof(cudaGraphNodeParams)]; /* a union with dim3s: no default constructor */
@@ -241,10 +252,14 @@ static int gr_build(GrGraph *c, uint64_t key) {
     }
     c->n = g_nrec, c->key = key;
     c->fn = (const void **)gr_zalloc(g_nrec * sizeof *c->fn);
-    c->last = (GrRec *)gr_zalloc(g_nrec * sizeof *c->last);
+    c->last = c->fn ? (GrRec *)gr_zalloc(g_nrec * sizeof *c->last) : NULL;
+    c->bytes = c->last ? (char *)gr_zalloc(g_an) : NULL, c->nbytes = g_an;
+    if (!c->bytes) { /* (gr_drop frees what was had) */
+        gr_drop(c);
+        return gr_off(NULL, "graph arrays", cudaErrorMemoryAllocation), 0;
+    }
     for (int i = 0; i < g_nrec; i++) c->fn[i] = g_rec[i].fn;
     memcpy(c->last, g_rec, g_nrec * sizeof *g_rec);
-    c->bytes = (char *)gr_zalloc(g_an), c->nbytes = g_an;
     memcpy(c->bytes, g_arena, g_an);
     g_st[2]++;
     return 1;
@@ -265,7 +280,13 @@ static int gr_update(GrGraph *c) {
         g_st[3]++;
     }
     memcpy(c->last, g_rec, g_nrec * sizeof *g_rec);
-    if (!same_layout) free(c->bytes), c->bytes = (char *)gr_zalloc(g_an), c->nbytes = g_an;
+    if (!same_layout) {
+        free(c->bytes), c->bytes = (char *)gr_zalloc(g_an), c->nbytes = g_an;
+        if (!c->bytes) { /* the nodes hold this step's arguments, but what they hold is no longer known: the graph goes */
+            gr_drop(c);
+            return gr_off(NULL, "graph arguments", cudaErrorMemoryAllocation), 0;
+        }
+    }
     memcpy(c->bytes, g_arena, g_an);
     return 1;
 }
@@ -324,7 +345,7 @@ extern "C" void df_cuda_set_graph(int on, int min_nodes) {
     gr_flush_at("df_cuda_set_graph", 0, 0);
     if (on && g_gr_state < 0) gr_init();
     pthread_mutex_lock(&g_gr_mu);
-    if (on) gr_alloc();
+    if (on && !gr_alloc()) on = 0;
     g_gr_state = on ? 1 : 0;
     if (min_nodes >= 2) g_gr_min = min_nodes;
     pthread_mutex_unlock(&g_gr_mu);
