@@ -132,10 +132,11 @@ cuda-check:
 	@mkdir -p build-cuda/bench
 	$(NVCC) -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/layer_bench bench/cuda/layer_bench.cu
 
-# bench/cuda/layer_bench.cu's kernels run on the CPU (bench/cuda/simt_emu.h: every GPU thread a fiber): one token of
-# one layer through the launch arm and four persistent arms (registers, no per-expert waits, no early loads, the
-# shared-memory ring) against the benchmark's double-precision host forward
-# and bit for bit against each other, with a deadlock reported (~1 min; no GPU or nvcc needed). Part of `make test`.
+# bench/cuda/layer_bench.cu's kernels run on the CPU (bench/cuda/simt_emu.h: every GPU thread a fiber): two tokens of
+# one layer and an 8000-id lm_head through the launch arm and four persistent arms (registers, no per-expert waits,
+# no early loads, the shared-memory ring) against the benchmark's double-precision host forward (the tokens chosen,
+# the experts, rel L2), bit for bit against each other, with a deadlock reported (~1.5 min; no GPU or nvcc needed).
+# Part of `make test`.
 layer-bench-emu:
 	@mkdir -p $(O)/bench
 	$(CXX) -std=c++17 -O2 -DSIMT_EMU -Wall -Wextra -Wno-unknown-pragmas -Wno-unused-function -x c++ -o $(O)/bench/layer_bench_emu bench/cuda/layer_bench.cu -lm

@@ -6,8 +6,11 @@
  * experts of 768 choosing 8, softmax routing with norm_topk_prob): x = rmsnorm(h); q k v = W_qkv x; per-head q/k
  * RMSNorm, rotate-half RoPE at position P; attention over P cached positions plus the new one; h += W_o att;
  * x2 = rmsnorm(h); softmax(W_r x2), top 8, weights renormalised; for each chosen expert a = silu(W_g x2) * (W_u x2),
- * y = W_d a; h += sum_k w_k y_k. 113.8 MB of weights a layer; L layers of their own weights (default 4), the
- * residual stream carried from layer to layer and from token to token (a token's first layer needs the last one's h).
+ * y = W_d a; h += sum_k w_k y_k. 113.8 MB of weights a layer; L layers of their own weights (default 4). A token ends as
+ * a decode step does: final RMSNorm, the lm_head's V logits (default 8000: the backend benchmark's synthetic model;
+ * 151936 is Qwen3's), their argmax, and that id's embedding row as the next token's h (V = 0: no boundary, the
+ * residual stream carried on), so a token's first layer waits for the last token's argmax. The weight bytes a token
+ * (L layers + lm_head) over its time against the floor is issue 13's measure.
  *
  * The work is cut into the same tasks for every arm (so every arm computes the same bits, checked):
  *   QKV    rows of W_qkv, the input norm computed by every block from h (no launch of its own)
@@ -18,6 +21,8 @@
  *   GUH    (chosen expert, rows) gate and up rows together, a = silu(g) u; every block routes for itself
  *   DOWN   (chosen expert, rows); the last of the 8 experts' tasks of a row range (a ticket) adds their sum,
  *          weighted in k order, into h
+ *   LM     (with V) lm_head rows (the final norm in every block), each task's best logit; the last task (a ticket)
+ *          takes the argmax and writes the token's embedding row as h
  * Every product task loads its first weight rows into registers before it waits for its input (the weights are
  * written by nothing), then streams the rest two to five rows ahead.
  * Arms:
@@ -39,10 +44,10 @@
  * A wait that lasts more than ~2 s sets an error flag (a deadlock or a lost counter shows as "TIMEOUT", not a hang).
  * Checks: every arm's h after one token against a double-precision host forward of the same weights (rel L2 and the
  * chosen experts), and every arm's h after the timed tokens against the launch arm's, bit for bit.
- * Usage: layer_bench [tokens (256)] [layers (4)] [cached positions P (640)]
+ * Usage: layer_bench [tokens (256)] [layers (4)] [cached positions P (640)] [vocabulary V (8000; 0: none)]
  * Built with g++ -x c++ -DSIMT_EMU (make layer-bench-emu): the same kernels on the CPU (simt_emu.h), one token through
  * the launch arm and the persist / persist-noexp / persist-nopf / persist-smem arms, checked as on the GPU (no timing):
- * layer_bench_emu [layers (1)] [P (640)] [persistent blocks (24)] [launch blocks (48)].
+ * layer_bench_emu [layers (1)] [P (640)] [persistent blocks (24)] [launch blocks (48)] [V (8000)] [tokens (2; 2 with V)].
  * Built with g++ -x c++ alone: only the host forward, timed (a look at the reference itself). */
 #include <math.h>
 #include <stdint.h>
@@ -97,7 +102,7 @@ HD static inline float bf2f(uint16_t b) { return u2f((uint32_t)b << 16); }
 HD static inline float fval(uint32_t seed, uint32_t i, float base, float amp) {
     return base + amp * (((float)(mix(seed, i) >> 16) - 32768.0f) * (1.0f / 32768.0f));
 }
-enum { S_QKV, S_O, S_R, S_G, S_U, S_D, S_N1, S_N2, S_QN, S_KN, S_KC, S_VC };
+enum { S_QKV, S_O, S_R, S_G, S_U, S_D, S_N1, S_N2, S_QN, S_KN, S_KC, S_VC, S_LM = 0, S_EMB, S_NF }; /* S_LM..: seed_of(MAXL, .) */
 static inline uint32_t seed_of(int l, int what) { return 100u + 16u * (uint32_t)l + (uint32_t)what; }
 #define SEED_H0 7u
 
@@ -205,22 +210,36 @@ static void rope_table(int P, float *cs) { /* Qwen3's rope_theta 1e6, position P
         cs[2 * i] = (float)cos(ang), cs[2 * i + 1] = (float)sin(ang);
     }
 }
-static void ref_forward(int L, int P, double *h, int *ids) {
+/* one token: the L layers on h0 (the hash's first h when NULL; h after them in h, the experts in ids); with a
+ * vocabulary of V > 0 ids, the final norm, the lm_head's logits and their argmax (the lowest id of equal maxima) into
+ * *tok */
+static void ref_forward(int L, int P, int V, const double *h0, double *h, int *ids, int *tok) {
     float cs[HD_];
     rope_table(P, cs);
-    for (int i = 0; i < H; i++) h[i] = fval(SEED_H0, (uint32_t)i, 0.0f, 1.0f);
+    for (int i = 0; i < H; i++) h[i] = h0 ? h0[i] : fval(SEED_H0, (uint32_t)i, 0.0f, 1.0f);
     for (int l = 0; l < L; l++) ref_layer(l, P, cs, h, ids + TOPK * l);
+    *tok = -1;
+    if (V <= 0) return;
+    static double x[H];
+    ref_norm(h, H, MAXL, S_NF, 0, x);
+    double best = -1e300;
+    for (int v = 0; v < V; v++) {
+        double s = 0;
+        for (int c = 0; c < H; c++) s += ref_w(MAXL, S_LM, (size_t)v * H + c) * x[c];
+        if (s > best) best = s, *tok = v;
+    }
 }
 
 #if !defined(__CUDACC__) && !defined(SIMT_EMU)
 #include <time.h>
 int main(int argc, char **argv) { /* the reference alone, for a look at it without a GPU */
-    const int L = argc > 1 ? atoi(argv[1]) : 1, P = argc > 2 ? atoi(argv[2]) : 640;
-    if (L < 1 || L > MAXL || P < 1 || P > 65536) return fprintf(stderr, "layer_bench (host): layers 1..%d, P 1..65536\n", MAXL), 2;
+    const int L = argc > 1 ? atoi(argv[1]) : 1, P = argc > 2 ? atoi(argv[2]) : 640, V = argc > 3 ? atoi(argv[3]) : 8000;
+    if (L < 1 || L > MAXL || P < 1 || P > 65536 || V < 0 || V > 1 << 20)
+        return fprintf(stderr, "layer_bench (host): layers 1..%d, P 1..65536, vocabulary 0..%d\n", MAXL, 1 << 20), 2;
     static double h[H];
-    int ids[TOPK * MAXL];
+    int ids[TOPK * MAXL], tok;
     const clock_t t0 = clock();
-    ref_forward(L, P, h, ids);
+    ref_forward(L, P, V, NULL, h, ids, &tok);
     double ss = 0, dd = 0;
     int finite = 1;
     for (int i = 0; i < H; i++) {
@@ -234,10 +253,12 @@ int main(int argc, char **argv) { /* the reference alone, for a look at it witho
         for (int k = 0; k < TOPK; k++) printf(" %d", ids[TOPK * l + k]);
         printf("\n");
     }
+    if (V) printf("the next token (argmax of %d logits): %d\n", V, tok);
     return finite ? 0 : 1;
 }
 #else
 /* ======================================== the device side ======================================================= */
+#include <vector>
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #include "read_floor.cuh"
@@ -255,9 +276,9 @@ int main(int argc, char **argv) { /* the reference alone, for a look at it witho
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "layer_bench: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); exit(1); } } while (0)
 #define TH 256 /* threads a block, 8 warps */
 
-enum { OP_QKV, OP_ATTN, OP_O, OP_R, OP_GUH, OP_DN, NOP };
+enum { OP_QKV, OP_ATTN, OP_O, OP_R, OP_GUH, OP_DN, NOP, OP_LM = NOP, NOPX }; /* OP_LM: after the last layer, with a vocabulary */
 /* counters, each on its own 128-byte line (index * 32 in the counter array) */
-enum { C_H, C_QKV, C_ATT, C_O, C_R, C_GUH0, C_TA0 = C_GUH0 + TOPK, C_TD0 = C_TA0 + NKV, C_ERR = C_TD0 + 64, C_N };
+enum { C_H, C_QKV, C_ATT, C_O, C_R, C_GUH0, C_TA0 = C_GUH0 + TOPK, C_TD0 = C_TA0 + NKV, C_TOK = C_TD0 + 64, C_TLM, C_ERR, C_N };
 #define CN(n, c) ((n).cnt + 32 * (c))
 
 /* a layer's weights and cache (a table in device memory: a kernel parameter's arrays indexed by a run-time layer
@@ -274,8 +295,14 @@ struct Net {
     int *ids_dbg;
     unsigned *cnt;
     int L, P, nch, G, pf, pexp, nodep, l2pf, smw, dbg_n;
+    /* the token boundary (V > 0): final norm nf, lm_head wlm (V x H), argmax, the next token's row of emb as h */
+    const uint16_t *wlm, *emb;
+    const float *nf;
+    int V, lm_R, lm_n, ntoks;
+    float *bestv, *hfin, *lgv; /* a task's best logit; h before the boundary (the check); the logits */
+    int *besti, *toks;   /* its id; the tokens chosen */
     int ts_on, ts_tok;           /* the timeline: token ts_tok's steps (ts_on: 1) */
-    unsigned long long *ts;      /* [MAXL][NOP][4]: first begin, first ready, last ready, last end (global timer, ns) */
+    unsigned long long *ts;      /* [MAXL][NOPX][4]: first begin, first ready, last ready, last end (global timer, ns) */
     int qkv_R, qkv_n, o_R, o_n, r_R, r_n, guh_pairs, guh_tpe, dn_R, dn_tpe;
 };
 struct Sh {
@@ -283,7 +310,9 @@ struct Sh {
     float wts[TOPK];
     int s;
     float red[8];
+    int redi[8];
     unsigned last;
+    int tok;
 };
 
 __device__ __forceinline__ void pdl_go(void) { PTX(asm volatile("griddepcontrol.launch_dependents;" ::: "memory"), ); }
@@ -338,7 +367,7 @@ __device__ __forceinline__ unsigned long long gtimer(void) {
 enum { TS_BEGIN, TS_READY, TS_END };
 __device__ __forceinline__ void ts_mark(const Net &n, int s, int op, int k) {
     if (!n.ts_on || s / n.L != n.ts_tok || threadIdx.x) return;
-    unsigned long long *p = n.ts + ((size_t)(s % n.L) * NOP + op) * 4;
+    unsigned long long *p = n.ts + ((size_t)(s % n.L) * NOPX + op) * 4;
     const unsigned long long t = gtimer();
     if (k == TS_BEGIN) atomicMin(p, t);
     else if (k == TS_READY) atomicMin(p + 1, t), atomicMax(p + 2, t);
@@ -625,13 +654,14 @@ __device__ __forceinline__ void t_dense(const Net &n, int s, int op, int t, int 
     if (normw) norm_planes(n.h, normw, XA, XB, sh);
     else planes_from(xin, J * 32, XA, XB);
     any_run<M, J, PF>(n, nw, addr, XA, XB, [&](int k, float v) { if (!lane) emit(r0 + w + 8 * k, v); }, b, sm);
-    if (M) done(donec);
+    if (M && donec) done(donec);
     ts_end(n, s, op);
 }
 template <int M> __device__ void t_qkv(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
     float *y = n.qkv;
-    t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_QKV, t, n.qkv_R, QKV, n.lw[l].wqkv, CN(n, C_H), (unsigned)(n.dn_tpe * s), n.lw[l].n1, NULL, CN(n, C_QKV), sm, sh,
-                                   [&](int r, float v) { y[r] = v; });
+    const int tok0 = n.V && !l; /* a token's first layer reads the row the boundary wrote, else the layer before's h */
+    t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_QKV, t, n.qkv_R, QKV, n.lw[l].wqkv, CN(n, tok0 ? C_TOK : C_H), (unsigned)(tok0 ? s / n.L : n.dn_tpe * s),
+                                   n.lw[l].n1, NULL, CN(n, C_QKV), sm, sh, [&](int r, float v) { y[r] = v; });
 }
 /* q or k head (128 values at src) normalised by g, rotated, into dst (warp-wide; lane holds 4 values) */
 __device__ __forceinline__ void head_norm_rope(const float *src, const float *g, const float *cs, float *tmp, float *dst) {
@@ -733,6 +763,46 @@ template <int M> __device__ void t_router(const Net &n, int l, int s, int t, flo
     t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_R, t, n.r_R, NE, n.lw[l].wr, CN(n, C_O), (unsigned)(n.o_n * (s + 1)), n.lw[l].n2, NULL, CN(n, C_R), sm, sh,
                                    [&](int r, float v) { y[r] = v; });
 }
+/* the token boundary after step s (the last layer's): logits of lm_head rows (the final norm in every block), each
+ * task's best (value, then the lowest id) into bestv / besti; the last task (a ticket) takes the argmax over the
+ * tasks in order, keeps h in hfin, writes the token's embedding row as the next h and counts the token (C_TOK) */
+template <int M> __device__ void t_lm(const Net &n, int s, int t, float4 *sm, Sh &sh) {
+    float *lg = n.lgv;
+    t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_LM, t, n.lm_R, n.V, n.wlm, CN(n, C_H), (unsigned)(n.dn_tpe * (s + 1)), n.nf, NULL, NULL, sm, sh,
+                                   [&](int r, float v) { lg[r] = v; });
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = t * n.lm_R, rt = n.V - r0 < n.lm_R ? n.V - r0 : n.lm_R;
+    float bv = -INFINITY;
+    int bi = 1 << 30;
+    if (!lane) { /* the warp's own rows (its lane 0 wrote them), in increasing id: strictly greater keeps the lowest */
+        for (int r = r0 + w; r < r0 + rt; r += 8)
+            if (lg[r] > bv) bv = lg[r], bi = r;
+        sh.red[w] = bv, sh.redi[w] = bi;
+    }
+    __syncthreads();
+    if (!threadIdx.x) {
+        for (int k = 1; k < TH / 32; k++)
+            if (sh.red[k] > bv || (sh.red[k] == bv && sh.redi[k] < bi)) bv = sh.red[k], bi = sh.redi[k];
+        n.bestv[t] = bv, n.besti[t] = bi;
+    }
+    if (ticket_last(CN(n, C_TLM), (unsigned)n.lm_n, sh)) {
+        if (!threadIdx.x) {
+            float v = -INFINITY;
+            int id = 0;
+            for (int k = 0; k < n.lm_n; k++) { /* tasks in row order: strictly greater keeps the lowest id */
+                const float x = __ldcg(n.bestv + k);
+                if (x > v) v = x, id = __ldcg(n.besti + k);
+            }
+            sh.tok = id & 0x7fffffff;
+            if (sh.tok >= n.V) sh.tok = 0; /* (only a nodep run's garbage) */
+            if (s / n.L < n.ntoks) n.toks[s / n.L] = sh.tok;
+        }
+        __syncthreads();
+        const uint16_t *e = n.emb + (size_t)sh.tok * H;
+        for (int i = threadIdx.x; i < H; i += TH) n.hfin[i] = __ldcg(n.h + i), n.h[i] = bf2f(e[i]);
+        if (M) done(CN(n, C_TOK));
+        ts_end(n, s, OP_LM);
+    }
+}
 template <int M> __device__ void t_guh(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
     constexpr int D = DEPTH;
     __syncthreads();
@@ -798,11 +868,13 @@ template <int M> __device__ __forceinline__ void run_op(int op, const Net &n, in
     case OP_O: t_o<M>(n, l, s, t, sm, sh); break;
     case OP_R: t_router<M>(n, l, s, t, sm, sh); break;
     case OP_GUH: t_guh<M>(n, l, s, t, sm, sh); break;
-    default: t_down<M>(n, l, s, t, sm, sh); break;
+    case OP_DN: t_down<M>(n, l, s, t, sm, sh); break;
+    default: t_lm<M>(n, s, t, sm, sh); break;
     }
 }
 static __host__ __device__ int op_tasks(const Net &n, int op) {
-    return op == OP_QKV ? n.qkv_n : op == OP_ATTN ? NKV * n.nch : op == OP_O ? n.o_n : op == OP_R ? n.r_n : op == OP_GUH ? TOPK * n.guh_tpe : TOPK * n.dn_tpe;
+    return op == OP_QKV ? n.qkv_n : op == OP_ATTN ? NKV * n.nch : op == OP_O ? n.o_n : op == OP_R ? n.r_n : op == OP_GUH ? TOPK * n.guh_tpe
+         : op == OP_DN ? TOPK * n.dn_tpe : n.lm_n;
 }
 #define SMEM_BYTES ((2 * CH * KS + 17 * HD_) * 4) /* the attention's: a chunk's k and v rows, 8 q heads twice, k scratch */
 #define PSMEM_BYTES (PLANES_BYTES + RING_BYTES)   /* the persistent kernel's: the planes, then the ring (over the attention's) */
@@ -819,7 +891,7 @@ __global__ void __launch_bounds__(TH, PBLOCKS) k_persist(const Net *np, int s0, 
     for (int s = s0; s < s0 + ns; s++) {
         const int l = s % n.L;
 #pragma unroll 1
-        for (int op = 0; op < NOP; op++) {
+        for (int op = 0; op < (n.V && l == n.L - 1 ? NOPX : NOP); op++) {
             const int nt = op_tasks(n, op);
             for (int t = blockIdx.x; t < nt; t += gridDim.x) run_op<1>(op, n, l, s, t, sm, sh);
         }
@@ -845,13 +917,14 @@ static void decompose(Net &n, int G) {
     n.r_R = 8, n.r_n = NE / 8;
     n.guh_pairs = (IE + G8 - 1) / G8, n.guh_tpe = (IE + n.guh_pairs - 1) / n.guh_pairs;
     n.dn_R = (H + G8 - 1) / G8, n.dn_tpe = (H + n.dn_R - 1) / n.dn_R;
+    n.lm_R = n.V ? (n.V + G - 1) / G : 1, n.lm_n = n.V ? (n.V + n.lm_R - 1) / n.lm_R : 0;
 }
 static void print_tasks(const Net &n, const char *who) {
     printf("%s, G = %d: tasks a layer: qkv %d x %d rows, attn %d x %d positions, o %d x %d rows, router %d x %d, gate/up %d x %d pairs, down %d x %d rows\n",
            who, n.G, n.qkv_n, n.qkv_R, NKV * n.nch, CH, n.o_n, n.o_R, n.r_n, n.r_R, TOPK * n.guh_tpe, n.guh_pairs, TOPK * n.dn_tpe, n.dn_R);
 }
 /* rel L2 of what the layers added to h (h - h0), against the reference's: h0 itself would hide their errors */
-static double rel_l2(const float *a, const double *ref) {
+static inline double rel_l2(const float *a, const double *ref) {
     double num = 0, den = 0;
     for (int i = 0; i < H; i++) {
         const double h0 = fval(SEED_H0, (uint32_t)i, 0.0f, 1.0f), d = (a[i] - h0) - (ref[i] - h0);
@@ -874,14 +947,15 @@ template <int B> static const void *op_kernel_b(int op) {
     case OP_O: return (const void *)k_op<OP_O, B>;
     case OP_R: return (const void *)k_op<OP_R, B>;
     case OP_GUH: return (const void *)k_op<OP_GUH, B>;
-    default: return (const void *)k_op<OP_DN, B>;
+    case OP_DN: return (const void *)k_op<OP_DN, B>;
+    default: return (const void *)k_op<OP_LM, B>;
     }
 }
 static int g_launch1; /* queue_launch_token takes the 1-block-an-SM kernels */
 static const void *op_kernel(int op) { return g_launch1 ? op_kernel_b<1>(op) : op_kernel_b<2>(op); }
 static void queue_launch_token(const Net &n, int s0, cudaStream_t st) {
     for (int s = s0; s < s0 + n.L; s++)
-        for (int op = 0; op < NOP; op++) {
+        for (int op = 0; op < (n.V && s % n.L == n.L - 1 ? NOPX : NOP); op++) {
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3((unsigned)op_tasks(n, op)), cfg.blockDim = dim3(TH), cfg.dynamicSmemBytes = SMEM_BYTES, cfg.stream = st;
             cudaLaunchAttribute at[1];
@@ -915,7 +989,7 @@ enum { A_LAUNCH, A_LAUNCH1, A_PERSIST, A_PTOK, A_NOPF, A_NOEXP, A_L2, A_L2LAUNCH
 static const char *arm_nm[NARM] = {"launch", "launch-1", "persist", "persist-tok", "persist-nopf", "persist-noexp", "persist-l2", "launch-l2",
                                    "persist-smem", "persist-smem-l2", "persist-nodep"};
 /* tokens of arm a from the initial state; the time of the last of reps runs (ms, best), h after them into hout */
-static float run_arm(Net n, int arm, int tokens, int reps, cudaStream_t st, float *hout) {
+static float run_arm(Net n, int arm, int tokens, int reps, cudaStream_t st, float *hout, float *hfin, int *toks) {
     n.pf = arm != A_NOPF, n.pexp = arm != A_NOEXP, n.nodep = arm == A_NODEP, n.l2pf = arm == A_L2 || arm == A_L2LAUNCH || arm == A_SMEML2;
     n.smw = arm == A_SMEM || arm == A_SMEML2;
     decompose(n, arm == A_LAUNCH || arm == A_L2LAUNCH ? g_glaunch : arm == A_LAUNCH1 ? g_sms : g_gpersist);
@@ -955,6 +1029,10 @@ static float run_arm(Net n, int arm, int tokens, int reps, cudaStream_t st, floa
         }
     }
     CK(cudaMemcpy(hout, n.h, H * sizeof(float), cudaMemcpyDeviceToHost));
+    if (n.V) {
+        CK(cudaMemcpy(hfin, n.hfin, H * sizeof(float), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(toks, n.toks, (size_t)tokens * sizeof(int), cudaMemcpyDeviceToHost));
+    }
     if (ge) CK(cudaGraphExecDestroy(ge));
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
@@ -967,8 +1045,8 @@ static void run_timeline(Net n, int arm, int tokens, cudaStream_t st) {
     n.pf = 1, n.pexp = 1, n.nodep = 0, n.l2pf = 0, n.smw = 0;
     g_launch1 = 0;
     decompose(n, arm == A_LAUNCH ? g_glaunch : g_gpersist);
-    unsigned long long init[MAXL * NOP * 4];
-    for (int i = 0; i < MAXL * NOP; i++) init[4 * i] = init[4 * i + 1] = ~0ull, init[4 * i + 2] = init[4 * i + 3] = 0;
+    unsigned long long init[MAXL * NOPX * 4];
+    for (int i = 0; i < MAXL * NOPX; i++) init[4 * i] = init[4 * i + 1] = ~0ull, init[4 * i + 2] = init[4 * i + 3] = 0;
     CK(cudaMemcpy(n.ts, init, sizeof init, cudaMemcpyHostToDevice));
     reset_state(n, st);
     if (arm == A_LAUNCH) {
@@ -994,18 +1072,20 @@ static void run_timeline(Net n, int arm, int tokens, cudaStream_t st) {
         CK(cudaStreamSynchronize(st));
     }
     CK(cudaGetLastError());
-    unsigned long long ts[MAXL * NOP * 4];
+    unsigned long long ts[MAXL * NOPX * 4];
     CK(cudaMemcpy(ts, n.ts, sizeof ts, cudaMemcpyDeviceToHost));
-    static const char *opn[NOP] = {"qkv", "attn", "o", "router", "gateup", "down"};
-    const double t0 = (double)ts[(0 * NOP + OP_QKV) * 4 + 1];
+    static const char *opn[NOPX] = {"qkv", "attn", "o", "router", "gateup", "down", "lmhead"};
+    const double t0 = (double)ts[(0 * NOPX + OP_QKV) * 4 + 1];
+    const int last = n.V ? OP_LM : OP_DN;
     for (int l = 0; l < n.L; l++)
-        for (int op = 0; op < NOP; op++) {
-            const unsigned long long *p = ts + ((size_t)l * NOP + op) * 4;
+        for (int op = 0; op < (l == n.L - 1 ? last + 1 : NOP); op++) {
+            const unsigned long long *p = ts + ((size_t)l * NOPX + op) * 4;
             printf("ts %-7s layer %d %-6s began %8.2f  ready %8.2f .. %8.2f  ended %8.2f us\n", arm_nm[arm], l, opn[op], (p[0] - t0) / 1e3, (p[1] - t0) / 1e3,
                    (p[2] - t0) / 1e3, (p[3] - t0) / 1e3);
         }
-    printf("ts %-7s token: %.2f us from the first layer's input to the last layer's output (%.2f us a layer)\n", arm_nm[arm],
-           (ts[((size_t)(n.L - 1) * NOP + OP_DN) * 4 + 3] - t0) / 1e3, (ts[((size_t)(n.L - 1) * NOP + OP_DN) * 4 + 3] - t0) / 1e3 / n.L);
+    const double down = (ts[((size_t)(n.L - 1) * NOPX + OP_DN) * 4 + 3] - t0) / 1e3, end = (ts[((size_t)(n.L - 1) * NOPX + last) * 4 + 3] - t0) / 1e3;
+    printf("ts %-7s token: %.2f us from the first layer's input to the last layer's output (%.2f us a layer), %.2f us to the next token's row\n",
+           arm_nm[arm], down, down / n.L, end);
 }
 static uint16_t *alloc_w(size_t n, uint32_t seed) {
     uint16_t *p = NULL;
@@ -1021,14 +1101,16 @@ static float *alloc_f(size_t n, uint32_t seed, float base, float amp) {
 }
 
 int main(int argc, char **argv) {
-    const int T = argc > 1 ? atoi(argv[1]) : 256, L = argc > 2 ? atoi(argv[2]) : 4, P = argc > 3 ? atoi(argv[3]) : 640;
-    if (T < 1 || T > 100000 || L < 1 || L > MAXL || P < 1 || P > 32768)
-        return fprintf(stderr, "layer_bench: tokens 1..100000, layers 1..%d, cached positions 1..32768 (got %d %d %d)\n", MAXL, T, L, P), 2;
+    const int T = argc > 1 ? atoi(argv[1]) : 256, L = argc > 2 ? atoi(argv[2]) : 4, P = argc > 3 ? atoi(argv[3]) : 640, V = argc > 4 ? atoi(argv[4]) : 8000;
+    if (T < 1 || T > 100000 || L < 1 || L > MAXL || P < 1 || P > 32768 || V < 0 || V > 1 << 20)
+        return fprintf(stderr, "layer_bench: tokens 1..100000, layers 1..%d, cached positions 1..32768, vocabulary 0..%d (got %d %d %d %d)\n", MAXL,
+                       1 << 20, T, L, P, V),
+               2;
     cudaDeviceProp pr;
     CK(cudaGetDeviceProperties(&pr, 0));
     const int SM = pr.multiProcessorCount;
     CK(cudaFuncSetAttribute((const void *)k_persist, cudaFuncAttributeMaxDynamicSharedMemorySize, PSMEM_BYTES));
-    for (int op = 0; op < NOP; op++) {
+    for (int op = 0; op < NOPX; op++) {
         CK(cudaFuncSetAttribute(op_kernel_b<1>(op), cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
         CK(cudaFuncSetAttribute(op_kernel_b<2>(op), cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
     }
@@ -1041,7 +1123,7 @@ int main(int argc, char **argv) {
     Net n;
     memset(&n, 0, sizeof n);
     int occl = 0;
-    for (int op = 0; op < NOP; op++) { /* the launch arm's blocks an SM: the least of its kernels' */
+    for (int op = 0; op < NOPX; op++) { /* the launch arm's blocks an SM: the least of its kernels' */
         int o = 0;
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, op_kernel_b<2>(op), TH, SMEM_BYTES));
         occl = op == 0 || o < occl ? o : occl;
@@ -1049,7 +1131,7 @@ int main(int argc, char **argv) {
     if (occl < 1) return fprintf(stderr, "layer_bench: a launch arm kernel fits no SM\n"), 1;
     g_glaunch = SM * occl, g_gpersist = SM * occ, g_sms = SM;
     if (g_glaunch > 64 * TOPK || g_gpersist > 64 * TOPK) return fprintf(stderr, "layer_bench: more than 64 down row ranges (tickets)\n"), 1;
-    n.L = L, n.P = P, n.nch = (P + 1 + CH - 1) / CH, n.dbg_n = L;
+    n.L = L, n.P = P, n.nch = (P + 1 + CH - 1) / CH, n.dbg_n = L, n.V = V, n.ntoks = T;
     size_t wbytes = 0;
     LW hl[MAXL];
     for (int l = 0; l < L; l++) {
@@ -1066,6 +1148,16 @@ int main(int argc, char **argv) {
         hl[l].kc = alloc_f((size_t)(P + 1) * KR, seed_of(l, S_KC), 0.0f, 1.0f);
         hl[l].vc = alloc_f((size_t)(P + 1) * KR, seed_of(l, S_VC), 0.0f, 1.0f);
     }
+    if (V) {
+        n.wlm = alloc_w((size_t)V * H, seed_of(MAXL, S_LM)), n.emb = alloc_w((size_t)V * H, seed_of(MAXL, S_EMB));
+        n.nf = alloc_f(H, seed_of(MAXL, S_NF), 1.0f, 0.125f);
+    }
+    CK(cudaMalloc(&n.bestv, 1024 * sizeof(float)));
+    CK(cudaMalloc(&n.besti, 1024 * sizeof(int)));
+    CK(cudaMalloc(&n.hfin, H * sizeof(float)));
+    CK(cudaMalloc(&n.lgv, (size_t)(V ? V : 1) * sizeof(float)));
+    CK(cudaMalloc(&n.toks, (size_t)T * sizeof(int)));
+    const size_t lmbytes = (size_t)V * H * 2; /* the token's lm_head (its embedding row: 4 KB, not counted) */
     LW *dl = NULL;
     CK(cudaMalloc(&dl, sizeof hl));
     CK(cudaMemcpy(dl, hl, sizeof hl, cudaMemcpyHostToDevice));
@@ -1087,7 +1179,7 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&n.ids_dbg, (size_t)MAXL * TOPK * sizeof(int)));
     CK(cudaMalloc(&n.cnt, (size_t)C_N * 32 * sizeof(unsigned)));
     CK(cudaMalloc(&g_dnet, sizeof(Net)));
-    CK(cudaMalloc(&n.ts, (size_t)MAXL * NOP * 4 * sizeof(unsigned long long)));
+    CK(cudaMalloc(&n.ts, (size_t)MAXL * NOPX * 4 * sizeof(unsigned long long)));
     CK(cudaDeviceSynchronize());
     printf("device: %s, %d SMs, L2 %d MiB; persistent blocks an SM %d (%d registers a thread, %d B shared), launch arm blocks an SM %d\n", pr.name, SM,
            pr.l2CacheSize >> 20, occ, fa.numRegs, PSMEM_BYTES, occl);
@@ -1095,43 +1187,48 @@ int main(int argc, char **argv) {
     print_tasks(n, "launch");
     decompose(n, g_gpersist);
     print_tasks(n, "persist");
-    printf("HBM read floor %.1f GB/s; a layer reads %.1f MB of weights (%.2f us at the floor) + %.2f MB of cache\n", floor_gbs, wbytes / 1e6,
-           wbytes / (floor_gbs * 1e3), cbytes / 1e6);
+    printf("HBM read floor %.1f GB/s; a layer reads %.1f MB of weights (%.2f us at the floor) + %.2f MB of cache; a token %d layers + a %d-id "
+           "lm_head: %.1f MB (%.2f us)\n",
+           floor_gbs, wbytes / 1e6, wbytes / (floor_gbs * 1e3), cbytes / 1e6, L, V, (L * wbytes + lmbytes) / 1e6, (L * wbytes + lmbytes) / (floor_gbs * 1e3));
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 
     /* one token through every arm against the host's double-precision forward */
     static double href[H];
-    int rids[TOPK * MAXL], dids[TOPK * MAXL];
-    ref_forward(L, P, href, rids);
+    int rids[TOPK * MAXL], dids[TOPK * MAXL], rtok = -1;
+    ref_forward(L, P, V, NULL, href, rids, &rtok);
     int ok = 1;
-    float h1[NARM][H];
+    static float h1[NARM][H], f1[NARM][H];
     for (int arm = 0; arm < NARM; arm++) {
         if (arm == A_NODEP) continue; /* its results are garbage by design */
         CK(cudaMemset(n.ids_dbg, 0xff, (size_t)MAXL * TOPK * sizeof(int)));
-        const float ms = run_arm(n, arm, 1, 1, st, h1[arm]);
+        int tok = -1;
+        const float ms = run_arm(n, arm, 1, 1, st, h1[arm], f1[arm], &tok);
         CK(cudaMemcpy(dids, n.ids_dbg, (size_t)L * TOPK * sizeof(int), cudaMemcpyDeviceToHost));
         int same_ids = 1;
         for (int i = 0; i < L * TOPK; i++) same_ids &= dids[i] == rids[i];
-        const double e = rel_l2(h1[arm], href);
-        const int good = ms >= 0 && e < 1e-4 && same_ids && (arm == 0 || !memcmp(h1[arm], h1[0], sizeof h1[0]));
-        printf("check %-13s one token: rel L2 vs the host %.3g, experts %s, bits %s  %s\n", arm_nm[arm], e, same_ids ? "equal" : "DIFFER",
-               arm == 0 ? "(the reference arm)" : !memcmp(h1[arm], h1[0], sizeof h1[0]) ? "equal to launch" : "DIFFER from launch", good ? "ok" : "FAILED");
+        const float *hl_ = V ? f1[arm] : h1[arm]; /* h after the layers (with a vocabulary, h is the next token's row) */
+        const double e = rel_l2(hl_, href);
+        const int bits = !memcmp(h1[arm], h1[0], sizeof h1[0]) && !memcmp(hl_, V ? f1[0] : h1[0], sizeof h1[0]);
+        const int good = ms >= 0 && e < 1e-4 && same_ids && tok == rtok && (arm == 0 || bits);
+        printf("check %-15s one token: rel L2 vs the host %.3g, experts %s, next token %d (host %d), bits %s  %s\n", arm_nm[arm], e,
+               same_ids ? "equal" : "DIFFER", tok, rtok, arm == 0 ? "(the reference arm)" : bits ? "equal to launch" : "DIFFER from launch", good ? "ok" : "FAILED");
         ok &= good;
     }
     /* the timed runs */
-    static float hT[NARM][H];
+    static float hT[NARM][H], fT[NARM][H];
+    std::vector<int> toks0(T), toks(T);
     for (int arm = 0; arm < NARM; arm++) {
-        const float ms = run_arm(n, arm, T, 3, st, hT[arm]);
+        const float ms = run_arm(n, arm, T, 3, st, hT[arm], fT[arm], arm ? toks.data() : toks0.data());
         if (ms < 0) {
             ok = 0;
             continue;
         }
-        const double us_layer = ms * 1e3 / ((double)T * L), gbs = wbytes / (us_layer * 1e3);
-        const int same = arm == A_NODEP || !memcmp(hT[arm], hT[0], sizeof hT[0]);
-        printf("arm %-13s %d tokens x %d layers: %8.2f us a token, %6.2f us a layer, %7.1f GB/s of weights = %5.1f%% of the floor (with the cache %5.1f%%)  %s\n",
-               arm_nm[arm], T, L, ms * 1e3 / T, us_layer, gbs, 100.0 * gbs / floor_gbs, 100.0 * (wbytes + cbytes) / (us_layer * 1e3) / floor_gbs,
-               arm == A_NODEP ? "(no waits: streaming alone, results not checked)" : same ? "bits ok" : "BITS DIFFER from launch");
+        const double us_tok = ms * 1e3 / T, tbytes = (double)L * wbytes + lmbytes, gbs = tbytes / (us_tok * 1e3);
+        const int same = arm == A_NODEP || (!memcmp(hT[arm], hT[0], sizeof hT[0]) && (!V || (!memcmp(fT[arm], fT[0], sizeof fT[0]) && (!arm || toks == toks0))));
+        printf("arm %-15s %d tokens x %d layers%s: %8.2f us a token, %7.1f GB/s of its weights = %5.1f%% of the floor (with the cache %5.1f%%)  %s\n",
+               arm_nm[arm], T, L, V ? " + lm_head" : "", us_tok, gbs, 100.0 * gbs / floor_gbs, 100.0 * (tbytes + (double)L * cbytes) / (us_tok * 1e3) / floor_gbs,
+               arm == A_NODEP ? "(no waits: streaming alone, results not checked)" : same ? "bits and tokens ok" : "BITS OR TOKENS DIFFER from launch");
         ok &= same;
     }
     run_timeline(n, A_LAUNCH, T, st);
@@ -1146,19 +1243,29 @@ static void fill_w(uint16_t *p, size_t n, uint32_t seed) {
 static void fill_f(float *p, size_t n, uint32_t seed, float base, float amp) {
     for (size_t i = 0; i < n; i++) p[i] = fval(seed, (uint32_t)i, base, amp);
 }
+static inline double rel_l2_from(const float *a, const double *ref, const double *h0) {
+    double num = 0, den = 0;
+    for (int i = 0; i < H; i++) {
+        const double d = (a[i] - h0[i]) - (ref[i] - h0[i]);
+        num += d * d, den += (ref[i] - h0[i]) * (ref[i] - h0[i]);
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
 template <class T> static T *zal(size_t n) { return (T *)calloc(n ? n : 1, sizeof(T)); }
 /* one token of L layers through the launch arm (a kernel at a time, every block of it at once) or the persistent
  * kernel (G blocks, one launch), from the initial h; h after it into hout, the chosen experts into ids */
-static void emu_token(Net n, int persistent, int G, int pexp, int pf, int smw, float *hout, int *ids) {
+/* tokens (1 or 2) of L layers; h after the last token's layers into hout, its experts into ids, the tokens into tok */
+static void emu_token(Net n, int tokens, int persistent, int G, int pexp, int pf, int smw, float *hout, int *ids, int *tok) {
     decompose(n, G);
     n.pexp = pexp, n.pf = pf, n.nodep = 0, n.l2pf = 1, n.smw = smw, n.ts_on = 0;
     fill_f(n.h, H, SEED_H0, 0.0f, 1.0f);
     memset(n.cnt, 0, (size_t)C_N * 32 * sizeof(unsigned));
     memset(n.ids_dbg, 0xff, (size_t)MAXL * TOPK * sizeof(int));
-    if (persistent) emu_launch(dim3((unsigned)G), dim3(TH), PSMEM_BYTES, [&] { k_persist(&n, 0, n.L); });
+    n.dbg_n = tokens * n.L;
+    if (persistent) emu_launch(dim3((unsigned)G), dim3(TH), PSMEM_BYTES, [&] { k_persist(&n, 0, tokens * n.L); });
     else
-        for (int s = 0; s < n.L; s++)
-            for (int op = 0; op < NOP; op++) {
+        for (int s = 0; s < tokens * n.L; s++)
+            for (int op = 0; op < (n.V && s % n.L == n.L - 1 ? NOPX : NOP); op++) {
                 const dim3 g((unsigned)op_tasks(n, op));
                 switch (op) {
                 case OP_QKV: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_QKV, 2>(n, s); }); break;
@@ -1166,20 +1273,34 @@ static void emu_token(Net n, int persistent, int G, int pexp, int pf, int smw, f
                 case OP_O: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_O, 2>(n, s); }); break;
                 case OP_R: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_R, 2>(n, s); }); break;
                 case OP_GUH: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_GUH, 2>(n, s); }); break;
-                default: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_DN, 2>(n, s); }); break;
+                case OP_DN: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_DN, 2>(n, s); }); break;
+                default: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_LM, 2>(n, s); }); break;
                 }
             }
-    memcpy(hout, n.h, H * sizeof(float));
-    memcpy(ids, n.ids_dbg, (size_t)n.L * TOPK * sizeof(int));
+    memcpy(hout, n.V ? n.hfin : n.h, H * sizeof(float)); /* h after the layers */
+    memcpy(ids, n.ids_dbg + (size_t)(tokens - 1) * n.L * TOPK, (size_t)n.L * TOPK * sizeof(int));
+    for (int t = 0; t < tokens; t++) tok[t] = n.V ? n.toks[t] : -1;
     if (n.cnt[32 * C_ERR]) fprintf(stderr, "layer_bench (emulated): a wait timed out\n");
 }
 int main(int argc, char **argv) {
-    const int L = argc > 1 ? atoi(argv[1]) : 1, P = argc > 2 ? atoi(argv[2]) : 640, GP = argc > 3 ? atoi(argv[3]) : 24, GL = argc > 4 ? atoi(argv[4]) : 48;
-    if (L < 1 || L > MAXL || P < 1 || P > 32768 || GP < 1 || GP > 512 || GL < 1 || GL > 512)
-        return fprintf(stderr, "layer_bench (emulated): layers 1..%d, positions 1..32768, blocks 1..512 (got %d %d %d %d)\n", MAXL, L, P, GP, GL), 2;
+    const int L = argc > 1 ? atoi(argv[1]) : 1, P = argc > 2 ? atoi(argv[2]) : 640, GP = argc > 3 ? atoi(argv[3]) : 24, GL = argc > 4 ? atoi(argv[4]) : 48,
+              V = argc > 5 ? atoi(argv[5]) : 8000, T = argc > 6 ? atoi(argv[6]) : 2;
+    if (L < 1 || L > MAXL || P < 1 || P > 32768 || GP < 1 || GP > 512 || GL < 1 || GL > 512 || V < 0 || V > 1 << 20 || T < 1 || T > 2 || (T == 2 && !V))
+        return fprintf(stderr, "layer_bench (emulated): layers 1..%d, positions 1..32768, blocks 1..512, vocabulary 0..%d, tokens 1..2 (2 with a "
+                               "vocabulary) (got %d %d %d %d %d %d)\n",
+                       MAXL, 1 << 20, L, P, GP, GL, V, T),
+               2;
     Net n;
     memset(&n, 0, sizeof n);
-    n.L = L, n.P = P, n.nch = (P + 1 + CH - 1) / CH, n.dbg_n = L;
+    n.L = L, n.P = P, n.nch = (P + 1 + CH - 1) / CH, n.dbg_n = L, n.V = V, n.ntoks = 1;
+    if (V) {
+        uint16_t *w;
+        float *f;
+        n.wlm = w = zal<uint16_t>((size_t)V * H), fill_w(w, (size_t)V * H, seed_of(MAXL, S_LM));
+        n.emb = w = zal<uint16_t>((size_t)V * H), fill_w(w, (size_t)V * H, seed_of(MAXL, S_EMB));
+        n.nf = f = zal<float>(H), fill_f(f, H, seed_of(MAXL, S_NF), 1.0f, 0.125f);
+    }
+    n.bestv = zal<float>(1024), n.besti = zal<int>(1024), n.hfin = zal<float>(H), n.toks = zal<int>(2), n.ntoks = 2, n.lgv = zal<float>(V ? V : 1);
     static LW lw[MAXL];
     for (int l = 0; l < L; l++) {
         uint16_t *w;
@@ -1201,11 +1322,15 @@ int main(int argc, char **argv) {
     rope_table(P, cs);
     n.lw = lw, n.cs = cs;
     n.h = zal<float>(H), n.qkv = zal<float>(QKV), n.part = zal<float>((size_t)NKV * n.nch * 8 * KS), n.att = zal<float>(QR), n.lg = zal<float>(NE);
-    n.act = zal<float>(TOPK * IE), n.dy = zal<float>((size_t)TOPK * H), n.ids_dbg = zal<int>((size_t)MAXL * TOPK), n.cnt = zal<unsigned>((size_t)C_N * 32);
-    n.ts = zal<unsigned long long>((size_t)MAXL * NOP * 4);
-    static double href[H];
-    int rids[TOPK * MAXL];
-    ref_forward(L, P, href, rids);
+    n.act = zal<float>(TOPK * IE), n.dy = zal<float>((size_t)TOPK * H), n.ids_dbg = zal<int>((size_t)2 * MAXL * TOPK), n.cnt = zal<unsigned>((size_t)C_N * 32);
+    n.ts = zal<unsigned long long>((size_t)MAXL * NOPX * 4);
+    static double href[H], h2[H];
+    int rids[TOPK * MAXL], rtok[2] = {-1, -1};
+    ref_forward(L, P, V, NULL, href, rids, &rtok[0]);
+    if (T == 2) { /* the second token: its layers on the first one's embedding row */
+        for (int i = 0; i < H; i++) h2[i] = bf2f(wbits(seed_of(MAXL, S_EMB), (uint32_t)((size_t)rtok[0] * H + i)));
+        ref_forward(L, P, V, h2, href, rids, &rtok[1]);
+    }
     static const struct {
         const char *name;
         int persistent, pexp, pf, smw;
@@ -1214,15 +1339,17 @@ int main(int argc, char **argv) {
     static float h[NA][H];
     int ok = 1;
     for (int a = 0; a < NA; a++) {
-        int ids[TOPK * MAXL];
-        emu_token(n, arms[a].persistent, arms[a].persistent ? GP : GL, arms[a].pexp, arms[a].pf, arms[a].smw, h[a], ids);
+        int ids[TOPK * MAXL], tok[2] = {-1, -1};
+        emu_token(n, T, arms[a].persistent, arms[a].persistent ? GP : GL, arms[a].pexp, arms[a].pf, arms[a].smw, h[a], ids, tok);
         int same_ids = 1;
         for (int i = 0; i < L * TOPK; i++) same_ids &= ids[i] == rids[i];
-        const double e = rel_l2(h[a], href);
-        const int bits = !memcmp(h[a], h[0], sizeof h[0]), good = e < 1e-4 && same_ids && bits && !n.cnt[32 * C_ERR];
-        printf("emulated %-13s (%s %d blocks), %d layer(s), P %d: rel L2 vs the host %.3g, experts %s, bits %s  %s\n", arms[a].name,
-               arms[a].persistent ? "one launch of" : "launches of", arms[a].persistent ? GP : GL, L, P, e, same_ids ? "equal" : "DIFFER",
-               a == 0 ? "(the reference arm)" : bits ? "equal to launch" : "DIFFER from launch", good ? "ok" : "FAILED");
+        const double e = T == 2 ? rel_l2_from(h[a], href, h2) : rel_l2(h[a], href);
+        const int same_tok = tok[T - 1] == rtok[T - 1] && tok[0] == rtok[0];
+        const int bits = !memcmp(h[a], h[0], sizeof h[0]), good = e < 1e-4 && same_ids && same_tok && bits && !n.cnt[32 * C_ERR];
+        printf("emulated %-13s (%s %d blocks), %d token(s) of %d layer(s), P %d, vocabulary %d: the last token's rel L2 vs the host %.3g, experts %s, "
+               "tokens %d %d (host %d %d), bits %s  %s\n",
+               arms[a].name, arms[a].persistent ? "one launch of" : "launches of", arms[a].persistent ? GP : GL, T, L, P, V, e, same_ids ? "equal" : "DIFFER",
+               tok[0], tok[1], rtok[0], rtok[1], a == 0 ? "(the reference arm)" : bits ? "equal to launch" : "DIFFER from launch", good ? "ok" : "FAILED");
         ok &= good;
     }
     printf("%s\n", ok ? "layer_bench (emulated): ok" : "layer_bench (emulated): FAILED");
