@@ -135,7 +135,7 @@ cuda-check:
 # bench/cuda/layer_bench.cu's kernels run on the CPU (bench/cuda/simt_emu.h: every GPU thread a fiber): two tokens of
 # one layer and an 8000-id lm_head through the launch arm and four persistent arms (registers, no per-expert waits,
 # no early loads, the shared-memory ring) against the benchmark's double-precision host forward (the tokens chosen,
-# the experts, rel L2), bit for bit against each other, with a deadlock reported (~1.5 min; no GPU or nvcc needed).
+# the experts, rel L2), bit for bit against each other, with a deadlock reported (~20 s; no GPU or nvcc needed).
 # Part of `make test`.
 layer-bench-emu:
 	@mkdir -p $(O)/bench
