@@ -23,10 +23,10 @@
  *          weighted in k order, into h
  *   LM     (with V) lm_head rows (the final norm in every block), each task's best logit; the last task (a ticket)
  *          takes the argmax and writes the token's embedding row as h
- * Every product task loads its first weight rows into registers before it waits for its input (the weights are
- * written by nothing), then streams the rest two to five rows ahead.
+ * Every product task loads its first weight rows into registers (or, persist-smem, a shared-memory ring) before it
+ * waits for its input (the weights are written by nothing), then streams the rest a few rows ahead.
  * Arms:
- *   launch        a kernel an op (6 a layer), programmatic launches (griddepcontrol: launch_dependents at entry,
+ *   launch        a kernel an op (6 a layer, + the lm_head), programmatic launches (griddepcontrol: launch_dependents at entry,
  *                 wait before the input is read), one token captured as a CUDA graph and replayed: the backend's way
  *   launch-1      the same with the kernels built for one block an SM (255 registers) and one block an SM of tasks:
  *                 the persistent kernel's occupancy, so that launch-1 vs persist is the schedule alone
@@ -38,15 +38,18 @@
  *   persist-noexp persist with DOWN waiting for every expert's GUH (what per-expert readiness is worth)
  *   persist-l2    persist with each task's rows past the registers' also asked of L2 before its wait (one
  *                 cp.async.bulk.prefetch.L2 a row); launch-l2 the same for the launch arm
+ *   persist-smem  persist with a warp's rows in flight in a ring of shared memory (cp.async a row ahead into each
+ *                 slot) instead of registers; persist-smem-l2 with the L2 hint too
  *   persist-nodep persist with no waits at all (the tasks' streaming alone; its results are garbage, not checked)
  * Then the timeline of one token in launch and persist: per layer and op, when its first task began, its first and
  * last waits returned and its last task ended (the global timer), from the moment the token's first wait returned.
  * A wait that lasts more than ~2 s sets an error flag (a deadlock or a lost counter shows as "TIMEOUT", not a hang).
- * Checks: every arm's h after one token against a double-precision host forward of the same weights (rel L2 and the
- * chosen experts), and every arm's h after the timed tokens against the launch arm's, bit for bit.
+ * Checks: every arm's h after one token's layers against a double-precision host forward of the same weights (rel L2
+ * of what the layers added, the chosen experts, the next token), and after the timed tokens against the launch arm's,
+ * bit for bit and token for token.
  * Usage: layer_bench [tokens (256)] [layers (4)] [cached positions P (640)] [vocabulary V (8000; 0: none)]
- * Built with g++ -x c++ -DSIMT_EMU (make layer-bench-emu): the same kernels on the CPU (simt_emu.h), one token through
- * the launch arm and the persist / persist-noexp / persist-nopf / persist-smem arms, checked as on the GPU (no timing):
+ * Built with g++ -x c++ -DSIMT_EMU (make layer-bench-emu): the same kernels on the CPU (simt_emu.h), one or two tokens
+ * through the launch arm and the persist / persist-noexp / persist-nopf / persist-smem arms, checked as on the GPU:
  * layer_bench_emu [layers (1)] [P (640)] [persistent blocks (24)] [launch blocks (48)] [V (8000)] [tokens (2; 2 with V)].
  * Built with g++ -x c++ alone: only the host forward, timed (a look at the reference itself). */
 #include <math.h>
