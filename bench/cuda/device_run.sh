@@ -112,13 +112,13 @@ if has layer; then # round 27: what a persistent decode kernel could reach (benc
     step "layer_bench" 180 layer.log "$S/bin/layer_bench" ${LAYER_ARGS:-256 4 640 8000}
     cat "$OUT/layer.log"
     step "layer_bench 2048 positions" 180 layer2k.log "$S/bin/layer_bench" 256 4 2048 8000
-    grep -E '^(arm|check|HBM|layer_bench)' "$OUT/layer2k.log"
+    grep -E '^(arm|check|HBM|summary|layer_bench)' "$OUT/layer2k.log"
     step "layer_bench Qwen3's vocabulary" 180 layer_v.log "$S/bin/layer_bench" 256 4 640 151936
-    grep -E '^(arm|check|HBM|layer_bench)' "$OUT/layer_v.log"
+    grep -E '^(arm|check|HBM|summary|layer_bench)' "$OUT/layer_v.log"
     step "layer_bench_d2 (PDEPTH=2)" 180 layer_d2.log "$S/bin/layer_bench_d2" ${LAYER_ARGS:-256 4 640 8000}
-    grep -E '^(device|arm|check|layer_bench)' "$OUT/layer_d2.log"
+    grep -E '^(device|arm|check|summary|layer_bench)' "$OUT/layer_d2.log"
     step "layer_bench_b2 (PBLOCKS=2)" 180 layer_b2.log "$S/bin/layer_bench_b2" ${LAYER_ARGS:-256 4 640 8000}
-    grep -E '^(device|arm|check|layer_bench)' "$OUT/layer_b2.log"
+    grep -E '^(device|arm|check|summary|layer_bench)' "$OUT/layer_b2.log"
 fi
 if has unit; then
     step "test_backend_cuda" 60 cuda_unit.log "$S/bin/test_backend_cuda"

@@ -1220,6 +1220,7 @@ int main(int argc, char **argv) {
     }
     /* the timed runs */
     static float hT[NARM][H], fT[NARM][H];
+    double pct[NARM] = {0};
     std::vector<int> toks0(T), toks(T);
     for (int arm = 0; arm < NARM; arm++) {
         const float ms = run_arm(n, arm, T, 3, st, hT[arm], fT[arm], arm ? toks.data() : toks0.data());
@@ -1228,12 +1229,16 @@ int main(int argc, char **argv) {
             continue;
         }
         const double us_tok = ms * 1e3 / T, tbytes = (double)L * wbytes + lmbytes, gbs = tbytes / (us_tok * 1e3);
+        pct[arm] = 100.0 * gbs / floor_gbs;
         const int same = arm == A_NODEP || (!memcmp(hT[arm], hT[0], sizeof hT[0]) && (!V || (!memcmp(fT[arm], fT[0], sizeof fT[0]) && (!arm || toks == toks0))));
         printf("arm %-15s %d tokens x %d layers%s: %8.2f us a token, %7.1f GB/s of its weights = %5.1f%% of the floor (with the cache %5.1f%%)  %s\n",
                arm_nm[arm], T, L, V ? " + lm_head" : "", us_tok, gbs, 100.0 * gbs / floor_gbs, 100.0 * (tbytes + (double)L * cbytes) / (us_tok * 1e3) / floor_gbs,
                arm == A_NODEP ? "(no waits: streaming alone, results not checked)" : same ? "bits and tokens ok" : "BITS OR TOKENS DIFFER from launch");
         ok &= same;
     }
+    printf("summary (%% of the floor, weight bytes a token): launch %.1f, launch-1 %.1f, persist %.1f, persist-tok %.1f, persist-smem %.1f, "
+           "persist-l2 %.1f, persist-smem-l2 %.1f, persist-nodep %.1f (streaming alone)\n",
+           pct[A_LAUNCH], pct[A_LAUNCH1], pct[A_PERSIST], pct[A_PTOK], pct[A_SMEM], pct[A_L2], pct[A_SMEML2], pct[A_NODEP]);
     run_timeline(n, A_LAUNCH, T, st);
     run_timeline(n, A_PERSIST, T, st);
     printf("%s\n", ok ? "layer_bench: ok" : "layer_bench: FAILED");
