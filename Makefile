@@ -135,12 +135,14 @@ cuda-check:
 # bench/cuda/layer_bench.cu's kernels run on the CPU (bench/cuda/simt_emu.h: every GPU thread a fiber): two tokens of
 # one layer and an 8000-id lm_head through the launch arm and four persistent arms (registers, no per-expert waits,
 # no early loads, the shared-memory ring) against the benchmark's double-precision host forward (the tokens chosen,
-# the experts, rel L2), bit for bit against each other, with a deadlock reported (~20 s; no GPU or nvcc needed).
+# the experts, rel L2) and against transformers' own Qwen3-MoE modules (the file tests/tools/layer_bench_golden.py
+# wrote), bit for bit against each other, with a deadlock reported (~20 s; no GPU or nvcc needed).
 # Part of `make test`.
 layer-bench-emu:
 	@mkdir -p $(O)/bench
 	$(CXX) -std=c++17 -O2 -DSIMT_EMU -Wall -Wextra -Wno-unknown-pragmas -Wno-unused-function -x c++ -o $(O)/bench/layer_bench_emu bench/cuda/layer_bench.cu -lm
-	./$(O)/bench/layer_bench_emu 1 64 20 36
+	./$(O)/bench/layer_bench_emu 1 64 20 36 8000 2 tests/data/layer_bench/golden_l1_p64_v8000_t2.bin
+	@./$(O)/bench/layer_bench_emu 1 64 20 36x 2>&1 | grep -q "must be an integer" || { echo "layer_bench_emu: a malformed argument was not refused"; exit 1; }
 
 # bench/cuda: the CUDA backend's speed against floors measured in the same run
 # (HBM read, cuBLAS SGEMM / BF16 GEMM); run on a GPU (tools/cuda_device.sh).

@@ -24,7 +24,7 @@
 #         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
-# Steps: STEPS="isa chain layer unit conf e2e mtp tiers bench moe dsv3 fp8mv mdown r17 sass" (default all but isa, chain, layer, mtp, dsv3, fp8mv, mdown, r17 and sass; chain: bench/cuda/chain_bench.cu; layer: bench/cuda/layer_bench.cu (a synthetic Qwen3-shape decode layer as launches and as one persistent kernel, LAYER_ARGS="tokens layers positions vocabulary", default "256 4 640 8000", then 2048 positions, Qwen3's 151,936-id vocabulary, the PDEPTH=2 and PBLOCKS=2 builds); r17: bench/cuda/r17_ab.sh (R17_QUICK, R17_DIAG, R17_LENS, R17_REPS pass through); sass: cuobjdump of the MoE down launch reading h (H 0, 1, 2) into $OUT/sass_h*.txt and sass_audit.py over every kernel; fp8mv: bench/cuda/fp8_gemv.cu; mdown: bench/cuda/moe_down_bench.cu; isa: the CPU's AVX-512 flags and the CPU
+# Steps: STEPS="isa chain layer unit conf e2e mtp tiers bench moe dsv3 fp8mv mdown r17 sass" (default all but isa, chain, layer, mtp, dsv3, fp8mv, mdown, r17 and sass; chain: bench/cuda/chain_bench.cu; layer: bench/cuda/layer_bench.cu (a synthetic Qwen3-shape decode layer as launches and as one persistent kernel, LAYER_ARGS="tokens layers positions vocabulary", default "256 4 640 8000" with the first token checked against transformers (tests/data/layer_bench/golden_l4_p640_v8000_t1.bin), then 2048 positions, Qwen3's 151,936-id vocabulary, the PDEPTH=2 and PBLOCKS=2 builds); r17: bench/cuda/r17_ab.sh (R17_QUICK, R17_DIAG, R17_LENS, R17_REPS pass through); sass: cuobjdump of the MoE down launch reading h (H 0, 1, 2) into $OUT/sass_h*.txt and sass_audit.py over every kernel; fp8mv: bench/cuda/fp8_gemv.cu; mdown: bench/cuda/moe_down_bench.cu; isa: the CPU's AVX-512 flags and the CPU
 # backend's conformance under DELTAFIN_ISA=avx512 and avx2; mtp: tests/py/test_spec_mtp.py -k transformers,
 # the CPU backend against transformers' modules). CONF_MASKS / E2E_MASKS="3950": conformance / model parity again under each
 # DELTAFIN_CUDA_LEAN mask. MOE_SET=r11: resident decode with the masks of R11_AB (default "15214 31598 64366": the default, + bit
@@ -109,7 +109,7 @@ if has chain; then # round 24: what a dependent step costs (kernel boundaries, g
     "$S/bin/chain_bench" 256 | grep 'chain q-' | tee -a "$OUT/chain.log"
 fi
 if has layer; then # round 27: what a persistent decode kernel could reach (bench/cuda/layer_bench.cu)
-    step "layer_bench" 180 layer.log "$S/bin/layer_bench" ${LAYER_ARGS:-256 4 640 8000}
+    step "layer_bench" 180 layer.log "$S/bin/layer_bench" ${LAYER_ARGS:-256 4 640 8000 "$S/golden_l4_p640_v8000_t1.bin"}
     cat "$OUT/layer.log"
     step "layer_bench 2048 positions" 180 layer2k.log "$S/bin/layer_bench" 256 4 2048 8000
     grep -E '^(arm|check|HBM|summary|layer_bench)' "$OUT/layer2k.log"

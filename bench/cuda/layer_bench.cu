@@ -47,10 +47,12 @@
  * Checks: every arm's h after one token's layers against a double-precision host forward of the same weights (rel L2
  * of what the layers added, the chosen experts, the next token), and after the timed tokens against the launch arm's,
  * bit for bit and token for token.
- * Usage: layer_bench [tokens (256)] [layers (4)] [cached positions P (640)] [vocabulary V (8000; 0: none)]
+ * Usage: layer_bench [tokens (256)] [layers (4)] [cached positions P (640)] [vocabulary V (8000; 0: none)] [golden file
+ * of the same configuration and one token, by tests/tools/layer_bench_golden.py: the first token against transformers]
  * Built with g++ -x c++ -DSIMT_EMU (make layer-bench-emu): the same kernels on the CPU (simt_emu.h), one or two tokens
  * through the launch arm and the persist / persist-noexp / persist-nopf / persist-smem arms, checked as on the GPU:
- * layer_bench_emu [layers (1)] [P (640)] [persistent blocks (24)] [launch blocks (48)] [V (8000)] [tokens (2; 2 with V)].
+ * layer_bench_emu [layers (1)] [P (640)] [persistent blocks (24)] [launch blocks (48)] [V (8000)] [tokens (2; 2 with V)]
+ * [golden file: the same step by transformers' Qwen3-MoE modules, written by tests/tools/layer_bench_golden.py].
  * Built with g++ -x c++ alone: only the host forward, timed (a look at the reference itself). */
 #include <math.h>
 #include <stdint.h>
@@ -108,6 +110,18 @@ HD static inline float fval(uint32_t seed, uint32_t i, float base, float amp) {
 enum { S_QKV, S_O, S_R, S_G, S_U, S_D, S_N1, S_N2, S_QN, S_KN, S_KC, S_VC, S_LM = 0, S_EMB, S_NF }; /* S_LM..: seed_of(MAXL, .) */
 static inline uint32_t seed_of(int l, int what) { return 100u + 16u * (uint32_t)l + (uint32_t)what; }
 #define SEED_H0 7u
+
+/* argument i of argv as an integer (def when absent); a malformed one ("12x", "", "1e3") ends the program, named */
+static int arg_int(int argc, char **argv, int i, int def, const char *what) {
+    if (argc <= i) return def;
+    char *end = NULL;
+    const long v = strtol(argv[i], &end, 10);
+    if (!*argv[i] || *end || v < -2147483647L || v > 2147483647L) {
+        fprintf(stderr, "layer_bench: argument %d (%s) must be an integer, got \"%s\"\n", i, what, argv[i]);
+        exit(2);
+    }
+    return (int)v;
+}
 
 /* ---- the host reference: the layer in double precision ------------------------------------------------------------- */
 static double ref_w(int l, int what, size_t i) { return bf2f(wbits(seed_of(l, what), (uint32_t)i)); }
@@ -236,7 +250,7 @@ static void ref_forward(int L, int P, int V, const double *h0, double *h, int *i
 #if !defined(__CUDACC__) && !defined(SIMT_EMU)
 #include <time.h>
 int main(int argc, char **argv) { /* the reference alone, for a look at it without a GPU */
-    const int L = argc > 1 ? atoi(argv[1]) : 1, P = argc > 2 ? atoi(argv[2]) : 640, V = argc > 3 ? atoi(argv[3]) : 8000;
+    const int L = arg_int(argc, argv, 1, 1, "layers"), P = arg_int(argc, argv, 2, 640, "positions"), V = arg_int(argc, argv, 3, 8000, "vocabulary");
     if (L < 1 || L > MAXL || P < 1 || P > 65536 || V < 0 || V > 1 << 20)
         return fprintf(stderr, "layer_bench (host): layers 1..%d, P 1..65536, vocabulary 0..%d\n", MAXL, 1 << 20), 2;
     static double h[H];
@@ -935,6 +949,54 @@ static inline double rel_l2(const float *a, const double *ref) {
     }
     return sqrt(num / (den > 0 ? den : 1));
 }
+static inline double rel_l2_from(const float *a, const double *ref, const double *h0) {
+    double num = 0, den = 0;
+    for (int i = 0; i < H; i++) {
+        const double d = (a[i] - h0[i]) - (ref[i] - h0[i]);
+        num += d * d, den += (ref[i] - h0[i]) * (ref[i] - h0[i]);
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+/* the last token's input h: the hashed first h, or the first token's embedding row (as double, for rel_l2_from) */
+static const double *h_last_in(int T, const int *rtok) {
+    static double in[H];
+    for (int i = 0; i < H; i++)
+        in[i] = T == 2 ? bf2f(wbits(seed_of(MAXL, S_EMB), (uint32_t)((size_t)rtok[0] * H + i))) : fval(SEED_H0, (uint32_t)i, 0.0f, 1.0f);
+    return in;
+}
+/* A run against transformers' own Qwen3-MoE modules (tests/tools/layer_bench_golden.py wrote the file):
+ * every token's id, the last token's experts in order, and what its layers added to h (rel L2 < 1e-4). The host
+ * forward's tokens and experts are checked against the file too (so it is not only our code checking our code). */
+static int golden_check(const char *path, int L, int P, int V, int T, const float *h, const double *hin, const int *rtok, const int *rids) {
+    FILE *f = fopen(path, "rb");
+    int32_t hd[5];
+    if (!f || fread(hd, 4, 5, f) != 5) return fprintf(stderr, "layer_bench: %s: cannot read the golden file's header\n", path), 0;
+    if (hd[0] != 0x4c424731 || hd[1] != L || hd[2] != P || hd[3] != V || hd[4] != T) {
+        fprintf(stderr, "layer_bench: %s: made for layers %d, P %d, V %d, tokens %d (magic %#x), this run is %d %d %d %d\n", path, hd[1], hd[2],
+                hd[3], hd[4], (unsigned)hd[0], L, P, V, T);
+        return fclose(f), 0;
+    }
+    int ok = 1, gtok[2] = {-1, -1}, gids[TOPK * MAXL];
+    static float gh[H];
+    for (int t = 0; t < T; t++) {
+        if (fread(&gtok[t], 4, 1, f) != 1 || fread(gids, 4, (size_t)TOPK * L, f) != (size_t)TOPK * L || fread(gh, 4, H, f) != H) {
+            fclose(f);
+            return fprintf(stderr, "layer_bench: %s: short file (token %d)\n", path, t), 0;
+        }
+    }
+    fclose(f);
+    static double g[H];
+    for (int i = 0; i < H; i++) g[i] = gh[i];
+    const double e = rel_l2_from(h, g, hin);
+    int same_ids = 1; /* (the emulated arms' experts equal rids: checked above) */
+    for (int i = 0; i < TOPK * L; i++) same_ids &= gids[i] == rids[i];
+    const int same_tok = gtok[0] == rtok[0] && gtok[T - 1] == rtok[T - 1];
+    ok = e < 1e-4 && same_ids && same_tok;
+    printf("golden (transformers' Qwen3MoeDecoderLayer, %s): token(s) %d %d, the last token's experts %s, its layers' output rel L2 %.3g against "
+           "the kernels (their launch arm)  %s\n",
+           path, gtok[0], T == 2 ? gtok[1] : -1, same_ids ? "equal" : "DIFFER", e, ok ? "ok" : "FAILED");
+    return ok;
+}
 #ifdef __CUDACC__ /* ---- the GPU run ---- */
 __global__ void k_fill_w(uint16_t *p, size_t n, uint32_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = wbits(seed, (uint32_t)i);
@@ -1104,7 +1166,9 @@ static float *alloc_f(size_t n, uint32_t seed, float base, float amp) {
 }
 
 int main(int argc, char **argv) {
-    const int T = argc > 1 ? atoi(argv[1]) : 256, L = argc > 2 ? atoi(argv[2]) : 4, P = argc > 3 ? atoi(argv[3]) : 640, V = argc > 4 ? atoi(argv[4]) : 8000;
+    const int T = arg_int(argc, argv, 1, 256, "tokens"), L = arg_int(argc, argv, 2, 4, "layers"), P = arg_int(argc, argv, 3, 640, "positions"),
+              V = arg_int(argc, argv, 4, 8000, "vocabulary");
+    const char *golden = argc > 5 ? argv[5] : NULL; /* one token by transformers (tests/tools/layer_bench_golden.py) */
     if (T < 1 || T > 100000 || L < 1 || L > MAXL || P < 1 || P > 32768 || V < 0 || V > 1 << 20)
         return fprintf(stderr, "layer_bench: tokens 1..100000, layers 1..%d, cached positions 1..32768, vocabulary 0..%d (got %d %d %d %d)\n", MAXL,
                        1 << 20, T, L, P, V),
@@ -1218,6 +1282,10 @@ int main(int argc, char **argv) {
                same_ids ? "equal" : "DIFFER", tok, rtok, arm == 0 ? "(the reference arm)" : bits ? "equal to launch" : "DIFFER from launch", good ? "ok" : "FAILED");
         ok &= good;
     }
+    if (golden) { /* the launch arm's first token (every other arm is bit-equal to it) against transformers */
+        const int rt[2] = {rtok, rtok};
+        ok &= golden_check(golden, L, P, V, 1, V ? f1[0] : h1[0], h_last_in(1, rt), rt, rids);
+    }
     /* the timed runs */
     static float hT[NARM][H], fT[NARM][H];
     double pct[NARM] = {0};
@@ -1251,14 +1319,6 @@ static void fill_w(uint16_t *p, size_t n, uint32_t seed) {
 static void fill_f(float *p, size_t n, uint32_t seed, float base, float amp) {
     for (size_t i = 0; i < n; i++) p[i] = fval(seed, (uint32_t)i, base, amp);
 }
-static inline double rel_l2_from(const float *a, const double *ref, const double *h0) {
-    double num = 0, den = 0;
-    for (int i = 0; i < H; i++) {
-        const double d = (a[i] - h0[i]) - (ref[i] - h0[i]);
-        num += d * d, den += (ref[i] - h0[i]) * (ref[i] - h0[i]);
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
 template <class T> static T *zal(size_t n) { return (T *)calloc(n ? n : 1, sizeof(T)); }
 /* one token of L layers through the launch arm (a kernel at a time, every block of it at once) or the persistent
  * kernel (G blocks, one launch), from the initial h; h after it into hout, the chosen experts into ids */
@@ -1291,8 +1351,8 @@ static void emu_token(Net n, int tokens, int persistent, int G, int pexp, int pf
     if (n.cnt[32 * C_ERR]) fprintf(stderr, "layer_bench (emulated): a wait timed out\n");
 }
 int main(int argc, char **argv) {
-    const int L = argc > 1 ? atoi(argv[1]) : 1, P = argc > 2 ? atoi(argv[2]) : 640, GP = argc > 3 ? atoi(argv[3]) : 24, GL = argc > 4 ? atoi(argv[4]) : 48,
-              V = argc > 5 ? atoi(argv[5]) : 8000, T = argc > 6 ? atoi(argv[6]) : 2;
+    const int L = arg_int(argc, argv, 1, 1, "layers"), P = arg_int(argc, argv, 2, 640, "positions"), GP = arg_int(argc, argv, 3, 24, "persistent blocks"),
+              GL = arg_int(argc, argv, 4, 48, "launch blocks"), V = arg_int(argc, argv, 5, 8000, "vocabulary"), T = arg_int(argc, argv, 6, 2, "tokens");
     if (L < 1 || L > MAXL || P < 1 || P > 32768 || GP < 1 || GP > 512 || GL < 1 || GL > 512 || V < 0 || V > 1 << 20 || T < 1 || T > 2 || (T == 2 && !V))
         return fprintf(stderr, "layer_bench (emulated): layers 1..%d, positions 1..32768, blocks 1..512, vocabulary 0..%d, tokens 1..2 (2 with a "
                                "vocabulary) (got %d %d %d %d %d %d)\n",
@@ -1360,6 +1420,7 @@ int main(int argc, char **argv) {
                tok[0], tok[1], rtok[0], rtok[1], a == 0 ? "(the reference arm)" : bits ? "equal to launch" : "DIFFER from launch", good ? "ok" : "FAILED");
         ok &= good;
     }
+    if (argc > 7) ok &= golden_check(argv[7], L, P, V, T, h[0], h_last_in(T, rtok), rtok, rids);
     printf("%s\n", ok ? "layer_bench (emulated): ok" : "layer_bench (emulated): FAILED");
     return ok ? 0 : 1;
 }
