@@ -10,7 +10,11 @@
  * a decode step does: final RMSNorm, the lm_head's V logits (default 8000: the backend benchmark's synthetic model;
  * 151936 is Qwen3's), their argmax, and that id's embedding row as the next token's h (V = 0: no boundary, the
  * residual stream carried on), so a token's first layer waits for the last token's argmax. The weight bytes a token
- * (L layers + lm_head) over its time against the floor is issue 13's measure.
+ * (L layers + lm_head) over its time against the floor is issue 13's measure. The weights and the cache are laid out
+ * as the CUDA backend holds them, so that the persistent kernel measured here is the one it would run: q, k, v, o and
+ * the router their own tensors; each routed expert's gate, up and down their own tensors in slots of a slab in no
+ * particular order, found through a device table of pointers (the backend's table of VRAM-resident experts); the
+ * K/V cache in f32 rows, a position's K row then its V row (src/model/kinds/gqa.c); the RoPE table of rope_table.
  *
  * The work is cut into the same tasks for every arm (so every arm computes the same bits, checked):
  *   QKV    rows of W_qkv, the input norm computed by every block from h (no launch of its own)
@@ -110,6 +114,8 @@ HD static inline float fval(uint32_t seed, uint32_t i, float base, float amp) {
 enum { S_QKV, S_O, S_R, S_G, S_U, S_D, S_N1, S_N2, S_QN, S_KN, S_KC, S_VC, S_LM = 0, S_EMB, S_NF }; /* S_LM..: seed_of(MAXL, .) */
 static inline uint32_t seed_of(int l, int what) { return 100u + 16u * (uint32_t)l + (uint32_t)what; }
 #define SEED_H0 7u
+/* the slot of routed expert e in its part's slab: out of order (37 is prime to NE), as experts land in the backend's cache */
+static inline int expert_slot(int e) { return (e * 37 + 11) % NE; }
 
 /* argument i of argv as an integer (def when absent); a malformed one ("12x", "", "1e3") ends the program, named */
 static int arg_int(int argc, char **argv, int i, int def, const char *what) {
@@ -298,12 +304,16 @@ enum { OP_QKV, OP_ATTN, OP_O, OP_R, OP_GUH, OP_DN, NOP, OP_LM = NOP, NOPX }; /* 
 enum { C_H, C_QKV, C_ATT, C_O, C_R, C_GUH0, C_TA0 = C_GUH0 + TOPK, C_TD0 = C_TA0 + NKV, C_TOK = C_TD0 + 64, C_TLM, C_ERR, C_N };
 #define CN(n, c) ((n).cnt + 32 * (c))
 
-/* a layer's weights and cache (a table in device memory: a kernel parameter's arrays indexed by a run-time layer
- * would be copied to local memory) */
+/* a layer's weights and cache as the backend holds them (a table in device memory: a kernel parameter's arrays
+ * indexed by a run-time layer would be copied to local memory): q, k, v, o, the router as their own tensors, each
+ * routed expert's gate, up and down as its own tensor found through a table of NE pointers (the backend's device table
+ * of VRAM-resident experts: slots in no particular order), the norms' f32 vectors, the K/V cache a position's K row
+ * then its V row (gqa.c's layout) */
 struct LW {
-    const uint16_t *wqkv, *wo, *wr, *wg, *wu, *wd;
+    const uint16_t *wq, *wk, *wv, *wo, *wr;
+    const uint16_t *const *eg, *const *eu, *const *ed; /* [NE] */
     const float *n1, *n2, *qn, *kn;
-    float *kc, *vc; /* [P + 1][NKV][HD_] */
+    float *kv; /* [P + 1][K | V][KR] */
 };
 struct Net {
     const LW *lw;
@@ -654,14 +664,24 @@ __device__ void route(const Net &n, int s, Sh &sh) {
 /* a dense product's task: rows [t R, t R + R) of W (< rows; J x 256 BF16 columns each), PF rows in flight a warp, the
  * first loaded before the wait for counter wc to reach target; x = rmsnorm(h) by normw (normw != NULL) or the J x 256
  * floats at xin; emit(row, value) in lane 0; then the task counted done on donec */
+/* Rows: a product's rows in up to three tensors (q, k, v: rows [0, e0) of W, [e0, e1) of W1, the rest of W2) */
+struct Rows {
+    const uint16_t *W, *W1, *W2;
+    int e0, e1;
+};
+__device__ __forceinline__ Rows rows1(const uint16_t *W) { return Rows{W, W, W, 1 << 30, 1 << 30}; }
 template <int M, int J, int PF, class E>
-__device__ __forceinline__ void t_dense(const Net &n, int s, int op, int t, int R, int rows, const uint16_t *W, const unsigned *wc, unsigned target,
+__device__ __forceinline__ void t_dense(const Net &n, int s, int op, int t, int R, int rows, Rows W, const unsigned *wc, unsigned target,
                                         const float *normw, const float *xin, unsigned *donec, float4 *sm, Sh &sh, E emit) {
     __syncthreads();
     ts_mark(n, s, op, TS_BEGIN);
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = t * R;
     const int rt = rows - r0 < R ? rows - r0 : R, nw = rt > w ? (rt - w + 7) / 8 : 0;
-    auto addr = [&](int k) { return (const uint4 *)(W + (size_t)(r0 + w + 8 * k) * (J * 256)); };
+    auto addr = [&](int k) {
+        const int r = r0 + w + 8 * k;
+        const uint16_t *p = r < W.e0 ? W.W + (size_t)r * (J * 256) : r < W.e1 ? W.W1 + (size_t)(r - W.e0) * (J * 256) : W.W2 + (size_t)(r - W.e1) * (J * 256);
+        return (const uint4 *)p;
+    };
     uint4 b[PF][J];
     if (n.pf) any_pre<M, J, PF>(n, nw, addr, b, sm), rows_l2<J>(n, M && n.smw ? ring_slots<J>() : PF, nw, addr); /* past the rows in flight */
     dep_wait<M>(n, wc, target);
@@ -677,7 +697,7 @@ __device__ __forceinline__ void t_dense(const Net &n, int s, int op, int t, int 
 template <int M> __device__ void t_qkv(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
     float *y = n.qkv;
     const int tok0 = n.V && !l; /* a token's first layer reads the row the boundary wrote, else the layer before's h */
-    t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_QKV, t, n.qkv_R, QKV, n.lw[l].wqkv, CN(n, tok0 ? C_TOK : C_H), (unsigned)(tok0 ? s / n.L : n.dn_tpe * s),
+    t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_QKV, t, n.qkv_R, QKV, Rows{n.lw[l].wq, n.lw[l].wk, n.lw[l].wv, QR, QR + KR}, CN(n, tok0 ? C_TOK : C_H), (unsigned)(tok0 ? s / n.L : n.dn_tpe * s),
                                    n.lw[l].n1, NULL, CN(n, C_QKV), sm, sh, [&](int r, float v) { y[r] = v; });
 }
 /* q or k head (128 values at src) normalised by g, rotated, into dst (warp-wide; lane holds 4 values) */
@@ -704,11 +724,11 @@ template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float
     const int g = t / n.nch, c = t % n.nch, w = threadIdx.x >> 5, lane = threadIdx.x & 31, P = n.P;
     const int p0 = c * CH, np = P + 1 - p0 < CH ? P + 1 - p0 : CH, ncache = P - p0 < np ? P - p0 : np;
     float *Ks = (float *)sm, *Vs = Ks + CH * KS, *Qs = Vs + CH * KS, *Tq = Qs + 8 * HD_, *Tk = Tq + 8 * HD_;
-    const float *kc = n.lw[l].kc, *vc = n.lw[l].vc;
+    float *kv = n.lw[l].kv;
     for (int i = threadIdx.x; i < ncache * (HD_ / 4); i += TH) { /* the cached rows, copied while the products run */
         const int j = i / (HD_ / 4), q = i % (HD_ / 4);
-        const size_t src = (((size_t)(p0 + j) * NKV + g) * HD_) * 4 + (size_t)q * 16;
-        cp16(Ks + j * KS + 4 * q, (const char *)kc + src), cp16(Vs + j * KS + 4 * q, (const char *)vc + src);
+        const float *src = kv + (size_t)(p0 + j) * 2 * KR + (size_t)g * HD_ + 4 * q;
+        cp16(Ks + j * KS + 4 * q, src), cp16(Vs + j * KS + 4 * q, src + KR);
     }
     cp_commit();
     dep_wait<M>(n, CN(n, C_QKV), (unsigned)(n.qkv_n * (s + 1)));
@@ -723,8 +743,8 @@ template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float
     __syncthreads();
     if (ncache < np && threadIdx.x < HD_ / 4) { /* the new row into the cache (read by no task of this step) */
         const int j = P - p0;
-        ((float4 *)(n.lw[l].kc + ((size_t)P * NKV + g) * HD_))[threadIdx.x] = ((const float4 *)(Ks + j * KS))[threadIdx.x];
-        ((float4 *)(n.lw[l].vc + ((size_t)P * NKV + g) * HD_))[threadIdx.x] = ((const float4 *)(Vs + j * KS))[threadIdx.x];
+        ((float4 *)(kv + (size_t)P * 2 * KR + (size_t)g * HD_))[threadIdx.x] = ((const float4 *)(Ks + j * KS))[threadIdx.x];
+        ((float4 *)(kv + (size_t)P * 2 * KR + KR + (size_t)g * HD_))[threadIdx.x] = ((const float4 *)(Vs + j * KS))[threadIdx.x];
     }
     { /* warp w: head 8 g + w over the chunk's positions, lane j = position p0 + j */
         const float4 *q4 = (const float4 *)(Qs + w * HD_);
@@ -772,12 +792,12 @@ template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float
 }
 template <int M> __device__ void t_o(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
     float *h = n.h;
-    t_dense<M, QR / 256, DEPTH>(n, s, OP_O, t, n.o_R, H, n.lw[l].wo, CN(n, C_ATT), (unsigned)(NKV * (s + 1)), NULL, n.att, CN(n, C_O), sm, sh,
+    t_dense<M, QR / 256, DEPTH>(n, s, OP_O, t, n.o_R, H, rows1(n.lw[l].wo), CN(n, C_ATT), (unsigned)(NKV * (s + 1)), NULL, n.att, CN(n, C_O), sm, sh,
                                 [&](int r, float v) { h[r] = __ldcg(h + r) + v; });
 }
 template <int M> __device__ void t_router(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
     float *y = n.lg;
-    t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_R, t, n.r_R, NE, n.lw[l].wr, CN(n, C_O), (unsigned)(n.o_n * (s + 1)), n.lw[l].n2, NULL, CN(n, C_R), sm, sh,
+    t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_R, t, n.r_R, NE, rows1(n.lw[l].wr), CN(n, C_O), (unsigned)(n.o_n * (s + 1)), n.lw[l].n2, NULL, CN(n, C_R), sm, sh,
                                    [&](int r, float v) { y[r] = v; });
 }
 /* the token boundary after step s (the last layer's): logits of lm_head rows (the final norm in every block), each
@@ -785,7 +805,7 @@ template <int M> __device__ void t_router(const Net &n, int l, int s, int t, flo
  * tasks in order, keeps h in hfin, writes the token's embedding row as the next h and counts the token (C_TOK) */
 template <int M> __device__ void t_lm(const Net &n, int s, int t, float4 *sm, Sh &sh) {
     float *lg = n.lgv;
-    t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_LM, t, n.lm_R, n.V, n.wlm, CN(n, C_H), (unsigned)(n.dn_tpe * (s + 1)), n.nf, NULL, NULL, sm, sh,
+    t_dense<M, H / 256, 2 * DEPTH>(n, s, OP_LM, t, n.lm_R, n.V, rows1(n.wlm), CN(n, C_H), (unsigned)(n.dn_tpe * (s + 1)), n.nf, NULL, NULL, sm, sh,
                                    [&](int r, float v) { lg[r] = v; });
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = t * n.lm_R, rt = n.V - r0 < n.lm_R ? n.V - r0 : n.lm_R;
     float bv = -INFINITY;
@@ -830,9 +850,8 @@ template <int M> __device__ void t_guh(const Net &n, int l, int s, int t, float4
     ts_mark(n, s, OP_GUH, TS_READY);
     if (!M) pdl_go(); /* the down launch may start once the logits are final (it routes before its own wait) */
     route(n, s, sh);
-    const size_t ex = (size_t)sh.ids[e] * IE;
-    const uint16_t *Wg = n.lw[l].wg, *Wu = n.lw[l].wu;
-    auto addr = [&](int k) { return (const uint4 *)((k & 1 ? Wu : Wg) + (ex + i0 + w + 8 * (k >> 1)) * H); };
+    const uint16_t *Wg = n.lw[l].eg[sh.ids[e]], *Wu = n.lw[l].eu[sh.ids[e]];
+    auto addr = [&](int k) { return (const uint4 *)((k & 1 ? Wu : Wg) + (size_t)(i0 + w + 8 * (k >> 1)) * H); };
     uint4 b[2 * D][8];
     any_pre<M, 8, 2 * D>(n, 2 * npw, addr, b, sm); /* the loads fly while the block normalises */
     float4 *XA = sm, *XB = sm + H / 8;
@@ -853,9 +872,8 @@ template <int M> __device__ void t_down(const Net &n, int l, int s, int t, float
     const int rt = H - r0 < n.dn_R ? H - r0 : n.dn_R, nw = rt > w ? (rt - w + 7) / 8 : 0;
     if (M && sh.s != s) dep_wait<M>(n, CN(n, C_R), (unsigned)(n.r_n * (s + 1))); /* the route first (launch arm: final already) */
     route(n, s, sh);
-    const size_t ex = (size_t)sh.ids[e] * H;
-    const uint16_t *W = n.lw[l].wd;
-    auto addr = [&](int k) { return (const uint4 *)(W + (ex + r0 + w + 8 * k) * IE); };
+    const uint16_t *W = n.lw[l].ed[sh.ids[e]];
+    auto addr = [&](int k) { return (const uint4 *)(W + (size_t)(r0 + w + 8 * k) * IE); };
     uint4 b[5 * D][3];
     if (n.pf) any_pre<M, 3, 5 * D>(n, nw, addr, b, sm), rows_l2<3>(n, M && n.smw ? ring_slots<3>() : 5 * D, nw, addr);
     if (!M || n.pexp) dep_wait<M>(n, CN(n, C_GUH0 + e), (unsigned)(n.guh_tpe * (s + 1)));
@@ -998,8 +1016,14 @@ static int golden_check(const char *path, int L, int P, int V, int T, const floa
     return ok;
 }
 #ifdef __CUDACC__ /* ---- the GPU run ---- */
-__global__ void k_fill_w(uint16_t *p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = wbits(seed, (uint32_t)i);
+__global__ void k_fill_w(uint16_t *p, size_t n, uint32_t seed, size_t off) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = wbits(seed, (uint32_t)(off + i));
+}
+__global__ void k_fill_kv(float *p, size_t n, uint32_t sk, uint32_t sv) { /* n floats of [pos][K | V][KR] */
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t pos = i / (2 * KR), c = i % (2 * KR);
+        p[i] = fval(c < KR ? sk : sv, (uint32_t)(pos * KR + c % KR), 0.0f, 1.0f);
+    }
 }
 __global__ void k_fill_f(float *p, size_t n, uint32_t seed, float base, float amp) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = fval(seed, (uint32_t)i, base, amp);
@@ -1152,11 +1176,28 @@ static void run_timeline(Net n, int arm, int tokens, cudaStream_t st) {
     printf("ts %-7s token: %.2f us from the first layer's input to the last layer's output (%.2f us a layer), %.2f us to the next token's row\n",
            arm_nm[arm], down, down / n.L, end);
 }
-static uint16_t *alloc_w(size_t n, uint32_t seed) {
+/* rows [off, off + n) of the hashed tensor seed (a part of it: q of W_qkv, an expert of W_g) */
+static uint16_t *alloc_w(size_t n, uint32_t seed, size_t off = 0) {
     uint16_t *p = NULL;
     CK(cudaMalloc(&p, n * 2));
-    k_fill_w<<<1024, 256>>>(p, n, seed);
+    k_fill_w<<<1024, 256>>>(p, n, seed, off);
     return p;
+}
+/* the NE experts of one part (gate, up or down; sz weights each) in one slab, expert e in slot expert_slot(e) (not
+ * in order, as in the backend's expert cache), and the device table of their pointers */
+static const uint16_t *const *alloc_experts(size_t sz, uint32_t seed) {
+    uint16_t *slab = NULL;
+    CK(cudaMalloc(&slab, NE * sz * 2));
+    const uint16_t *tab[NE];
+    for (int e = 0; e < NE; e++) {
+        uint16_t *p = slab + (size_t)expert_slot(e) * sz;
+        k_fill_w<<<256, 256>>>(p, sz, seed, (size_t)e * sz);
+        tab[e] = p;
+    }
+    const uint16_t **d = NULL;
+    CK(cudaMalloc(&d, sizeof tab));
+    CK(cudaMemcpy(d, tab, sizeof tab, cudaMemcpyHostToDevice));
+    return d;
 }
 static float *alloc_f(size_t n, uint32_t seed, float base, float amp) {
     float *p = NULL;
@@ -1202,18 +1243,22 @@ int main(int argc, char **argv) {
     size_t wbytes = 0;
     LW hl[MAXL];
     for (int l = 0; l < L; l++) {
-        hl[l].wqkv = alloc_w((size_t)QKV * H, seed_of(l, S_QKV));
+        hl[l].wq = alloc_w((size_t)QR * H, seed_of(l, S_QKV));
+        hl[l].wk = alloc_w((size_t)KR * H, seed_of(l, S_QKV), (size_t)QR * H);
+        hl[l].wv = alloc_w((size_t)KR * H, seed_of(l, S_QKV), (size_t)(QR + KR) * H);
         hl[l].wo = alloc_w((size_t)H * QR, seed_of(l, S_O));
         hl[l].wr = alloc_w((size_t)NE * H, seed_of(l, S_R));
-        hl[l].wg = alloc_w((size_t)NE * IE * H, seed_of(l, S_G));
-        hl[l].wu = alloc_w((size_t)NE * IE * H, seed_of(l, S_U));
-        hl[l].wd = alloc_w((size_t)NE * H * IE, seed_of(l, S_D));
+        hl[l].eg = alloc_experts((size_t)IE * H, seed_of(l, S_G));
+        hl[l].eu = alloc_experts((size_t)IE * H, seed_of(l, S_U));
+        hl[l].ed = alloc_experts((size_t)H * IE, seed_of(l, S_D));
         hl[l].n1 = alloc_f(H, seed_of(l, S_N1), 1.0f, 0.125f);
         hl[l].n2 = alloc_f(H, seed_of(l, S_N2), 1.0f, 0.125f);
         hl[l].qn = alloc_f(HD_, seed_of(l, S_QN), 1.0f, 0.125f);
         hl[l].kn = alloc_f(HD_, seed_of(l, S_KN), 1.0f, 0.125f);
-        hl[l].kc = alloc_f((size_t)(P + 1) * KR, seed_of(l, S_KC), 0.0f, 1.0f);
-        hl[l].vc = alloc_f((size_t)(P + 1) * KR, seed_of(l, S_VC), 0.0f, 1.0f);
+        float *kv = NULL;
+        CK(cudaMalloc(&kv, (size_t)(P + 1) * 2 * KR * 4));
+        k_fill_kv<<<256, 256>>>(kv, (size_t)(P + 1) * 2 * KR, seed_of(l, S_KC), seed_of(l, S_VC));
+        hl[l].kv = kv;
     }
     if (V) {
         n.wlm = alloc_w((size_t)V * H, seed_of(MAXL, S_LM)), n.emb = alloc_w((size_t)V * H, seed_of(MAXL, S_EMB));
@@ -1313,13 +1358,20 @@ int main(int argc, char **argv) {
     return ok ? 0 : 1;
 }
 #else /* ---- SIMT_EMU: the same kernels on the CPU (simt_emu.h), one token, checked as on the GPU ---- */
-static void fill_w(uint16_t *p, size_t n, uint32_t seed) {
-    for (size_t i = 0; i < n; i++) p[i] = wbits(seed, (uint32_t)i);
+static void fill_w(uint16_t *p, size_t n, uint32_t seed, size_t off = 0) {
+    for (size_t i = 0; i < n; i++) p[i] = wbits(seed, (uint32_t)(off + i));
 }
 static void fill_f(float *p, size_t n, uint32_t seed, float base, float amp) {
     for (size_t i = 0; i < n; i++) p[i] = fval(seed, (uint32_t)i, base, amp);
 }
 template <class T> static T *zal(size_t n) { return (T *)calloc(n ? n : 1, sizeof(T)); }
+/* the NE experts of one part in one slab, in slots out of order, and the table of their pointers (as on the GPU) */
+static const uint16_t *const *emu_experts(size_t sz, uint32_t seed) {
+    uint16_t *slab = zal<uint16_t>(NE * sz);
+    const uint16_t **tab = zal<const uint16_t *>(NE);
+    for (int e = 0; e < NE; e++) fill_w(slab + (size_t)expert_slot(e) * sz, sz, seed, (size_t)e * sz), tab[e] = slab + (size_t)expert_slot(e) * sz;
+    return tab;
+}
 /* one token of L layers through the launch arm (a kernel at a time, every block of it at once) or the persistent
  * kernel (G blocks, one launch), from the initial h; h after it into hout, the chosen experts into ids */
 /* tokens (1 or 2) of L layers; h after the last token's layers into hout, its experts into ids, the tokens into tok */
@@ -1373,18 +1425,21 @@ int main(int argc, char **argv) {
     for (int l = 0; l < L; l++) {
         uint16_t *w;
         float *f;
-        lw[l].wqkv = w = zal<uint16_t>((size_t)QKV * H), fill_w(w, (size_t)QKV * H, seed_of(l, S_QKV));
+        lw[l].wq = w = zal<uint16_t>((size_t)QR * H), fill_w(w, (size_t)QR * H, seed_of(l, S_QKV));
+        lw[l].wk = w = zal<uint16_t>((size_t)KR * H), fill_w(w, (size_t)KR * H, seed_of(l, S_QKV), (size_t)QR * H);
+        lw[l].wv = w = zal<uint16_t>((size_t)KR * H), fill_w(w, (size_t)KR * H, seed_of(l, S_QKV), (size_t)(QR + KR) * H);
         lw[l].wo = w = zal<uint16_t>((size_t)H * QR), fill_w(w, (size_t)H * QR, seed_of(l, S_O));
         lw[l].wr = w = zal<uint16_t>((size_t)NE * H), fill_w(w, (size_t)NE * H, seed_of(l, S_R));
-        lw[l].wg = w = zal<uint16_t>((size_t)NE * IE * H), fill_w(w, (size_t)NE * IE * H, seed_of(l, S_G));
-        lw[l].wu = w = zal<uint16_t>((size_t)NE * IE * H), fill_w(w, (size_t)NE * IE * H, seed_of(l, S_U));
-        lw[l].wd = w = zal<uint16_t>((size_t)NE * H * IE), fill_w(w, (size_t)NE * H * IE, seed_of(l, S_D));
+        lw[l].eg = emu_experts((size_t)IE * H, seed_of(l, S_G));
+        lw[l].eu = emu_experts((size_t)IE * H, seed_of(l, S_U));
+        lw[l].ed = emu_experts((size_t)H * IE, seed_of(l, S_D));
         lw[l].n1 = f = zal<float>(H), fill_f(f, H, seed_of(l, S_N1), 1.0f, 0.125f);
         lw[l].n2 = f = zal<float>(H), fill_f(f, H, seed_of(l, S_N2), 1.0f, 0.125f);
         lw[l].qn = f = zal<float>(HD_), fill_f(f, HD_, seed_of(l, S_QN), 1.0f, 0.125f);
         lw[l].kn = f = zal<float>(HD_), fill_f(f, HD_, seed_of(l, S_KN), 1.0f, 0.125f);
-        lw[l].kc = f = zal<float>((size_t)(P + 1) * KR), fill_f(f, (size_t)(P + 1) * KR, seed_of(l, S_KC), 0.0f, 1.0f);
-        lw[l].vc = f = zal<float>((size_t)(P + 1) * KR), fill_f(f, (size_t)(P + 1) * KR, seed_of(l, S_VC), 0.0f, 1.0f);
+        lw[l].kv = f = zal<float>((size_t)(P + 1) * 2 * KR);
+        for (size_t i = 0; i < (size_t)(P + 1) * 2 * KR; i++) /* [pos][K | V][KR] */
+            f[i] = fval(i % (2 * KR) < KR ? seed_of(l, S_KC) : seed_of(l, S_VC), (uint32_t)(i / (2 * KR) * KR + i % KR), 0.0f, 1.0f);
     }
     static float cs[HD_];
     rope_table(P, cs);
