@@ -101,7 +101,7 @@ UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(UNIT_SRCS:tests/unit/%.c=$(O)/tests/%)
 FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
-.PHONY: all test unit asan hostile-asan deps demo clean fuzz fuzz-objs bench cuda-check layer-bench-emu deltafin
+.PHONY: all test unit asan hostile-asan deps demo clean fuzz fuzz-objs bench cuda-check layer-bench-emu dec-emu-check deltafin
 # the benchmark drivers too: a stale bench binary measures the kernels it was linked with, not the tree's
 all: $(O)/deltafin $(O)/bench/kernel_bench $(O)/bench/verify_bench $(O)/bench/attn_read $(O)/bench/spec_replay
 ifeq ($(O),$(if $(filter 1,$(CUDA)),build-cuda,build))
@@ -143,6 +143,23 @@ layer-bench-emu:
 	$(CXX) -std=c++17 -O2 -DSIMT_EMU -Wall -Wextra -Wno-unknown-pragmas -Wno-unused-function -x c++ -o $(O)/bench/layer_bench_emu bench/cuda/layer_bench.cu -lm
 	./$(O)/bench/layer_bench_emu 1 64 20 36 8000 2 tests/data/layer_bench/golden_l1_p64_v8000_t2.bin
 	@./$(O)/bench/layer_bench_emu 1 64 20 36x 2>&1 | grep -q "must be an integer" || { echo "layer_bench_emu: a malformed argument was not refused"; exit 1; }
+
+# The same persistent decode kernel (bench/cuda/dec_kernel.cuh) on the CPU emulation (bench/cuda/dec_emu.cc), handed
+# the CPU backend's memory of a real checkpoint (tests/tools/make_dec_ckpt.py: Qwen3-MoE safetensors in the kernel's
+# shapes with 32 experts of 256) and checked against the CPU backend's forward, position by position
+# (tests/emu/dec_cpu_parity.c, ~25 s): what an integration into the CUDA backend must compute. Part of `make test`.
+DEC_EMU_FLAGS = -DDEC_NE=32 -DDEC_IE=256
+$(O)/bench/dec_emu.o: bench/cuda/dec_emu.cc bench/cuda/dec_kernel.cuh bench/cuda/dec_layers.h bench/cuda/simt_emu.h
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -DSIMT_EMU $(DEC_EMU_FLAGS) -Wall -Wextra -Werror -Wno-unknown-pragmas -Wno-unused-function -c -o $@ $<
+$(O)/bench/dec_cpu_parity: tests/emu/dec_cpu_parity.c bench/cuda/dec_layers.h $(O)/bench/dec_emu.o $(OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEC_EMU_FLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LDLIBS) -lstdc++
+$(O)/dec_ckpt/config.json: tests/tools/make_dec_ckpt.py
+	python3 tests/tools/make_dec_ckpt.py $(O)/dec_ckpt
+dec-emu-check: $(O)/bench/dec_cpu_parity $(O)/dec_ckpt/config.json
+	./$(O)/bench/dec_cpu_parity $(O)/dec_ckpt
+	@./$(O)/bench/dec_cpu_parity $(O)/dec_ckpt 4x 2>&1 | grep -q "must be an integer" || { echo "dec_cpu_parity: a malformed argument was not refused"; exit 1; }
 
 # bench/cuda: the CUDA backend's speed against floors measured in the same run
 # (HBM read, cuBLAS SGEMM / BF16 GEMM); run on a GPU (tools/cuda_device.sh).
@@ -195,6 +212,7 @@ test: all $(UNIT_BINS)
 	O=$(O) ./tests/run_all.sh
 	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory cuda-check; else echo "cuda-check skipped: $(NVCC) not found"; fi
 	$(MAKE) --no-print-directory layer-bench-emu
+	$(MAKE) --no-print-directory dec-emu-check
 	$(MAKE) --no-print-directory hostile-asan
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 
