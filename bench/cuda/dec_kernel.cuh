@@ -53,6 +53,10 @@ enum { C_H, C_QKV, C_ATT, C_O, C_R, C_GUH0, C_TA0 = C_GUH0 + TOPK, C_TD0 = C_TA0
  * of VRAM-resident experts: slots in no particular order), the norms' f32 vectors, the K/V cache a position's K row
  * then its V row (gqa.c's layout) */
 typedef dec_layer LW; /* dec_layers.h */
+/* routed expert e's part p (0 gate, 1 up, 2 down) of layer table L */
+__device__ __forceinline__ const uint16_t *expert_part(const LW &L, int e, int p) {
+    return *(const uint16_t *const *)(const void *)(L.etab + (size_t)(3 * e + p) * (size_t)L.estride);
+}
 struct Net {
     const LW *lw;
     const float *cs;            /* RoPE cos / sin at position P, HD_ floats */
@@ -599,7 +603,7 @@ template <int M> __device__ void t_guh(const Net &n, int l, int s, int t, float4
     ts_mark(n, s, OP_GUH, TS_READY);
     if (!M) pdl_go(); /* the down launch may start once the logits are final (it routes before its own wait) */
     route(n, s, sh);
-    const uint16_t *Wg = n.lw[l].eg[sh.ids[e]], *Wu = n.lw[l].eu[sh.ids[e]];
+    const uint16_t *Wg = expert_part(n.lw[l], sh.ids[e], 0), *Wu = expert_part(n.lw[l], sh.ids[e], 1);
     auto addr = [&](int k) { return (const uint4 *)((k & 1 ? Wu : Wg) + (size_t)(i0 + w + 8 * (k >> 1)) * H); };
     uint4 b[2 * D][H / 256];
     any_pre<M, H / 256, 2 * D>(n, 2 * npw, addr, b, sm); /* the loads fly while the block normalises */
@@ -621,7 +625,7 @@ template <int M> __device__ void t_down(const Net &n, int l, int s, int t, float
     const int rt = H - r0 < n.dn_R ? H - r0 : n.dn_R, nw = rt > w ? (rt - w + 7) / 8 : 0;
     if (M && sh.s != s) dep_wait<M>(n, CN(n, C_R), (unsigned)(n.r_n * (s + 1))); /* the route first (launch arm: final already) */
     route(n, s, sh);
-    const uint16_t *W = n.lw[l].ed[sh.ids[e]];
+    const uint16_t *W = expert_part(n.lw[l], sh.ids[e], 2);
     auto addr = [&](int k) { return (const uint4 *)(W + (size_t)(r0 + w + 8 * k) * IE); };
     uint4 b[5 * D][IE / 256];
     if (n.pf) any_pre<M, IE / 256, 5 * D>(n, nw, addr, b, sm), rows_l2<IE / 256>(n, M && n.smw ? ring_slots<IE / 256>() : 5 * D, nw, addr);

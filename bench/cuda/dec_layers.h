@@ -23,11 +23,14 @@ enum { H = 2048, NQ = 32, NKV = 4, HD_ = 128, QR = NQ * HD_, KR = NKV * HD_, QKV
 /* A layer's weights and cache as the backend holds them (the kernels read a table of these in device memory: a kernel
  * parameter's arrays indexed by a run-time layer would be copied to local memory): q, k, v, o and the router as their
  * own BF16 tensors (row-major, [out][in]); each routed expert's gate, up and down as its own tensor, found through a
- * table of NE pointers (the backend's device table of VRAM-resident experts: slots in no particular order); the
- * norms' f32 vectors; the K/V cache in f32 rows, a position's K row then its V row (src/model/kinds/gqa.c). */
+ * table of 3 NE entries of estride bytes (expert e's part p, 0 gate, 1 up, 2 down: the pointer stored at etab + (3 e +
+ * p) estride), so that the CUDA backend's own device table of VRAM-resident experts (an array of its weight views,
+ * slots in no particular order) is read in place; the norms' f32 vectors; the K/V cache in f32 rows, a position's K
+ * row then its V row (src/model/kinds/gqa.c). */
 typedef struct {
     const uint16_t *wq, *wk, *wv, *wo, *wr;            /* [QR][H], [KR][H] x2, [H][QR], [NE][H] */
-    const uint16_t *const *eg, *const *eu, *const *ed; /* [NE] -> [IE][H], [IE][H], [H][IE] */
+    const uint8_t *etab;                               /* [NE][3] entries -> [IE][H], [IE][H], [H][IE] */
+    int estride;                                       /* bytes from one entry to the next */
     const float *n1, *n2, *qn, *kn;                    /* input norm [H], post-attention norm [H], q/k norms [HD_] */
     float *kv;                                         /* [positions][K | V][KR] */
 } dec_layer;

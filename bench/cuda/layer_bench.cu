@@ -520,21 +520,24 @@ static uint16_t *alloc_w(size_t n, uint32_t seed, size_t off = 0) {
     k_fill_w<<<1024, 256>>>(p, n, seed, off);
     return p;
 }
-/* the NE experts of one part (gate, up or down; sz weights each) in one slab, expert e in slot expert_slot(e) (not
- * in order, as in the backend's expert cache), and the device table of their pointers */
-static const uint16_t *const *alloc_experts(size_t sz, uint32_t seed) {
-    uint16_t *slab = NULL;
-    CK(cudaMalloc(&slab, NE * sz * 2));
-    const uint16_t *tab[NE];
-    for (int e = 0; e < NE; e++) {
-        uint16_t *p = slab + (size_t)expert_slot(e) * sz;
-        k_fill_w<<<256, 256>>>(p, sz, seed, (size_t)e * sz);
-        tab[e] = p;
+/* layer l's NE experts: each part (gate, up, down) in a slab of its own, expert e in slot expert_slot(e) (not in order,
+ * as in the backend's expert cache), and the device table of their pointers ([NE][3], dec_layers.h) */
+static void alloc_experts(int l, LW *lw) {
+    static const uint16_t *tab[3 * NE];
+    const size_t sz = (size_t)IE * H;
+    for (int p = 0; p < 3; p++) {
+        uint16_t *slab = NULL;
+        CK(cudaMalloc(&slab, NE * sz * 2));
+        for (int e = 0; e < NE; e++) {
+            uint16_t *q = slab + (size_t)expert_slot(e) * sz;
+            k_fill_w<<<256, 256>>>(q, sz, seed_of(l, p == 0 ? S_G : p == 1 ? S_U : S_D), (size_t)e * sz);
+            tab[3 * e + p] = q;
+        }
     }
-    const uint16_t **d = NULL;
+    uint8_t *d = NULL;
     CK(cudaMalloc(&d, sizeof tab));
     CK(cudaMemcpy(d, tab, sizeof tab, cudaMemcpyHostToDevice));
-    return d;
+    lw->etab = d, lw->estride = (int)sizeof tab[0];
 }
 static float *alloc_f(size_t n, uint32_t seed, float base, float amp) {
     float *p = NULL;
@@ -586,9 +589,7 @@ int main(int argc, char **argv) {
         hl[l].wv = alloc_w((size_t)KR * H, seed_of(l, S_QKV), (size_t)(QR + KR) * H);
         hl[l].wo = alloc_w((size_t)H * QR, seed_of(l, S_O));
         hl[l].wr = alloc_w((size_t)NE * H, seed_of(l, S_R));
-        hl[l].eg = alloc_experts((size_t)IE * H, seed_of(l, S_G));
-        hl[l].eu = alloc_experts((size_t)IE * H, seed_of(l, S_U));
-        hl[l].ed = alloc_experts((size_t)H * IE, seed_of(l, S_D));
+        alloc_experts(l, &hl[l]);
         hl[l].n1 = alloc_f(H, seed_of(l, S_N1), 1.0f, 0.125f);
         hl[l].n2 = alloc_f(H, seed_of(l, S_N2), 1.0f, 0.125f);
         hl[l].qn = alloc_f(HD_, seed_of(l, S_QN), 1.0f, 0.125f);
@@ -703,12 +704,18 @@ static void fill_f(float *p, size_t n, uint32_t seed, float base, float amp) {
     for (size_t i = 0; i < n; i++) p[i] = fval(seed, (uint32_t)i, base, amp);
 }
 template <class T> static T *zal(size_t n) { return (T *)calloc(n ? n : 1, sizeof(T)); }
-/* the NE experts of one part in one slab, in slots out of order, and the table of their pointers (as on the GPU) */
-static const uint16_t *const *emu_experts(size_t sz, uint32_t seed) {
-    uint16_t *slab = zal<uint16_t>(NE * sz);
-    const uint16_t **tab = zal<const uint16_t *>(NE);
-    for (int e = 0; e < NE; e++) fill_w(slab + (size_t)expert_slot(e) * sz, sz, seed, (size_t)e * sz), tab[e] = slab + (size_t)expert_slot(e) * sz;
-    return tab;
+/* layer l's NE experts, each part in a slab in slots out of order, and the table of their pointers (as on the GPU) */
+static void emu_experts(int l, LW *lw) {
+    const size_t sz = (size_t)IE * H;
+    const uint16_t **tab = zal<const uint16_t *>(3 * NE);
+    for (int p = 0; p < 3; p++) {
+        uint16_t *slab = zal<uint16_t>(NE * sz);
+        for (int e = 0; e < NE; e++) {
+            uint16_t *q = slab + (size_t)expert_slot(e) * sz;
+            fill_w(q, sz, seed_of(l, p == 0 ? S_G : p == 1 ? S_U : S_D), (size_t)e * sz), tab[3 * e + p] = q;
+        }
+    }
+    lw->etab = (const uint8_t *)tab, lw->estride = (int)sizeof tab[0];
 }
 /* one token of L layers through the launch arm (a kernel at a time, every block of it at once) or the persistent
  * kernel (G blocks, one launch), from the initial h; h after it into hout, the chosen experts into ids */
@@ -769,9 +776,7 @@ int main(int argc, char **argv) {
         lw[l].wv = w = zal<uint16_t>((size_t)KR * H), fill_w(w, (size_t)KR * H, seed_of(l, S_QKV), (size_t)(QR + KR) * H);
         lw[l].wo = w = zal<uint16_t>((size_t)H * QR), fill_w(w, (size_t)H * QR, seed_of(l, S_O));
         lw[l].wr = w = zal<uint16_t>((size_t)NE * H), fill_w(w, (size_t)NE * H, seed_of(l, S_R));
-        lw[l].eg = emu_experts((size_t)IE * H, seed_of(l, S_G));
-        lw[l].eu = emu_experts((size_t)IE * H, seed_of(l, S_U));
-        lw[l].ed = emu_experts((size_t)H * IE, seed_of(l, S_D));
+        emu_experts(l, &lw[l]);
         lw[l].n1 = f = zal<float>(H), fill_f(f, H, seed_of(l, S_N1), 1.0f, 0.125f);
         lw[l].n2 = f = zal<float>(H), fill_f(f, H, seed_of(l, S_N2), 1.0f, 0.125f);
         lw[l].qn = f = zal<float>(HD_), fill_f(f, HD_, seed_of(l, S_QN), 1.0f, 0.125f);

@@ -132,13 +132,13 @@ int main(int argc, char **argv) {
         d->wq = (const uint16_t *)(const void *)L->w.wq.data, d->wk = (const uint16_t *)(const void *)L->w.wk.data;
         d->wv = (const uint16_t *)(const void *)L->w.wv.data, d->wo = (const uint16_t *)(const void *)L->w.wo.data;
         d->wr = (const uint16_t *)(const void *)L->w.router.data;
-        const uint16_t **eg = etab + (size_t)l * 3 * NE, **eu = eg + NE, **ed = eu + NE;
+        const uint16_t **et = etab + (size_t)l * 3 * NE;
         for (int e = 0; e < NE; e++) {
-            eg[e] = (const uint16_t *)(const void *)L->experts[e].gate.data;
-            eu[e] = (const uint16_t *)(const void *)L->experts[e].up.data;
-            ed[e] = (const uint16_t *)(const void *)L->experts[e].down.data;
+            et[3 * e] = (const uint16_t *)(const void *)L->experts[e].gate.data;
+            et[3 * e + 1] = (const uint16_t *)(const void *)L->experts[e].up.data;
+            et[3 * e + 2] = (const uint16_t *)(const void *)L->experts[e].down.data;
         }
-        d->eg = eg, d->eu = eu, d->ed = ed;
+        d->etab = (const uint8_t *)(const void *)et, d->estride = (int)sizeof *et;
         d->n1 = L->attn_norm, d->n2 = L->ffn_norm, d->qn = L->q_norm, d->kn = L->k_norm;
         d->kv = (float *)(void *)s.ls[l].cache; /* the CPU backend's memory is the host's */
     }
