@@ -130,7 +130,7 @@ cuda-check:
 	@$(MAKE) --no-print-directory CUDA=1 O=build-cuda build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda
 	./build-cuda/tests/test_backend_cuda
 	@mkdir -p build-cuda/bench
-	$(NVCC) -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/layer_bench bench/cuda/layer_bench.cu
+	$(NVCC) -O2 -std=c++17 -arch=sm_90 -Isrc -o build-cuda/bench/layer_bench bench/cuda/layer_bench.cu
 
 # bench/cuda/layer_bench.cu's kernels run on the CPU (bench/cuda/simt_emu.h: every GPU thread a fiber): two tokens of
 # one layer and an 8000-id lm_head through the launch arm and four persistent arms (registers, no per-expert waits,
@@ -140,19 +140,19 @@ cuda-check:
 # Part of `make test`.
 layer-bench-emu:
 	@mkdir -p $(O)/bench
-	$(CXX) -std=c++17 -O2 -DSIMT_EMU -Wall -Wextra -Wno-unknown-pragmas -Wno-unused-function -x c++ -o $(O)/bench/layer_bench_emu bench/cuda/layer_bench.cu -lm
+	$(CXX) -std=c++17 -O2 -DSIMT_EMU -Wall -Wextra -Wno-unknown-pragmas -Wno-unused-function -Isrc -Ibench/cuda -x c++ -o $(O)/bench/layer_bench_emu bench/cuda/layer_bench.cu -lm
 	./$(O)/bench/layer_bench_emu 1 64 20 36 8000 2 tests/data/layer_bench/golden_l1_p64_v8000_t2.bin
 	@./$(O)/bench/layer_bench_emu 1 64 20 36x 2>&1 | grep -q "must be an integer" || { echo "layer_bench_emu: a malformed argument was not refused"; exit 1; }
 
-# The same persistent decode kernel (bench/cuda/dec_kernel.cuh) on the CPU emulation (bench/cuda/dec_emu.cc), handed
+# The same persistent decode kernel (src/backend/cuda/dec_kernel.cuh) on the CPU emulation (bench/cuda/dec_emu.cc), handed
 # the CPU backend's memory of a real checkpoint (tests/tools/make_dec_ckpt.py: Qwen3-MoE safetensors in the kernel's
 # shapes with 32 experts of 256) and checked against the CPU backend's forward, position by position
 # (tests/emu/dec_cpu_parity.c, ~25 s): what an integration into the CUDA backend must compute. Part of `make test`.
 DEC_EMU_FLAGS = -DDEC_NE=32 -DDEC_IE=256
-$(O)/bench/dec_emu.o: bench/cuda/dec_emu.cc bench/cuda/dec_kernel.cuh bench/cuda/dec_layers.h bench/cuda/simt_emu.h
+$(O)/bench/dec_emu.o: bench/cuda/dec_emu.cc src/backend/cuda/dec_kernel.cuh src/backend/cuda/dec_layers.h bench/cuda/simt_emu.h
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++17 -O2 -DSIMT_EMU $(DEC_EMU_FLAGS) -Wall -Wextra -Werror -Wno-unknown-pragmas -Wno-unused-function -c -o $@ $<
-$(O)/bench/dec_cpu_parity: tests/emu/dec_cpu_parity.c bench/cuda/dec_layers.h $(O)/bench/dec_emu.o $(OBJS)
+	$(CXX) -std=c++17 -O2 -DSIMT_EMU $(DEC_EMU_FLAGS) -Wall -Wextra -Werror -Wno-unknown-pragmas -Wno-unused-function -Isrc -Ibench/cuda -c -o $@ $<
+$(O)/bench/dec_cpu_parity: tests/emu/dec_cpu_parity.c src/backend/cuda/dec_layers.h $(O)/bench/dec_emu.o $(OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEC_EMU_FLAGS) $(LDFLAGS) -o $@ $(filter-out %.h,$^) $(LDLIBS) -lstdc++
 $(O)/dec_ckpt/config.json: tests/tools/make_dec_ckpt.py

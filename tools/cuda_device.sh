@@ -27,10 +27,10 @@ mkdir -p build-cuda/bench
 [ build-cuda/bench/fp8_gemv -nt bench/cuda/fp8_gemv.cu ] && [ build-cuda/bench/fp8_gemv -nt bench/cuda/fp8_bench.cuh ] || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/fp8_gemv bench/cuda/fp8_gemv.cu
 [ build-cuda/bench/moe_down_bench -nt bench/cuda/moe_down_bench.cu ] && [ build-cuda/bench/moe_down_bench -nt bench/cuda/fp8_bench.cuh ] || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/moe_down_bench bench/cuda/moe_down_bench.cu
 # layer_bench and its builds: rebuilt when any of their sources is newer
-lb_fresh() { for f in bench/cuda/layer_bench.cu bench/cuda/dec_kernel.cuh bench/cuda/dec_layers.h bench/cuda/read_floor.cuh; do [ "$1" -nt "$f" ] || return 1; done; }
-lb_fresh build-cuda/bench/layer_bench || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -o build-cuda/bench/layer_bench bench/cuda/layer_bench.cu
-lb_fresh build-cuda/bench/layer_bench_d2 || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -DPDEPTH=2 -o build-cuda/bench/layer_bench_d2 bench/cuda/layer_bench.cu
-lb_fresh build-cuda/bench/layer_bench_b2 || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -DPBLOCKS=2 -o build-cuda/bench/layer_bench_b2 bench/cuda/layer_bench.cu
+lb_fresh() { for f in bench/cuda/layer_bench.cu src/backend/cuda/dec_kernel.cuh src/backend/cuda/dec_layers.h bench/cuda/read_floor.cuh; do [ "$1" -nt "$f" ] || return 1; done; }
+lb_fresh build-cuda/bench/layer_bench || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -Isrc -o build-cuda/bench/layer_bench bench/cuda/layer_bench.cu
+lb_fresh build-cuda/bench/layer_bench_d2 || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -DPDEPTH=2 -Isrc -o build-cuda/bench/layer_bench_d2 bench/cuda/layer_bench.cu
+lb_fresh build-cuda/bench/layer_bench_b2 || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -DPBLOCKS=2 -Isrc -o build-cuda/bench/layer_bench_b2 bench/cuda/layer_bench.cu
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/lib"
 cp build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda build-cuda/tests/test_core_verify build-cuda/bench/cuda_bench build-cuda/bench/h2d_bw build-cuda/bench/chain_bench build-cuda/bench/fp8_gemv build-cuda/bench/moe_down_bench build-cuda/bench/layer_bench build-cuda/bench/layer_bench_d2 build-cuda/bench/layer_bench_b2 "$STAGE/bin/"

@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dec_kernel.cuh"
+#include "backend/cuda/dec_kernel.cuh"
+using namespace dec;
 
 template <class T> static T *zalloc(size_t n) { return (T *)calloc(n ? n : 1, sizeof(T)); }
 

@@ -73,7 +73,8 @@
 #define HD
 #endif
 
-#include "dec_layers.h" /* the shapes (Qwen3-30B-A3B's) and the layer table */
+#include "backend/cuda/dec_layers.h" /* the shapes (Qwen3-30B-A3B's) and the layer table (build with -Isrc) */
+using namespace dec;
 enum { MAXL = 8 };
 #define EPS 1e-6f
 
@@ -286,7 +287,7 @@ int main(int argc, char **argv) { /* the reference alone, for a look at it witho
 #else
 /* ======================================== the device side ======================================================= */
 #include <vector>
-#include "dec_kernel.cuh" /* the kernels: a kernel an op and the persistent one */
+#include "backend/cuda/dec_kernel.cuh" /* the kernels: a kernel an op and the persistent one */
 #ifdef __CUDACC__
 #include "read_floor.cuh"
 #endif

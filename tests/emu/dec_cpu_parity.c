@@ -16,7 +16,7 @@
  * Usage: dec_cpu_parity CHECKPOINT_DIR [prompt positions (40)] [decode positions (3)]. Exit 0: every check passed. */
 #include "backend/backend.h"
 #include "model/model.h"
-#include "../../bench/cuda/dec_layers.h"
+#include "backend/cuda/dec_layers.h"
 
 #include <math.h>
 #include <stdio.h>

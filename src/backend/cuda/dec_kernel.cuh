@@ -1,7 +1,7 @@
 /* dec_kernel.cuh - the decode step of a run of Qwen3-MoE-kind layers as tasks of one persistent kernel (issue 13, the
- * 70% goal): the kernel bench/cuda/layer_bench.cu measures, on the GPU (nvcc) or on the CPU (g++ -DSIMT_EMU with
- * simt_emu.h: every GPU thread a fiber), and the one the CUDA backend would run if it wins (docs/PERFORMANCE.md, round
- * 27). The shapes are dec_layers.h's; the layers' weights and caches come in as dec_layer tables (the backend's own
+ * 70% goal): the kernel bench/cuda/layer_bench.cu measures, on the GPU (nvcc) or on the CPU (g++ -DSIMT_EMU
+ * -Ibench/cuda with simt_emu.h: every GPU thread a fiber), and the one the CUDA backend's decode_layers op runs
+ * (cuda_dec.cu; opt-in while unmeasured: docs/PERFORMANCE.md, round 27). Everything is in namespace dec. The shapes are dec_layers.h's; the layers' weights and caches come in as dec_layer tables (the backend's own
  * layout, so tests/emu/dec_cpu_parity.c can hand it the CPU backend's memory of a real checkpoint).
  *
  * A step (one layer of one token) is cut into tasks, op by op, the same for every way of running them:
@@ -38,6 +38,7 @@
 #define PTX(cuda, emu) emu
 #endif
 
+namespace dec {
 #define TH 256 /* threads a block, 8 warps */
 static_assert(H == 8 * TH && NQ == 8 * NKV && HD_ == 128, "the kernel's code: one 8-value step of h a thread, a warp a q head of a KV head");
 static_assert(NE % 32 == 0 && NE <= 1024 && IE % 256 == 0 && IE <= 4096 && TOPK <= 32, "experts: a lane's NE / 32 logits, IE / 256 steps a row");
@@ -708,4 +709,5 @@ static void decompose(Net &n, int G) {
     n.lm_R = n.V ? (n.V + G - 1) / G : 1, n.lm_n = n.V ? (n.V + n.lm_R - 1) / n.lm_R : 0;
 }
 
+} /* namespace dec */
 #endif

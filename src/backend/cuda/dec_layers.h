@@ -1,6 +1,6 @@
 /* dec_layers.h - the shapes and the layer table of the persistent decode kernel (dec_kernel.cuh), in C as well as
- * C++: what bench/cuda/layer_bench.cu, the CPU-emulated runner bench/cuda/dec_emu.cc and the check against the CPU
- * backend (tests/emu/dec_cpu_parity.c) share.
+ * C++: what the CUDA backend's decode_layers op (cuda_dec.cu), bench/cuda/layer_bench.cu, the CPU-emulated runner
+ * bench/cuda/dec_emu.cc and the check against the CPU backend (tests/emu/dec_cpu_parity.c) share.
  *
  * The layer: Qwen3-MoE's decoder layer (transformers' Qwen3MoeDecoderLayer) at one position: RMSNorm, q/k/v, per-head
  * q/k RMSNorm, rotate-half RoPE, GQA attention over the cache, o; RMSNorm, softmax router, top TOPK renormalised,
@@ -18,7 +18,13 @@
 #ifndef DEC_IE
 #define DEC_IE 768
 #endif
+#ifdef __cplusplus
+namespace dec { /* (the names are short: kept out of the CUDA backend's own) */
+#endif
 enum { H = 2048, NQ = 32, NKV = 4, HD_ = 128, QR = NQ * HD_, KR = NKV * HD_, QKV = QR + 2 * KR, NE = DEC_NE, TOPK = 8, IE = DEC_IE, CH = 32 };
+#ifdef __cplusplus
+}
+#endif
 
 /* A layer's weights and cache as the backend holds them (the kernels read a table of these in device memory: a kernel
  * parameter's arrays indexed by a run-time layer would be copied to local memory): q, k, v, o and the router as their
