@@ -15,17 +15,18 @@ extern "C" int dec_emu_run(const dec_run_args *a) {
     Net n;
     memset(&n, 0, sizeof n);
     n.lw = a->layers, n.cs = a->cs, n.eps = a->eps, n.scale = a->scale, n.h = a->h;
-    n.L = a->n_layers, n.P = a->pos, n.nch = (a->pos + 1 + CH - 1) / CH, n.V = 0, n.dbg_n = a->n_layers;
+    /* the persistent kernel gets the position as its argument only (Net's P left 0), as the CUDA backend calls it */
+    n.L = a->n_layers, n.P = a->persistent ? 0 : a->pos, n.nch = (a->pos + CH) / CH, n.V = 0, n.dbg_n = a->n_layers;
     n.pf = 1, n.pexp = 1, n.nodep = 0, n.l2pf = 0, n.smw = a->persistent == 2;
     n.qkv = zalloc<float>(QKV), n.part = zalloc<float>((size_t)NKV * n.nch * 8 * KS), n.att = zalloc<float>(QR), n.lg = zalloc<float>(NE);
     n.act = zalloc<float>((size_t)TOPK * IE), n.dy = zalloc<float>((size_t)TOPK * H), n.ids_dbg = zalloc<int>((size_t)a->n_layers * TOPK);
     n.cnt = zalloc<unsigned>((size_t)C_N * 32), n.ts = zalloc<unsigned long long>((size_t)a->n_layers * NOPX * 4);
     decompose(n, a->blocks);
-    if (a->persistent) emu_launch(dim3((unsigned)a->blocks), dim3(TH), PSMEM_BYTES, [&] { k_persist(&n, 0, n.L); });
+    if (a->persistent) emu_launch(dim3((unsigned)a->blocks), dim3(TH), PSMEM_BYTES, [&] { k_persist(&n, 0, n.L, a->pos); });
     else
         for (int s = 0; s < n.L; s++)
             for (int op = 0; op < NOP; op++) {
-                const dim3 g((unsigned)op_tasks(n, op));
+                const dim3 g((unsigned)op_tasks(n, op, n.nch));
                 switch (op) {
                 case OP_QKV: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_QKV, 2>(n, s); }); break;
                 case OP_ATTN: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_ATTN, 2>(n, s); }); break;

@@ -384,7 +384,7 @@ static void queue_launch_token(const Net &n, int s0, cudaStream_t st) {
     for (int s = s0; s < s0 + n.L; s++)
         for (int op = 0; op < (n.V && s % n.L == n.L - 1 ? NOPX : NOP); op++) {
             cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3((unsigned)op_tasks(n, op)), cfg.blockDim = dim3(TH), cfg.dynamicSmemBytes = SMEM_BYTES, cfg.stream = st;
+            cfg.gridDim = dim3((unsigned)op_tasks(n, op, n.nch)), cfg.blockDim = dim3(TH), cfg.dynamicSmemBytes = SMEM_BYTES, cfg.stream = st;
             cudaLaunchAttribute at[1];
             at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
             at[0].val.programmaticStreamSerializationAllowed = 1;
@@ -397,7 +397,8 @@ static void queue_launch_token(const Net &n, int s0, cudaStream_t st) {
 static Net *g_dnet; /* the device copy k_persist reads */
 static void launch_persist(const Net &n, int s0, int ns, cudaStream_t st) {
     int a = s0, b = ns;
-    void *args[] = {(void *)&g_dnet, &a, &b};
+    int p = -1; /* (Net's P) */
+    void *args[] = {(void *)&g_dnet, &a, &b, &p};
     CK(cudaLaunchCooperativeKernel((const void *)k_persist, dim3((unsigned)n.G), dim3(TH), args, PSMEM_BYTES, st));
 }
 static unsigned err_flag(const Net &n) {
@@ -728,11 +729,11 @@ static void emu_token(Net n, int tokens, int persistent, int G, int pexp, int pf
     memset(n.cnt, 0, (size_t)C_N * 32 * sizeof(unsigned));
     memset(n.ids_dbg, 0xff, (size_t)MAXL * TOPK * sizeof(int));
     n.dbg_n = tokens * n.L;
-    if (persistent) emu_launch(dim3((unsigned)G), dim3(TH), PSMEM_BYTES, [&] { k_persist(&n, 0, tokens * n.L); });
+    if (persistent) emu_launch(dim3((unsigned)G), dim3(TH), PSMEM_BYTES, [&] { k_persist(&n, 0, tokens * n.L, -1); });
     else
         for (int s = 0; s < tokens * n.L; s++)
             for (int op = 0; op < (n.V && s % n.L == n.L - 1 ? NOPX : NOP); op++) {
-                const dim3 g((unsigned)op_tasks(n, op));
+                const dim3 g((unsigned)op_tasks(n, op, n.nch));
                 switch (op) {
                 case OP_QKV: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_QKV, 2>(n, s); }); break;
                 case OP_ATTN: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_ATTN, 2>(n, s); }); break;

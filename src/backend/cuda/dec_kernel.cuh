@@ -84,6 +84,7 @@ struct Sh {
     int redi[8];
     unsigned last;
     int tok;
+    int P, nch; /* the position (the cached rows before it) and its attention chunks: the kernel's argument or Net's */
 };
 
 __device__ __forceinline__ void pdl_go(void) { PTX(asm volatile("griddepcontrol.launch_dependents;" ::: "memory"), ); }
@@ -475,7 +476,7 @@ __device__ __forceinline__ void head_norm_rope(const float *src, const float *g,
 template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
     __syncthreads();
     ts_mark(n, s, OP_ATTN, TS_BEGIN);
-    const int g = t / n.nch, c = t % n.nch, w = threadIdx.x >> 5, lane = threadIdx.x & 31, P = n.P;
+    const int nch = sh.nch, g = t / nch, c = t % nch, w = threadIdx.x >> 5, lane = threadIdx.x & 31, P = sh.P;
     const int p0 = c * CH, np = P + 1 - p0 < CH ? P + 1 - p0 : CH, ncache = P - p0 < np ? P - p0 : np;
     float *Ks = (float *)sm, *Vs = Ks + CH * KS, *Qs = Vs + CH * KS, *Tq = Qs + 8 * HD_, *Tk = Tq + 8 * HD_;
     float *kv = n.lw[l].kv;
@@ -522,17 +523,17 @@ template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float
             const float4 v = ((const float4 *)(Vs + j * KS))[lane];
             o.x = fmaf(pj, v.x, o.x), o.y = fmaf(pj, v.y, o.y), o.z = fmaf(pj, v.z, o.z), o.w = fmaf(pj, v.w, o.w);
         }
-        float *pt = n.part + ((size_t)(g * n.nch + c) * 8 + w) * KS;
+        float *pt = n.part + ((size_t)(g * nch + c) * 8 + w) * KS;
         if (!lane) pt[0] = mx, pt[1] = ls;
         ((float4 *)(pt + 4))[lane] = o;
     }
-    if (ticket_last(CN(n, C_TA0 + g), (unsigned)n.nch, sh)) { /* the last part of KV head g: combine its 8 heads */
+    if (ticket_last(CN(n, C_TA0 + g), (unsigned)nch, sh)) { /* the last part of KV head g: combine its 8 heads */
         float m = -INFINITY;
-        for (int cc = 0; cc < n.nch; cc++) m = fmaxf(m, __ldcg(n.part + ((size_t)(g * n.nch + cc) * 8 + w) * KS));
+        for (int cc = 0; cc < nch; cc++) m = fmaxf(m, __ldcg(n.part + ((size_t)(g * nch + cc) * 8 + w) * KS));
         float L = 0.0f;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int cc = 0; cc < n.nch; cc++) {
-            const float *pt = n.part + ((size_t)(g * n.nch + cc) * 8 + w) * KS;
+        for (int cc = 0; cc < nch; cc++) {
+            const float *pt = n.part + ((size_t)(g * nch + cc) * 8 + w) * KS;
             const float f = expf(__ldcg(pt) - m);
             const float4 v = __ldcg((const float4 *)(pt + 4) + lane);
             L = fmaf(__ldcg(pt + 1), f, L);
@@ -661,27 +662,31 @@ template <int M> __device__ __forceinline__ void run_op(int op, const Net &n, in
     default: t_lm<M>(n, s, t, sm, sh); break;
     }
 }
-static __host__ __device__ int op_tasks(const Net &n, int op) {
-    return op == OP_QKV ? n.qkv_n : op == OP_ATTN ? NKV * n.nch : op == OP_O ? n.o_n : op == OP_R ? n.r_n : op == OP_GUH ? TOPK * n.guh_tpe
+/* the tasks of op (nch: the attention's chunks of the position) */
+static __host__ __device__ int op_tasks(const Net &n, int op, int nch) {
+    return op == OP_QKV ? n.qkv_n : op == OP_ATTN ? NKV * nch : op == OP_O ? n.o_n : op == OP_R ? n.r_n : op == OP_GUH ? TOPK * n.guh_tpe
          : op == OP_DN ? TOPK * n.dn_tpe : n.lm_n;
 }
 #define SMEM_BYTES ((2 * CH * KS + 17 * HD_) * 4) /* the attention's: a chunk's k and v rows, 8 q heads twice, k scratch */
 #define PSMEM_BYTES (PLANES_BYTES + RING_BYTES)   /* the persistent kernel's: the planes, then the ring (over the attention's) */
 static_assert(PSMEM_BYTES >= SMEM_BYTES, "the persistent kernel's shared memory holds the attention's");
 
-/* the persistent arm: steps s0 .. s0 + ns - 1 (step s = layer s % L of token s / L), every op's tasks in op order */
-__global__ void __launch_bounds__(TH, PBLOCKS) k_persist(const Net *np, int s0, int ns) {
+/* the persistent arm: steps s0 .. s0 + ns - 1 (step s = layer s % L of token s / L), every op's tasks in op order, at
+ * position pos (< 0: Net's P; the backend passes the step's position here, so that Net stays in device memory as it is
+ * from one step to the next) */
+__global__ void __launch_bounds__(TH, PBLOCKS) k_persist(const Net *np, int s0, int ns, int pos) {
     /* the parameters read from global memory (not a kernel parameter): the compiler may not hoist every op's fields out
      * of the loops into registers for the whole kernel (it did: 2.4 KB of spills) */
     const Net &n = *np;
     DYN_SMEM(float4, sm);
     BLOCK_STATIC(Sh, sh);
-    if (!threadIdx.x) sh.s = -1;
+    const int P = pos >= 0 ? pos : n.P, nch = (P + CH) / CH;
+    if (!threadIdx.x) sh.s = -1, sh.P = P, sh.nch = nch; /* (read after the first task's barrier) */
     for (int s = s0; s < s0 + ns; s++) {
         const int l = s % n.L;
 #pragma unroll 1
         for (int op = 0; op < (n.V && l == n.L - 1 ? NOPX : NOP); op++) {
-            const int nt = op_tasks(n, op);
+            const int nt = op_tasks(n, op, nch);
             for (int t = blockIdx.x; t < nt; t += gridDim.x) run_op<1>(op, n, l, s, t, sm, sh);
         }
     }
@@ -691,7 +696,7 @@ __global__ void __launch_bounds__(TH, PBLOCKS) k_persist(const Net *np, int s0, 
 template <int OP, int B> __global__ void __launch_bounds__(TH, B) k_op(const __grid_constant__ Net n, int s) {
     DYN_SMEM(float4, sm);
     BLOCK_STATIC(Sh, sh);
-    if (!threadIdx.x) sh.s = -1;
+    if (!threadIdx.x) sh.s = -1, sh.P = n.P, sh.nch = n.nch;
     if (OP != OP_GUH) pdl_go();
     run_op<0>(OP, n, s % n.L, s, blockIdx.x, sm, sh);
 }
