@@ -50,6 +50,25 @@ def test_golden_logits(dfbin, name, tmp_path):
     assert (got.argmax(1) == ref.argmax(1)).all(), "argmax differs from transformers"
 
 
+@pytest.mark.parametrize("name", ["qwen3-moe-bf16", "llama-bf16", "deepseek-v3-fp8", "kimi-linear-tiny", "kimi-k3-tiny"])
+def test_eval_decode_from(dfbin, name, tmp_path):
+    """--decode-from K: the first K ids in one pass, then one-token decode steps; every row still matches transformers'
+    teacher-forced logits (the decode path's kernels, compared position by position)."""
+    g = golden(name)
+    n, V = len(g["ids"]), g["vocab_size"]
+    ref = np.fromfile(MODELS / name / g["logits"], dtype="<f4").reshape(n, V)
+    out = tmp_path / "dec.f32"
+    p = run([dfbin, "eval", "--model", str(MODELS / name), "--ids", ",".join(map(str, g["ids"])), "--decode-from", "5", "--dump-logits", str(out)])
+    got = np.fromfile(out, dtype="<f4").reshape(n, V)
+    rel = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    assert rel.max() <= 1e-3, f"per-position relative L2 error {rel.max():.3g} at position {rel.argmax()}"
+    assert (got.argmax(1) == ref.argmax(1)).all()
+    assert [int(x) for x in p.stdout.split()] == got.argmax(1).tolist()
+    for bad in ("0", str(n + 1), "2x"):
+        p = run([dfbin, "eval", "--model", str(MODELS / name), "--ids", "1,2", "--decode-from", bad, "--dump-logits", os.devnull], check=False)
+        assert p.returncode == 2 and "--decode-from" in p.stderr, (bad, p.stderr)
+
+
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_greedy_continuation(dfbin, name):
     g = golden(name)
