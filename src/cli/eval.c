@@ -11,8 +11,8 @@
 
 static const char *usage =
     "usage: deltafin eval [--model M] --ids 1,2,3 --dump-logits FILE [--dump-mtp-logits FILE] [--decode-from K] [--threads N] [--ram SIZE]\n"
-    "                     [--expert-cache SIZE]\n"
-    "                     [--trace FILE] [--prefetch auto|always|never] [--mmap] [--backend cpu|cuda|auto] [--gpu-memory SIZE]\n"
+    "                     [--expert-cache SIZE] [--trace FILE] [--prefetch auto|always|never] [--mmap] [--backend cpu|cuda|auto]\n"
+    "                     [--gpu-memory SIZE]\n"
     "  M: checkpoint directory, store, GGUF file or installed name (default " DF_DEFAULT_MODEL ").\n"
     "  One teacher-forced pass over the ids; FILE gets float32 little-endian logits for every\n"
     "  position, row-major [n_ids x vocab_size]. Prints the argmax of each position to stdout.\n"
