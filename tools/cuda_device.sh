@@ -35,7 +35,7 @@ rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/lib"
 cp build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda build-cuda/tests/test_core_verify build-cuda/bench/cuda_bench build-cuda/bench/h2d_bw build-cuda/bench/chain_bench build-cuda/bench/fp8_gemv build-cuda/bench/moe_down_bench build-cuda/bench/layer_bench build-cuda/bench/layer_bench_d2 build-cuda/bench/layer_bench_b2 "$STAGE/bin/"
 strip --strip-debug "$STAGE"/bin/*
-cp bench/cuda/device_run.sh bench/cuda/e2e_pct.py bench/cuda/make_moe.py bench/cuda/tier_bench.sh bench/cuda/mtp_diag.sh bench/cuda/f8_diag.sh bench/cuda/ncu_sect.sh bench/cuda/ncu_sum.py bench/cuda/r17_ab.sh bench/cuda/sass_audit.py tests/tools/cuda_e2e.py tests/tools/cuda_tiers.py tests/data/layer_bench/golden_l4_p640_v8000_t1.bin "$STAGE/"
+cp bench/cuda/device_run.sh bench/cuda/logits_cmp.py bench/cuda/e2e_pct.py bench/cuda/make_moe.py bench/cuda/tier_bench.sh bench/cuda/mtp_diag.sh bench/cuda/f8_diag.sh bench/cuda/ncu_sect.sh bench/cuda/ncu_sum.py bench/cuda/r17_ab.sh bench/cuda/sass_audit.py tests/tools/cuda_e2e.py tests/tools/cuda_tiers.py tests/data/layer_bench/golden_l4_p640_v8000_t1.bin "$STAGE/"
 # the libraries the binaries load, minus those every Linux (and the CUDA image) has
 for b in "$STAGE"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | while read -r so; do
     case "$(basename "$so")" in

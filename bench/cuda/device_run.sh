@@ -24,7 +24,7 @@
 #         host->VRAM per second of decode against the H2D floor;
 #   6. with TIER_BENCH=1: the older tier benchmark (tier_bench.sh, all budgets).
 # Logs go to $OUT/logs.tgz; a summary to stdout. Exit status: the number of failed steps.
-# Steps: STEPS="isa chain layer unit conf e2e mtp tiers bench moe dsv3 fp8mv mdown r17 sass" (default all but isa, chain, layer, mtp, dsv3, fp8mv, mdown, r17 and sass; chain: bench/cuda/chain_bench.cu; layer: bench/cuda/layer_bench.cu (a synthetic Qwen3-shape decode layer as launches and as one persistent kernel, LAYER_ARGS="tokens layers positions vocabulary", default "256 4 640 8000" with the first token checked against transformers (tests/data/layer_bench/golden_l4_p640_v8000_t1.bin), then 2048 positions, Qwen3's 151,936-id vocabulary, the PDEPTH=2 and PBLOCKS=2 builds); r17: bench/cuda/r17_ab.sh (R17_QUICK, R17_DIAG, R17_LENS, R17_REPS pass through); sass: cuobjdump of the MoE down launch reading h (H 0, 1, 2) into $OUT/sass_h*.txt and sass_audit.py over every kernel; fp8mv: bench/cuda/fp8_gemv.cu; mdown: bench/cuda/moe_down_bench.cu; isa: the CPU's AVX-512 flags and the CPU
+# Steps: STEPS="isa chain layer persist unit conf e2e mtp tiers bench moe dsv3 fp8mv mdown r17 sass" (default all but isa, chain, layer, persist, mtp, dsv3, fp8mv, mdown, r17 and sass; persist: the persistent decode kernel in the engine (DELTAFIN_CUDA_PERSIST=1) on the synthetic Qwen3-shape model: its decode logits against the CPU backend's and the op-by-op path's (eval --decode-from 16, logits_cmp.py), then 2 x 2 alternated runs of 128 tokens after a 512-token prompt with e2e_pct's share of the HBM floor; chain: bench/cuda/chain_bench.cu; layer: bench/cuda/layer_bench.cu (a synthetic Qwen3-shape decode layer as launches and as one persistent kernel, LAYER_ARGS="tokens layers positions vocabulary", default "256 4 640 8000" with the first token checked against transformers (tests/data/layer_bench/golden_l4_p640_v8000_t1.bin), then 2048 positions, Qwen3's 151,936-id vocabulary, the PDEPTH=2 and PBLOCKS=2 builds); r17: bench/cuda/r17_ab.sh (R17_QUICK, R17_DIAG, R17_LENS, R17_REPS pass through); sass: cuobjdump of the MoE down launch reading h (H 0, 1, 2) into $OUT/sass_h*.txt and sass_audit.py over every kernel; fp8mv: bench/cuda/fp8_gemv.cu; mdown: bench/cuda/moe_down_bench.cu; isa: the CPU's AVX-512 flags and the CPU
 # backend's conformance under DELTAFIN_ISA=avx512 and avx2; mtp: tests/py/test_spec_mtp.py -k transformers,
 # the CPU backend against transformers' modules). CONF_MASKS / E2E_MASKS="3950": conformance / model parity again under each
 # DELTAFIN_CUDA_LEAN mask. MOE_SET=r11: resident decode with the masks of R11_AB (default "15214 31598 64366": the default, + bit
@@ -193,6 +193,33 @@ fi
 if has tiers; then
     step "tiers (cuda_tiers.py)" 240 tiers.log python3 "$S/cuda_tiers.py" "$BIN" tests/data/models/qwen3-moe-bf16 tests/data/models/deepseek-v3-bf16
     tail -12 "$OUT/tiers.log"
+fi
+if has persist; then # the persistent decode kernel in the engine (DELTAFIN_CUDA_PERSIST=1, cuda_dec.cu): its decode logits against
+    # the CPU backend's and the op-by-op path's (eval --decode-from), then its speed against the op-by-op path, alternated
+    W=${WORK:-/tmp/moebench}
+    M=$W/moe${MOE_LAYERS:-4}
+    mkdir -p "$W"
+    [ -f "$M/model.safetensors" ] || step "synthetic Qwen3-30B-A3B-shape MoE written" 240 moe_gen.log python3 "$S/make_moe.py" "$M" --layers "${MOE_LAYERS:-4}"
+    [ -f "$OUT/floor.log" ] || step "HBM floor (cuda_bench --floor)" 60 floor.log "$S/bin/cuda_bench" --floor
+    [ -f "$OUT/h2d.log" ] || step "pinned H2D floor (h2d_bw)" 60 h2d.log "$S/bin/h2d_bw" 2048
+    PIDS=$(python3 -c 'print(",".join(str(3 + i * 37 % 8000) for i in range(48)))')
+    step "decode logits, cpu" 300 persist_cpu.log "$BIN" eval --backend cpu --model "$M" --ids "$PIDS" --decode-from 16 --dump-logits "$OUT/persist_cpu.f32"
+    step "decode logits, cuda op by op" 180 persist_off.log "$BIN" eval --backend cuda --gpu-memory 100G --model "$M" --ids "$PIDS" --decode-from 16 \
+        --dump-logits "$OUT/persist_off.f32"
+    DELTAFIN_CUDA_PERSIST=1 step "decode logits, cuda persistent" 180 persist_on.log "$BIN" eval --backend cuda --gpu-memory 100G --model "$M" \
+        --ids "$PIDS" --decode-from 16 --dump-logits "$OUT/persist_on.f32"
+    grep -h "decode_layers\|rror" "$OUT/persist_on.log" | head -5
+    step "decode logits compared (logits_cmp.py)" 60 persist_cmp.log python3 "$S/logits_cmp.py" 8192 16 "$OUT/persist_cpu.f32" "$OUT/persist_off.f32" \
+        "$OUT/persist_on.f32"
+    cat "$OUT/persist_cmp.log"
+    IDS=$(python3 -c 'print(",".join(str(3 + i * 37 % 8000) for i in range(512)))')
+    for r in 1 2; do
+        for P in 0 1; do DELTAFIN_CUDA_PERSIST=$P erun persist "$M" "$IDS" "p$P-r$r" --gpu-memory 100G; done
+    done
+    for r in 1 2; do
+        cmp -s <(grep -E '^[0-9 ]+$' "$OUT/persist_p0-r1.log" | head -1) <(grep -E '^[0-9 ]+$' "$OUT/persist_p1-r$r.log" | head -1) &&
+            echo "ids persist r$r: same as op by op" || echo "ids persist r$r: DIFFER from op by op"
+    done
 fi
 if has moe; then
     W=${WORK:-/tmp/moebench}

@@ -173,6 +173,26 @@ typedef struct {
     float scale;
 } df_attn_mla_args;
 
+/* A layer of a decode_layers run: GQA with per-head q/k RMSNorm and rotate-half RoPE over a K/V cache laid out as
+ * gqa.c keeps it ([positions][K row | V row]), no biases; a softmax top-k routed MoE (renormalised, SiLU-gated
+ * experts, none shared) whose routed experts the backend holds itself (the device table of layer `layer`); plain
+ * residuals, pre-norms. */
+typedef struct {
+    const df_weight *wq, *wk, *wv, *wo, *router;
+    const float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* params */
+    df_act *cache;
+    int layer;
+} df_decode_layer;
+typedef struct {
+    const df_decode_layer *layers;
+    int n_layers;
+    df_act *h;             /* [hidden]: the residual stream, in and out */
+    const df_act *rope_cs; /* [head_dim / 2][cos, sin] of pos (rope_table) */
+    int pos;               /* the cache rows 0 .. pos - 1 are read, row pos written */
+    int hidden, n_heads, n_kv_heads, head_dim, n_experts, k, moe_inter;
+    float eps, scale;      /* the RMSNorms' epsilon; the attention's softmax scale */
+} df_decode_layers_args;
+
 /* Gated activations out = act(g) * u, in f32:
  *   SILU     silu(g) * u                                    (SiLU-GLU)
  *   SITU     b tanh(g / b) sigmoid(g) * [c tanh(u / c)]    (Moonshot's SiTU: b = p0, c = p1; p1 = 0: u as is)
@@ -455,6 +475,14 @@ typedef struct df_backend_ops {
     /* 1: operations return before their work is done (a device queue), so a pass queued ahead runs while the host
      * waits for its token; 0 (the CPU): queuing ahead gains nothing and is done only when asked (DELTAFIN_AHEAD=1) */
     int queued;
+
+    /* One decode position through a run of layers in one operation (optional: NULL on the CPU; the CUDA backend's
+     * persistent decode kernel, opt-in with DELTAFIN_CUDA_PERSIST=1 while it is unmeasured): h += every layer's
+     * mixer and FFN in turn, each layer's K/V row of the position written to its cache, exactly what the op-by-op
+     * path computes (model/forward.c calls it only for runs whose kinds it covers: df_decode_layer). 0: done; 1:
+     * declined, nothing done (shapes, formats or tiers it does not cover: the caller takes the op-by-op path); or a
+     * negative DF_E* code. */
+    int (*decode_layers)(const df_decode_layers_args *a);
 } df_backend_ops;
 
 extern const df_backend_ops df_backend_cpu;        /* best ISA, all threads */

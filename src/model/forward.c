@@ -35,6 +35,22 @@ int df_state_truncatable(const df_model *m) {
     return 1;
 }
 
+/* Whether every layer is of the kinds a backend's decode_layers covers (backend.h, df_decode_layer): GQA with q/k norms
+ * and full rotate-half RoPE, no biases; a softmax-routed, renormalised SiLU MoE without shared or latent experts; plain
+ * residuals. */
+static int decode_kinds(const df_model *m) {
+    const df_config *c = &m->cfg;
+    if (m->rope_adjacent || c->rope_dim != c->head_dim || !c->norm_topk_prob || c->attn_res_block || m->out_res_norm || c->n_layers < 1) return 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const df_layer *L = &m->layers[l];
+        if (L->kind.mixer != DF_MIXER_GQA || !L->q_norm || !L->k_norm || L->bq || L->bk || L->bv || L->bo || L->kind.ffn != DF_FFN_MOE ||
+            L->kind.router != DF_ROUTER_SOFTMAX_TOPK || L->kind.act != DF_ACT_SILU_GLU || L->kind.resid != DF_RESID_PLAIN || L->kind.latent ||
+            L->has_shared)
+            return 0;
+    }
+    return 1;
+}
+
 /* backend memory of n floats, zeroed; sets *fail when out of memory */
 static df_act *balloc(size_t n, int *fail) {
     df_act *p = df_alloc(n ? n : 1);
@@ -135,6 +151,14 @@ int df_state_init(const df_model *m, int max_ctx, int max_batch, int max_logits,
         df_state_free(s);
         return df_err(err, errlen, DF_ENOMEM, "cannot allocate the session's scratch for a batch of %zu tokens", B);
     }
+    if (decode_kinds(m)) { /* the layers as a backend's decode_layers takes them (only one that has it ever reads this) */
+        s->dec = df_xcalloc(L, sizeof *s->dec);
+        for (int l = 0; l < c->n_layers; l++) {
+            const df_layer *Ly = &m->layers[l];
+            s->dec[l] = (df_decode_layer){&Ly->w.wq, &Ly->w.wk, &Ly->w.wv, &Ly->w.wo, &Ly->w.router, Ly->attn_norm, Ly->ffn_norm, Ly->q_norm, Ly->k_norm,
+                                          s->ls[l].cache, l};
+        }
+    }
     return 0;
 }
 
@@ -143,7 +167,7 @@ void df_state_free(df_state *s) {
                       s->rope_cs, s->logits, s->selw, s->xe, s->ge, s->ue, s->de, s->de_all, s->xp, s->plog,
                       s->kg, s->kb, s->ko, s->kc, s->blocks, s->lat};
     for (size_t i = 0; i < sizeof acts / sizeof *acts; i++) df_free(acts[i]);
-    void *bufs[] = {s->ls, s->emb, s->sel, s->tok_list, s->tok_src, s->exp_list, s->seen, s->pend_k, s->pend_f, s->jobs, s->pred};
+    void *bufs[] = {s->ls, s->emb, s->sel, s->tok_list, s->tok_src, s->exp_list, s->seen, s->pend_k, s->pend_f, s->jobs, s->pred, s->dec};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     memset(s, 0, sizeof *s);
 }
@@ -214,8 +238,18 @@ static int fwd(const df_model *m, df_state *s, const int32_t *tokens, int n, int
     const int first = all ? 0 : n - 1, cnt = all ? n : 1;
     /* normed: s->xn already holds the next norm of s->x (the residual add before it was df_add_rmsnorm: one
      * backend op for the add and the norm, the same two ops where the backend has no fused one) */
-    int normed = 0;
-    for (int l = 0; l < c->n_layers; l++) {
+    int normed = 0, whole = 0;
+    /* a decode position through every layer in one backend operation, where the backend has one for these kinds
+     * (backend.h, decode_layers: the CUDA backend's persistent kernel); it declines what it does not cover */
+    if (n == 1 && s->dec && df_be->decode_layers && !s->exact && (s->src ? s->src : m->resident_src) == m->resident_src) {
+        const df_decode_layers_args da = {s->dec, c->n_layers, s->x, s->rope_cs, pos0, H, c->n_heads, c->n_kv_heads, c->head_dim,
+                                          c->n_experts, c->n_experts_used, c->moe_intermediate, eps, m->attn_scale};
+        const int rc = df_be->decode_layers(&da);
+        if (rc < 0) return df_err(s->err, sizeof s->err, rc, "position %d: the decode step's layers failed on the device (the backend said why on stderr)", pos0);
+        whole = rc == 0;
+        s->t_ffn += df_now() - t1; /* (the layers' time, not split into mixer and FFN) */
+    }
+    for (int l = 0; !whole && l < c->n_layers; l++) {
         const df_layer *L = &m->layers[l];
         const int ar = L->kind.resid == DF_RESID_ATTNRES;
         df_be_layer = l; /* named in a device backend's error messages */

@@ -14,6 +14,7 @@
  * short) must fail the same checks, so the check can fail.
  *
  * Usage: dec_cpu_parity CHECKPOINT_DIR [prompt positions (40)] [decode positions (3)]. Exit 0: every check passed. */
+#include "deltafin.h"
 #include "backend/backend.h"
 #include "model/model.h"
 #include "backend/cuda/dec_layers.h"
@@ -98,6 +99,35 @@ static int argmax_d(const double *v, int n) {
         if (v[i] > v[b]) b = i;
     return b;
 }
+/* ---- the model's own forward through a backend whose decode_layers is the emulated kernel -------------------------
+ * The CPU backend's ops plus decode_layers (backend.h) built as a device backend would: the layer table from the
+ * df_decode_layer run forward.c hands over (weights' bytes, registered params, the session's cache) and the routed
+ * experts of each layer's index; so model/forward.c's decode_layers path (the run's arguments, the layers skipped,
+ * the final norm after it) is checked against the op-by-op path too. */
+static const df_model *g_model;
+static const uint16_t **g_etab; /* [layer][3 NE] */
+static int g_dec_calls;
+static int emu_decode_layers(const df_decode_layers_args *a) {
+    if (a->hidden != H || a->n_heads != NQ || a->n_kv_heads != NKV || a->head_dim != HD_ || a->n_experts != NE || a->k != TOPK || a->moe_inter != IE)
+        return 1;
+    dec_layer *tab = calloc((size_t)a->n_layers, sizeof *tab);
+    if (!tab) return DF_ENOMEM;
+    for (int l = 0; l < a->n_layers; l++) {
+        const df_decode_layer *L = &a->layers[l];
+        dec_layer *d = &tab[l];
+        d->wq = (const uint16_t *)(const void *)L->wq->data, d->wk = (const uint16_t *)(const void *)L->wk->data;
+        d->wv = (const uint16_t *)(const void *)L->wv->data, d->wo = (const uint16_t *)(const void *)L->wo->data;
+        d->wr = (const uint16_t *)(const void *)L->router->data;
+        d->etab = (const uint8_t *)(const void *)(g_etab + (size_t)L->layer * 3 * NE), d->estride = (int)sizeof *g_etab;
+        d->n1 = L->attn_norm, d->n2 = L->ffn_norm, d->qn = L->q_norm, d->kn = L->k_norm, d->kv = (float *)(void *)L->cache;
+    }
+    const dec_run_args r = {tab, a->n_layers, a->pos, (const float *)(const void *)a->rope_cs, a->eps, a->scale, (float *)(void *)a->h, NULL, 1, 20};
+    const int rc = dec_emu_run(&r);
+    free(tab);
+    g_dec_calls++;
+    return rc ? DF_EINTERNAL : 0;
+}
+
 static int argmax_f(const float *v, int n) {
     int b = 0;
     for (int i = 1; i < n; i++)
@@ -215,6 +245,50 @@ int main(int argc, char **argv) {
         ok &= caught;
     }
     (void)dh0;
+    { /* the model's forward through the CPU ops + the emulated decode_layers: the same prompt, then the same tokens as
+       * one-token steps, against the CPU forward's logits of those steps (kept below) */
+        df_state s2, s3;
+        static df_backend_ops emu;
+        emu = df_backend_cpu, emu.name = "cpu+dec-emu", emu.decode_layers = emu_decode_layers;
+        g_model = m, g_etab = etab;
+        int32_t *toks = malloc((size_t)T * sizeof *toks);
+        float *lref = malloc((size_t)T * V * sizeof *lref), *lemu = malloc((size_t)T * V * sizeof *lemu);
+        /* the reference: the CPU forward over the prompt, then T greedy steps */
+        if (df_state_init(m, P + T + 1, P, 1, &s3, err, sizeof err)) return fprintf(stderr, "dec_cpu_parity: %s\n", err), 1;
+        s3.src = m->resident_src;
+        if (df_forward(m, &s3, ids, P, 0, lg, 0)) return fprintf(stderr, "dec_cpu_parity: %s\n", s3.err), 1;
+        for (int t = 0; t < T; t++) {
+            toks[t] = argmax_f(lg, V);
+            if (df_forward(m, &s3, &toks[t], 1, P + t, lg, 0)) return fprintf(stderr, "dec_cpu_parity: %s\n", s3.err), 1;
+            memcpy(lref + (size_t)t * V, lg, (size_t)V * sizeof *lg);
+        }
+        df_be = &emu;
+        if (df_state_init(m, P + T + 1, P, 1, &s2, err, sizeof err)) return fprintf(stderr, "dec_cpu_parity: %s\n", err), 1;
+        s2.src = m->resident_src;
+        int fwd_ok = !df_forward(m, &s2, ids, P, 0, lg, 0);
+        const int calls0 = g_dec_calls;
+        for (int t = 0; t < T && fwd_ok; t++) fwd_ok = !df_forward(m, &s2, &toks[t], 1, P + t, lemu + (size_t)t * V, 0);
+        df_be = &df_backend_cpu;
+        double worst = 0;
+        int same = 1;
+        for (int t = 0; t < T; t++) {
+            double num = 0, den = 0;
+            for (int v = 0; v < V; v++) {
+                const double d = (double)lemu[(size_t)t * V + v] - lref[(size_t)t * V + v];
+                num += d * d, den += (double)lref[(size_t)t * V + v] * lref[(size_t)t * V + v];
+            }
+            const double e = sqrt(num / (den > 0 ? den : 1));
+            worst = e > worst ? e : worst;
+            same &= argmax_f(lemu + (size_t)t * V, V) == argmax_f(lref + (size_t)t * V, V);
+        }
+        const int calls = g_dec_calls - calls0, good = fwd_ok && calls == T && worst < 1e-4 && same;
+        printf("the model's forward with decode_layers (the emulated kernel) for %d steps: %d calls, logits rel L2 at most %.3g against the CPU "
+               "forward's, argmax %s  %s\n",
+               T, calls, worst, same ? "equal" : "DIFFERS", good ? "ok" : "FAILED");
+        ok &= good;
+        df_state_free(&s2), df_state_free(&s3);
+        free(toks), free(lref), free(lemu);
+    }
     printf("%s\n", ok ? "dec_cpu_parity: ok" : "dec_cpu_parity: FAILED");
     free(tab), free(etab), free(ids), free(lg), free(lk), free(lr), free(kids), free(lids);
     df_state_free(&s);

@@ -239,6 +239,13 @@ static void dfree(void *p, int64_t *part, const char *op) {
     CK(op, cudaFree(p));
 }
 
+/* device memory an op keeps between calls (counted with the activations) */
+void *dev_alloc(size_t n, const char *op) {
+    void *p = NULL;
+    return dmalloc(&p, n, &g_act_used, op) == cudaSuccess ? p : NULL;
+}
+void dev_free(void *p, const char *op) { dfree(p, &g_act_used, op); }
+
 /* ---- scratch: device buffers that grow on demand, one per role ----------------- */
 static void *g_slot[S_N];
 static size_t g_slot_cap[S_N];
@@ -400,6 +407,10 @@ static int g_param_register(const float *p, size_t n) {
         if (err != cudaSuccess) { report("param_register", err); return DF_EINTERNAL; }
     }
     return 0;
+}
+const float *param_registered(const float *p, size_t n) {
+    const pent *e = p ? pfind(p) : NULL;
+    return e && e->n >= n ? e->dev : NULL;
 }
 const float *param(const float *p, size_t n, int s, const char *op) {
     if (!p) return NULL;
@@ -832,6 +843,9 @@ static int vc_holds_model(void) {
 }
 static int g_moe_resident(int layer, int n_experts, int k, int n) {
     LOCK();
+    return moe_resident_held(layer, n_experts, k, n);
+}
+int moe_resident_held(int layer, int n_experts, int k, int n) {
     if (!fused_on() || n < 1 || g_vc_state != 1 || layer < 0 || n_experts <= 0 || k <= 0 || k > n_experts || k > FUSED_MAX_K ||
         n_experts > FUSED_MAX_E || layer >= (1 << 20) || lt_grow(layer))
         return 0;
@@ -1144,5 +1158,6 @@ extern "C" const df_backend_ops df_backend_cuda = {
     g_add_rmsnorm, g_qk_norm_rope,
     g_next_token, g_next_token_wait, g_embed_token,
     1, /* queued */
+    g_decode_layers, /* the persistent decode kernel (cuda_dec.cu; DELTAFIN_CUDA_PERSIST=1) */
 };
 

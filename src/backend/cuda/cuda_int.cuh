@@ -196,6 +196,11 @@ void *slot(int i, size_t bytes, const char *op);
 
 /* The device copy of param p[n]: registered, or uploaded into scratch slot s for this call. */
 const float *param(const float *p, size_t n, int s, const char *op);
+/* Its registered copy only (NULL: none of n floats). */
+const float *param_registered(const float *p, size_t n);
+/* Device memory an op keeps between calls (counted with the activations; NULL: refused, said on stderr). */
+void *dev_alloc(size_t n, const char *op);
+void dev_free(void *p, const char *op);
 
 /* A weight as the kernels see it (passed by value): df_weight with device pointers. */
 struct DW {
@@ -397,9 +402,13 @@ static __device__ float block_max(float v) {
 /* The device table [n_experts][3] of layer's resident experts and, in *h0, expert 0's parts (the layer's
  * shapes), or NULL when the table is not valid now. */
 const DW *moe_table(int layer, int n_experts, const DW **h0);
+/* moe_resident (backend.h) for a caller that holds the op lock (it fills the layer's table when it can) */
+int moe_resident_held(int layer, int n_experts, int k, int n);
 /* a fused op's expert parts, counted as cache hits */
 void moe_count_hits(int64_t parts);
 int g_moe_fused(const df_moe_fused_args *a);
+/* decode_layers (cuda_dec.cu): the persistent decode kernel of dec_kernel.cuh, opt-in (DELTAFIN_CUDA_PERSIST=1) */
+int g_decode_layers(const df_decode_layers_args *a);
 
 /* ---- operations (cuda_ops.cu; products: cuda_mm.cu) ---- */
 void g_matmul_batch(const df_mv_job *jobs, int n_jobs, int n);

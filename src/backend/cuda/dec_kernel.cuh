@@ -663,7 +663,7 @@ template <int M> __device__ __forceinline__ void run_op(int op, const Net &n, in
     }
 }
 /* the tasks of op (nch: the attention's chunks of the position) */
-static __host__ __device__ int op_tasks(const Net &n, int op, int nch) {
+static inline __host__ __device__ int op_tasks(const Net &n, int op, int nch) {
     return op == OP_QKV ? n.qkv_n : op == OP_ATTN ? NKV * nch : op == OP_O ? n.o_n : op == OP_R ? n.r_n : op == OP_GUH ? TOPK * n.guh_tpe
          : op == OP_DN ? TOPK * n.dn_tpe : n.lm_n;
 }
@@ -703,7 +703,7 @@ template <int OP, int B> __global__ void __launch_bounds__(TH, B) k_op(const __g
 
 /* the tasks of an op for G resident blocks: one wave, the rows dealt evenly (the launch arm's kernels: G = 2 blocks an
  * SM; the persistent kernel: its blocks). Only which warp takes a row changes with G, not a row's arithmetic. */
-static void decompose(Net &n, int G) {
+static inline void decompose(Net &n, int G) {
     const int G8 = G / TOPK > 0 ? G / TOPK : 1;
     n.G = G;
     n.qkv_R = (QKV + G - 1) / G, n.qkv_n = (QKV + n.qkv_R - 1) / n.qkv_R;
