@@ -1565,6 +1565,25 @@ static void graph_checks(void) {
 }
 #endif
 
+#ifdef DF_CUDA
+/* decode_layers declines what it does not cover, with nothing launched: off (the default), and on with another
+ * model's shapes (the model-level check of the kernel itself: device_run.sh step persist, eval --decode-from) */
+static void decode_layers_checks(void) {
+    df_decode_layer L;
+    memset(&L, 0, sizeof L);
+    df_act *h = df_backend_cuda.alloc(64), *cs = df_backend_cuda.alloc(64);
+    df_decode_layers_args a = {&L, 1, h, cs, 3, 64, 4, 2, 16, 8, 2, 32, 1e-6f, 0.25f};
+    const int64_t l0 = df_cuda_dec_launches();
+    df_cuda_set_persist(0);
+    CHECK(df_backend_cuda.decode_layers && df_backend_cuda.decode_layers(&a) == 1, "decode_layers off: declined");
+    df_cuda_set_persist(1);
+    CHECK(df_backend_cuda.decode_layers(&a) == 1, "decode_layers on, another model's shapes: declined");
+    CHECK(df_cuda_dec_launches() == l0, "nothing launched (%lld)", (long long)(df_cuda_dec_launches() - l0));
+    df_cuda_set_persist(-1);
+    df_backend_cuda.free(h), df_backend_cuda.free(cs);
+}
+#endif
+
 int main(void) {
     char err[256] = "";
     CHECK(df_backend_choose(NULL, err, sizeof err) == 0 && df_be == &df_backend_cpu, "NULL keeps the default (cpu)");
@@ -1727,6 +1746,7 @@ int main(void) {
         graph_checks();
         ahead_checks();
         exact_checks();
+        decode_layers_checks();
         moe_chain_checks(); /* last: it resets the expert cache and its size */
         df_backend_select("cpu");
     } else

@@ -100,6 +100,10 @@ void df_cuda_set_graph(int on, int min_nodes);
 /* out[7]: flushes, graph launches, graphs built, graph nodes updated, launches issued directly, launches recorded,
  * steps whose first launch found the GPU idle (those go out launch by launch: a graph would wait for the whole step) */
 void df_cuda_graph_stats(int64_t out[7]);
+/* decode_layers (cuda_dec.cu: the persistent decode kernel): on 1 / 0 overrides DELTAFIN_CUDA_PERSIST (default off:
+ * opt-in until measured), -1 reads it again; its launches so far (tests). */
+void df_cuda_set_persist(int on);
+int64_t df_cuda_dec_launches(void);
 /* 0: record every step, even one whose first launch finds the GPU idle (tests: a test's steps follow its reads); 1: the default */
 void df_cuda_set_graph_idle_check(int on);
 
