@@ -12,8 +12,10 @@
  * anything else is declined (1) and the model takes the op-by-op path. Reads the weights in place: the layer table
  * holds the registered copies' pointers and each layer's expert table is the backend's own (moe_table's DW array, read
  * through a stride). Its own device memory: the table, Net, the scratch of the tasks (attention parts grow with the
- * position). Each call: the recorded launches flushed, the counters zeroed (a memset), one cooperative launch on the
- * legacy stream, nothing read back. */
+ * position, doubling). Each call: the recorded launches flushed, the counters zeroed (a memset), one cooperative launch
+ * on the legacy stream, nothing read back. The table and Net are copied (synchronously: the host waits for the device)
+ * only when they change: the first call, a layer's expert table or the parts buffer reallocated, another session's
+ * residual stream and RoPE table (sessions that alternate steps pay a copy a step). */
 #include "backend/cuda/cuda_int.cuh"
 #include "backend/cuda/dec_kernel.cuh"
 
@@ -140,8 +142,8 @@ int g_decode_layers(const df_decode_layers_args *a) {
         n.pf = 1, n.pexp = 1; /* the default schedule: weights loaded before the waits, down waiting for its own expert */
         decompose(n, g_dc.G);
     }
-    if (nch > g_dc.part_nch) { /* the attention's parts: room for 64 more positions than asked */
-        const int want = nch + 2;
+    if (nch > g_dc.part_nch) { /* the attention's parts: twice the room (a new buffer means a new Net, copied synchronously) */
+        const int want = nch + 2 > 2 * g_dc.part_nch ? nch + 2 : 2 * g_dc.part_nch;
         if (grow((void **)&n.part, (size_t)NKV * want * 8 * KS * sizeof(float))) return g_dc.part_nch = 0, g_dc.host.part = NULL, DF_ENOMEM;
         g_dc.part_nch = want;
     }
