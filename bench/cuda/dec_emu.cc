@@ -25,17 +25,7 @@ extern "C" int dec_emu_run(const dec_run_args *a) {
     if (a->persistent) emu_launch(dim3((unsigned)a->blocks), dim3(TH), PSMEM_BYTES, [&] { k_persist(&n, 0, n.L, a->pos); });
     else
         for (int s = 0; s < n.L; s++)
-            for (int op = 0; op < NOP; op++) {
-                const dim3 g((unsigned)op_tasks(n, op, n.nch));
-                switch (op) {
-                case OP_QKV: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_QKV, 2>(n, s); }); break;
-                case OP_ATTN: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_ATTN, 2>(n, s); }); break;
-                case OP_O: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_O, 2>(n, s); }); break;
-                case OP_R: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_R, 2>(n, s); }); break;
-                case OP_GUH: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_GUH, 2>(n, s); }); break;
-                default: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_DN, 2>(n, s); }); break;
-                }
-            }
+            for (int op = 0; op < NOP; op++) emu_launch_op(n, op, s);
     if (a->ids) memcpy(a->ids, n.ids_dbg, (size_t)a->n_layers * TOPK * sizeof(int));
     const int rc = n.cnt[32 * C_ERR] ? -1 : 0;
     free(n.qkv), free(n.part), free(n.att), free(n.lg), free(n.act), free(n.dy), free(n.ids_dbg), free(n.cnt), free(n.ts);

@@ -732,18 +732,7 @@ static void emu_token(Net n, int tokens, int persistent, int G, int pexp, int pf
     if (persistent) emu_launch(dim3((unsigned)G), dim3(TH), PSMEM_BYTES, [&] { k_persist(&n, 0, tokens * n.L, -1); });
     else
         for (int s = 0; s < tokens * n.L; s++)
-            for (int op = 0; op < (n.V && s % n.L == n.L - 1 ? NOPX : NOP); op++) {
-                const dim3 g((unsigned)op_tasks(n, op, n.nch));
-                switch (op) {
-                case OP_QKV: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_QKV, 2>(n, s); }); break;
-                case OP_ATTN: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_ATTN, 2>(n, s); }); break;
-                case OP_O: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_O, 2>(n, s); }); break;
-                case OP_R: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_R, 2>(n, s); }); break;
-                case OP_GUH: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_GUH, 2>(n, s); }); break;
-                case OP_DN: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_DN, 2>(n, s); }); break;
-                default: emu_launch(g, dim3(TH), SMEM_BYTES, [&] { k_op<OP_LM, 2>(n, s); }); break;
-                }
-            }
+            for (int op = 0; op < (n.V && s % n.L == n.L - 1 ? NOPX : NOP); op++) emu_launch_op(n, op, s);
     memcpy(hout, n.V ? n.hfin : n.h, H * sizeof(float)); /* h after the layers */
     memcpy(ids, n.ids_dbg + (size_t)(tokens - 1) * n.L * TOPK, (size_t)n.L * TOPK * sizeof(int));
     for (int t = 0; t < tokens; t++) tok[t] = n.V ? n.toks[t] : -1;

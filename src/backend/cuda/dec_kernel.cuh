@@ -701,6 +701,22 @@ template <int OP, int B> __global__ void __launch_bounds__(TH, B) k_op(const __g
     run_op<0>(OP, n, s % n.L, s, blockIdx.x, sm, sh);
 }
 
+#ifdef SIMT_EMU
+/* the launch arm's kernel of op (2 blocks an SM) for step s on the CPU emulation: a block a task, all at once */
+static inline void emu_launch_op(const Net &n, int op, int s) {
+    const dim3 g((unsigned)op_tasks(n, op, n.nch)), b(TH);
+    switch (op) {
+    case OP_QKV: emu_launch(g, b, SMEM_BYTES, [&] { k_op<OP_QKV, 2>(n, s); }); break;
+    case OP_ATTN: emu_launch(g, b, SMEM_BYTES, [&] { k_op<OP_ATTN, 2>(n, s); }); break;
+    case OP_O: emu_launch(g, b, SMEM_BYTES, [&] { k_op<OP_O, 2>(n, s); }); break;
+    case OP_R: emu_launch(g, b, SMEM_BYTES, [&] { k_op<OP_R, 2>(n, s); }); break;
+    case OP_GUH: emu_launch(g, b, SMEM_BYTES, [&] { k_op<OP_GUH, 2>(n, s); }); break;
+    case OP_DN: emu_launch(g, b, SMEM_BYTES, [&] { k_op<OP_DN, 2>(n, s); }); break;
+    default: emu_launch(g, b, SMEM_BYTES, [&] { k_op<OP_LM, 2>(n, s); }); break;
+    }
+}
+#endif
+
 /* the tasks of an op for G resident blocks: one wave, the rows dealt evenly (the launch arm's kernels: G = 2 blocks an
  * SM; the persistent kernel: its blocks). Only which warp takes a row changes with G, not a row's arithmetic. */
 static inline void decompose(Net &n, int G) {
