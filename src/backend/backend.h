@@ -481,7 +481,8 @@ typedef struct df_backend_ops {
      * mixer and FFN in turn, each layer's K/V row of the position written to its cache, exactly what the op-by-op
      * path computes (model/forward.c calls it only for runs whose kinds it covers: df_decode_layer). 0: done; 1:
      * declined, nothing done (shapes, formats or tiers it does not cover: the caller takes the op-by-op path); or a
-     * negative DF_E* code. */
+     * negative DF_E* code. a NULL: whether it is on at all (0: it may take runs; 1: it declines every one), so that a
+     * verify pass (exact_products) knows whether plain steps may have bits of decode_layers' own. */
     int (*decode_layers)(const df_decode_layers_args *a);
 } df_backend_ops;
 

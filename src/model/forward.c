@@ -220,6 +220,7 @@ static int fwd(const df_model *m, df_state *s, const int32_t *tokens, int n, int
         if (tokens[t] < 0 || tokens[t] >= c->vocab) return DF_EINPUT;
     double t0 = df_now();
     s->err[0] = 0;
+    s->dec_ran = 0;
     if (s->src) s->src->ops->set_token(s->src, pos0);
     if (!tokens) {
         if (df_be->embed_token(&m->embed, s->x)) return DF_EUNSUPPORTED;
@@ -247,6 +248,7 @@ static int fwd(const df_model *m, df_state *s, const int32_t *tokens, int n, int
         const int rc = df_be->decode_layers(&da);
         if (rc < 0) return df_err(s->err, sizeof s->err, rc, "position %d: the decode step's layers failed on the device (the backend said why on stderr)", pos0);
         whole = rc == 0;
+        s->dec_ran = whole;
         s->t_ffn += df_now() - t1; /* (the layers' time, not split into mixer and FFN) */
     }
     for (int l = 0; !whole && l < c->n_layers; l++) {
@@ -314,7 +316,24 @@ static int fwd(const df_model *m, df_state *s, const int32_t *tokens, int n, int
 }
 
 int df_forward(const df_model *m, df_state *s, const int32_t *tokens, int n, int pos0, float *logits, int all) {
-    return logits && tokens ? fwd(m, s, tokens, n, pos0, logits, all, NULL) : DF_EINPUT;
+    if (!logits || !tokens) return DF_EINPUT;
+    if (s->exact && n > 1 && all && s->dec && df_be->decode_layers && n <= s->max_logits && df_be->decode_layers(NULL) == 0) {
+        /* a verify pass (exact: each row the bits of a plain step) on a backend whose plain steps may run their layers
+         * through decode_layers, whose bits no batched pass gives: the positions as plain steps while the backend takes
+         * them that way; once it declines one (plain steps go op by op then), the rest as the exact batched pass */
+        const int ex = s->exact;
+        int t = 0, rc = 0, ran = 1;
+        s->exact = 0;
+        while (t < n && ran && !rc) {
+            s->dec_ran = 0;
+            rc = fwd(m, s, tokens + t, 1, pos0 + t, logits + (size_t)t * (size_t)m->cfg.vocab, 1, NULL);
+            ran = s->dec_ran, t++;
+        }
+        s->exact = ex;
+        if (rc || t == n) return rc;
+        return fwd(m, s, tokens + t, n - t, pos0 + t, logits + (size_t)t * (size_t)m->cfg.vocab, 1, NULL);
+    }
+    return fwd(m, s, tokens, n, pos0, logits, all, NULL);
 }
 
 int df_forward_ahead(const df_model *m, df_state *s, const int32_t *token, int pos0, int64_t *ticket) {

@@ -236,6 +236,7 @@ typedef struct {
     int *pred;                /* [topk] predicted experts of the next layer */
     df_expert_source *src;    /* where routed experts come from (set by the engine) */
     df_decode_layer *dec;     /* [n_layers]: the layers as a backend's decode_layers takes them (NULL: a kind it does not cover) */
+    int dec_ran;              /* the last forward pass ran its layers through decode_layers */
     double t_attn, t_ffn, t_other;
     /* the pass runs in the backend's exact products (backend.h: exact_products' answer, set by the session around a
      * verify pass; 0 otherwise): 2 runs a MoE layer's routed experts a position at a time (ffn.c) */

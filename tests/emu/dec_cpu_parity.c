@@ -108,6 +108,7 @@ static const df_model *g_model;
 static const uint16_t **g_etab; /* [layer][3 NE] */
 static int g_dec_calls;
 static int emu_decode_layers(const df_decode_layers_args *a) {
+    if (!a) return 0; /* on */
     if (a->hidden != H || a->n_heads != NQ || a->n_kv_heads != NKV || a->head_dim != HD_ || a->n_experts != NE || a->k != TOPK || a->moe_inter != IE)
         return 1;
     dec_layer *tab = calloc((size_t)a->n_layers, sizeof *tab);
@@ -286,6 +287,27 @@ int main(int argc, char **argv) {
                "forward's, argmax %s  %s\n",
                T, calls, worst, same ? "equal" : "DIFFERS", good ? "ok" : "FAILED");
         ok &= good;
+        /* a speculative verify pass over the same tokens (exact: every row the bits of a plain step) on this backend:
+         * forward.c runs its positions as plain steps through decode_layers, so its rows are those steps' bits */
+        if (T > 1) {
+            df_state s4;
+            float *lver = malloc((size_t)T * V * sizeof *lver);
+            df_be = &emu;
+            if (df_state_init(m, P + T + 1, P, T, &s4, err, sizeof err)) return fprintf(stderr, "dec_cpu_parity: %s\n", err), 1;
+            s4.src = m->resident_src;
+            int vok = !df_forward(m, &s4, ids, P, 0, lg, 0);
+            const int c0 = g_dec_calls;
+            s4.exact = 2;
+            vok = vok && !df_forward(m, &s4, toks, T, P, lver, 1);
+            s4.exact = 0;
+            df_be = &df_backend_cpu;
+            const int vcalls = g_dec_calls - c0, bits = vok && !memcmp(lver, lemu, (size_t)T * V * sizeof *lver);
+            printf("a verify pass over the %d tokens (exact products): %d decode_layers calls, its rows %s the plain steps'  %s\n", T, vcalls,
+                   bits ? "bit-equal to" : "DIFFER from", bits && vcalls == T ? "ok" : "FAILED");
+            ok &= bits && vcalls == T;
+            df_state_free(&s4);
+            free(lver);
+        }
         df_state_free(&s2), df_state_free(&s3);
         free(toks), free(lref), free(lemu);
     }

@@ -89,6 +89,7 @@ static int grow(void **p, size_t bytes) {
 
 int g_decode_layers(const df_decode_layers_args *a) {
     if (!persist_on()) return 1;
+    if (!a) return 0; /* (on: it may take runs) */
     LOCK();
     using namespace dec;
     if (a->n_layers < 1 || a->pos < 0 || a->hidden != H || a->n_heads != NQ || a->n_kv_heads != NKV || a->head_dim != HD_ || a->n_experts != NE ||
