@@ -1576,7 +1576,9 @@ static void decode_layers_checks(void) {
     const int64_t l0 = df_cuda_dec_launches();
     df_cuda_set_persist(0);
     CHECK(df_backend_cuda.decode_layers && df_backend_cuda.decode_layers(&a) == 1, "decode_layers off: declined");
+    CHECK(df_backend_cuda.decode_layers(NULL) == 1, "decode_layers off: says so");
     df_cuda_set_persist(1);
+    CHECK(df_backend_cuda.decode_layers(NULL) == 0, "decode_layers on: says so");
     CHECK(df_backend_cuda.decode_layers(&a) == 1, "decode_layers on, another model's shapes: declined");
     CHECK(df_cuda_dec_launches() == l0, "nothing launched (%lld)", (long long)(df_cuda_dec_launches() - l0));
     df_cuda_set_persist(-1);
