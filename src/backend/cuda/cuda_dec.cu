@@ -141,6 +141,7 @@ int g_decode_layers(const df_decode_layers_args *a) {
             return DF_ENOMEM;
         }
         n.pf = 1, n.pexp = 1; /* the default schedule: weights loaded before the waits, down waiting for its own expert */
+        n.trap = 1;           /* a lost counter (a bug) fails the launch, reported, rather than leaving garbage in h */
         decompose(n, g_dc.G);
     }
     if (nch > g_dc.part_nch) { /* the attention's parts: twice the room (a new buffer means a new Net, copied synchronously) */

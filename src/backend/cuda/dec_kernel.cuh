@@ -23,6 +23,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef __CUDACC__
@@ -66,6 +67,7 @@ struct Net {
     int *ids_dbg;
     unsigned *cnt;
     int L, P, nch, G, pf, pexp, nodep, l2pf, smw, dbg_n;
+    int trap; /* a wait that times out traps (the launch fails, named by the backend) instead of only setting C_ERR */
     /* the token boundary (V > 0): final norm nf, lm_head wlm (V x H), argmax, the next token's row of emb as h */
     const uint16_t *wlm, *emb;
     const float *nf;
@@ -166,6 +168,7 @@ template <int M> __device__ __forceinline__ void dep_wait(const Net &n, const un
             __nanosleep(32);
             if (clock64() - t0 > 4000000000LL) {
                 atomicExch(err, 1u);
+                if (n.trap) PTX(asm volatile("trap;"), abort());
                 break;
             }
         }
