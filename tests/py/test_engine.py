@@ -67,6 +67,9 @@ def test_eval_decode_from(dfbin, name, tmp_path):
     for bad in ("0", str(n + 1), "2x"):
         p = run([dfbin, "eval", "--model", str(MODELS / name), "--ids", "1,2", "--decode-from", bad, "--dump-logits", os.devnull], check=False)
         assert p.returncode == 2 and "--decode-from" in p.stderr, (bad, p.stderr)
+    p = run([dfbin, "eval", "--model", str(MODELS / name), "--ids", "1,2", "--decode-from", "1", "--dump-mtp-logits", os.devnull,
+             "--dump-logits", os.devnull], check=False)
+    assert p.returncode == 2 and "--dump-mtp-logits" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
