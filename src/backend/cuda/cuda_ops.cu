@@ -1075,6 +1075,8 @@ __global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const f
             pp[R] = m, pp[R + 1] = l;
         }
     }
+    for (int i = nh + wid; i < MD_HG; i += nw) /* a partial last group: the heads past nh weigh 0 below (read, never stored) */
+        for (int jj = lane; jj < nj; jj += 32) e[(size_t)i * ch + jj] = 0.0f;
     __syncthreads();
     ad_ts(ts, 4);
     /* o = sum_j e_j c_j: a thread 4 columns (a float4 of each row) and half the group's heads in registers */
@@ -1089,7 +1091,7 @@ __global__ void __launch_bounds__(MD_TH) k_mla_chunk(df_attn_mla_args a, const f
                 const float4 v = *(const float4 *)(rows + (size_t)jj * cd + c);
 #pragma unroll
                 for (int i = 0; i < MD_HG / 2; i++) {
-                    const float p = e[(size_t)(ih0 + i) * ch + jj]; /* heads past nh: unset, their sums never stored */
+                    const float p = e[(size_t)(ih0 + i) * ch + jj]; /* heads past nh: zeroed above, their sums never stored */
                     acc[i].x = fmaf(p, v.x, acc[i].x), acc[i].y = fmaf(p, v.y, acc[i].y);
                     acc[i].z = fmaf(p, v.z, acc[i].z), acc[i].w = fmaf(p, v.w, acc[i].w);
                 }
