@@ -410,6 +410,7 @@ static void reset_state(const Net &n, cudaStream_t st) {
     CK(cudaStreamSynchronize(st));
     k_fill_f<<<8, 256, 0, st>>>(n.h, H, SEED_H0, 0.0f, 1.0f);
     CK(cudaMemsetAsync(n.cnt, 0, (size_t)C_N * 32 * sizeof(unsigned), st));
+    if (n.toks) CK(cudaMemsetAsync(n.toks, 0xff, (size_t)n.ntoks * sizeof(int), st)); /* no arm's tokens left for the next */
     CK(cudaStreamSynchronize(st));
 }
 static int g_glaunch, g_gpersist, g_sms; /* blocks of the launch arm's waves, of the persistent kernel; the SMs */
@@ -473,8 +474,9 @@ static void run_timeline(Net n, int arm, int tokens, cudaStream_t st) {
     n.pf = 1, n.pexp = 1, n.nodep = 0, n.l2pf = 0, n.smw = 0;
     g_launch1 = 0;
     decompose(n, arm == A_LAUNCH ? g_glaunch : g_gpersist);
-    unsigned long long init[MAXL * NOPX * 4];
+    unsigned long long init[MAXL * (NOPX * 4 + TA_N * 2)];
     for (int i = 0; i < MAXL * NOPX; i++) init[4 * i] = init[4 * i + 1] = ~0ull, init[4 * i + 2] = init[4 * i + 3] = 0;
+    for (int i = n.L * NOPX * 4; i < MAXL * (NOPX * 4 + TA_N * 2); i += 2) init[i] = ~0ull, init[i + 1] = 0; /* the points' (from L x NOPX x 4) */
     CK(cudaMemcpy(n.ts, init, sizeof init, cudaMemcpyHostToDevice));
     reset_state(n, st);
     if (arm == A_LAUNCH) {
@@ -500,7 +502,7 @@ static void run_timeline(Net n, int arm, int tokens, cudaStream_t st) {
         CK(cudaStreamSynchronize(st));
     }
     CK(cudaGetLastError());
-    unsigned long long ts[MAXL * NOPX * 4];
+    unsigned long long ts[MAXL * (NOPX * 4 + TA_N * 2)];
     CK(cudaMemcpy(ts, n.ts, sizeof ts, cudaMemcpyDeviceToHost));
     static const char *opn[NOPX] = {"qkv", "attn", "o", "router", "gateup", "down", "lmhead"};
     const double t0 = (double)ts[(0 * NOPX + OP_QKV) * 4 + 1];
@@ -511,6 +513,15 @@ static void run_timeline(Net n, int arm, int tokens, cudaStream_t st) {
             printf("ts %-7s layer %d %-6s began %8.2f  ready %8.2f .. %8.2f  ended %8.2f us\n", arm_nm[arm], l, opn[op], (p[0] - t0) / 1e3, (p[1] - t0) / 1e3,
                    (p[2] - t0) / 1e3, (p[3] - t0) / 1e3);
         }
+    static const char *tan_[TA_N] = {"q ready", "rows in", "part out", "ticket", "combined"};
+    for (int l = 0; l < n.L; l++) { /* inside the attention's tasks: the first and the last task past each point */
+        printf("ts %-7s layer %d attn  ", arm_nm[arm], l);
+        for (int k = 0; k < TA_N; k++) {
+            const unsigned long long *p = ts + (size_t)n.L * NOPX * 4 + ((size_t)l * TA_N + k) * 2;
+            printf(" %s %.2f..%.2f", tan_[k], (p[0] - t0) / 1e3, (p[1] - t0) / 1e3);
+        }
+        printf(" us\n");
+    }
     const double down = (ts[((size_t)(n.L - 1) * NOPX + OP_DN) * 4 + 3] - t0) / 1e3, end = (ts[((size_t)(n.L - 1) * NOPX + last) * 4 + 3] - t0) / 1e3;
     printf("ts %-7s token: %.2f us from the first layer's input to the last layer's output (%.2f us a layer), %.2f us to the next token's row\n",
            arm_nm[arm], down, down / n.L, end);
@@ -632,7 +643,7 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&n.ids_dbg, (size_t)MAXL * TOPK * sizeof(int)));
     CK(cudaMalloc(&n.cnt, (size_t)C_N * 32 * sizeof(unsigned)));
     CK(cudaMalloc(&g_dnet, sizeof(Net)));
-    CK(cudaMalloc(&n.ts, (size_t)MAXL * NOPX * 4 * sizeof(unsigned long long)));
+    CK(cudaMalloc(&n.ts, (size_t)MAXL * (NOPX * 4 + TA_N * 2) * sizeof(unsigned long long)));
     CK(cudaDeviceSynchronize());
     printf("device: %s, %d SMs, L2 %d MiB; persistent blocks an SM %d (%d registers a thread, %d B shared), launch arm blocks an SM %d\n", pr.name, SM,
            pr.l2CacheSize >> 20, occ, fa.numRegs, PSMEM_BYTES, occl);
@@ -684,10 +695,16 @@ int main(int argc, char **argv) {
         }
         const double us_tok = ms * 1e3 / T, tbytes = (double)L * wbytes + lmbytes, gbs = tbytes / (us_tok * 1e3);
         pct[arm] = 100.0 * gbs / floor_gbs;
-        const int same = arm == A_NODEP || (!memcmp(hT[arm], hT[0], sizeof hT[0]) && (!V || (!memcmp(fT[arm], fT[0], sizeof fT[0]) && (!arm || toks == toks0))));
-        printf("arm %-15s %d tokens x %d layers%s: %8.2f us a token, %7.1f GB/s of its weights = %5.1f%% of the floor (with the cache %5.1f%%)  %s\n",
+        const int hsame = !memcmp(hT[arm], hT[0], sizeof hT[0]) && (!V || !memcmp(fT[arm], fT[0], sizeof fT[0]));
+        int tdiff = -1; /* the first token that differs from the launch arm's (every arm's tokens recorded, one a token) */
+        for (int i = 0; V && i < T && tdiff < 0; i++)
+            if ((arm ? toks : toks0)[i] != toks0[i] || toks0[i] < 0) tdiff = i;
+        const int same = arm == A_NODEP || (hsame && tdiff < 0);
+        char why[96] = "";
+        if (!same) snprintf(why, sizeof why, " (%s%s%d)", hsame ? "" : "h bits differ; ", "first token differing or unwritten: ", tdiff);
+        printf("arm %-15s %d tokens x %d layers%s: %8.2f us a token, %7.1f GB/s of its weights = %5.1f%% of the floor (with the cache %5.1f%%)  %s%s\n",
                arm_nm[arm], T, L, V ? " + lm_head" : "", us_tok, gbs, 100.0 * gbs / floor_gbs, 100.0 * (tbytes + (double)L * cbytes) / (us_tok * 1e3) / floor_gbs,
-               arm == A_NODEP ? "(no waits: streaming alone, results not checked)" : same ? "bits and tokens ok" : "BITS OR TOKENS DIFFER from launch");
+               arm == A_NODEP ? "(no waits: streaming alone, results not checked)" : same ? "bits and tokens ok" : "BITS OR TOKENS DIFFER from launch", why);
         ok &= same;
     }
     printf("summary (%% of the floor, weight bytes a token): launch %.1f, launch-1 %.1f, persist %.1f, persist-tok %.1f, persist-smem %.1f, "
@@ -781,7 +798,7 @@ int main(int argc, char **argv) {
     n.lw = lw, n.cs = cs;
     n.h = zal<float>(H), n.qkv = zal<float>(QKV), n.part = zal<float>((size_t)NKV * n.nch * 8 * KS), n.att = zal<float>(QR), n.lg = zal<float>(NE);
     n.act = zal<float>(TOPK * IE), n.dy = zal<float>((size_t)TOPK * H), n.ids_dbg = zal<int>((size_t)2 * MAXL * TOPK), n.cnt = zal<unsigned>((size_t)C_N * 32);
-    n.ts = zal<unsigned long long>((size_t)MAXL * NOPX * 4);
+    n.ts = zal<unsigned long long>((size_t)MAXL * (NOPX * 4 + TA_N * 2));
     static double href[H], h2[H];
     int rids[TOPK * MAXL], rtok[2] = {-1, -1};
     ref_forward(L, P, V, NULL, href, rids, &rtok[0]);

@@ -43,6 +43,7 @@ namespace dec {
 #define TH 256 /* threads a block, 8 warps */
 static_assert(H == 8 * TH && NQ == 8 * NKV && HD_ == 128, "the kernel's code: one 8-value step of h a thread, a warp a q head of a KV head");
 static_assert(NE % 32 == 0 && NE <= 1024 && IE % 256 == 0 && IE <= 4096 && TOPK <= 32, "experts: a lane's NE / 32 logits, IE / 256 steps a row");
+static_assert(CH >= 1 && CH <= 32, "the attention: a lane a cached position of the task's chunk");
 
 enum { OP_QKV, OP_ATTN, OP_O, OP_R, OP_GUH, OP_DN, NOP, OP_LM = NOP, NOPX }; /* OP_LM: after the last layer, with a vocabulary */
 /* counters, each on its own 128-byte line (index * 32 in the counter array) */
@@ -75,7 +76,7 @@ struct Net {
     float *bestv, *hfin, *lgv; /* a task's best logit; h before the boundary (the check); the logits */
     int *besti, *toks;   /* its id; the tokens chosen */
     int ts_on, ts_tok;           /* the timeline: token ts_tok's steps (ts_on: 1) */
-    unsigned long long *ts;      /* [MAXL][NOPX][4]: first begin, first ready, last ready, last end (global timer, ns) */
+    unsigned long long *ts;      /* [L][NOPX][4]: first begin, first ready, last ready, last end (global timer, ns); then [L][TA_N][2] */
     int qkv_R, qkv_n, o_R, o_n, r_R, r_n, guh_pairs, guh_tpe, dn_R, dn_tpe;
 };
 struct Sh {
@@ -146,6 +147,15 @@ __device__ __forceinline__ void ts_mark(const Net &n, int s, int op, int k) {
     if (k == TS_BEGIN) atomicMin(p, t);
     else if (k == TS_READY) atomicMin(p + 1, t), atomicMax(p + 2, t);
     else atomicMax(p + 3, t);
+}
+/* points inside the attention's tasks (the timeline): thread 0 of each task folds the timer into the first and last
+ * time a task passed point k (TA_*), after the ops' slots: ts + L x NOPX x 4 + (layer x TA_N + k) x 2 */
+enum { TA_Q, TA_ROWS, TA_PART, TA_TICKET, TA_COMBINED, TA_N };
+__device__ __forceinline__ void ts_sub(const Net &n, int s, int k) {
+    if (!n.ts_on || s / n.L != n.ts_tok || threadIdx.x) return;
+    unsigned long long *p = n.ts + (size_t)n.L * NOPX * 4 + ((size_t)(s % n.L) * TA_N + k) * 2;
+    const unsigned long long t = gtimer();
+    atomicMin(p, t), atomicMax(p + 1, t);
 }
 __device__ __forceinline__ void ts_end(const Net &n, int s, int op) { /* after every thread of the task */
     if (!n.ts_on) return;
@@ -497,8 +507,10 @@ template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float
         head_norm_rope(n.qkv + QR + (size_t)g * HD_, n.lw[l].kn, n.cs, n.eps, Tk, Ks + j * KS);
         ((float4 *)(Vs + j * KS))[lane] = __ldcg((const float4 *)(n.qkv + QR + KR + (size_t)g * HD_) + lane);
     }
+    ts_sub(n, s, TA_Q);
     cp_wait<0>();
     __syncthreads();
+    ts_sub(n, s, TA_ROWS);
     if (ncache < np && threadIdx.x < HD_ / 4) { /* the new row into the cache (read by no task of this step) */
         const int j = P - p0;
         ((float4 *)(kv + (size_t)P * 2 * KR + (size_t)g * HD_))[threadIdx.x] = ((const float4 *)(Ks + j * KS))[threadIdx.x];
@@ -530,20 +542,34 @@ template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float
         if (!lane) pt[0] = mx, pt[1] = ls;
         ((float4 *)(pt + 4))[lane] = o;
     }
+    ts_sub(n, s, TA_PART);
     if (ticket_last(CN(n, C_TA0 + g), (unsigned)nch, sh)) { /* the last part of KV head g: combine its 8 heads */
+        ts_sub(n, s, TA_TICKET);
+        /* warp w: head 8 g + w. The parts' maxima and sums a lane a part (they were a loop of dependent L2 loads, ~2 a
+         * part, which made the last block of a head most of the attention's time); the weighted rows a float4 a lane,
+         * the weight of each part from its lane, 8 parts' loads in flight */
+        const float *pb = n.part + (size_t)g * nch * 8 * KS + (size_t)w * KS; /* part cc at pb + cc * 8 * KS */
         float m = -INFINITY;
-        for (int cc = 0; cc < nch; cc++) m = fmaxf(m, __ldcg(n.part + ((size_t)(g * nch + cc) * 8 + w) * KS));
+        for (int cc = lane; cc < nch; cc += 32) m = fmaxf(m, __ldcg(pb + (size_t)cc * 8 * KS));
+        m = warp_max(m);
         float L = 0.0f;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int cc = 0; cc < nch; cc++) {
-            const float *pt = n.part + ((size_t)(g * nch + cc) * 8 + w) * KS;
-            const float f = expf(__ldcg(pt) - m);
-            const float4 v = __ldcg((const float4 *)(pt + 4) + lane);
-            L = fmaf(__ldcg(pt + 1), f, L);
-            o.x = fmaf(v.x, f, o.x), o.y = fmaf(v.y, f, o.y), o.z = fmaf(v.z, f, o.z), o.w = fmaf(v.w, f, o.w);
+        for (int c0 = 0; c0 < nch; c0 += 32) {
+            const int cc = c0 + lane, nn = nch - c0 < 32 ? nch - c0 : 32;
+            const float *pt = pb + (size_t)cc * 8 * KS;
+            const float f = cc < nch ? expf(__ldcg(pt) - m) : 0.0f;
+            if (cc < nch) L = fmaf(__ldcg(pt + 1), f, L);
+#pragma unroll 8
+            for (int k = 0; k < nn; k++) {
+                const float fk = __shfl_sync(~0u, f, k);
+                const float4 v = __ldcg((const float4 *)(pb + (size_t)(c0 + k) * 8 * KS + 4) + lane);
+                o.x = fmaf(v.x, fk, o.x), o.y = fmaf(v.y, fk, o.y), o.z = fmaf(v.z, fk, o.z), o.w = fmaf(v.w, fk, o.w);
+            }
         }
+        L = warp_sum(L);
         const float inv = 1.0f / L;
         ((float4 *)(n.att + (size_t)(8 * g + w) * HD_))[lane] = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        ts_sub(n, s, TA_COMBINED);
         if (M) done(CN(n, C_ATT));
     }
     ts_end(n, s, OP_ATTN);
@@ -589,7 +615,10 @@ template <int M> __device__ void t_lm(const Net &n, int s, int t, float4 *sm, Sh
             }
             sh.tok = id & 0x7fffffff;
             if (sh.tok >= n.V) sh.tok = 0; /* (only a nodep run's garbage) */
-            if (s / n.L < n.ntoks) n.toks[s / n.L] = sh.tok;
+            /* the token's index: the step's in the persistent kernel; the launch arms' graph numbers its steps modulo L,
+             * so their tokens are counted (C_TOK, which no launch-arm task waits on) */
+            const unsigned ti = M ? (unsigned)(s / n.L) : atomicAdd(CN(n, C_TOK), 1u);
+            if (ti < (unsigned)n.ntoks) n.toks[ti] = sh.tok;
         }
         __syncthreads();
         const uint16_t *e = n.emb + (size_t)sh.tok * H;

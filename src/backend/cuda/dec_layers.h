@@ -18,10 +18,13 @@
 #ifndef DEC_IE
 #define DEC_IE 768
 #endif
+#ifndef DEC_CH /* the attention's cached positions a task (a lane a position: at most 32) */
+#define DEC_CH 32
+#endif
 #ifdef __cplusplus
 namespace dec { /* (the names are short: kept out of the CUDA backend's own) */
 #endif
-enum { H = 2048, NQ = 32, NKV = 4, HD_ = 128, QR = NQ * HD_, KR = NKV * HD_, QKV = QR + 2 * KR, NE = DEC_NE, TOPK = 8, IE = DEC_IE, CH = 32 };
+enum { H = 2048, NQ = 32, NKV = 4, HD_ = 128, QR = NQ * HD_, KR = NKV * HD_, QKV = QR + 2 * KR, NE = DEC_NE, TOPK = 8, IE = DEC_IE, CH = DEC_CH };
 #ifdef __cplusplus
 }
 #endif
