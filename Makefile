@@ -118,9 +118,10 @@ $(O)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(AVX512_FLAGS),$(if $(findstring _avx2,$<),$(AVX2_FLAGS))) -MMD -MP -c -o $@ $<
 
+# -MMD -MF: the headers each .cu includes (dec_kernel.cuh, dec_layers.h, ...) become its prerequisites, as the C objects'
 $(O)/%.cu.o: %.cu src/backend/cuda/cuda.h src/backend/cuda/cuda_int.cuh src/backend/backend.h
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c -o $@ $<
 
 # Proof that the CUDA backend builds and links, with no GPU needed: the
 # backend object, the op-by-op conformance test linked against it (run it
@@ -258,4 +259,4 @@ demo: deps
 clean:
 	rm -rf build build-asan build-fuzz build-cuda deltafin
 
--include $(OBJS:.o=.d) $(MAIN_OBJ:.o=.d)
+-include $(OBJS:.o=.d) $(MAIN_OBJ:.o=.d) $(CU_OBJS:.o=.d)
