@@ -8,7 +8,8 @@
 # that the device tool ships (`run` sends that checkout, plus the ignored
 # paths named in `carry`). Builds here with `make CUDA=1` (nvcc; sm_90 + PTX):
 # deltafin, the conformance test, test_backend_cuda, test_core_verify, the benchmark, h2d_bw, chain_bench, fp8_gemv,
-# moe_down_bench and layer_bench (also layer_bench_d2: -DPDEPTH=2, layer_bench_b2: -DPBLOCKS=2, layer_bench_c16: -DDEC_CH=16); copies
+# moe_down_bench and layer_bench (also layer_bench_d2: -DPDEPTH=2, layer_bench_b2: -DPBLOCKS=2, layer_bench_c16: -DDEC_CH=16,
+# layer_bench_xpf: -DDEC_XPF=1, layer_bench_ef: -DDEC_XPF=2); copies
 # them to STAGE/bin, the shared libraries they need that are not glibc's,
 # the C++ runtime's or CUDA's (libmicrohttpd, liburing, libjansson, ...) to
 # STAGE/lib, and bench/cuda/device_run.sh (the one device script) with the
@@ -32,9 +33,11 @@ lb_fresh build-cuda/bench/layer_bench || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_9
 lb_fresh build-cuda/bench/layer_bench_d2 || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -DPDEPTH=2 -Isrc -o build-cuda/bench/layer_bench_d2 bench/cuda/layer_bench.cu
 lb_fresh build-cuda/bench/layer_bench_b2 || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -DPBLOCKS=2 -Isrc -o build-cuda/bench/layer_bench_b2 bench/cuda/layer_bench.cu
 lb_fresh build-cuda/bench/layer_bench_c16 || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -DDEC_CH=16 -Isrc -o build-cuda/bench/layer_bench_c16 bench/cuda/layer_bench.cu
+lb_fresh build-cuda/bench/layer_bench_xpf || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -DDEC_XPF=1 -Isrc -o build-cuda/bench/layer_bench_xpf bench/cuda/layer_bench.cu
+lb_fresh build-cuda/bench/layer_bench_ef || ${NVCC:-nvcc} -O2 -std=c++17 -arch=sm_90 -DDEC_XPF=2 -Isrc -o build-cuda/bench/layer_bench_ef bench/cuda/layer_bench.cu
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/lib"
-cp build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda build-cuda/tests/test_core_verify build-cuda/bench/cuda_bench build-cuda/bench/h2d_bw build-cuda/bench/chain_bench build-cuda/bench/fp8_gemv build-cuda/bench/moe_down_bench build-cuda/bench/layer_bench build-cuda/bench/layer_bench_d2 build-cuda/bench/layer_bench_b2 build-cuda/bench/layer_bench_c16 "$STAGE/bin/"
+cp build-cuda/deltafin build-cuda/tests/test_backend_ops build-cuda/tests/test_backend_cuda build-cuda/tests/test_core_verify build-cuda/bench/cuda_bench build-cuda/bench/h2d_bw build-cuda/bench/chain_bench build-cuda/bench/fp8_gemv build-cuda/bench/moe_down_bench build-cuda/bench/layer_bench build-cuda/bench/layer_bench_d2 build-cuda/bench/layer_bench_b2 build-cuda/bench/layer_bench_c16 build-cuda/bench/layer_bench_xpf build-cuda/bench/layer_bench_ef "$STAGE/bin/"
 strip --strip-debug "$STAGE"/bin/*
 cp bench/cuda/device_run.sh bench/cuda/logits_cmp.py bench/cuda/e2e_pct.py bench/cuda/make_moe.py bench/cuda/tier_bench.sh bench/cuda/mtp_diag.sh bench/cuda/f8_diag.sh bench/cuda/ncu_sect.sh bench/cuda/ncu_sum.py bench/cuda/r17_ab.sh bench/cuda/sass_audit.py tests/tools/cuda_e2e.py tests/tools/cuda_tiers.py tests/data/layer_bench/golden_l4_p640_v8000_t1.bin "$STAGE/"
 # the libraries the binaries load, minus those every Linux (and the CUDA image) has

@@ -60,7 +60,11 @@
  * through the launch arm and the persist / persist-noexp / persist-nopf / persist-smem arms, checked as on the GPU:
  * layer_bench_emu [layers (1)] [P (640)] [persistent blocks (24)] [launch blocks (48)] [V (8000)] [tokens (2; 2 with V)]
  * [golden file: the same step by transformers' Qwen3-MoE modules, written by tests/tools/layer_bench_golden.py].
- * Built with g++ -x c++ alone: only the host forward, timed (a look at the reference itself). */
+ * Built with g++ -x c++ alone: only the host forward, timed (a look at the reference itself).
+ * Experiment builds (tools/cuda_device.sh stages them beside this one; every arm's bits are the plain build's):
+ * -DDEC_CH=16 (16 cached positions an attention task), -DDEC_XPF=1 (the attention's tasks ask L2 to keep the next
+ * layer's q/k/v rows, evict_last, and every product's weight load is evict_first: the next layer's q/k/v from L2
+ * while the attention's chain leaves HBM idle), -DDEC_XPF=2 (the evict_first loads alone, its control). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>

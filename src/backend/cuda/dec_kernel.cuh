@@ -113,17 +113,42 @@ __device__ __forceinline__ float block_sum(float v, Sh &sh) {
     for (int w = 0; w < TH / 32; w++) s += sh.red[w];
     return s;
 }
+/* DEC_XPF (an experiment, layer_bench's builds layer_bench_xpf / layer_bench_ef; 0 in every other build): 1, each
+ * attention task asks L2 to keep its share of the NEXT layer's q/k/v rows (evict_last, xpf_next below) while the
+ * attention's chain leaves HBM idle, and every weight load of the products is evict_first (so that the 75 MB of
+ * experts and the lm_head streamed between do not push those rows out); 2, the evict_first loads alone (the control) */
+#ifndef DEC_XPF
+#define DEC_XPF 0
+#endif
+#if DEC_XPF
+/* the evict_first policy (sm_90 takes the eviction priority of a 16-byte load only as a cache hint); not volatile: the
+ * compiler may create it once */
+__device__ __forceinline__ unsigned long long pol_ef(void) {
+    unsigned long long p = 0;
+    PTX(asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p)), );
+    return p;
+}
+#define LDW_OP "ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32"
+#define LDW_POL_S ", %5" /* operand 5 in ldw (after p), 6 in ldw_after (after acc) */
+#define LDW_POL_A ", %6"
+#define LDW_POLARG , "l"(pol_ef())
+#else
+#define LDW_OP "ld.global.nc.L1::no_allocate.v4.u32"
+#define LDW_POL_S ""
+#define LDW_POL_A ""
+#define LDW_POLARG
+#endif
 /* a weight load: read-only, not kept in L1, issued where it stands (before a wait) */
 __device__ __forceinline__ uint4 ldw(const uint4 *p) {
     uint4 r;
-    PTX(asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p)), r = *p);
+    PTX(asm volatile(LDW_OP " {%0, %1, %2, %3}, [%4]" LDW_POL_S ";" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) LDW_POLARG), r = *p);
     return r;
 }
 /* the same, issued only once acc is known: a row's registers are reloaded after its product has consumed them (else the
  * compiler may keep old and new rows live at once: 2 x the registers) */
 __device__ __forceinline__ uint4 ldw_after(const uint4 *p, float acc) {
     uint4 r;
-    PTX(asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "f"(acc)),
+    PTX(asm volatile(LDW_OP " {%0, %1, %2, %3}, [%4]" LDW_POL_A ";" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "f"(acc) LDW_POLARG),
         ((void)acc, r = *p));
     return r;
 }
@@ -485,6 +510,24 @@ __device__ __forceinline__ void head_norm_rope(const float *src, const float *g,
     }
     __syncwarp();
 }
+/* DEC_XPF == 1: attention task t of nt asks L2 for its share of layer l + 1's (the token's last layer: layer 0's) q, k
+ * and v rows (4 KB each, one bulk prefetch a row by lane 0 of a warp) under an evict_last policy; issued before the
+ * task's wait, since no kernel writes weights. Changes no bits (the emulation: nothing). */
+__device__ __forceinline__ void xpf_next(const Net &n, int l, int t, int nt) {
+#if DEC_XPF == 1
+    if (threadIdx.x & 31) return;
+    const LW &L = n.lw[(l + 1) % n.L];
+    const int R = (QKV + nt - 1) / nt;
+    for (int r = t * R + (int)(threadIdx.x >> 5); r < (t + 1) * R && r < QKV; r += TH / 32) {
+        const uint16_t *p = r < QR ? L.wq + (size_t)r * H : r < QR + KR ? L.wk + (size_t)(r - QR) * H : L.wv + (size_t)(r - QR - KR) * H;
+        PTX(asm volatile("{\n\t.reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
+                         "cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, pol;\n\t}" ::"l"(p), "r"(H * 2) : "memory"),
+            (void)p);
+    }
+#else
+    (void)n, (void)l, (void)t, (void)nt;
+#endif
+}
 #define KS 132 /* a cached row's stride in shared memory (floats): float4 reads of 32 rows at once without conflicts */
 template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float4 *sm, Sh &sh) {
     __syncthreads();
@@ -499,6 +542,7 @@ template <int M> __device__ void t_attn(const Net &n, int l, int s, int t, float
         cp16(Ks + j * KS + 4 * q, src), cp16(Vs + j * KS + 4 * q, src + KR);
     }
     cp_commit();
+    xpf_next(n, l, t, NKV * nch);
     dep_wait<M>(n, CN(n, C_QKV), (unsigned)(n.qkv_n * (s + 1)));
     ts_mark(n, s, OP_ATTN, TS_READY);
     head_norm_rope(n.qkv + (size_t)(8 * g + w) * HD_, n.lw[l].qn, n.cs, n.eps, Tq + w * HD_, Qs + w * HD_);
