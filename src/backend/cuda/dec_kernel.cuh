@@ -120,6 +120,7 @@ __device__ __forceinline__ float block_sum(float v, Sh &sh) {
 #ifndef DEC_XPF
 #define DEC_XPF 0
 #endif
+static_assert(DEC_XPF >= 0 && DEC_XPF <= 2, "DEC_XPF: 0 (off), 1 (the next layer's q/k/v asked of L2, evict_first loads), 2 (the loads alone)");
 #if DEC_XPF
 /* the evict_first policy (sm_90 takes the eviction priority of a 16-byte load only as a cache hint); not volatile: the
  * compiler may create it once */
